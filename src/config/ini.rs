@@ -1,0 +1,1 @@
+//! pgbouncer.ini syntax: sections, `key = value`, `;`/`#` comments at line start, `%include`.
