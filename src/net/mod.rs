@@ -1,1 +1,7 @@
-//! net
+//! Sockets: the stream enum, buffered message framing, listeners.
+pub mod conn;
+pub mod listen;
+pub mod stream;
+
+pub use conn::Conn;
+pub use stream::Stream;

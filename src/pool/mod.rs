@@ -1,1 +1,109 @@
-//! pool
+//! Pools of server connections, one per (database, user); reconciled on reload.
+pub mod guard;
+pub mod janitor;
+#[allow(clippy::module_inception)]
+pub mod pool;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub use guard::PooledServer;
+pub use pool::{CheckoutError, Pool, PoolSettings};
+
+/// A shared count of server connections against a limit (max_db_connections per database,
+/// max_user_connections per user). 0 = unlimited.
+#[derive(Debug, Default)]
+pub struct Limit {
+    inner: Mutex<LimitInner>,
+}
+
+#[derive(Debug, Default)]
+struct LimitInner {
+    max: usize,
+    count: usize,
+}
+
+impl Limit {
+    pub fn set_max(&self, max: usize) {
+        self.inner.lock().unwrap().max = max;
+    }
+    /// Take one unit if under the limit.
+    pub fn try_acquire(&self) -> bool {
+        let mut g = self.inner.lock().unwrap();
+        if g.max == 0 || g.count < g.max {
+            g.count += 1;
+            true
+        } else {
+            false
+        }
+    }
+    pub fn release(&self) {
+        let mut g = self.inner.lock().unwrap();
+        g.count = g.count.saturating_sub(1);
+    }
+    pub fn count(&self) -> usize {
+        self.inner.lock().unwrap().count
+    }
+}
+
+/// All pools, and the limits they share.
+#[derive(Default)]
+pub struct Pools {
+    pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    db_limits: Mutex<HashMap<String, Arc<Limit>>>,
+    user_limits: Mutex<HashMap<String, Arc<Limit>>>,
+}
+
+impl Pools {
+    /// The pool for (db, user), created with `settings` if new.
+    pub fn get_or_create(&self, db: &str, user: &str, settings: impl FnOnce() -> PoolSettings) -> Arc<Pool> {
+        let key = (db.to_string(), user.to_string());
+        if let Some(p) = self.pools.lock().unwrap().get(&key) {
+            return p.clone();
+        }
+        let settings = settings();
+        let db_limit = self.limit(&self.db_limits, db, settings.max_db_connections);
+        let user_limit = self.limit(&self.user_limits, user, settings.max_user_connections);
+        let mut pools = self.pools.lock().unwrap();
+        pools
+            .entry(key)
+            .or_insert_with(|| Pool::new(db, user, settings, db_limit, user_limit))
+            .clone()
+    }
+
+    fn limit(&self, map: &Mutex<HashMap<String, Arc<Limit>>>, name: &str, max: usize) -> Arc<Limit> {
+        let mut m = map.lock().unwrap();
+        let l = m.entry(name.to_string()).or_default().clone();
+        l.set_max(max);
+        l
+    }
+
+    /// Every pool, for the janitor, SHOW commands and reload.
+    pub fn all(&self) -> Vec<Arc<Pool>> {
+        let mut v: Vec<_> = self.pools.lock().unwrap().values().cloned().collect();
+        v.sort_by(|a, b| (&a.db, &a.user).cmp(&(&b.db, &b.user)));
+        v
+    }
+
+    /// Pools of database `db` sharing its max_db_connections, and of user `user`.
+    pub fn siblings(&self, db: &str, user: &str) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|p| p.db == db || p.user == user)
+            .cloned()
+            .collect()
+    }
+
+    /// Apply new settings (reload): `f` gives the settings for a pool, None = keep.
+    pub fn reconcile(&self, f: impl Fn(&Pool) -> Option<PoolSettings>) {
+        for p in self.all() {
+            if let Some(s) = f(&p) {
+                self.limit(&self.db_limits, &p.db, s.max_db_connections);
+                self.limit(&self.user_limits, &p.user, s.max_user_connections);
+                p.update_settings(s);
+            }
+        }
+    }
+}

@@ -1,1 +1,114 @@
-//! server
+//! Server connections: what one PostgreSQL backend connection is and knows.
+pub mod connect;
+pub mod query;
+pub mod sync;
+
+use std::time::Instant;
+
+use crate::net::Conn;
+use crate::proto::backend::ErrorFields;
+
+pub use connect::{Credential, ServerAddr, ServerTarget};
+
+/// Session parameters as an ordered list with case-insensitive names (GUC names are).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Params {
+    items: Vec<(String, String)>,
+}
+
+impl Params {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.items.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn set(&mut self, name: &str, value: &str) {
+        match self.items.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            Some((_, v)) => {
+                if v != value {
+                    v.clear();
+                    v.push_str(value);
+                }
+            }
+            None => self.items.push((name.to_string(), value.to_string())),
+        }
+    }
+    pub fn remove(&mut self, name: &str) {
+        self.items.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.items.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// Protocol position of a server connection, kept by the relay: what is still owed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProtoState {
+    /// ReadyForQuery messages still to come (one per Query, Sync and FunctionCall sent).
+    pub expected_rfq: u32,
+    /// Extended-protocol messages sent since the last Sync.
+    pub unsynced: bool,
+    /// Bytes of a client message still to be forwarded (a message was sent in part).
+    pub partial: usize,
+    /// In COPY FROM STDIN (the server waits for CopyData/CopyDone/CopyFail).
+    pub copy_in: bool,
+    /// Transaction status from the last ReadyForQuery: b'I', b'T' or b'E'.
+    pub tx_status: u8,
+}
+
+impl ProtoState {
+    /// Nothing owed, not in a transaction: safe to hand to another client.
+    pub fn is_idle(&self) -> bool {
+        self.expected_rfq == 0 && !self.unsynced && self.partial == 0 && !self.copy_in && self.tx_status == b'I'
+    }
+}
+
+/// One logged-in server connection.
+pub struct Server {
+    pub id: u64,
+    pub conn: Conn,
+    pub addr: ServerAddr,
+    /// BackendKeyData (pid, secret) for cancel requests.
+    pub key: (i32, i32),
+    /// Current values of the session parameters we know of.
+    pub params: Params,
+    /// Values right after login (what RESET ALL/DISCARD ALL return to).
+    pub login_params: Params,
+    pub proto: ProtoState,
+    pub created: Instant,
+    pub last_used: Instant,
+    /// Set when the server's state is unknown: it must be closed, not reused.
+    pub broken: bool,
+}
+
+/// Errors talking to a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("server connection failed: {0}")]
+    Connect(std::io::Error),
+    #[error("server connection timed out")]
+    Timeout,
+    #[error("server I/O error: {0}")]
+    Conn(#[from] crate::net::conn::ConnError),
+    #[error("server protocol error: {0}")]
+    Proto(#[from] crate::proto::ProtoError),
+    /// The server said no (login or query): its error, passed on to the client.
+    #[error("server error: {} {}", .0.code, .0.message)]
+    Rejected(ErrorFields),
+    #[error("server login failed: {0}")]
+    Login(String),
+}
+
+impl ServerError {
+    /// The SQLSTATE and message a client should see.
+    pub fn client_error(&self) -> (String, String) {
+        match self {
+            ServerError::Rejected(e) => (e.code.clone(), e.message.clone()),
+            other => ("08006".to_string(), other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! A buffered connection: a read buffer we frame messages in, and an output queue of byte
+//! runs written with one vectored write. Forwarded bytes are split off the read buffer of
+//! one side and queued on the other side without copying.
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncWrite;
+
+use super::Stream;
+use crate::proto::{self, Header, ProtoError};
+
+/// Bytes we try to have free in the read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+/// Most byte runs handed to one vectored write.
+const MAX_IOV: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("connection closed")]
+    Closed,
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+}
+
+pub struct Conn {
+    pub stream: Stream,
+    /// Bytes read and not yet consumed or forwarded.
+    pub rbuf: BytesMut,
+    out: VecDeque<Bytes>,
+    out_len: usize,
+    /// Where small messages of our own are built before being queued.
+    scratch: BytesMut,
+}
+
+impl Conn {
+    pub fn new(stream: Stream) -> Self {
+        Conn { stream, rbuf: BytesMut::new(), out: VecDeque::new(), out_len: 0, scratch: BytesMut::new() }
+    }
+
+    /// Queue bytes for writing (after everything queued before).
+    #[inline]
+    pub fn queue(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.out_len += b.len();
+            self.out.push_back(b);
+        }
+    }
+
+    /// Build a message of our own with `f` and queue it.
+    #[inline]
+    pub fn queue_with(&mut self, f: impl FnOnce(&mut BytesMut)) {
+        f(&mut self.scratch);
+        let b = self.scratch.split().freeze();
+        self.queue(b);
+    }
+
+    /// Bytes queued and not yet written.
+    #[inline]
+    pub fn out_len(&self) -> usize {
+        self.out_len
+    }
+
+    /// Read more bytes into `rbuf`. `Ok(0)` means end of stream.
+    pub fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.rbuf)
+    }
+
+    /// Write queued output until the queue is empty (Ready) or the socket is full (Pending).
+    pub fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.out.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut n_iov = 0;
+            for (slot, b) in iov.iter_mut().zip(self.out.iter()) {
+                *slot = IoSlice::new(b);
+                n_iov += 1;
+            }
+            let n = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, &iov[..n_iov]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.advance_out(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn advance_out(&mut self, mut n: usize) {
+        self.out_len -= n;
+        while n > 0 {
+            let front = self.out.front_mut().expect("wrote more than queued");
+            if front.len() <= n {
+                n -= front.len();
+                self.out.pop_front();
+            } else {
+                let _ = front.split_to(n);
+                n = 0;
+            }
+        }
+    }
+
+    /// Write everything queued.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        poll_fn(|cx| self.poll_write_out(cx)).await
+    }
+
+    /// Make sure at least `n` bytes are buffered.
+    pub async fn fill(&mut self, n: usize) -> Result<(), ConnError> {
+        while self.rbuf.len() < n {
+            if poll_fn(|cx| self.poll_read_more(cx)).await? == 0 {
+                return Err(ConnError::Closed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until a whole message (at most `limit` bytes) sits at the front of `rbuf`;
+    /// its body is `rbuf[5..header.total]`. Consume it with `consume(header.total)`.
+    pub async fn read_message(&mut self, limit: usize) -> Result<Header, ConnError> {
+        self.fill(5).await?;
+        let h = proto::header(&self.rbuf, limit)?.expect("5 bytes buffered");
+        self.fill(h.total).await?;
+        Ok(h)
+    }
+
+    /// Drop `n` bytes from the front of the read buffer.
+    pub fn consume(&mut self, n: usize) {
+        bytes::Buf::advance(&mut self.rbuf, n);
+    }
+
+    /// Shrink buffers of an idle connection.
+    pub fn shrink(&mut self) {
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+            self.rbuf = BytesMut::new();
+        }
+        if self.scratch.capacity() > 4096 {
+            self.scratch = BytesMut::new();
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Listening sockets (TCP via socket2 with SO_REUSEPORT when asked, Unix socket).

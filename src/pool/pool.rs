@@ -1,0 +1,525 @@
+//! One pool: idle servers, FIFO waiters, size limits, pause. The lock is held only for
+//! quick list operations, never across `.await`.
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::{Limit, PooledServer};
+use crate::config::PoolMode;
+use crate::net::conn::ConnError;
+use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
+use crate::stats::PoolStats;
+
+/// Settings of one pool, resolved from the config (per user > per database > global).
+#[derive(Clone)]
+pub struct PoolSettings {
+    pub mode: PoolMode,
+    pub pool_size: usize,
+    pub min_pool_size: usize,
+    pub reserve_pool_size: usize,
+    pub reserve_pool_timeout: Duration,
+    pub max_db_connections: usize,
+    pub max_user_connections: usize,
+    pub server_lifetime: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_connect_timeout: Duration,
+    pub server_login_retry: Duration,
+    pub server_check_delay: Duration,
+    pub server_check_query: String,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+    pub server_round_robin: bool,
+    pub cancel_wait_timeout: Duration,
+    pub target: ServerTarget,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("query_wait_timeout")]
+    WaitTimeout,
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
+
+/// What a waiter is handed.
+pub(crate) enum Grant {
+    /// An idle server, already counted active for the receiver.
+    Server(Server),
+    /// Room for one new connection (counted in `total` and the limits) for the receiver.
+    Slot,
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Grant>,
+}
+
+struct Inner {
+    settings: Arc<PoolSettings>,
+    idle: VecDeque<Server>,
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+    /// Servers alive or being opened: idle + active + connecting + being cleaned.
+    total: usize,
+    /// Servers handed out (including those being opened for a client).
+    active: usize,
+    paused: bool,
+    /// ParameterStatus values of a freshly logged-in server: what new clients are told.
+    server_params: Option<Params>,
+    /// Login failed at this time: do not retry before server_login_retry.
+    login_failed_at: Option<Instant>,
+    last_login_error: Option<String>,
+}
+
+/// A pool of server connections for one (database, user).
+pub struct Pool {
+    pub db: String,
+    pub user: String,
+    inner: Mutex<Inner>,
+    db_limit: Arc<Limit>,
+    user_limit: Arc<Limit>,
+    next_server_id: AtomicU64,
+    pub stats: PoolStats,
+}
+
+enum Step {
+    Idle(Server),
+    Connect,
+    Wait(Ticket),
+}
+
+/// A place in the waiter queue. Dropping it removes the waiter, and hands back anything it
+/// was granted but never took.
+struct Ticket {
+    pool: Arc<Pool>,
+    id: u64,
+    rx: oneshot::Receiver<Grant>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.rx.close();
+        match self.rx.try_recv() {
+            Ok(Grant::Server(s)) => self.pool.checkin(s),
+            Ok(Grant::Slot) => self.pool.release_slot(),
+            Err(_) => {
+                let mut g = self.pool.lock();
+                g.waiters.retain(|w| w.id != self.id);
+            }
+        }
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(db: &str, user: &str, settings: PoolSettings, db_limit: Arc<Limit>, user_limit: Arc<Limit>) -> Arc<Pool> {
+        Arc::new(Pool {
+            db: db.to_string(),
+            user: user.to_string(),
+            inner: Mutex::new(Inner {
+                settings: Arc::new(settings),
+                idle: VecDeque::new(),
+                waiters: VecDeque::new(),
+                next_waiter: 0,
+                total: 0,
+                active: 0,
+                paused: false,
+                server_params: None,
+                login_failed_at: None,
+                last_login_error: None,
+            }),
+            db_limit,
+            user_limit,
+            next_server_id: AtomicU64::new(1),
+            stats: PoolStats::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn settings(&self) -> Arc<PoolSettings> {
+        self.lock().settings.clone()
+    }
+
+    /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
+    /// closed as they come back.
+    pub fn update_settings(self: &Arc<Self>, s: PoolSettings) {
+        let mut g = self.lock();
+        let target_changed = {
+            let old = &g.settings.target;
+            old.addr != s.target.addr || old.dbname != s.target.dbname || old.user != s.target.user
+        };
+        g.settings = Arc::new(s);
+        if target_changed {
+            let closing: Vec<Server> = g.idle.drain(..).collect();
+            g.total -= closing.len();
+            for _ in &closing {
+                self.db_limit.release();
+                self.user_limit.release();
+            }
+            drop(g);
+            closing.into_iter().for_each(close_server);
+        } else {
+            drop(g);
+        }
+        self.grant_waiters();
+    }
+
+    /// Parameters new clients of this pool are told at login, if a server has logged in yet.
+    pub fn server_params(&self) -> Option<Params> {
+        self.lock().server_params.clone()
+    }
+
+    /// (active, idle, total, waiting, paused) for SHOW POOLS and tests.
+    pub fn counts(&self) -> PoolCounts {
+        let g = self.lock();
+        PoolCounts {
+            active: g.active,
+            idle: g.idle.len(),
+            total: g.total,
+            waiting: g.waiters.len(),
+            paused: g.paused,
+        }
+    }
+
+    /// Get a server: an idle one, a new one, or wait in line (FIFO) until `deadline`.
+    pub async fn checkout(self: &Arc<Self>, deadline: Option<Instant>) -> Result<PooledServer, CheckoutError> {
+        let start = Instant::now();
+        let mut reserve_ok = false;
+        loop {
+            match self.step(reserve_ok) {
+                Step::Idle(s) => {
+                    if let Some(s) = self.prepare_idle(s).await {
+                        return Ok(PooledServer::new(s, self.clone()));
+                    }
+                }
+                Step::Connect => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
+                Step::Wait(mut ticket) => {
+                    let settings = self.settings();
+                    let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
+                        .then(|| start + settings.reserve_pool_timeout);
+                    let retry_at = self.lock().login_failed_at.map(|t| t + settings.server_login_retry);
+                    let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
+                    tokio::select! {
+                        g = &mut ticket.rx => match g {
+                            Ok(Grant::Server(s)) => {
+                                if let Some(s) = self.prepare_idle(s).await {
+                                    return Ok(PooledServer::new(s, self.clone()));
+                                }
+                            }
+                            Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
+                            Err(_) => {}
+                        },
+                        _ = sleep_until(wake_at) => {
+                            if reserve_at.is_some_and(|t| Instant::now() >= t) {
+                                reserve_ok = true;
+                            }
+                        }
+                        _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
+                    }
+                }
+            }
+        }
+    }
+
+    fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
+        let mut g = self.lock();
+        if !g.paused {
+            let popped = if g.settings.server_round_robin { g.idle.pop_front() } else { g.idle.pop_back() };
+            if let Some(s) = popped {
+                g.active += 1;
+                return Step::Idle(s);
+            }
+            if g.waiters.is_empty() && self.may_open(&mut g, reserve_ok) {
+                return Step::Connect;
+            }
+        }
+        let id = g.next_waiter;
+        g.next_waiter += 1;
+        let (tx, rx) = oneshot::channel();
+        g.waiters.push_back(Waiter { id, tx });
+        Step::Wait(Ticket { pool: self.clone(), id, rx })
+    }
+
+    /// Count one more server if the pool, its database and its user have room.
+    fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
+        if let Some(t) = g.login_failed_at {
+            if t.elapsed() < g.settings.server_login_retry {
+                return false;
+            }
+        }
+        let cap = g.settings.pool_size + if reserve_ok { g.settings.reserve_pool_size } else { 0 };
+        if g.total >= cap {
+            return false;
+        }
+        if !self.db_limit.try_acquire() {
+            return false;
+        }
+        if !self.user_limit.try_acquire() {
+            self.db_limit.release();
+            return false;
+        }
+        g.total += 1;
+        g.active += 1;
+        true
+    }
+
+    /// Open a server for a slot already counted. On failure the slot is given back.
+    async fn open(self: &Arc<Self>) -> Result<Server, CheckoutError> {
+        let settings = self.settings();
+        let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
+        match connect::connect(&settings.target, id, settings.server_connect_timeout).await {
+            Ok(s) => {
+                let mut g = self.lock();
+                g.login_failed_at = None;
+                g.last_login_error = None;
+                if g.server_params.is_none() {
+                    g.server_params = Some(s.login_params.clone());
+                }
+                Ok(s)
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.db, user = %self.user, "server login failed: {e}");
+                {
+                    let mut g = self.lock();
+                    g.login_failed_at = Some(Instant::now());
+                    g.last_login_error = Some(e.to_string());
+                }
+                self.release_slot();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Check an idle server before handing it out; None = it was closed.
+    async fn prepare_idle(self: &Arc<Self>, mut s: Server) -> Option<Server> {
+        let settings = self.settings();
+        let expired = crate::config::enabled(settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
+        if expired || !is_alive(&mut s) {
+            self.close(s);
+            return None;
+        }
+        let check_due = s.last_used.elapsed() >= settings.server_check_delay;
+        if check_due && !settings.server_check_query.trim().is_empty() {
+            let check = query::simple_query(&mut s, &settings.server_check_query);
+            match tokio::time::timeout(settings.server_connect_timeout, check).await {
+                Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
+                _ => {
+                    self.close(s);
+                    return None;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    /// Return a clean, idle server: to the first waiter, else to the idle list (or close it
+    /// when it is too old or the pool is over its size).
+    pub(crate) fn checkin(self: &Arc<Self>, mut s: Server) {
+        s.last_used = Instant::now();
+        let mut g = self.lock();
+        let too_old = crate::config::enabled(g.settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
+        if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
+            drop(g);
+            self.close(s);
+            return;
+        }
+        if !g.paused {
+            while let Some(w) = g.waiters.pop_front() {
+                match w.tx.send(Grant::Server(s)) {
+                    Ok(()) => return,
+                    Err(Grant::Server(back)) => s = back,
+                    Err(Grant::Slot) => unreachable!("sent a server"),
+                }
+            }
+        }
+        g.active -= 1;
+        s.conn.shrink();
+        g.idle.push_back(s);
+    }
+
+    /// Close a server that was active (counted) and give its room to a waiter.
+    pub(crate) fn close(self: &Arc<Self>, s: Server) {
+        close_server(s);
+        self.release_slot();
+    }
+
+    /// One active server fewer: give the room to the first waiter if the pool may open one.
+    pub(crate) fn release_slot(self: &Arc<Self>) {
+        {
+            let mut g = self.lock();
+            g.total -= 1;
+            g.active -= 1;
+        }
+        self.db_limit.release();
+        self.user_limit.release();
+        self.grant_waiters();
+    }
+
+    /// Hand idle servers or new-connection room to waiters, in order (after resume, reload,
+    /// a close, or a limit freed elsewhere).
+    pub fn grant_waiters(self: &Arc<Self>) {
+        let mut g = self.lock();
+        if g.paused {
+            return;
+        }
+        while !g.waiters.is_empty() {
+            let grant = if let Some(s) = g.idle.pop_back() {
+                g.active += 1;
+                Grant::Server(s)
+            } else if self.may_open(&mut g, false) {
+                Grant::Slot
+            } else {
+                break;
+            };
+            let mut grant = Some(grant);
+            while let Some(w) = g.waiters.pop_front() {
+                match w.tx.send(grant.take().expect("grant")) {
+                    Ok(()) => break,
+                    Err(back) => grant = Some(back),
+                }
+            }
+            // Nobody took it: undo.
+            match grant {
+                Some(Grant::Server(s)) => {
+                    g.active -= 1;
+                    g.idle.push_back(s);
+                }
+                Some(Grant::Slot) => {
+                    g.total -= 1;
+                    g.active -= 1;
+                    self.db_limit.release();
+                    self.user_limit.release();
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// PAUSE: new checkouts wait. Returns once every server is back (active == 0).
+    pub fn pause(&self) {
+        self.lock().paused = true;
+    }
+
+    pub fn resume(self: &Arc<Self>) {
+        self.lock().paused = false;
+        self.grant_waiters();
+    }
+
+    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime or beyond
+    /// min_pool_size after idle timeout; returns how many servers should be opened to reach
+    /// min_pool_size.
+    pub fn maintain(self: &Arc<Self>) -> usize {
+        let mut closing = Vec::new();
+        let open_needed;
+        {
+            let mut g = self.lock();
+            let s = g.settings.clone();
+            let now = Instant::now();
+            let mut keep = VecDeque::with_capacity(g.idle.len());
+            let mut total = g.total;
+            while let Some(mut srv) = g.idle.pop_front() {
+                let too_old = crate::config::enabled(s.server_lifetime)
+                    .is_some_and(|l| now.duration_since(srv.created) >= l);
+                let idle_too_long = crate::config::enabled(s.server_idle_timeout)
+                    .is_some_and(|l| now.duration_since(srv.last_used) >= l)
+                    && total > s.min_pool_size;
+                if too_old || idle_too_long || !is_alive(&mut srv) {
+                    total -= 1;
+                    closing.push(srv);
+                } else {
+                    keep.push_back(srv);
+                }
+            }
+            g.idle = keep;
+            g.total = total;
+            let login_blocked = g.login_failed_at.is_some_and(|t| t.elapsed() < s.server_login_retry);
+            open_needed = if login_blocked || g.paused { 0 } else { s.min_pool_size.saturating_sub(g.total) };
+        }
+        for s in closing {
+            close_server(s);
+            self.db_limit.release();
+            self.user_limit.release();
+        }
+        self.grant_waiters();
+        open_needed
+    }
+
+    /// Open one server into the idle list (min_pool_size).
+    pub async fn warm_one(self: &Arc<Self>) {
+        {
+            let mut g = self.lock();
+            if g.paused || !self.may_open(&mut g, false) {
+                return;
+            }
+        }
+        if let Ok(s) = self.open().await {
+            self.checkin(s);
+        }
+    }
+
+    /// Close every idle server (RECONNECT, shutdown).
+    pub fn close_idle(self: &Arc<Self>) {
+        let closing: Vec<Server> = {
+            let mut g = self.lock();
+            let v: Vec<Server> = g.idle.drain(..).collect();
+            g.total -= v.len();
+            v
+        };
+        for s in closing {
+            close_server(s);
+            self.db_limit.release();
+            self.user_limit.release();
+        }
+    }
+
+    pub fn last_login_error(&self) -> Option<String> {
+        self.lock().last_login_error.clone()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub active: usize,
+    pub idle: usize,
+    pub total: usize,
+    pub waiting: usize,
+    pub paused: bool,
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An idle server must have nothing to say: any byte or EOF means it is gone or broken.
+fn is_alive(s: &mut Server) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    match s.conn.poll_read_more(&mut cx) {
+        Poll::Pending => s.conn.rbuf.is_empty(),
+        Poll::Ready(_) => false,
+    }
+}
+
+/// Close a server politely (Terminate), without waiting.
+fn close_server(mut s: Server) {
+    s.conn.queue_with(crate::proto::frontend::terminate);
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.conn.flush()).await;
+        });
+    }
+}
+
+impl From<ConnError> for CheckoutError {
+    fn from(e: ConnError) -> Self {
+        CheckoutError::Server(ServerError::Conn(e))
+    }
+}

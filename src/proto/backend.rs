@@ -1,0 +1,288 @@
+//! Server ("backend") messages: builders for what pgcarpool says to clients, views of what
+//! servers say that pgcarpool acts on.
+use bytes::{BufMut, BytesMut};
+
+use super::{ProtoError, Reader};
+
+pub const AUTHENTICATION: u8 = b'R';
+pub const PARAMETER_STATUS: u8 = b'S';
+pub const BACKEND_KEY_DATA: u8 = b'K';
+pub const READY_FOR_QUERY: u8 = b'Z';
+pub const ERROR_RESPONSE: u8 = b'E';
+pub const NOTICE_RESPONSE: u8 = b'N';
+pub const COMMAND_COMPLETE: u8 = b'C';
+pub const PARSE_COMPLETE: u8 = b'1';
+pub const CLOSE_COMPLETE: u8 = b'3';
+pub const COPY_IN_RESPONSE: u8 = b'G';
+pub const COPY_OUT_RESPONSE: u8 = b'H';
+pub const COPY_BOTH_RESPONSE: u8 = b'W';
+pub const NOTIFICATION_RESPONSE: u8 = b'A';
+pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
+pub const ROW_DESCRIPTION: u8 = b'T';
+pub const DATA_ROW: u8 = b'D';
+
+/// Start a tagged message; finish with `finish`.
+#[inline]
+fn begin(out: &mut BytesMut, tag: u8) -> usize {
+    out.put_u8(tag);
+    let at = out.len();
+    out.put_i32(0);
+    at
+}
+
+#[inline]
+fn finish(out: &mut BytesMut, at: usize) {
+    let len = (out.len() - at) as i32;
+    out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn cstr(out: &mut BytesMut, s: &str) {
+    out.put_slice(s.as_bytes());
+    out.put_u8(0);
+}
+
+pub fn authentication_ok(out: &mut BytesMut) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(0);
+    finish(out, at);
+}
+
+pub fn authentication_cleartext(out: &mut BytesMut) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(3);
+    finish(out, at);
+}
+
+pub fn authentication_md5(out: &mut BytesMut, salt: [u8; 4]) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(5);
+    out.put_slice(&salt);
+    finish(out, at);
+}
+
+pub fn authentication_sasl(out: &mut BytesMut, mechanisms: &[&str]) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(10);
+    for m in mechanisms {
+        cstr(out, m);
+    }
+    out.put_u8(0);
+    finish(out, at);
+}
+
+pub fn authentication_sasl_continue(out: &mut BytesMut, data: &[u8]) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(11);
+    out.put_slice(data);
+    finish(out, at);
+}
+
+pub fn authentication_sasl_final(out: &mut BytesMut, data: &[u8]) {
+    let at = begin(out, AUTHENTICATION);
+    out.put_i32(12);
+    out.put_slice(data);
+    finish(out, at);
+}
+
+pub fn parameter_status(out: &mut BytesMut, name: &str, value: &str) {
+    let at = begin(out, PARAMETER_STATUS);
+    cstr(out, name);
+    cstr(out, value);
+    finish(out, at);
+}
+
+pub fn backend_key_data(out: &mut BytesMut, pid: i32, secret: i32) {
+    let at = begin(out, BACKEND_KEY_DATA);
+    out.put_i32(pid);
+    out.put_i32(secret);
+    finish(out, at);
+}
+
+pub fn ready_for_query(out: &mut BytesMut, status: u8) {
+    let at = begin(out, READY_FOR_QUERY);
+    out.put_u8(status);
+    finish(out, at);
+}
+
+pub fn parse_complete(out: &mut BytesMut) {
+    let at = begin(out, PARSE_COMPLETE);
+    finish(out, at);
+}
+
+pub fn close_complete(out: &mut BytesMut) {
+    let at = begin(out, CLOSE_COMPLETE);
+    finish(out, at);
+}
+
+pub fn command_complete(out: &mut BytesMut, tag: &str) {
+    let at = begin(out, COMMAND_COMPLETE);
+    cstr(out, tag);
+    finish(out, at);
+}
+
+pub fn empty_query_response(out: &mut BytesMut) {
+    let at = begin(out, EMPTY_QUERY_RESPONSE);
+    finish(out, at);
+}
+
+/// An ErrorResponse (or NoticeResponse with `tag = b'N'`) with severity, SQLSTATE and message.
+pub fn error_fields(out: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str) {
+    let at = begin(out, tag);
+    out.put_u8(b'S');
+    cstr(out, severity);
+    out.put_u8(b'V');
+    cstr(out, severity);
+    out.put_u8(b'C');
+    cstr(out, code);
+    out.put_u8(b'M');
+    cstr(out, message);
+    out.put_u8(0);
+    finish(out, at);
+}
+
+/// ErrorResponse.
+pub fn error_response(out: &mut BytesMut, severity: &str, code: &str, message: &str) {
+    error_fields(out, ERROR_RESPONSE, severity, code, message);
+}
+
+/// RowDescription with text columns (admin console).
+pub fn row_description(out: &mut BytesMut, columns: &[(&str, u32)]) {
+    let at = begin(out, ROW_DESCRIPTION);
+    out.put_i16(columns.len() as i16);
+    for (name, type_oid) in columns {
+        cstr(out, name);
+        out.put_i32(0);
+        out.put_i16(0);
+        out.put_u32(*type_oid);
+        out.put_i16(-1);
+        out.put_i32(-1);
+        out.put_i16(0);
+    }
+    finish(out, at);
+}
+
+/// DataRow of text values (None = NULL).
+pub fn data_row<'a>(out: &mut BytesMut, values: impl ExactSizeIterator<Item = Option<&'a str>>) {
+    let at = begin(out, DATA_ROW);
+    out.put_i16(values.len() as i16);
+    for v in values {
+        match v {
+            None => out.put_i32(-1),
+            Some(s) => {
+                out.put_i32(s.len() as i32);
+                out.put_slice(s.as_bytes());
+            }
+        }
+    }
+    finish(out, at);
+}
+
+/// An Authentication request from a server.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AuthRequest<'a> {
+    Ok,
+    Cleartext,
+    Md5([u8; 4]),
+    Sasl(Vec<&'a str>),
+    SaslContinue(&'a [u8]),
+    SaslFinal(&'a [u8]),
+    Other(i32),
+}
+
+pub fn parse_auth(body: &[u8]) -> Result<AuthRequest<'_>, ProtoError> {
+    let mut r = Reader::new(body, "Authentication");
+    Ok(match r.i32()? {
+        0 => AuthRequest::Ok,
+        3 => AuthRequest::Cleartext,
+        5 => {
+            let s = r.bytes(4)?;
+            AuthRequest::Md5([s[0], s[1], s[2], s[3]])
+        }
+        10 => {
+            let mut mechs = Vec::new();
+            loop {
+                let m = r.cstr()?;
+                if m.is_empty() {
+                    break;
+                }
+                mechs.push(m);
+            }
+            AuthRequest::Sasl(mechs)
+        }
+        11 => AuthRequest::SaslContinue(r.remaining()),
+        12 => AuthRequest::SaslFinal(r.remaining()),
+        n => AuthRequest::Other(n),
+    })
+}
+
+pub fn parse_parameter_status(body: &[u8]) -> Result<(&str, &str), ProtoError> {
+    let mut r = Reader::new(body, "ParameterStatus");
+    Ok((r.cstr()?, r.cstr()?))
+}
+
+pub fn parse_backend_key_data(body: &[u8]) -> Result<(i32, i32), ProtoError> {
+    let mut r = Reader::new(body, "BackendKeyData");
+    Ok((r.i32()?, r.i32()?))
+}
+
+/// The fields of an ErrorResponse/NoticeResponse we report: severity, SQLSTATE, message.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ErrorFields {
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+}
+
+pub fn parse_error(body: &[u8]) -> Result<ErrorFields, ProtoError> {
+    let mut r = Reader::new(body, "ErrorResponse");
+    let mut e = ErrorFields::default();
+    loop {
+        let t = r.u8()?;
+        if t == 0 {
+            break;
+        }
+        let v = String::from_utf8_lossy(r.cstr_bytes()?).into_owned();
+        match t {
+            b'V' => e.severity = v,
+            b'S' if e.severity.is_empty() => e.severity = v,
+            b'C' => e.code = v,
+            b'M' => e.message = v,
+            _ => {}
+        }
+    }
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::header;
+
+    #[test]
+    fn error_roundtrip() {
+        let mut b = BytesMut::new();
+        error_response(&mut b, "FATAL", "28P01", "password authentication failed");
+        let h = header(&b, 1000).unwrap().unwrap();
+        assert_eq!(h.tag, b'E');
+        assert_eq!(h.total, b.len());
+        let e = parse_error(&b[5..]).unwrap();
+        assert_eq!(e.code, "28P01");
+        assert_eq!(e.severity, "FATAL");
+    }
+
+    #[test]
+    fn auth_parse() {
+        let mut b = BytesMut::new();
+        authentication_sasl(&mut b, &["SCRAM-SHA-256"]);
+        assert_eq!(parse_auth(&b[5..]).unwrap(), AuthRequest::Sasl(vec!["SCRAM-SHA-256"]));
+        assert!(parse_auth(&[0, 0, 0, 5, 1]).is_err());
+    }
+
+    #[test]
+    fn parameter_status_parse() {
+        let mut b = BytesMut::new();
+        parameter_status(&mut b, "TimeZone", "UTC");
+        assert_eq!(parse_parameter_status(&b[5..]).unwrap(), ("TimeZone", "UTC"));
+        assert!(parse_parameter_status(b"abc").is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Untagged startup-phase packets: StartupMessage, SSLRequest, GSSENCRequest, CancelRequest.
+use bytes::{BufMut, BytesMut};
+
+use super::{ProtoError, Reader};
+
+/// PostgreSQL's own limit on a startup packet.
+pub const MAX_STARTUP_LEN: usize = 10_000;
+
+const PROTOCOL_3_0: i32 = 196_608;
+const CANCEL_REQUEST_CODE: i32 = 80_877_102;
+const SSL_REQUEST_CODE: i32 = 80_877_103;
+const GSSENC_REQUEST_CODE: i32 = 80_877_104;
+
+/// The first packet a client sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartupPacket {
+    /// Protocol 3.x startup with its parameters (user, database, options, GUCs…), in order.
+    Startup { minor: u16, params: Vec<(String, String)> },
+    SslRequest,
+    GssEncRequest,
+    Cancel { pid: i32, secret: i32 },
+}
+
+/// Parse one startup packet from the front of `buf`: `Ok(None)` while incomplete, else the
+/// packet and how many bytes it took.
+pub fn parse(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>, ProtoError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len < 8 {
+        return Err(ProtoError::BadLength(len.into()));
+    }
+    let len = len as usize;
+    if len > MAX_STARTUP_LEN {
+        return Err(ProtoError::TooLong(len));
+    }
+    if buf.len() < len {
+        return Ok(None);
+    }
+    let mut r = Reader::new(&buf[4..len], "startup");
+    let code = r.i32()?;
+    let packet = match code {
+        SSL_REQUEST_CODE if len == 8 => StartupPacket::SslRequest,
+        GSSENC_REQUEST_CODE if len == 8 => StartupPacket::GssEncRequest,
+        CANCEL_REQUEST_CODE if len == 16 => {
+            let pid = r.i32()?;
+            let secret = r.i32()?;
+            StartupPacket::Cancel { pid, secret }
+        }
+        SSL_REQUEST_CODE | GSSENC_REQUEST_CODE | CANCEL_REQUEST_CODE => {
+            return Err(ProtoError::Malformed("startup"));
+        }
+        _ => {
+            let major = (code >> 16) as u16;
+            let minor = (code & 0xffff) as u16;
+            if major != 3 {
+                return Err(ProtoError::UnsupportedVersion(major, minor));
+            }
+            let mut params = Vec::new();
+            loop {
+                let key = r.cstr()?;
+                if key.is_empty() {
+                    break;
+                }
+                let value = r.cstr()?;
+                params.push((key.to_string(), value.to_string()));
+            }
+            if !r.is_empty() {
+                return Err(ProtoError::Malformed("startup"));
+            }
+            StartupPacket::Startup { minor, params }
+        }
+    };
+    Ok(Some((packet, len)))
+}
+
+/// Build a protocol 3.0 StartupMessage.
+pub fn startup_message(out: &mut BytesMut, params: &[(&str, &str)]) {
+    let start = out.len();
+    out.put_i32(0);
+    out.put_i32(PROTOCOL_3_0);
+    for (k, v) in params {
+        out.put_slice(k.as_bytes());
+        out.put_u8(0);
+        out.put_slice(v.as_bytes());
+        out.put_u8(0);
+    }
+    out.put_u8(0);
+    let len = (out.len() - start) as i32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Build a CancelRequest.
+pub fn cancel_request(out: &mut BytesMut, pid: i32, secret: i32) {
+    out.put_i32(16);
+    out.put_i32(CANCEL_REQUEST_CODE);
+    out.put_i32(pid);
+    out.put_i32(secret);
+}
+
+/// Parse libpq's `options` startup parameter into `-c name=value` / `--name=value` pairs.
+/// Anything else in it is an error (we cannot pass arbitrary server options through a pool).
+pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
+    // Split on unescaped whitespace; backslash escapes the next char.
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    let mut out = Vec::new();
+    let mut it = words.into_iter();
+    while let Some(w) = it.next() {
+        let setting = if w == "-c" {
+            it.next().ok_or_else(|| "missing setting after -c".to_string())?
+        } else if let Some(s) = w.strip_prefix("-c") {
+            s.to_string()
+        } else if let Some(s) = w.strip_prefix("--") {
+            s.to_string()
+        } else {
+            return Err(format!("unsupported option in options: {w}"));
+        };
+        let (k, v) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("option {setting} has no value"))?;
+        out.push((k.replace('-', "_"), v.to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_startup_message() {
+        let mut b = BytesMut::new();
+        startup_message(&mut b, &[("user", "bob"), ("database", "db")]);
+        let (p, n) = parse(&b).unwrap().unwrap();
+        assert_eq!(n, b.len());
+        assert_eq!(
+            p,
+            StartupPacket::Startup {
+                minor: 0,
+                params: vec![("user".into(), "bob".into()), ("database".into(), "db".into())]
+            }
+        );
+        assert_eq!(parse(&b[..b.len() - 1]).unwrap(), None);
+    }
+
+    #[test]
+    fn parses_cancel_and_ssl() {
+        let mut b = BytesMut::new();
+        cancel_request(&mut b, 7, -9);
+        assert_eq!(parse(&b).unwrap().unwrap().0, StartupPacket::Cancel { pid: 7, secret: -9 });
+        let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+        assert_eq!(parse(&ssl).unwrap().unwrap().0, StartupPacket::SslRequest);
+    }
+
+    #[test]
+    fn rejects_bad_packets() {
+        assert!(parse(&[0, 0, 0, 3]).is_err());
+        assert!(parse(&[0, 1, 0, 0]).is_err()); // 65536 > limit
+        assert!(parse(&[0, 0, 0, 8, 0, 2, 0, 0]).is_err()); // protocol 2
+        // unterminated parameter list
+        assert!(parse(&[0, 0, 0, 10, 0, 3, 0, 0, b'u', 0]).is_err());
+    }
+
+    #[test]
+    fn options_parse() {
+        assert_eq!(
+            parse_options("-c search_path=a,b --statement-timeout=5s -csome.x=1").unwrap(),
+            vec![
+                ("search_path".into(), "a,b".into()),
+                ("statement_timeout".into(), "5s".into()),
+                ("some.x".into(), "1".into())
+            ]
+        );
+        assert_eq!(parse_options(r"-c x=a\ b").unwrap(), vec![("x".into(), "a b".into())]);
+        assert!(parse_options("-F").is_err());
+    }
+}

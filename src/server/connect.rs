@@ -1,0 +1,212 @@
+//! Opening a server connection and logging in (trust, cleartext, md5, SCRAM-SHA-256).
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::net::{TcpStream, UnixStream};
+
+use super::{Params, ProtoState, Server, ServerError};
+use crate::auth::{md5, scram};
+use crate::net::{Conn, Stream};
+use crate::proto::backend::{self, AuthRequest};
+use crate::proto::{frontend, startup};
+
+/// Longest message accepted during login.
+const LOGIN_MESSAGE_LIMIT: usize = 64 * 1024;
+
+/// Where a server lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerAddr {
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+impl ServerAddr {
+    /// From a `[databases]` host (None → default socket dir; leading '/' → socket dir) and port.
+    pub fn new(host: Option<&str>, port: u16) -> Self {
+        match host {
+            Some(h) if !h.starts_with('/') => ServerAddr::Tcp { host: h.to_string(), port },
+            Some(dir) => ServerAddr::Unix(PathBuf::from(format!("{dir}/.s.PGSQL.{port}"))),
+            None => {
+                let dir = if std::path::Path::new("/var/run/postgresql").is_dir() {
+                    "/var/run/postgresql"
+                } else {
+                    "/tmp"
+                };
+                ServerAddr::Unix(PathBuf::from(format!("{dir}/.s.PGSQL.{port}")))
+            }
+        }
+    }
+
+    pub async fn connect(&self) -> std::io::Result<Stream> {
+        match self {
+            ServerAddr::Tcp { host, port } => {
+                let s = TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
+        }
+    }
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddr::Tcp { host, port } => write!(f, "{host}:{port}"),
+            ServerAddr::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// What we can prove our identity to a server with.
+#[derive(Clone, Default)]
+pub enum Credential {
+    #[default]
+    None,
+    Plain(String),
+    /// md5(password + user) hex, usable for md5 auth only.
+    Md5Hash(String),
+    /// SCRAM keys learned from a client's SCRAM login against the same verifier.
+    ScramKeys { client_key: [u8; 32], server_key: [u8; 32] },
+}
+
+/// Everything needed to open a server connection for a pool.
+#[derive(Clone)]
+pub struct ServerTarget {
+    pub addr: ServerAddr,
+    pub dbname: String,
+    pub user: String,
+    pub credential: Credential,
+    /// Startup parameters sent at login (application_name, client_encoding, DateStyle, TimeZone…).
+    pub startup_params: Vec<(String, String)>,
+    pub connect_query: Option<String>,
+}
+
+/// Connect and log in within `timeout`.
+pub async fn connect(target: &ServerTarget, id: u64, timeout: Duration) -> Result<Server, ServerError> {
+    match tokio::time::timeout(timeout, login(target, id)).await {
+        Ok(r) => r,
+        Err(_) => Err(ServerError::Timeout),
+    }
+}
+
+async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
+    let stream = target.addr.connect().await.map_err(ServerError::Connect)?;
+    let mut conn = Conn::new(stream);
+    let mut params: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.dbname)];
+    for (k, v) in &target.startup_params {
+        params.push((k, v));
+    }
+    conn.queue_with(|b| startup::startup_message(b, &params));
+    conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+
+    let mut scram: Option<scram::ScramClient> = None;
+    let mut server_params = Params::default();
+    let mut key = (0, 0);
+    loop {
+        let h = conn.read_message(LOGIN_MESSAGE_LIMIT).await?;
+        let body = &conn.rbuf[5..h.total];
+        match h.tag {
+            backend::AUTHENTICATION => {
+                let mut out = BytesMut::new();
+                match backend::parse_auth(body)? {
+                    AuthRequest::Ok => {}
+                    AuthRequest::Cleartext => match &target.credential {
+                        Credential::Plain(pw) => frontend::password(&mut out, pw.as_bytes()),
+                        _ => return Err(ServerError::Login("server asks for a cleartext password we do not have".into())),
+                    },
+                    AuthRequest::Md5(salt) => {
+                        let hash = match &target.credential {
+                            Credential::Plain(pw) => md5::password_hash(&target.user, pw),
+                            Credential::Md5Hash(h) => h.clone(),
+                            _ => return Err(ServerError::Login("server asks for md5 auth and no password is known".into())),
+                        };
+                        frontend::password(&mut out, md5::salted_response(&hash, salt).as_bytes());
+                    }
+                    AuthRequest::Sasl(mechs) => {
+                        if !mechs.contains(&"SCRAM-SHA-256") {
+                            return Err(ServerError::Login("server offers no SASL mechanism we support".into()));
+                        }
+                        let cred = match &target.credential {
+                            Credential::Plain(pw) => scram::ClientCredential::Password(pw.clone()),
+                            Credential::ScramKeys { client_key, server_key } => {
+                                scram::ClientCredential::Keys { client_key: *client_key, server_key: *server_key }
+                            }
+                            _ => return Err(ServerError::Login("server asks for SCRAM auth and no password is known".into())),
+                        };
+                        let mut c = scram::ScramClient::new(cred);
+                        let first = c.client_first();
+                        frontend::sasl_initial_response(&mut out, "SCRAM-SHA-256", &first);
+                        scram = Some(c);
+                    }
+                    AuthRequest::SaslContinue(data) => {
+                        let c = scram.as_mut().ok_or(ServerError::Login("unexpected SASL continue".into()))?;
+                        let fin = c.server_first(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                        frontend::sasl_response(&mut out, &fin);
+                    }
+                    AuthRequest::SaslFinal(data) => {
+                        let c = scram.as_mut().ok_or(ServerError::Login("unexpected SASL final".into()))?;
+                        c.server_final(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                    }
+                    AuthRequest::Other(n) => {
+                        return Err(ServerError::Login(format!("unsupported server auth method {n}")));
+                    }
+                }
+                if !out.is_empty() {
+                    conn.queue(out.freeze());
+                }
+            }
+            backend::PARAMETER_STATUS => {
+                let (k, v) = backend::parse_parameter_status(body)?;
+                server_params.set(k, v);
+            }
+            backend::BACKEND_KEY_DATA => key = backend::parse_backend_key_data(body)?,
+            backend::ERROR_RESPONSE => return Err(ServerError::Rejected(backend::parse_error(body)?)),
+            backend::READY_FOR_QUERY => {
+                conn.consume(h.total);
+                break;
+            }
+            _ => {} // NoticeResponse and the like
+        }
+        conn.consume(h.total);
+        if conn.out_len() > 0 {
+            conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+        }
+    }
+    for (k, v) in &target.startup_params {
+        if server_params.get(k).is_none() {
+            server_params.set(k, v);
+        }
+    }
+    let now = Instant::now();
+    let mut server = Server {
+        id,
+        conn,
+        addr: target.addr.clone(),
+        key,
+        login_params: server_params.clone(),
+        params: server_params,
+        proto: ProtoState { tx_status: b'I', ..Default::default() },
+        created: now,
+        last_used: now,
+        broken: false,
+    };
+    if let Some(q) = &target.connect_query {
+        if let Some(e) = super::query::simple_query(&mut server, q).await? {
+            return Err(ServerError::Rejected(e));
+        }
+        server.login_params = server.params.clone();
+    }
+    Ok(server)
+}
+
+/// Send a CancelRequest for `key` to the server at `addr`.
+pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<()> {
+    let mut conn = Conn::new(addr.connect().await?);
+    conn.queue_with(|b| startup::cancel_request(b, key.0, key.1));
+    conn.flush().await?;
+    // PostgreSQL closes the connection when done; wait for that, bounded.
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.fill(1)).await;
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! Running pgcarpool's own queries on a server (outside any client's relay): everything
+//! the server answers is consumed here, never forwarded.
+use std::fmt::Write as _;
+
+use super::{Server, ServerError};
+use crate::proto::backend::{self, ErrorFields};
+use crate::proto::frontend;
+
+/// Longest message accepted in answer to our own queries (rows are discarded whole).
+const OWN_QUERY_MESSAGE_LIMIT: usize = crate::proto::MAX_MESSAGE_LEN;
+
+/// Run `sql` as a simple query and read until ReadyForQuery. Returns the first error the
+/// server reported, if any (the server is still usable then).
+pub async fn simple_query(server: &mut Server, sql: &str) -> Result<Option<ErrorFields>, ServerError> {
+    server.conn.queue_with(|b| frontend::query(b, sql));
+    server.proto.expected_rfq += 1;
+    server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+    drain(server).await
+}
+
+/// Read server messages until every ReadyForQuery owed has arrived, keeping the server's
+/// state current. Returns the first error seen.
+pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerError> {
+    let mut first_error = None;
+    while server.proto.expected_rfq > 0 {
+        let h = server.conn.read_message(OWN_QUERY_MESSAGE_LIMIT).await?;
+        let body = &server.conn.rbuf[5..h.total];
+        match h.tag {
+            backend::READY_FOR_QUERY => {
+                server.proto.expected_rfq -= 1;
+                server.proto.tx_status = *body.first().ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+            }
+            backend::PARAMETER_STATUS => {
+                let (k, v) = backend::parse_parameter_status(body)?;
+                server.params.set(k, v);
+            }
+            backend::ERROR_RESPONSE => {
+                let e = backend::parse_error(body)?;
+                if e.severity == "FATAL" || e.severity == "PANIC" {
+                    server.broken = true;
+                    return Err(ServerError::Rejected(e));
+                }
+                first_error.get_or_insert(e);
+            }
+            backend::COPY_IN_RESPONSE => {
+                // Our own queries never copy in; refuse so the server gets back to idle.
+                server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+                server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+                server.proto.copy_in = false;
+            }
+            _ => {}
+        }
+        server.conn.consume(h.total);
+    }
+    Ok(first_error)
+}
+
+fn copy_fail(out: &mut bytes::BytesMut, msg: &str) {
+    use bytes::BufMut;
+    out.put_u8(frontend::COPY_FAIL);
+    out.put_i32((4 + msg.len() + 1) as i32);
+    out.put_slice(msg.as_bytes());
+    out.put_u8(0);
+}
+
+/// Queue a CopyFail (used to end a client's COPY FROM STDIN when it goes away).
+pub fn queue_copy_fail(server: &mut Server) {
+    server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+}
+
+/// Quote a string as an SQL literal (standard_conforming_strings on; E'' when backslashes).
+pub fn literal(out: &mut String, s: &str) {
+    if s.contains('\\') {
+        out.push_str(" E'");
+        for c in s.chars() {
+            match c {
+                '\'' => out.push_str("''"),
+                '\\' => out.push_str("\\\\"),
+                c => out.push(c),
+            }
+        }
+    } else {
+        out.push('\'');
+        for c in s.chars() {
+            if c == '\'' {
+                out.push('\'');
+            }
+            out.push(c);
+        }
+    }
+    out.push('\'');
+}
+
+/// `select pg_catalog.set_config('a', 'x', false), …` for a batch of settings.
+pub fn set_config_sql<'a>(items: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let mut sql = String::from("select ");
+    for (i, (k, v)) in items.enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str("pg_catalog.set_config(");
+        literal(&mut sql, k);
+        sql.push_str(", ");
+        literal(&mut sql, v);
+        let _ = write!(sql, ", false)");
+    }
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted() {
+        let mut s = String::new();
+        literal(&mut s, "it's");
+        assert_eq!(s, "'it''s'");
+        let mut s = String::new();
+        literal(&mut s, "a\\b");
+        assert_eq!(s, " E'a\\\\b'");
+    }
+
+    #[test]
+    fn set_config_batch() {
+        let sql = set_config_sql([("TimeZone", "UTC"), ("search_path", "a, b")].into_iter());
+        assert_eq!(
+            sql,
+            "select pg_catalog.set_config('TimeZone', 'UTC', false), pg_catalog.set_config('search_path', 'a, b', false)"
+        );
+    }
+}
