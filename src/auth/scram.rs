@@ -19,7 +19,7 @@ pub const MECHANISM: &str = "SCRAM-SHA-256";
 /// Longest SCRAM message we accept from either side. PostgreSQL's own messages are ~100–200 bytes.
 pub const MAX_SCRAM_MESSAGE_LEN: usize = 4096;
 /// Highest iteration count a ScramClient accepts in a server-first-message: one login must not cost
-/// unbounded CPU. PostgreSQL's default (`scram_iterations`) is 4096; 1,000,000 takes ~0.5 s of PBKDF2.
+/// unbounded CPU. PostgreSQL's default (`scram_iterations`) is 4096; 1,000,000 is roughly a second of PBKDF2.
 pub const MAX_ITERATIONS: u32 = 1_000_000;
 /// Iteration count for verifiers we make ourselves (PostgreSQL's default).
 pub const DEFAULT_ITERATIONS: u32 = 4096;
