@@ -1,4 +1,6 @@
-//! Password authentication primitives: md5 and SCRAM-SHA-256, both sides.
+//! Password authentication primitives: md5 and SCRAM-SHA-256, both sides, and a cache of SCRAM
+//! key derivations so PBKDF2 stays off the per-login path.
 //! The message exchange with a client lives in `client::startup`; with a server in `server::connect`.
+pub mod cache;
 pub mod md5;
 pub mod scram;
