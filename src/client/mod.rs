@@ -1,1 +1,228 @@
-//! client
+//! One task per client: startup and auth, then the transaction loop.
+pub mod cancel;
+pub mod registry;
+pub mod relay;
+pub mod session;
+pub mod startup;
+pub mod transaction;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::app::Shared;
+use crate::config::{self, Config, DatabaseEntry};
+use crate::net::conn::ConnError;
+use crate::net::{Conn, Stream};
+use crate::pool::Pool;
+use crate::proto::{ProtoError, backend, startup::parse_options};
+use crate::server::{Credential, Params};
+use registry::{ClientState, Registration};
+use session::VirtualSession;
+
+/// Why a client is being let go.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Tell the client (FATAL with this SQLSTATE), then close.
+    #[error("{message}")]
+    Fatal { code: &'static str, message: String },
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+impl ClientError {
+    pub fn fatal(code: &'static str, message: String) -> Self {
+        ClientError::Fatal { code, message }
+    }
+}
+
+impl From<ProtoError> for ClientError {
+    fn from(e: ProtoError) -> Self {
+        ClientError::fatal("08P01", format!("protocol violation: {e}"))
+    }
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        ClientError::Conn(ConnError::Io(e))
+    }
+}
+
+/// A logged-in client.
+pub struct Client {
+    pub shared: Arc<Shared>,
+    pub conn: Conn,
+    pub pool: Arc<Pool>,
+    pub session: VirtualSession,
+    pub reg: Registration,
+}
+
+/// Serve one client connection from its first byte to its last.
+pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
+    let peer = stream.peer();
+    let mut conn = Conn::new(stream);
+    let cfg = shared.config.load_full();
+    let login = async {
+        match config::enabled(cfg.settings.client_login_timeout) {
+            Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, &peer, id, &cfg))
+                .await
+                .unwrap_or_else(|_| Err(ClientError::fatal("08P01", "client_login_timeout".into()))),
+            None => login(&shared, &mut conn, &peer, id, &cfg).await,
+        }
+    };
+    let (user, db, pool, session, reg) = match login.await {
+        Ok(Some(l)) => l,
+        Ok(None) => return,
+        Err(e) => {
+            report(&mut conn, &e, &peer, cfg.settings.log_connections).await;
+            return;
+        }
+    };
+    if cfg.settings.log_connections {
+        tracing::info!(client = id, %user, %db, addr = %peer, "login");
+    }
+    let started = Instant::now();
+    let mut client = Client { shared, conn, pool, session, reg };
+    let result = transaction::run(&mut client).await;
+    if let Err(e) = &result {
+        report(&mut client.conn, e, &peer, true).await;
+    }
+    if cfg.settings.log_disconnections {
+        let reason = match &result {
+            Ok(()) => "client close request".to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::info!(client = id, %user, %db, addr = %peer, age_s = started.elapsed().as_secs(), "closing because: {reason}");
+    }
+}
+
+/// Send a FATAL error (if the socket still works) and log it.
+async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
+    if let ClientError::Fatal { code, message } = e {
+        if log {
+            tracing::info!(addr = %peer, "client error: {message}");
+        }
+        conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+    } else {
+        tracing::debug!(addr = %peer, "client connection lost: {e}");
+    }
+}
+
+type Login = (String, String, Arc<Pool>, VirtualSession, Registration);
+
+async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: &Config) -> Result<Option<Login>, ClientError> {
+    let params = match startup::hello(conn).await? {
+        startup::Hello::Cancel(key) => {
+            cancel::handle(&shared.clients, key).await;
+            return Ok(None);
+        }
+        startup::Hello::Startup(p) => p,
+    };
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let user = get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
+    let db = get("database").unwrap_or_else(|| user.clone());
+    if get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
+        return Err(ClientError::fatal("08P01", "replication connections are not supported".into()));
+    }
+    let client_params = session_params(&params, cfg, peer)?;
+    let entry = cfg
+        .database(&db)
+        .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
+    let secret = cfg.auth.users.get(&user);
+    let learned = startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
+
+    let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
+    let pool = shared.pools.get_or_create(&db, &server_user, || {
+        crate::app::pool_settings(cfg, &entry, &user, credential_for(cfg, &entry, &server_user, learned.clone()), shared)
+    });
+    if let Some(c) = learned {
+        if entry.user.is_none() {
+            pool.set_credential_if_missing(c);
+        }
+    }
+    // New clients are told the parameters of a real server: log one in if none did yet.
+    let server_params = match pool.server_params() {
+        Some(p) => p,
+        None => {
+            let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| Instant::now() + d);
+            let s = pool.checkout(deadline).await.map_err(|e| match e {
+                crate::pool::CheckoutError::Server(se) => {
+                    let (code, msg) = se.client_error();
+                    ClientError::Fatal { code: static_code(&code), message: msg }
+                }
+                other => ClientError::fatal("08P01", other.to_string()),
+            })?;
+            let p = s.login_params.clone();
+            drop(s);
+            p
+        }
+    };
+    let mut session = VirtualSession::default();
+    for (k, v) in server_params.iter() {
+        if !crate::server::sync::is_read_only(k) {
+            session.params.set(k, v);
+        }
+    }
+    for (k, v) in client_params.iter() {
+        session.params.set(k, v);
+    }
+    let kill = shared.stop_clients.child_token();
+    let reg = shared.clients.register(id, peer.to_string(), user.clone(), db.clone(), kill);
+    // Welcome.
+    conn.queue_with(|b| {
+        backend::authentication_ok(b);
+        for (k, v) in server_params.iter() {
+            let v = session.params.get(k).unwrap_or(v);
+            backend::parameter_status(b, k, v);
+        }
+        backend::backend_key_data(b, reg.handle.key.0, reg.handle.key.1);
+        backend::ready_for_query(b, b'I');
+    });
+    conn.flush().await?;
+    reg.handle.set_state(ClientState::Idle);
+    Ok(Some((user, db, pool, session, reg)))
+}
+
+/// The client's own session parameters from its startup packet.
+fn session_params(params: &[(String, String)], cfg: &Config, peer: &str) -> Result<Params, ClientError> {
+    let mut out = Params::default();
+    let ignored = |k: &str| cfg.settings.ignore_startup_parameters.iter().any(|i| i.eq_ignore_ascii_case(k));
+    for (k, v) in params {
+        match k.as_str() {
+            "user" | "database" | "replication" => {}
+            "options" => {
+                for (k, v) in parse_options(v).map_err(|e| ClientError::fatal("08P01", e))? {
+                    if !ignored(&k) {
+                        out.set(&k, &v);
+                    }
+                }
+            }
+            k if ignored(k) => {}
+            k => out.set(k, v),
+        }
+    }
+    if cfg.settings.application_name_add_host {
+        let app = out.get("application_name").unwrap_or("").to_string();
+        out.set("application_name", &format!("{app} - {peer}"));
+    }
+    Ok(out)
+}
+
+/// What the pool logs in to the server with.
+fn credential_for(cfg: &Config, entry: &DatabaseEntry, server_user: &str, learned: Option<Credential>) -> Credential {
+    if let Some(pw) = &entry.password {
+        return Credential::Plain(pw.clone());
+    }
+    match cfg.auth.users.get(server_user) {
+        Some(crate::config::Secret::Plain(p)) => Credential::Plain(p.clone()),
+        Some(crate::config::Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
+        Some(crate::config::Secret::Scram(_)) if entry.user.is_none() => learned.unwrap_or_default(),
+        _ => Credential::None,
+    }
+}
+
+/// SQLSTATEs are 5 ASCII chars; keep well-known ones static, others as generic failure.
+fn static_code(code: &str) -> &'static str {
+    const KNOWN: [&str; 8] = ["28P01", "28000", "3D000", "53300", "57P03", "08006", "08001", "42501"];
+    KNOWN.iter().find(|k| **k == code).copied().unwrap_or("08006")
+}

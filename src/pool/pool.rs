@@ -170,6 +170,16 @@ impl Pool {
         self.grant_waiters();
     }
 
+    /// A client's SCRAM login taught us how to log in to the server: use it if nothing else.
+    pub fn set_credential_if_missing(&self, c: crate::server::Credential) {
+        let mut g = self.lock();
+        if matches!(g.settings.target.credential, crate::server::Credential::None) {
+            let mut s = (*g.settings).clone();
+            s.target.credential = c;
+            g.settings = Arc::new(s);
+        }
+    }
+
     /// Parameters new clients of this pool are told at login, if a server has logged in yet.
     pub fn server_params(&self) -> Option<Params> {
         self.lock().server_params.clone()

@@ -81,6 +81,8 @@ pub struct ServerTarget {
     /// Startup parameters sent at login (application_name, client_encoding, DateStyle, TimeZone…).
     pub startup_params: Vec<(String, String)>,
     pub connect_query: Option<String>,
+    /// Memo of SCRAM key derivations (PBKDF2 once per password and salt).
+    pub scram_cache: Option<std::sync::Arc<crate::auth::cache::ScramCache>>,
 }
 
 /// Connect and log in within `timeout`.
@@ -142,7 +144,16 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                     }
                     AuthRequest::SaslContinue(data) => {
                         let c = scram.as_mut().ok_or(ServerError::Login("unexpected SASL continue".into()))?;
-                        let fin = c.server_first(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                        let fin = match (&target.credential, &target.scram_cache) {
+                            (Credential::Plain(pw), Some(cache)) => {
+                                let (salt, iter) =
+                                    scram::server_first_params(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                                let (ck, sk) = cache.client_keys_async(pw, &salt, iter).await;
+                                c.server_first_with_keys(data, ck, sk)
+                            }
+                            _ => c.server_first(data),
+                        }
+                        .map_err(|e| ServerError::Login(e.to_string()))?;
                         frontend::sasl_response(&mut out, &fin);
                     }
                     AuthRequest::SaslFinal(data) => {
@@ -183,7 +194,7 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
     let mut server = Server {
         id,
         conn,
-        addr: target.addr.clone(),
+        addr: std::sync::Arc::new(target.addr.clone()),
         key,
         login_params: server_params.clone(),
         params: server_params,

@@ -63,7 +63,12 @@ pub struct ProtoState {
 impl ProtoState {
     /// Nothing owed, not in a transaction: safe to hand to another client.
     pub fn is_idle(&self) -> bool {
-        self.expected_rfq == 0 && !self.unsynced && self.partial == 0 && !self.copy_in && self.tx_status == b'I'
+        self.is_idle_but_status() && self.tx_status == b'I'
+    }
+
+    /// Nothing owed (the transaction status aside).
+    pub fn is_idle_but_status(&self) -> bool {
+        self.expected_rfq == 0 && !self.unsynced && self.partial == 0 && !self.copy_in
     }
 }
 
@@ -71,7 +76,7 @@ impl ProtoState {
 pub struct Server {
     pub id: u64,
     pub conn: Conn,
-    pub addr: ServerAddr,
+    pub addr: std::sync::Arc<ServerAddr>,
     /// BackendKeyData (pid, secret) for cancel requests.
     pub key: (i32, i32),
     /// Current values of the session parameters we know of.

@@ -1,0 +1,126 @@
+//! Connected clients by cancel key and id: cancel requests, SHOW CLIENTS, KILL.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::server::ServerAddr;
+
+/// PgBouncer's client states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientState {
+    Login = 0,
+    Idle = 1,
+    Waiting = 2,
+    Active = 3,
+}
+
+/// What others may see of, and do to, one client.
+pub struct ClientHandle {
+    pub id: u64,
+    pub key: (i32, i32),
+    pub addr: String,
+    pub user: String,
+    pub db: String,
+    pub connect_time: SystemTime,
+    /// Cancelled to make the client leave (KILL, shutdown).
+    pub kill: CancellationToken,
+    state: AtomicU8,
+    /// The server running this client's work, for cancel requests.
+    cancel_target: Mutex<Option<(Arc<ServerAddr>, (i32, i32))>>,
+}
+
+impl ClientHandle {
+    pub fn state(&self) -> ClientState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => ClientState::Login,
+            1 => ClientState::Idle,
+            2 => ClientState::Waiting,
+            _ => ClientState::Active,
+        }
+    }
+    pub fn set_state(&self, s: ClientState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+    pub fn set_cancel_target(&self, t: Option<(Arc<ServerAddr>, (i32, i32))>) {
+        *self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+    pub fn cancel_target(&self) -> Option<(Arc<ServerAddr>, (i32, i32))> {
+        self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[derive(Default)]
+pub struct Registry {
+    by_key: Mutex<HashMap<(i32, i32), Arc<ClientHandle>>>,
+}
+
+/// Removes the client from the registry when dropped.
+pub struct Registration {
+    registry: Arc<Registry>,
+    pub handle: Arc<ClientHandle>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.handle.key);
+    }
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i32, i32), Arc<ClientHandle>>> {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register a client under a fresh random cancel key.
+    pub fn register(
+        self: &Arc<Self>,
+        id: u64,
+        addr: String,
+        user: String,
+        db: String,
+        kill: CancellationToken,
+    ) -> Registration {
+        let mut map = self.lock();
+        let key = loop {
+            let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            if !map.contains_key(&k) {
+                break k;
+            }
+        };
+        let handle = Arc::new(ClientHandle {
+            id,
+            key,
+            addr,
+            user,
+            db,
+            connect_time: SystemTime::now(),
+            kill,
+            state: AtomicU8::new(ClientState::Login as u8),
+            cancel_target: Mutex::new(None),
+        });
+        map.insert(key, handle.clone());
+        Registration { registry: self.clone(), handle }
+    }
+
+    pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {
+        self.lock().get(&key).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<ClientHandle>> {
+        let mut v: Vec<_> = self.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,346 @@
+//! The forwarding loop while a client holds a server: both directions at once in one task,
+//! bytes forwarded by splitting read buffers (no copy), output written in vectored batches,
+//! the slower side setting the pace. Only the messages that change state are looked at.
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::config::PoolMode;
+use crate::net::Conn;
+use crate::proto::{self, ProtoError, backend, frontend};
+use crate::server::Server;
+
+use super::session::VirtualSession;
+
+/// Stop reading one side while this much waits to be written to the other.
+const HIGH_WATER: usize = 256 * 1024;
+/// Largest server message we look inside of (ParameterStatus, ReadyForQuery, errors…).
+const MAX_INSPECTED: usize = 1024 * 1024;
+/// Largest message either side may send; larger ones are refused.
+const MAX_FORWARDED: usize = i32::MAX as usize;
+
+/// Why the relay stopped.
+#[derive(Debug)]
+pub enum RelayEvent {
+    /// The server is idle with nothing owed and the pool mode lets it go.
+    Release,
+    /// Statement mode and the server is inside a transaction.
+    StatementModeTransaction,
+    /// The client sent Terminate.
+    ClientTerminate,
+    /// The client's socket closed or failed.
+    ClientGone,
+    /// The client broke the protocol.
+    ClientProtocol(ProtoError),
+    /// The server's socket closed, failed or broke the protocol.
+    ServerGone(String),
+    Timeout(TimeoutKind),
+    /// KILL or shutdown.
+    Killed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutKind {
+    Query,
+    IdleTransaction,
+    Transaction,
+}
+
+impl TimeoutKind {
+    pub fn message(self) -> &'static str {
+        match self {
+            TimeoutKind::Query => "query_timeout",
+            TimeoutKind::IdleTransaction => "idle_transaction_timeout",
+            TimeoutKind::Transaction => "transaction_timeout",
+        }
+    }
+}
+
+/// Timeouts that apply while a server is held (None = off).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RelayTimeouts {
+    pub query: Option<Duration>,
+    pub idle_transaction: Option<Duration>,
+    pub transaction: Option<Duration>,
+}
+
+/// Counters gathered during one relay, added to the pool's stats afterwards.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RelayCounts {
+    pub queries: u64,
+    pub transactions: u64,
+    pub bytes_from_client: u64,
+    pub bytes_from_server: u64,
+    pub query_time_us: u64,
+}
+
+pub struct Relay<'a> {
+    pub client: &'a mut Conn,
+    pub server: &'a mut Server,
+    pub session: &'a mut VirtualSession,
+    pub mode: PoolMode,
+    /// Bytes of a server message still to stream to the client.
+    server_partial: usize,
+    pub counts: RelayCounts,
+    query_started: Option<Instant>,
+    xact_started: Option<Instant>,
+    idle_in_xact_since: Option<Instant>,
+}
+
+impl<'a> Relay<'a> {
+    pub fn new(client: &'a mut Conn, server: &'a mut Server, session: &'a mut VirtualSession, mode: PoolMode) -> Self {
+        let xact_started = (mode != PoolMode::Session).then(Instant::now);
+        Relay {
+            client,
+            server,
+            session,
+            mode,
+            server_partial: 0,
+            counts: RelayCounts::default(),
+            query_started: None,
+            xact_started,
+            idle_in_xact_since: None,
+        }
+    }
+
+    /// Relay until an event, watching the timeouts.
+    pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
+        loop {
+            let deadline = self.next_deadline(&t);
+            tokio::select! {
+                ev = poll_fn(|cx| self.poll(cx)) => return ev,
+                _ = sleep_until(deadline) => {
+                    if let Some(kind) = self.expired(&t, Instant::now()) {
+                        return RelayEvent::Timeout(kind);
+                    }
+                }
+            }
+        }
+    }
+
+    fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {
+        [
+            (TimeoutKind::Query, t.query.zip(self.query_started).map(|(d, s)| s + d)),
+            (TimeoutKind::IdleTransaction, t.idle_transaction.zip(self.idle_in_xact_since).map(|(d, s)| s + d)),
+            (TimeoutKind::Transaction, t.transaction.zip(self.xact_started).map(|(d, s)| s + d)),
+        ]
+    }
+
+    fn next_deadline(&self, t: &RelayTimeouts) -> Option<Instant> {
+        self.deadlines(t).into_iter().filter_map(|(_, d)| d).min()
+    }
+
+    fn expired(&self, t: &RelayTimeouts, now: Instant) -> Option<TimeoutKind> {
+        self.deadlines(t).into_iter().find(|(_, d)| d.is_some_and(|d| d <= now)).map(|(k, _)| k)
+    }
+
+    /// One pass over both sockets; Ready only for an event.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RelayEvent> {
+        loop {
+            let mut progress = false;
+            // Writes first: they free room for reads.
+            let before = self.server.conn.out_len();
+            if before > 0 {
+                if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
+                    return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
+                }
+                progress |= self.server.conn.out_len() < before;
+            }
+            let before = self.client.out_len();
+            if before > 0 {
+                if let Poll::Ready(Err(_)) = self.client.poll_write_out(cx) {
+                    return Poll::Ready(RelayEvent::ClientGone);
+                }
+                progress |= self.client.out_len() < before;
+            }
+            if self.client.out_len() < HIGH_WATER {
+                match self.server.conn.poll_read_more(cx) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(RelayEvent::ServerGone("server closed the connection".into())),
+                    Poll::Ready(Ok(n)) => {
+                        progress = true;
+                        self.counts.bytes_from_server += n as u64;
+                        match self.scan_server() {
+                            Ok(Some(ev)) => return Poll::Ready(ev),
+                            Ok(None) => {}
+                            Err(e) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
+                        }
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
+                    Poll::Pending => {}
+                }
+            }
+            if self.server.conn.out_len() < HIGH_WATER {
+                match self.client.poll_read_more(cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(RelayEvent::ClientGone),
+                    Poll::Ready(Ok(n)) => {
+                        progress = true;
+                        self.counts.bytes_from_client += n as u64;
+                        match self.scan_client() {
+                            Ok(Some(ev)) => return Poll::Ready(ev),
+                            Ok(None) => {}
+                            Err(e) => return Poll::Ready(RelayEvent::ClientProtocol(e)),
+                        }
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Forward what the client sent, noting what the server will owe.
+    pub fn scan_client(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
+        let buf = &self.client.rbuf;
+        let p = &mut self.server.proto;
+        let mut fwd = 0;
+        let mut event = None;
+        loop {
+            if p.partial > 0 {
+                let n = p.partial.min(buf.len() - fwd);
+                fwd += n;
+                p.partial -= n;
+                if p.partial > 0 {
+                    break;
+                }
+                continue;
+            }
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            match h.tag {
+                frontend::TERMINATE => {
+                    event = Some(RelayEvent::ClientTerminate);
+                    break;
+                }
+                frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
+                    if p.expected_rfq == 0 {
+                        self.query_started = Some(Instant::now());
+                    }
+                    p.expected_rfq += 1;
+                    p.unsynced = false;
+                }
+                frontend::COPY_DONE | frontend::COPY_FAIL => p.copy_in = false,
+                frontend::COPY_DATA | frontend::FLUSH => {}
+                _ => p.unsynced = true,
+            }
+            self.idle_in_xact_since = None;
+            let avail = buf.len() - fwd;
+            if avail < h.total {
+                p.partial = h.total - avail;
+                fwd = buf.len();
+                break;
+            }
+            fwd += h.total;
+        }
+        if fwd > 0 {
+            let chunk = self.client.rbuf.split_to(fwd).freeze();
+            self.server.conn.queue(chunk);
+        }
+        if let Some(RelayEvent::ClientTerminate) = event {
+            self.client.consume(5);
+        }
+        Ok(event)
+    }
+
+    /// Forward what the server sent, keeping its state and the client's session current.
+    pub fn scan_server(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
+        let mut fwd = 0;
+        let mut event = None;
+        loop {
+            let buf = &self.server.conn.rbuf;
+            if self.server_partial > 0 {
+                let n = self.server_partial.min(buf.len() - fwd);
+                fwd += n;
+                self.server_partial -= n;
+                if self.server_partial > 0 {
+                    break;
+                }
+                continue;
+            }
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let avail = buf.len() - fwd;
+            match h.tag {
+                backend::READY_FOR_QUERY | backend::PARAMETER_STATUS | backend::COPY_IN_RESPONSE => {
+                    if h.total > MAX_INSPECTED {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    let body = &buf[fwd + 5..fwd + h.total];
+                    fwd += h.total;
+                    match h.tag {
+                        backend::READY_FOR_QUERY => {
+                            let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                            if let Some(ev) = self.on_ready_for_query(status) {
+                                event = Some(ev);
+                                break;
+                            }
+                        }
+                        backend::PARAMETER_STATUS => {
+                            let (k, v) = backend::parse_parameter_status(body)?;
+                            self.server.params.set(k, v);
+                            self.session.observe_parameter(k, v);
+                        }
+                        _ => self.server.proto.copy_in = true,
+                    }
+                }
+                _ => {
+                    if avail < h.total {
+                        self.server_partial = h.total - avail;
+                        fwd = buf.len();
+                        break;
+                    }
+                    fwd += h.total;
+                }
+            }
+        }
+        if fwd > 0 {
+            let chunk = self.server.conn.rbuf.split_to(fwd).freeze();
+            self.client.queue(chunk);
+        }
+        Ok(event)
+    }
+
+    fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
+        let now = Instant::now();
+        let p = &mut self.server.proto;
+        p.tx_status = status;
+        p.expected_rfq = p.expected_rfq.saturating_sub(1);
+        self.counts.queries += 1;
+        if p.expected_rfq == 0 {
+            if let Some(s) = self.query_started.take() {
+                self.counts.query_time_us += now.duration_since(s).as_micros() as u64;
+            }
+        } else {
+            self.query_started = Some(now);
+        }
+        if status == b'I' {
+            if self.xact_started.take().is_some() || self.mode == PoolMode::Session {
+                self.counts.transactions += 1;
+            }
+            self.idle_in_xact_since = None;
+        } else {
+            self.xact_started.get_or_insert(now);
+            if p.expected_rfq == 0 {
+                self.idle_in_xact_since = Some(now);
+            }
+        }
+        if !self.server.proto.is_idle_but_status() {
+            return None;
+        }
+        match (self.mode, status) {
+            (PoolMode::Session, _) => None,
+            (_, b'I') => Some(RelayEvent::Release),
+            (PoolMode::Statement, _) => Some(RelayEvent::StatementModeTransaction),
+            (PoolMode::Transaction, _) => None,
+        }
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}

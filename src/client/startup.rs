@@ -1,0 +1,153 @@
+//! A client's first packets: SSL/GSS negotiation (refused), CancelRequest, StartupMessage,
+//! then authentication against auth_file.
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::ClientError;
+use crate::app::Shared;
+use crate::auth::{md5, scram};
+use crate::config::{AuthType, Secret};
+use crate::net::Conn;
+use crate::proto::{backend, frontend, startup};
+use crate::server::Credential;
+
+/// Longest auth message a client may send.
+const AUTH_MESSAGE_LIMIT: usize = 8 * 1024;
+
+/// What the first packets asked for.
+pub enum Hello {
+    Startup(Vec<(String, String)>),
+    Cancel((i32, i32)),
+}
+
+/// Read packets until a StartupMessage or a CancelRequest.
+pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
+    loop {
+        conn.fill(4).await?;
+        let packet = loop {
+            match startup::parse(&conn.rbuf)? {
+                Some((p, n)) => {
+                    conn.consume(n);
+                    break p;
+                }
+                None => {
+                    let need = conn.rbuf.len() + 1;
+                    conn.fill(need).await?;
+                }
+            }
+        };
+        match packet {
+            startup::StartupPacket::SslRequest | startup::StartupPacket::GssEncRequest => {
+                conn.queue(bytes::Bytes::from_static(b"N"));
+                conn.flush().await?;
+            }
+            startup::StartupPacket::Cancel { pid, secret } => return Ok(Hello::Cancel((pid, secret))),
+            startup::StartupPacket::Startup { params, .. } => return Ok(Hello::Startup(params)),
+        }
+    }
+}
+
+/// Authenticate `user` per `auth_type`. Returns what the pool can log in to the server with,
+/// if this login taught us something (SCRAM keys).
+pub async fn authenticate(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    auth_type: AuthType,
+    secret: Option<&Secret>,
+    user: &str,
+) -> Result<Option<Credential>, ClientError> {
+    let fail = || ClientError::fatal("28P01", format!("password authentication failed for user \"{user}\""));
+    match auth_type {
+        AuthType::Trust | AuthType::Any => Ok(None),
+        AuthType::Plain => {
+            let secret = secret.ok_or_else(fail)?;
+            conn.queue_with(backend::authentication_cleartext);
+            conn.flush().await?;
+            let pw = read_password(conn).await?;
+            let ok = match secret {
+                Secret::Plain(p) => subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into(),
+                Secret::Md5(h) => {
+                    let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
+                    subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into()
+                }
+                Secret::Scram(v) => {
+                    let given = scram::verifier_from_password(&String::from_utf8_lossy(&pw), &v.salt, v.iterations);
+                    subtle::ConstantTimeEq::ct_eq(&given.stored_key[..], &v.stored_key[..]).into()
+                }
+            };
+            if ok { Ok(None) } else { Err(fail()) }
+        }
+        AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
+            let hash = match secret.ok_or_else(fail)? {
+                Secret::Plain(p) => md5::password_hash(user, p),
+                Secret::Md5(h) => h.clone(),
+                Secret::Scram(_) => unreachable!("checked above"),
+            };
+            let salt: [u8; 4] = rand::random();
+            conn.queue_with(|b| backend::authentication_md5(b, salt));
+            conn.flush().await?;
+            let pw = read_password(conn).await?;
+            if md5::verify_response(&hash, salt, &pw) { Ok(None) } else { Err(fail()) }
+        }
+        AuthType::Md5 | AuthType::ScramSha256 => {
+            let verifier = match secret.ok_or_else(fail)? {
+                Secret::Plain(p) => shared.scram.verifier_for_plain_async(user, p).await,
+                Secret::Scram(v) => v.clone(),
+                Secret::Md5(_) => return Err(fail()),
+            };
+            scram_exchange(conn, verifier, fail).await
+        }
+        AuthType::Cert | AuthType::Hba | AuthType::Pam => Err(ClientError::fatal(
+            "08P01",
+            "auth_type cert, hba and pam are not supported yet by pgcarpool".into(),
+        )),
+    }
+}
+
+async fn scram_exchange(
+    conn: &mut Conn,
+    verifier: crate::config::auth_file::ScramVerifier,
+    fail: impl Fn() -> ClientError,
+) -> Result<Option<Credential>, ClientError> {
+    let mut server = scram::ScramServer::new(verifier);
+    conn.queue_with(|b| backend::authentication_sasl(b, &[scram::MECHANISM]));
+    conn.flush().await?;
+    let h = expect_password_message(conn).await?;
+    let (mech, data) = frontend::parse_sasl_initial(&conn.rbuf[5..h.total])?;
+    if mech != scram::MECHANISM {
+        return Err(ClientError::fatal("28000", format!("unsupported SASL mechanism {mech}")));
+    }
+    let server_first = server.client_first(data).map_err(|_| fail())?;
+    conn.consume(h.total);
+    let mut out = BytesMut::new();
+    backend::authentication_sasl_continue(&mut out, &server_first);
+    conn.queue(out.freeze());
+    conn.flush().await?;
+    let h = expect_password_message(conn).await?;
+    let server_final = server.client_final(&conn.rbuf[5..h.total]).map_err(|_| fail())?;
+    conn.consume(h.total);
+    conn.queue_with(|b| backend::authentication_sasl_final(b, &server_final));
+    let cred = match server.client_credential() {
+        Some(scram::ClientCredential::Keys { client_key, server_key }) => {
+            Some(Credential::ScramKeys { client_key, server_key })
+        }
+        _ => None,
+    };
+    Ok(cred)
+}
+
+async fn expect_password_message(conn: &mut Conn) -> Result<crate::proto::Header, ClientError> {
+    let h = conn.read_message(AUTH_MESSAGE_LIMIT).await?;
+    if h.tag != frontend::PASSWORD {
+        return Err(ClientError::fatal("08P01", "expected a password message".into()));
+    }
+    Ok(h)
+}
+
+async fn read_password(conn: &mut Conn) -> Result<Vec<u8>, ClientError> {
+    let h = expect_password_message(conn).await?;
+    let pw = frontend::parse_password(&conn.rbuf[5..h.total])?.to_vec();
+    conn.consume(h.total);
+    Ok(pw)
+}
