@@ -121,6 +121,7 @@ impl Parser<'_, '_> {
             line,
             msg,
         };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (i, raw) in text.lines().enumerate() {
             let line_no = i + 1;
             let line = raw.trim();
@@ -315,6 +316,15 @@ mod tests {
             ]
         );
         assert_eq!(items[0].file, "main.ini");
+    }
+
+    #[test]
+    fn bom_and_crlf() {
+        let items = parse_with("\u{feff}[pgbouncer]\r\nlisten_port = 1\r\n", &[]).unwrap();
+        assert_eq!(
+            kv(&items),
+            vec![("pgbouncer".into(), "listen_port".into(), "1".into(), 2)]
+        );
     }
 
     #[test]
