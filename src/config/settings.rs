@@ -745,6 +745,21 @@ impl Settings {
         }
     }
 
+    /// `listen_addr` as a list (`*` = all addresses; empty = unix socket only).
+    pub fn listen_addrs(&self) -> Vec<String> {
+        parse_list(&self.listen_addr)
+    }
+
+    /// Settings that differ between `self` (running) and `new` but cannot change without a
+    /// restart (PgBouncer keeps the old value and warns).
+    pub fn restart_needed(&self, new: &Settings) -> Vec<&'static str> {
+        TABLE
+            .iter()
+            .filter(|d| !d.reloadable && (d.show)(self) != (d.show)(new))
+            .map(|d| d.name)
+            .collect()
+    }
+
     /// A setting kept as text in `other` (or its default), e.g. `client_tls_sslmode`.
     pub fn other_value(&self, name: &str) -> Option<String> {
         lookup(name)
@@ -937,6 +952,22 @@ mod tests {
         assert!(is_reloadable("query_timeout"));
         assert!(!is_reloadable("unix_socket_dir"));
         assert!(!is_reloadable("nope"));
+    }
+
+    #[test]
+    fn reload_helpers() {
+        let old = Settings::default();
+        let mut new = Settings::default();
+        new.load_value("listen_port", "7000").unwrap();
+        new.load_value("unix_socket_group", "pg").unwrap();
+        new.load_value("default_pool_size", "1").unwrap();
+        assert_eq!(
+            old.restart_needed(&new),
+            vec!["listen_port", "unix_socket_group"]
+        );
+        new.load_value("listen_addr", "127.0.0.1, ::1").unwrap();
+        assert_eq!(new.listen_addrs(), vec!["127.0.0.1", "::1"]);
+        assert!(old.listen_addrs().is_empty());
     }
 
     #[test]
