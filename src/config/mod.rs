@@ -708,6 +708,35 @@ job_name = pgbouncer
         assert_eq!(c.pool_size_for("b", "u"), 20);
     }
 
+    /// Mangled input never panics: every truncation and a few byte substitutions of the sample.
+    #[test]
+    fn hostile_input_does_not_panic() {
+        let junk = ["'", "\"", "\\", "=", "[", "]", "%", "é", "\n", " ", "\0"];
+        let mut boundaries: Vec<usize> = SAMPLE.char_indices().map(|(i, _)| i).collect();
+        boundaries.push(SAMPLE.len());
+        for &i in &boundaries {
+            let _ = cfg(&SAMPLE[..i]);
+        }
+        for &i in boundaries.iter().step_by(7) {
+            for j in junk {
+                let text = format!("{}{j}{}", &SAMPLE[..i], &SAMPLE[i..]);
+                let _ = cfg(&text);
+            }
+        }
+        for t in ["a='", "a='\\", "a=\\'", "'", "a= 'x''", "a='\\é'", "="] {
+            let _ = databases::parse_pairs(t);
+        }
+        for t in [
+            "\"",
+            "\"\"\"",
+            "\"a\" \"",
+            "\"a\" \"SCRAM-SHA-256$",
+            "\"a\" \"SCRAM-SHA-256$1:$:\"",
+        ] {
+            let _ = AuthFile::parse(t, "u");
+        }
+    }
+
     #[test]
     fn enabled_helper() {
         assert_eq!(enabled(Duration::ZERO), None);
