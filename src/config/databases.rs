@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::PoolMode;
 use super::settings::parse_seconds;
 
-/// One `[databases]` entry.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// One `[databases]` entry. `Debug` redacts the password.
+#[derive(Clone, Default, PartialEq)]
 pub struct DatabaseEntry {
     /// Name clients use.
     pub name: String,
@@ -46,6 +46,37 @@ pub struct DatabaseEntry {
     pub load_balance_hosts: Option<String>,
     /// `any`, `read-write`, `read-only`, `primary`, `standby` (parsed; not implemented yet).
     pub target_session_attrs: Option<String>,
+}
+
+impl std::fmt::Debug for DatabaseEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseEntry")
+            .field("name", &self.name)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("auth_user", &self.auth_user)
+            .field("pool_size", &self.pool_size)
+            .field("min_pool_size", &self.min_pool_size)
+            .field("reserve_pool", &self.reserve_pool)
+            .field("pool_mode", &self.pool_mode)
+            .field("max_db_connections", &self.max_db_connections)
+            .field("max_db_client_connections", &self.max_db_client_connections)
+            .field("connect_query", &self.connect_query)
+            .field("client_encoding", &self.client_encoding)
+            .field("datestyle", &self.datestyle)
+            .field("timezone", &self.timezone)
+            .field("application_name", &self.application_name)
+            .field("auth_query", &self.auth_query)
+            .field("auth_dbname", &self.auth_dbname)
+            .field("server_lifetime", &self.server_lifetime)
+            .field("query_wait_timeout", &self.query_wait_timeout)
+            .field("load_balance_hosts", &self.load_balance_hosts)
+            .field("target_session_attrs", &self.target_session_attrs)
+            .finish()
+    }
 }
 
 impl DatabaseEntry {
@@ -492,6 +523,16 @@ mod tests {
             let e = parse_database("x", t).unwrap_err().to_string();
             assert!(!e.contains("secret") && !e.contains("cret"), "{e}");
         }
+    }
+
+    #[test]
+    fn debug_redacts_password() {
+        let d = parse_database("x", "user=u password=hunter2").unwrap();
+        let dbg = format!("{d:?}");
+        assert!(
+            !dbg.contains("hunter2") && dbg.contains("<redacted>"),
+            "{dbg}"
+        );
     }
 
     #[test]
