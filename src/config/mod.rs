@@ -216,6 +216,15 @@ impl Config {
         self.databases.get(dbname).or(self.fallback.as_ref())
     }
 
+    /// The user a pool for (`db`, client `client_user`) logs in as: the database's forced
+    /// `user=` if set, else the client's user. Pass this as `user` to the `*_for` helpers
+    /// (PgBouncer applies `[users]` settings to the pool's user).
+    pub fn pool_user_for(&self, db: &str, client_user: &str) -> String {
+        self.db_ref(db)
+            .and_then(|d| d.user.clone())
+            .unwrap_or_else(|| client_user.to_string())
+    }
+
     /// Pool mode for (db, user): `[users]` > `[databases]` > global `pool_mode`.
     pub fn pool_mode_for(&self, db: &str, user: &str) -> PoolMode {
         self.users
@@ -328,6 +337,11 @@ impl Config {
             .and_then(|u| u.client_idle_timeout)
             .unwrap_or(self.settings.client_idle_timeout)
     }
+}
+
+/// Parse and validate `path`: the same as [`Config::load`] (SIGHUP / RELOAD call this, then swap).
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    Config::load(path)
 }
 
 /// The sections pgbouncer.ini may have.
@@ -699,6 +713,14 @@ job_name = pgbouncer
         let d = c.database("other").unwrap();
         assert_eq!((d.name.as_str(), d.server_dbname()), ("other", "other"));
         assert!(c.database("plaindb").is_some());
+    }
+
+    #[test]
+    fn pool_user_is_forced_user_or_client() {
+        let c = cfg("[databases]\nforced = user=svc\nfree = host=x\n").unwrap();
+        assert_eq!(c.pool_user_for("forced", "bob"), "svc");
+        assert_eq!(c.pool_user_for("free", "bob"), "bob");
+        assert_eq!(c.pool_user_for("unknown", "bob"), "bob");
     }
 
     #[test]
