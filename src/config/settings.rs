@@ -1,4 +1,9 @@
 //! The `[pgbouncer]` section: ONE declarative table of settings (name, default, reloadable, parser).
+//!
+//! Every documented PgBouncer setting has a row in [`TABLE`]. Settings pgcarpool acts on are
+//! typed fields of [`Settings`]; the others are checked for their type and kept as text in
+//! [`Settings::other`] (their rows say `implemented: false`).
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -31,6 +36,8 @@ pub struct Settings {
     pub max_user_client_connections: usize,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
+    /// `<empty>` (the default) means "send an empty query"; an empty string disables checks.
+    /// See [`Settings::server_check`].
     pub server_check_query: String,
     pub server_check_delay: Duration,
     pub server_lifetime: Duration,
@@ -62,6 +69,7 @@ pub struct Settings {
     pub tcp_keepidle: Duration,
     pub tcp_keepintvl: Duration,
     pub tcp_keepcnt: u32,
+    /// Milliseconds in the ini file, as PgBouncer.
     pub tcp_user_timeout: Duration,
     pub so_reuseport: bool,
     pub pkt_buf: usize,
@@ -79,4 +87,929 @@ pub struct Settings {
     pub prometheus_addr: String,
     /// pgcarpool extension: worker threads (0 = one per core).
     pub workers: usize,
+    /// Documented PgBouncer settings pgcarpool parses but does not act on yet
+    /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
+    pub other: BTreeMap<String, String>,
+}
+
+/// One row of the settings table.
+#[derive(Clone, Copy)]
+pub struct SettingDef {
+    /// PgBouncer's name (lower case).
+    pub name: &'static str,
+    /// The default, as text, as SHOW CONFIG prints it.
+    pub default: &'static str,
+    /// Can change on RELOAD / admin `SET` (PgBouncer's "changeable").
+    pub reloadable: bool,
+    /// pgcarpool acts on it (false: parsed, not implemented yet).
+    pub implemented: bool,
+    /// Parse `value` and store it.
+    pub set: fn(&mut Settings, &str) -> Result<(), String>,
+    /// The current value as text.
+    pub show: fn(&Settings) -> String,
+}
+
+impl std::fmt::Debug for SettingDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SettingDef")
+            .field("name", &self.name)
+            .field("default", &self.default)
+            .field("reloadable", &self.reloadable)
+            .field("implemented", &self.implemented)
+            .finish()
+    }
+}
+
+/// One SHOW CONFIG row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigRow {
+    pub key: &'static str,
+    pub value: String,
+    pub default: &'static str,
+    pub changeable: bool,
+}
+
+/// A value type of a typed setting: how it is parsed and shown.
+trait Value: Sized {
+    fn parse(v: &str) -> Result<Self, String>;
+    fn show(&self) -> String;
+}
+
+fn parse_uint<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+    let t = v.trim();
+    let t = t.strip_prefix('+').unwrap_or(t);
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "invalid value \"{v}\": expected a non-negative integer"
+        ));
+    }
+    t.parse::<T>()
+        .map_err(|_| format!("invalid value \"{v}\": integer out of range"))
+}
+
+macro_rules! uint_value {
+    ($($t:ty),*) => {$(
+        impl Value for $t {
+            fn parse(v: &str) -> Result<Self, String> { parse_uint(v) }
+            fn show(&self) -> String { self.to_string() }
+        }
+    )*};
+}
+uint_value!(u8, u16, u32, usize);
+
+/// PgBouncer booleans: 0/1, and also on/off, yes/no, true/false.
+pub fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        _ => Err(format!(
+            "invalid value \"{v}\": expected a boolean (0/1, on/off, yes/no, true/false)"
+        )),
+    }
+}
+
+impl Value for bool {
+    fn parse(v: &str) -> Result<Self, String> {
+        parse_bool(v)
+    }
+    fn show(&self) -> String {
+        if *self { "1" } else { "0" }.to_string()
+    }
+}
+
+/// Seconds, fractions allowed ("0.5"), as PgBouncer's time settings.
+pub fn parse_seconds(v: &str) -> Result<Duration, String> {
+    let t = v.trim();
+    let ok_chars = !t.is_empty()
+        && t.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && t.bytes().any(|b| b.is_ascii_digit());
+    if !ok_chars {
+        return Err(format!(
+            "invalid value \"{v}\": expected seconds (e.g. 30 or 0.5)"
+        ));
+    }
+    let secs: f64 = t
+        .parse()
+        .map_err(|_| format!("invalid value \"{v}\": expected seconds (e.g. 30 or 0.5)"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid value \"{v}\": out of range"))
+}
+
+/// A duration in seconds as text: "30", "0.5".
+pub fn show_seconds(d: &Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        d.as_secs().to_string()
+    } else {
+        let s = format!("{:.6}", d.as_secs_f64());
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+impl Value for Duration {
+    fn parse(v: &str) -> Result<Self, String> {
+        parse_seconds(v)
+    }
+    fn show(&self) -> String {
+        show_seconds(self)
+    }
+}
+
+fn parse_millis(v: &str) -> Result<Duration, String> {
+    parse_uint::<u64>(v).map(Duration::from_millis)
+}
+
+fn show_millis(d: &Duration) -> String {
+    d.as_millis().to_string()
+}
+
+fn parse_octal(v: &str) -> Result<u32, String> {
+    let t = v.trim();
+    if t.is_empty() || !t.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err(format!(
+            "invalid value \"{v}\": expected an octal mode like 0777"
+        ));
+    }
+    match u32::from_str_radix(t, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("invalid value \"{v}\": mode out of range")),
+    }
+}
+
+fn show_octal(m: &u32) -> String {
+    format!("0{m:o}")
+}
+
+impl Value for String {
+    fn parse(v: &str) -> Result<Self, String> {
+        Ok(v.to_string())
+    }
+    fn show(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Value for Option<String> {
+    fn parse(v: &str) -> Result<Self, String> {
+        Ok(if v.is_empty() {
+            None
+        } else {
+            Some(v.to_string())
+        })
+    }
+    fn show(&self) -> String {
+        self.clone().unwrap_or_default()
+    }
+}
+
+impl Value for Option<PathBuf> {
+    fn parse(v: &str) -> Result<Self, String> {
+        Ok(if v.is_empty() {
+            None
+        } else {
+            Some(PathBuf::from(v))
+        })
+    }
+    fn show(&self) -> String {
+        self.as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Comma-separated list, items trimmed, empty items dropped.
+pub fn parse_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Value for Vec<String> {
+    fn parse(v: &str) -> Result<Self, String> {
+        Ok(parse_list(v))
+    }
+    fn show(&self) -> String {
+        self.join(",")
+    }
+}
+
+impl PoolMode {
+    /// PgBouncer's name for the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
+        }
+    }
+}
+
+impl std::str::FromStr for PoolMode {
+    type Err = String;
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "session" => Ok(PoolMode::Session),
+            "transaction" => Ok(PoolMode::Transaction),
+            "statement" => Ok(PoolMode::Statement),
+            _ => Err(format!(
+                "invalid value \"{v}\": expected session, transaction or statement"
+            )),
+        }
+    }
+}
+
+impl Value for PoolMode {
+    fn parse(v: &str) -> Result<Self, String> {
+        v.parse()
+    }
+    fn show(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+impl AuthType {
+    /// PgBouncer's name for the method.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthType::Trust => "trust",
+            AuthType::Any => "any",
+            AuthType::Plain => "plain",
+            AuthType::Md5 => "md5",
+            AuthType::ScramSha256 => "scram-sha-256",
+            AuthType::Cert => "cert",
+            AuthType::Hba => "hba",
+            AuthType::Pam => "pam",
+        }
+    }
+}
+
+impl std::str::FromStr for AuthType {
+    type Err = String;
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "trust" => Ok(AuthType::Trust),
+            "any" => Ok(AuthType::Any),
+            "plain" => Ok(AuthType::Plain),
+            "md5" => Ok(AuthType::Md5),
+            "scram-sha-256" => Ok(AuthType::ScramSha256),
+            "cert" => Ok(AuthType::Cert),
+            "hba" => Ok(AuthType::Hba),
+            "pam" => Ok(AuthType::Pam),
+            "ldap" => Err(format!(
+                "invalid value \"{v}\": ldap is not supported by pgcarpool"
+            )),
+            _ => Err(format!(
+                "invalid value \"{v}\": expected trust, any, plain, md5, scram-sha-256, cert, hba or pam"
+            )),
+        }
+    }
+}
+
+impl Value for AuthType {
+    fn parse(v: &str) -> Result<Self, String> {
+        v.parse()
+    }
+    fn show(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+// Checks for settings kept as text in `other`.
+fn check_str(_: &str) -> Result<(), String> {
+    Ok(())
+}
+fn check_uint(v: &str) -> Result<(), String> {
+    parse_uint::<u64>(v).map(|_| ())
+}
+fn check_bool(v: &str) -> Result<(), String> {
+    parse_bool(v).map(|_| ())
+}
+fn check_time(v: &str) -> Result<(), String> {
+    parse_seconds(v).map(|_| ())
+}
+fn check_enum(v: &str, allowed: &[&str]) -> Result<(), String> {
+    if allowed.iter().any(|a| a.eq_ignore_ascii_case(v.trim())) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid value \"{v}\": expected one of {}",
+            allowed.join(", ")
+        ))
+    }
+}
+fn check_sslmode(v: &str) -> Result<(), String> {
+    check_enum(
+        v,
+        &[
+            "disable",
+            "allow",
+            "prefer",
+            "require",
+            "verify-ca",
+            "verify-full",
+        ],
+    )
+}
+fn check_peer_id(v: &str) -> Result<(), String> {
+    match parse_uint::<u32>(v)? {
+        0..=16383 => Ok(()),
+        _ => Err(format!(
+            "invalid value \"{v}\": peer_id must be at most 16383"
+        )),
+    }
+}
+
+/// A typed setting stored in the field of the same name.
+macro_rules! typed {
+    ($name:ident, $default:expr, reload: $r:expr, implemented: $i:expr) => {
+        typed!($name, $default, reload: $r, implemented: $i, Value::parse, Value::show)
+    };
+    ($name:ident, $default:expr, reload: $r:expr, implemented: $i:expr, $parse:expr, $show:expr) => {
+        SettingDef {
+            name: stringify!($name),
+            default: $default,
+            reloadable: $r,
+            implemented: $i,
+            set: |s: &mut Settings, v: &str| {
+                s.$name = $parse(v)?;
+                Ok(())
+            },
+            show: |s: &Settings| $show(&s.$name),
+        }
+    };
+}
+
+/// A documented setting pgcarpool does not act on: checked, kept as text in `other`.
+macro_rules! other {
+    ($name:ident, $default:expr, reload: $r:expr, $check:expr) => {
+        SettingDef {
+            name: stringify!($name),
+            default: $default,
+            reloadable: $r,
+            implemented: false,
+            set: |s: &mut Settings, v: &str| {
+                let check: fn(&str) -> Result<(), String> = $check;
+                check(v)?;
+                s.other.insert(stringify!($name).to_string(), v.to_string());
+                Ok(())
+            },
+            show: |s: &Settings| {
+                s.other
+                    .get(stringify!($name))
+                    .cloned()
+                    .unwrap_or_else(|| $default.to_string())
+            },
+        }
+    };
+}
+
+const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin";
+
+/// Every `[pgbouncer]` setting, in alphabetical order (SHOW CONFIG order), then pgcarpool's own.
+/// Defaults and reloadability are PgBouncer's (doc/config.md, `CF_NO_RELOAD` in main.c).
+pub static TABLE: &[SettingDef] = &[
+    typed!(admin_users, "", reload: true, implemented: true),
+    typed!(application_name_add_host, "0", reload: true, implemented: true),
+    other!(auth_dbname, "", reload: true, check_str),
+    typed!(auth_file, "", reload: true, implemented: true),
+    typed!(auth_hba_file, "", reload: true, implemented: false),
+    other!(auth_ident_file, "", reload: true, check_str),
+    other!(auth_ldap_options, "", reload: true, check_str),
+    other!(auth_pam_confdir, "", reload: true, check_str),
+    typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: false),
+    typed!(auth_type, "md5", reload: true, implemented: true),
+    typed!(auth_user, "", reload: true, implemented: false),
+    typed!(autodb_idle_timeout, "3600", reload: true, implemented: false),
+    typed!(cancel_wait_timeout, "10", reload: true, implemented: true),
+    typed!(client_idle_timeout, "0", reload: true, implemented: true),
+    typed!(client_login_timeout, "60", reload: true, implemented: true),
+    other!(client_tls13_ciphers, "", reload: true, check_str),
+    other!(client_tls_ca_file, "", reload: true, check_str),
+    other!(client_tls_cert_file, "", reload: true, check_str),
+    other!(client_tls_ciphers, "default", reload: true, check_str),
+    other!(client_tls_dheparams, "auto", reload: true, check_str),
+    other!(client_tls_ecdhcurve, "auto", reload: true, check_str),
+    other!(client_tls_key_file, "", reload: true, check_str),
+    other!(client_tls_protocols, "secure", reload: true, check_str),
+    other!(client_tls_sslmode, "disable", reload: true, check_sslmode),
+    other!(conffile, "", reload: true, check_str),
+    typed!(default_pool_size, "20", reload: true, implemented: true),
+    typed!(disable_pqexec, "0", reload: false, implemented: false),
+    typed!(dns_max_ttl, "15", reload: true, implemented: false),
+    other!(dns_nxdomain_ttl, "15", reload: true, check_time),
+    other!(dns_zone_check_period, "0", reload: true, check_time),
+    typed!(idle_transaction_timeout, "0", reload: true, implemented: true),
+    typed!(ignore_startup_parameters, "", reload: true, implemented: true),
+    typed!(job_name, "pgbouncer", reload: false, implemented: true),
+    typed!(listen_addr, "", reload: false, implemented: true),
+    other!(listen_backlog, "128", reload: false, check_uint),
+    typed!(listen_port, "6432", reload: false, implemented: true),
+    typed!(log_connections, "1", reload: true, implemented: true),
+    typed!(log_disconnections, "1", reload: true, implemented: true),
+    typed!(log_pooler_errors, "1", reload: true, implemented: true),
+    typed!(log_stats, "1", reload: true, implemented: false),
+    typed!(logfile, "", reload: true, implemented: true),
+    other!(login_notify_message, "", reload: true, check_str),
+    typed!(max_client_conn, "100", reload: true, implemented: true),
+    typed!(max_db_client_connections, "0", reload: true, implemented: true),
+    typed!(max_db_connections, "0", reload: true, implemented: true),
+    typed!(max_packet_size, "2147483647", reload: true, implemented: true),
+    typed!(max_prepared_statements, "200", reload: true, implemented: true),
+    typed!(max_user_client_connections, "0", reload: true, implemented: true),
+    typed!(max_user_connections, "0", reload: true, implemented: true),
+    typed!(min_pool_size, "0", reload: true, implemented: true),
+    other!(peer_id, "0", reload: false, check_peer_id),
+    typed!(pidfile, "", reload: false, implemented: true),
+    typed!(pkt_buf, "4096", reload: false, implemented: false),
+    other!(pool_idle_timeout, "0", reload: true, check_time),
+    typed!(pool_mode, "session", reload: true, implemented: true),
+    typed!(query_timeout, "0", reload: true, implemented: true),
+    typed!(query_wait_notify, "5", reload: true, implemented: true),
+    typed!(query_wait_timeout, "120", reload: true, implemented: true),
+    typed!(reserve_pool_size, "0", reload: true, implemented: true),
+    typed!(reserve_pool_timeout, "5", reload: true, implemented: true),
+    other!(resolv_conf, "", reload: false, check_str),
+    typed!(sbuf_loopcnt, "5", reload: true, implemented: false),
+    other!(scram_iterations, "4096", reload: true, check_uint),
+    typed!(server_check_delay, "30", reload: true, implemented: true),
+    typed!(server_check_query, "<empty>", reload: true, implemented: true),
+    typed!(server_connect_timeout, "15", reload: true, implemented: true),
+    typed!(server_fast_close, "0", reload: true, implemented: false),
+    typed!(server_idle_timeout, "600", reload: true, implemented: true),
+    typed!(server_lifetime, "3600", reload: true, implemented: true),
+    typed!(server_login_retry, "15", reload: true, implemented: true),
+    typed!(server_reset_query, "DISCARD ALL", reload: true, implemented: true),
+    typed!(server_reset_query_always, "0", reload: true, implemented: true),
+    typed!(server_round_robin, "0", reload: true, implemented: true),
+    other!(server_tls13_ciphers, "", reload: true, check_str),
+    other!(server_tls_ca_file, "", reload: true, check_str),
+    other!(server_tls_cert_file, "", reload: true, check_str),
+    other!(server_tls_ciphers, "default", reload: true, check_str),
+    other!(server_tls_key_file, "", reload: true, check_str),
+    other!(server_tls_protocols, "secure", reload: true, check_str),
+    other!(server_tls_sslmode, "prefer", reload: true, check_sslmode),
+    SettingDef {
+        // Alias of job_name (win32 service name in PgBouncer).
+        name: "service_name",
+        default: "pgbouncer",
+        reloadable: false,
+        implemented: true,
+        set: |s: &mut Settings, v: &str| {
+            s.job_name = v.to_string();
+            Ok(())
+        },
+        show: |s: &Settings| s.job_name.clone(),
+    },
+    typed!(so_reuseport, "0", reload: false, implemented: true),
+    typed!(stats_period, "60", reload: true, implemented: true),
+    typed!(stats_users, "", reload: true, implemented: true),
+    typed!(suspend_timeout, "10", reload: true, implemented: true),
+    other!(syslog, "0", reload: true, check_bool),
+    other!(syslog_facility, "daemon", reload: true, check_str),
+    other!(syslog_ident, "pgbouncer", reload: true, check_str),
+    other!(tcp_defer_accept, "1", reload: true, check_uint),
+    typed!(tcp_keepalive, "1", reload: true, implemented: true),
+    typed!(tcp_keepcnt, "0", reload: true, implemented: false),
+    typed!(tcp_keepidle, "0", reload: true, implemented: false),
+    typed!(tcp_keepintvl, "0", reload: true, implemented: false),
+    other!(tcp_socket_buffer, "0", reload: true, check_uint),
+    typed!(tcp_user_timeout, "0", reload: true, implemented: false, parse_millis, show_millis),
+    typed!(track_extra_parameters, "IntervalStyle", reload: true, implemented: false),
+    typed!(transaction_timeout, "0", reload: true, implemented: true),
+    typed!(unix_socket_dir, "/tmp", reload: false, implemented: true),
+    other!(unix_socket_group, "", reload: false, check_str),
+    typed!(unix_socket_mode, "0777", reload: false, implemented: false, parse_octal, show_octal),
+    typed!(user, "", reload: false, implemented: false),
+    typed!(verbose, "0", reload: true, implemented: false),
+    // pgcarpool's own settings.
+    typed!(prometheus_addr, "127.0.0.1", reload: false, implemented: true),
+    typed!(prometheus_port, "0", reload: false, implemented: true),
+    typed!(workers, "0", reload: false, implemented: true),
+];
+
+/// The row for `name` (case-insensitive).
+pub fn lookup(name: &str) -> Option<&'static SettingDef> {
+    let name = name.trim();
+    TABLE.iter().find(|d| d.name.eq_ignore_ascii_case(name))
+}
+
+/// Whether `name` may change on RELOAD / admin `SET`; false for unknown names.
+pub fn is_reloadable(name: &str) -> bool {
+    lookup(name).is_some_and(|d| d.reloadable)
+}
+
+impl Default for Settings {
+    /// PgBouncer's defaults: every row's default applied through the table.
+    fn default() -> Self {
+        let mut s = Settings::blank();
+        for def in TABLE {
+            // The defaults are constants checked by `defaults_parse`; a failure leaves the blank value.
+            let _ = (def.set)(&mut s, def.default);
+        }
+        s
+    }
+}
+
+impl Settings {
+    /// Zero values, before the table's defaults are applied.
+    fn blank() -> Self {
+        Settings {
+            listen_addr: String::new(),
+            listen_port: 0,
+            unix_socket_dir: String::new(),
+            unix_socket_mode: 0,
+            auth_type: AuthType::Md5,
+            auth_file: None,
+            auth_hba_file: None,
+            auth_user: None,
+            auth_query: String::new(),
+            admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            pool_mode: PoolMode::Session,
+            max_client_conn: 0,
+            default_pool_size: 0,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: Duration::ZERO,
+            max_db_connections: 0,
+            max_user_connections: 0,
+            max_db_client_connections: 0,
+            max_user_client_connections: 0,
+            server_reset_query: String::new(),
+            server_reset_query_always: false,
+            server_check_query: String::new(),
+            server_check_delay: Duration::ZERO,
+            server_lifetime: Duration::ZERO,
+            server_idle_timeout: Duration::ZERO,
+            server_connect_timeout: Duration::ZERO,
+            server_login_retry: Duration::ZERO,
+            server_round_robin: false,
+            client_login_timeout: Duration::ZERO,
+            query_timeout: Duration::ZERO,
+            query_wait_timeout: Duration::ZERO,
+            query_wait_notify: Duration::ZERO,
+            client_idle_timeout: Duration::ZERO,
+            idle_transaction_timeout: Duration::ZERO,
+            transaction_timeout: Duration::ZERO,
+            cancel_wait_timeout: Duration::ZERO,
+            suspend_timeout: Duration::ZERO,
+            ignore_startup_parameters: Vec::new(),
+            application_name_add_host: false,
+            max_prepared_statements: 0,
+            logfile: None,
+            pidfile: None,
+            log_connections: false,
+            log_disconnections: false,
+            log_pooler_errors: false,
+            log_stats: false,
+            stats_period: Duration::ZERO,
+            verbose: 0,
+            tcp_keepalive: false,
+            tcp_keepidle: Duration::ZERO,
+            tcp_keepintvl: Duration::ZERO,
+            tcp_keepcnt: 0,
+            tcp_user_timeout: Duration::ZERO,
+            so_reuseport: false,
+            pkt_buf: 0,
+            max_packet_size: 0,
+            sbuf_loopcnt: 0,
+            disable_pqexec: false,
+            track_extra_parameters: Vec::new(),
+            server_fast_close: false,
+            autodb_idle_timeout: Duration::ZERO,
+            dns_max_ttl: Duration::ZERO,
+            user: None,
+            job_name: String::new(),
+            prometheus_port: 0,
+            prometheus_addr: String::new(),
+            workers: 0,
+            other: BTreeMap::new(),
+        }
+    }
+
+    /// Set `name` (case-insensitive) from text, as the ini file does: any setting, reloadable or not.
+    pub fn load_value(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let def = lookup(name).ok_or_else(|| format!("unknown setting \"{}\"", name.trim()))?;
+        (def.set)(self, value.trim())
+    }
+
+    /// `SET name = value` from the admin console: like the ini file, but settings that
+    /// cannot change while running are refused. On error `self` is unchanged.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let def = lookup(name).ok_or_else(|| format!("unknown setting \"{}\"", name.trim()))?;
+        if !def.reloadable {
+            return Err(format!("{} cannot be changed online", def.name));
+        }
+        (def.set)(self, value.trim())
+    }
+
+    /// The value of `name` (case-insensitive) as SHOW CONFIG prints it.
+    pub fn get(&self, name: &str) -> Option<String> {
+        lookup(name).map(|d| (d.show)(self))
+    }
+
+    /// SHOW CONFIG: (key, value, default, changeable) for every setting, in table order.
+    pub fn show_config(&self) -> impl Iterator<Item = ConfigRow> + '_ {
+        TABLE.iter().map(|d| ConfigRow {
+            key: d.name,
+            value: (d.show)(self),
+            default: d.default,
+            changeable: d.reloadable,
+        })
+    }
+
+    /// Settings pgcarpool does not implement yet that are set to a non-default value
+    /// (the app logs a warning for each).
+    pub fn unimplemented_in_use(&self) -> Vec<&'static str> {
+        let defaults = Settings::default();
+        let mut out: Vec<&'static str> = TABLE
+            .iter()
+            .filter(|d| !d.implemented && (d.show)(self) != (d.show)(&defaults))
+            .map(|d| d.name)
+            .collect();
+        match self.auth_type {
+            AuthType::Pam => out.push("auth_type = pam"),
+            AuthType::Cert => out.push("auth_type = cert"),
+            _ => {}
+        }
+        out
+    }
+
+    /// The server check: None = disabled (empty setting), Some("") = send an empty query
+    /// (`<empty>`, the default), Some(query) otherwise.
+    pub fn server_check(&self) -> Option<&str> {
+        match self.server_check_query.trim() {
+            "" => None,
+            q if q.eq_ignore_ascii_case("<empty>") => Some(""),
+            q => Some(q),
+        }
+    }
+
+    /// `listen_addr` as a list (`*` = all addresses; empty = unix socket only).
+    pub fn listen_addrs(&self) -> Vec<String> {
+        parse_list(&self.listen_addr)
+    }
+
+    /// Settings that differ between `self` (running) and `new` but cannot change without a
+    /// restart (PgBouncer keeps the old value and warns).
+    pub fn restart_needed(&self, new: &Settings) -> Vec<&'static str> {
+        TABLE
+            .iter()
+            .filter(|d| !d.reloadable && (d.show)(self) != (d.show)(new))
+            .map(|d| d.name)
+            .collect()
+    }
+
+    /// A setting kept as text in `other` (or its default), e.g. `client_tls_sslmode`.
+    pub fn other_value(&self, name: &str) -> Option<String> {
+        lookup(name)
+            .filter(|d| !d.implemented)
+            .map(|d| (d.show)(self))
+    }
+}
+
+/// docs/settings.md generated from [`TABLE`].
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "# Settings\n\n\
+         The `[pgbouncer]` section of pgbouncer.ini as pgcarpool reads it. Generated from the\n\
+         settings table in `src/config/settings.rs`; regenerate with\n\
+         `PGCARPOOL_BLESS=1 cargo test --lib config::settings`.\n\n\
+         Time values are seconds (fractions allowed) except `tcp_user_timeout` (milliseconds).\n\
+         Booleans accept 0/1, on/off, yes/no, true/false. Lists are comma-separated.\n\n\
+         | name | default | reloadable | implemented |\n\
+         |------|---------|------------|-------------|\n",
+    );
+    for d in TABLE {
+        let default = if d.default.is_empty() {
+            "(not set)".to_string()
+        } else {
+            format!("`{}`", d.default)
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            d.name,
+            default,
+            if d.reloadable { "yes" } else { "no" },
+            if d.implemented {
+                "yes"
+            } else {
+                "parsed, not implemented yet"
+            }
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let mut s = Settings::blank();
+        for d in TABLE {
+            (d.set)(&mut s, d.default).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+            assert_eq!(
+                (d.show)(&s),
+                d.default,
+                "{} shows its default as given",
+                d.name
+            );
+        }
+    }
+
+    #[test]
+    fn table_is_sorted_and_unique() {
+        let names: Vec<_> = TABLE.iter().map(|d| d.name).collect();
+        let pg: Vec<_> = names
+            .iter()
+            .copied()
+            .filter(|n| !["prometheus_addr", "prometheus_port", "workers"].contains(n))
+            .collect();
+        let mut sorted = pg.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(pg, sorted);
+    }
+
+    #[test]
+    fn pgbouncer_defaults() {
+        let s = Settings::default();
+        assert_eq!(s.listen_port, 6432);
+        assert_eq!(s.listen_addr, "");
+        assert_eq!(s.pool_mode, PoolMode::Session);
+        assert_eq!(s.max_client_conn, 100);
+        assert_eq!(s.default_pool_size, 20);
+        assert_eq!(s.server_reset_query, "DISCARD ALL");
+        assert_eq!(s.server_check_query, "<empty>");
+        assert_eq!(s.server_check(), Some(""));
+        assert_eq!(s.server_check_delay, Duration::from_secs(30));
+        assert_eq!(s.server_lifetime, Duration::from_secs(3600));
+        assert_eq!(s.server_idle_timeout, Duration::from_secs(600));
+        assert_eq!(s.server_connect_timeout, Duration::from_secs(15));
+        assert_eq!(s.server_login_retry, Duration::from_secs(15));
+        assert_eq!(s.client_login_timeout, Duration::from_secs(60));
+        assert_eq!(s.query_wait_timeout, Duration::from_secs(120));
+        assert_eq!(s.reserve_pool_timeout, Duration::from_secs(5));
+        assert_eq!(s.cancel_wait_timeout, Duration::from_secs(10));
+        assert_eq!(s.query_wait_notify, Duration::from_secs(5));
+        assert_eq!(s.suspend_timeout, Duration::from_secs(10));
+        assert_eq!(s.stats_period, Duration::from_secs(60));
+        assert_eq!(s.auth_type, AuthType::Md5);
+        assert_eq!(s.auth_file, None);
+        assert_eq!(s.unix_socket_dir, "/tmp");
+        assert_eq!(s.unix_socket_mode, 0o777);
+        assert!(s.tcp_keepalive);
+        assert_eq!(s.max_prepared_statements, 200);
+        assert!(s.log_connections && s.log_disconnections && s.log_pooler_errors);
+        assert_eq!(s.pkt_buf, 4096);
+        assert_eq!(s.max_packet_size, 2147483647);
+        assert_eq!(s.job_name, "pgbouncer");
+        assert_eq!(s.track_extra_parameters, vec!["IntervalStyle".to_string()]);
+        assert!(s.unimplemented_in_use().is_empty());
+    }
+
+    #[test]
+    fn value_forms() {
+        let mut s = Settings::default();
+        s.load_value("SERVER_LIFETIME", "0.5").unwrap();
+        assert_eq!(s.server_lifetime, Duration::from_millis(500));
+        assert_eq!(s.get("server_lifetime").unwrap(), "0.5");
+        for (v, b) in [
+            ("on", true),
+            ("off", false),
+            ("yes", true),
+            ("No", false),
+            ("true", true),
+            ("0", false),
+            ("1", true),
+        ] {
+            s.load_value("server_round_robin", v).unwrap();
+            assert_eq!(s.server_round_robin, b, "{v}");
+        }
+        s.load_value("admin_users", " a , b,,c ").unwrap();
+        assert_eq!(s.admin_users, vec!["a", "b", "c"]);
+        assert_eq!(s.get("admin_users").unwrap(), "a,b,c");
+        s.load_value("unix_socket_mode", "0700").unwrap();
+        assert_eq!(s.unix_socket_mode, 0o700);
+        assert_eq!(s.get("unix_socket_mode").unwrap(), "0700");
+        s.load_value("tcp_user_timeout", "1500").unwrap();
+        assert_eq!(s.tcp_user_timeout, Duration::from_millis(1500));
+        s.load_value("auth_type", "scram-sha-256").unwrap();
+        assert_eq!(s.auth_type, AuthType::ScramSha256);
+        s.load_value("pool_mode", "Transaction").unwrap();
+        assert_eq!(s.pool_mode, PoolMode::Transaction);
+        s.load_value("auth_file", "users.txt").unwrap();
+        assert_eq!(s.auth_file, Some(PathBuf::from("users.txt")));
+        s.load_value("client_tls_sslmode", "require").unwrap();
+        assert_eq!(s.other_value("client_tls_sslmode").unwrap(), "require");
+        s.load_value("service_name", "x").unwrap();
+        assert_eq!(s.job_name, "x");
+    }
+
+    #[test]
+    fn bad_values() {
+        let mut s = Settings::default();
+        for (k, v) in [
+            ("listen_port", "65536"),
+            ("listen_port", "-1"),
+            ("listen_port", "abc"),
+            ("max_client_conn", ""),
+            ("server_lifetime", "-1"),
+            ("server_lifetime", "1s"),
+            ("server_lifetime", "."),
+            ("server_round_robin", "maybe"),
+            ("pool_mode", "sessions"),
+            ("auth_type", "ldap"),
+            ("auth_type", "password"),
+            ("unix_socket_mode", "0789"),
+            ("client_tls_sslmode", "sometimes"),
+            ("peer_id", "16384"),
+            ("syslog", "2"),
+        ] {
+            assert!(s.load_value(k, v).is_err(), "{k} = {v}");
+        }
+        assert_eq!(
+            s.load_value("nope", "1").unwrap_err(),
+            "unknown setting \"nope\""
+        );
+        assert!(s.get("nope").is_none());
+    }
+
+    #[test]
+    fn set_from_console() {
+        let mut s = Settings::default();
+        s.set("Default_Pool_Size", "7").unwrap();
+        assert_eq!(s.default_pool_size, 7);
+        assert_eq!(
+            s.set("listen_port", "1").unwrap_err(),
+            "listen_port cannot be changed online"
+        );
+        assert_eq!(s.listen_port, 6432);
+        assert!(s.set("default_pool_size", "x").is_err());
+        assert_eq!(s.default_pool_size, 7);
+        assert!(is_reloadable("query_timeout"));
+        assert!(!is_reloadable("unix_socket_dir"));
+        assert!(!is_reloadable("nope"));
+    }
+
+    #[test]
+    fn reload_helpers() {
+        let old = Settings::default();
+        let mut new = Settings::default();
+        new.load_value("listen_port", "7000").unwrap();
+        new.load_value("unix_socket_group", "pg").unwrap();
+        new.load_value("default_pool_size", "1").unwrap();
+        assert_eq!(
+            old.restart_needed(&new),
+            vec!["listen_port", "unix_socket_group"]
+        );
+        new.load_value("listen_addr", "127.0.0.1, ::1").unwrap();
+        assert_eq!(new.listen_addrs(), vec!["127.0.0.1", "::1"]);
+        assert!(old.listen_addrs().is_empty());
+    }
+
+    #[test]
+    fn show_config_rows() {
+        let s = Settings::default();
+        let rows: Vec<_> = s.show_config().collect();
+        assert_eq!(rows.len(), TABLE.len());
+        let port = rows.iter().find(|r| r.key == "listen_port").unwrap();
+        assert_eq!(port.value, "6432");
+        assert_eq!(port.default, "6432");
+        assert!(!port.changeable);
+    }
+
+    #[test]
+    fn unimplemented_listed_when_changed() {
+        let mut s = Settings::default();
+        s.load_value("pkt_buf", "8192").unwrap();
+        s.load_value("client_tls_sslmode", "require").unwrap();
+        s.load_value("auth_type", "pam").unwrap();
+        s.load_value("default_pool_size", "3").unwrap();
+        assert_eq!(
+            s.unimplemented_in_use(),
+            vec!["client_tls_sslmode", "pkt_buf", "auth_type = pam"]
+        );
+    }
+
+    #[test]
+    fn docs_settings_md_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/settings.md");
+        let want = markdown_table();
+        if std::env::var_os("PGCARPOOL_BLESS").is_some() {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).unwrap();
+            }
+            std::fs::write(&path, &want).unwrap();
+            return;
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/settings.md is out of date with the settings table; regenerate it with \
+             `PGCARPOOL_BLESS=1 cargo test --lib config::settings::tests::docs_settings_md_is_current`"
+        );
+    }
 }
