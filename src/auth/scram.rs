@@ -50,7 +50,10 @@ impl ScramServer {
 pub enum ClientCredential {
     Password(String),
     /// ClientKey + ServerKey (from a verifier and a client's proof).
-    Keys { client_key: [u8; 32], server_key: [u8; 32] },
+    Keys {
+        client_key: [u8; 32],
+        server_key: [u8; 32],
+    },
 }
 
 /// Client side of one SCRAM exchange (pgcarpool logging in to PostgreSQL).

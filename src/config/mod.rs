@@ -40,7 +40,11 @@ pub enum AuthType {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}:{line}: {msg}")]
-    At { file: String, line: usize, msg: String },
+    At {
+        file: String,
+        line: usize,
+        msg: String,
+    },
     #[error("{file}: {msg}")]
     File { file: String, msg: String },
 }
