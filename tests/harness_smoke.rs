@@ -168,6 +168,29 @@ fn drop_stops_the_server() {
 }
 
 #[test]
+fn stop_and_start_again_keep_the_port_and_the_data() {
+    let pg = TempPostgres::start();
+    pg.psql("CREATE TABLE kept (id int); INSERT INTO kept VALUES (7)");
+    let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, pg.port());
+    pg.stop();
+    let refused = TcpStream::connect(addr).expect_err("server must be down after stop");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    pg.start_again();
+    assert_eq!(pg.psql("SELECT id FROM kept"), "7");
+}
+
+#[tokio::test]
+async fn restart_ends_existing_sessions() {
+    let pg = TempPostgres::start();
+    let client = pg.connect("md5user", "testdb").await;
+    client.simple_query("SELECT 1").await.unwrap();
+    pg.restart();
+    assert!(client.simple_query("SELECT 1").await.is_err());
+    let again = pg.connect("md5user", "testdb").await;
+    again.simple_query("SELECT 1").await.unwrap();
+}
+
+#[test]
 fn log_records_server_messages() {
     let pg = TempPostgres::start();
     let _ = pg.psql("DO $$ BEGIN RAISE LOG 'harness-log-marker'; END $$");

@@ -11,6 +11,7 @@ use std::os::unix::fs::chown;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{dsn_for, pg_bin, run_checked, tail, try_connect};
 
@@ -141,10 +142,13 @@ struct Template {
 
 static TEMPLATE: OnceLock<Result<Template, String>> = OnceLock::new();
 
+/// The template's directory, set as soon as it exists (even if making it then fails).
+static TEMPLATE_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
 /// Remove the template when the test process exits (statics are never dropped).
 extern "C" fn remove_template() {
-    if let Some(Ok(template)) = TEMPLATE.get() {
-        let _ = fs::remove_dir_all(&template.root);
+    if let Some(root) = TEMPLATE_ROOT.get() {
+        let _ = fs::remove_dir_all(root);
     }
 }
 
@@ -171,9 +175,11 @@ fn make_template() -> Template {
         .tempdir_in(std::env::temp_dir())
         .expect("make template dir")
         .keep();
-    // SAFETY: registering a plain extern "C" fn with no captured state.
-    unsafe {
-        libc::atexit(remove_template);
+    if TEMPLATE_ROOT.set(root.clone()).is_ok() {
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe {
+            libc::atexit(remove_template);
+        }
     }
     run_as.own(&root);
     let data = root.join("data");
@@ -288,6 +294,8 @@ pub struct TempPostgres {
     /// Temp dir: `data/`, `postgres.log` and the unix socket.
     dir: tempfile::TempDir,
     port: u16,
+    /// False after `stop()` (until `start_again()`).
+    running: AtomicBool,
 }
 
 impl TempPostgres {
@@ -332,7 +340,12 @@ impl TempPostgres {
                 .output()
                 .expect("run pg_ctl start");
             if output.status.success() {
-                return TempPostgres { run_as, dir, port };
+                return TempPostgres {
+                    run_as,
+                    dir,
+                    port,
+                    running: AtomicBool::new(true),
+                };
             }
             let log_text = fs::read(&log).unwrap_or_default();
             let new_log = String::from_utf8_lossy(
@@ -409,6 +422,40 @@ impl TempPostgres {
         out
     }
 
+    /// `pg_ctl` on this server's data directory, waiting (`-w`) for the result.
+    fn pg_ctl(&self, args: &[&str], what: &str) {
+        run_checked(
+            self.run_as
+                .command("pg_ctl", self.dir.path())
+                .arg("-D")
+                .arg(self.data_dir())
+                .arg("-l")
+                .arg(self.dir.path().join("postgres.log"))
+                .args(["-w", "-t", PG_CTL_TIMEOUT_SECS])
+                .args(args),
+            what,
+        );
+    }
+
+    /// Stop the server (fast shutdown: sessions are ended) and keep its data, e.g. to
+    /// test what the pooler does while PostgreSQL is down.
+    pub fn stop(&self) {
+        self.pg_ctl(&["-m", "fast", "stop"], "stop PostgreSQL");
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Start a stopped server again on the same port (panics if the port was taken).
+    pub fn start_again(&self) {
+        self.pg_ctl(&["start"], "start PostgreSQL again");
+        self.running.store(true, Ordering::SeqCst);
+    }
+
+    /// Restart the server (fast shutdown: every session is ended) on the same port.
+    pub fn restart(&self) {
+        self.pg_ctl(&["-m", "fast", "restart"], "restart PostgreSQL");
+        self.running.store(true, Ordering::SeqCst);
+    }
+
     /// PostgreSQL's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
@@ -423,6 +470,9 @@ impl Drop for TempPostgres {
                 self.port,
                 tail(&self.dir.path().join("postgres.log"), 60)
             );
+        }
+        if !self.running.load(Ordering::SeqCst) {
+            return;
         }
         let stopped = self
             .run_as
