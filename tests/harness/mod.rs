@@ -1,0 +1,174 @@
+//! Integration-test harness: a private PostgreSQL per test (`TempPostgres`) and an
+//! in-process pgcarpool on port 0 in front of it (`TestPooler`).
+//!
+//! Every integration test file uses it as `mod harness;`. Nothing here uses a fixed port,
+//! sleeps to synchronise, or kills processes by name: PostgreSQL is started and stopped
+//! with `pg_ctl -w` on the data directory the harness owns.
+//!
+//! Test roles (created in every `TempPostgres`, listed in every `TestPooler`'s userlist):
+//!
+//! | role        | PostgreSQL auth (host 127.0.0.1) | stored as | password    |
+//! |-------------|----------------------------------|-----------|-------------|
+//! | `postgres`  | trust (superuser)                | —         | `postgres`  |
+//! | `md5user`   | md5                              | md5       | `md5pass`   |
+//! | `scramuser` | scram-sha-256                    | SCRAM     | `scrampass` |
+//! | `trustuser` | trust                            | —         | `trustpass` |
+//!
+//! The passwords of trust roles are only what the pooler's userlist holds.
+#![allow(dead_code)]
+
+mod pooler;
+mod postgres;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+#[allow(unused_imports)] // each test file uses a different part
+pub use pooler::{TestPooler, TestPoolerBuilder};
+#[allow(unused_imports)]
+pub use postgres::{TempPostgres, free_port};
+
+/// The test roles and the passwords clients use for them.
+pub const TEST_ROLES: [(&str, &str); 4] = [
+    ("postgres", "postgres"),
+    ("md5user", "md5pass"),
+    ("scramuser", "scrampass"),
+    ("trustuser", "trustpass"),
+];
+
+/// The password a client uses for a test role, if `user` is one.
+pub fn password_of(user: &str) -> Option<&'static str> {
+    TEST_ROLES
+        .iter()
+        .find(|(name, _)| *name == user)
+        .map(|(_, password)| *password)
+}
+
+/// A libpq `key=value` connection string for 127.0.0.1:`port`, with the test role's
+/// password when `user` is a test role.
+pub fn dsn_for(port: u16, user: &str, db: &str) -> String {
+    dsn_with_password(port, user, password_of(user), db)
+}
+
+/// A libpq `key=value` connection string with an explicit password (None: none sent).
+pub fn dsn_with_password(port: u16, user: &str, password: Option<&str>, db: &str) -> String {
+    let mut dsn = format!(
+        "host=127.0.0.1 port={port} user={} dbname={}",
+        conninfo_quote(user),
+        conninfo_quote(db)
+    );
+    if let Some(password) = password {
+        dsn.push_str(" password=");
+        dsn.push_str(&conninfo_quote(password));
+    }
+    dsn
+}
+
+/// Quote a value for a libpq connection string.
+pub fn conninfo_quote(value: &str) -> String {
+    if !value.is_empty()
+        && !value
+            .chars()
+            .any(|c| c.is_whitespace() || c == '\'' || c == '\\')
+    {
+        return value.to_string();
+    }
+    let escaped = value.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("'{escaped}'")
+}
+
+/// Connect with tokio-postgres (no TLS) and spawn the connection task.
+pub async fn try_connect(dsn: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        // The error (if any) reaches the client's next call; nothing to do here.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// The SQLSTATE code of a tokio-postgres error, if the server sent one.
+pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
+    err.as_db_error().map(|db| db.code().code())
+}
+
+/// The directory of the newest PostgreSQL installation that has `name`
+/// (`/usr/lib/postgresql/<version>/bin`), or None.
+fn newest_pg_bin_dir_with(name: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let version = entry.file_name().to_string_lossy().into_owned();
+            let key: Vec<u32> = version
+                .split('.')
+                .map(|part| part.parse().ok())
+                .collect::<Option<_>>()?;
+            let bin = entry.path().join("bin");
+            bin.join(name).is_file().then_some((key, bin))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop().map(|(_, bin)| bin)
+}
+
+/// Path of a PostgreSQL program (`postgres`, `initdb`, `pg_ctl`, `psql`, `pgbench`, …):
+/// from the newest `/usr/lib/postgresql/*/bin` that has it, else from `PATH`.
+/// Panics with a hint when it is not installed.
+pub fn pg_bin(name: &str) -> PathBuf {
+    static SERVER_BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    // Prefer the directory of the newest server so client and server versions match.
+    if let Some(dir) = SERVER_BIN.get_or_init(|| newest_pg_bin_dir_with("postgres"))
+        && dir.join(name).is_file()
+    {
+        return dir.join(name);
+    }
+    if let Some(dir) = newest_pg_bin_dir_with(name) {
+        return dir.join(name);
+    }
+    if let Some(path) = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+    {
+        return path;
+    }
+    panic!(
+        "PostgreSQL program `{name}` not found in /usr/lib/postgresql/*/bin or PATH; \
+         `scripts/test` installs PostgreSQL"
+    );
+}
+
+/// Run `pgbench` with `args` (pass a connection string from `dsn()` as the database name)
+/// and return its output, whatever its exit status.
+pub fn run_pgbench(args: &[&str]) -> Output {
+    Command::new(pg_bin("pgbench"))
+        .args(args)
+        .output()
+        .expect("run pgbench")
+}
+
+/// Run a command, panicking with its output when it fails.
+fn run_checked(cmd: &mut Command, what: &str) -> Output {
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    if !output.status.success() {
+        panic!(
+            "{what} failed ({}): {cmd:?}\n--- stdout\n{}\n--- stderr\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    output
+}
+
+/// The last `lines` lines of a file (empty when it cannot be read).
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
