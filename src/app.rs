@@ -1,26 +1,223 @@
 //! Composition root: `Shared` state, listeners, janitor, reload and shutdown.
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use crate::config::Config;
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::cache::ScramCache;
+use crate::client::registry::Registry;
+use crate::config::{Config, DatabaseEntry};
+use crate::net::listen;
+use crate::pool::{PoolSettings, Pools, janitor};
+use crate::server::{Credential, ServerAddr, ServerTarget};
+
+/// Everything the tasks of one pooler share. No globals: many poolers can run in one process.
+pub struct Shared {
+    pub config: ArcSwap<Config>,
+    pub pools: Arc<Pools>,
+    pub clients: Arc<Registry>,
+    pub scram: Arc<ScramCache>,
+    /// Cancelled to stop accepting new clients.
+    pub stop_accepting: CancellationToken,
+    /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
+    pub stop_clients: CancellationToken,
+    /// Cancelled to stop background tasks (janitor).
+    pub stop_background: CancellationToken,
+    pub tracker: TaskTracker,
+    pub next_client_id: AtomicU64,
+    /// Connected client sockets (for max_client_conn).
+    pub client_conns: AtomicUsize,
+}
 
 /// A running pooler (in-process: tests start one per test on port 0).
 pub struct AppHandle {
     /// The bound TCP address of the first listener (port 0 in the config → a free port).
     pub addr: SocketAddr,
+    pub shared: Arc<Shared>,
 }
 
 /// Start a pooler with `config` on the current tokio runtime.
 pub async fn start(config: Config) -> std::io::Result<AppHandle> {
-    let _ = config;
-    todo!()
+    for name in config.settings.unimplemented_in_use() {
+        tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
+    }
+    let shared = Arc::new(Shared {
+        config: ArcSwap::from_pointee(config),
+        pools: Arc::new(Pools::default()),
+        clients: Arc::new(Registry::default()),
+        scram: Arc::new(ScramCache::new()),
+        stop_accepting: CancellationToken::new(),
+        stop_clients: CancellationToken::new(),
+        stop_background: CancellationToken::new(),
+        tracker: TaskTracker::new(),
+        next_client_id: AtomicU64::new(1),
+        client_conns: AtomicUsize::new(0),
+    });
+    let listeners = listen::bind(&shared.config.load().settings)?;
+    let addr = listeners
+        .iter()
+        .find_map(|l| l.local_tcp_addr())
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    for l in listeners {
+        shared.tracker.spawn(listen::accept_loop(l, shared.clone()));
+    }
+    shared.tracker.spawn(janitor::run(shared.pools.clone(), shared.stop_background.clone()));
+    Ok(AppHandle { addr, shared })
+}
+
+/// Resolve one pool's settings from the config (per user > per database > global).
+pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, credential: Credential, shared: &Shared) -> PoolSettings {
+    let s = &cfg.settings;
+    let db = entry.name.as_str();
+    let user = cfg.pool_user_for(db, client_user);
+    let mut startup_params = Vec::new();
+    for (k, v) in [
+        ("client_encoding", &entry.client_encoding),
+        ("DateStyle", &entry.datestyle),
+        ("TimeZone", &entry.timezone),
+        ("application_name", &entry.application_name),
+    ] {
+        if let Some(v) = v {
+            startup_params.push((k.to_string(), v.clone()));
+        }
+    }
+    PoolSettings {
+        mode: cfg.pool_mode_for(db, &user),
+        pool_size: cfg.pool_size_for(db, &user),
+        min_pool_size: cfg.min_pool_size_for(db),
+        reserve_pool_size: cfg.reserve_pool_for(db, &user),
+        reserve_pool_timeout: s.reserve_pool_timeout,
+        max_db_connections: cfg.max_db_connections_for(db),
+        max_user_connections: cfg.max_user_connections_for(&user),
+        server_lifetime: cfg.server_lifetime_for(db),
+        server_idle_timeout: s.server_idle_timeout,
+        server_connect_timeout: s.server_connect_timeout,
+        server_login_retry: s.server_login_retry,
+        server_check_delay: s.server_check_delay,
+        server_check_query: s.server_check().map(str::to_string),
+        server_reset_query: s.server_reset_query.clone(),
+        server_reset_query_always: s.server_reset_query_always,
+        server_round_robin: s.server_round_robin,
+        cancel_wait_timeout: s.cancel_wait_timeout,
+        query_wait_timeout: cfg.query_wait_timeout_for(db, &user),
+        target: ServerTarget {
+            addr: ServerAddr::new(entry.host.as_deref(), if entry.port == 0 { 5432 } else { entry.port }),
+            dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
+            user,
+            credential,
+            startup_params,
+            connect_query: entry.connect_query.clone(),
+            scram_cache: Some(shared.scram.clone()),
+        },
+    }
+}
+
+impl Shared {
+    /// Apply a new config (RELOAD / SIGHUP): pools get new sizes and timeouts at once;
+    /// settings that need a restart keep their old values and are named in the log.
+    pub fn reload(&self, new: Config) {
+        let old = self.config.load_full();
+        let mut new = new;
+        for name in old.settings.restart_needed(&new.settings) {
+            tracing::warn!("setting {name} changed but needs a restart: keeping the old value");
+            if let Some(v) = old.settings.get(name) {
+                let _ = new.settings.load_value(name, &v);
+            }
+        }
+        let new = Arc::new(new);
+        self.config.store(new.clone());
+        self.pools.reconcile(|p| {
+            let entry = new.database(&p.db)?;
+            let old_settings = p.settings();
+            let mut cred = old_settings.target.credential.clone();
+            if let Some(pw) = &entry.password {
+                cred = Credential::Plain(pw.clone());
+            }
+            Some(pool_settings(&new, &entry, &p.user, cred, self))
+        });
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Stop accepting and make every client leave now; close idle servers.
+    pub fn shutdown_now(&self) {
+        self.stop_accepting.cancel();
+        self.stop_clients.cancel();
+        self.stop_background.cancel();
+        for p in self.pools.all() {
+            p.close_idle();
+        }
+        self.tracker.close();
+    }
+
+    pub(crate) fn client_opened(&self) -> u64 {
+        self.client_conns.fetch_add(1, Ordering::Relaxed);
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn client_closed(&self) {
+        self.client_conns.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl AppHandle {
-    /// Apply a new config as SIGHUP would (bad config: error, old one stays).
+    /// Apply a new config as SIGHUP would.
     pub fn reload(&self, config: Config) {
-        let _ = config;
-        todo!()
+        self.shared.reload(config);
     }
-    /// Immediate shutdown (SIGQUIT), waiting for tasks to end.
-    pub async fn shutdown(self) {}
+
+    /// Immediate shutdown (SIGQUIT), waiting (bounded) for tasks to end.
+    pub async fn shutdown(self) {
+        self.shared.shutdown_now();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.shared.tracker.wait()).await;
+    }
+}
+
+impl Shared {
+    /// PAUSE for every pool: new work waits; returns once no server is in use.
+    pub async fn pause_all(&self) {
+        for p in self.pools.all() {
+            p.pause();
+        }
+        self.wait_servers_released().await;
+    }
+
+    /// RESUME every pool.
+    pub fn resume_all(&self) {
+        for p in self.pools.all() {
+            p.resume();
+        }
+    }
+
+    /// Wait until no pool has a server checked out.
+    pub async fn wait_servers_released(&self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            if self.pools.all().iter().all(|p| p.counts().active == 0) {
+                return;
+            }
+        }
+    }
+
+    /// SHUTDOWN WAIT_FOR_CLIENTS (SIGTERM): stop accepting, wait for every client to leave.
+    pub async fn shutdown_wait_for_clients(&self) {
+        self.stop_accepting.cancel();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        while self.client_conns.load(Ordering::Relaxed) > 0 {
+            tick.tick().await;
+        }
+        self.shutdown_now();
+    }
+
+    /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish
+    /// (new ones wait), then close everything.
+    pub async fn shutdown_wait_for_servers(&self) {
+        self.stop_accepting.cancel();
+        self.pause_all().await;
+        self.shutdown_now();
+    }
 }

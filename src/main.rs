@@ -1,1 +1,128 @@
-fn main() {}
+//! pgcarpool command line, with PgBouncer's flags.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "pgcarpool", version, about = "PostgreSQL connection pooler (PgBouncer compatible)")]
+struct Cli {
+    /// Run in the background (requires logfile and pidfile in the config).
+    #[arg(short = 'd', long = "daemon")]
+    daemon: bool,
+    /// Online restart: take over the listening port from a running pgcarpool (needs so_reuseport = 1).
+    #[arg(short = 'R', long = "reboot")]
+    reboot: bool,
+    /// Log nothing to stderr.
+    #[arg(short = 'q', long = "quiet")]
+    quiet: bool,
+    /// More logging (repeat for more).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Switch to this OS user at startup.
+    #[arg(short = 'u', long = "user")]
+    user: Option<String>,
+    /// The pgbouncer.ini to read.
+    config: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config_path = std::fs::canonicalize(&cli.config).unwrap_or(cli.config.clone());
+    let mut config = pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if cli.reboot {
+        config.settings.so_reuseport = true;
+    }
+    let verbose = cli.verbose.max(config.settings.verbose);
+    if let Some(user) = cli.user.as_deref().or(config.settings.user.as_deref()) {
+        switch_user(user)?;
+    }
+    if cli.daemon {
+        let (Some(_), Some(_)) = (&config.settings.logfile, &config.settings.pidfile) else {
+            anyhow::bail!("-d needs logfile and pidfile set in the config");
+        };
+        daemonize()?;
+    }
+    init_logging(cli.quiet || cli.daemon, verbose, config.settings.logfile.as_deref())?;
+    if let Some(pidfile) = &config.settings.pidfile {
+        std::fs::write(pidfile, format!("{}\n", std::process::id()))
+            .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
+    }
+    let workers = match config.settings.workers {
+        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        n => n,
+    };
+    let pidfile = config.settings.pidfile.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?;
+    let result = runtime.block_on(async move {
+        let handle = pgcarpool::app::start(config).await.context("starting listeners")?;
+        tracing::info!("listening on {} ({} worker threads)", handle.addr, workers);
+        pgcarpool::signals::run(handle.shared.clone(), config_path).await?;
+        handle.shutdown().await;
+        anyhow::Ok(())
+    });
+    if let Some(p) = pidfile {
+        let _ = std::fs::remove_file(p);
+    }
+    result
+}
+
+fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match logfile {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening logfile {}", path.display()))?;
+            builder.with_ansi(false).with_writer(std::sync::Mutex::new(file)).init();
+        }
+        None if quiet => builder.with_writer(std::io::sink).init(),
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+/// Fork into the background, detach from the terminal.
+fn daemonize() -> anyhow::Result<()> {
+    // SAFETY: called before any thread is started (the runtime is built afterwards).
+    unsafe {
+        match libc::fork() {
+            -1 => anyhow::bail!("fork failed"),
+            0 => {}
+            _ => libc::_exit(0),
+        }
+        libc::setsid();
+        let devnull = std::ffi::CString::new("/dev/null")?;
+        let fd = libc::open(devnull.as_ptr(), libc::O_RDWR);
+        if fd >= 0 {
+            libc::dup2(fd, 0);
+            libc::dup2(fd, 1);
+            libc::dup2(fd, 2);
+        }
+    }
+    Ok(())
+}
+
+fn switch_user(name: &str) -> anyhow::Result<()> {
+    let cname = std::ffi::CString::new(name)?;
+    // SAFETY: getpwnam returns a pointer to static storage, read at once.
+    unsafe {
+        let pw = libc::getpwnam(cname.as_ptr());
+        if pw.is_null() {
+            anyhow::bail!("unknown user {name}");
+        }
+        if libc::setgid((*pw).pw_gid) != 0 || libc::setuid((*pw).pw_uid) != 0 {
+            anyhow::bail!("could not switch to user {name}");
+        }
+    }
+    Ok(())
+}

@@ -105,6 +105,14 @@ impl<'a> Relay<'a> {
 
     /// Relay until an event, watching the timeouts.
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
+        // What the client sent before the server was attached.
+        if !self.client.rbuf.is_empty() {
+            match self.scan_client() {
+                Ok(Some(ev)) => return ev,
+                Ok(None) => {}
+                Err(e) => return RelayEvent::ClientProtocol(e),
+            }
+        }
         loop {
             let deadline = self.next_deadline(&t);
             tokio::select! {

@@ -29,11 +29,13 @@ pub struct PoolSettings {
     pub server_connect_timeout: Duration,
     pub server_login_retry: Duration,
     pub server_check_delay: Duration,
-    pub server_check_query: String,
+    /// None = no check; Some("") = an empty query.
+    pub server_check_query: Option<String>,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
     pub server_round_robin: bool,
     pub cancel_wait_timeout: Duration,
+    pub query_wait_timeout: Duration,
     pub target: ServerTarget,
 }
 
@@ -315,8 +317,8 @@ impl Pool {
             return None;
         }
         let check_due = s.last_used.elapsed() >= settings.server_check_delay;
-        if check_due && !settings.server_check_query.trim().is_empty() {
-            let check = query::simple_query(&mut s, &settings.server_check_query);
+        if let (true, Some(q)) = (check_due, &settings.server_check_query) {
+            let check = query::simple_query(&mut s, q);
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
                 Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
                 _ => {
