@@ -124,6 +124,14 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     if get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
         return Err(ClientError::fatal("08P01", "replication connections are not supported".into()));
     }
+    if crate::admin::is_admin_db(&db) {
+        let secret = cfg.auth.users.get(&user);
+        let role = crate::admin::role_of(cfg, &user)
+            .ok_or_else(|| ClientError::fatal("28000", format!("not allowed to connect to the admin console: {user}")))?;
+        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
+        crate::admin::run(shared, conn, &user, role).await?;
+        return Ok(None);
+    }
     let client_params = session_params(&params, cfg, peer)?;
     let entry = cfg
         .database(&db)
