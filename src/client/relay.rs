@@ -253,6 +253,7 @@ impl<'a> Relay<'a> {
     /// Forward what the server sent, keeping its state and the client's session current.
     pub fn scan_server(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
         let mut fwd = 0;
+        let mut withheld = 0;
         let mut event = None;
         loop {
             let buf = &self.server.conn.rbuf;
@@ -281,6 +282,12 @@ impl<'a> Relay<'a> {
                         backend::READY_FOR_QUERY => {
                             let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if let Some(ev) = self.on_ready_for_query(status) {
+                                if matches!(ev, RelayEvent::StatementModeTransaction) {
+                                    // The client gets the error instead of a ReadyForQuery
+                                    // saying it is inside a transaction.
+                                    withheld = h.total;
+                                    fwd -= h.total;
+                                }
                                 event = Some(ev);
                                 break;
                             }
@@ -307,6 +314,7 @@ impl<'a> Relay<'a> {
             let chunk = self.server.conn.rbuf.split_to(fwd).freeze();
             self.client.queue(chunk);
         }
+        self.server.conn.consume(withheld);
         Ok(event)
     }
 
