@@ -1,0 +1,259 @@
+//! Clients that vanish in the middle of something: their servers are cleaned (cancel,
+//! rollback, COPY aborted) before anyone else gets them, or closed; never handed out dirty.
+mod harness;
+
+use std::future::Future;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::{TempPostgres, TestPooler, pg_bin};
+use tokio::task::JoinHandle;
+
+/// Connect through `dsn` and keep the connection task's handle: aborting it closes the
+/// socket without a Terminate message, as a crashed client would.
+async fn connect_abortable(dsn: &str) -> (tokio_postgres::Client, JoinHandle<()>) {
+    let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {dsn}: {e}"));
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, task)
+}
+
+/// The first column of the first row of a simple query's result.
+fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
+    msgs.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// Poll `check` until it returns true or `limit` passes; returns whether it became true.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Count md5user's client backends matching `condition` (SQL over pg_stat_activity).
+async fn count(monitor: &tokio_postgres::Client, condition: &str) -> i64 {
+    let sql = format!(
+        "select count(*) from pg_stat_activity where usename = 'md5user' \
+         and backend_type = 'client backend' and ({condition})"
+    );
+    monitor.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+async fn rows_table(pg: &TempPostgres, rows: u32) {
+    pg.psql_in(
+        "testdb",
+        &format!(
+            "create table locked (id int primary key, v int); \
+             insert into locked select g, 0 from generate_series(1, {rows}) g; \
+             grant all on locked to public"
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_vanishing_inside_transactions_leave_no_locks_behind() {
+    let pg = TempPostgres::start();
+    rows_table(&pg, 40).await;
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "60")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    // 40 clients lock distinct rows; 10 more wait for row 1's lock (a query running).
+    let mut conns = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..50u32 {
+        let (c, task) = connect_abortable(&p.dsn("md5user", "testdb")).await;
+        c.simple_query("begin").await.unwrap();
+        let id = if i < 40 { i + 1 } else { 1 };
+        let sql = format!("select * from locked where id = {id} for update");
+        if i < 40 {
+            c.simple_query(&sql).await.unwrap();
+        } else {
+            let c2 = c;
+            waiting.push(tokio::spawn(async move {
+                let _ = c2.simple_query(&sql).await;
+                c2
+            }));
+            conns.push((None, task));
+            continue;
+        }
+        conns.push((Some(c), task));
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&monitor, "wait_event_type = 'Lock'").await == 10
+                && count(&monitor, "state like 'idle in transaction%'").await == 40
+        })
+        .await,
+        "the 50 clients did not reach their locks"
+    );
+    for (_, task) in &conns {
+        task.abort();
+    }
+    let gone = Instant::now();
+    let clean = eventually(Duration::from_secs(2), || async {
+        count(
+            &monitor,
+            "state like 'idle in transaction%' or wait_event_type = 'Lock'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    eprintln!("cleaned after {:?}", gone.elapsed());
+    assert!(
+        clean,
+        "backends still in a transaction 2 s after their clients vanished"
+    );
+    // The locks are free.
+    monitor.simple_query("begin").await.unwrap();
+    monitor
+        .simple_query("select * from locked where id between 1 and 40 for update nowait")
+        .await
+        .expect("rows still locked");
+    monitor.simple_query("rollback").await.unwrap();
+    // pgcarpool keeps serving, on clean servers.
+    for _ in 0..5 {
+        let c = p.connect("md5user", "testdb").await;
+        let msgs = c
+            .simple_query("select now() = statement_timestamp()")
+            .await
+            .unwrap();
+        assert!(
+            first_value(&msgs).as_deref() == Some("t"),
+            "handed a server inside a transaction"
+        );
+    }
+    for w in waiting {
+        w.abort();
+    }
+    drop(conns);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_killed_mid_query_gets_its_query_cancelled() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    let (c, task) = connect_abortable(&p.dsn("md5user", "testdb")).await;
+    let sleeper = tokio::spawn(async move {
+        let _ = c.simple_query("select pg_sleep(30)").await;
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&monitor, "state = 'active' and query like '%pg_sleep(30)%'").await == 1
+        })
+        .await,
+        "pg_sleep never started"
+    );
+    task.abort();
+    let gone = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            count(&monitor, "state <> 'idle'").await == 0
+        })
+        .await,
+        "the dead client's query still runs 2 s later"
+    );
+    eprintln!("query cancelled after {:?}", gone.elapsed());
+    // The only server of the pool is reused (or replaced) and clean.
+    let c2 = p.connect("md5user", "testdb").await;
+    let started = Instant::now();
+    let row = c2.query_one("select 41 + 1", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let msgs = c2.simple_query("select 'fresh'").await.unwrap();
+    assert!(first_value(&msgs).as_deref() == Some("fresh"));
+    sleeper.abort();
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
+    let pg = TempPostgres::start();
+    pg.psql_in(
+        "testdb",
+        "create table copied (v int); grant all on copied to public",
+    );
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    // psql waits on its stdin in COPY mode; we write a few rows and then kill it.
+    let mut psql = Command::new(pg_bin("psql"))
+        .args([
+            "-X",
+            "-q",
+            "-d",
+            &p.dsn("md5user", "testdb"),
+            "-c",
+            "copy copied from stdin",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn psql");
+    {
+        use std::io::Write;
+        let stdin = psql.stdin.as_mut().unwrap();
+        stdin.write_all(b"1\n2\n3\n").unwrap();
+        stdin.flush().unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&monitor, "state = 'active' and query ilike 'copy copied%'").await == 1
+        })
+        .await,
+        "COPY never started"
+    );
+    psql.kill().expect("kill psql (our child)");
+    psql.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            count(&monitor, "state <> 'idle'").await == 0
+        })
+        .await,
+        "the COPY still runs 2 s after its client died"
+    );
+    let c = p.connect("md5user", "testdb").await;
+    let row = c
+        .query_one("select count(*) from copied", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i64>(0),
+        0,
+        "rows of an aborted COPY were committed"
+    );
+    let row = c.query_one("select 7", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 7);
+    p.shutdown().await;
+}
