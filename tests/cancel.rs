@@ -1,0 +1,133 @@
+//! CancelRequest through pgcarpool: it reaches exactly the server running that client's
+//! query; unknown keys are ignored.
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{TempPostgres, TestPooler};
+use tokio::io::AsyncWriteExt;
+
+/// Wait (bounded) until PostgreSQL runs `n` active queries containing `needle` for md5user.
+async fn wait_running(monitor: &tokio_postgres::Client, needle: &str, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: i64 = monitor
+            .query_one(
+                "select count(*) from pg_stat_activity where usename = 'md5user' \
+                 and state = 'active' and strpos(query, $1) > 0",
+                &[&needle],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{running} queries like {needle}, wanted {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn pooler(pg: &TempPostgres) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "4")
+        .start()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_the_running_query_with_57014() {
+    let pg = TempPostgres::start();
+    let p = pooler(&pg).await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let c = p.connect("md5user", "testdb").await;
+    let token = c.cancel_token();
+    let long = tokio::spawn(async move { c.simple_query("select pg_sleep(10)").await });
+    wait_running(&monitor, "pg_sleep(10)", 1).await;
+    let sent = Instant::now();
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let result = tokio::time::timeout(Duration::from_secs(2), long)
+        .await
+        .expect("the query still runs 2 s after the cancel")
+        .unwrap();
+    eprintln!("cancelled after {:?}", sent.elapsed());
+    let err = result.err().expect("the cancelled query succeeded");
+    assert_eq!(harness::sqlstate(&err), Some("57014"), "{err:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_leaves_other_clients_queries_alone() {
+    let pg = TempPostgres::start();
+    let p = pooler(&pg).await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let victim = p.connect("md5user", "testdb").await;
+    let bystander = p.connect("md5user", "testdb").await;
+    let token = victim.cancel_token();
+    let long = tokio::spawn(async move { victim.simple_query("select pg_sleep(10)").await });
+    let short = tokio::spawn(async move {
+        bystander
+            .simple_query("select pg_sleep(1.5), 'bystander'")
+            .await
+    });
+    wait_running(&monitor, "pg_sleep(10)", 1).await;
+    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let cancelled = tokio::time::timeout(Duration::from_secs(2), long)
+        .await
+        .expect("the cancelled query still runs")
+        .unwrap();
+    assert_eq!(
+        cancelled.err().as_ref().and_then(harness::sqlstate),
+        Some("57014")
+    );
+    let other = tokio::time::timeout(Duration::from_secs(10), short)
+        .await
+        .expect("the bystander's query never finished")
+        .unwrap();
+    other.expect("the bystander's query was cancelled too");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_with_an_unknown_key_is_ignored() {
+    let pg = TempPostgres::start();
+    let p = pooler(&pg).await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let c = p.connect("md5user", "testdb").await;
+    let running = tokio::spawn(async move { c.simple_query("select pg_sleep(1.5), 'kept'").await });
+    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
+    // CancelRequest: length 16, code 80877102, a process id and key nobody was given.
+    let mut msg = Vec::with_capacity(16);
+    msg.extend_from_slice(&16i32.to_be_bytes());
+    msg.extend_from_slice(&80877102i32.to_be_bytes());
+    msg.extend_from_slice(&0x1234_5678i32.to_be_bytes());
+    msg.extend_from_slice(&0x0bad_cafei32.to_be_bytes());
+    let mut sock = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    sock.write_all(&msg).await.unwrap();
+    // The pooler closes a cancel connection without answering.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut sock, &mut rest),
+    )
+    .await
+    .expect("the cancel connection was not closed");
+    assert!(read.is_ok() && rest.is_empty(), "{read:?} {rest:?}");
+    let result = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the query never finished")
+        .unwrap();
+    result.expect("a cancel with an unknown key cancelled a query");
+    p.shutdown().await;
+}
