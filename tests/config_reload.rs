@@ -1,0 +1,464 @@
+//! The pgcarpool binary as PgBouncer is run: config errors with file:line, SIGHUP reload,
+//! the shutdown and pause signals, `-d`, `-V` and `-h`. Each test starts its own child
+//! process on a free port and stops it by its PID.
+mod harness;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use harness::{TEST_ROLES, TempPostgres, dsn_for, free_port, try_connect};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pgcarpool");
+
+/// A pgbouncer.ini for `pg` on 127.0.0.1:`port`, with `extra` lines in [pgbouncer].
+fn ini_text(pg: &TempPostgres, port: u16, extra: &[(&str, &str)]) -> String {
+    let mut ini = format!(
+        "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\n\
+         listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+         auth_type = md5\nauth_file = userlist.txt\nadmin_users = postgres\n",
+        pg.port()
+    );
+    for (k, v) in extra {
+        ini.push_str(&format!("{k} = {v}\n"));
+    }
+    ini
+}
+
+fn write_files(dir: &Path, ini: &str) -> PathBuf {
+    let userlist: String = TEST_ROLES
+        .iter()
+        .map(|(u, p)| format!("\"{u}\" \"{p}\"\n"))
+        .collect();
+    std::fs::write(dir.join("userlist.txt"), userlist).unwrap();
+    let path = dir.join("pgbouncer.ini");
+    std::fs::write(&path, ini).unwrap();
+    path
+}
+
+fn send(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a PID this test started.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Poll `check` every 20 ms until it is true or `limit` passes.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// pgcarpool running as a child process; killed (SIGKILL, by PID) if the test ends first.
+struct Pooler {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+    ini: PathBuf,
+}
+
+impl Pooler {
+    async fn start(pg: &TempPostgres, extra: &[(&str, &str)]) -> Pooler {
+        let dir = tempfile::Builder::new()
+            .prefix("pgcarpool-bin-")
+            .tempdir()
+            .unwrap();
+        let port = free_port();
+        let ini = write_files(dir.path(), &ini_text(pg, port, extra));
+        let stderr = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
+        let child = Command::new(BIN)
+            .arg(&ini)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn pgcarpool");
+        let mut p = Pooler {
+            child,
+            port,
+            dir,
+            ini,
+        };
+        let up = eventually(Duration::from_secs(10), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        if !up {
+            panic!(
+                "pgcarpool did not listen on {port} (exit: {:?})\n{}",
+                p.child.try_wait(),
+                p.log()
+            );
+        }
+        p
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        send(self.pid(), sig);
+    }
+
+    fn dsn(&self, user: &str) -> String {
+        dsn_for(self.port, user, "testdb")
+    }
+
+    async fn connect(&self, user: &str) -> tokio_postgres::Client {
+        try_connect(&self.dsn(user))
+            .await
+            .unwrap_or_else(|e| panic!("connect through pgcarpool: {e}\n{}", self.log()))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Wait (bounded) for the process to exit.
+    async fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Wait until the listener is gone (a signal to shut down has been acted on).
+    async fn stops_accepting(&self) -> bool {
+        let port = self.port;
+        eventually(Duration::from_secs(5), || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+        })
+        .await
+    }
+}
+
+impl Drop for Pooler {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- pgcarpool's stderr ---\n{}", self.log());
+        }
+    }
+}
+
+/// md5user's client backends as PostgreSQL sees them.
+async fn backends(monitor: &tokio_postgres::Client) -> i64 {
+    monitor
+        .query_one(
+            "select count(*) from pg_stat_activity where usename = 'md5user' \
+             and backend_type = 'client backend'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn bad_config_line_is_reported_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ini = "[databases]\n\
+               * = host=127.0.0.1 port=5432\n\
+               \n\
+               [pgbouncer]\n\
+               listen_port = 6432\n\
+               default_pool_size = lots\n";
+    let path = write_files(dir.path(), ini);
+    let out = Command::new(BIN).arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted a bad config: {stderr}");
+    assert!(
+        stderr.contains("pgbouncer.ini:6"),
+        "no file:line in the error: {stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_changes_the_pool_size_live() {
+    let pg = TempPostgres::start();
+    let p = Pooler::start(
+        &pg,
+        &[("pool_mode", "transaction"), ("default_pool_size", "2")],
+    )
+    .await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    // Four clients each open a transaction: two get servers, two wait.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = p.connect("md5user").await;
+        tasks.push(tokio::spawn(async move {
+            c.simple_query("begin; select 1").await.unwrap();
+            c
+        }));
+    }
+    let done = |tasks: &Vec<tokio::task::JoinHandle<tokio_postgres::Client>>| {
+        tasks.iter().filter(|t| t.is_finished()).count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            backends(&monitor).await == 2 && done(&tasks) == 2
+        })
+        .await,
+        "expected 2 backends and 2 clients in transactions"
+    );
+    std::fs::write(
+        &p.ini,
+        ini_text(
+            &pg,
+            p.port,
+            &[("pool_mode", "transaction"), ("default_pool_size", "4")],
+        ),
+    )
+    .unwrap();
+    p.signal(libc::SIGHUP);
+    let grew = eventually(Duration::from_secs(5), || async {
+        backends(&monitor).await == 4 && done(&tasks) == 4
+    })
+    .await;
+    assert!(
+        grew,
+        "after SIGHUP: {} backends, {} clients served",
+        backends(&monitor).await,
+        done(&tasks)
+    );
+    // The clients connected before the reload keep working.
+    for t in tasks {
+        let c = t.await.unwrap();
+        c.simple_query("select 2").await.unwrap();
+        c.simple_query("commit").await.unwrap();
+        c.simple_query("select 3").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_clients_to_leave() {
+    let pg = TempPostgres::start();
+    let mut p = Pooler::start(&pg, &[("pool_mode", "session")]).await;
+    let c = p.connect("md5user").await;
+    c.simple_query("select 1").await.unwrap();
+    p.signal(libc::SIGTERM);
+    assert!(p.stops_accepting().await, "still accepting after SIGTERM");
+    // Still running and serving the connected client.
+    c.simple_query("select 2").await.unwrap();
+    assert!(p.running(), "exited with a client connected");
+    drop(c);
+    let status = p.exited_within(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "did not exit cleanly after the last client left: {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_waits_for_servers_to_be_released() {
+    let pg = TempPostgres::start();
+    let mut p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let c = p.connect("md5user").await;
+    c.simple_query("begin").await.unwrap();
+    p.signal(libc::SIGINT);
+    assert!(p.stops_accepting().await, "still accepting after SIGINT");
+    // The transaction in progress may finish.
+    c.simple_query("select 1").await.unwrap();
+    assert!(p.running(), "exited while a server was in use");
+    c.simple_query("commit").await.unwrap();
+    // Once the server is released it exits, though the client is still connected.
+    let status = p.exited_within(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "did not exit after the server was released: {status:?}"
+    );
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigquit_exits_at_once() {
+    let pg = TempPostgres::start();
+    let mut p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let c = p.connect("md5user").await;
+    c.simple_query("begin").await.unwrap();
+    p.signal(libc::SIGQUIT);
+    let status = p.exited_within(Duration::from_secs(2)).await;
+    assert!(
+        status.is_some(),
+        "still running 2 s after SIGQUIT with a client in a transaction"
+    );
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_pauses_and_sigusr2_resumes() {
+    let pg = TempPostgres::start();
+    let p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let c = Arc::new(p.connect("md5user").await);
+    c.simple_query("select 1").await.unwrap();
+    p.signal(libc::SIGUSR1);
+    // Once the pause is in force, a new query waits.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut waiting = loop {
+        let c2 = c.clone();
+        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
+        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
+            Ok(r) => r.unwrap().map(drop).unwrap(),
+            Err(_) => break q,
+        }
+        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
+    };
+    assert!(!waiting.is_finished());
+    p.signal(libc::SIGUSR2);
+    let resumed = tokio::time::timeout(Duration::from_secs(2), &mut waiting)
+        .await
+        .expect("the waiting query did not run within 2 s of SIGUSR2")
+        .unwrap();
+    resumed.expect("query after resume");
+    c.simple_query("select 2").await.unwrap();
+}
+
+/// Whether a process with this PID is alive (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Field 3 is the state; Z = zombie, X = dead.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Stops a daemon by PID (SIGKILL) if the test ends while it runs.
+struct DaemonGuard(Option<i32>);
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0
+            && alive(pid)
+        {
+            // SAFETY: kill(2) on the PID our daemon wrote to its pidfile.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dash_d_daemonizes_and_writes_the_pidfile() {
+    let pg = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let pidfile = dir.path().join("pgcarpool.pid");
+    let logfile = dir.path().join("pgcarpool.log");
+    let ini = write_files(
+        dir.path(),
+        &ini_text(
+            &pg,
+            port,
+            &[
+                ("pidfile", &pidfile.to_string_lossy()),
+                ("logfile", &logfile.to_string_lossy()),
+            ],
+        ),
+    );
+    let status = Command::new(BIN)
+        .arg("-d")
+        .arg(&ini)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "pgcarpool -d: {status}");
+    let mut guard = DaemonGuard(None);
+    let pid_file_text = || std::fs::read_to_string(&pidfile).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            pid_file_text().trim().parse::<i32>().is_ok()
+        })
+        .await,
+        "no pidfile; log:\n{}",
+        std::fs::read_to_string(&logfile).unwrap_or_default()
+    );
+    let pid: i32 = pid_file_text().trim().parse().unwrap();
+    guard.0 = Some(pid);
+    assert!(alive(pid), "the daemon {pid} is not running");
+    // The foreground command has exited; the daemon serves.
+    let up = eventually(Duration::from_secs(10), || async {
+        try_connect(&dsn_for(port, "md5user", "testdb"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(up, "the daemon does not serve on {port}");
+    let c = try_connect(&dsn_for(port, "md5user", "testdb"))
+        .await
+        .unwrap();
+    c.simple_query("select 1").await.unwrap();
+    drop(c);
+    send(pid, libc::SIGQUIT);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !alive(pid) && !pidfile.exists()
+        })
+        .await,
+        "the daemon did not stop and remove its pidfile"
+    );
+    guard.0 = None;
+}
+
+#[test]
+fn dash_capital_v_prints_the_version() {
+    let out = Command::new(BIN).arg("-V").output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(env!("CARGO_PKG_VERSION")),
+        "no version in: {stdout}"
+    );
+}
+
+#[test]
+fn dash_h_prints_usage() {
+    let out = Command::new(BIN).arg("-h").output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Usage") && stdout.contains("-d") && stdout.contains("-R"),
+        "not a usage text: {stdout}"
+    );
+}
