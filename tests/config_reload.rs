@@ -462,3 +462,49 @@ fn dash_h_prints_usage() {
         "not a usage text: {stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_shrinking_the_pool_closes_servers_beyond_the_new_size() {
+    let pg = TempPostgres::start();
+    let p = Pooler::start(
+        &pg,
+        &[("pool_mode", "transaction"), ("default_pool_size", "4")],
+    )
+    .await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let c = p.connect("md5user").await;
+        c.simple_query("begin; select 1").await.unwrap();
+        clients.push(c);
+    }
+    assert_eq!(backends(&monitor).await, 4);
+    // Two servers go back idle before the reload, two are still in use.
+    clients[0].simple_query("commit").await.unwrap();
+    clients[1].simple_query("commit").await.unwrap();
+    std::fs::write(
+        &p.ini,
+        ini_text(
+            &pg,
+            p.port,
+            &[("pool_mode", "transaction"), ("default_pool_size", "1")],
+        ),
+    )
+    .unwrap();
+    p.signal(libc::SIGHUP);
+    clients[2].simple_query("commit").await.unwrap();
+    clients[3].simple_query("commit").await.unwrap();
+    let shrunk = eventually(Duration::from_secs(5), || async {
+        backends(&monitor).await == 1
+    })
+    .await;
+    assert!(
+        shrunk,
+        "after SIGHUP to a pool of 1: {} backends",
+        backends(&monitor).await
+    );
+    for c in &clients {
+        c.simple_query("select 2").await.unwrap();
+    }
+    assert_eq!(backends(&monitor).await, 1);
+}
