@@ -257,3 +257,110 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
     assert_eq!(row.get::<_, i32>(0), 7);
     p.shutdown().await;
 }
+
+/// A raw protocol client logged in through the pooler (auth_type = trust) as trustuser.
+async fn raw_login(p: &TestPooler) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    let mut body = Vec::new();
+    body.extend_from_slice(&196608i32.to_be_bytes());
+    for (k, v) in [("user", "trustuser"), ("database", "testdb")] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let len = i32::try_from(body.len() + 4).unwrap();
+    sock.write_all(&len.to_be_bytes()).await.unwrap();
+    sock.write_all(&body).await.unwrap();
+    // Read messages up to the first ReadyForQuery.
+    loop {
+        let mut header = [0u8; 5];
+        sock.read_exact(&mut header).await.unwrap();
+        let len = i32::from_be_bytes(header[1..5].try_into().unwrap());
+        let mut rest = vec![0u8; usize::try_from(len - 4).unwrap()];
+        sock.read_exact(&mut rest).await.unwrap();
+        assert_ne!(header[0], b'E', "login refused: {rest:?}");
+        if header[0] == b'Z' {
+            return sock;
+        }
+    }
+}
+
+fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+async fn trust_pooler(pg: &TempPostgres) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .start()
+        .await
+}
+
+/// After a raw client vanished: no trustuser backend is busy, and the pool still serves.
+async fn pool_still_clean(pg: &TempPostgres, p: &TestPooler) {
+    let monitor = pg.connect("postgres", "testdb").await;
+    let idle = eventually(Duration::from_secs(2), || async {
+        let busy: i64 = monitor
+            .query_one(
+                "select count(*) from pg_stat_activity where usename = 'trustuser' \
+                 and backend_type = 'client backend' and state <> 'idle'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        busy == 0
+    })
+    .await;
+    assert!(idle, "a trustuser backend is still busy");
+    let c = p.connect("trustuser", "testdb").await;
+    let msgs = c
+        .simple_query("select now() = statement_timestamp()")
+        .await
+        .unwrap();
+    assert_eq!(first_value(&msgs).as_deref(), Some("t"));
+    let row = c.query_one("select 5", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_mid_message_does_not_poison_the_pool() {
+    use tokio::io::AsyncWriteExt;
+    let pg = TempPostgres::start();
+    let p = trust_pooler(&pg).await;
+    let mut sock = raw_login(&p).await;
+    // A Query announcing 1,000 bytes of which only a few arrive.
+    let mut partial = vec![b'Q'];
+    partial.extend_from_slice(&1004i32.to_be_bytes());
+    partial.extend_from_slice(b"select 1");
+    sock.write_all(&partial).await.unwrap();
+    sock.flush().await.unwrap();
+    drop(sock);
+    pool_still_clean(&pg, &p).await;
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_after_parse_without_sync_does_not_poison_the_pool() {
+    use tokio::io::AsyncWriteExt;
+    let pg = TempPostgres::start();
+    let p = trust_pooler(&pg).await;
+    let mut sock = raw_login(&p).await;
+    // BEGIN through the extended protocol, then a Parse with no Sync, then gone.
+    let mut bytes = message(b'Q', b"begin\0");
+    bytes.extend(message(b'P', b"\0select pg_sleep(0)\0\0\0"));
+    bytes.extend(message(b'H', b""));
+    sock.write_all(&bytes).await.unwrap();
+    sock.flush().await.unwrap();
+    drop(sock);
+    pool_still_clean(&pg, &p).await;
+    p.shutdown().await;
+}
