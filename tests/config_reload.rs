@@ -508,3 +508,71 @@ async fn sighup_shrinking_the_pool_closes_servers_beyond_the_new_size() {
     }
     assert_eq!(backends(&monitor).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_a_bad_config_keeps_the_old_one() {
+    let pg = TempPostgres::start();
+    let mut p = Pooler::start(
+        &pg,
+        &[("pool_mode", "transaction"), ("default_pool_size", "2")],
+    )
+    .await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let c = p.connect("md5user").await;
+    std::fs::write(
+        &p.ini,
+        ini_text(
+            &pg,
+            p.port,
+            &[("pool_mode", "transaction"), ("default_pool_size", "many")],
+        ),
+    )
+    .unwrap();
+    p.signal(libc::SIGHUP);
+    let log_path = p.dir.path().join("stderr.log");
+    let logged = eventually(Duration::from_secs(5), || async {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("keeping the old configuration")
+    })
+    .await;
+    assert!(logged, "the failed reload was not logged:\n{}", p.log());
+    assert!(p.running());
+    // Still the old pool size of 2: three clients in transactions use only two servers.
+    let others = [p.connect("md5user").await, p.connect("md5user").await];
+    c.simple_query("begin; select 1").await.unwrap();
+    others[0].simple_query("begin; select 1").await.unwrap();
+    let third = tokio::spawn({
+        let dsn = p.dsn("md5user");
+        async move {
+            let c3 = try_connect(&dsn).await.unwrap();
+            c3.simple_query("select 1").await.unwrap();
+        }
+    });
+    assert_eq!(backends(&monitor).await, 2);
+    assert!(!third.is_finished());
+    c.simple_query("commit").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("the waiting client was not served")
+        .unwrap();
+    others[0].simple_query("commit").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_sigterm_exits_at_once() {
+    let pg = TempPostgres::start();
+    let mut p = Pooler::start(&pg, &[("pool_mode", "session")]).await;
+    let c = p.connect("md5user").await;
+    c.simple_query("select 1").await.unwrap();
+    p.signal(libc::SIGTERM);
+    assert!(p.stops_accepting().await, "still accepting after SIGTERM");
+    c.simple_query("select 2").await.unwrap();
+    p.signal(libc::SIGTERM);
+    let status = p.exited_within(Duration::from_secs(2)).await;
+    assert!(
+        status.is_some(),
+        "still running 2 s after a second SIGTERM with a client connected"
+    );
+    drop(c);
+}
