@@ -58,7 +58,7 @@ async fn cancel_ends_the_running_query_with_57014() {
         .expect("the query still runs 2 s after the cancel")
         .unwrap();
     eprintln!("cancelled after {:?}", sent.elapsed());
-    let err = result.err().expect("the cancelled query succeeded");
+    let err = result.expect_err("the cancelled query succeeded");
     assert_eq!(harness::sqlstate(&err), Some("57014"), "{err:?}");
     p.shutdown().await;
 }

@@ -130,8 +130,7 @@ async fn statement_mode_refuses_an_explicit_transaction_block() {
     let err = c
         .simple_query("begin")
         .await
-        .err()
-        .expect("a transaction block was allowed");
+        .expect_err("a transaction block was allowed");
     let db = err
         .as_db_error()
         .unwrap_or_else(|| panic!("no error message: {err:?}"));
