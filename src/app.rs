@@ -21,6 +21,8 @@ pub struct Shared {
     pub pools: Arc<Pools>,
     pub clients: Arc<Registry>,
     pub scram: Arc<ScramCache>,
+    /// Prepared statements by key, shared by all pools.
+    pub statements: Arc<crate::client::prepared::StatementRegistry>,
     /// Cancelled to stop accepting new clients.
     pub stop_accepting: CancellationToken,
     /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
@@ -50,6 +52,7 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
         pools: Arc::new(Pools::default()),
         clients: Arc::new(Registry::default()),
         scram: Arc::new(ScramCache::new()),
+        statements: Arc::new(Default::default()),
         stop_accepting: CancellationToken::new(),
         stop_clients: CancellationToken::new(),
         stop_background: CancellationToken::new(),
@@ -104,6 +107,7 @@ pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, cre
         server_round_robin: s.server_round_robin,
         cancel_wait_timeout: s.cancel_wait_timeout,
         query_wait_timeout: cfg.query_wait_timeout_for(db, &user),
+        max_prepared_statements: s.max_prepared_statements,
         target: ServerTarget {
             addr: ServerAddr::new(entry.host.as_deref(), if entry.port == 0 { 5432 } else { entry.port }),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),

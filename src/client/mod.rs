@@ -1,7 +1,9 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod cancel;
+pub mod prepared;
 pub mod registry;
 pub mod relay;
+pub mod rewrite;
 pub mod session;
 pub mod startup;
 pub mod transaction;

@@ -10,6 +10,7 @@ use crate::net::Conn;
 use crate::proto::{self, ProtoError, backend, frontend};
 use crate::server::Server;
 
+use super::prepared::{Pending, StatementRegistry};
 use super::session::VirtualSession;
 
 /// Stop reading one side while this much waits to be written to the other.
@@ -79,6 +80,10 @@ pub struct Relay<'a> {
     pub server: &'a mut Server,
     pub session: &'a mut VirtualSession,
     pub mode: PoolMode,
+    /// Virtual prepared statements on (transaction/statement mode with max_prepared_statements > 0).
+    pub(super) virt: bool,
+    pub(super) max_prepared: usize,
+    pub(super) registry: &'a StatementRegistry,
     /// Bytes of a server message still to stream to the client.
     server_partial: usize,
     pub counts: RelayCounts,
@@ -88,13 +93,27 @@ pub struct Relay<'a> {
 }
 
 impl<'a> Relay<'a> {
-    pub fn new(client: &'a mut Conn, server: &'a mut Server, session: &'a mut VirtualSession, mode: PoolMode) -> Self {
+    pub fn new(
+        client: &'a mut Conn,
+        server: &'a mut Server,
+        session: &'a mut VirtualSession,
+        mode: PoolMode,
+        registry: &'a StatementRegistry,
+        max_prepared: usize,
+    ) -> Self {
         let xact_started = (mode != PoolMode::Session).then(Instant::now);
+        let virt = mode != PoolMode::Session && max_prepared > 0;
+        if virt {
+            server.pending.clear();
+        }
         Relay {
             client,
             server,
             session,
             mode,
+            virt,
+            max_prepared,
+            registry,
             server_partial: 0,
             counts: RelayCounts::default(),
             query_started: None,
@@ -200,11 +219,11 @@ impl<'a> Relay<'a> {
 
     /// Forward what the client sent, noting what the server will owe.
     pub fn scan_client(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
-        let buf = &self.client.rbuf;
-        let p = &mut self.server.proto;
         let mut fwd = 0;
         let mut event = None;
         loop {
+            let p = &mut self.server.proto;
+            let buf = &self.client.rbuf;
             if p.partial > 0 {
                 let n = p.partial.min(buf.len() - fwd);
                 fwd += n;
@@ -215,10 +234,26 @@ impl<'a> Relay<'a> {
                 continue;
             }
             let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let avail = buf.len() - fwd;
+            self.idle_in_xact_since = None;
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
                     break;
+                }
+                frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE if self.virt => {
+                    if h.total > proto::MAX_MESSAGE_LEN {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    self.forward_client_run(fwd);
+                    fwd = 0;
+                    let msg = self.client.rbuf.split_to(h.total).freeze();
+                    self.server.proto.unsynced = true;
+                    self.on_extended(h.tag, msg)?;
+                    continue;
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                     if p.expected_rfq == 0 {
@@ -226,28 +261,50 @@ impl<'a> Relay<'a> {
                     }
                     p.expected_rfq += 1;
                     p.unsynced = false;
+                    if self.virt {
+                        self.server.pending.push_back(Pending::Ready);
+                    }
+                }
+                frontend::EXECUTE => {
+                    p.unsynced = true;
+                    if self.virt {
+                        self.server.pending.push_back(Pending::Execute);
+                    }
                 }
                 frontend::COPY_DONE | frontend::COPY_FAIL => p.copy_in = false,
                 frontend::COPY_DATA | frontend::FLUSH => {}
                 _ => p.unsynced = true,
             }
-            self.idle_in_xact_since = None;
-            let avail = buf.len() - fwd;
+            let p = &mut self.server.proto;
             if avail < h.total {
                 p.partial = h.total - avail;
-                fwd = buf.len();
+                fwd = self.client.rbuf.len();
                 break;
             }
             fwd += h.total;
         }
-        if fwd > 0 {
-            let chunk = self.client.rbuf.split_to(fwd).freeze();
-            self.server.conn.queue(chunk);
+        self.forward_client_run(fwd);
+        if self.virt {
+            self.answer_front();
         }
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
         }
         Ok(event)
+    }
+
+    fn forward_client_run(&mut self, n: usize) {
+        if n > 0 {
+            let chunk = self.client.rbuf.split_to(n).freeze();
+            self.server.conn.queue(chunk);
+        }
+    }
+
+    fn forward_server_run(&mut self, n: usize) {
+        if n > 0 {
+            let chunk = self.server.conn.rbuf.split_to(n).freeze();
+            self.client.queue(chunk);
+        }
     }
 
     /// Forward what the server sent, keeping its state and the client's session current.
@@ -256,6 +313,11 @@ impl<'a> Relay<'a> {
         let mut withheld = 0;
         let mut event = None;
         loop {
+            if self.virt && matches!(self.server.pending.front(), Some(Pending::Answer(_))) {
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.answer_front();
+            }
             let buf = &self.server.conn.rbuf;
             if self.server_partial > 0 {
                 let n = self.server_partial.min(buf.len() - fwd);
@@ -281,6 +343,9 @@ impl<'a> Relay<'a> {
                     match h.tag {
                         backend::READY_FOR_QUERY => {
                             let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                            if self.virt {
+                                self.on_server_completion(h.tag);
+                            }
                             if let Some(ev) = self.on_ready_for_query(status) {
                                 if matches!(ev, RelayEvent::StatementModeTransaction) {
                                     // The client gets the error instead of a ReadyForQuery
@@ -300,20 +365,27 @@ impl<'a> Relay<'a> {
                         _ => self.server.proto.copy_in = true,
                     }
                 }
-                _ => {
+                tag => {
+                    if self.virt && self.on_server_completion(tag) {
+                        // A response to a message we added: the client never sees it.
+                        self.forward_server_run(fwd);
+                        fwd = 0;
+                        if self.server.conn.rbuf.len() < h.total {
+                            return Err(ProtoError::Malformed("swallowed response"));
+                        }
+                        self.server.conn.consume(h.total);
+                        continue;
+                    }
                     if avail < h.total {
                         self.server_partial = h.total - avail;
-                        fwd = buf.len();
+                        fwd = self.server.conn.rbuf.len();
                         break;
                     }
                     fwd += h.total;
                 }
             }
         }
-        if fwd > 0 {
-            let chunk = self.server.conn.rbuf.split_to(fwd).freeze();
-            self.client.queue(chunk);
-        }
+        self.forward_server_run(fwd);
         self.server.conn.consume(withheld);
         Ok(event)
     }

@@ -9,7 +9,7 @@ use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
 use crate::pool::{CheckoutError, PooledServer};
-use crate::proto::{backend, frontend};
+use crate::proto::{self, backend, frontend};
 use crate::server::sync;
 use crate::stats::PoolStats;
 
@@ -37,7 +37,8 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 return Err(ClientError::fatal("08006", e.to_string()));
             }
         }
-        let mode = c.pool.settings().mode;
+        let pool_settings = c.pool.settings();
+        let mode = pool_settings.mode;
         let timeouts = RelayTimeouts {
             query: config::enabled(cfg.settings.query_timeout),
             idle_transaction: config::enabled(cfg.settings.idle_transaction_timeout),
@@ -46,7 +47,15 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         c.reg.handle.set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
         let (event, counts) = {
-            let mut relay = Relay::new(&mut c.conn, &mut server, &mut c.session, mode);
+            let registry = c.shared.statements.clone();
+            let mut relay = Relay::new(
+                &mut c.conn,
+                &mut server,
+                &mut c.session,
+                mode,
+                &registry,
+                pool_settings.max_prepared_statements,
+            );
             let event = tokio::select! {
                 ev = relay.run(timeouts) => ev,
                 _ = kill.cancelled() => RelayEvent::Killed,
@@ -54,6 +63,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             (event, relay.counts)
         };
         c.reg.handle.set_cancel_target(None);
+        tracing::trace!(client = c.reg.handle.id, server = server.id, ?event, "relay ended");
         add_stats(c, &counts);
         let reset_always = cfg.settings.server_reset_query_always;
         match event {
@@ -116,7 +126,11 @@ async fn wait_for_request(
             if tag == frontend::TERMINATE {
                 return Ok(false);
             }
-            return Ok(true);
+            match answer_without_server(c)? {
+                Local::Answered => continue,
+                Local::NeedServer => return Ok(true),
+                Local::Incomplete => {}
+            }
         }
         c.conn.shrink();
         tokio::select! {
@@ -131,6 +145,73 @@ async fn wait_for_request(
             _ = kill.cancelled() => return Err(killed(c)),
         }
     }
+}
+
+enum Local {
+    Answered,
+    NeedServer,
+    Incomplete,
+}
+
+/// An idle client whose buffered messages are only Parse of statements a server already
+/// accepted, Close of statements, Sync and Flush needs no server: answer them here (libpq's
+/// PQprepare, pgbench -M prepared, PDO). Anything else needs a server.
+fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
+    let settings = c.pool.settings();
+    if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
+        return Ok(Local::NeedServer);
+    }
+    let buf = &c.conn.rbuf;
+    let mut at = 0;
+    let mut end = None;
+    loop {
+        let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else { break };
+        if buf.len() - at < h.total {
+            break;
+        }
+        let body = &buf[at + 5..at + h.total];
+        let ok = match h.tag {
+            frontend::PARSE => {
+                let mut r = proto::Reader::new(body, "Parse");
+                let name = r.cstr_bytes()?;
+                !name.is_empty() && c.shared.statements.lookup(&body[name.len() + 1..]).is_some_and(|s| s.is_validated())
+            }
+            frontend::CLOSE => body.first() == Some(&b'S'),
+            frontend::SYNC | frontend::FLUSH => true,
+            _ => false,
+        };
+        if !ok {
+            return Ok(Local::NeedServer);
+        }
+        at += h.total;
+        if matches!(h.tag, frontend::SYNC | frontend::FLUSH) {
+            end = Some(at);
+        }
+    }
+    let Some(end) = end else { return Ok(Local::Incomplete) };
+    let msgs = c.conn.rbuf.split_to(end).freeze();
+    let mut at = 0;
+    while at < msgs.len() {
+        let h = proto::header(&msgs[at..], proto::MAX_MESSAGE_LEN)?.expect("checked above");
+        let body = msgs.slice(at + 5..at + h.total);
+        match h.tag {
+            frontend::PARSE => {
+                let name_len = body.iter().position(|&b| b == 0).expect("checked above");
+                let stmt = c.shared.statements.intern(body.slice(name_len + 1..));
+                c.session.statements.insert(body.slice(..name_len), stmt);
+                c.conn.queue_with(backend::parse_complete);
+            }
+            frontend::CLOSE => {
+                let name = proto::Reader::new(&body[1..], "Close").cstr_bytes()?;
+                c.session.statements.remove(name);
+                c.conn.queue_with(backend::close_complete);
+            }
+            frontend::SYNC => c.conn.queue_with(|b| backend::ready_for_query(b, b'I')),
+            _ => {}
+        }
+        at += h.total;
+    }
+    Ok(Local::Answered)
 }
 
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).

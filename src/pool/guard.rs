@@ -50,7 +50,7 @@ impl Drop for PooledServer {
             self.pool.close(s);
             return;
         }
-        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty();
+        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.pending.is_empty();
         if clean && !self.reset && s.conn.out_len() == 0 {
             self.pool.checkin(s);
             return;

@@ -36,6 +36,8 @@ pub struct PoolSettings {
     pub server_round_robin: bool,
     pub cancel_wait_timeout: Duration,
     pub query_wait_timeout: Duration,
+    /// Per-server LRU bound of prepared statements; 0 = pass statements through unchanged.
+    pub max_prepared_statements: usize,
     pub target: ServerTarget,
 }
 

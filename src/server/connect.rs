@@ -202,6 +202,8 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
         created: now,
         last_used: now,
         broken: false,
+        prepared: Default::default(),
+        pending: Default::default(),
     };
     if let Some(q) = &target.connect_query {
         if let Some(e) = super::query::simple_query(&mut server, q).await? {

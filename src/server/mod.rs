@@ -88,6 +88,10 @@ pub struct Server {
     pub last_used: Instant,
     /// Set when the server's state is unknown: it must be closed, not reused.
     pub broken: bool,
+    /// Prepared statements this server holds (transaction/statement mode).
+    pub prepared: crate::client::prepared::PreparedSet,
+    /// Responses owed, in order, while a relay with virtual statements runs.
+    pub pending: std::collections::VecDeque<crate::client::prepared::Pending>,
 }
 
 /// Errors talking to a server.

@@ -63,6 +63,7 @@ pub async fn reset(server: &mut Server, reset_query: &str) -> Result<(), ServerE
         return Err(ServerError::Rejected(e));
     }
     server.params = server.login_params.clone();
+    server.prepared.clear();
     Ok(())
 }
 
@@ -76,6 +77,9 @@ pub async fn cleanup(server: &mut Server, limit: Duration) -> Result<(), ServerE
 }
 
 async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
+    // Statements whose Parse outcome we did not see: the set is no longer known.
+    let uncertain = !server.pending.is_empty();
+    server.pending.clear();
     if server.broken || server.proto.partial > 0 {
         return Err(ServerError::Login("server left with a partly sent message".into()));
     }
@@ -98,6 +102,12 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         if let Some(e) = simple_query(server, "ROLLBACK").await? {
             return Err(ServerError::Rejected(e));
         }
+    }
+    if uncertain {
+        if let Some(e) = simple_query(server, "DEALLOCATE ALL").await? {
+            return Err(ServerError::Rejected(e));
+        }
+        server.prepared.clear();
     }
     if server.proto.tx_status != b'I' || !server.conn.rbuf.is_empty() {
         return Err(ServerError::Login("server not idle after cleanup".into()));

@@ -1,0 +1,200 @@
+//! Prepared statements shared across servers: a client's statement name maps to a
+//! statement key (query text + parameter types), each key has one server-side name, and each
+//! server knows which keys it holds (LRU, bounded by max_prepared_statements).
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// One distinct statement (query text + parameter types), shared by every client using it.
+#[derive(Debug)]
+pub struct Stmt {
+    pub id: u64,
+    /// The name servers know it by (no NUL).
+    pub server_name: Bytes,
+    /// The Parse body after the statement name: query, NUL, parameter count and types.
+    pub parse_rest: Bytes,
+    /// A server accepted its Parse once: a client's Parse of it can be answered without one.
+    validated: AtomicBool,
+}
+
+impl Stmt {
+    pub fn is_validated(&self) -> bool {
+        self.validated.load(Ordering::Relaxed)
+    }
+    pub fn set_validated(&self) {
+        self.validated.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Interns statements by key. Entries no client or server map uses are dropped when the
+/// registry grows past its bound.
+pub struct StatementRegistry {
+    inner: Mutex<RegistryInner>,
+    capacity: usize,
+}
+
+struct RegistryInner {
+    by_key: HashMap<Bytes, Arc<Stmt>>,
+    next_id: u64,
+}
+
+impl Default for StatementRegistry {
+    fn default() -> Self {
+        Self::with_capacity(100_000)
+    }
+}
+
+impl StatementRegistry {
+    pub fn with_capacity(capacity: usize) -> Self {
+        StatementRegistry {
+            inner: Mutex::new(RegistryInner { by_key: HashMap::new(), next_id: 1 }),
+            capacity,
+        }
+    }
+
+    /// The statement for this Parse body tail (query + types).
+    pub fn intern(&self, parse_rest: Bytes) -> Arc<Stmt> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.by_key.get(&parse_rest) {
+            return s.clone();
+        }
+        if g.by_key.len() >= self.capacity {
+            g.by_key.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        let s = Arc::new(Stmt {
+            id,
+            server_name: Bytes::from(format!("PGCARPOOL_{id}")),
+            parse_rest: parse_rest.clone(),
+            validated: AtomicBool::new(false),
+        });
+        g.by_key.insert(parse_rest, s.clone());
+        s
+    }
+
+    /// The statement for this key, if known.
+    pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.get(parse_rest).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The statements one server holds, by statement id, with a use tick for LRU eviction.
+#[derive(Debug, Default)]
+pub struct PreparedSet {
+    held: HashMap<u64, (u64, Arc<Stmt>)>,
+    tick: u64,
+}
+
+impl PreparedSet {
+    /// Does the server hold it? Marks it used.
+    pub fn touch(&mut self, id: u64) -> bool {
+        self.tick += 1;
+        match self.held.get_mut(&id) {
+            Some(e) => {
+                e.0 = self.tick;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn insert(&mut self, s: Arc<Stmt>) {
+        self.tick += 1;
+        self.held.insert(s.id, (self.tick, s));
+    }
+
+    pub fn remove(&mut self, id: u64) {
+        self.held.remove(&id);
+    }
+
+    /// The least recently used statement, to close when the set is full.
+    pub fn evict_lru(&mut self) -> Option<Arc<Stmt>> {
+        let id = self.held.iter().min_by_key(|(_, (t, _))| *t).map(|(id, _)| *id)?;
+        self.held.remove(&id).map(|(_, s)| s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.held.clear();
+    }
+}
+
+/// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
+#[derive(Debug)]
+pub enum Pending {
+    /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement.
+    Parse { swallow: bool, stmt: Option<Arc<Stmt>> },
+    Bind,
+    /// Describe: ends with RowDescription or NoData.
+    Describe,
+    /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
+    Execute,
+    Close { swallow: bool },
+    /// Sync, Query or FunctionCall: ends with ReadyForQuery.
+    Ready,
+    /// Answered by pgcarpool when it reaches the front.
+    Answer(Answer),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    ParseComplete,
+    CloseComplete,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intern_shares_one_statement_per_key() {
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0"));
+        let b = r.intern(Bytes::from_static(b"select 1\0\0\0"));
+        let c = r.intern(Bytes::from_static(b"select 2\0\0\0"));
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(&a.server_name[..], format!("PGCARPOOL_{}", a.id).as_bytes());
+    }
+
+    #[test]
+    fn registry_drops_unused_entries_when_full() {
+        let r = StatementRegistry::with_capacity(2);
+        let kept = r.intern(Bytes::from_static(b"a\0\0\0"));
+        drop(r.intern(Bytes::from_static(b"b\0\0\0")));
+        let _c = r.intern(Bytes::from_static(b"c\0\0\0"));
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.intern(Bytes::from_static(b"a\0\0\0")).id, kept.id);
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let a = r.intern(Bytes::from_static(b"a\0\0\0"));
+        let b = r.intern(Bytes::from_static(b"b\0\0\0"));
+        set.insert(a.clone());
+        set.insert(b.clone());
+        assert!(set.touch(a.id));
+        assert_eq!(set.evict_lru().unwrap().id, b.id);
+        assert_eq!(set.len(), 1);
+    }
+}
