@@ -131,3 +131,62 @@ async fn cancel_with_an_unknown_key_is_ignored() {
     result.expect("a cancel with an unknown key cancelled a query");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_from_an_idle_client_does_not_hit_the_next_user_of_its_server() {
+    let pg = TempPostgres::start();
+    // One server: the idle client's last server is the one the other client now uses.
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let idle = p.connect("md5user", "testdb").await;
+    idle.simple_query("select 1").await.unwrap();
+    let busy = p.connect("md5user", "testdb").await;
+    let running =
+        tokio::spawn(async move { busy.simple_query("select pg_sleep(1.5), 'busy'").await });
+    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
+    idle.cancel_token()
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let result = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the query never finished")
+        .unwrap();
+    result.expect("an idle client's cancel cancelled another client's query");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_works_in_session_mode() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "postgres").await;
+    let c = p.connect("md5user", "testdb").await;
+    let token = c.cancel_token();
+    let long = tokio::spawn(async move {
+        let r = c.simple_query("select pg_sleep(10)").await;
+        (r, c)
+    });
+    wait_running(&monitor, "pg_sleep(10)", 1).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let (result, c) = tokio::time::timeout(Duration::from_secs(2), long)
+        .await
+        .expect("the query still runs 2 s after the cancel")
+        .unwrap();
+    let err = result.expect_err("the cancelled query succeeded");
+    assert_eq!(harness::sqlstate(&err), Some("57014"), "{err:?}");
+    // The session goes on.
+    c.simple_query("select 1").await.unwrap();
+    p.shutdown().await;
+}

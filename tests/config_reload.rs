@@ -576,3 +576,35 @@ async fn second_sigterm_exits_at_once() {
     );
     drop(c);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_lets_open_transactions_finish() {
+    let pg = TempPostgres::start();
+    let p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let in_tx = p.connect("md5user").await;
+    let other = Arc::new(p.connect("md5user").await);
+    in_tx.simple_query("begin; select 1").await.unwrap();
+    other.simple_query("select 1").await.unwrap();
+    p.signal(libc::SIGUSR1);
+    // Wait until the pause holds new work back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut waiting = loop {
+        let c2 = other.clone();
+        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
+        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
+            Ok(r) => r.unwrap().map(drop).unwrap(),
+            Err(_) => break q,
+        }
+        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
+    };
+    // The transaction that holds a server goes on and ends.
+    in_tx.simple_query("select 2").await.unwrap();
+    in_tx.simple_query("commit").await.unwrap();
+    assert!(!waiting.is_finished(), "ran while paused");
+    p.signal(libc::SIGUSR2);
+    tokio::time::timeout(Duration::from_secs(2), &mut waiting)
+        .await
+        .expect("the waiting query did not run after SIGUSR2")
+        .unwrap()
+        .unwrap();
+}

@@ -364,3 +364,55 @@ async fn client_leaving_after_parse_without_sync_does_not_poison_the_pool() {
     pool_still_clean(&pg, &p).await;
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_state_of_a_vanished_client_does_not_reach_the_next_one() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let (c, task) = connect_abortable(&p.dsn("md5user", "testdb")).await;
+    c.simple_query(
+        "set statement_timeout = 12345; create temp table leftover (v int); \
+         prepare leftover_stmt as select 1; begin; select 1",
+    )
+    .await
+    .unwrap();
+    task.abort();
+    // The pool's only server, once cleaned, serves the next client.
+    let next = p.connect("md5user", "testdb").await;
+    let msgs = next.simple_query("show statement_timeout").await.unwrap();
+    assert_eq!(first_value(&msgs).as_deref(), Some("0"));
+    let msgs = next
+        .simple_query(
+            "select count(*) from pg_class where relname = 'leftover' and relpersistence = 't'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        first_value(&msgs).as_deref(),
+        Some("0"),
+        "temp table survived"
+    );
+    let msgs = next
+        .simple_query("select count(*) from pg_prepared_statements")
+        .await
+        .unwrap();
+    assert_eq!(
+        first_value(&msgs).as_deref(),
+        Some("0"),
+        "prepared statement survived"
+    );
+    let msgs = next
+        .simple_query("select now() = statement_timestamp()")
+        .await
+        .unwrap();
+    assert_eq!(
+        first_value(&msgs).as_deref(),
+        Some("t"),
+        "still in a transaction"
+    );
+    p.shutdown().await;
+}

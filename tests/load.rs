@@ -299,3 +299,31 @@ async fn a_thousand_clients_share_a_pool_of_10() {
     drop(clients);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_with_prepared_statements_runs_in_transaction_mode() {
+    let pg = TempPostgres::start();
+    pgbench_init(&pg);
+    // More clients than servers: statements prepared on one server are used on another.
+    let p = pooler(&pg, "transaction", "3").await;
+    for protocol in ["extended", "prepared"] {
+        let dsn = p.dsn("md5user", "testdb");
+        let out = tokio::task::spawn_blocking(move || {
+            run_pgbench(&["-n", "-M", protocol, "-T", "3", "-c", "8", "-j", "2", &dsn])
+        })
+        .await
+        .unwrap();
+        eprintln!(
+            "-M {protocol}: {:?} transactions",
+            processed_transactions(&out)
+        );
+        assert!(out.status.success(), "-M {protocol}: {}", text(&out));
+        assert_eq!(failed_transactions(&out), Some(0), "{}", text(&out));
+        assert!(
+            processed_transactions(&out).unwrap_or(0) > 0,
+            "{}",
+            text(&out)
+        );
+    }
+    p.shutdown().await;
+}
