@@ -416,3 +416,46 @@ async fn session_state_of_a_vanished_client_does_not_reach_the_next_one() {
     );
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_vanishing_while_waiting_for_a_server_do_not_stall_the_pool() {
+    use tokio::io::AsyncWriteExt;
+    let pg = TempPostgres::start();
+    let p = trust_pooler(&pg).await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    let holder = p.connect("trustuser", "testdb").await;
+    holder.simple_query("begin; select 1").await.unwrap();
+    // 20 clients send a query, which queues for the only server, and vanish.
+    for _ in 0..20 {
+        let mut sock = raw_login(&p).await;
+        sock.write_all(&message(b'Q', b"select pg_sleep(0.2)\0"))
+            .await
+            .unwrap();
+        sock.flush().await.unwrap();
+        drop(sock);
+    }
+    holder.simple_query("commit").await.unwrap();
+    let started = Instant::now();
+    let next = p.connect("trustuser", "testdb").await;
+    let row = tokio::time::timeout(Duration::from_secs(3), next.query_one("select 3", &[]))
+        .await
+        .expect("the pool stalled on clients that had left")
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 3);
+    eprintln!("served after {:?}", started.elapsed());
+    let idle = eventually(Duration::from_secs(2), || async {
+        let busy: i64 = monitor
+            .query_one(
+                "select count(*) from pg_stat_activity where usename = 'trustuser' \
+                 and backend_type = 'client backend' and state <> 'idle'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        busy == 0
+    })
+    .await;
+    assert!(idle, "a backend is still busy");
+    p.shutdown().await;
+}

@@ -327,3 +327,32 @@ async fn pgbench_with_prepared_statements_runs_in_transaction_mode() {
     }
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_connecting_per_transaction_runs_in_session_mode() {
+    let pg = TempPostgres::start();
+    pgbench_init(&pg);
+    let p = pooler(&pg, "session", "4").await;
+    let dsn = p.dsn("md5user", "testdb");
+    let out = tokio::task::spawn_blocking(move || {
+        run_pgbench(&["-n", "-C", "-S", "-T", "3", "-c", "8", "-j", "2", &dsn])
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "-C -S: {:?} transactions (a login each)",
+        processed_transactions(&out)
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(failed_transactions(&out), Some(0), "{}", text(&out));
+    assert!(
+        processed_transactions(&out).unwrap_or(0) > 0,
+        "{}",
+        text(&out)
+    );
+    let backends = pg.psql(
+        "select count(*) from pg_stat_activity where usename = 'md5user' and backend_type = 'client backend'",
+    );
+    assert!(backends.parse::<u32>().unwrap() <= 4, "{backends} backends");
+    p.shutdown().await;
+}
