@@ -77,12 +77,17 @@ struct Pooler {
 
 impl Pooler {
     async fn start(pg: &TempPostgres, extra: &[(&str, &str)]) -> Pooler {
+        Pooler::start_with(|port| ini_text(pg, port, extra)).await
+    }
+
+    /// Start with the pgbouncer.ini `ini(port)` returns.
+    async fn start_with(ini: impl FnOnce(u16) -> String) -> Pooler {
         let dir = tempfile::Builder::new()
             .prefix("pgcarpool-bin-")
             .tempdir()
             .unwrap();
         let port = free_port();
-        let ini = write_files(dir.path(), &ini_text(pg, port, extra));
+        let ini = write_files(dir.path(), &ini(port));
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
         let child = Command::new(BIN)
             .arg(&ini)
@@ -607,4 +612,50 @@ async fn sigusr1_lets_open_transactions_finish() {
         .expect("the waiting query did not run after SIGUSR2")
         .unwrap()
         .unwrap();
+}
+
+/// A pgbouncer.ini whose database `app` points at database `target` of `pg`.
+fn alias_ini(pg: &TempPostgres, port: u16, target: &str) -> String {
+    format!(
+        "[databases]\napp = host=127.0.0.1 port={} dbname={target}\n\n[pgbouncer]\n\
+         listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+         auth_type = md5\nauth_file = userlist.txt\npool_mode = transaction\n\
+         default_pool_size = 1\n",
+        pg.port()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_retargeting_a_database_retires_servers_in_use() {
+    let pg = TempPostgres::start();
+    let p = Pooler::start_with(|port| alias_ini(&pg, port, "testdb")).await;
+    let dsn = dsn_for(p.port, "md5user", "app");
+    let holder = try_connect(&dsn).await.unwrap();
+    holder.simple_query("begin; select 1").await.unwrap();
+    // While the pool's only server is in use, `app` is pointed at another database.
+    std::fs::write(&p.ini, alias_ini(&pg, p.port, "postgres")).unwrap();
+    p.signal(libc::SIGHUP);
+    let log_path = p.dir.path().join("stderr.log");
+    let reloaded = eventually(Duration::from_secs(5), || async {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("configuration reloaded")
+    })
+    .await;
+    assert!(reloaded, "no reload logged:\n{}", p.log());
+    holder.simple_query("commit").await.unwrap();
+    // Every transaction from now on runs on the new database.
+    for _ in 0..3 {
+        let c = try_connect(&dsn).await.unwrap();
+        let row = c
+            .query_one("select current_database()::text", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "postgres");
+    }
+    let row = holder
+        .query_one("select current_database()::text", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "postgres");
 }
