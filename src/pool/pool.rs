@@ -77,6 +77,8 @@ struct Inner {
     /// Login failed at this time: do not retry before server_login_retry.
     login_failed_at: Option<Instant>,
     last_login_error: Option<String>,
+    /// Servers with a lower id were opened for a target a reload changed: closed, not reused.
+    retired_below: u64,
 }
 
 /// A pool of server connections for one (database, user).
@@ -134,6 +136,7 @@ impl Pool {
                 server_params: None,
                 login_failed_at: None,
                 last_login_error: None,
+                retired_below: 0,
             }),
             db_limit,
             user_limit,
@@ -150,8 +153,8 @@ impl Pool {
         self.lock().settings.clone()
     }
 
-    /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
-    /// closed as they come back.
+    /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size, or
+    /// opened for a target (host, port, dbname, user) that changed, are closed as they come back.
     pub fn update_settings(self: &Arc<Self>, s: PoolSettings) {
         let mut g = self.lock();
         let target_changed = {
@@ -160,6 +163,7 @@ impl Pool {
         };
         g.settings = Arc::new(s);
         if target_changed {
+            g.retired_below = self.next_server_id.load(Ordering::Relaxed);
             let closing: Vec<Server> = g.idle.drain(..).collect();
             g.total -= closing.len();
             for _ in &closing {
@@ -338,7 +342,8 @@ impl Pool {
         s.last_used = Instant::now();
         let mut g = self.lock();
         let too_old = crate::config::enabled(g.settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
-        if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
+        let retired = s.id < g.retired_below;
+        if s.broken || too_old || retired || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
             self.close(s);
             return;
