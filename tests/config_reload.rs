@@ -659,3 +659,28 @@ async fn sighup_retargeting_a_database_retires_servers_in_use() {
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "postgres");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rereads_the_auth_file() {
+    let pg = TempPostgres::start();
+    pg.psql("create role newuser login password 'newpass'");
+    let p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let dsn = harness::dsn_with_password(p.port, "newuser", Some("newpass"), "testdb");
+    let refused = try_connect(&dsn)
+        .await
+        .expect_err("a user missing from auth_file logged in");
+    assert_eq!(harness::sqlstate(&refused), Some("28P01"), "{refused:?}");
+    let userlist = p.dir.path().join("userlist.txt");
+    let mut text = std::fs::read_to_string(&userlist).unwrap();
+    text.push_str("\"newuser\" \"newpass\"\n");
+    std::fs::write(&userlist, text).unwrap();
+    p.signal(libc::SIGHUP);
+    let admitted = eventually(Duration::from_secs(5), || async {
+        try_connect(&dsn).await.is_ok()
+    })
+    .await;
+    assert!(admitted, "newuser still refused after SIGHUP:\n{}", p.log());
+    let c = try_connect(&dsn).await.unwrap();
+    let row = c.query_one("select current_user::text", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "newuser");
+}
