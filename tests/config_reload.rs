@@ -684,3 +684,59 @@ async fn sighup_rereads_the_auth_file() {
     let row = c.query_one("select current_user::text", &[]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "newuser");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_after_a_password_change_logs_in_to_new_servers_with_it() {
+    let pg = TempPostgres::start();
+    pg.psql("create role rotating login password 'before'");
+    let p = Pooler::start(&pg, &[("pool_mode", "transaction")]).await;
+    let userlist = p.dir.path().join("userlist.txt");
+    let original = std::fs::read_to_string(&userlist).unwrap();
+    std::fs::write(&userlist, format!("{original}\"rotating\" \"before\"\n")).unwrap();
+    p.signal(libc::SIGHUP);
+    let old_dsn = harness::dsn_with_password(p.port, "rotating", Some("before"), "testdb");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            match try_connect(&old_dsn).await {
+                Ok(c) => c.simple_query("select 1").await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await,
+        "rotating never logged in:\n{}",
+        p.log()
+    );
+    // The password changes in PostgreSQL and in auth_file; the pool's server goes away.
+    pg.psql("alter role rotating password 'after'");
+    std::fs::write(&userlist, format!("{original}\"rotating\" \"after\"\n")).unwrap();
+    p.signal(libc::SIGHUP);
+    pg.psql("select pg_terminate_backend(pid) from pg_stat_activity where usename = 'rotating'");
+    let new_dsn = harness::dsn_with_password(p.port, "rotating", Some("after"), "testdb");
+    let last = std::sync::Mutex::new(String::new());
+    let ok = eventually(Duration::from_secs(5), || {
+        let new_dsn = new_dsn.clone();
+        let last = &last;
+        async move {
+            match try_connect(&new_dsn).await {
+                Ok(c) => match c.simple_query("select 1").await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        *last.lock().unwrap() = format!("query: {e:?}");
+                        false
+                    }
+                },
+                Err(e) => {
+                    *last.lock().unwrap() = format!("connect: {e:?}");
+                    false
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        ok,
+        "new password never worked: {}\n{}",
+        last.lock().unwrap(),
+        p.log()
+    );
+}
