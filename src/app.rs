@@ -137,10 +137,9 @@ impl Shared {
         self.pools.reconcile(|p| {
             let entry = new.database(&p.db)?;
             let old_settings = p.settings();
-            let mut cred = old_settings.target.credential.clone();
-            if let Some(pw) = &entry.password {
-                cred = Credential::Plain(pw.clone());
-            }
+            // The password may have changed in auth_file; a SCRAM secret keeps what was learned.
+            let learned = Some(old_settings.target.credential.clone());
+            let cred = crate::client::credential_for(&new, &entry, &p.user, learned);
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
         tracing::info!("configuration reloaded");

@@ -219,7 +219,7 @@ fn session_params(params: &[(String, String)], cfg: &Config, peer: &str) -> Resu
 }
 
 /// What the pool logs in to the server with.
-fn credential_for(cfg: &Config, entry: &DatabaseEntry, server_user: &str, learned: Option<Credential>) -> Credential {
+pub(crate) fn credential_for(cfg: &Config, entry: &DatabaseEntry, server_user: &str, learned: Option<Credential>) -> Credential {
     if let Some(pw) = &entry.password {
         return Credential::Plain(pw.clone());
     }
