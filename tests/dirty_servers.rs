@@ -459,3 +459,64 @@ async fn clients_vanishing_while_waiting_for_a_server_do_not_stall_the_pool() {
     assert!(idle, "a backend is still busy");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pg = TempPostgres::start();
+    let p = trust_pooler(&pg).await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    for round in 0..5 {
+        let mut sock = raw_login(&p).await;
+        // Rows whose bytes look like message headers: a column ending in 'Z' followed by a
+        // 5-byte column reads as ReadyForQuery to a parser that lost its place.
+        sock.write_all(&message(
+            b'Q',
+            b"select g, 'tailZ', 'IIIII', repeat('y', 300) from generate_series(1, 300000) g\0",
+        ))
+        .await
+        .unwrap();
+        // Read part of the result (a different amount each round), then vanish mid-message.
+        let mut got = 0;
+        let mut buf = vec![0u8; 7919 * (round + 1)];
+        while got < 100_000 * (round + 1) {
+            let n = sock.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the pooler closed the stream");
+            got += n;
+        }
+        drop(sock);
+        let c = p.connect("trustuser", "testdb").await;
+        let row = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.query_one("select 'clean'::text", &[]),
+        )
+        .await
+        .expect("the next client was not served")
+        .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        assert_eq!(row.get::<_, String>(0), "clean", "round {round}");
+        let msgs = c
+            .simple_query("select now() = statement_timestamp()")
+            .await
+            .unwrap();
+        assert_eq!(
+            first_value(&msgs).as_deref(),
+            Some("t"),
+            "round {round}: inside a transaction"
+        );
+    }
+    let idle = eventually(Duration::from_secs(2), || async {
+        let busy: i64 = monitor
+            .query_one(
+                "select count(*) from pg_stat_activity where usename = 'trustuser' \
+                 and backend_type = 'client backend' and state <> 'idle'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        busy == 0
+    })
+    .await;
+    assert!(idle, "a backend is still busy");
+    p.shutdown().await;
+}
