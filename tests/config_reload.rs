@@ -740,3 +740,15 @@ async fn sighup_after_a_password_change_logs_in_to_new_servers_with_it() {
         p.log()
     );
 }
+
+#[test]
+fn dash_d_without_pidfile_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ini = "[databases]\n* = host=127.0.0.1 port=5432\n\n[pgbouncer]\n\
+               listen_addr = 127.0.0.1\nlisten_port = 6432\nauth_type = trust\n";
+    let path = write_files(dir.path(), ini);
+    let out = Command::new(BIN).arg("-d").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "daemonized without a pidfile");
+    assert!(stderr.contains("pidfile"), "unclear error: {stderr}");
+}

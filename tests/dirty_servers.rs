@@ -520,3 +520,33 @@ async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
     assert!(idle, "a backend is still busy");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_terminated_while_idle_is_not_handed_out() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    let c = p.connect("md5user", "testdb").await;
+    c.simple_query("select 1").await.unwrap();
+    monitor
+        .simple_query(
+            "select pg_terminate_backend(pid) from pg_stat_activity where usename = 'md5user'",
+        )
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count(&monitor, "true").await == 0
+        })
+        .await,
+        "the backend did not go away"
+    );
+    // The very next query gets a fresh server, not the dead one.
+    let row = c.query_one("select 9", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 9);
+    p.shutdown().await;
+}
