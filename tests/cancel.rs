@@ -2,6 +2,7 @@
 //! query; unknown keys are ignored.
 mod harness;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::{TempPostgres, TestPooler};
@@ -188,5 +189,54 @@ async fn cancel_works_in_session_mode() {
     assert_eq!(harness::sqlstate(&err), Some("57014"), "{err:?}");
     // The session goes on.
     c.simple_query("select 1").await.unwrap();
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_cancel_never_reaches_the_next_user_of_the_server() {
+    let pg = TempPostgres::start();
+    // One server shared by a client whose cancels arrive as its queries end, and a bystander.
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let canceller = Arc::new(p.connect("md5user", "testdb").await);
+    let bystander = p.connect("md5user", "testdb").await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (c, stop) = (canceller.clone(), stop.clone());
+        tokio::spawn(async move {
+            let token = c.cancel_token();
+            let mut sent = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Jitter (not synchronisation): the cancel lands at varying points
+                // around the end of the query.
+                let jitter = Duration::from_micros(u64::from(sent % 150) * 100);
+                let q = c.simple_query("select pg_sleep(0.002)");
+                let cancel = async {
+                    tokio::time::sleep(jitter).await;
+                    token.cancel_query(tokio_postgres::NoTls).await
+                };
+                let (_, r) = tokio::join!(q, cancel);
+                r.expect("send cancel");
+                sent += 1;
+            }
+            sent
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut runs = 0;
+    while Instant::now() < deadline {
+        let r = bystander.simple_query("select pg_sleep(0.005)").await;
+        if let Err(e) = r {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            panic!("after {runs} runs the bystander's query was cancelled: {e:?}");
+        }
+        runs += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = churn.await.unwrap();
+    eprintln!("{sent} cancels sent; {runs} bystander queries all completed");
     p.shutdown().await;
 }
