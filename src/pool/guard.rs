@@ -51,7 +51,8 @@ impl Drop for PooledServer {
             return;
         }
         let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.pending.is_empty();
-        if clean && !self.reset && s.conn.out_len() == 0 {
+        let cancel_in_flight = cancels_in_flight(&s);
+        if clean && !self.reset && s.conn.out_len() == 0 && !cancel_in_flight {
             self.pool.checkin(s);
             return;
         }
@@ -64,7 +65,9 @@ impl Drop for PooledServer {
         handle.spawn(async move {
             let settings = pool.settings();
             let limit = settings.cancel_wait_timeout.max(std::time::Duration::from_secs(1));
-            let mut ok = sync::cleanup(&mut s, limit).await.is_ok();
+            // A cancel request sent for the last client must not reach the next one.
+            let mut ok = !cancel_in_flight || wait_for_cancels(&s, limit).await;
+            ok = ok && sync::cleanup(&mut s, limit).await.is_ok();
             if ok && reset {
                 let r = tokio::time::timeout(limit, sync::reset(&mut s, &settings.server_reset_query)).await;
                 ok = matches!(r, Ok(Ok(())));
@@ -77,4 +80,23 @@ impl Drop for PooledServer {
             }
         });
     }
+}
+
+/// Whether a cancel request for this server is still being forwarded: each one holds a
+/// clone of the server's `addr` (taken from the client's cancel target) until PostgreSQL
+/// has closed the cancel connection, i.e. has signalled the backend.
+fn cancels_in_flight(s: &Server) -> bool {
+    Arc::strong_count(&s.addr) > 1
+}
+
+/// Wait (bounded by `limit`) until no cancel request for `s` is in flight.
+async fn wait_for_cancels(s: &Server, limit: std::time::Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while cancels_in_flight(s) {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    true
 }

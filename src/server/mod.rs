@@ -76,6 +76,8 @@ impl ProtoState {
 pub struct Server {
     pub id: u64,
     pub conn: Conn,
+    /// One per server: cancel requests in flight hold clones (the pool waits for them to
+    /// finish before the server is reused, see `pool::guard`).
     pub addr: std::sync::Arc<ServerAddr>,
     /// BackendKeyData (pid, secret) for cancel requests.
     pub key: (i32, i32),
