@@ -550,3 +550,77 @@ async fn a_server_terminated_while_idle_is_not_handed_out() {
     assert_eq!(row.get::<_, i32>(0), 9);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_timeout_rolls_the_server_back() {
+    let pg = TempPostgres::start();
+    rows_table(&pg, 1).await;
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .setting("idle_transaction_timeout", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    let c = p.connect("md5user", "testdb").await;
+    c.simple_query("begin; select * from locked where id = 1 for update")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let released = eventually(Duration::from_secs(5), || async {
+        count(&monitor, "state like 'idle in transaction%'").await == 0
+    })
+    .await;
+    assert!(released, "still idle in transaction 5 s later");
+    eprintln!("rolled back after {:?}", started.elapsed());
+    assert!(
+        c.simple_query("select 1").await.is_err(),
+        "the timed-out client still works"
+    );
+    monitor.simple_query("begin").await.unwrap();
+    monitor
+        .simple_query("select * from locked where id = 1 for update nowait")
+        .await
+        .expect("the row is still locked");
+    monitor.simple_query("rollback").await.unwrap();
+    let next = p.connect("md5user", "testdb").await;
+    let msgs = next
+        .simple_query("select now() = statement_timestamp()")
+        .await
+        .unwrap();
+    assert_eq!(first_value(&msgs).as_deref(), Some("t"));
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_timeout_ends_the_query_and_cleans_the_server() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .setting("query_timeout", "1")
+        .start()
+        .await;
+    let monitor = pg.connect("postgres", "testdb").await;
+    let c = p.connect("md5user", "testdb").await;
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        c.simple_query("select pg_sleep(10)"),
+    )
+    .await
+    .expect("query_timeout did not end the query within 5 s");
+    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    eprintln!("query_timeout after {:?}", started.elapsed());
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            count(&monitor, "state <> 'idle'").await == 0
+        })
+        .await,
+        "the query still runs on the server"
+    );
+    let next = p.connect("md5user", "testdb").await;
+    let row = next.query_one("select 11", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 11);
+    p.shutdown().await;
+}
