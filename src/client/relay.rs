@@ -134,8 +134,13 @@ impl<'a> Relay<'a> {
         }
         loop {
             let deadline = self.next_deadline(&t);
+            // A query or transaction state change moves the deadline: re-arm the timer.
+            let relayed = poll_fn(|cx| match self.poll(cx) {
+                Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
+                r => r.map(Some),
+            });
             tokio::select! {
-                ev = poll_fn(|cx| self.poll(cx)) => return ev,
+                ev = relayed => if let Some(ev) = ev { return ev },
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
                         return RelayEvent::Timeout(kind);
