@@ -624,3 +624,28 @@ async fn query_timeout_ends_the_query_and_cleans_the_server() {
     assert_eq!(row.get::<_, i32>(0), 11);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_timeout_applies_to_later_queries_of_a_session() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("default_pool_size", "1")
+        .setting("query_timeout", "1")
+        .start()
+        .await;
+    let c = p.connect("md5user", "testdb").await;
+    // The session holds its server; this query arrives while the relay runs.
+    c.simple_query("select 1").await.unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        c.simple_query("select pg_sleep(10)"),
+    )
+    .await
+    .expect("query_timeout did not end the query within 5 s");
+    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    let next = p.connect("md5user", "testdb").await;
+    let row = next.query_one("select 12", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 12);
+    p.shutdown().await;
+}
