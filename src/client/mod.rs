@@ -1,5 +1,6 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod cancel;
+pub mod classify;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
@@ -85,6 +86,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let started = Instant::now();
     let mut client = Client { shared, conn, pool, session, reg };
     let result = transaction::run(&mut client).await;
+    client.session.set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
         report(&mut client.conn, e, &peer, true).await;
     }
@@ -176,6 +178,7 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     for (k, v) in client_params.iter() {
         session.params.set(k, v);
     }
+    session.defaults = session.params.clone();
     let kill = shared.stop_clients.child_token();
     let reg = shared.clients.register(id, peer.to_string(), user.clone(), db.clone(), kill);
     // Welcome.

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::classify::{self, Effects};
+
 /// One distinct statement (query text + parameter types), shared by every client using it.
 #[derive(Debug)]
 pub struct Stmt {
@@ -15,6 +17,8 @@ pub struct Stmt {
     pub server_name: Bytes,
     /// The Parse body after the statement name: query, NUL, parameter count and types.
     pub parse_rest: Bytes,
+    /// What running it does to a session (None: nothing pgcarpool tracks).
+    pub effects: Option<Box<Effects>>,
     /// A server accepted its Parse once: a client's Parse of it can be answered without one.
     validated: AtomicBool,
 }
@@ -69,6 +73,7 @@ impl StatementRegistry {
             id,
             server_name: Bytes::from(format!("PGCARPOOL_{id}")),
             parse_rest: parse_rest.clone(),
+            effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
         });
         g.by_key.insert(parse_rest, s.clone());
@@ -87,6 +92,15 @@ impl StatementRegistry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn statement_effects(parse_rest: &[u8]) -> Option<Box<Effects>> {
+    let sql = crate::proto::Reader::new(parse_rest, "Parse").cstr_bytes().ok()?;
+    if !classify::may_matter(sql) {
+        return None;
+    }
+    let e = classify::classify(sql);
+    (!e.is_empty()).then(|| Box::new(e))
 }
 
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.

@@ -31,6 +31,8 @@ pub struct ClientHandle {
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
     cancel_target: Mutex<Option<(Arc<ServerAddr>, (i32, i32))>>,
+    /// Why the client is pinned to its server, and since when.
+    pin: Mutex<Option<(String, SystemTime)>>,
 }
 
 impl ClientHandle {
@@ -47,6 +49,20 @@ impl ClientHandle {
     }
     pub fn set_cancel_target(&self, t: Option<(Arc<ServerAddr>, (i32, i32))>) {
         *self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+    pub fn set_pin(&self, reasons: Option<String>) {
+        let mut g = self.pin.lock().unwrap_or_else(|e| e.into_inner());
+        match reasons {
+            None => *g = None,
+            Some(r) => {
+                let since = g.as_ref().map_or_else(SystemTime::now, |(_, t)| *t);
+                *g = Some((r, since));
+            }
+        }
+    }
+    /// (reasons, since) when pinned.
+    pub fn pin(&self) -> Option<(String, SystemTime)> {
+        self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
     pub fn cancel_target(&self) -> Option<(Arc<ServerAddr>, (i32, i32))> {
         self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -101,6 +117,7 @@ impl Registry {
             kill,
             state: AtomicU8::new(ClientState::Login as u8),
             cancel_target: Mutex::new(None),
+            pin: Mutex::new(None),
         });
         map.insert(key, handle.clone());
         Registration { registry: self.clone(), handle }

@@ -10,6 +10,7 @@ use crate::net::Conn;
 use crate::proto::{self, ProtoError, backend, frontend};
 use crate::server::Server;
 
+use super::classify::Effects;
 use super::prepared::{Pending, StatementRegistry};
 use super::session::VirtualSession;
 
@@ -89,6 +90,8 @@ pub struct Relay<'a> {
     pub counts: RelayCounts,
     query_started: Option<Instant>,
     xact_started: Option<Instant>,
+    /// What the client's statements did to its session (read after the transaction).
+    pub effects: Effects,
     idle_in_xact_since: Option<Instant>,
 }
 
@@ -101,7 +104,6 @@ impl<'a> Relay<'a> {
         registry: &'a StatementRegistry,
         max_prepared: usize,
     ) -> Self {
-        let xact_started = (mode != PoolMode::Session).then(Instant::now);
         let virt = mode != PoolMode::Session && max_prepared > 0;
         if virt {
             server.pending.clear();
@@ -117,8 +119,9 @@ impl<'a> Relay<'a> {
             server_partial: 0,
             counts: RelayCounts::default(),
             query_started: None,
-            xact_started,
+            xact_started: None,
             idle_in_xact_since: None,
+            effects: Effects::default(),
         }
     }
 
@@ -236,6 +239,9 @@ impl<'a> Relay<'a> {
             let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
             let avail = buf.len() - fwd;
             self.idle_in_xact_since = None;
+            if self.xact_started.is_none() && self.mode != PoolMode::Session {
+                self.xact_started = Some(Instant::now());
+            }
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
@@ -253,6 +259,26 @@ impl<'a> Relay<'a> {
                     let msg = self.client.rbuf.split_to(h.total).freeze();
                     self.server.proto.unsynced = true;
                     self.on_extended(h.tag, msg)?;
+                    continue;
+                }
+                frontend::QUERY if self.virt => {
+                    if h.total > proto::MAX_MESSAGE_LEN {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    self.forward_client_run(fwd);
+                    fwd = 0;
+                    let msg = self.client.rbuf.split_to(h.total).freeze();
+                    let p = &mut self.server.proto;
+                    if p.expected_rfq == 0 {
+                        self.query_started = Some(Instant::now());
+                    }
+                    p.expected_rfq += 1;
+                    p.unsynced = false;
+                    self.server.pending.push_back(Pending::Ready);
+                    self.on_query(msg)?;
                     continue;
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {

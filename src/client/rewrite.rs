@@ -5,11 +5,40 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes};
 
+use super::classify;
 use super::prepared::{Answer, Pending, Stmt};
 use super::relay::Relay;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 
 impl Relay<'_> {
+    /// A whole simple Query from the client (its ReadyForQuery is already counted).
+    pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
+        if !classify::may_matter(sql) {
+            self.server.conn.queue(msg);
+            return Ok(());
+        }
+        let e = classify::classify(sql);
+        if e.deallocate_all {
+            // The server drops every statement, the ones other clients use included.
+            self.session.statements.clear();
+            self.server.prepared.clear();
+        }
+        let rewritten = match &e.deallocate {
+            Some(name) => self.session.statements.remove(name.as_bytes()).map(|stmt| {
+                self.server.prepared.remove(stmt.id);
+                format!("DEALLOCATE \"{}\"", String::from_utf8_lossy(&stmt.server_name))
+            }),
+            None => None,
+        };
+        match rewritten {
+            Some(sql) => self.server.conn.queue_with(|b| frontend::query(b, &sql)),
+            None => self.server.conn.queue(msg),
+        }
+        self.effects.merge(e);
+        Ok(())
+    }
+
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
@@ -17,12 +46,19 @@ impl Relay<'_> {
             frontend::PARSE => {
                 let name = Reader::new(body, "Parse").cstr_bytes()?;
                 if name.is_empty() {
+                    let sql = Reader::new(&body[1..], "Parse").cstr_bytes()?;
+                    if classify::may_matter(sql) {
+                        self.effects.merge(classify::classify(sql));
+                    }
                     self.server.conn.queue(msg);
                     self.server.pending.push_back(Pending::Parse { swallow: false, stmt: None });
                     return Ok(());
                 }
                 let rest = msg.slice(5 + name.len() + 1..);
                 let stmt = self.registry.intern(rest);
+                if let Some(e) = &stmt.effects {
+                    self.effects.merge((**e).clone());
+                }
                 self.session.statements.insert(Bytes::copy_from_slice(name), stmt.clone());
                 if self.server.prepared.touch(stmt.id) {
                     self.server.pending.push_back(Pending::Answer(Answer::ParseComplete));

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::classify::Effects;
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
@@ -16,27 +17,38 @@ use crate::stats::PoolStats;
 /// Serve requests until the client leaves (Ok) or must be told why it is let go (Err).
 pub async fn run(c: &mut Client) -> Result<(), ClientError> {
     let kill = c.reg.handle.kill.clone();
+    // A pinned client keeps its server between transactions.
+    let mut held: Option<PooledServer> = None;
     loop {
-        c.reg.handle.set_state(ClientState::Idle);
         let cfg = c.shared.config.load_full();
-        if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill).await? {
-            return Ok(());
-        }
-        c.reg.handle.set_state(ClientState::Waiting);
-        let waited = Instant::now();
-        let mut server = checkout(c, &cfg, &kill).await?;
-        PoolStats::add(&c.pool.stats.wait_time_us, waited.elapsed().as_micros() as u64);
-        PoolStats::add(&c.pool.stats.server_assignment_count, 1);
-        match sync::apply(&mut server, &c.session.params).await {
-            Ok(None) => {}
-            Ok(Some(e)) => {
-                return Err(ClientError::fatal("22023", format!("could not apply session parameters: {}", e.message)));
+        let mut server = match held.take() {
+            Some(s) => s,
+            None => {
+                c.reg.handle.set_state(ClientState::Idle);
+                if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill).await? {
+                    return Ok(());
+                }
+                c.reg.handle.set_state(ClientState::Waiting);
+                let waited = Instant::now();
+                let mut server = checkout(c, &cfg, &kill).await?;
+                PoolStats::add(&c.pool.stats.wait_time_us, waited.elapsed().as_micros() as u64);
+                PoolStats::add(&c.pool.stats.server_assignment_count, 1);
+                match sync::apply(&mut server, &c.session.params).await {
+                    Ok(None) => {}
+                    Ok(Some(e)) => {
+                        return Err(ClientError::fatal(
+                            "22023",
+                            format!("could not apply session parameters: {}", e.message),
+                        ));
+                    }
+                    Err(e) => {
+                        server.broken = true;
+                        return Err(ClientError::fatal("08006", e.to_string()));
+                    }
+                }
+                server
             }
-            Err(e) => {
-                server.broken = true;
-                return Err(ClientError::fatal("08006", e.to_string()));
-            }
-        }
+        };
         let pool_settings = c.pool.settings();
         let mode = pool_settings.mode;
         let timeouts = RelayTimeouts {
@@ -46,7 +58,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         };
         c.reg.handle.set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
-        let (event, counts) = {
+        let (event, counts, effects) = {
             let registry = c.shared.statements.clone();
             let mut relay = Relay::new(
                 &mut c.conn,
@@ -60,19 +72,29 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 ev = relay.run(timeouts) => ev,
                 _ = kill.cancelled() => RelayEvent::Killed,
             };
-            (event, relay.counts)
+            (event, relay.counts, std::mem::take(&mut relay.effects))
         };
         c.reg.handle.set_cancel_target(None);
-        tracing::trace!(client = c.reg.handle.id, server = server.id, ?event, "relay ended");
         add_stats(c, &counts);
         let reset_always = cfg.settings.server_reset_query_always;
+        // A server with a pinned session never goes back to the pool as it is.
+        server.reset = reset_always || c.session.pin.is_some();
         match event {
             RelayEvent::Release => {
-                server.reset = reset_always;
-                drop(server);
+                if !effects.is_empty() || c.session.pin.is_some() {
+                    if let Err(e) = after_transaction(c, &mut server, &effects).await {
+                        server.broken = true;
+                        return Err(ClientError::fatal("08006", format!("server connection lost: {e}")));
+                    }
+                }
+                if c.session.pin.is_some() {
+                    held = Some(server);
+                } else {
+                    server.reset = reset_always;
+                }
             }
             RelayEvent::ClientTerminate | RelayEvent::ClientGone => {
-                server.reset = mode == PoolMode::Session || reset_always;
+                server.reset |= mode == PoolMode::Session;
                 return Ok(());
             }
             RelayEvent::StatementModeTransaction => {
@@ -92,6 +114,44 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             RelayEvent::Killed => return Err(killed(c)),
         }
     }
+}
+
+/// After a transaction whose statements touched the session: read back the settings it
+/// changed, follow RESET ALL / DISCARD ALL, and find out whether it now needs its server
+/// (temp tables, LISTEN, advisory locks, WITH HOLD cursors).
+async fn after_transaction(
+    c: &mut Client,
+    server: &mut PooledServer,
+    effects: &Effects,
+) -> Result<(), crate::server::ServerError> {
+    if effects.reset_all {
+        c.session.params = c.session.defaults.clone();
+        server.params = server.login_params.clone();
+    }
+    if effects.discard_all {
+        c.session.statements.clear();
+    }
+    if effects.deallocate_all {
+        server.prepared.clear();
+    }
+    let changed = sync::read_session_settings(server, &effects.gucs, effects.gucs_unknown).await?;
+    for (name, value) in changed {
+        match value {
+            Some(v) => {
+                server.params.set(&name, &v);
+                c.session.params.set(&name, &v);
+            }
+            None => {
+                server.params.remove(&name);
+                c.session.params.remove(&name);
+            }
+        }
+    }
+    if effects.pin_check || c.session.pin.is_some() {
+        let reasons = sync::pin_reasons(server).await?;
+        c.session.set_pin(&c.pool, &c.reg.handle, reasons);
+    }
+    Ok(())
 }
 
 fn killed(c: &Client) -> ClientError {

@@ -12,6 +12,8 @@ pub struct PoolStats {
     pub xact_time_us: AtomicU64,
     pub query_time_us: AtomicU64,
     pub wait_time_us: AtomicU64,
+    /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
+    pub pinned_clients: AtomicU64,
 }
 
 impl PoolStats {
