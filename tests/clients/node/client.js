@@ -54,12 +54,13 @@ async function insert(client, run, w, i, note) {
 async function worker(cfg, run, w, iterations) {
   const client = new Client(cfg);
   await client.connect();
+  let where = `worker ${w} start`;
   try {
     let inserted = 0;
     for (let i = 0; i < iterations; i++) {
       const a = w * 100000 + i;
       const tag = `w${w}-i${i}`;
-      const where = `worker ${w} iteration ${i}`;
+      where = `worker ${w} iteration ${i}`;
       await checkPair(client, a, tag, `${where} pair`);
       // Several distinct named statements so the connection holds many.
       for (const k of [i % 10, (i * 7 + w + 3) % 10]) {
@@ -100,6 +101,11 @@ async function worker(cfg, run, w, iterations) {
       }
     }
     await countRows(client, run, w, inserted, `worker ${w} final count`);
+  } catch (err) {
+    if (err instanceof Mismatch) throw err;
+    // An unexpected error: say where, and the SQLSTATE when the server sent one.
+    const state = err && err.code ? ` (SQLSTATE ${err.code})` : '';
+    throw new Mismatch(`${where}: unexpected error${state}: ${err && err.message ? err.message : err}`);
   } finally {
     await client.end().catch(() => {});
   }
@@ -131,7 +137,7 @@ async function main() {
   let failed = false;
   for (const r of results) {
     if (r.status === 'rejected') {
-      console.log(`FAIL: ${r.reason && r.reason.stack ? r.reason.stack : r.reason}`);
+      console.log(`FAIL: ${r.reason instanceof Mismatch ? r.reason.message : (r.reason && r.reason.stack) || r.reason}`);
       failed = true;
     }
   }

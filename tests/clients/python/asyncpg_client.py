@@ -61,6 +61,7 @@ async def insert(conn, run, w, i, note):
 async def worker(cfg, run, w, iterations):
     global queries
     conn = await asyncpg.connect(**cfg)
+    where = f"worker {w} start"
     try:
         inserted = 0
         for i in range(iterations):
@@ -97,6 +98,13 @@ async def worker(cfg, run, w, iterations):
                 await tr.rollback()
                 await count_rows(conn, run, w, inserted, f"{where} count after rollback")
         await count_rows(conn, run, w, inserted, f"worker {w} final count")
+    except Mismatch:
+        raise
+    except Exception as err:
+        # An unexpected error: say where, and the SQLSTATE when the server sent one.
+        state = getattr(err, "sqlstate", None)
+        first_line = (str(err).splitlines() or [""])[0]
+        raise Mismatch(f"{where}: unexpected {type(err).__name__} (SQLSTATE {state}): {first_line}") from err
     finally:
         await conn.close()
 
@@ -125,7 +133,7 @@ async def main(argv):
     failed = False
     for w, r in enumerate(results):
         if isinstance(r, BaseException):
-            print(f"FAIL: worker {w}: {type(r).__name__}: {r}")
+            print(f"FAIL: {r}" if isinstance(r, Mismatch) else f"FAIL: worker {w}: {type(r).__name__}: {r}")
             failed = True
     if failed:
         return 1

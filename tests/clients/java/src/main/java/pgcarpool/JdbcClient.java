@@ -108,11 +108,12 @@ public final class JdbcClient {
         }
 
         void runAll() throws SQLException, Mismatch {
+            String where = "worker " + w + " start";
             try {
                 for (int i = 0; i < iterations; i++) {
                     int a = w * 100000 + i;
                     String tag = "w" + w + "-i" + i;
-                    String where = "worker " + w + " iteration " + i;
+                    where = "worker " + w + " iteration " + i;
                     checkPair(a, tag, where + " pair");
                     // Distinct statements prepared afresh each time: pgjdbc's statement cache.
                     for (int k : new int[] {i % 10, (i * 7 + w + 3) % 10}) {
@@ -165,6 +166,9 @@ public final class JdbcClient {
                     }
                 }
                 countRows(inserted, "worker " + w + " final count");
+            } catch (SQLException e) {
+                // An unexpected error: say where, with the SQLSTATE.
+                throw new Mismatch(where + ": unexpected error (SQLSTATE " + e.getSQLState() + "): " + e.getMessage());
             } finally {
                 conn.close();
             }
@@ -202,6 +206,8 @@ public final class JdbcClient {
             Thread t = new Thread(() -> {
                 try {
                     new Worker(url, props, run, wn, iterations).runAll();
+                } catch (Mismatch e) {
+                    failures.add(e.getMessage());
                 } catch (Exception e) {
                     failures.add("worker " + wn + ": " + e);
                 }
