@@ -68,12 +68,21 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
     for l in listeners {
         shared.tracker.spawn(listen::accept_loop(l, shared.clone()));
     }
-    shared.tracker.spawn(janitor::run(shared.pools.clone(), shared.stop_background.clone()));
+    shared.tracker.spawn(janitor::run(
+        shared.pools.clone(),
+        shared.stop_background.clone(),
+    ));
     Ok(AppHandle { addr, shared })
 }
 
 /// Resolve one pool's settings from the config (per user > per database > global).
-pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, credential: Credential, shared: &Shared) -> PoolSettings {
+pub fn pool_settings(
+    cfg: &Config,
+    entry: &DatabaseEntry,
+    client_user: &str,
+    credential: Credential,
+    shared: &Shared,
+) -> PoolSettings {
     let s = &cfg.settings;
     let db = entry.name.as_str();
     let user = cfg.pool_user_for(db, client_user);
@@ -109,7 +118,10 @@ pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, cre
         query_wait_timeout: cfg.query_wait_timeout_for(db, &user),
         max_prepared_statements: s.max_prepared_statements,
         target: ServerTarget {
-            addr: ServerAddr::new(entry.host.as_deref(), if entry.port == 0 { 5432 } else { entry.port }),
+            addr: ServerAddr::new(
+                entry.host.as_deref(),
+                if entry.port == 0 { 5432 } else { entry.port },
+            ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,
             credential,

@@ -18,7 +18,9 @@ async fn tx_pooler(pg: &TempPostgres) -> TestPooler {
 fn text(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
     msgs.iter()
         .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_string()),
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_string())
+            }
             _ => None,
         })
         .collect()
@@ -56,7 +58,10 @@ async fn named_statements_with_clashing_names_work_across_servers() {
         .psql("select count(*) from pg_stat_activity where usename = 'md5user'")
         .parse()
         .unwrap();
-    assert!(backends <= 4, "{backends} server connections for a pool of 4");
+    assert!(
+        backends <= 4,
+        "{backends} server connections for a pool of 4"
+    );
     p.shutdown().await;
 }
 
@@ -77,7 +82,10 @@ async fn statements_survive_in_explicit_transactions_and_pipelines() {
     let got = futures_join(futs).await;
     assert_eq!(got, (0..20).map(|n| n * 2).collect::<Vec<_>>());
     c.batch_execute("begin").await.unwrap();
-    assert_eq!(c.query_one(&s, &[&21i32]).await.unwrap().get::<_, i32>(0), 42);
+    assert_eq!(
+        c.query_one(&s, &[&21i32]).await.unwrap().get::<_, i32>(0),
+        42
+    );
     c.batch_execute("commit").await.unwrap();
     p.shutdown().await;
 }
@@ -146,9 +154,15 @@ async fn rolled_back_set_is_not_kept_and_set_local_stays_local() {
     let pg = TempPostgres::start();
     let p = tx_pooler(&pg).await;
     let c = p.connect("md5user", "testdb").await;
-    c.batch_execute("SET statement_timeout = '5s'").await.unwrap();
-    c.batch_execute("BEGIN; SET statement_timeout = '7s'; ROLLBACK").await.unwrap();
-    c.batch_execute("BEGIN; SET LOCAL statement_timeout = '9s'; COMMIT").await.unwrap();
+    c.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN; SET statement_timeout = '7s'; ROLLBACK")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN; SET LOCAL statement_timeout = '9s'; COMMIT")
+        .await
+        .unwrap();
     // Make other clients run on every server in between.
     for _ in 0..8 {
         let o = p.connect("md5user", "testdb").await;
@@ -156,7 +170,9 @@ async fn rolled_back_set_is_not_kept_and_set_local_stays_local() {
     }
     let r = c.simple_query("show statement_timeout").await.unwrap();
     assert_eq!(text(&r), ["5s"]);
-    c.batch_execute("BEGIN; SELECT 1; SET statement_timeout = '6s'; COMMIT").await.unwrap();
+    c.batch_execute("BEGIN; SELECT 1; SET statement_timeout = '6s'; COMMIT")
+        .await
+        .unwrap();
     let r = c.simple_query("show statement_timeout").await.unwrap();
     assert_eq!(text(&r), ["6s"]);
     c.batch_execute("RESET ALL").await.unwrap();
@@ -175,7 +191,10 @@ async fn discard_all_in_a_loop_leaves_other_clients_alone() {
     let d = tokio::spawn(async move {
         let mut n = 0;
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            discarder.batch_execute("SET work_mem = '1MB'").await.unwrap();
+            discarder
+                .batch_execute("SET work_mem = '1MB'")
+                .await
+                .unwrap();
             discarder.batch_execute("DISCARD ALL").await.unwrap();
             n += 1;
         }
@@ -185,11 +204,19 @@ async fn discard_all_in_a_loop_leaves_other_clients_alone() {
     for i in 0..15i32 {
         let c = p.connect("md5user", "testdb").await;
         tasks.push(tokio::spawn(async move {
-            c.batch_execute(&format!("SET myapp.id = '{i}'")).await.unwrap();
-            let s = c.prepare("select $1::int, current_setting('myapp.id')").await.unwrap();
+            c.batch_execute(&format!("SET myapp.id = '{i}'"))
+                .await
+                .unwrap();
+            let s = c
+                .prepare("select $1::int, current_setting('myapp.id')")
+                .await
+                .unwrap();
             for n in 0..40i32 {
                 let r = c.query_one(&s, &[&n]).await.unwrap();
-                assert_eq!((r.get::<_, i32>(0), r.get::<_, String>(1)), (n, i.to_string()));
+                assert_eq!(
+                    (r.get::<_, i32>(0), r.get::<_, String>(1)),
+                    (n, i.to_string())
+                );
             }
         }));
     }
@@ -210,26 +237,41 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
         .start()
         .await;
     let c = p.connect("md5user", "testdb").await;
-    c.batch_execute("CREATE TEMP TABLE t (a int)").await.unwrap();
-    let others: Vec<_> = futures_join((0..4).map(|_| p.connect("md5user", "testdb")).collect()).await;
+    c.batch_execute("CREATE TEMP TABLE t (a int)")
+        .await
+        .unwrap();
+    let others: Vec<_> =
+        futures_join((0..4).map(|_| p.connect("md5user", "testdb")).collect()).await;
     for (i, o) in others.iter().enumerate() {
         o.batch_execute("select pg_sleep(0.01)").await.unwrap();
-        c.batch_execute(&format!("INSERT INTO t VALUES ({i})")).await.unwrap();
+        c.batch_execute(&format!("INSERT INTO t VALUES ({i})"))
+            .await
+            .unwrap();
     }
     let r = c.simple_query("select count(*) from t").await.unwrap();
     assert_eq!(text(&r), ["4"]);
     let pid1 = text(&c.simple_query("select pg_backend_pid()").await.unwrap());
     c.batch_execute("DROP TABLE t").await.unwrap();
     // Advisory lock: pinned while held.
-    c.batch_execute("select pg_advisory_lock(42)").await.unwrap();
+    c.batch_execute("select pg_advisory_lock(42)")
+        .await
+        .unwrap();
     for o in &others {
         o.batch_execute("select 1").await.unwrap();
     }
     let pid2 = text(&c.simple_query("select pg_backend_pid()").await.unwrap());
     assert_eq!(pid1, pid2, "pinned client stays on its server");
-    let held = text(&c.simple_query("select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()").await.unwrap());
+    let held = text(
+        &c.simple_query(
+            "select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()",
+        )
+        .await
+        .unwrap(),
+    );
     assert_eq!(held, ["1"]);
-    c.batch_execute("select pg_advisory_unlock(42)").await.unwrap();
+    c.batch_execute("select pg_advisory_unlock(42)")
+        .await
+        .unwrap();
     // Unpinned: with both servers busy elsewhere the client still gets one.
     let r = c.simple_query("select 1").await.unwrap();
     assert_eq!(text(&r), ["1"]);
@@ -254,13 +296,39 @@ async fn deallocate_by_name_after_protocol_parse_works() {
 #[test]
 fn pgbench_prepared_mode_runs_without_errors() {
     let pg = TempPostgres::start();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let p = rt.block_on(tx_pooler(&pg));
     let init = harness::run_pgbench(&["-i", "-s", "1", "-q", &pg.dsn("postgres", "testdb")]);
-    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
-    let out = harness::run_pgbench(&["-n", "-M", "prepared", "-T", "3", "-c", "16", "-j", "2", &p.dsn("postgres", "testdb")]);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let out = harness::run_pgbench(&[
+        "-n",
+        "-M",
+        "prepared",
+        "-T",
+        "3",
+        "-c",
+        "16",
+        "-j",
+        "2",
+        &p.dsn("postgres", "testdb"),
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("number of failed transactions: 0 (0.000%)"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("number of failed transactions: 0 (0.000%)"),
+        "{stdout}"
+    );
     rt.block_on(p.shutdown());
 }

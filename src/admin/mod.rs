@@ -31,7 +31,15 @@ pub fn role_of(cfg: &Config, user: &str) -> Option<Role> {
 }
 
 /// Serve one console session (after authentication).
-pub async fn run(shared: &Arc<Shared>, conn: &mut Conn, user: &str, role: Role) -> Result<(), ClientError> {
+pub async fn run(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    user: &str,
+    role: Role,
+) -> Result<(), ClientError> {
     let _ = (shared, conn, user, role);
-    Err(ClientError::fatal("0A000", "the admin console is not implemented yet".into()))
+    Err(ClientError::fatal(
+        "0A000",
+        "the admin console is not implemented yet".into(),
+    ))
 }

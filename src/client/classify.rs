@@ -45,9 +45,21 @@ impl Effects {
 /// keyword of some statement is one we act on, or the text mentions set_config, advisory
 /// locks or pg_temp. False for the plain SELECT/INSERT/UPDATE/DELETE/BEGIN/COMMIT traffic.
 pub fn may_matter(sql: &[u8]) -> bool {
-    const LEADING: [&[u8]; 8] = [b"set", b"reset", b"discard", b"deallocate", b"listen", b"unlisten", b"create", b"declare"];
+    const LEADING: [&[u8]; 8] = [
+        b"set",
+        b"reset",
+        b"discard",
+        b"deallocate",
+        b"listen",
+        b"unlisten",
+        b"create",
+        b"declare",
+    ];
     let first = strip_leading(sql);
-    let word_end = first.iter().position(|c| !c.is_ascii_alphabetic()).unwrap_or(first.len());
+    let word_end = first
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(first.len());
     let word = &first[..word_end];
     LEADING.iter().any(|k| word.eq_ignore_ascii_case(k))
         || sql.contains(&b';')
@@ -77,7 +89,9 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             match w(1) {
                 "LOCAL" | "TRANSACTION" => return,
                 "SESSION" if w(2) == "CHARACTERISTICS" => return,
-                "SESSION" if w(2) == "AUTHORIZATION" => return e.gucs.push("session_authorization".into()),
+                "SESSION" if w(2) == "AUTHORIZATION" => {
+                    return e.gucs.push("session_authorization".into());
+                }
                 "SESSION" => i = 2,
                 _ => {}
             }
@@ -123,7 +137,9 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
         }
         "LISTEN" | "UNLISTEN" => e.pin_check = true,
-        "CREATE" if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") => {
+        "CREATE"
+            if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
+        {
             e.pin_check = true
         }
         "DECLARE" if contains_ci(s, b"with hold") => e.pin_check = true,
@@ -192,7 +208,9 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
             }
             b'$' => {
                 // $tag$ ... $tag$
-                let tag_end = sql[i + 1..].iter().position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'));
+                let tag_end = sql[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'));
                 match tag_end.map(|p| i + 1 + p) {
                     Some(j) if sql[j] == b'$' && (j == i + 1 || !sql[i + 1].is_ascii_digit()) => {
                         let tag = &sql[i..=j];
@@ -226,9 +244,15 @@ fn strip_leading(mut s: &[u8]) -> &[u8] {
     loop {
         let t = s.trim_ascii_start();
         if t.starts_with(b"--") {
-            s = t.iter().position(|&c| c == b'\n').map_or(&[][..], |p| &t[p..]);
+            s = t
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(&[][..], |p| &t[p..]);
         } else if t.starts_with(b"/*") {
-            s = t[2..].windows(2).position(|w| w == b"*/").map_or(&[][..], |p| &t[p + 4..]);
+            s = t[2..]
+                .windows(2)
+                .position(|w| w == b"*/")
+                .map_or(&[][..], |p| &t[p + 4..]);
         } else {
             return t;
         }
@@ -272,12 +296,27 @@ fn keywords(s: &[u8], max: usize) -> Vec<String> {
 /// The `n`th token (0-based) as a GUC name: a possibly dotted, possibly quoted identifier.
 fn nth_token(s: &[u8], n: usize) -> Option<String> {
     let text = std::str::from_utf8(s).ok()?;
-    let mut it = text.split(|c: char| c.is_whitespace() || c == '=').filter(|t| !t.is_empty());
+    let mut it = text
+        .split(|c: char| c.is_whitespace() || c == '=')
+        .filter(|t| !t.is_empty());
     let tok = it.nth(n)?;
     let tok = tok.trim_end_matches(';');
-    let name: String = tok.split('.').map(|p| p.trim_matches('"')).collect::<Vec<_>>().join(".");
-    let valid = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.');
-    valid.then(|| if tok.contains('"') { name } else { name.to_ascii_lowercase() })
+    let name: String = tok
+        .split('.')
+        .map(|p| p.trim_matches('"'))
+        .collect::<Vec<_>>()
+        .join(".");
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.');
+    valid.then(|| {
+        if tok.contains('"') {
+            name
+        } else {
+            name.to_ascii_lowercase()
+        }
+    })
 }
 
 /// `set_config('name', …)`: the name when it is a plain literal.
@@ -285,10 +324,18 @@ fn set_config_name(s: &[u8]) -> Option<String> {
     let lower = s.to_ascii_lowercase();
     let at = find(&lower, b"set_config")?;
     let rest = std::str::from_utf8(&s[at + "set_config".len()..]).ok()?;
-    let rest = rest.trim_start().strip_prefix('(')?.trim_start().strip_prefix('\'')?;
+    let rest = rest
+        .trim_start()
+        .strip_prefix('(')?
+        .trim_start()
+        .strip_prefix('\'')?;
     let end = rest.find('\'')?;
     let name = &rest[..end];
-    (!name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.')).then(|| name.to_string())
+    (!name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.'))
+    .then(|| name.to_string())
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -296,7 +343,10 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
-    hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+    hay.len() >= needle.len()
+        && hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 #[cfg(test)]
@@ -313,10 +363,19 @@ mod tests {
     #[test]
     fn set_and_reset_name_their_guc() {
         assert_eq!(classify(b"SET search_path = a, b").gucs, ["search_path"]);
-        assert_eq!(classify(b"set session TimeZone to 'UTC'").gucs, ["timezone"]);
-        assert_eq!(classify(b"SET myapp.tenant_id = '7'").gucs, ["myapp.tenant_id"]);
+        assert_eq!(
+            classify(b"set session TimeZone to 'UTC'").gucs,
+            ["timezone"]
+        );
+        assert_eq!(
+            classify(b"SET myapp.tenant_id = '7'").gucs,
+            ["myapp.tenant_id"]
+        );
         assert_eq!(classify(b"SET TIME ZONE 'UTC'").gucs, ["TimeZone"]);
-        assert_eq!(classify(b"RESET statement_timeout").gucs, ["statement_timeout"]);
+        assert_eq!(
+            classify(b"RESET statement_timeout").gucs,
+            ["statement_timeout"]
+        );
         assert!(classify(b"SET LOCAL search_path = a").is_empty());
         assert!(classify(b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").is_empty());
         assert!(classify(b"RESET ALL").reset_all);
@@ -333,7 +392,10 @@ mod tests {
 
     #[test]
     fn set_config_and_pins() {
-        assert_eq!(classify(b"SELECT pg_catalog.set_config('search_path', '', false)").gucs, ["search_path"]);
+        assert_eq!(
+            classify(b"SELECT pg_catalog.set_config('search_path', '', false)").gucs,
+            ["search_path"]
+        );
         assert!(classify(b"select set_config($1, $2, false)").gucs_unknown);
         assert!(classify(b"select pg_advisory_lock(1)").pin_check);
         assert!(classify(b"CREATE TEMP TABLE x (a int)").pin_check);
@@ -347,13 +409,33 @@ mod tests {
         let e = classify(b"DISCARD ALL");
         assert!(e.discard_all && e.reset_all && e.deallocate_all);
         assert!(classify(b"DEALLOCATE ALL").deallocate_all);
-        assert_eq!(classify(b"DEALLOCATE pdo_stmt_00000001").deallocate.as_deref(), Some("pdo_stmt_00000001"));
-        assert_eq!(classify(b"deallocate prepare \"S_1\"").deallocate.as_deref(), Some("S_1"));
+        assert_eq!(
+            classify(b"DEALLOCATE pdo_stmt_00000001")
+                .deallocate
+                .as_deref(),
+            Some("pdo_stmt_00000001")
+        );
+        assert_eq!(
+            classify(b"deallocate prepare \"S_1\"")
+                .deallocate
+                .as_deref(),
+            Some("S_1")
+        );
     }
 
     #[test]
     fn garbage_does_not_panic() {
-        for s in [&b"$"[..], b"$a", b"'", b"/*", b"--", b"\xff\xfe", b"set", b"set_config(", b";;;"] {
+        for s in [
+            &b"$"[..],
+            b"$a",
+            b"'",
+            b"/*",
+            b"--",
+            b"\xff\xfe",
+            b"set",
+            b"set_config(",
+            b";;;",
+        ] {
             let _ = classify(s);
         }
     }

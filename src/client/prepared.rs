@@ -53,7 +53,10 @@ impl Default for StatementRegistry {
 impl StatementRegistry {
     pub fn with_capacity(capacity: usize) -> Self {
         StatementRegistry {
-            inner: Mutex::new(RegistryInner { by_key: HashMap::new(), next_id: 1 }),
+            inner: Mutex::new(RegistryInner {
+                by_key: HashMap::new(),
+                next_id: 1,
+            }),
             capacity,
         }
     }
@@ -82,11 +85,20 @@ impl StatementRegistry {
 
     /// The statement for this key, if known.
     pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.get(parse_rest).cloned()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .get(parse_rest)
+            .cloned()
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -95,7 +107,9 @@ impl StatementRegistry {
 }
 
 fn statement_effects(parse_rest: &[u8]) -> Option<Box<Effects>> {
-    let sql = crate::proto::Reader::new(parse_rest, "Parse").cstr_bytes().ok()?;
+    let sql = crate::proto::Reader::new(parse_rest, "Parse")
+        .cstr_bytes()
+        .ok()?;
     if !classify::may_matter(sql) {
         return None;
     }
@@ -134,7 +148,11 @@ impl PreparedSet {
 
     /// The least recently used statement, to close when the set is full.
     pub fn evict_lru(&mut self) -> Option<Arc<Stmt>> {
-        let id = self.held.iter().min_by_key(|(_, (t, _))| *t).map(|(id, _)| *id)?;
+        let id = self
+            .held
+            .iter()
+            .min_by_key(|(_, (t, _))| *t)
+            .map(|(id, _)| *id)?;
         self.held.remove(&id).map(|(_, s)| s)
     }
 
@@ -155,13 +173,18 @@ impl PreparedSet {
 #[derive(Debug)]
 pub enum Pending {
     /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement.
-    Parse { swallow: bool, stmt: Option<Arc<Stmt>> },
+    Parse {
+        swallow: bool,
+        stmt: Option<Arc<Stmt>>,
+    },
     Bind,
     /// Describe: ends with RowDescription or NoData.
     Describe,
     /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
     Execute,
-    Close { swallow: bool },
+    Close {
+        swallow: bool,
+    },
     /// Sync, Query or FunctionCall: ends with ReadyForQuery.
     Ready,
     /// Answered by pgcarpool when it reaches the front.

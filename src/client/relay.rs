@@ -150,9 +150,20 @@ impl<'a> Relay<'a> {
 
     fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {
         [
-            (TimeoutKind::Query, t.query.zip(self.query_started).map(|(d, s)| s + d)),
-            (TimeoutKind::IdleTransaction, t.idle_transaction.zip(self.idle_in_xact_since).map(|(d, s)| s + d)),
-            (TimeoutKind::Transaction, t.transaction.zip(self.xact_started).map(|(d, s)| s + d)),
+            (
+                TimeoutKind::Query,
+                t.query.zip(self.query_started).map(|(d, s)| s + d),
+            ),
+            (
+                TimeoutKind::IdleTransaction,
+                t.idle_transaction
+                    .zip(self.idle_in_xact_since)
+                    .map(|(d, s)| s + d),
+            ),
+            (
+                TimeoutKind::Transaction,
+                t.transaction.zip(self.xact_started).map(|(d, s)| s + d),
+            ),
         ]
     }
 
@@ -161,7 +172,10 @@ impl<'a> Relay<'a> {
     }
 
     fn expired(&self, t: &RelayTimeouts, now: Instant) -> Option<TimeoutKind> {
-        self.deadlines(t).into_iter().find(|(_, d)| d.is_some_and(|d| d <= now)).map(|(k, _)| k)
+        self.deadlines(t)
+            .into_iter()
+            .find(|(_, d)| d.is_some_and(|d| d <= now))
+            .map(|(k, _)| k)
     }
 
     /// One pass over both sockets; Ready only for an event.
@@ -185,7 +199,11 @@ impl<'a> Relay<'a> {
             }
             if self.client.out_len() < HIGH_WATER {
                 match self.server.conn.poll_read_more(cx) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(RelayEvent::ServerGone("server closed the connection".into())),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(RelayEvent::ServerGone(
+                            "server closed the connection".into(),
+                        ));
+                    }
                     Poll::Ready(Ok(n)) => {
                         progress = true;
                         self.counts.bytes_from_server += n as u64;
@@ -195,13 +213,17 @@ impl<'a> Relay<'a> {
                             Err(e) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
                         }
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
+                    Poll::Ready(Err(e)) => {
+                        return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
+                    }
                     Poll::Pending => {}
                 }
             }
             if self.server.conn.out_len() < HIGH_WATER {
                 match self.client.poll_read_more(cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(RelayEvent::ClientGone),
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(RelayEvent::ClientGone);
+                    }
                     Poll::Ready(Ok(n)) => {
                         progress = true;
                         self.counts.bytes_from_client += n as u64;
@@ -236,7 +258,9 @@ impl<'a> Relay<'a> {
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+                break;
+            };
             let avail = buf.len() - fwd;
             self.idle_in_xact_since = None;
             if self.xact_started.is_none() && self.mode != PoolMode::Session {
@@ -247,7 +271,9 @@ impl<'a> Relay<'a> {
                     event = Some(RelayEvent::ClientTerminate);
                     break;
                 }
-                frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE if self.virt => {
+                frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
+                    if self.virt =>
+                {
                     if h.total > proto::MAX_MESSAGE_LEN {
                         return Err(ProtoError::TooLong(h.total));
                     }
@@ -353,10 +379,14 @@ impl<'a> Relay<'a> {
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+                break;
+            };
             let avail = buf.len() - fwd;
             match h.tag {
-                backend::READY_FOR_QUERY | backend::PARAMETER_STATUS | backend::COPY_IN_RESPONSE => {
+                backend::READY_FOR_QUERY
+                | backend::PARAMETER_STATUS
+                | backend::COPY_IN_RESPONSE => {
                     if h.total > MAX_INSPECTED {
                         return Err(ProtoError::TooLong(h.total));
                     }
@@ -367,7 +397,8 @@ impl<'a> Relay<'a> {
                     fwd += h.total;
                     match h.tag {
                         backend::READY_FOR_QUERY => {
-                            let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                            let status =
+                                *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if self.virt {
                                 self.on_server_completion(h.tag);
                             }

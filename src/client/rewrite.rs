@@ -27,7 +27,10 @@ impl Relay<'_> {
         let rewritten = match &e.deallocate {
             Some(name) => self.session.statements.remove(name.as_bytes()).map(|stmt| {
                 self.server.prepared.remove(stmt.id);
-                format!("DEALLOCATE \"{}\"", String::from_utf8_lossy(&stmt.server_name))
+                format!(
+                    "DEALLOCATE \"{}\"",
+                    String::from_utf8_lossy(&stmt.server_name)
+                )
             }),
             None => None,
         };
@@ -51,7 +54,10 @@ impl Relay<'_> {
                         self.effects.merge(classify::classify(sql));
                     }
                     self.server.conn.queue(msg);
-                    self.server.pending.push_back(Pending::Parse { swallow: false, stmt: None });
+                    self.server.pending.push_back(Pending::Parse {
+                        swallow: false,
+                        stmt: None,
+                    });
                     return Ok(());
                 }
                 let rest = msg.slice(5 + name.len() + 1..);
@@ -59,9 +65,13 @@ impl Relay<'_> {
                 if let Some(e) = &stmt.effects {
                     self.effects.merge((**e).clone());
                 }
-                self.session.statements.insert(Bytes::copy_from_slice(name), stmt.clone());
+                self.session
+                    .statements
+                    .insert(Bytes::copy_from_slice(name), stmt.clone());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server.pending.push_back(Pending::Answer(Answer::ParseComplete));
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::ParseComplete));
                 } else {
                     self.prepare_on_server(stmt, false);
                 }
@@ -116,10 +126,14 @@ impl Relay<'_> {
                 if kind == b'S' && !name.is_empty() {
                     // Only the client's name goes: the server keeps the statement for others.
                     self.session.statements.remove(name);
-                    self.server.pending.push_back(Pending::Answer(Answer::CloseComplete));
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::CloseComplete));
                 } else {
                     self.server.conn.queue(msg);
-                    self.server.pending.push_back(Pending::Close { swallow: false });
+                    self.server
+                        .pending
+                        .push_back(Pending::Close { swallow: false });
                 }
             }
             _ => unreachable!("only extended-protocol messages come here"),
@@ -142,17 +156,19 @@ impl Relay<'_> {
     /// Send a Parse of `stmt` under its server name (closing the least recently used
     /// statement first when the server holds max_prepared_statements).
     fn prepare_on_server(&mut self, stmt: Arc<Stmt>, swallow: bool) {
-        if self.server.prepared.len() >= self.max_prepared {
-            if let Some(old) = self.server.prepared.evict_lru() {
-                self.server.conn.queue_with(|b| {
-                    b.put_u8(frontend::CLOSE);
-                    b.put_i32((4 + 1 + old.server_name.len() + 1) as i32);
-                    b.put_u8(b'S');
-                    b.put_slice(&old.server_name);
-                    b.put_u8(0);
-                });
-                self.server.pending.push_back(Pending::Close { swallow: true });
-            }
+        if self.server.prepared.len() >= self.max_prepared
+            && let Some(old) = self.server.prepared.evict_lru()
+        {
+            self.server.conn.queue_with(|b| {
+                b.put_u8(frontend::CLOSE);
+                b.put_i32((4 + 1 + old.server_name.len() + 1) as i32);
+                b.put_u8(b'S');
+                b.put_slice(&old.server_name);
+                b.put_u8(0);
+            });
+            self.server
+                .pending
+                .push_back(Pending::Close { swallow: true });
         }
         let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
         self.server.conn.queue_with(|b| {
@@ -163,7 +179,10 @@ impl Relay<'_> {
         });
         self.server.conn.queue(stmt.parse_rest.clone());
         self.server.prepared.insert(stmt.clone());
-        self.server.pending.push_back(Pending::Parse { swallow, stmt: Some(stmt) });
+        self.server.pending.push_back(Pending::Parse {
+            swallow,
+            stmt: Some(stmt),
+        });
     }
 
     /// Send the client the replies pgcarpool owes it that are next in line.
@@ -182,7 +201,9 @@ impl Relay<'_> {
     /// message pgcarpool added, so the client must not see it.
     pub(super) fn on_server_completion(&mut self, tag: u8) -> bool {
         let pending = &mut self.server.pending;
-        let Some(front) = pending.front() else { return false };
+        let Some(front) = pending.front() else {
+            return false;
+        };
         let (done, swallow) = match (tag, front) {
             (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
                 if let Some(s) = stmt {
@@ -194,7 +215,9 @@ impl Relay<'_> {
             (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
             (
-                backend::COMMAND_COMPLETE | backend::EMPTY_QUERY_RESPONSE | backend::PORTAL_SUSPENDED,
+                backend::COMMAND_COMPLETE
+                | backend::EMPTY_QUERY_RESPONSE
+                | backend::PORTAL_SUSPENDED,
                 Pending::Execute,
             ) => (true, false),
             (backend::READY_FOR_QUERY, Pending::Ready) => (true, false),

@@ -25,13 +25,18 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             Some(s) => s,
             None => {
                 c.reg.handle.set_state(ClientState::Idle);
-                if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill).await? {
+                if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill)
+                    .await?
+                {
                     return Ok(());
                 }
                 c.reg.handle.set_state(ClientState::Waiting);
                 let waited = Instant::now();
                 let mut server = checkout(c, &cfg, &kill).await?;
-                PoolStats::add(&c.pool.stats.wait_time_us, waited.elapsed().as_micros() as u64);
+                PoolStats::add(
+                    &c.pool.stats.wait_time_us,
+                    waited.elapsed().as_micros() as u64,
+                );
                 PoolStats::add(&c.pool.stats.server_assignment_count, 1);
                 match sync::apply(&mut server, &c.session.params).await {
                     Ok(None) => {}
@@ -56,7 +61,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             idle_transaction: config::enabled(cfg.settings.idle_transaction_timeout),
             transaction: config::enabled(cfg.settings.transaction_timeout),
         };
-        c.reg.handle.set_cancel_target(Some((server.addr.clone(), server.key)));
+        c.reg
+            .handle
+            .set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
         let (event, counts, effects) = {
             let registry = c.shared.statements.clone();
@@ -81,11 +88,14 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         server.reset = reset_always || c.session.pin.is_some();
         match event {
             RelayEvent::Release => {
-                if !effects.is_empty() || c.session.pin.is_some() {
-                    if let Err(e) = after_transaction(c, &mut server, &effects).await {
-                        server.broken = true;
-                        return Err(ClientError::fatal("08006", format!("server connection lost: {e}")));
-                    }
+                if (!effects.is_empty() || c.session.pin.is_some())
+                    && let Err(e) = after_transaction(c, &mut server, &effects).await
+                {
+                    server.broken = true;
+                    return Err(ClientError::fatal(
+                        "08006",
+                        format!("server connection lost: {e}"),
+                    ));
                 }
                 if c.session.pin.is_some() {
                     held = Some(server);
@@ -106,7 +116,10 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             RelayEvent::ClientProtocol(e) => return Err(e.into()),
             RelayEvent::ServerGone(why) => {
                 server.broken = true;
-                return Err(ClientError::fatal("08006", format!("server connection lost: {why}")));
+                return Err(ClientError::fatal(
+                    "08006",
+                    format!("server connection lost: {why}"),
+                ));
             }
             RelayEvent::Timeout(kind) => {
                 return Err(ClientError::fatal("08P01", kind.message().to_string()));
@@ -156,7 +169,10 @@ async fn after_transaction(
 
 fn killed(c: &Client) -> ClientError {
     let _ = c;
-    ClientError::fatal("08P01", "client killed by the pooler (KILL or shutdown)".into())
+    ClientError::fatal(
+        "08P01",
+        "client killed by the pooler (KILL or shutdown)".into(),
+    )
 }
 
 fn add_stats(c: &Client, n: &RelayCounts) {
@@ -224,8 +240,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let buf = &c.conn.rbuf;
     let mut at = 0;
     let mut end = None;
-    loop {
-        let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else { break };
+    while let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? {
         if buf.len() - at < h.total {
             break;
         }
@@ -234,7 +249,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             frontend::PARSE => {
                 let mut r = proto::Reader::new(body, "Parse");
                 let name = r.cstr_bytes()?;
-                !name.is_empty() && c.shared.statements.lookup(&body[name.len() + 1..]).is_some_and(|s| s.is_validated())
+                !name.is_empty()
+                    && c.shared
+                        .statements
+                        .lookup(&body[name.len() + 1..])
+                        .is_some_and(|s| s.is_validated())
             }
             frontend::CLOSE => body.first() == Some(&b'S'),
             frontend::SYNC | frontend::FLUSH => true,
@@ -248,7 +267,9 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             end = Some(at);
         }
     }
-    let Some(end) = end else { return Ok(Local::Incomplete) };
+    let Some(end) = end else {
+        return Ok(Local::Incomplete);
+    };
     let msgs = c.conn.rbuf.split_to(end).freeze();
     let mut at = 0;
     while at < msgs.len() {
@@ -275,7 +296,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
 }
 
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
-async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken) -> Result<PooledServer, ClientError> {
+async fn checkout(
+    c: &mut Client,
+    cfg: &config::Config,
+    kill: &CancellationToken,
+) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
     let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);

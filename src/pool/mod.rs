@@ -56,7 +56,12 @@ pub struct Pools {
 
 impl Pools {
     /// The pool for (db, user), created with `settings` if new.
-    pub fn get_or_create(&self, db: &str, user: &str, settings: impl FnOnce() -> PoolSettings) -> Arc<Pool> {
+    pub fn get_or_create(
+        &self,
+        db: &str,
+        user: &str,
+        settings: impl FnOnce() -> PoolSettings,
+    ) -> Arc<Pool> {
         let key = (db.to_string(), user.to_string());
         if let Some(p) = self.pools.lock().unwrap().get(&key) {
             return p.clone();
@@ -71,7 +76,12 @@ impl Pools {
             .clone()
     }
 
-    fn limit(&self, map: &Mutex<HashMap<String, Arc<Limit>>>, name: &str, max: usize) -> Arc<Limit> {
+    fn limit(
+        &self,
+        map: &Mutex<HashMap<String, Arc<Limit>>>,
+        name: &str,
+        max: usize,
+    ) -> Arc<Limit> {
         let mut m = map.lock().unwrap();
         let l = m.entry(name.to_string()).or_default().clone();
         l.set_max(max);

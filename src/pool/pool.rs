@@ -49,7 +49,8 @@ pub enum CheckoutError {
     Server(#[from] ServerError),
 }
 
-/// What a waiter is handed.
+/// What a waiter is handed (a Server moves by value: no allocation per hand-over).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Grant {
     /// An idle server, already counted active for the receiver.
     Server(Server),
@@ -90,6 +91,7 @@ pub struct Pool {
     pub stats: PoolStats,
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Idle(Server),
     Connect,
@@ -119,7 +121,13 @@ impl Drop for Ticket {
 }
 
 impl Pool {
-    pub(crate) fn new(db: &str, user: &str, settings: PoolSettings, db_limit: Arc<Limit>, user_limit: Arc<Limit>) -> Arc<Pool> {
+    pub(crate) fn new(
+        db: &str,
+        user: &str,
+        settings: PoolSettings,
+        db_limit: Arc<Limit>,
+        user_limit: Arc<Limit>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             db: db.to_string(),
             user: user.to_string(),
@@ -177,7 +185,10 @@ impl Pool {
     /// A client's SCRAM login taught us how to log in to the server: use it if nothing else.
     pub fn set_credential_if_missing(&self, c: crate::server::Credential) {
         let mut g = self.lock();
-        if matches!(g.settings.target.credential, crate::server::Credential::None) {
+        if matches!(
+            g.settings.target.credential,
+            crate::server::Credential::None
+        ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
             g.settings = Arc::new(s);
@@ -202,7 +213,10 @@ impl Pool {
     }
 
     /// Get a server: an idle one, a new one, or wait in line (FIFO) until `deadline`.
-    pub async fn checkout(self: &Arc<Self>, deadline: Option<Instant>) -> Result<PooledServer, CheckoutError> {
+    pub async fn checkout(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Result<PooledServer, CheckoutError> {
         let start = Instant::now();
         let mut reserve_ok = false;
         loop {
@@ -212,12 +226,20 @@ impl Pool {
                         return Ok(PooledServer::new(s, self.clone()));
                     }
                 }
-                Step::Connect => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
+                Step::Connect => {
+                    return self
+                        .open()
+                        .await
+                        .map(|s| PooledServer::new(s, self.clone()));
+                }
                 Step::Wait(mut ticket) => {
                     let settings = self.settings();
                     let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
                         .then(|| start + settings.reserve_pool_timeout);
-                    let retry_at = self.lock().login_failed_at.map(|t| t + settings.server_login_retry);
+                    let retry_at = self
+                        .lock()
+                        .login_failed_at
+                        .map(|t| t + settings.server_login_retry);
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
                         g = &mut ticket.rx => match g {
@@ -244,7 +266,11 @@ impl Pool {
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
         let mut g = self.lock();
         if !g.paused {
-            let popped = if g.settings.server_round_robin { g.idle.pop_front() } else { g.idle.pop_back() };
+            let popped = if g.settings.server_round_robin {
+                g.idle.pop_front()
+            } else {
+                g.idle.pop_back()
+            };
             if let Some(s) = popped {
                 g.active += 1;
                 return Step::Idle(s);
@@ -257,17 +283,26 @@ impl Pool {
         g.next_waiter += 1;
         let (tx, rx) = oneshot::channel();
         g.waiters.push_back(Waiter { id, tx });
-        Step::Wait(Ticket { pool: self.clone(), id, rx })
+        Step::Wait(Ticket {
+            pool: self.clone(),
+            id,
+            rx,
+        })
     }
 
     /// Count one more server if the pool, its database and its user have room.
     fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
-        if let Some(t) = g.login_failed_at {
-            if t.elapsed() < g.settings.server_login_retry {
-                return false;
-            }
+        if let Some(t) = g.login_failed_at
+            && t.elapsed() < g.settings.server_login_retry
+        {
+            return false;
         }
-        let cap = g.settings.pool_size + if reserve_ok { g.settings.reserve_pool_size } else { 0 };
+        let cap = g.settings.pool_size
+            + if reserve_ok {
+                g.settings.reserve_pool_size
+            } else {
+                0
+            };
         if g.total >= cap {
             return false;
         }
@@ -313,7 +348,8 @@ impl Pool {
     /// Check an idle server before handing it out; None = it was closed.
     async fn prepare_idle(self: &Arc<Self>, mut s: Server) -> Option<Server> {
         let settings = self.settings();
-        let expired = crate::config::enabled(settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
+        let expired = crate::config::enabled(settings.server_lifetime)
+            .is_some_and(|l| s.created.elapsed() >= l);
         if expired || !is_alive(&mut s) {
             self.close(s);
             return None;
@@ -337,7 +373,8 @@ impl Pool {
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Server) {
         s.last_used = Instant::now();
         let mut g = self.lock();
-        let too_old = crate::config::enabled(g.settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
+        let too_old = crate::config::enabled(g.settings.server_lifetime)
+            .is_some_and(|l| s.created.elapsed() >= l);
         if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
             self.close(s);
@@ -452,8 +489,14 @@ impl Pool {
             }
             g.idle = keep;
             g.total = total;
-            let login_blocked = g.login_failed_at.is_some_and(|t| t.elapsed() < s.server_login_retry);
-            open_needed = if login_blocked || g.paused { 0 } else { s.min_pool_size.saturating_sub(g.total) };
+            let login_blocked = g
+                .login_failed_at
+                .is_some_and(|t| t.elapsed() < s.server_login_retry);
+            open_needed = if login_blocked || g.paused {
+                0
+            } else {
+                s.min_pool_size.saturating_sub(g.total)
+            };
         }
         for s in closing {
             close_server(s);

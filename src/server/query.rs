@@ -11,19 +11,33 @@ const OWN_QUERY_MESSAGE_LIMIT: usize = crate::proto::MAX_MESSAGE_LEN;
 
 /// Run `sql` as a simple query and read until ReadyForQuery. Returns the first error the
 /// server reported, if any (the server is still usable then).
-pub async fn simple_query(server: &mut Server, sql: &str) -> Result<Option<ErrorFields>, ServerError> {
+pub async fn simple_query(
+    server: &mut Server,
+    sql: &str,
+) -> Result<Option<ErrorFields>, ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     server.proto.expected_rfq += 1;
-    server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+    server
+        .conn
+        .flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
     drain(server).await
 }
 
 /// Run `sql` and collect its rows as text (NULL = None). An error from the server is returned
 /// as `ServerError::Rejected` (the server is still usable).
-pub async fn query_rows(server: &mut Server, sql: &str) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+pub async fn query_rows(
+    server: &mut Server,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     server.proto.expected_rfq += 1;
-    server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+    server
+        .conn
+        .flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
     let mut rows = Vec::new();
     let mut first_error = None;
     while server.proto.expected_rfq > 0 {
@@ -47,7 +61,9 @@ pub async fn query_rows(server: &mut Server, sql: &str) -> Result<Vec<Vec<Option
             }
             backend::READY_FOR_QUERY => {
                 server.proto.expected_rfq -= 1;
-                server.proto.tx_status = *body.first().ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+                server.proto.tx_status = *body
+                    .first()
+                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
             }
             backend::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status(body)?;
@@ -80,7 +96,9 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
         match h.tag {
             backend::READY_FOR_QUERY => {
                 server.proto.expected_rfq -= 1;
-                server.proto.tx_status = *body.first().ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+                server.proto.tx_status = *body
+                    .first()
+                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
             }
             backend::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status(body)?;
@@ -96,8 +114,14 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
             }
             backend::COPY_IN_RESPONSE => {
                 // Our own queries never copy in; refuse so the server gets back to idle.
-                server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
-                server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+                server
+                    .conn
+                    .queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+                server
+                    .conn
+                    .flush()
+                    .await
+                    .map_err(|e| ServerError::Conn(e.into()))?;
                 server.proto.copy_in = false;
             }
             _ => {}
@@ -117,7 +141,9 @@ fn copy_fail(out: &mut bytes::BytesMut, msg: &str) {
 
 /// Queue a CopyFail (used to end a client's COPY FROM STDIN when it goes away).
 pub fn queue_copy_fail(server: &mut Server) {
-    server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+    server
+        .conn
+        .queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
 }
 
 /// Quote a string as an SQL literal (standard_conforming_strings on; E'' when backslashes).

@@ -24,7 +24,10 @@ pub fn is_read_only(name: &str) -> bool {
 /// Make `server`'s session parameters equal `wanted` with one batched query, and put back
 /// to their login values the ones `wanted` does not mention. Nothing to do → no round trip.
 /// Returns the server's error if a value was rejected.
-pub async fn apply(server: &mut Server, wanted: &Params) -> Result<Option<ErrorFields>, ServerError> {
+pub async fn apply(
+    server: &mut Server,
+    wanted: &Params,
+) -> Result<Option<ErrorFields>, ServerError> {
     let mut changes: Vec<(&str, &str)> = Vec::new();
     for (k, v) in wanted.iter() {
         if server.params.get(k) != Some(v) && !is_read_only(k) {
@@ -46,8 +49,15 @@ pub async fn apply(server: &mut Server, wanted: &Params) -> Result<Option<ErrorF
     if changes.is_empty() && back.is_empty() && reset.is_empty() {
         return Ok(None);
     }
-    let sets = changes.iter().copied().chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let mut sql = if changes.is_empty() && back.is_empty() { String::new() } else { set_config_sql(sets) };
+    let sets = changes
+        .iter()
+        .copied()
+        .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let mut sql = if changes.is_empty() && back.is_empty() {
+        String::new()
+    } else {
+        set_config_sql(sets)
+    };
     for name in &reset {
         if !sql.is_empty() {
             sql.push_str("; ");
@@ -65,7 +75,11 @@ pub async fn apply(server: &mut Server, wanted: &Params) -> Result<Option<ErrorF
     let err = simple_query(server, &sql).await?;
     if err.is_none() {
         // Values the server does not report: remember what we set.
-        for (k, v) in changes.iter().copied().chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        for (k, v) in changes
+            .iter()
+            .copied()
+            .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        {
             server.params.set(k, v);
         }
         for name in &reset {
@@ -158,7 +172,9 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     let uncertain = !server.pending.is_empty();
     server.pending.clear();
     if server.broken || server.proto.partial > 0 {
-        return Err(ServerError::Login("server left with a partly sent message".into()));
+        return Err(ServerError::Login(
+            "server left with a partly sent message".into(),
+        ));
     }
     if server.proto.copy_in {
         queue_copy_fail(server);
@@ -172,13 +188,17 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     if server.proto.expected_rfq > 0 {
         // A query may be running: cancel it rather than wait for it.
         let _ = super::connect::send_cancel(&server.addr, server.key).await;
-        server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+        server
+            .conn
+            .flush()
+            .await
+            .map_err(|e| ServerError::Conn(e.into()))?;
         drain(server).await?;
     }
-    if server.proto.tx_status != b'I' {
-        if let Some(e) = simple_query(server, "ROLLBACK").await? {
-            return Err(ServerError::Rejected(e));
-        }
+    if server.proto.tx_status != b'I'
+        && let Some(e) = simple_query(server, "ROLLBACK").await?
+    {
+        return Err(ServerError::Rejected(e));
     }
     if uncertain {
         if let Some(e) = simple_query(server, "DEALLOCATE ALL").await? {
