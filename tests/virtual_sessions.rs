@@ -286,9 +286,9 @@ async fn deallocate_by_name_after_protocol_parse_works() {
     let c = p.connect("md5user", "testdb").await;
     let s = c.prepare("select 1").await.unwrap();
     assert_eq!(c.query_one(&s, &[]).await.unwrap().get::<_, i32>(0), 1);
-    // tokio-postgres named it s0.
-    c.batch_execute("DEALLOCATE s0").await.unwrap();
-    let err = c.batch_execute("DEALLOCATE s0").await.unwrap_err();
+    let sql = format!("DEALLOCATE {}", s.name());
+    c.batch_execute(&sql).await.unwrap();
+    let err = c.batch_execute(&sql).await.unwrap_err();
     assert_eq!(harness::sqlstate(&err), Some("26000"));
     p.shutdown().await;
 }
@@ -331,4 +331,86 @@ fn pgbench_prepared_mode_runs_without_errors() {
         "{stdout}"
     );
     rt.block_on(p.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_and_execute_with_clashing_names() {
+    let pg = TempPostgres::start();
+    let p = tx_pooler(&pg).await;
+    let mut tasks = Vec::new();
+    for i in 0..16i32 {
+        let c = p.connect("md5user", "testdb").await;
+        tasks.push(tokio::spawn(async move {
+            c.batch_execute(&format!("PREPARE q(int) AS SELECT $1 * {i}"))
+                .await
+                .unwrap();
+            for n in 0..30i32 {
+                let r = c.simple_query(&format!("EXECUTE q({n})")).await.unwrap();
+                assert_eq!(text(&r), [(n * i).to_string()]);
+                if n % 10 == 0 {
+                    // Also inside an explicit transaction.
+                    c.batch_execute("BEGIN").await.unwrap();
+                    let r = c.simple_query("EXECUTE q(2)").await.unwrap();
+                    assert_eq!(text(&r), [(2 * i).to_string()]);
+                    c.batch_execute("COMMIT").await.unwrap();
+                }
+            }
+            c.batch_execute("DEALLOCATE q").await.unwrap();
+            let err = c.simple_query("EXECUTE q(1)").await.unwrap_err();
+            assert_eq!(harness::sqlstate(&err), Some("26000"), "{err}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_dump_and_pg_restore_work_in_transaction_mode() {
+    let pg = TempPostgres::start();
+    pg.psql("create database restored");
+    pg.psql_in(
+        "testdb",
+        "create schema app; create table app.items (id int primary key, name text); \
+         insert into app.items select g, 'item ' || g from generate_series(1, 100) g; \
+         create view app.v as select count(*) from app.items",
+    );
+    let p = tx_pooler(&pg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("dump.custom");
+    let out = std::process::Command::new(harness::pg_bin("pg_dump"))
+        .args([
+            "-Fc",
+            "-f",
+            dump.to_str().unwrap(),
+            &p.dsn("postgres", "testdb"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(harness::pg_bin("pg_restore"))
+        .args([
+            "--exit-on-error",
+            "-d",
+            &p.dsn("postgres", "restored"),
+            dump.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        pg.psql_in("restored", "select count(*) from app.items"),
+        "100"
+    );
+    assert_eq!(pg.psql_in("restored", "select * from app.v"), "100");
+    p.shutdown().await;
 }

@@ -45,7 +45,9 @@ impl Effects {
 /// keyword of some statement is one we act on, or the text mentions set_config, advisory
 /// locks or pg_temp. False for the plain SELECT/INSERT/UPDATE/DELETE/BEGIN/COMMIT traffic.
 pub fn may_matter(sql: &[u8]) -> bool {
-    const LEADING: [&[u8]; 8] = [
+    const LEADING: [&[u8]; 10] = [
+        b"prepare",
+        b"execute",
         b"set",
         b"reset",
         b"discard",
@@ -154,6 +156,67 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
                 e.pin_check = true;
             }
         }
+    }
+}
+
+/// A lone SQL `PREPARE name …` or `EXECUTE name …`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Named<'a> {
+    Prepare { name: String, rest: &'a [u8] },
+    Execute { name: String, rest: &'a [u8] },
+}
+
+/// The query as one PREPARE or EXECUTE statement, with its name and the text after it.
+pub fn named_statement(sql: &[u8]) -> Option<Named<'_>> {
+    let stmts = split(sql);
+    let [(a, b)] = stmts.as_slice() else {
+        return None;
+    };
+    let s = strip_leading(&sql[*a..*b]);
+    let kw_end = s
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    let kw = &s[..kw_end];
+    let after = s[kw_end..].trim_ascii_start();
+    let (name, rest) = if let Some(q) = after.strip_prefix(b"\"") {
+        let mut name = Vec::new();
+        let mut i = 0;
+        loop {
+            match q.get(i) {
+                None => return None,
+                Some(b'"') if q.get(i + 1) == Some(&b'"') => {
+                    name.push(b'"');
+                    i += 2;
+                }
+                Some(b'"') => break,
+                Some(&c) => {
+                    name.push(c);
+                    i += 1;
+                }
+            }
+        }
+        (String::from_utf8(name).ok()?, &q[i + 1..])
+    } else {
+        let end = after
+            .iter()
+            .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$'))
+            .unwrap_or(after.len());
+        if end == 0 || after[0].is_ascii_digit() {
+            return None;
+        }
+        (
+            String::from_utf8_lossy(&after[..end]).to_ascii_lowercase(),
+            &after[end..],
+        )
+    };
+    let rest = rest.trim_ascii();
+    if kw.eq_ignore_ascii_case(b"prepare") && !name.eq_ignore_ascii_case("transaction") {
+        Some(Named::Prepare { name, rest })
+    } else if kw.eq_ignore_ascii_case(b"execute") {
+        Some(Named::Execute { name, rest })
+    } else {
+        None
     }
 }
 
@@ -421,6 +484,26 @@ mod tests {
                 .as_deref(),
             Some("S_1")
         );
+    }
+
+    #[test]
+    fn prepare_and_execute_are_named() {
+        assert_eq!(
+            named_statement(b"PREPARE foo(int) AS select $1"),
+            Some(Named::Prepare {
+                name: "foo".into(),
+                rest: b"(int) AS select $1"
+            })
+        );
+        assert_eq!(
+            named_statement(b"execute \"Foo\"\"x\" (1, 2);"),
+            Some(Named::Execute {
+                name: "Foo\"x".into(),
+                rest: b"(1, 2)"
+            })
+        );
+        assert_eq!(named_statement(b"PREPARE TRANSACTION 'x'"), None);
+        assert_eq!(named_statement(b"execute a; execute b"), None);
     }
 
     #[test]

@@ -185,8 +185,11 @@ pub enum Pending {
     Close {
         swallow: bool,
     },
-    /// Sync, Query or FunctionCall: ends with ReadyForQuery.
-    Ready,
+    /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
+    /// carries its statement, forgotten by the server if the query fails.
+    Ready(Option<Arc<Stmt>>),
+    /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
+    Swallow,
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
 }
@@ -195,6 +198,8 @@ pub enum Pending {
 pub enum Answer {
     ParseComplete,
     CloseComplete,
+    /// A whole simple query answered here: CommandComplete with this tag, ReadyForQuery.
+    Query(&'static str),
 }
 
 #[cfg(test)]

@@ -297,13 +297,10 @@ impl<'a> Relay<'a> {
                     self.forward_client_run(fwd);
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
-                    let p = &mut self.server.proto;
-                    if p.expected_rfq == 0 {
+                    if self.server.proto.expected_rfq == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    p.expected_rfq += 1;
-                    p.unsynced = false;
-                    self.server.pending.push_back(Pending::Ready);
+                    self.server.proto.unsynced = false;
                     self.on_query(msg)?;
                     continue;
                 }
@@ -314,7 +311,7 @@ impl<'a> Relay<'a> {
                     p.expected_rfq += 1;
                     p.unsynced = false;
                     if self.virt {
-                        self.server.pending.push_back(Pending::Ready);
+                        self.server.pending.push_back(Pending::Ready(None));
                     }
                 }
                 frontend::EXECUTE => {
@@ -336,8 +333,13 @@ impl<'a> Relay<'a> {
             fwd += h.total;
         }
         self.forward_client_run(fwd);
-        if self.virt {
-            self.answer_front();
+        if self.virt && self.answer_front() && event.is_none() {
+            // pgcarpool answered a whole query itself: the server may be free again.
+            let p = &self.server.proto;
+            if p.is_idle() && self.server.pending.is_empty() && self.mode != PoolMode::Session {
+                self.xact_started = None;
+                event = Some(RelayEvent::Release);
+            }
         }
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
@@ -383,6 +385,28 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
+            if self.virt && matches!(self.server.pending.front(), Some(Pending::Swallow)) {
+                // Replies to a query pgcarpool added: none reach the client.
+                if h.total > MAX_INSPECTED {
+                    return Err(ProtoError::TooLong(h.total));
+                }
+                if avail < h.total {
+                    break;
+                }
+                if h.tag == backend::READY_FOR_QUERY {
+                    let status = *buf
+                        .get(fwd + 5)
+                        .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                    let p = &mut self.server.proto;
+                    p.tx_status = status;
+                    p.expected_rfq = p.expected_rfq.saturating_sub(1);
+                    self.server.pending.pop_front();
+                }
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn.consume(h.total);
+                continue;
+            }
             match h.tag {
                 backend::READY_FOR_QUERY
                 | backend::PARAMETER_STATUS

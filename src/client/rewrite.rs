@@ -11,12 +11,11 @@ use super::relay::Relay;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 
 impl Relay<'_> {
-    /// A whole simple Query from the client (its ReadyForQuery is already counted).
+    /// A whole simple Query from the client.
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         if !classify::may_matter(sql) {
-            self.server.conn.queue(msg);
-            return Ok(());
+            return Ok(self.send_query(msg, None));
         }
         let e = classify::classify(sql);
         if e.deallocate_all {
@@ -24,22 +23,74 @@ impl Relay<'_> {
             self.session.statements.clear();
             self.server.prepared.clear();
         }
-        let rewritten = match &e.deallocate {
-            Some(name) => self.session.statements.remove(name.as_bytes()).map(|stmt| {
-                self.server.prepared.remove(stmt.id);
-                format!(
-                    "DEALLOCATE \"{}\"",
-                    String::from_utf8_lossy(&stmt.server_name)
-                )
-            }),
-            None => None,
-        };
-        match rewritten {
-            Some(sql) => self.server.conn.queue_with(|b| frontend::query(b, &sql)),
-            None => self.server.conn.queue(msg),
-        }
+        let named = classify::named_statement(sql);
+        let deallocated = e
+            .deallocate
+            .as_ref()
+            .and_then(|name| self.session.statements.remove(name.as_bytes()));
         self.effects.merge(e);
+        if let Some(stmt) = deallocated {
+            self.server.prepared.remove(stmt.id);
+            let sql = format!("DEALLOCATE {}", quoted(&stmt.server_name));
+            return Ok(self.send_query(query_message(&sql), None));
+        }
+        match named {
+            Some(classify::Named::Prepare { name, rest }) => {
+                let mut key = b"\0PREPARE ".to_vec();
+                key.extend_from_slice(rest);
+                let stmt = self.registry.intern(Bytes::from(key));
+                self.session
+                    .statements
+                    .insert(Bytes::from(name.into_bytes()), stmt.clone());
+                if self.server.prepared.touch(stmt.id) {
+                    // Already prepared on this server under its shared name.
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::Query("PREPARE")));
+                    return Ok(());
+                }
+                let sql = format!(
+                    "PREPARE {} {}",
+                    quoted(&stmt.server_name),
+                    String::from_utf8_lossy(rest)
+                );
+                self.server.prepared.insert(stmt.clone());
+                self.send_query(query_message(&sql), Some(stmt));
+            }
+            Some(classify::Named::Execute { name, rest }) => {
+                match self.session.statements.get(name.as_bytes()).cloned() {
+                    Some(stmt) if is_sql_prepared(&stmt) => {
+                        if !self.server.prepared.touch(stmt.id) {
+                            let prep = format!(
+                                "PREPARE {} {}",
+                                quoted(&stmt.server_name),
+                                String::from_utf8_lossy(&stmt.parse_rest["\0PREPARE ".len()..])
+                            );
+                            self.server.conn.queue_with(|b| frontend::query(b, &prep));
+                            self.server.proto.expected_rfq += 1;
+                            self.server.pending.push_back(Pending::Swallow);
+                            self.server.prepared.insert(stmt.clone());
+                        }
+                        let sql = format!(
+                            "EXECUTE {} {}",
+                            quoted(&stmt.server_name),
+                            String::from_utf8_lossy(rest)
+                        );
+                        self.send_query(query_message(&sql), None);
+                    }
+                    _ => self.send_query(msg, None),
+                }
+            }
+            None => self.send_query(msg, None),
+        }
         Ok(())
+    }
+
+    /// Forward a Query whose ReadyForQuery the client waits for.
+    fn send_query(&mut self, msg: Bytes, prepares: Option<Arc<Stmt>>) {
+        self.server.conn.queue(msg);
+        self.server.proto.expected_rfq += 1;
+        self.server.pending.push_back(Pending::Ready(prepares));
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -147,6 +198,10 @@ impl Relay<'_> {
             return None;
         }
         let stmt = self.session.statements.get(name)?.clone();
+        if is_sql_prepared(&stmt) {
+            // Made by SQL PREPARE: usable from the protocol only where it already exists.
+            return self.server.prepared.touch(stmt.id).then_some(stmt);
+        }
         if !self.server.prepared.touch(stmt.id) {
             self.prepare_on_server(stmt.clone(), true);
         }
@@ -185,16 +240,25 @@ impl Relay<'_> {
         });
     }
 
-    /// Send the client the replies pgcarpool owes it that are next in line.
-    pub(super) fn answer_front(&mut self) {
+    /// Send the client the replies pgcarpool owes it that are next in line. True when one
+    /// of them was a ReadyForQuery.
+    pub(super) fn answer_front(&mut self) -> bool {
+        let mut ready = false;
         while let Some(Pending::Answer(a)) = self.server.pending.front() {
             let a = *a;
             self.server.pending.pop_front();
+            let status = self.server.proto.tx_status;
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
+                Answer::Query(tag) => {
+                    backend::command_complete(b, tag);
+                    backend::ready_for_query(b, status);
+                }
             });
+            ready |= matches!(a, Answer::Query(_));
         }
+        ready
     }
 
     /// A server message that may complete the oldest pending response. True: it answers a
@@ -220,12 +284,17 @@ impl Relay<'_> {
                 | backend::PORTAL_SUSPENDED,
                 Pending::Execute,
             ) => (true, false),
-            (backend::READY_FOR_QUERY, Pending::Ready) => (true, false),
-            (backend::ERROR_RESPONSE, Pending::Ready) => (false, false),
+            (backend::READY_FOR_QUERY, Pending::Ready(_)) => (true, false),
+            (backend::ERROR_RESPONSE, Pending::Ready(prepares)) => {
+                if let Some(s) = prepares {
+                    self.server.prepared.remove(s.id);
+                }
+                (false, false)
+            }
             (backend::ERROR_RESPONSE, _) => {
                 // The server skips everything up to the next Sync: those replies never come.
                 while let Some(p) = pending.front() {
-                    if matches!(p, Pending::Ready) {
+                    if matches!(p, Pending::Ready(_)) {
                         break;
                     }
                     if let Some(Pending::Parse { stmt: Some(s), .. }) = pending.pop_front() {
@@ -241,4 +310,20 @@ impl Relay<'_> {
         }
         swallow
     }
+}
+
+/// A statement made by SQL PREPARE (its key is the text after the name).
+fn is_sql_prepared(stmt: &Stmt) -> bool {
+    stmt.parse_rest.starts_with(b"\0PREPARE ")
+}
+
+/// An identifier in double quotes.
+fn quoted(name: &[u8]) -> String {
+    format!("\"{}\"", String::from_utf8_lossy(name).replace('"', "\"\""))
+}
+
+fn query_message(sql: &str) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
+    frontend::query(&mut b, sql);
+    b.freeze()
 }

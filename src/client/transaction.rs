@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::classify::Effects;
+use super::classify::{self, Effects};
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
@@ -237,6 +237,9 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
         return Ok(Local::NeedServer);
     }
+    if let Some(done) = deallocate_without_server(c)? {
+        return Ok(done);
+    }
     let buf = &c.conn.rbuf;
     let mut at = 0;
     let mut end = None;
@@ -293,6 +296,51 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         at += h.total;
     }
     Ok(Local::Answered)
+}
+
+/// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
+/// virtual session (PHP PDO deallocates by name what it prepared with the protocol).
+fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientError> {
+    let buf = &c.conn.rbuf;
+    if buf.first() != Some(&frontend::QUERY) {
+        return Ok(None);
+    }
+    let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
+        return Ok(Some(Local::Incomplete));
+    };
+    if buf.len() < h.total {
+        return Ok(Some(Local::Incomplete));
+    }
+    let sql = proto::frontend::parse_query(&buf[5..h.total])?;
+    if !classify::may_matter(sql) {
+        return Ok(None);
+    }
+    let e = classify::classify(sql);
+    let only = |mut x: classify::Effects| {
+        x.deallocate = None;
+        x.deallocate_all = false;
+        x.is_empty()
+    };
+    if !only(e.clone()) || (e.deallocate.is_none() && !e.deallocate_all) {
+        return Ok(None);
+    }
+    c.conn.consume(h.total);
+    if e.deallocate_all {
+        c.session.statements.clear();
+        c.conn
+            .queue_with(|b| backend::command_complete(b, "DEALLOCATE ALL"));
+    } else if let Some(name) = e.deallocate {
+        if c.session.statements.remove(name.as_bytes()).is_some() {
+            c.conn
+                .queue_with(|b| backend::command_complete(b, "DEALLOCATE"));
+        } else {
+            let msg = format!("prepared statement \"{name}\" does not exist");
+            c.conn
+                .queue_with(|b| backend::error_response(b, "ERROR", "26000", &msg));
+        }
+    }
+    c.conn.queue_with(|b| backend::ready_for_query(b, b'I'));
+    Ok(Some(Local::Answered))
 }
 
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
