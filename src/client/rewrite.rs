@@ -15,7 +15,8 @@ impl Relay<'_> {
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         if !classify::may_matter(sql) {
-            return Ok(self.send_query(msg, None));
+            self.send_query(msg, None);
+            return Ok(());
         }
         let e = classify::classify(sql);
         if e.deallocate_all {
@@ -32,7 +33,8 @@ impl Relay<'_> {
         if let Some(stmt) = deallocated {
             self.server.prepared.remove(stmt.id);
             let sql = format!("DEALLOCATE {}", quoted(&stmt.server_name));
-            return Ok(self.send_query(query_message(&sql), None));
+            self.send_query(query_message(&sql), None);
+            return Ok(());
         }
         match named {
             Some(classify::Named::Prepare { name, rest }) => {
