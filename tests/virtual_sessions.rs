@@ -278,21 +278,6 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
     p.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deallocate_by_name_after_protocol_parse_works() {
-    // PHP PDO's pattern: protocol-level Parse, then SQL DEALLOCATE of the same name.
-    let pg = TempPostgres::start();
-    let p = tx_pooler(&pg).await;
-    let c = p.connect("md5user", "testdb").await;
-    let s = c.prepare("select 1").await.unwrap();
-    assert_eq!(c.query_one(&s, &[]).await.unwrap().get::<_, i32>(0), 1);
-    let sql = format!("DEALLOCATE {}", s.name());
-    c.batch_execute(&sql).await.unwrap();
-    let err = c.batch_execute(&sql).await.unwrap_err();
-    assert_eq!(harness::sqlstate(&err), Some("26000"));
-    p.shutdown().await;
-}
-
 #[test]
 fn pgbench_prepared_mode_runs_without_errors() {
     let pg = TempPostgres::start();
