@@ -31,6 +31,8 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Connected client sockets (for max_client_conn).
     pub client_conns: AtomicUsize,
+    /// Console state: DISABLE'd and PAUSE'd databases.
+    pub admin: crate::admin::AdminState,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -56,6 +58,7 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
         tracker: TaskTracker::new(),
         next_client_id: AtomicU64::new(1),
         client_conns: AtomicUsize::new(0),
+        admin: crate::admin::AdminState::default(),
     });
     let listeners = listen::bind(&shared.config.load().settings)?;
     let addr = listeners
@@ -66,6 +69,10 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
         shared.tracker.spawn(listen::accept_loop(l, shared.clone()));
     }
     shared.tracker.spawn(janitor::run(shared.pools.clone(), shared.stop_background.clone()));
+    shared.tracker.spawn(crate::stats::run_periods(shared.clone()));
+    if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
+        shared.tracker.spawn(crate::stats::metrics::serve(metrics, shared.clone()));
+    }
     Ok(AppHandle { addr, shared })
 }
 

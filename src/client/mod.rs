@@ -136,6 +136,9 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
+    if shared.admin.is_disabled(&db) {
+        return Err(ClientError::fatal("08P01", format!("database does not allow connections: {db}")));
+    }
     let secret = cfg.auth.users.get(&user);
     let learned = startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
 
