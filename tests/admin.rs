@@ -541,6 +541,22 @@ async fn stats_count_a_known_workload_and_metrics_agree() {
         }
     }
     assert!(body.contains("pgcarpool_build_info{"), "{body}");
+    // Every metric the Grafana dashboard queries exists.
+    let dash = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/grafana-dashboard.json"
+    ))
+    .unwrap();
+    for (i, _) in dash.match_indices("pgcarpool_") {
+        let name: String = dash[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            body.contains(&format!("\n{name}")),
+            "dashboard uses {name}, /metrics has none"
+        );
+    }
     let l = "database=\"testdb\"";
     assert_eq!(
         metric_sum(&body, "pgcarpool_transactions_total", l) as u64,

@@ -861,7 +861,110 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::PoolStats;
     use std::time::Duration;
+
+    /// A `Shared` with no listeners: SHOW views are read from it directly.
+    fn shared(ini: &str) -> Arc<Shared> {
+        let dir = std::env::temp_dir();
+        let cfg = Config::from_str(ini, "pgbouncer.ini", &dir).expect("config");
+        Arc::new(Shared {
+            config: arc_swap::ArcSwap::from_pointee(cfg),
+            pools: Default::default(),
+            clients: Default::default(),
+            scram: Arc::new(crate::auth::cache::ScramCache::new()),
+            stop_accepting: Default::default(),
+            stop_clients: Default::default(),
+            stop_background: Default::default(),
+            tracker: Default::default(),
+            next_client_id: Default::default(),
+            client_conns: Default::default(),
+            admin: Default::default(),
+        })
+    }
+
+    fn pool(shared: &Arc<Shared>, db: &str, user: &str) -> Arc<Pool> {
+        let cfg = shared.config.load_full();
+        let entry = cfg.database(db).expect("db entry");
+        shared.pools.get_or_create(db, user, || {
+            crate::app::pool_settings(&cfg, &entry, user, crate::server::Credential::None, shared)
+        })
+    }
+
+    fn cell<'a>(t: &'a Table, row: usize, col: &str) -> &'a Cell {
+        &t.rows[row][t.col(col).unwrap_or_else(|| panic!("no column {col}"))]
+    }
+
+    const INI: &str = "[databases]\napp = host=127.0.0.1 port=5999 pool_size=4\n[pgbouncer]\nlisten_port = 0\npool_mode = transaction\n";
+
+    #[test]
+    fn pools_and_databases_show_pool_state() {
+        let sh = shared(INI);
+        let p = pool(&sh, "app", "alice");
+        p.pause();
+        let t = pools(&sh);
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(cell(&t, 0, "database"), &Cell::from("app"));
+        assert_eq!(cell(&t, 0, "user"), &Cell::from("alice"));
+        assert_eq!(cell(&t, 0, "sv_active"), &Cell::Int(0));
+        assert_eq!(cell(&t, 0, "pool_mode"), &Cell::from("transaction"));
+        let d = databases(&sh);
+        assert_eq!(cell(&d, 0, "name"), &Cell::from("app"));
+        assert_eq!(cell(&d, 0, "pool_size"), &Cell::Int(4));
+        assert_eq!(cell(&d, 0, "port"), &Cell::Int(5999));
+        assert_eq!(cell(&d, 0, "paused"), &Cell::Int(1));
+        assert_eq!(cell(&d, 0, "disabled"), &Cell::Int(0));
+        sh.admin.set_disabled("app", true);
+        assert_eq!(cell(&databases(&sh), 0, "disabled"), &Cell::Int(1));
+        // The console's own row comes last.
+        assert_eq!(cell(&d, d.rows.len() - 1, "name"), &Cell::from("pgbouncer"));
+    }
+
+    #[test]
+    fn stats_sum_pools_per_database() {
+        let sh = shared(INI);
+        for user in ["alice", "bob"] {
+            let p = pool(&sh, "app", user);
+            PoolStats::add(&p.stats.xact_count, 3);
+            PoolStats::add(&p.stats.query_count, 5);
+            PoolStats::add(&p.stats.wait_time_us, 30);
+            PoolStats::add(&p.stats.server_assignment_count, 3);
+            p.stats.roll_period(1.0);
+        }
+        let t = stats(&sh);
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(cell(&t, 0, "total_xact_count"), &Cell::Int(6));
+        assert_eq!(cell(&t, 0, "total_query_count"), &Cell::Int(10));
+        assert_eq!(cell(&t, 0, "avg_xact_count"), &Cell::Int(6));
+        assert_eq!(cell(&t, 0, "avg_wait_time"), &Cell::Int(10));
+        let tt = stats_totals(&sh);
+        assert_eq!(cell(&tt, 0, "xact_count"), &Cell::Int(6));
+        let tot = totals(&sh);
+        let row = tot
+            .rows
+            .iter()
+            .find(|r| r[0] == Cell::from("total_query_count"))
+            .unwrap();
+        assert_eq!(row[1], Cell::Int(10));
+    }
+
+    #[test]
+    fn every_view_has_rows_as_wide_as_its_columns() {
+        let sh = shared(INI);
+        pool(&sh, "app", "alice");
+        for (name, v) in super::super::command::VIEWS {
+            if let Some(t) = table(&sh, v) {
+                assert!(!t.columns.is_empty(), "{name}");
+                for r in &t.rows {
+                    assert_eq!(r.len(), t.columns.len(), "{name}");
+                }
+            }
+        }
+        assert_eq!(
+            config(&sh.config.load()).column_names(),
+            ["key", "value", "default", "changeable"]
+        );
+    }
 
     #[test]
     fn times_print_as_utc() {
