@@ -198,6 +198,28 @@ impl Command {
     }
 }
 
+/// Split a simple Query's text into commands at `;` outside 'quotes' and "quotes";
+/// empty pieces are dropped.
+pub fn split_statements(sql: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut start = 0;
+    for (i, ch) in sql.char_indices() {
+        match (quote, ch) {
+            (None, '\'' | '"') => quote = Some(ch),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';') => {
+                out.push(&sql[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&sql[start..]);
+    out.retain(|s| !s.trim().is_empty());
+    out
+}
+
 fn split_word(s: &str) -> (&str, &str) {
     match s.find(char::is_whitespace) {
         Some(i) => (&s[..i], s[i..].trim_start()),
@@ -289,6 +311,19 @@ mod tests {
             }
         );
         assert!(Command::parse("SET x").is_err());
+    }
+
+    #[test]
+    fn statements_split_outside_quotes() {
+        assert_eq!(
+            split_statements("SHOW POOLS; SHOW STATS;"),
+            ["SHOW POOLS", " SHOW STATS"]
+        );
+        assert_eq!(
+            split_statements("SET server_reset_query = 'DISCARD ALL; SELECT 1'"),
+            ["SET server_reset_query = 'DISCARD ALL; SELECT 1'"]
+        );
+        assert!(split_statements(" ; ").is_empty());
     }
 
     #[test]

@@ -234,7 +234,7 @@ async fn simple_query(
 ) -> Result<bool, ClientError> {
     let sql = frontend::parse_query(body)?;
     let sql = String::from_utf8_lossy(sql);
-    let parts: Vec<&str> = sql.split(';').filter(|s| !s.trim().is_empty()).collect();
+    let parts = command::split_statements(&sql);
     if parts.is_empty() {
         backend::empty_query_response(out);
     }

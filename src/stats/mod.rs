@@ -184,7 +184,23 @@ pub async fn run_periods(shared: Arc<crate::app::Shared>) {
         }
         let secs = last.elapsed().as_secs_f64();
         last = Instant::now();
-        roll_all(&shared.pools.all(), secs);
+        let pools = shared.pools.all();
+        roll_all(&pools, secs);
+        if shared.config.load().settings.log_stats {
+            let mut p = Period::default();
+            pools.iter().for_each(|pool| p.add(&pool.stats.period()));
+            let a = p.averages();
+            tracing::info!(
+                "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+                a.xact_count,
+                a.query_count,
+                a.bytes_received,
+                a.bytes_sent,
+                a.xact_time_us,
+                a.query_time_us,
+                a.wait_time_us
+            );
+        }
     }
 }
 
