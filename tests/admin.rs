@@ -656,6 +656,16 @@ async fn kill_client_disconnects_that_client() {
     // Session mode: the client keeps its server, so it shows as active.
     assert_eq!(clients[0]["state"].as_deref(), Some("active"));
     let id = num(&clients[0], "id");
+    // Its server is listed as active, linked to it.
+    let servers = rows(&c, "SHOW SERVERS").await;
+    let active: Vec<_> = servers
+        .iter()
+        .filter(|r| r["state"].as_deref() == Some("active"))
+        .collect();
+    assert_eq!(active.len(), 1, "{servers:?}");
+    assert_eq!(active[0]["database"].as_deref(), Some("testdb"));
+    assert_eq!(active[0]["link"], clients[0]["ptr"]);
+    assert!(num(active[0], "remote_pid") > 0);
     c.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert!(app.simple_query("select 1").await.is_err());
     p.shutdown().await;

@@ -558,3 +558,122 @@ impl Session {
         Ok(false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        let cfg = Config::from_str(
+            "[databases]\n[pgbouncer]\nlisten_port = 0\n",
+            "pgbouncer.ini",
+            &std::env::temp_dir(),
+        )
+        .expect("config");
+        Arc::new(Shared {
+            config: arc_swap::ArcSwap::from_pointee(cfg),
+            pools: Default::default(),
+            clients: Default::default(),
+            scram: Arc::new(crate::auth::cache::ScramCache::new()),
+            stop_accepting: Default::default(),
+            stop_clients: Default::default(),
+            stop_background: Default::default(),
+            tracker: Default::default(),
+            next_client_id: Default::default(),
+            client_conns: Default::default(),
+            admin: Default::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn malformed_extended_messages_are_errors_not_panics() {
+        let sh = shared();
+        let mut s = Session::default();
+        let cases: [(u8, &[u8]); 8] = [
+            (frontend::PARSE, b""),
+            (frontend::PARSE, b"s\0SHOW POOLS"),
+            (frontend::BIND, b"\0nosuch\0\0\0\0\0\0\0"),
+            (frontend::BIND, b"\0\0\xff\xff"),
+            (frontend::DESCRIBE, b"S"),
+            (frontend::DESCRIBE, b"Pnosuch\0"),
+            (frontend::EXECUTE, b"nosuch\0\0\0\0\0"),
+            (frontend::CLOSE, b""),
+        ];
+        for (tag, body) in cases {
+            let mut out = BytesMut::new();
+            assert!(
+                s.extended(&sh, Role::Admin, tag, body, &mut out)
+                    .await
+                    .is_err(),
+                "{} {body:?}",
+                tag as char
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn parse_bind_describe_execute_answer_in_order() {
+        let sh = shared();
+        let mut s = Session::default();
+        let mut out = BytesMut::new();
+        s.extended(
+            &sh,
+            Role::Admin,
+            frontend::PARSE,
+            b"\0SHOW LISTS\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(
+            &sh,
+            Role::Admin,
+            frontend::BIND,
+            b"\0\0\0\0\0\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(&sh, Role::Admin, frontend::DESCRIBE, b"P\0", &mut out)
+            .await
+            .unwrap();
+        s.extended(&sh, Role::Admin, frontend::EXECUTE, b"\0\0\0\0\0", &mut out)
+            .await
+            .unwrap();
+        let mut tags = Vec::new();
+        let mut rest = &out[..];
+        while rest.len() >= 5 {
+            let len = i32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            tags.push(rest[0]);
+            rest = &rest[1 + len..];
+        }
+        let rows = tags.iter().filter(|t| **t == b'D').count();
+        assert_eq!(&tags[..3], b"12T");
+        assert_eq!(rows, 14);
+        assert_eq!(tags.last(), Some(&b'C'));
+        // A stats user may describe but not run a non-SHOW command.
+        s.extended(
+            &sh,
+            Role::Stats,
+            frontend::PARSE,
+            b"p\0PAUSE\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(
+            &sh,
+            Role::Stats,
+            frontend::BIND,
+            b"\0p\0\0\0\0\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        let e = s
+            .extended(&sh, Role::Stats, frontend::EXECUTE, b"\0\0\0\0\0", &mut out)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "42501");
+    }
+}

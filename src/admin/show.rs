@@ -341,10 +341,40 @@ pub fn clients(shared: &Shared) -> Table {
     t
 }
 
-/// Idle servers in full; servers in use belong to their client task and are counted in
-/// SHOW POOLS (sv_active) but not listed here.
+/// Servers linked to a client (seen through the client's cancel target: address and
+/// backend pid), then idle servers. A server being opened or reset is in neither.
 pub fn servers(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
     let mut t = Table::new(&CONN_COLUMNS);
+    for c in shared.clients.all() {
+        let Some((addr, key)) = c.cancel_target() else {
+            continue;
+        };
+        let (host, port) = split_addr(&addr.to_string());
+        t.push(vec![
+            "S".into(),
+            cfg.pool_user_for(&c.db, &c.user).into(),
+            c.db.clone().into(),
+            "none".into(),
+            "active".into(),
+            host.into(),
+            port.into(),
+            Cell::Null,
+            Cell::Null,
+            Cell::Null,
+            Cell::Null,
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            Cell::Null,
+            format!("{:#x}", Arc::as_ptr(&c) as usize).into(),
+            i64::from(key.0).into(),
+            "".into(),
+            "".into(),
+            0i64.into(),
+            Cell::Null,
+        ]);
+    }
     for p in shared.pools.all() {
         for s in p.idle_servers() {
             let (addr, port) = split_addr(&s.addr.to_string());
