@@ -164,6 +164,12 @@ async fn login(
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
+    if shared.admin.is_disabled(&db) {
+        return Err(ClientError::fatal(
+            "08P01",
+            format!("database does not allow connections: {db}"),
+        ));
+    }
     let secret = cfg.auth.users.get(&user);
     let learned =
         startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;

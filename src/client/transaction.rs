@@ -33,10 +33,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 c.reg.handle.set_state(ClientState::Waiting);
                 let waited = Instant::now();
                 let mut server = checkout(c, &cfg, &kill).await?;
-                PoolStats::add(
-                    &c.pool.stats.wait_time_us,
-                    waited.elapsed().as_micros() as u64,
-                );
+                let waited_us = waited.elapsed().as_micros() as u64;
+                PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
+                c.pool.stats.wait_hist.record(waited_us);
                 PoolStats::add(&c.pool.stats.server_assignment_count, 1);
                 match sync::apply(&mut server, &c.session.params).await {
                     Ok(None) => {}
@@ -65,6 +64,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             .handle
             .set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
+        let assigned_at = Instant::now();
         let (event, counts, effects) = {
             let registry = c.shared.statements.clone();
             let mut relay = Relay::new(
@@ -82,7 +82,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             (event, relay.counts, std::mem::take(&mut relay.effects))
         };
         c.reg.handle.set_cancel_target(None);
-        add_stats(c, &counts);
+        add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
         let reset_always = cfg.settings.server_reset_query_always;
         // A server with a pinned session never goes back to the pool as it is.
         server.reset = reset_always || c.session.pin.is_some();
@@ -175,13 +175,22 @@ fn killed(c: &Client) -> ClientError {
     )
 }
 
-fn add_stats(c: &Client, n: &RelayCounts) {
+/// `held_us`: how long the client had the server (one transaction in transaction mode).
+fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     let s = &c.pool.stats;
     PoolStats::add(&s.query_count, n.queries);
     PoolStats::add(&s.xact_count, n.transactions);
     PoolStats::add(&s.bytes_received, n.bytes_from_client);
     PoolStats::add(&s.bytes_sent, n.bytes_from_server);
     PoolStats::add(&s.query_time_us, n.query_time_us);
+    // Per-query times are not kept: each query of the batch counts at the batch's mean.
+    if let Some(mean) = n.query_time_us.checked_div(n.queries) {
+        s.query_hist.record_n(mean, n.queries);
+    }
+    if let Some(per) = held_us.checked_div(n.transactions) {
+        PoolStats::add(&s.xact_time_us, held_us);
+        s.xact_hist.record_n(per, n.transactions);
+    }
 }
 
 /// Flush what the client is owed and wait for its next request. False: it said Terminate.

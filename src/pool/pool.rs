@@ -61,6 +61,7 @@ pub(crate) enum Grant {
 struct Waiter {
     id: u64,
     tx: oneshot::Sender<Grant>,
+    since: Instant,
 }
 
 struct Inner {
@@ -78,6 +79,8 @@ struct Inner {
     /// Login failed at this time: do not retry before server_login_retry.
     login_failed_at: Option<Instant>,
     last_login_error: Option<String>,
+    /// RECONNECT: servers created before this are closed when they come back.
+    close_before: Option<Instant>,
 }
 
 /// A pool of server connections for one (database, user).
@@ -142,6 +145,7 @@ impl Pool {
                 server_params: None,
                 login_failed_at: None,
                 last_login_error: None,
+                close_before: None,
             }),
             db_limit,
             user_limit,
@@ -282,7 +286,11 @@ impl Pool {
         let id = g.next_waiter;
         g.next_waiter += 1;
         let (tx, rx) = oneshot::channel();
-        g.waiters.push_back(Waiter { id, tx });
+        g.waiters.push_back(Waiter {
+            id,
+            tx,
+            since: Instant::now(),
+        });
         Step::Wait(Ticket {
             pool: self.clone(),
             id,
@@ -374,7 +382,8 @@ impl Pool {
         s.last_used = Instant::now();
         let mut g = self.lock();
         let too_old = crate::config::enabled(g.settings.server_lifetime)
-            .is_some_and(|l| s.created.elapsed() >= l);
+            .is_some_and(|l| s.created.elapsed() >= l)
+            || g.close_before.is_some_and(|t| s.created < t);
         if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
             self.close(s);
@@ -535,9 +544,60 @@ impl Pool {
         }
     }
 
+    /// How long the oldest waiter has waited (SHOW POOLS maxwait).
+    pub fn max_wait(&self) -> Duration {
+        self.lock()
+            .waiters
+            .front()
+            .map(|w| w.since.elapsed())
+            .unwrap_or_default()
+    }
+
+    /// RECONNECT: close idle servers now; servers in use are closed when they come back.
+    pub fn reconnect(self: &Arc<Self>) {
+        self.lock().close_before = Some(Instant::now());
+        self.close_idle();
+    }
+
+    /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
+    /// from before the mark); clears the mark then.
+    pub fn reconnect_done(&self) -> bool {
+        let mut g = self.lock();
+        let Some(t) = g.close_before else { return true };
+        let done = g.active == 0 && g.idle.iter().all(|s| s.created >= t);
+        if done {
+            g.close_before = None;
+        }
+        done
+    }
+
+    /// Idle servers, for SHOW SERVERS.
+    pub fn idle_servers(&self) -> Vec<IdleServerInfo> {
+        self.lock()
+            .idle
+            .iter()
+            .map(|s| IdleServerInfo {
+                id: s.id,
+                addr: s.addr.clone(),
+                pid: s.key.0,
+                created: s.created,
+                last_used: s.last_used,
+            })
+            .collect()
+    }
+
     pub fn last_login_error(&self) -> Option<String> {
         self.lock().last_login_error.clone()
     }
+}
+
+/// What SHOW SERVERS shows of an idle server.
+pub struct IdleServerInfo {
+    pub id: u64,
+    pub addr: Arc<crate::server::ServerAddr>,
+    pub pid: i32,
+    pub created: Instant,
+    pub last_used: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
