@@ -184,6 +184,9 @@ async fn login(
             shared,
         )
     });
+    if shared.admin.is_paused(&db) && !pool.counts().paused {
+        pool.pause();
+    }
     if let Some(c) = learned
         && entry.user.is_none()
     {

@@ -129,6 +129,7 @@ impl<'a> Relay<'a> {
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
         // What the client sent before the server was attached.
         if !self.client.rbuf.is_empty() {
+            self.counts.bytes_from_client += self.client.rbuf.len() as u64;
             match self.scan_client() {
                 Ok(Some(ev)) => return ev,
                 Ok(None) => {}
