@@ -57,14 +57,22 @@ pub fn may_matter(sql: &[u8]) -> bool {
         b"create",
         b"declare",
     ];
-    let first = strip_leading(sql);
-    let word_end = first
-        .iter()
-        .position(|c| !c.is_ascii_alphabetic())
-        .unwrap_or(first.len());
-    let word = &first[..word_end];
-    LEADING.iter().any(|k| word.eq_ignore_ascii_case(k))
-        || sql.contains(&b';')
+    let leading = |s: &[u8]| {
+        let first = strip_leading(s);
+        let word_end = first
+            .iter()
+            .position(|c| !c.is_ascii_alphabetic())
+            .unwrap_or(first.len());
+        let word = &first[..word_end];
+        LEADING.iter().any(|k| word.eq_ignore_ascii_case(k))
+    };
+    // Every statement start is the text start or follows a `;` (a `;` inside a literal only
+    // adds a false positive, never hides a statement).
+    leading(sql)
+        || sql
+            .iter()
+            .enumerate()
+            .any(|(i, &c)| c == b';' && leading(&sql[i + 1..]))
         || contains_ci(sql, b"set_config")
         || contains_ci(sql, b"advisory")
         || contains_ci(sql, b"pg_temp")
@@ -504,6 +512,16 @@ mod tests {
         );
         assert_eq!(named_statement(b"PREPARE TRANSACTION 'x'"), None);
         assert_eq!(named_statement(b"execute a; execute b"), None);
+    }
+
+    #[test]
+    fn plain_traffic_is_not_classified() {
+        assert!(!may_matter(
+            b"select abalance from pgbench_accounts where aid = 1;"
+        ));
+        assert!(!may_matter(b"BEGIN; UPDATE t SET a = 1; COMMIT;"));
+        assert!(may_matter(b"select 1; SET search_path = x"));
+        assert!(may_matter(b"  set x = 1"));
     }
 
     #[test]
