@@ -228,6 +228,47 @@ async fn discard_all_in_a_loop_leaves_other_clients_alone() {
     p.shutdown().await;
 }
 
+/// A SHOW CARPOOL counter of the md5user pool.
+async fn pinned_count(admin: &tokio_postgres::Client, column: &str) -> u64 {
+    let msgs = admin.simple_query("SHOW CARPOOL").await.unwrap();
+    msgs.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("user") == Some("md5user") => {
+                r.get(column).map(|v| v.parse().unwrap())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no md5user pool in SHOW CARPOOL"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pin_mode_error_refuses_temp_tables_clearly() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .setting("pin_mode", "error")
+        .start()
+        .await;
+    let c = p.connect("md5user", "testdb").await;
+    c.batch_execute("CREATE TEMP TABLE t (a int)")
+        .await
+        .unwrap();
+    let err = c.batch_execute("select 1").await.unwrap_err();
+    assert!(
+        err.to_string().contains("pin_mode") || c.is_closed(),
+        "{err}"
+    );
+    // The server was reset and serves the next client without the temp table.
+    let o = p.connect("md5user", "testdb").await;
+    let r = o
+        .simple_query("select count(*) from pg_class where relpersistence = 't'")
+        .await
+        .unwrap();
+    assert_eq!(text(&r), ["0"]);
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
     let pg = TempPostgres::start();
@@ -250,6 +291,20 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
     }
     let r = c.simple_query("select count(*) from t").await.unwrap();
     assert_eq!(text(&r), ["4"]);
+    // The pin is visible: per pool with its reason, and per client.
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let pins = admin.simple_query("SHOW PINS").await.unwrap();
+    let rows: Vec<_> = pins
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get("reasons").unwrap_or("").to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rows, ["temp table"]);
+    assert_eq!(pinned_count(&admin, "pinned_temp_table").await, 1);
     let pid1 = text(&c.simple_query("select pg_backend_pid()").await.unwrap());
     c.batch_execute("DROP TABLE t").await.unwrap();
     // Advisory lock: pinned while held.

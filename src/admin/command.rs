@@ -28,10 +28,12 @@ pub enum View {
     PreparedStatements,
     /// pgcarpool's own: latency percentiles and extras per pool.
     Carpool,
+    /// pgcarpool's own: clients pinned to a server, why and since when.
+    Pins,
 }
 
 /// Every view, with the name SHOW takes.
-pub const VIEWS: [(&str, View); 25] = [
+pub const VIEWS: [(&str, View); 26] = [
     ("help", View::Help),
     ("config", View::Config),
     ("databases", View::Databases),
@@ -57,6 +59,7 @@ pub const VIEWS: [(&str, View); 25] = [
     ("prepared_statements", View::PreparedStatements),
     ("carpool", View::Carpool),
     ("pools_ext", View::Carpool),
+    ("pins", View::Pins),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

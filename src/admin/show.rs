@@ -10,6 +10,7 @@ use crate::app::Shared;
 use crate::client::registry::{ClientHandle, ClientState};
 use crate::config::{Config, PoolMode};
 use crate::pool::Pool;
+use crate::stats::PoolStats;
 use crate::stats::histogram::HistSnapshot;
 use crate::stats::{Period, Totals};
 
@@ -45,6 +46,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::PeerPools => peer_pools(&shared.config.load()),
         View::PreparedStatements => prepared_statements(),
         View::Carpool => carpool(shared),
+        View::Pins => pins(shared),
     })
 }
 
@@ -58,7 +60,8 @@ pub fn help() -> String {
         "SHOW DNS_HOSTS|DNS_ZONES",
         "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS",
         "SHOW PREPARED_STATEMENTS",
-        "SHOW CARPOOL (pgcarpool: latency percentiles per pool)",
+        "SHOW CARPOOL (pgcarpool: latency percentiles and pins per pool)",
+        "SHOW PINS (pgcarpool: clients pinned to their server)",
         "SET key = arg",
         "RELOAD",
         "PAUSE [<db>]",
@@ -834,6 +837,11 @@ pub fn carpool(shared: &Shared) -> Table {
         ("paused", Int),
         ("disabled", Int),
         ("last_login_error", Text),
+        ("pinned_clients", Int),
+        ("pinned_temp_table", Int),
+        ("pinned_advisory_lock", Int),
+        ("pinned_listen", Int),
+        ("pinned_with_hold_cursor", Int),
     ]);
     for p in shared.pools.all() {
         let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
@@ -847,7 +855,36 @@ pub fn carpool(shared: &Shared) -> Table {
         row.push(p.counts().paused.into());
         row.push(shared.admin.is_disabled(&p.db).into());
         row.push(p.last_login_error().into());
+        row.push(PoolStats::get(&p.stats.pinned_clients).into());
+        for c in &p.stats.pins {
+            row.push(PoolStats::get(c).into());
+        }
         t.push(row);
+    }
+    t
+}
+
+/// Clients pinned to their server (temp tables, LISTEN, advisory locks, WITH HOLD cursors).
+pub fn pins(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("id", Int),
+        ("user", Text),
+        ("database", Text),
+        ("addr", Text),
+        ("reasons", Text),
+        ("pinned_since", Text),
+    ]);
+    for c in shared.clients.all() {
+        if let Some((reasons, since)) = c.pin() {
+            t.push(vec![
+                c.id.into(),
+                c.user.clone().into(),
+                c.db.clone().into(),
+                c.addr.clone().into(),
+                reasons.into(),
+                fmt_time(since).into(),
+            ]);
+        }
     }
     t
 }

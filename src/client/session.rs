@@ -31,6 +31,14 @@ impl VirtualSession {
     pub fn set_pin(&mut self, pool: &Pool, handle: &ClientHandle, reasons: Vec<&'static str>) {
         let was = self.pin.is_some();
         let now = !reasons.is_empty();
+        let old: &[&str] = self.pin.as_deref().unwrap_or(&[]);
+        for (i, r) in crate::server::sync::PIN_REASONS.iter().enumerate() {
+            match (old.contains(r), reasons.contains(r)) {
+                (false, true) => pool.stats.pins[i].fetch_add(1, Ordering::Relaxed),
+                (true, false) => pool.stats.pins[i].fetch_sub(1, Ordering::Relaxed),
+                _ => 0,
+            };
+        }
         if now && !was {
             pool.stats.pinned_clients.fetch_add(1, Ordering::Relaxed);
             tracing::info!(client = handle.id, reasons = ?reasons, "client pinned to its server");

@@ -88,14 +88,18 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         server.reset = reset_always || c.session.pin.is_some();
         match event {
             RelayEvent::Release => {
-                if (!effects.is_empty() || c.session.pin.is_some())
-                    && let Err(e) = after_transaction(c, &mut server, &effects).await
-                {
-                    server.broken = true;
-                    return Err(ClientError::fatal(
-                        "08006",
-                        format!("server connection lost: {e}"),
-                    ));
+                if !effects.is_empty() || c.session.pin.is_some() {
+                    match after_transaction(c, &mut server, &effects).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(refused)) => return Err(refused),
+                        Err(e) => {
+                            server.broken = true;
+                            return Err(ClientError::fatal(
+                                "08006",
+                                format!("server connection lost: {e}"),
+                            ));
+                        }
+                    }
                 }
                 if c.session.pin.is_some() {
                     held = Some(server);
@@ -136,7 +140,7 @@ async fn after_transaction(
     c: &mut Client,
     server: &mut PooledServer,
     effects: &Effects,
-) -> Result<(), crate::server::ServerError> {
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
     if effects.reset_all {
         c.session.params = c.session.defaults.clone();
         server.params = server.login_params.clone();
@@ -162,9 +166,24 @@ async fn after_transaction(
     }
     if effects.pin_check || c.session.pin.is_some() {
         let reasons = sync::pin_reasons(server).await?;
+        if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
+            server.reset = true;
+            return Ok(Err(ClientError::fatal(
+                "0A000",
+                format!(
+                    "{} cannot be used in {} pooling mode (pin_mode = error)",
+                    reasons.join(", "),
+                    if c.pool.settings().mode == PoolMode::Statement {
+                        "statement"
+                    } else {
+                        "transaction"
+                    }
+                ),
+            )));
+        }
         c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 fn killed(c: &Client) -> ClientError {

@@ -38,6 +38,8 @@ pub struct PoolSettings {
     pub query_wait_timeout: Duration,
     /// Per-server LRU bound of prepared statements; 0 = pass statements through unchanged.
     pub max_prepared_statements: usize,
+    /// pin_mode = error: a session feature that cannot be shared ends the client's session.
+    pub pin_error: bool,
     pub target: ServerTarget,
 }
 

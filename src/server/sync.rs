@@ -127,6 +127,9 @@ pub async fn read_session_settings(
     Ok(out)
 }
 
+/// The reasons a client can be pinned to its server, in the order of `PoolStats::pins`.
+pub const PIN_REASONS: [&str; 4] = ["temp table", "advisory lock", "listen", "with hold cursor"];
+
 /// Why this server's session cannot be shared right now (empty: it can).
 pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, ServerError> {
     const SQL: &str = "select \
@@ -134,10 +137,9 @@ pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, Serve
         (select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()), \
         (select count(*) from pg_catalog.pg_listening_channels()), \
         (select count(*) from pg_catalog.pg_cursors where is_holdable)";
-    const REASONS: [&str; 4] = ["temp table", "advisory lock", "listen", "with hold cursor"];
     let rows = super::query::query_rows(server, SQL).await?;
     let row = rows.into_iter().next().unwrap_or_default();
-    Ok(REASONS
+    Ok(PIN_REASONS
         .iter()
         .zip(row)
         .filter(|(_, n)| n.as_deref().is_some_and(|n| n != "0"))

@@ -25,6 +25,8 @@ pub struct PoolStats {
     pub wait_time_us: AtomicU64,
     /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
     pub pinned_clients: AtomicU64,
+    /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
+    pub pins: [AtomicU64; 4],
     /// Query durations (microseconds).
     pub query_hist: Histogram,
     /// Transaction durations (microseconds).
