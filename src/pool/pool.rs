@@ -47,7 +47,8 @@ pub enum CheckoutError {
     Server(#[from] ServerError),
 }
 
-/// What a waiter is handed.
+/// What a waiter is handed. Moved once per checkout: not worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Grant {
     /// An idle server, already counted active for the receiver.
     Server(Server),
@@ -88,6 +89,7 @@ pub struct Pool {
     pub stats: PoolStats,
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Idle(Server),
     Connect,
@@ -211,7 +213,9 @@ impl Pool {
                     }
                 }
                 Step::Connect => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                Step::Wait(mut ticket) => {
+                Step::Wait(mut ticket) => loop {
+                    // Keep this place in line until served, timed out, or the reserve pool
+                    // (or a login retry) lets this waiter open a server itself.
                     let settings = self.settings();
                     let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
                         .then(|| start + settings.reserve_pool_timeout);
@@ -219,24 +223,34 @@ impl Pool {
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
                         g = &mut ticket.rx => match g {
-                            Ok(Grant::Server(s)) => {
-                                if let Some(s) = self.prepare_idle(s).await {
-                                    return Ok(PooledServer::new(s, self.clone()));
-                                }
-                            }
+                            Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
+                                Some(s) => return Ok(PooledServer::new(s, self.clone())),
+                                None => break,
+                            },
                             Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                            Err(_) => {}
+                            Err(_) => break,
                         },
                         _ = sleep_until(wake_at) => {
                             if reserve_at.is_some_and(|t| Instant::now() >= t) {
                                 reserve_ok = true;
                             }
+                            if self.try_slot(reserve_ok) {
+                                // Leaving the line hands back anything granted meanwhile.
+                                drop(ticket);
+                                return self.open().await.map(|s| PooledServer::new(s, self.clone()));
+                            }
                         }
                         _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
                     }
-                }
+                },
             }
         }
+    }
+
+    /// Room for one new connection for a waiter, counted if granted.
+    fn try_slot(&self, reserve_ok: bool) -> bool {
+        let mut g = self.lock();
+        !g.paused && self.may_open(&mut g, reserve_ok)
     }
 
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
@@ -260,10 +274,8 @@ impl Pool {
 
     /// Count one more server if the pool, its database and its user have room.
     fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
-        if let Some(t) = g.login_failed_at {
-            if t.elapsed() < g.settings.server_login_retry {
-                return false;
-            }
+        if g.login_failed_at.is_some_and(|t| t.elapsed() < g.settings.server_login_retry) {
+            return false;
         }
         let cap = g.settings.pool_size + if reserve_ok { g.settings.reserve_pool_size } else { 0 };
         if g.total >= cap {
@@ -488,6 +500,34 @@ impl Pool {
             self.db_limit.release();
             self.user_limit.release();
         }
+    }
+
+    /// Clients wait, no server is idle, and the pool is below its size: what stops it from
+    /// opening one is a limit it shares with other pools (or a failing login).
+    pub(crate) fn starved(&self) -> bool {
+        let g = self.lock();
+        !g.paused && !g.waiters.is_empty() && g.idle.is_empty() && g.total < g.settings.pool_size
+    }
+
+    /// Whether this pool counts against the same max_db_connections / max_user_connections
+    /// as `other`, and that limit is reached.
+    pub(crate) fn shares_full_limit_with(&self, other: &Pool) -> bool {
+        (Arc::ptr_eq(&self.db_limit, &other.db_limit) && self.db_limit.is_full())
+            || (Arc::ptr_eq(&self.user_limit, &other.user_limit) && self.user_limit.is_full())
+    }
+
+    /// Close the longest-idle server to make room under a shared limit; false if none is idle.
+    pub(crate) fn evict_idle(self: &Arc<Self>) -> bool {
+        let s = {
+            let mut g = self.lock();
+            let Some(s) = g.idle.pop_front() else { return false };
+            g.total -= 1;
+            s
+        };
+        close_server(s);
+        self.db_limit.release();
+        self.user_limit.release();
+        true
     }
 
     pub fn last_login_error(&self) -> Option<String> {
