@@ -53,7 +53,7 @@ async fn wrong_password_is_refused_with_28p01() {
     for auth_type in ["md5", "scram-sha-256", "plain"] {
         let p = TestPooler::builder(&pg).setting("auth_type", auth_type).start().await;
         let dsn = harness::dsn_with_password(p.port(), "md5user", Some("wrong"), "testdb");
-        let err = harness::try_connect(&dsn).await.err().expect("wrong password accepted");
+        let err = harness::try_connect(&dsn).await.expect_err("wrong password accepted");
         assert_eq!(harness::sqlstate(&err), Some("28P01"), "{auth_type}: {err}");
         // Still serving.
         let c = p.connect("md5user", "testdb").await;

@@ -143,10 +143,10 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     let pool = shared.pools.get_or_create(&db, &server_user, || {
         crate::app::pool_settings(cfg, &entry, &user, credential_for(cfg, &entry, &server_user, learned.clone()), shared)
     });
-    if let Some(c) = learned {
-        if entry.user.is_none() {
-            pool.set_credential_if_missing(c);
-        }
+    if let Some(c) = learned
+        && entry.user.is_none()
+    {
+        pool.set_credential_if_missing(c);
     }
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {

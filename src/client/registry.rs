@@ -30,8 +30,11 @@ pub struct ClientHandle {
     pub kill: CancellationToken,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
-    cancel_target: Mutex<Option<(Arc<ServerAddr>, (i32, i32))>>,
+    cancel_target: Mutex<Option<CancelTarget>>,
 }
+
+/// Where a client's cancel request goes: the server's address and its BackendKeyData.
+pub type CancelTarget = (Arc<ServerAddr>, (i32, i32));
 
 impl ClientHandle {
     pub fn state(&self) -> ClientState {

@@ -94,10 +94,10 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
         drain(server).await?;
     }
-    if server.proto.tx_status != b'I' {
-        if let Some(e) = simple_query(server, "ROLLBACK").await? {
-            return Err(ServerError::Rejected(e));
-        }
+    if server.proto.tx_status != b'I'
+        && let Some(e) = simple_query(server, "ROLLBACK").await?
+    {
+        return Err(ServerError::Rejected(e));
     }
     if server.proto.tx_status != b'I' || !server.conn.rbuf.is_empty() {
         return Err(ServerError::Login("server not idle after cleanup".into()));
