@@ -203,6 +203,9 @@ impl Pool {
 
     /// Get a server: an idle one, a new one, or wait in line (FIFO) until `deadline`.
     pub async fn checkout(self: &Arc<Self>, deadline: Option<Instant>) -> Result<PooledServer, CheckoutError> {
+        if let Some(why) = self.login_failing() {
+            return Err(ServerError::LoginFailing(why).into());
+        }
         let start = Instant::now();
         let mut reserve_ok = false;
         loop {
@@ -245,6 +248,14 @@ impl Pool {
                 },
             }
         }
+    }
+
+    /// Fast fail (as PgBouncer): the last login failed less than server_login_retry ago and
+    /// the pool has no server at all, so a client would only wait for the retry. The error.
+    fn login_failing(&self) -> Option<String> {
+        let g = self.lock();
+        let recent = g.login_failed_at.is_some_and(|t| t.elapsed() < g.settings.server_login_retry);
+        (recent && g.total == 0).then(|| g.last_login_error.clone().unwrap_or_default())
     }
 
     /// Room for one new connection for a waiter, counted if granted.
