@@ -152,7 +152,7 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     let server_params = match pool.server_params() {
         Some(p) => p,
         None => {
-            let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| Instant::now() + d);
+            let deadline = config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
             let s = pool.checkout(deadline).await.map_err(|e| match e {
                 crate::pool::CheckoutError::Server(se) => {
                     let (code, msg) = se.client_error();

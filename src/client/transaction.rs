@@ -19,7 +19,8 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
     loop {
         c.reg.handle.set_state(ClientState::Idle);
         let cfg = c.shared.config.load_full();
-        if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill).await? {
+        let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
+        if !wait_for_request(c, idle_timeout, &kill).await? {
             return Ok(());
         }
         c.reg.handle.set_state(ClientState::Waiting);
@@ -39,9 +40,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         }
         let mode = c.pool.settings().mode;
         let timeouts = RelayTimeouts {
-            query: config::enabled(cfg.settings.query_timeout),
-            idle_transaction: config::enabled(cfg.settings.idle_transaction_timeout),
-            transaction: config::enabled(cfg.settings.transaction_timeout),
+            query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
+            idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
+            transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
         };
         c.reg.handle.set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
@@ -136,7 +137,8 @@ async fn wait_for_request(
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
 async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
-    let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| start + d);
+    // Resolved per database and user with the pool's settings.
+    let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
     let fut = pool.checkout(deadline);
