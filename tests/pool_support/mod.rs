@@ -119,14 +119,19 @@ pub enum Event {
 /// A client whose connection's notices and end are reported on `events`.
 pub struct Watched {
     pub client: Client,
-    pub events: mpsc::UnboundedReceiver<Event>,
+    pub events: Events,
 }
 
-impl Watched {
+/// What a watched connection reports.
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<Event>,
+}
+
+impl Events {
     /// Wait (bounded) for the connection to end; returns its error text ("" if none).
     pub async fn closed_within(&mut self, limit: Duration) -> String {
         let until = tokio::time::timeout(limit, async {
-            while let Some(ev) = self.events.recv().await {
+            while let Some(ev) = self.rx.recv().await {
                 if let Event::Closed(why) = ev {
                     return why.unwrap_or_default();
                 }
@@ -140,7 +145,7 @@ impl Watched {
 
     /// Wait (bounded) for a notice; returns its message.
     pub async fn notice_within(&mut self, limit: Duration) -> String {
-        let until = tokio::time::timeout(limit, self.events.recv());
+        let until = tokio::time::timeout(limit, self.rx.recv());
         match until
             .await
             .unwrap_or_else(|_| panic!("no notice within {limit:?}"))
@@ -173,7 +178,10 @@ pub async fn connect_watched(dsn: &str) -> Watched {
             }
         }
     });
-    Watched { client, events }
+    Watched {
+        client,
+        events: Events { rx: events },
+    }
 }
 
 /// "SQLSTATE message" of a server error, else the error's text.
