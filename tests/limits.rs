@@ -241,6 +241,25 @@ async fn query_wait_timeout_fails_the_waiter_and_the_holder_keeps_its_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_query_wait_timeout_overrides_the_global_one() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("default_pool_size", "1")
+        .user_entry("md5user", "query_wait_timeout=1")
+        .start()
+        .await;
+    let h = holder(&p, "md5user", "testdb").await;
+    let waiter = p.connect("md5user", "testdb").await;
+    let err = tokio::time::timeout(PROMPTLY, scalar(&waiter, "select 1"))
+        .await
+        .expect("the user's query_wait_timeout fired")
+        .expect_err("waiter got a server");
+    assert!(err.contains("query_wait_timeout"), "{err}");
+    h.batch_execute("commit").await.unwrap();
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_pool_size_overrides_default_pool_size() {
     let pg = TempPostgres::start();
     let p = transaction_pooler(&pg)

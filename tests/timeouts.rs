@@ -48,6 +48,24 @@ async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_lifetime_closes_an_old_idle_server() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("server_lifetime", "1")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let c = p.connect("md5user", "testdb").await;
+    scalar(&c, "select 1").await.unwrap();
+    assert_eq!(obs.backends("md5user").await, 1);
+    eventually("the old idle server closed", PROMPTLY, || async {
+        obs.backends("md5user").await == 0
+    })
+    .await;
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_idle_timeout_closes_idle_servers() {
     let pg = TempPostgres::start();
     let p = transaction_pooler(&pg)
@@ -139,12 +157,13 @@ async fn server_login_retry_fails_clients_fast_and_retries_after_the_delay() {
         "server login retried before server_login_retry"
     );
     // After it: the fixed password is used.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     let c = tokio::time::timeout(PROMPTLY, async {
         loop {
+            tick.tick().await;
             if let Ok(c) = harness::try_connect(&dsn).await {
                 return c;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
     .await
