@@ -57,15 +57,15 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         c.reg.handle.set_cancel_target(None);
         add_stats(c, &counts);
         let reset_always = cfg.settings.server_reset_query_always;
+        // Every way out but Release ends the client: its session state goes with it, however
+        // it left (Terminate, timeout, KILL, protocol error).
+        server.reset = match event {
+            RelayEvent::Release => reset_always,
+            _ => mode == PoolMode::Session || reset_always,
+        };
         match event {
-            RelayEvent::Release => {
-                server.reset = reset_always;
-                drop(server);
-            }
-            RelayEvent::ClientTerminate | RelayEvent::ClientGone => {
-                server.reset = mode == PoolMode::Session || reset_always;
-                return Ok(());
-            }
+            RelayEvent::Release => drop(server),
+            RelayEvent::ClientTerminate | RelayEvent::ClientGone => return Ok(()),
             RelayEvent::StatementModeTransaction => {
                 return Err(ClientError::fatal(
                     "08P01",
