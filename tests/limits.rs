@@ -335,3 +335,23 @@ async fn user_pool_mode_overrides_global_pool_mode() {
     );
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_to_a_larger_pool_size_serves_waiters_at_once() {
+    let pg = TempPostgres::start();
+    let mut p = transaction_pooler(&pg)
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let h = holder(&p, "md5user", "testdb").await;
+    let w = spawn_select(p.connect("md5user", "testdb").await);
+    assert_still_waiting("a client beyond default_pool_size", &w, WAIT_WINDOW).await;
+    p.reload_with(|c| c.setting("default_pool_size", "2")).await;
+    let r = tokio::time::timeout(PROMPTLY, w)
+        .await
+        .expect("waiter served after the reload");
+    assert_eq!(r.unwrap().as_deref(), Ok("1"));
+    // The holder kept its server all along.
+    h.batch_execute("select 1; commit").await.unwrap();
+    p.shutdown().await;
+}

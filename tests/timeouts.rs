@@ -402,3 +402,67 @@ async fn user_query_timeout_overrides_the_global_one() {
     assert!(err.contains("query_timeout"), "{err}");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_idle_timeout_keeps_min_pool_size_servers() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("default_pool_size", "3")
+        .setting("min_pool_size", "1")
+        .setting("server_idle_timeout", "1")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let c = p.connect("md5user", "testdb").await;
+        c.batch_execute("begin; select 1").await.unwrap();
+        holders.push(c);
+    }
+    let used = obs.pids("md5user").await;
+    assert_eq!(used.len(), 3);
+    for c in &holders {
+        c.batch_execute("commit").await.unwrap();
+    }
+    eventually(
+        "idle servers beyond min_pool_size closed",
+        PROMPTLY,
+        || async { obs.backends("md5user").await == 1 },
+    )
+    .await;
+    let kept = obs.pids("md5user").await;
+    assert!(
+        used.contains(&kept[0]),
+        "the min_pool_size server was reopened, not kept: {kept:?} vs {used:?}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_timeout_in_session_mode_resets_the_server_for_the_next_client() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("default_pool_size", "1")
+        .setting("query_timeout", "1")
+        .start()
+        .await;
+    let c = p.connect("md5user", "testdb").await;
+    let pid = backend_pid(&c).await;
+    // Session state PostgreSQL does not report: only server_reset_query clears it.
+    c.batch_execute("set work_mem = '7777kB'").await.unwrap();
+    let err = scalar(&c, "select pg_sleep(10)")
+        .await
+        .expect_err("pg_sleep(10) finished");
+    assert!(err.contains("query_timeout"), "{err}");
+    let next = p.connect("md5user", "testdb").await;
+    let next_pid = backend_pid(&next).await;
+    let work_mem = scalar(&next, "show work_mem").await.unwrap();
+    if next_pid == pid {
+        assert_ne!(
+            work_mem, "7777kB",
+            "the next client inherited the timed-out session's state"
+        );
+    }
+    p.shutdown().await;
+}
