@@ -446,8 +446,8 @@ impl Pool {
         self.grant_waiters();
     }
 
-    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime or beyond
-    /// min_pool_size after idle timeout; returns how many servers should be opened to reach
+    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime (down to
+    /// min_pool_size for the idle timeout) or beyond the pool's size after a reload; returns how many servers should be opened to reach
     /// min_pool_size.
     pub fn maintain(self: &Arc<Self>) -> usize {
         let mut closing = Vec::new();
@@ -464,7 +464,9 @@ impl Pool {
                 let idle_too_long = crate::config::enabled(s.server_idle_timeout)
                     .is_some_and(|l| now.duration_since(srv.last_used) >= l)
                     && total > s.min_pool_size;
-                if too_old || idle_too_long || !is_alive(&mut srv) {
+                // After a reload to a smaller size: the longest idle go first.
+                let over_size = total > s.pool_size + s.reserve_pool_size;
+                if too_old || idle_too_long || over_size || !is_alive(&mut srv) {
                     total -= 1;
                     closing.push(srv);
                 } else {
