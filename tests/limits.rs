@@ -355,3 +355,30 @@ async fn reload_to_a_larger_pool_size_serves_waiters_at_once() {
     h.batch_execute("select 1; commit").await.unwrap();
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_to_a_smaller_pool_size_closes_idle_servers_beyond_it() {
+    let pg = TempPostgres::start();
+    let mut p = transaction_pooler(&pg)
+        .setting("default_pool_size", "3")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        holders.push(holder(&p, "md5user", "testdb").await);
+    }
+    for h in &holders {
+        h.batch_execute("commit").await.unwrap();
+    }
+    assert_eq!(obs.backends_in_state("md5user", "idle").await, 3);
+    p.reload_with(|c| c.setting("default_pool_size", "1")).await;
+    eventually(
+        "idle servers beyond the new pool size closed",
+        PROMPTLY,
+        || async { obs.backends("md5user").await == 1 },
+    )
+    .await;
+    assert_eq!(scalar(&holders[0], "select 1").await.as_deref(), Ok("1"));
+    p.shutdown().await;
+}
