@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
+use crate::net::conn::ConnError;
 use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{backend, frontend};
 use crate::server::sync;
@@ -134,6 +135,9 @@ async fn wait_for_request(
     }
 }
 
+/// Most a waiting client may send ahead before we stop reading it.
+const WAIT_READ_LIMIT: usize = 256 * 1024;
+
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
 async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
@@ -153,6 +157,13 @@ async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken
                         ClientError::fatal("08006", format!("could not connect to server: {msg}"))
                     }
                 });
+            }
+            // A client that leaves while waiting gives back its place (and its client slot)
+            // at once; what it pipelines meanwhile stays buffered, up to a bound.
+            r = poll_fn(|cx| c.conn.poll_read_more(cx)), if c.conn.rbuf.len() < WAIT_READ_LIMIT => {
+                if r? == 0 {
+                    return Err(ClientError::Conn(ConnError::Closed));
+                }
             }
             _ = sleep_until(notify_at) => {
                 notify_at = None;
