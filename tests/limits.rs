@@ -382,3 +382,32 @@ async fn reload_to_a_smaller_pool_size_closes_idle_servers_beyond_it() {
     assert_eq!(scalar(&holders[0], "select 1").await.as_deref(), Ok("1"));
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_that_disconnects_gives_back_its_client_slot() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("default_pool_size", "1")
+        .setting("max_client_conn", "2")
+        .start()
+        .await;
+    let h = holder(&p, "md5user", "testdb").await;
+    let (c, connection) =
+        tokio_postgres::connect(&p.dsn("md5user", "testdb"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    let socket = tokio::spawn(connection);
+    let query = tokio::spawn(async move { scalar(&c, "select 1").await });
+    assert_still_waiting("a client beyond default_pool_size", &query, WAIT_WINDOW).await;
+    // The waiting client's socket closes (an application timeout, a killed process).
+    socket.abort();
+    let dsn = p.dsn("md5user", "testdb");
+    eventually(
+        "a new client accepted while the holder still holds",
+        PROMPTLY,
+        || async { harness::try_connect(&dsn).await.is_ok() },
+    )
+    .await;
+    h.batch_execute("select 1; commit").await.unwrap();
+    p.shutdown().await;
+}
