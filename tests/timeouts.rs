@@ -473,3 +473,66 @@ async fn query_timeout_in_session_mode_resets_the_server_for_the_next_client() {
     }
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_login_timeout_disconnects_a_client_that_never_answers_the_password_request() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("client_login_timeout", "1")
+        .start()
+        .await;
+    let mut raw = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    let mut body = Vec::new();
+    body.extend_from_slice(&196_608i32.to_be_bytes()); // protocol 3.0
+    for s in ["user", "md5user", "database", "testdb"] {
+        body.extend_from_slice(s.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut startup = (i32::try_from(body.len()).unwrap() + 4)
+        .to_be_bytes()
+        .to_vec();
+    startup.extend_from_slice(&body);
+    tokio::io::AsyncWriteExt::write_all(&mut raw, &startup)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(PROMPTLY, raw.read_to_end(&mut rest))
+        .await
+        .expect("client still connected after client_login_timeout")
+        .ok();
+    assert!(
+        started.elapsed() >= NOT_BEFORE,
+        "disconnected early: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        rest.first(),
+        Some(&b'R'),
+        "the pooler asked for a password first"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_timeout_applies_in_session_mode() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("idle_transaction_timeout", "1")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let mut w = connect_watched(&p.dsn("md5user", "testdb")).await;
+    w.client.batch_execute("begin; select 1").await.unwrap();
+    let why = w.events.closed_within(PROMPTLY).await;
+    assert!(why.contains("idle_transaction_timeout"), "{why}");
+    eventually("the transaction rolled back", PROMPTLY, || async {
+        obs.backends_in_state("md5user", "idle in transaction")
+            .await
+            == 0
+    })
+    .await;
+    p.shutdown().await;
+}
