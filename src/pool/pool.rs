@@ -222,7 +222,12 @@ impl Pool {
                     let settings = self.settings();
                     let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
                         .then(|| start + settings.reserve_pool_timeout);
-                    let retry_at = self.lock().login_failed_at.map(|t| t + settings.server_login_retry);
+                    // A retry time already past wakes nobody: waking on it would spin.
+                    let retry_at = self
+                        .lock()
+                        .login_failed_at
+                        .map(|t| t + settings.server_login_retry)
+                        .filter(|t| *t > Instant::now());
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
                         g = &mut ticket.rx => match g {
