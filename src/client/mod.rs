@@ -197,7 +197,7 @@ async fn login(
         Some(p) => p,
         None => {
             let deadline =
-                config::enabled(cfg.settings.query_wait_timeout).map(|d| Instant::now() + d);
+                config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
             let s = pool.checkout(deadline).await.map_err(|e| match e {
                 crate::pool::CheckoutError::Server(se) => {
                     let (code, msg) = se.client_error();

@@ -138,8 +138,16 @@ impl<'a> Relay<'a> {
         }
         loop {
             let deadline = self.next_deadline(&t);
+            // A message relayed can start or stop a timer (a query sent, a transaction gone
+            // idle): then come round again to wait for the new deadline.
+            let relayed = poll_fn(|cx| match self.poll(cx) {
+                Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
+                other => other.map(Some),
+            });
             tokio::select! {
-                ev = poll_fn(|cx| self.poll(cx)) => return ev,
+                ev = relayed => if let Some(ev) = ev {
+                    return ev;
+                },
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
                         return RelayEvent::Timeout(kind);

@@ -9,6 +9,7 @@ use super::classify::{self, Effects};
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
+use crate::net::conn::ConnError;
 use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
@@ -25,9 +26,8 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             Some(s) => s,
             None => {
                 c.reg.handle.set_state(ClientState::Idle);
-                if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill)
-                    .await?
-                {
+                let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
+                if !wait_for_request(c, idle_timeout, &kill).await? {
                     return Ok(());
                 }
                 c.reg.handle.set_state(ClientState::Waiting);
@@ -56,9 +56,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         let pool_settings = c.pool.settings();
         let mode = pool_settings.mode;
         let timeouts = RelayTimeouts {
-            query: config::enabled(cfg.settings.query_timeout),
-            idle_transaction: config::enabled(cfg.settings.idle_transaction_timeout),
-            transaction: config::enabled(cfg.settings.transaction_timeout),
+            query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
+            idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
+            transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
         };
         c.reg
             .handle
@@ -84,8 +84,13 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         c.reg.handle.set_cancel_target(None);
         add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
         let reset_always = cfg.settings.server_reset_query_always;
-        // A server with a pinned session never goes back to the pool as it is.
-        server.reset = reset_always || c.session.pin.is_some();
+        // Every way out but Release ends the client: its session state goes with it, however
+        // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
+        // back to the pool as it is.
+        server.reset = match event {
+            RelayEvent::Release => reset_always || c.session.pin.is_some(),
+            _ => mode == PoolMode::Session || reset_always || c.session.pin.is_some(),
+        };
         match event {
             RelayEvent::Release => {
                 if !effects.is_empty() || c.session.pin.is_some() {
@@ -107,10 +112,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                     server.reset = reset_always;
                 }
             }
-            RelayEvent::ClientTerminate | RelayEvent::ClientGone => {
-                server.reset |= mode == PoolMode::Session;
-                return Ok(());
-            }
+            RelayEvent::ClientTerminate | RelayEvent::ClientGone => return Ok(()),
             RelayEvent::StatementModeTransaction => {
                 return Err(ClientError::fatal(
                     "08P01",
@@ -370,6 +372,8 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
     c.conn.queue_with(|b| backend::ready_for_query(b, b'I'));
     Ok(Some(Local::Answered))
 }
+/// Most a waiting client may send ahead before we stop reading it.
+const WAIT_READ_LIMIT: usize = 256 * 1024;
 
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
 async fn checkout(
@@ -378,7 +382,8 @@ async fn checkout(
     kill: &CancellationToken,
 ) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
-    let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| start + d);
+    // Resolved per database and user with the pool's settings.
+    let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
     let fut = pool.checkout(deadline);
@@ -393,6 +398,13 @@ async fn checkout(
                         ClientError::fatal("08006", format!("could not connect to server: {msg}"))
                     }
                 });
+            }
+            // A client that leaves while waiting gives back its place (and its client slot)
+            // at once; what it pipelines meanwhile stays buffered, up to a bound.
+            r = poll_fn(|cx| c.conn.poll_read_more(cx)), if c.conn.rbuf.len() < WAIT_READ_LIMIT => {
+                if r? == 0 {
+                    return Err(ClientError::Conn(ConnError::Closed));
+                }
             }
             _ = sleep_until(notify_at) => {
                 notify_at = None;

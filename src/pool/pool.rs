@@ -223,6 +223,9 @@ impl Pool {
         self: &Arc<Self>,
         deadline: Option<Instant>,
     ) -> Result<PooledServer, CheckoutError> {
+        if let Some(why) = self.login_failing() {
+            return Err(ServerError::LoginFailing(why).into());
+        }
         let start = Instant::now();
         let mut reserve_ok = false;
         loop {
@@ -238,35 +241,59 @@ impl Pool {
                         .await
                         .map(|s| PooledServer::new(s, self.clone()));
                 }
-                Step::Wait(mut ticket) => {
+                Step::Wait(mut ticket) => loop {
+                    // Keep this place in line until served, timed out, or the reserve pool
+                    // (or a login retry) lets this waiter open a server itself.
                     let settings = self.settings();
                     let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
                         .then(|| start + settings.reserve_pool_timeout);
+                    // A retry time already past wakes nobody: waking on it would spin.
                     let retry_at = self
                         .lock()
                         .login_failed_at
-                        .map(|t| t + settings.server_login_retry);
+                        .map(|t| t + settings.server_login_retry)
+                        .filter(|t| *t > Instant::now());
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
                         g = &mut ticket.rx => match g {
-                            Ok(Grant::Server(s)) => {
-                                if let Some(s) = self.prepare_idle(s).await {
-                                    return Ok(PooledServer::new(s, self.clone()));
-                                }
-                            }
+                            Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
+                                Some(s) => return Ok(PooledServer::new(s, self.clone())),
+                                None => break,
+                            },
                             Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                            Err(_) => {}
+                            Err(_) => break,
                         },
                         _ = sleep_until(wake_at) => {
                             if reserve_at.is_some_and(|t| Instant::now() >= t) {
                                 reserve_ok = true;
                             }
+                            if self.try_slot(reserve_ok) {
+                                // Leaving the line hands back anything granted meanwhile.
+                                drop(ticket);
+                                return self.open().await.map(|s| PooledServer::new(s, self.clone()));
+                            }
                         }
                         _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
                     }
-                }
+                },
             }
         }
+    }
+
+    /// Fast fail (as PgBouncer): the last login failed less than server_login_retry ago and
+    /// the pool has no server at all, so a client would only wait for the retry. The error.
+    fn login_failing(&self) -> Option<String> {
+        let g = self.lock();
+        let recent = g
+            .login_failed_at
+            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry);
+        (recent && g.total == 0).then(|| g.last_login_error.clone().unwrap_or_default())
+    }
+
+    /// Room for one new connection for a waiter, counted if granted.
+    fn try_slot(&self, reserve_ok: bool) -> bool {
+        let mut g = self.lock();
+        !g.paused && self.may_open(&mut g, reserve_ok)
     }
 
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
@@ -302,8 +329,8 @@ impl Pool {
 
     /// Count one more server if the pool, its database and its user have room.
     fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
-        if let Some(t) = g.login_failed_at
-            && t.elapsed() < g.settings.server_login_retry
+        if g.login_failed_at
+            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry)
         {
             return false;
         }
@@ -473,8 +500,8 @@ impl Pool {
         self.grant_waiters();
     }
 
-    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime or beyond
-    /// min_pool_size after idle timeout; returns how many servers should be opened to reach
+    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime (down to
+    /// min_pool_size for the idle timeout) or beyond the pool's size after a reload; returns how many servers should be opened to reach
     /// min_pool_size.
     pub fn maintain(self: &Arc<Self>) -> usize {
         let mut closing = Vec::new();
@@ -491,7 +518,9 @@ impl Pool {
                 let idle_too_long = crate::config::enabled(s.server_idle_timeout)
                     .is_some_and(|l| now.duration_since(srv.last_used) >= l)
                     && total > s.min_pool_size;
-                if too_old || idle_too_long || !is_alive(&mut srv) {
+                // After a reload to a smaller size: the longest idle go first.
+                let over_size = total > s.pool_size + s.reserve_pool_size;
+                if too_old || idle_too_long || over_size || !is_alive(&mut srv) {
                     total -= 1;
                     closing.push(srv);
                 } else {
@@ -586,6 +615,36 @@ impl Pool {
                 last_used: s.last_used,
             })
             .collect()
+    }
+
+    /// Clients wait, no server is idle, and the pool is below its size: what stops it from
+    /// opening one is a limit it shares with other pools (or a failing login).
+    pub(crate) fn starved(&self) -> bool {
+        let g = self.lock();
+        !g.paused && !g.waiters.is_empty() && g.idle.is_empty() && g.total < g.settings.pool_size
+    }
+
+    /// Whether this pool counts against the same max_db_connections / max_user_connections
+    /// as `other`, and that limit is reached.
+    pub(crate) fn shares_full_limit_with(&self, other: &Pool) -> bool {
+        (Arc::ptr_eq(&self.db_limit, &other.db_limit) && self.db_limit.is_full())
+            || (Arc::ptr_eq(&self.user_limit, &other.user_limit) && self.user_limit.is_full())
+    }
+
+    /// Close the longest-idle server to make room under a shared limit; false if none is idle.
+    pub(crate) fn evict_idle(self: &Arc<Self>) -> bool {
+        let s = {
+            let mut g = self.lock();
+            let Some(s) = g.idle.pop_front() else {
+                return false;
+            };
+            g.total -= 1;
+            s
+        };
+        close_server(s);
+        self.db_limit.release();
+        self.user_limit.release();
+        true
     }
 
     pub fn last_login_error(&self) -> Option<String> {

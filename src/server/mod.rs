@@ -117,6 +117,9 @@ pub enum ServerError {
     Rejected(ErrorFields),
     #[error("server login failed: {0}")]
     Login(String),
+    /// Within server_login_retry of a failed login, with no server left: refused at once.
+    #[error("server login has been failing, cached error: {0} (server_login_retry)")]
+    LoginFailing(String),
 }
 
 impl ServerError {
