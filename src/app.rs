@@ -33,6 +33,8 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Connected client sockets (for max_client_conn).
     pub client_conns: AtomicUsize,
+    /// Console state: DISABLE'd and PAUSE'd databases.
+    pub admin: crate::admin::AdminState,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -47,19 +49,7 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
     for name in config.settings.unimplemented_in_use() {
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
-    let shared = Arc::new(Shared {
-        config: ArcSwap::from_pointee(config),
-        pools: Arc::new(Pools::default()),
-        clients: Arc::new(Registry::default()),
-        scram: Arc::new(ScramCache::new()),
-        statements: Arc::new(Default::default()),
-        stop_accepting: CancellationToken::new(),
-        stop_clients: CancellationToken::new(),
-        stop_background: CancellationToken::new(),
-        tracker: TaskTracker::new(),
-        next_client_id: AtomicU64::new(1),
-        client_conns: AtomicUsize::new(0),
-    });
+    let shared = Shared::new(config);
     let listeners = listen::bind(&shared.config.load().settings)?;
     let addr = listeners
         .iter()
@@ -68,12 +58,29 @@ pub async fn start(config: Config) -> std::io::Result<AppHandle> {
     for l in listeners {
         shared.tracker.spawn(listen::accept_loop(l, shared.clone()));
     }
-    shared.tracker.spawn(janitor::run(shared.pools.clone(), shared.stop_background.clone()));
+    shared.tracker.spawn(janitor::run(
+        shared.pools.clone(),
+        shared.stop_background.clone(),
+    ));
+    shared
+        .tracker
+        .spawn(crate::stats::run_periods(shared.clone()));
+    if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
+        shared
+            .tracker
+            .spawn(crate::stats::metrics::serve(metrics, shared.clone()));
+    }
     Ok(AppHandle { addr, shared })
 }
 
 /// Resolve one pool's settings from the config (per user > per database > global).
-pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, credential: Credential, shared: &Shared) -> PoolSettings {
+pub fn pool_settings(
+    cfg: &Config,
+    entry: &DatabaseEntry,
+    client_user: &str,
+    credential: Credential,
+    shared: &Shared,
+) -> PoolSettings {
     let s = &cfg.settings;
     let db = entry.name.as_str();
     let user = cfg.pool_user_for(db, client_user);
@@ -108,8 +115,12 @@ pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, cre
         cancel_wait_timeout: s.cancel_wait_timeout,
         query_wait_timeout: cfg.query_wait_timeout_for(db, &user),
         max_prepared_statements: s.max_prepared_statements,
+        pin_error: entry.pin_mode.as_deref().unwrap_or(&s.pin_mode) == "error",
         target: ServerTarget {
-            addr: ServerAddr::new(entry.host.as_deref(), if entry.port == 0 { 5432 } else { entry.port }),
+            addr: ServerAddr::new(
+                entry.host.as_deref(),
+                if entry.port == 0 { 5432 } else { entry.port },
+            ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,
             credential,
@@ -121,6 +132,24 @@ pub fn pool_settings(cfg: &Config, entry: &DatabaseEntry, client_user: &str, cre
 }
 
 impl Shared {
+    /// Fresh state for `config`: no pools, no clients, nothing running yet.
+    pub fn new(config: Config) -> Arc<Shared> {
+        Arc::new(Shared {
+            config: ArcSwap::from_pointee(config),
+            pools: Arc::new(Pools::default()),
+            clients: Arc::new(Registry::default()),
+            scram: Arc::new(ScramCache::new()),
+            statements: Arc::new(Default::default()),
+            stop_accepting: CancellationToken::new(),
+            stop_clients: CancellationToken::new(),
+            stop_background: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            next_client_id: AtomicU64::new(1),
+            client_conns: AtomicUsize::new(0),
+            admin: crate::admin::AdminState::default(),
+        })
+    }
+
     /// Apply a new config (RELOAD / SIGHUP): pools get new sizes and timeouts at once;
     /// settings that need a restart keep their old values and are named in the log.
     pub fn reload(&self, new: Config) {

@@ -5,7 +5,11 @@ use anyhow::Context;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "pgcarpool", version, about = "PostgreSQL connection pooler (PgBouncer compatible)")]
+#[command(
+    name = "pgcarpool",
+    version,
+    about = "PostgreSQL connection pooler (PgBouncer compatible)"
+)]
 struct Cli {
     /// Run in the background (requires logfile and pidfile in the config).
     #[arg(short = 'd', long = "daemon")]
@@ -29,7 +33,8 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config_path = std::fs::canonicalize(&cli.config).unwrap_or(cli.config.clone());
-    let mut config = pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut config =
+        pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     if cli.reboot {
         config.settings.so_reuseport = true;
     }
@@ -43,19 +48,30 @@ fn main() -> anyhow::Result<()> {
         };
         daemonize()?;
     }
-    init_logging(cli.quiet || cli.daemon, verbose, config.settings.logfile.as_deref())?;
+    init_logging(
+        cli.quiet || cli.daemon,
+        verbose,
+        config.settings.logfile.as_deref(),
+    )?;
     if let Some(pidfile) = &config.settings.pidfile {
         std::fs::write(pidfile, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
     }
     let workers = match config.settings.workers {
-        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         n => n,
     };
     let pidfile = config.settings.pidfile.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()?;
     let result = runtime.block_on(async move {
-        let handle = pgcarpool::app::start(config).await.context("starting listeners")?;
+        let handle = pgcarpool::app::start(config)
+            .await
+            .context("starting listeners")?;
         tracing::info!("listening on {} ({} worker threads)", handle.addr, workers);
         pgcarpool::signals::run(handle.shared.clone(), config_path).await?;
         handle.shutdown().await;
@@ -74,8 +90,11 @@ fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> 
         1 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     match logfile {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
@@ -83,7 +102,10 @@ fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> 
                 .append(true)
                 .open(path)
                 .with_context(|| format!("opening logfile {}", path.display()))?;
-            builder.with_ansi(false).with_writer(std::sync::Mutex::new(file)).init();
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
         }
         None if quiet => builder.with_writer(std::io::sink).init(),
         None => builder.with_writer(std::io::stderr).init(),

@@ -4,7 +4,11 @@ mod harness;
 use harness::{TempPostgres, TestPooler};
 
 async fn pooler(pg: &TempPostgres, mode: &str) -> TestPooler {
-    TestPooler::builder(pg).setting("pool_mode", mode).setting("default_pool_size", "2").start().await
+    TestPooler::builder(pg)
+        .setting("pool_mode", mode)
+        .setting("default_pool_size", "2")
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,7 +37,11 @@ async fn simple_and_extended_queries_work_in_every_mode() {
 async fn every_auth_method_logs_in_and_reaches_the_server() {
     let pg = TempPostgres::start();
     for auth_type in ["md5", "scram-sha-256", "plain", "trust"] {
-        let p = TestPooler::builder(&pg).setting("auth_type", auth_type).setting("pool_mode", "transaction").start().await;
+        let p = TestPooler::builder(&pg)
+            .setting("auth_type", auth_type)
+            .setting("pool_mode", "transaction")
+            .start()
+            .await;
         for user in ["postgres", "md5user", "scramuser", "trustuser"] {
             if auth_type == "trust" && user == "scramuser" {
                 // No password to log in to the server with and no client SCRAM exchange to learn from.
@@ -51,9 +59,14 @@ async fn every_auth_method_logs_in_and_reaches_the_server() {
 async fn wrong_password_is_refused_with_28p01() {
     let pg = TempPostgres::start();
     for auth_type in ["md5", "scram-sha-256", "plain"] {
-        let p = TestPooler::builder(&pg).setting("auth_type", auth_type).start().await;
+        let p = TestPooler::builder(&pg)
+            .setting("auth_type", auth_type)
+            .start()
+            .await;
         let dsn = harness::dsn_with_password(p.port(), "md5user", Some("wrong"), "testdb");
-        let err = harness::try_connect(&dsn).await.err().expect("wrong password accepted");
+        let Err(err) = harness::try_connect(&dsn).await else {
+            panic!("{auth_type}: wrong password accepted")
+        };
         assert_eq!(harness::sqlstate(&err), Some("28P01"), "{auth_type}: {err}");
         // Still serving.
         let c = p.connect("md5user", "testdb").await;

@@ -1,10 +1,23 @@
-//! The admin console: database `pgbouncer` (or `pgcarpool`), PgBouncer's commands.
-use std::sync::Arc;
+//! The admin console: database `pgbouncer` (or `pgcarpool`), PgBouncer's commands, over the
+//! simple Query protocol (psql) and the extended protocol (drivers).
+pub mod command;
+pub mod show;
+pub mod table;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
 
 use crate::app::Shared;
 use crate::client::ClientError;
 use crate::config::Config;
 use crate::net::Conn;
+use crate::proto::{MAX_MESSAGE_LEN, Reader, backend, frontend};
+pub use command::{Command, ShutdownMode, View};
+pub use table::Table;
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +43,625 @@ pub fn role_of(cfg: &Config, user: &str) -> Option<Role> {
     }
 }
 
+/// Console-set state the rest of the pooler reads: DISABLE'd databases, PAUSE'd ones.
+#[derive(Debug, Default)]
+pub struct AdminState {
+    disabled: Mutex<BTreeSet<String>>,
+    paused: Mutex<BTreeSet<String>>,
+    paused_all: AtomicBool,
+}
+
+impl AdminState {
+    /// DISABLE db: the login path refuses new clients of `db`.
+    pub fn is_disabled(&self, db: &str) -> bool {
+        self.disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(db)
+    }
+    pub fn set_disabled(&self, db: &str, on: bool) {
+        let mut g = self.disabled.lock().unwrap_or_else(|e| e.into_inner());
+        if on {
+            g.insert(db.to_string());
+        } else {
+            g.remove(db);
+        }
+    }
+    pub fn is_paused(&self, db: &str) -> bool {
+        self.is_paused_all()
+            || self
+                .paused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(db)
+    }
+    pub fn is_paused_all(&self) -> bool {
+        self.paused_all.load(Ordering::Relaxed)
+    }
+    fn set_paused(&self, db: Option<&str>, on: bool) {
+        let mut g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        match db {
+            Some(db) if on => {
+                g.insert(db.to_string());
+            }
+            Some(db) => {
+                g.remove(db);
+            }
+            None => {
+                self.paused_all.store(on, Ordering::Relaxed);
+                if !on {
+                    g.clear();
+                }
+            }
+        }
+    }
+}
+
+/// An error the console reports (ErrorResponse); the session goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl AdminError {
+    fn new(code: &'static str, message: impl Into<String>) -> Self {
+        AdminError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a command answers.
+#[derive(Debug)]
+pub enum Reply {
+    Table(Table),
+    /// A notice (SHOW HELP), then CommandComplete with the tag.
+    Notice(String, &'static str),
+    /// CommandComplete only.
+    Done(&'static str),
+    Empty,
+    /// Answer, then end the session (SHUTDOWN).
+    Close(&'static str),
+}
+
 /// Serve one console session (after authentication).
-pub async fn run(shared: &Arc<Shared>, conn: &mut Conn, user: &str, role: Role) -> Result<(), ClientError> {
-    let _ = (shared, conn, user, role);
-    Err(ClientError::fatal("0A000", "the admin console is not implemented yet".into()))
+pub async fn run(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    user: &str,
+    role: Role,
+) -> Result<(), ClientError> {
+    tracing::debug!(%user, ?role, "admin console login");
+    welcome(conn);
+    conn.flush().await?;
+    let mut session = Session::default();
+    let stop = shared.stop_clients.clone();
+    loop {
+        let h = tokio::select! {
+            r = conn.read_message(MAX_MESSAGE_LEN) => match r {
+                Ok(h) => h,
+                Err(crate::net::conn::ConnError::Closed) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            },
+            _ = stop.cancelled() => return Ok(()),
+        };
+        let tag = conn.rbuf[0];
+        let body = conn.rbuf[5..h.total].to_vec();
+        conn.consume(h.total);
+        let mut out = BytesMut::new();
+        let close = match tag {
+            frontend::TERMINATE => return Ok(()),
+            frontend::QUERY => simple_query(shared, role, &body, &mut out).await?,
+            frontend::SYNC => {
+                session.skipping = false;
+                backend::ready_for_query(&mut out, b'I');
+                false
+            }
+            frontend::FLUSH => false,
+            frontend::PARSE
+            | frontend::BIND
+            | frontend::DESCRIBE
+            | frontend::EXECUTE
+            | frontend::CLOSE => {
+                if session.skipping {
+                    false
+                } else {
+                    match session.extended(shared, role, tag, &body, &mut out).await {
+                        Ok(close) => close,
+                        Err(e) => {
+                            backend::error_response(&mut out, "ERROR", e.code, &e.message);
+                            session.skipping = true;
+                            false
+                        }
+                    }
+                }
+            }
+            other => {
+                return Err(ClientError::fatal(
+                    "08P01",
+                    format!(
+                        "unsupported message type '{}' on the admin console",
+                        other as char
+                    ),
+                ));
+            }
+        };
+        conn.queue(out.freeze());
+        conn.flush().await?;
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+/// AuthenticationOk, the parameters clients expect, BackendKeyData, ReadyForQuery.
+fn welcome(conn: &mut Conn) {
+    conn.queue_with(|b| {
+        backend::authentication_ok(b);
+        for (k, v) in [
+            (
+                "server_version",
+                format!("{}/bouncer", show::PGBOUNCER_COMPAT),
+            ),
+            ("server_encoding", "UTF8".to_string()),
+            ("client_encoding", "UTF8".to_string()),
+            ("DateStyle", "ISO".to_string()),
+            ("TimeZone", "UTC".to_string()),
+            ("standard_conforming_strings", "on".to_string()),
+            ("integer_datetimes", "on".to_string()),
+            ("is_superuser", "off".to_string()),
+            ("application_name", String::new()),
+        ] {
+            backend::parameter_status(b, k, &v);
+        }
+        backend::backend_key_data(
+            b,
+            rand::random::<i32>() & 0x7fff_ffff,
+            rand::random::<i32>(),
+        );
+        backend::ready_for_query(b, b'I');
+    });
+}
+
+/// A simple Query: each `;`-separated command in turn; stop at the first error.
+async fn simple_query(
+    shared: &Arc<Shared>,
+    role: Role,
+    body: &[u8],
+    out: &mut BytesMut,
+) -> Result<bool, ClientError> {
+    let sql = frontend::parse_query(body)?;
+    let sql = String::from_utf8_lossy(sql);
+    let parts = command::split_statements(&sql);
+    if parts.is_empty() {
+        backend::empty_query_response(out);
+    }
+    let mut close = false;
+    for part in parts {
+        match execute(shared, role, part).await {
+            Ok(reply) => {
+                close |= write_reply(&reply, out, None);
+            }
+            Err(e) => {
+                backend::error_response(out, "ERROR", e.code, &e.message);
+                break;
+            }
+        }
+    }
+    backend::ready_for_query(out, b'I');
+    Ok(close)
+}
+
+/// Write a reply; `formats` = Some(..) for Execute (no RowDescription, given formats).
+fn write_reply(reply: &Reply, out: &mut BytesMut, formats: Option<&[i16]>) -> bool {
+    match reply {
+        Reply::Table(t) => match formats {
+            None => t.write_all(out),
+            Some(f) => {
+                let f = table::formats_for(f, t.columns.len());
+                t.write_rows(out, &f);
+                backend::command_complete(out, "SHOW");
+            }
+        },
+        Reply::Notice(text, tag) => {
+            backend::error_fields(out, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);
+            backend::command_complete(out, tag);
+        }
+        Reply::Done(tag) => backend::command_complete(out, tag),
+        Reply::Close(tag) => {
+            backend::command_complete(out, tag);
+            return true;
+        }
+        Reply::Empty => backend::empty_query_response(out),
+    }
+    false
+}
+
+/// Parse, check the role, run.
+pub async fn execute(shared: &Arc<Shared>, role: Role, sql: &str) -> Result<Reply, AdminError> {
+    let cmd = Command::parse(sql).map_err(|e| AdminError::new("42601", e.0))?;
+    if role == Role::Stats && !cmd.is_read_only() {
+        return Err(AdminError::new(
+            "42501",
+            "admin access needed: stats_users may only run SHOW commands",
+        ));
+    }
+    run_command(shared, cmd).await
+}
+
+fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
+    if shared.config.load().database(db).is_some() || shared.pools.all().iter().any(|p| p.db == db)
+    {
+        Ok(())
+    } else {
+        Err(AdminError::new("3D000", format!("no such database: {db}")))
+    }
+}
+
+fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
+    shared
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| db.is_none_or(|d| p.db == d))
+        .collect()
+}
+
+async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminError> {
+    let tag = cmd.tag();
+    match cmd {
+        Command::Empty => Ok(Reply::Empty),
+        Command::Show(View::Help) => Ok(Reply::Notice(show::help(), "SHOW")),
+        Command::Show(v) => Ok(Reply::Table(
+            show::table(shared, v).expect("every view but HELP has a table"),
+        )),
+        Command::Set { key, value } => {
+            let mut cfg = (**shared.config.load()).clone();
+            cfg.settings
+                .set(&key, &value)
+                .map_err(|e| AdminError::new("22023", e))?;
+            shared.reload(cfg);
+            Ok(Reply::Done(tag))
+        }
+        Command::Reload => {
+            let path = shared.config.load().path.clone();
+            let cfg = crate::config::load(&path).map_err(|e| {
+                AdminError::new(
+                    "F0000",
+                    format!("reload failed, old configuration kept: {e}"),
+                )
+            })?;
+            shared.reload(cfg);
+            Ok(Reply::Done(tag))
+        }
+        Command::Pause(db) => {
+            if let Some(db) = &db {
+                need_db(shared, db)?;
+            }
+            shared.admin.set_paused(db.as_deref(), true);
+            match &db {
+                None => shared.pause_all().await,
+                Some(db) => {
+                    let pools = pools_of(shared, Some(db));
+                    pools.iter().for_each(|p| p.pause());
+                    wait_until(|| pools.iter().all(|p| p.counts().active == 0)).await;
+                }
+            }
+            Ok(Reply::Done(tag))
+        }
+        Command::Resume(db) => {
+            shared.admin.set_paused(db.as_deref(), false);
+            for p in pools_of(shared, db.as_deref()) {
+                p.resume();
+            }
+            Ok(Reply::Done(tag))
+        }
+        Command::Reconnect(db) => {
+            if let Some(db) = &db {
+                need_db(shared, db)?;
+            }
+            pools_of(shared, db.as_deref())
+                .iter()
+                .for_each(|p| p.reconnect());
+            Ok(Reply::Done(tag))
+        }
+        Command::WaitClose(db) => {
+            let pools = pools_of(shared, db.as_deref());
+            wait_until(|| pools.iter().all(|p| p.reconnect_done())).await;
+            Ok(Reply::Done(tag))
+        }
+        Command::Kill(db) => {
+            if let Some(db) = &db {
+                need_db(shared, db)?;
+            }
+            // As PgBouncer: the database stays paused until RESUME.
+            shared.admin.set_paused(db.as_deref(), true);
+            let pools = pools_of(shared, db.as_deref());
+            pools.iter().for_each(|p| p.pause());
+            for c in shared.clients.all() {
+                if db.as_deref().is_none_or(|d| c.db == d) {
+                    c.kill.cancel();
+                }
+            }
+            pools.iter().for_each(|p| p.reconnect());
+            Ok(Reply::Done(tag))
+        }
+        Command::KillClient(id) => {
+            let c = shared
+                .clients
+                .all()
+                .into_iter()
+                .find(|c| c.id == id)
+                .ok_or_else(|| AdminError::new("42704", format!("no such client: {id}")))?;
+            c.kill.cancel();
+            Ok(Reply::Done(tag))
+        }
+        Command::Suspend => Err(AdminError::new(
+            "0A000",
+            "SUSPEND is not supported: pgcarpool does not do PgBouncer's online restart (use SHUTDOWN WAIT_FOR_CLIENTS with so_reuseport)",
+        )),
+        Command::Shutdown(mode) => {
+            let s = shared.clone();
+            match mode {
+                ShutdownMode::Now => {
+                    tokio::spawn(async move {
+                        // Let the console's answer go out first.
+                        tokio::task::yield_now().await;
+                        s.shutdown_now();
+                    });
+                    Ok(Reply::Close(tag))
+                }
+                ShutdownMode::WaitForServers => {
+                    tokio::spawn(async move { s.shutdown_wait_for_servers().await });
+                    Ok(Reply::Done(tag))
+                }
+                ShutdownMode::WaitForClients => {
+                    tokio::spawn(async move { s.shutdown_wait_for_clients().await });
+                    Ok(Reply::Done(tag))
+                }
+            }
+        }
+        Command::Enable(db) => {
+            need_db(shared, &db)?;
+            shared.admin.set_disabled(&db, false);
+            Ok(Reply::Done(tag))
+        }
+        Command::Disable(db) => {
+            need_db(shared, &db)?;
+            shared.admin.set_disabled(&db, true);
+            Ok(Reply::Done(tag))
+        }
+    }
+}
+
+async fn wait_until(mut done: impl FnMut() -> bool) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    while !done() {
+        tick.tick().await;
+    }
+}
+
+/// Extended-protocol state of one console session.
+#[derive(Default)]
+struct Session {
+    /// Statement name → SQL.
+    statements: HashMap<String, String>,
+    /// Portal name → (SQL, result formats).
+    portals: HashMap<String, (String, Vec<i16>)>,
+    /// After an error: ignore messages until Sync.
+    skipping: bool,
+}
+
+impl Session {
+    async fn extended(
+        &mut self,
+        shared: &Arc<Shared>,
+        role: Role,
+        tag: u8,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<bool, AdminError> {
+        let proto = |e: crate::proto::ProtoError| AdminError::new("08P01", e.to_string());
+        let mut r = Reader::new(body, "extended query message");
+        match tag {
+            frontend::PARSE => {
+                let name = r.cstr().map_err(proto)?.to_string();
+                let sql = r.cstr().map_err(proto)?.to_string();
+                // Check it parses now, as a server would.
+                Command::parse(&sql).map_err(|e| AdminError::new("42601", e.0))?;
+                self.statements.insert(name, sql);
+                backend::parse_complete(out);
+            }
+            frontend::BIND => {
+                let portal = r.cstr().map_err(proto)?.to_string();
+                let stmt = r.cstr().map_err(proto)?;
+                let sql = self.statements.get(stmt).cloned().ok_or_else(|| {
+                    AdminError::new(
+                        "26000",
+                        format!("prepared statement \"{stmt}\" does not exist"),
+                    )
+                })?;
+                let n = r.i16().map_err(proto)?;
+                for _ in 0..n.max(0) {
+                    r.i16().map_err(proto)?;
+                }
+                let n = r.i16().map_err(proto)?;
+                if n > 0 {
+                    return Err(AdminError::new(
+                        "42601",
+                        "admin commands take no parameters",
+                    ));
+                }
+                let n = r.i16().map_err(proto)?;
+                let mut formats = Vec::new();
+                for _ in 0..n.max(0) {
+                    formats.push(r.i16().map_err(proto)?);
+                }
+                self.portals.insert(portal, (sql, formats));
+                out.put_u8(b'2');
+                out.put_i32(4);
+            }
+            frontend::DESCRIBE => {
+                let kind = r.u8().map_err(proto)?;
+                let name = r.cstr().map_err(proto)?;
+                let (sql, formats) = if kind == b'S' {
+                    let sql = self.statements.get(name).ok_or_else(|| {
+                        AdminError::new(
+                            "26000",
+                            format!("prepared statement \"{name}\" does not exist"),
+                        )
+                    })?;
+                    // ParameterDescription: no parameters.
+                    out.put_u8(b't');
+                    out.put_i32(6);
+                    out.put_i16(0);
+                    (sql.clone(), Vec::new())
+                } else {
+                    self.portals.get(name).cloned().ok_or_else(|| {
+                        AdminError::new("34000", format!("portal \"{name}\" does not exist"))
+                    })?
+                };
+                match Command::parse(&sql) {
+                    Ok(Command::Show(v)) if v != View::Help => {
+                        let t = show::table(shared, v).expect("table view");
+                        let f = table::formats_for(&formats, t.columns.len());
+                        t.write_description(out, &f);
+                    }
+                    _ => {
+                        out.put_u8(b'n');
+                        out.put_i32(4);
+                    }
+                }
+            }
+            frontend::EXECUTE => {
+                let name = r.cstr().map_err(proto)?;
+                let (sql, formats) = self.portals.get(name).cloned().ok_or_else(|| {
+                    AdminError::new("34000", format!("portal \"{name}\" does not exist"))
+                })?;
+                let reply = execute(shared, role, &sql).await?;
+                return Ok(write_reply(&reply, out, Some(&formats)));
+            }
+            frontend::CLOSE => {
+                let kind = r.u8().map_err(proto)?;
+                let name = r.cstr().map_err(proto)?;
+                if kind == b'S' {
+                    self.statements.remove(name);
+                } else {
+                    self.portals.remove(name);
+                }
+                backend::close_complete(out);
+            }
+            _ => unreachable!("extended message tags only"),
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        let cfg = Config::from_str(
+            "[databases]\n[pgbouncer]\nlisten_port = 0\n",
+            "pgbouncer.ini",
+            &std::env::temp_dir(),
+        )
+        .expect("config");
+        Shared::new(cfg)
+    }
+
+    #[tokio::test]
+    async fn malformed_extended_messages_are_errors_not_panics() {
+        let sh = shared();
+        let mut s = Session::default();
+        let cases: [(u8, &[u8]); 8] = [
+            (frontend::PARSE, b""),
+            (frontend::PARSE, b"s\0SHOW POOLS"),
+            (frontend::BIND, b"\0nosuch\0\0\0\0\0\0\0"),
+            (frontend::BIND, b"\0\0\xff\xff"),
+            (frontend::DESCRIBE, b"S"),
+            (frontend::DESCRIBE, b"Pnosuch\0"),
+            (frontend::EXECUTE, b"nosuch\0\0\0\0\0"),
+            (frontend::CLOSE, b""),
+        ];
+        for (tag, body) in cases {
+            let mut out = BytesMut::new();
+            assert!(
+                s.extended(&sh, Role::Admin, tag, body, &mut out)
+                    .await
+                    .is_err(),
+                "{} {body:?}",
+                tag as char
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn parse_bind_describe_execute_answer_in_order() {
+        let sh = shared();
+        let mut s = Session::default();
+        let mut out = BytesMut::new();
+        s.extended(
+            &sh,
+            Role::Admin,
+            frontend::PARSE,
+            b"\0SHOW LISTS\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(
+            &sh,
+            Role::Admin,
+            frontend::BIND,
+            b"\0\0\0\0\0\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(&sh, Role::Admin, frontend::DESCRIBE, b"P\0", &mut out)
+            .await
+            .unwrap();
+        s.extended(&sh, Role::Admin, frontend::EXECUTE, b"\0\0\0\0\0", &mut out)
+            .await
+            .unwrap();
+        let mut tags = Vec::new();
+        let mut rest = &out[..];
+        while rest.len() >= 5 {
+            let len = i32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            tags.push(rest[0]);
+            rest = &rest[1 + len..];
+        }
+        let rows = tags.iter().filter(|t| **t == b'D').count();
+        assert_eq!(&tags[..3], b"12T");
+        assert_eq!(rows, 14);
+        assert_eq!(tags.last(), Some(&b'C'));
+        // A stats user may describe but not run a non-SHOW command.
+        s.extended(
+            &sh,
+            Role::Stats,
+            frontend::PARSE,
+            b"p\0PAUSE\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        s.extended(
+            &sh,
+            Role::Stats,
+            frontend::BIND,
+            b"\0p\0\0\0\0\0\0\0",
+            &mut out,
+        )
+        .await
+        .unwrap();
+        let e = s
+            .extended(&sh, Role::Stats, frontend::EXECUTE, b"\0\0\0\0\0", &mut out)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "42501");
+    }
 }

@@ -11,10 +11,16 @@ pub async fn handle(registry: &Arc<Registry>, key: (i32, i32)) {
         return;
     };
     let Some((addr, server_key)) = client.cancel_target() else {
-        tracing::debug!(client = client.id, "cancel request for an idle client ignored");
+        tracing::debug!(
+            client = client.id,
+            "cancel request for an idle client ignored"
+        );
         return;
     };
     if let Err(e) = send_cancel(&addr, server_key).await {
-        tracing::warn!(client = client.id, "could not forward cancel request to {addr}: {e}");
+        tracing::warn!(
+            client = client.id,
+            "could not forward cancel request to {addr}: {e}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod cancel;
+pub mod classify;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
@@ -67,7 +68,9 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
         match config::enabled(cfg.settings.client_login_timeout) {
             Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, &peer, id, &cfg))
                 .await
-                .unwrap_or_else(|_| Err(ClientError::fatal("08P01", "client_login_timeout".into()))),
+                .unwrap_or_else(|_| {
+                    Err(ClientError::fatal("08P01", "client_login_timeout".into()))
+                }),
             None => login(&shared, &mut conn, &peer, id, &cfg).await,
         }
     };
@@ -83,8 +86,17 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
         tracing::info!(client = id, %user, %db, addr = %peer, "login");
     }
     let started = Instant::now();
-    let mut client = Client { shared, conn, pool, session, reg };
+    let mut client = Client {
+        shared,
+        conn,
+        pool,
+        session,
+        reg,
+    };
     let result = transaction::run(&mut client).await;
+    client
+        .session
+        .set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
         report(&mut client.conn, e, &peer, true).await;
     }
@@ -112,7 +124,13 @@ async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
 
 type Login = (String, String, Arc<Pool>, VirtualSession, Registration);
 
-async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: &Config) -> Result<Option<Login>, ClientError> {
+async fn login(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    peer: &str,
+    id: u64,
+    cfg: &Config,
+) -> Result<Option<Login>, ClientError> {
     let params = match startup::hello(conn).await? {
         startup::Hello::Cancel(key) => {
             cancel::handle(&shared.clients, key).await;
@@ -121,15 +139,23 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
         startup::Hello::Startup(p) => p,
     };
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let user = get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
+    let user =
+        get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
     let db = get("database").unwrap_or_else(|| user.clone());
     if get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
-        return Err(ClientError::fatal("08P01", "replication connections are not supported".into()));
+        return Err(ClientError::fatal(
+            "08P01",
+            "replication connections are not supported".into(),
+        ));
     }
     if crate::admin::is_admin_db(&db) {
         let secret = cfg.auth.users.get(&user);
-        let role = crate::admin::role_of(cfg, &user)
-            .ok_or_else(|| ClientError::fatal("28000", format!("not allowed to connect to the admin console: {user}")))?;
+        let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
+            ClientError::fatal(
+                "28000",
+                format!("not allowed to connect to the admin console: {user}"),
+            )
+        })?;
         startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
         crate::admin::run(shared, conn, &user, role).await?;
         return Ok(None);
@@ -138,27 +164,47 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
+    if shared.admin.is_disabled(&db) {
+        return Err(ClientError::fatal(
+            "08P01",
+            format!("database does not allow connections: {db}"),
+        ));
+    }
     let secret = cfg.auth.users.get(&user);
-    let learned = startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
+    let learned =
+        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
     let pool = shared.pools.get_or_create(&db, &server_user, || {
-        crate::app::pool_settings(cfg, &entry, &user, credential_for(cfg, &entry, &server_user, learned.clone()), shared)
+        crate::app::pool_settings(
+            cfg,
+            &entry,
+            &user,
+            credential_for(cfg, &entry, &server_user, learned.clone()),
+            shared,
+        )
     });
-    if let Some(c) = learned {
-        if entry.user.is_none() {
-            pool.set_credential_if_missing(c);
-        }
+    if shared.admin.is_paused(&db) && !pool.counts().paused {
+        pool.pause();
+    }
+    if let Some(c) = learned
+        && entry.user.is_none()
+    {
+        pool.set_credential_if_missing(c);
     }
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {
         Some(p) => p,
         None => {
-            let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| Instant::now() + d);
+            let deadline =
+                config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
             let s = pool.checkout(deadline).await.map_err(|e| match e {
                 crate::pool::CheckoutError::Server(se) => {
                     let (code, msg) = se.client_error();
-                    ClientError::Fatal { code: static_code(&code), message: msg }
+                    ClientError::Fatal {
+                        code: static_code(&code),
+                        message: msg,
+                    }
                 }
                 other => ClientError::fatal("08P01", other.to_string()),
             })?;
@@ -176,8 +222,11 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
     for (k, v) in client_params.iter() {
         session.params.set(k, v);
     }
+    session.defaults = session.params.clone();
     let kill = shared.stop_clients.child_token();
-    let reg = shared.clients.register(id, peer.to_string(), user.clone(), db.clone(), kill);
+    let reg = shared
+        .clients
+        .register(id, peer.to_string(), user.clone(), db.clone(), kill);
     // Welcome.
     conn.queue_with(|b| {
         backend::authentication_ok(b);
@@ -194,9 +243,18 @@ async fn login(shared: &Arc<Shared>, conn: &mut Conn, peer: &str, id: u64, cfg: 
 }
 
 /// The client's own session parameters from its startup packet.
-fn session_params(params: &[(String, String)], cfg: &Config, peer: &str) -> Result<Params, ClientError> {
+fn session_params(
+    params: &[(String, String)],
+    cfg: &Config,
+    peer: &str,
+) -> Result<Params, ClientError> {
     let mut out = Params::default();
-    let ignored = |k: &str| cfg.settings.ignore_startup_parameters.iter().any(|i| i.eq_ignore_ascii_case(k));
+    let ignored = |k: &str| {
+        cfg.settings
+            .ignore_startup_parameters
+            .iter()
+            .any(|i| i.eq_ignore_ascii_case(k))
+    };
     for (k, v) in params {
         match k.as_str() {
             "user" | "database" | "replication" => {}
@@ -219,20 +277,33 @@ fn session_params(params: &[(String, String)], cfg: &Config, peer: &str) -> Resu
 }
 
 /// What the pool logs in to the server with.
-pub(crate) fn credential_for(cfg: &Config, entry: &DatabaseEntry, server_user: &str, learned: Option<Credential>) -> Credential {
+pub(crate) fn credential_for(
+    cfg: &Config,
+    entry: &DatabaseEntry,
+    server_user: &str,
+    learned: Option<Credential>,
+) -> Credential {
     if let Some(pw) = &entry.password {
         return Credential::Plain(pw.clone());
     }
     match cfg.auth.users.get(server_user) {
         Some(crate::config::Secret::Plain(p)) => Credential::Plain(p.clone()),
         Some(crate::config::Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
-        Some(crate::config::Secret::Scram(_)) if entry.user.is_none() => learned.unwrap_or_default(),
+        Some(crate::config::Secret::Scram(_)) if entry.user.is_none() => {
+            learned.unwrap_or_default()
+        }
         _ => Credential::None,
     }
 }
 
 /// SQLSTATEs are 5 ASCII chars; keep well-known ones static, others as generic failure.
 fn static_code(code: &str) -> &'static str {
-    const KNOWN: [&str; 8] = ["28P01", "28000", "3D000", "53300", "57P03", "08006", "08001", "42501"];
-    KNOWN.iter().find(|k| **k == code).copied().unwrap_or("08006")
+    const KNOWN: [&str; 8] = [
+        "28P01", "28000", "3D000", "53300", "57P03", "08006", "08001", "42501",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| **k == code)
+        .copied()
+        .unwrap_or("08006")
 }

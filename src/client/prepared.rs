@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::classify::{self, Effects};
+
 /// One distinct statement (query text + parameter types), shared by every client using it.
 #[derive(Debug)]
 pub struct Stmt {
@@ -15,6 +17,8 @@ pub struct Stmt {
     pub server_name: Bytes,
     /// The Parse body after the statement name: query, NUL, parameter count and types.
     pub parse_rest: Bytes,
+    /// What running it does to a session (None: nothing pgcarpool tracks).
+    pub effects: Option<Box<Effects>>,
     /// A server accepted its Parse once: a client's Parse of it can be answered without one.
     validated: AtomicBool,
 }
@@ -49,7 +53,10 @@ impl Default for StatementRegistry {
 impl StatementRegistry {
     pub fn with_capacity(capacity: usize) -> Self {
         StatementRegistry {
-            inner: Mutex::new(RegistryInner { by_key: HashMap::new(), next_id: 1 }),
+            inner: Mutex::new(RegistryInner {
+                by_key: HashMap::new(),
+                next_id: 1,
+            }),
             capacity,
         }
     }
@@ -69,6 +76,7 @@ impl StatementRegistry {
             id,
             server_name: Bytes::from(format!("PGCARPOOL_{id}")),
             parse_rest: parse_rest.clone(),
+            effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
         });
         g.by_key.insert(parse_rest, s.clone());
@@ -77,16 +85,36 @@ impl StatementRegistry {
 
     /// The statement for this key, if known.
     pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.get(parse_rest).cloned()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .get(parse_rest)
+            .cloned()
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).by_key.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn statement_effects(parse_rest: &[u8]) -> Option<Box<Effects>> {
+    let sql = crate::proto::Reader::new(parse_rest, "Parse")
+        .cstr_bytes()
+        .ok()?;
+    if !classify::may_matter(sql) {
+        return None;
+    }
+    let e = classify::classify(sql);
+    (!e.is_empty()).then(|| Box::new(e))
 }
 
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.
@@ -120,7 +148,11 @@ impl PreparedSet {
 
     /// The least recently used statement, to close when the set is full.
     pub fn evict_lru(&mut self) -> Option<Arc<Stmt>> {
-        let id = self.held.iter().min_by_key(|(_, (t, _))| *t).map(|(id, _)| *id)?;
+        let id = self
+            .held
+            .iter()
+            .min_by_key(|(_, (t, _))| *t)
+            .map(|(id, _)| *id)?;
         self.held.remove(&id).map(|(_, s)| s)
     }
 
@@ -141,15 +173,23 @@ impl PreparedSet {
 #[derive(Debug)]
 pub enum Pending {
     /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement.
-    Parse { swallow: bool, stmt: Option<Arc<Stmt>> },
+    Parse {
+        swallow: bool,
+        stmt: Option<Arc<Stmt>>,
+    },
     Bind,
     /// Describe: ends with RowDescription or NoData.
     Describe,
     /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
     Execute,
-    Close { swallow: bool },
-    /// Sync, Query or FunctionCall: ends with ReadyForQuery.
-    Ready,
+    Close {
+        swallow: bool,
+    },
+    /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
+    /// carries its statement, forgotten by the server if the query fails.
+    Ready(Option<Arc<Stmt>>),
+    /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
+    Swallow,
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
 }
@@ -158,6 +198,8 @@ pub enum Pending {
 pub enum Answer {
     ParseComplete,
     CloseComplete,
+    /// A whole simple query answered here: CommandComplete with this tag, ReadyForQuery.
+    Query(&'static str),
 }
 
 #[cfg(test)]

@@ -8,6 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::server::ServerAddr;
 
+/// Where a client's cancel requests go: the server's address and BackendKeyData.
+pub type CancelTarget = (Arc<ServerAddr>, (i32, i32));
+
 /// PgBouncer's client states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -30,7 +33,9 @@ pub struct ClientHandle {
     pub kill: CancellationToken,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
-    cancel_target: Mutex<Option<(Arc<ServerAddr>, (i32, i32))>>,
+    cancel_target: Mutex<Option<CancelTarget>>,
+    /// Why the client is pinned to its server, and since when.
+    pin: Mutex<Option<(String, SystemTime)>>,
 }
 
 impl ClientHandle {
@@ -45,11 +50,28 @@ impl ClientHandle {
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
     }
-    pub fn set_cancel_target(&self, t: Option<(Arc<ServerAddr>, (i32, i32))>) {
+    pub fn set_cancel_target(&self, t: Option<CancelTarget>) {
         *self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()) = t;
     }
-    pub fn cancel_target(&self) -> Option<(Arc<ServerAddr>, (i32, i32))> {
-        self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn set_pin(&self, reasons: Option<String>) {
+        let mut g = self.pin.lock().unwrap_or_else(|e| e.into_inner());
+        match reasons {
+            None => *g = None,
+            Some(r) => {
+                let since = g.as_ref().map_or_else(SystemTime::now, |(_, t)| *t);
+                *g = Some((r, since));
+            }
+        }
+    }
+    /// (reasons, since) when pinned.
+    pub fn pin(&self) -> Option<(String, SystemTime)> {
+        self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn cancel_target(&self) -> Option<CancelTarget> {
+        self.cancel_target
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -101,9 +123,13 @@ impl Registry {
             kill,
             state: AtomicU8::new(ClientState::Login as u8),
             cancel_target: Mutex::new(None),
+            pin: Mutex::new(None),
         });
         map.insert(key, handle.clone());
-        Registration { registry: self.clone(), handle }
+        Registration {
+            registry: self.clone(),
+            handle,
+        }
     }
 
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {

@@ -10,6 +10,7 @@ use crate::net::Conn;
 use crate::proto::{self, ProtoError, backend, frontend};
 use crate::server::Server;
 
+use super::classify::Effects;
 use super::prepared::{Pending, StatementRegistry};
 use super::session::VirtualSession;
 
@@ -89,6 +90,8 @@ pub struct Relay<'a> {
     pub counts: RelayCounts,
     query_started: Option<Instant>,
     xact_started: Option<Instant>,
+    /// What the client's statements did to its session (read after the transaction).
+    pub effects: Effects,
     idle_in_xact_since: Option<Instant>,
 }
 
@@ -101,7 +104,6 @@ impl<'a> Relay<'a> {
         registry: &'a StatementRegistry,
         max_prepared: usize,
     ) -> Self {
-        let xact_started = (mode != PoolMode::Session).then(Instant::now);
         let virt = mode != PoolMode::Session && max_prepared > 0;
         if virt {
             server.pending.clear();
@@ -117,8 +119,9 @@ impl<'a> Relay<'a> {
             server_partial: 0,
             counts: RelayCounts::default(),
             query_started: None,
-            xact_started,
+            xact_started: None,
             idle_in_xact_since: None,
+            effects: Effects::default(),
         }
     }
 
@@ -126,6 +129,7 @@ impl<'a> Relay<'a> {
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
         // What the client sent before the server was attached.
         if !self.client.rbuf.is_empty() {
+            self.counts.bytes_from_client += self.client.rbuf.len() as u64;
             match self.scan_client() {
                 Ok(Some(ev)) => return ev,
                 Ok(None) => {}
@@ -134,13 +138,16 @@ impl<'a> Relay<'a> {
         }
         loop {
             let deadline = self.next_deadline(&t);
-            // A query or transaction state change moves the deadline: re-arm the timer.
+            // A message relayed can start or stop a timer (a query sent, a transaction gone
+            // idle): then come round again to wait for the new deadline.
             let relayed = poll_fn(|cx| match self.poll(cx) {
                 Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
-                r => r.map(Some),
+                other => other.map(Some),
             });
             tokio::select! {
-                ev = relayed => if let Some(ev) = ev { return ev },
+                ev = relayed => if let Some(ev) = ev {
+                    return ev;
+                },
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
                         return RelayEvent::Timeout(kind);
@@ -152,9 +159,20 @@ impl<'a> Relay<'a> {
 
     fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {
         [
-            (TimeoutKind::Query, t.query.zip(self.query_started).map(|(d, s)| s + d)),
-            (TimeoutKind::IdleTransaction, t.idle_transaction.zip(self.idle_in_xact_since).map(|(d, s)| s + d)),
-            (TimeoutKind::Transaction, t.transaction.zip(self.xact_started).map(|(d, s)| s + d)),
+            (
+                TimeoutKind::Query,
+                t.query.zip(self.query_started).map(|(d, s)| s + d),
+            ),
+            (
+                TimeoutKind::IdleTransaction,
+                t.idle_transaction
+                    .zip(self.idle_in_xact_since)
+                    .map(|(d, s)| s + d),
+            ),
+            (
+                TimeoutKind::Transaction,
+                t.transaction.zip(self.xact_started).map(|(d, s)| s + d),
+            ),
         ]
     }
 
@@ -163,7 +181,10 @@ impl<'a> Relay<'a> {
     }
 
     fn expired(&self, t: &RelayTimeouts, now: Instant) -> Option<TimeoutKind> {
-        self.deadlines(t).into_iter().find(|(_, d)| d.is_some_and(|d| d <= now)).map(|(k, _)| k)
+        self.deadlines(t)
+            .into_iter()
+            .find(|(_, d)| d.is_some_and(|d| d <= now))
+            .map(|(k, _)| k)
     }
 
     /// One pass over both sockets; Ready only for an event.
@@ -187,7 +208,11 @@ impl<'a> Relay<'a> {
             }
             if self.client.out_len() < HIGH_WATER {
                 match self.server.conn.poll_read_more(cx) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(RelayEvent::ServerGone("server closed the connection".into())),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(RelayEvent::ServerGone(
+                            "server closed the connection".into(),
+                        ));
+                    }
                     Poll::Ready(Ok(n)) => {
                         progress = true;
                         self.counts.bytes_from_server += n as u64;
@@ -197,13 +222,17 @@ impl<'a> Relay<'a> {
                             Err(e) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
                         }
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
+                    Poll::Ready(Err(e)) => {
+                        return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
+                    }
                     Poll::Pending => {}
                 }
             }
             if self.server.conn.out_len() < HIGH_WATER {
                 match self.client.poll_read_more(cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(RelayEvent::ClientGone),
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(RelayEvent::ClientGone);
+                    }
                     Poll::Ready(Ok(n)) => {
                         progress = true;
                         self.counts.bytes_from_client += n as u64;
@@ -238,15 +267,22 @@ impl<'a> Relay<'a> {
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+                break;
+            };
             let avail = buf.len() - fwd;
             self.idle_in_xact_since = None;
+            if self.xact_started.is_none() && self.mode != PoolMode::Session {
+                self.xact_started = Some(Instant::now());
+            }
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
                     break;
                 }
-                frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE if self.virt => {
+                frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
+                    if self.virt =>
+                {
                     if h.total > proto::MAX_MESSAGE_LEN {
                         return Err(ProtoError::TooLong(h.total));
                     }
@@ -260,6 +296,23 @@ impl<'a> Relay<'a> {
                     self.on_extended(h.tag, msg)?;
                     continue;
                 }
+                frontend::QUERY if self.virt => {
+                    if h.total > proto::MAX_MESSAGE_LEN {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    self.forward_client_run(fwd);
+                    fwd = 0;
+                    let msg = self.client.rbuf.split_to(h.total).freeze();
+                    if self.server.proto.expected_rfq == 0 {
+                        self.query_started = Some(Instant::now());
+                    }
+                    self.server.proto.unsynced = false;
+                    self.on_query(msg)?;
+                    continue;
+                }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                     if p.expected_rfq == 0 {
                         self.query_started = Some(Instant::now());
@@ -267,7 +320,7 @@ impl<'a> Relay<'a> {
                     p.expected_rfq += 1;
                     p.unsynced = false;
                     if self.virt {
-                        self.server.pending.push_back(Pending::Ready);
+                        self.server.pending.push_back(Pending::Ready(None));
                     }
                 }
                 frontend::EXECUTE => {
@@ -289,8 +342,13 @@ impl<'a> Relay<'a> {
             fwd += h.total;
         }
         self.forward_client_run(fwd);
-        if self.virt {
-            self.answer_front();
+        if self.virt && self.answer_front() && event.is_none() {
+            // pgcarpool answered a whole query itself: the server may be free again.
+            let p = &self.server.proto;
+            if p.is_idle() && self.server.pending.is_empty() && self.mode != PoolMode::Session {
+                self.xact_started = None;
+                event = Some(RelayEvent::Release);
+            }
         }
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
@@ -333,10 +391,36 @@ impl<'a> Relay<'a> {
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else { break };
+            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+                break;
+            };
             let avail = buf.len() - fwd;
+            if self.virt && matches!(self.server.pending.front(), Some(Pending::Swallow)) {
+                // Replies to a query pgcarpool added: none reach the client.
+                if h.total > MAX_INSPECTED {
+                    return Err(ProtoError::TooLong(h.total));
+                }
+                if avail < h.total {
+                    break;
+                }
+                if h.tag == backend::READY_FOR_QUERY {
+                    let status = *buf
+                        .get(fwd + 5)
+                        .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                    let p = &mut self.server.proto;
+                    p.tx_status = status;
+                    p.expected_rfq = p.expected_rfq.saturating_sub(1);
+                    self.server.pending.pop_front();
+                }
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn.consume(h.total);
+                continue;
+            }
             match h.tag {
-                backend::READY_FOR_QUERY | backend::PARAMETER_STATUS | backend::COPY_IN_RESPONSE => {
+                backend::READY_FOR_QUERY
+                | backend::PARAMETER_STATUS
+                | backend::COPY_IN_RESPONSE => {
                     if h.total > MAX_INSPECTED {
                         return Err(ProtoError::TooLong(h.total));
                     }
@@ -347,7 +431,8 @@ impl<'a> Relay<'a> {
                     fwd += h.total;
                     match h.tag {
                         backend::READY_FOR_QUERY => {
-                            let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                            let status =
+                                *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if self.virt {
                                 self.on_server_completion(h.tag);
                             }

@@ -5,11 +5,96 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes};
 
+use super::classify;
 use super::prepared::{Answer, Pending, Stmt};
 use super::relay::Relay;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 
 impl Relay<'_> {
+    /// A whole simple Query from the client.
+    pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
+        if !classify::may_matter(sql) {
+            self.send_query(msg, None);
+            return Ok(());
+        }
+        let e = classify::classify(sql);
+        if e.deallocate_all {
+            // The server drops every statement, the ones other clients use included.
+            self.session.statements.clear();
+            self.server.prepared.clear();
+        }
+        let named = classify::named_statement(sql);
+        let deallocated = e
+            .deallocate
+            .as_ref()
+            .and_then(|name| self.session.statements.remove(name.as_bytes()));
+        self.effects.merge(e);
+        if let Some(stmt) = deallocated {
+            self.server.prepared.remove(stmt.id);
+            let sql = format!("DEALLOCATE {}", quoted(&stmt.server_name));
+            self.send_query(query_message(&sql), None);
+            return Ok(());
+        }
+        match named {
+            Some(classify::Named::Prepare { name, rest }) => {
+                let mut key = b"\0PREPARE ".to_vec();
+                key.extend_from_slice(rest);
+                let stmt = self.registry.intern(Bytes::from(key));
+                self.session
+                    .statements
+                    .insert(Bytes::from(name.into_bytes()), stmt.clone());
+                if self.server.prepared.touch(stmt.id) {
+                    // Already prepared on this server under its shared name.
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::Query("PREPARE")));
+                    return Ok(());
+                }
+                let sql = format!(
+                    "PREPARE {} {}",
+                    quoted(&stmt.server_name),
+                    String::from_utf8_lossy(rest)
+                );
+                self.server.prepared.insert(stmt.clone());
+                self.send_query(query_message(&sql), Some(stmt));
+            }
+            Some(classify::Named::Execute { name, rest }) => {
+                match self.session.statements.get(name.as_bytes()).cloned() {
+                    Some(stmt) if is_sql_prepared(&stmt) => {
+                        if !self.server.prepared.touch(stmt.id) {
+                            let prep = format!(
+                                "PREPARE {} {}",
+                                quoted(&stmt.server_name),
+                                String::from_utf8_lossy(&stmt.parse_rest["\0PREPARE ".len()..])
+                            );
+                            self.server.conn.queue_with(|b| frontend::query(b, &prep));
+                            self.server.proto.expected_rfq += 1;
+                            self.server.pending.push_back(Pending::Swallow);
+                            self.server.prepared.insert(stmt.clone());
+                        }
+                        let sql = format!(
+                            "EXECUTE {} {}",
+                            quoted(&stmt.server_name),
+                            String::from_utf8_lossy(rest)
+                        );
+                        self.send_query(query_message(&sql), None);
+                    }
+                    _ => self.send_query(msg, None),
+                }
+            }
+            None => self.send_query(msg, None),
+        }
+        Ok(())
+    }
+
+    /// Forward a Query whose ReadyForQuery the client waits for.
+    fn send_query(&mut self, msg: Bytes, prepares: Option<Arc<Stmt>>) {
+        self.server.conn.queue(msg);
+        self.server.proto.expected_rfq += 1;
+        self.server.pending.push_back(Pending::Ready(prepares));
+    }
+
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
@@ -17,15 +102,29 @@ impl Relay<'_> {
             frontend::PARSE => {
                 let name = Reader::new(body, "Parse").cstr_bytes()?;
                 if name.is_empty() {
+                    let sql = Reader::new(&body[1..], "Parse").cstr_bytes()?;
+                    if classify::may_matter(sql) {
+                        self.effects.merge(classify::classify(sql));
+                    }
                     self.server.conn.queue(msg);
-                    self.server.pending.push_back(Pending::Parse { swallow: false, stmt: None });
+                    self.server.pending.push_back(Pending::Parse {
+                        swallow: false,
+                        stmt: None,
+                    });
                     return Ok(());
                 }
                 let rest = msg.slice(5 + name.len() + 1..);
                 let stmt = self.registry.intern(rest);
-                self.session.statements.insert(Bytes::copy_from_slice(name), stmt.clone());
+                if let Some(e) = &stmt.effects {
+                    self.effects.merge((**e).clone());
+                }
+                self.session
+                    .statements
+                    .insert(Bytes::copy_from_slice(name), stmt.clone());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server.pending.push_back(Pending::Answer(Answer::ParseComplete));
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::ParseComplete));
                 } else {
                     self.prepare_on_server(stmt, false);
                 }
@@ -80,10 +179,14 @@ impl Relay<'_> {
                 if kind == b'S' && !name.is_empty() {
                     // Only the client's name goes: the server keeps the statement for others.
                     self.session.statements.remove(name);
-                    self.server.pending.push_back(Pending::Answer(Answer::CloseComplete));
+                    self.server
+                        .pending
+                        .push_back(Pending::Answer(Answer::CloseComplete));
                 } else {
                     self.server.conn.queue(msg);
-                    self.server.pending.push_back(Pending::Close { swallow: false });
+                    self.server
+                        .pending
+                        .push_back(Pending::Close { swallow: false });
                 }
             }
             _ => unreachable!("only extended-protocol messages come here"),
@@ -97,6 +200,10 @@ impl Relay<'_> {
             return None;
         }
         let stmt = self.session.statements.get(name)?.clone();
+        if is_sql_prepared(&stmt) {
+            // Made by SQL PREPARE: usable from the protocol only where it already exists.
+            return self.server.prepared.touch(stmt.id).then_some(stmt);
+        }
         if !self.server.prepared.touch(stmt.id) {
             self.prepare_on_server(stmt.clone(), true);
         }
@@ -106,17 +213,19 @@ impl Relay<'_> {
     /// Send a Parse of `stmt` under its server name (closing the least recently used
     /// statement first when the server holds max_prepared_statements).
     fn prepare_on_server(&mut self, stmt: Arc<Stmt>, swallow: bool) {
-        if self.server.prepared.len() >= self.max_prepared {
-            if let Some(old) = self.server.prepared.evict_lru() {
-                self.server.conn.queue_with(|b| {
-                    b.put_u8(frontend::CLOSE);
-                    b.put_i32((4 + 1 + old.server_name.len() + 1) as i32);
-                    b.put_u8(b'S');
-                    b.put_slice(&old.server_name);
-                    b.put_u8(0);
-                });
-                self.server.pending.push_back(Pending::Close { swallow: true });
-            }
+        if self.server.prepared.len() >= self.max_prepared
+            && let Some(old) = self.server.prepared.evict_lru()
+        {
+            self.server.conn.queue_with(|b| {
+                b.put_u8(frontend::CLOSE);
+                b.put_i32((4 + 1 + old.server_name.len() + 1) as i32);
+                b.put_u8(b'S');
+                b.put_slice(&old.server_name);
+                b.put_u8(0);
+            });
+            self.server
+                .pending
+                .push_back(Pending::Close { swallow: true });
         }
         let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
         self.server.conn.queue_with(|b| {
@@ -127,26 +236,40 @@ impl Relay<'_> {
         });
         self.server.conn.queue(stmt.parse_rest.clone());
         self.server.prepared.insert(stmt.clone());
-        self.server.pending.push_back(Pending::Parse { swallow, stmt: Some(stmt) });
+        self.server.pending.push_back(Pending::Parse {
+            swallow,
+            stmt: Some(stmt),
+        });
     }
 
-    /// Send the client the replies pgcarpool owes it that are next in line.
-    pub(super) fn answer_front(&mut self) {
+    /// Send the client the replies pgcarpool owes it that are next in line. True when one
+    /// of them was a ReadyForQuery.
+    pub(super) fn answer_front(&mut self) -> bool {
+        let mut ready = false;
         while let Some(Pending::Answer(a)) = self.server.pending.front() {
             let a = *a;
             self.server.pending.pop_front();
+            let status = self.server.proto.tx_status;
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
+                Answer::Query(tag) => {
+                    backend::command_complete(b, tag);
+                    backend::ready_for_query(b, status);
+                }
             });
+            ready |= matches!(a, Answer::Query(_));
         }
+        ready
     }
 
     /// A server message that may complete the oldest pending response. True: it answers a
     /// message pgcarpool added, so the client must not see it.
     pub(super) fn on_server_completion(&mut self, tag: u8) -> bool {
         let pending = &mut self.server.pending;
-        let Some(front) = pending.front() else { return false };
+        let Some(front) = pending.front() else {
+            return false;
+        };
         let (done, swallow) = match (tag, front) {
             (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
                 if let Some(s) = stmt {
@@ -158,15 +281,22 @@ impl Relay<'_> {
             (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
             (
-                backend::COMMAND_COMPLETE | backend::EMPTY_QUERY_RESPONSE | backend::PORTAL_SUSPENDED,
+                backend::COMMAND_COMPLETE
+                | backend::EMPTY_QUERY_RESPONSE
+                | backend::PORTAL_SUSPENDED,
                 Pending::Execute,
             ) => (true, false),
-            (backend::READY_FOR_QUERY, Pending::Ready) => (true, false),
-            (backend::ERROR_RESPONSE, Pending::Ready) => (false, false),
+            (backend::READY_FOR_QUERY, Pending::Ready(_)) => (true, false),
+            (backend::ERROR_RESPONSE, Pending::Ready(prepares)) => {
+                if let Some(s) = prepares {
+                    self.server.prepared.remove(s.id);
+                }
+                (false, false)
+            }
             (backend::ERROR_RESPONSE, _) => {
                 // The server skips everything up to the next Sync: those replies never come.
                 while let Some(p) = pending.front() {
-                    if matches!(p, Pending::Ready) {
+                    if matches!(p, Pending::Ready(_)) {
                         break;
                     }
                     if let Some(Pending::Parse { stmt: Some(s), .. }) = pending.pop_front() {
@@ -182,4 +312,20 @@ impl Relay<'_> {
         }
         swallow
     }
+}
+
+/// A statement made by SQL PREPARE (its key is the text after the name).
+fn is_sql_prepared(stmt: &Stmt) -> bool {
+    stmt.parse_rest.starts_with(b"\0PREPARE ")
+}
+
+/// An identifier in double quotes.
+fn quoted(name: &[u8]) -> String {
+    format!("\"{}\"", String::from_utf8_lossy(name).replace('"', "\"\""))
+}
+
+fn query_message(sql: &str) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
+    frontend::query(&mut b, sql);
+    b.freeze()
 }

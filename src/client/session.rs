@@ -6,6 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::prepared::Stmt;
+use std::sync::atomic::Ordering;
+
+use super::registry::ClientHandle;
+use crate::pool::Pool;
 use crate::server::Params;
 
 #[derive(Debug, Clone, Default)]
@@ -15,9 +19,37 @@ pub struct VirtualSession {
     pub params: Params,
     /// Named prepared statements: client name → statement.
     pub statements: HashMap<Bytes, Arc<Stmt>>,
+    /// What RESET ALL returns to: the server's defaults overlaid with the startup packet's.
+    pub defaults: Params,
+    /// Why the client must keep its server, if it must.
+    pub pin: Option<Vec<&'static str>>,
 }
 
 impl VirtualSession {
+    /// Record the pin reasons found after a transaction (empty: unpinned), keeping the
+    /// pool's pinned-client count and the client's SHOW info current.
+    pub fn set_pin(&mut self, pool: &Pool, handle: &ClientHandle, reasons: Vec<&'static str>) {
+        let was = self.pin.is_some();
+        let now = !reasons.is_empty();
+        let old: &[&str] = self.pin.as_deref().unwrap_or(&[]);
+        for (i, r) in crate::server::sync::PIN_REASONS.iter().enumerate() {
+            match (old.contains(r), reasons.contains(r)) {
+                (false, true) => pool.stats.pins[i].fetch_add(1, Ordering::Relaxed),
+                (true, false) => pool.stats.pins[i].fetch_sub(1, Ordering::Relaxed),
+                _ => 0,
+            };
+        }
+        if now && !was {
+            pool.stats.pinned_clients.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(client = handle.id, reasons = ?reasons, "client pinned to its server");
+        } else if was && !now {
+            pool.stats.pinned_clients.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(client = handle.id, "client unpinned");
+        }
+        handle.set_pin(now.then(|| reasons.join(", ")));
+        self.pin = now.then_some(reasons);
+    }
+
     /// A ParameterStatus from the server while it ran this client's work.
     pub fn observe_parameter(&mut self, name: &str, value: &str) {
         if !crate::server::sync::is_read_only(name) {

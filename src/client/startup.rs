@@ -42,7 +42,9 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
                 conn.queue(bytes::Bytes::from_static(b"N"));
                 conn.flush().await?;
             }
-            startup::StartupPacket::Cancel { pid, secret } => return Ok(Hello::Cancel((pid, secret))),
+            startup::StartupPacket::Cancel { pid, secret } => {
+                return Ok(Hello::Cancel((pid, secret)));
+            }
             startup::StartupPacket::Startup { params, .. } => return Ok(Hello::Startup(params)),
         }
     }
@@ -57,7 +59,12 @@ pub async fn authenticate(
     secret: Option<&Secret>,
     user: &str,
 ) -> Result<Option<Credential>, ClientError> {
-    let fail = || ClientError::fatal("28P01", format!("password authentication failed for user \"{user}\""));
+    let fail = || {
+        ClientError::fatal(
+            "28P01",
+            format!("password authentication failed for user \"{user}\""),
+        )
+    };
     match auth_type {
         AuthType::Trust | AuthType::Any => Ok(None),
         AuthType::Plain => {
@@ -66,13 +73,19 @@ pub async fn authenticate(
             conn.flush().await?;
             let pw = read_password(conn).await?;
             let ok = match secret {
-                Secret::Plain(p) => subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into(),
+                Secret::Plain(p) => {
+                    subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into()
+                }
                 Secret::Md5(h) => {
                     let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
                     subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into()
                 }
                 Secret::Scram(v) => {
-                    let given = scram::verifier_from_password(&String::from_utf8_lossy(&pw), &v.salt, v.iterations);
+                    let given = scram::verifier_from_password(
+                        &String::from_utf8_lossy(&pw),
+                        &v.salt,
+                        v.iterations,
+                    );
                     subtle::ConstantTimeEq::ct_eq(&given.stored_key[..], &v.stored_key[..]).into()
                 }
             };
@@ -88,7 +101,11 @@ pub async fn authenticate(
             conn.queue_with(|b| backend::authentication_md5(b, salt));
             conn.flush().await?;
             let pw = read_password(conn).await?;
-            if md5::verify_response(&hash, salt, &pw) { Ok(None) } else { Err(fail()) }
+            if md5::verify_response(&hash, salt, &pw) {
+                Ok(None)
+            } else {
+                Err(fail())
+            }
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
             let verifier = match secret.ok_or_else(fail)? {
@@ -116,7 +133,10 @@ async fn scram_exchange(
     let h = expect_password_message(conn).await?;
     let (mech, data) = frontend::parse_sasl_initial(&conn.rbuf[5..h.total])?;
     if mech != scram::MECHANISM {
-        return Err(ClientError::fatal("28000", format!("unsupported SASL mechanism {mech}")));
+        return Err(ClientError::fatal(
+            "28000",
+            format!("unsupported SASL mechanism {mech}"),
+        ));
     }
     let server_first = server.client_first(data).map_err(|_| fail())?;
     conn.consume(h.total);
@@ -125,13 +145,19 @@ async fn scram_exchange(
     conn.queue(out.freeze());
     conn.flush().await?;
     let h = expect_password_message(conn).await?;
-    let server_final = server.client_final(&conn.rbuf[5..h.total]).map_err(|_| fail())?;
+    let server_final = server
+        .client_final(&conn.rbuf[5..h.total])
+        .map_err(|_| fail())?;
     conn.consume(h.total);
     conn.queue_with(|b| backend::authentication_sasl_final(b, &server_final));
     let cred = match server.client_credential() {
-        Some(scram::ClientCredential::Keys { client_key, server_key }) => {
-            Some(Credential::ScramKeys { client_key, server_key })
-        }
+        Some(scram::ClientCredential::Keys {
+            client_key,
+            server_key,
+        }) => Some(Credential::ScramKeys {
+            client_key,
+            server_key,
+        }),
         _ => None,
     };
     Ok(cred)
@@ -140,7 +166,10 @@ async fn scram_exchange(
 async fn expect_password_message(conn: &mut Conn) -> Result<crate::proto::Header, ClientError> {
     let h = conn.read_message(AUTH_MESSAGE_LIMIT).await?;
     if h.tag != frontend::PASSWORD {
-        return Err(ClientError::fatal("08P01", "expected a password message".into()));
+        return Err(ClientError::fatal(
+            "08P01",
+            "expected a password message".into(),
+        ));
     }
     Ok(h)
 }

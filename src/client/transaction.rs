@@ -5,9 +5,11 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::classify::{self, Effects};
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
+use crate::net::conn::ConnError;
 use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
@@ -16,37 +18,54 @@ use crate::stats::PoolStats;
 /// Serve requests until the client leaves (Ok) or must be told why it is let go (Err).
 pub async fn run(c: &mut Client) -> Result<(), ClientError> {
     let kill = c.reg.handle.kill.clone();
+    // A pinned client keeps its server between transactions.
+    let mut held: Option<PooledServer> = None;
     loop {
-        c.reg.handle.set_state(ClientState::Idle);
         let cfg = c.shared.config.load_full();
-        if !wait_for_request(c, config::enabled(cfg.settings.client_idle_timeout), &kill).await? {
-            return Ok(());
-        }
-        c.reg.handle.set_state(ClientState::Waiting);
-        let waited = Instant::now();
-        let mut server = checkout(c, &cfg, &kill).await?;
-        PoolStats::add(&c.pool.stats.wait_time_us, waited.elapsed().as_micros() as u64);
-        PoolStats::add(&c.pool.stats.server_assignment_count, 1);
-        match sync::apply(&mut server, &c.session.params).await {
-            Ok(None) => {}
-            Ok(Some(e)) => {
-                return Err(ClientError::fatal("22023", format!("could not apply session parameters: {}", e.message)));
+        let mut server = match held.take() {
+            Some(s) => s,
+            None => {
+                c.reg.handle.set_state(ClientState::Idle);
+                let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
+                if !wait_for_request(c, idle_timeout, &kill).await? {
+                    return Ok(());
+                }
+                c.reg.handle.set_state(ClientState::Waiting);
+                let waited = Instant::now();
+                let mut server = checkout(c, &cfg, &kill).await?;
+                let waited_us = waited.elapsed().as_micros() as u64;
+                PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
+                c.pool.stats.wait_hist.record(waited_us);
+                PoolStats::add(&c.pool.stats.server_assignment_count, 1);
+                match sync::apply(&mut server, &c.session.params).await {
+                    Ok(None) => {}
+                    Ok(Some(e)) => {
+                        return Err(ClientError::fatal(
+                            "22023",
+                            format!("could not apply session parameters: {}", e.message),
+                        ));
+                    }
+                    Err(e) => {
+                        server.broken = true;
+                        return Err(ClientError::fatal("08006", e.to_string()));
+                    }
+                }
+                server
             }
-            Err(e) => {
-                server.broken = true;
-                return Err(ClientError::fatal("08006", e.to_string()));
-            }
-        }
+        };
         let pool_settings = c.pool.settings();
         let mode = pool_settings.mode;
         let timeouts = RelayTimeouts {
-            query: config::enabled(cfg.settings.query_timeout),
-            idle_transaction: config::enabled(cfg.settings.idle_transaction_timeout),
-            transaction: config::enabled(cfg.settings.transaction_timeout),
+            query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
+            idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
+            transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
         };
-        c.reg.handle.set_cancel_target(Some((server.addr.clone(), server.key)));
+        c.reg
+            .handle
+            .set_cancel_target(Some((server.addr.clone(), server.key)));
         c.reg.handle.set_state(ClientState::Active);
-        let (event, counts) = {
+        let assigned_at = Instant::now();
+        let (event, counts, effects) = {
             let registry = c.shared.statements.clone();
             let mut relay = Relay::new(
                 &mut c.conn,
@@ -60,21 +79,40 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 ev = relay.run(timeouts) => ev,
                 _ = kill.cancelled() => RelayEvent::Killed,
             };
-            (event, relay.counts)
+            (event, relay.counts, std::mem::take(&mut relay.effects))
         };
         c.reg.handle.set_cancel_target(None);
-        tracing::trace!(client = c.reg.handle.id, server = server.id, ?event, "relay ended");
-        add_stats(c, &counts);
+        add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
         let reset_always = cfg.settings.server_reset_query_always;
+        // Every way out but Release ends the client: its session state goes with it, however
+        // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
+        // back to the pool as it is.
+        server.reset = match event {
+            RelayEvent::Release => reset_always || c.session.pin.is_some(),
+            _ => mode == PoolMode::Session || reset_always || c.session.pin.is_some(),
+        };
         match event {
             RelayEvent::Release => {
-                server.reset = reset_always;
-                drop(server);
+                if !effects.is_empty() || c.session.pin.is_some() {
+                    match after_transaction(c, &mut server, &effects).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(refused)) => return Err(refused),
+                        Err(e) => {
+                            server.broken = true;
+                            return Err(ClientError::fatal(
+                                "08006",
+                                format!("server connection lost: {e}"),
+                            ));
+                        }
+                    }
+                }
+                if c.session.pin.is_some() {
+                    held = Some(server);
+                } else {
+                    server.reset = reset_always;
+                }
             }
-            RelayEvent::ClientTerminate | RelayEvent::ClientGone => {
-                server.reset = mode == PoolMode::Session || reset_always;
-                return Ok(());
-            }
+            RelayEvent::ClientTerminate | RelayEvent::ClientGone => return Ok(()),
             RelayEvent::StatementModeTransaction => {
                 return Err(ClientError::fatal(
                     "08P01",
@@ -84,7 +122,10 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             RelayEvent::ClientProtocol(e) => return Err(e.into()),
             RelayEvent::ServerGone(why) => {
                 server.broken = true;
-                return Err(ClientError::fatal("08006", format!("server connection lost: {why}")));
+                return Err(ClientError::fatal(
+                    "08006",
+                    format!("server connection lost: {why}"),
+                ));
             }
             RelayEvent::Timeout(kind) => {
                 return Err(ClientError::fatal("08P01", kind.message().to_string()));
@@ -94,18 +135,83 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
     }
 }
 
-fn killed(c: &Client) -> ClientError {
-    let _ = c;
-    ClientError::fatal("08P01", "client killed by the pooler (KILL or shutdown)".into())
+/// After a transaction whose statements touched the session: read back the settings it
+/// changed, follow RESET ALL / DISCARD ALL, and find out whether it now needs its server
+/// (temp tables, LISTEN, advisory locks, WITH HOLD cursors).
+async fn after_transaction(
+    c: &mut Client,
+    server: &mut PooledServer,
+    effects: &Effects,
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
+    if effects.reset_all {
+        c.session.params = c.session.defaults.clone();
+        server.params = server.login_params.clone();
+    }
+    if effects.discard_all {
+        c.session.statements.clear();
+    }
+    if effects.deallocate_all {
+        server.prepared.clear();
+    }
+    let changed = sync::read_session_settings(server, &effects.gucs, effects.gucs_unknown).await?;
+    for (name, value) in changed {
+        match value {
+            Some(v) => {
+                server.params.set(&name, &v);
+                c.session.params.set(&name, &v);
+            }
+            None => {
+                server.params.remove(&name);
+                c.session.params.remove(&name);
+            }
+        }
+    }
+    if effects.pin_check || c.session.pin.is_some() {
+        let reasons = sync::pin_reasons(server).await?;
+        if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
+            server.reset = true;
+            return Ok(Err(ClientError::fatal(
+                "0A000",
+                format!(
+                    "{} cannot be used in {} pooling mode (pin_mode = error)",
+                    reasons.join(", "),
+                    if c.pool.settings().mode == PoolMode::Statement {
+                        "statement"
+                    } else {
+                        "transaction"
+                    }
+                ),
+            )));
+        }
+        c.session.set_pin(&c.pool, &c.reg.handle, reasons);
+    }
+    Ok(Ok(()))
 }
 
-fn add_stats(c: &Client, n: &RelayCounts) {
+fn killed(c: &Client) -> ClientError {
+    let _ = c;
+    ClientError::fatal(
+        "08P01",
+        "client killed by the pooler (KILL or shutdown)".into(),
+    )
+}
+
+/// `held_us`: how long the client had the server (one transaction in transaction mode).
+fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     let s = &c.pool.stats;
     PoolStats::add(&s.query_count, n.queries);
     PoolStats::add(&s.xact_count, n.transactions);
     PoolStats::add(&s.bytes_received, n.bytes_from_client);
     PoolStats::add(&s.bytes_sent, n.bytes_from_server);
     PoolStats::add(&s.query_time_us, n.query_time_us);
+    // Per-query times are not kept: each query of the batch counts at the batch's mean.
+    if let Some(mean) = n.query_time_us.checked_div(n.queries) {
+        s.query_hist.record_n(mean, n.queries);
+    }
+    if let Some(per) = held_us.checked_div(n.transactions) {
+        PoolStats::add(&s.xact_time_us, held_us);
+        s.xact_hist.record_n(per, n.transactions);
+    }
 }
 
 /// Flush what the client is owed and wait for its next request. False: it said Terminate.
@@ -161,11 +267,13 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
         return Ok(Local::NeedServer);
     }
+    if let Some(done) = deallocate_without_server(c)? {
+        return Ok(done);
+    }
     let buf = &c.conn.rbuf;
     let mut at = 0;
     let mut end = None;
-    loop {
-        let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else { break };
+    while let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? {
         if buf.len() - at < h.total {
             break;
         }
@@ -174,7 +282,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             frontend::PARSE => {
                 let mut r = proto::Reader::new(body, "Parse");
                 let name = r.cstr_bytes()?;
-                !name.is_empty() && c.shared.statements.lookup(&body[name.len() + 1..]).is_some_and(|s| s.is_validated())
+                !name.is_empty()
+                    && c.shared
+                        .statements
+                        .lookup(&body[name.len() + 1..])
+                        .is_some_and(|s| s.is_validated())
             }
             frontend::CLOSE => body.first() == Some(&b'S'),
             frontend::SYNC | frontend::FLUSH => true,
@@ -188,7 +300,9 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             end = Some(at);
         }
     }
-    let Some(end) = end else { return Ok(Local::Incomplete) };
+    let Some(end) = end else {
+        return Ok(Local::Incomplete);
+    };
     let msgs = c.conn.rbuf.split_to(end).freeze();
     let mut at = 0;
     while at < msgs.len() {
@@ -214,10 +328,62 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     Ok(Local::Answered)
 }
 
+/// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
+/// virtual session (PHP PDO deallocates by name what it prepared with the protocol).
+fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientError> {
+    let buf = &c.conn.rbuf;
+    if buf.first() != Some(&frontend::QUERY) {
+        return Ok(None);
+    }
+    let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
+        return Ok(Some(Local::Incomplete));
+    };
+    if buf.len() < h.total {
+        return Ok(Some(Local::Incomplete));
+    }
+    let sql = proto::frontend::parse_query(&buf[5..h.total])?;
+    if !classify::may_matter(sql) {
+        return Ok(None);
+    }
+    let e = classify::classify(sql);
+    let only = |mut x: classify::Effects| {
+        x.deallocate = None;
+        x.deallocate_all = false;
+        x.is_empty()
+    };
+    if !only(e.clone()) || (e.deallocate.is_none() && !e.deallocate_all) {
+        return Ok(None);
+    }
+    c.conn.consume(h.total);
+    if e.deallocate_all {
+        c.session.statements.clear();
+        c.conn
+            .queue_with(|b| backend::command_complete(b, "DEALLOCATE ALL"));
+    } else if let Some(name) = e.deallocate {
+        if c.session.statements.remove(name.as_bytes()).is_some() {
+            c.conn
+                .queue_with(|b| backend::command_complete(b, "DEALLOCATE"));
+        } else {
+            let msg = format!("prepared statement \"{name}\" does not exist");
+            c.conn
+                .queue_with(|b| backend::error_response(b, "ERROR", "26000", &msg));
+        }
+    }
+    c.conn.queue_with(|b| backend::ready_for_query(b, b'I'));
+    Ok(Some(Local::Answered))
+}
+/// Most a waiting client may send ahead before we stop reading it.
+const WAIT_READ_LIMIT: usize = 256 * 1024;
+
 /// Get a server for the client, telling it when it has to wait (query_wait_notify).
-async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken) -> Result<PooledServer, ClientError> {
+async fn checkout(
+    c: &mut Client,
+    cfg: &config::Config,
+    kill: &CancellationToken,
+) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
-    let deadline = config::enabled(cfg.settings.query_wait_timeout).map(|d| start + d);
+    // Resolved per database and user with the pool's settings.
+    let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
     let fut = pool.checkout(deadline);
@@ -232,6 +398,13 @@ async fn checkout(c: &mut Client, cfg: &config::Config, kill: &CancellationToken
                         ClientError::fatal("08006", format!("could not connect to server: {msg}"))
                     }
                 });
+            }
+            // A client that leaves while waiting gives back its place (and its client slot)
+            // at once; what it pipelines meanwhile stays buffered, up to a bound.
+            r = poll_fn(|cx| c.conn.poll_read_more(cx)), if c.conn.rbuf.len() < WAIT_READ_LIMIT => {
+                if r? == 0 {
+                    return Err(ClientError::Conn(ConnError::Closed));
+                }
             }
             _ = sleep_until(notify_at) => {
                 notify_at = None;

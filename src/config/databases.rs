@@ -30,6 +30,8 @@ pub struct DatabaseEntry {
     pub max_db_connections: Option<usize>,
     pub max_db_client_connections: Option<usize>,
     pub connect_query: Option<String>,
+    /// pgcarpool extension: `pin` or `error` for this database's pools.
+    pub pin_mode: Option<String>,
     pub client_encoding: Option<String>,
     pub datestyle: Option<String>,
     pub timezone: Option<String>,
@@ -312,6 +314,7 @@ pub fn parse_database(name: &str, text: &str) -> Result<DatabaseEntry, EntryErro
             "server_lifetime" => d.server_lifetime = Some(secs(k, v)?),
             "query_wait_timeout" => d.query_wait_timeout = opt_secs(k, v)?,
             "connect_query" => d.connect_query = Some(v.to_string()),
+            "pin_mode" => d.pin_mode = Some(one_of(k, v, &["pin", "error"])?),
             "client_encoding" => d.client_encoding = Some(v.to_string()),
             "datestyle" => d.datestyle = Some(v.to_string()),
             "timezone" => d.timezone = Some(v.to_string()),

@@ -87,6 +87,9 @@ pub struct Settings {
     pub prometheus_addr: String,
     /// pgcarpool extension: worker threads (0 = one per core).
     pub workers: usize,
+    /// pgcarpool extension: what a session feature that cannot be shared does in transaction
+    /// mode: `pin` (keep the client on its server while it lives) or `error`.
+    pub pin_mode: String,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -585,7 +588,15 @@ pub static TABLE: &[SettingDef] = &[
     typed!(prometheus_addr, "127.0.0.1", reload: false, implemented: true),
     typed!(prometheus_port, "0", reload: false, implemented: true),
     typed!(workers, "0", reload: false, implemented: true),
+    typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
 ];
+
+fn parse_pin_mode(v: &str) -> Result<String, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        m @ ("pin" | "error") => Ok(m.to_string()),
+        other => Err(format!("invalid pin_mode {other:?}: expected pin or error")),
+    }
+}
 
 /// The row for `name` (case-insensitive).
 pub fn lookup(name: &str) -> Option<&'static SettingDef> {
@@ -683,6 +694,7 @@ impl Settings {
             prometheus_port: 0,
             prometheus_addr: String::new(),
             workers: 0,
+            pin_mode: "pin".into(),
             other: BTreeMap::new(),
         }
     }
@@ -825,7 +837,7 @@ mod tests {
         let pg: Vec<_> = names
             .iter()
             .copied()
-            .filter(|n| !["prometheus_addr", "prometheus_port", "workers"].contains(n))
+            .filter(|n| !["prometheus_addr", "prometheus_port", "workers", "pin_mode"].contains(n))
             .collect();
         let mut sorted = pg.clone();
         sorted.sort();

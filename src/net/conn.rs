@@ -40,7 +40,13 @@ pub struct Conn {
 
 impl Conn {
     pub fn new(stream: Stream) -> Self {
-        Conn { stream, rbuf: BytesMut::new(), out: VecDeque::new(), out_len: 0, scratch: BytesMut::new() }
+        Conn {
+            stream,
+            rbuf: BytesMut::new(),
+            out: VecDeque::new(),
+            out_len: 0,
+            scratch: BytesMut::new(),
+        }
     }
 
     /// Queue bytes for writing (after everything queued before).

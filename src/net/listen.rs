@@ -62,7 +62,10 @@ pub fn bind(s: &Settings) -> std::io::Result<Vec<Listener>> {
         let l = UnixListener::bind(&path)?;
         {
             use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(s.unix_socket_mode));
+            let _ = std::fs::set_permissions(
+                &path,
+                std::fs::Permissions::from_mode(s.unix_socket_mode),
+            );
         }
         out.push(Listener::Unix(l, path));
     }
@@ -105,7 +108,10 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
         }
         let max = cfg.settings.max_client_conn;
         if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-            shared.tracker.spawn(refuse(stream, "no more connections allowed (max_client_conn)"));
+            shared.tracker.spawn(refuse(
+                stream,
+                "no more connections allowed (max_client_conn)",
+            ));
             continue;
         }
         let id = shared.client_opened();

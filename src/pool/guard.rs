@@ -15,7 +15,11 @@ pub struct PooledServer {
 
 impl PooledServer {
     pub(crate) fn new(server: Server, pool: Arc<Pool>) -> Self {
-        PooledServer { server: Some(server), pool, reset: false }
+        PooledServer {
+            server: Some(server),
+            pool,
+            reset: false,
+        }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -45,7 +49,9 @@ impl DerefMut for PooledServer {
 
 impl Drop for PooledServer {
     fn drop(&mut self) {
-        let Some(mut s) = self.server.take() else { return };
+        let Some(mut s) = self.server.take() else {
+            return;
+        };
         if s.broken {
             self.pool.close(s);
             return;

@@ -1,4 +1,5 @@
-//! Periodic pool upkeep: idle and lifetime limits, min_pool_size, waking waiters.
+//! Periodic pool upkeep: idle and lifetime limits, min_pool_size, waking waiters, room
+//! under limits shared by several pools.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,5 +26,6 @@ pub async fn run(pools: Arc<Pools>, stop: CancellationToken) {
                 tokio::spawn(async move { p.warm_one().await });
             }
         }
+        pools.balance_limits();
     }
 }

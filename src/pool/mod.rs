@@ -44,6 +44,11 @@ impl Limit {
     pub fn count(&self) -> usize {
         self.inner.lock().unwrap().count
     }
+    /// The limit is set and reached.
+    pub fn is_full(&self) -> bool {
+        let g = self.inner.lock().unwrap();
+        g.max != 0 && g.count >= g.max
+    }
 }
 
 /// All pools, and the limits they share.
@@ -56,7 +61,12 @@ pub struct Pools {
 
 impl Pools {
     /// The pool for (db, user), created with `settings` if new.
-    pub fn get_or_create(&self, db: &str, user: &str, settings: impl FnOnce() -> PoolSettings) -> Arc<Pool> {
+    pub fn get_or_create(
+        &self,
+        db: &str,
+        user: &str,
+        settings: impl FnOnce() -> PoolSettings,
+    ) -> Arc<Pool> {
         let key = (db.to_string(), user.to_string());
         if let Some(p) = self.pools.lock().unwrap().get(&key) {
             return p.clone();
@@ -71,7 +81,12 @@ impl Pools {
             .clone()
     }
 
-    fn limit(&self, map: &Mutex<HashMap<String, Arc<Limit>>>, name: &str, max: usize) -> Arc<Limit> {
+    fn limit(
+        &self,
+        map: &Mutex<HashMap<String, Arc<Limit>>>,
+        name: &str,
+        max: usize,
+    ) -> Arc<Limit> {
         let mut m = map.lock().unwrap();
         let l = m.entry(name.to_string()).or_default().clone();
         l.set_max(max);
@@ -94,6 +109,25 @@ impl Pools {
             .filter(|p| p.db == db || p.user == user)
             .cloned()
             .collect()
+    }
+
+    /// Janitor work across pools: a pool whose clients wait because a shared
+    /// max_db_connections / max_user_connections is reached gets the room freed elsewhere,
+    /// closing an idle server of another pool under the same limit if need be.
+    pub fn balance_limits(&self) {
+        let all = self.all();
+        for p in all.iter().filter(|p| p.starved()) {
+            p.grant_waiters();
+            if !p.starved() {
+                continue;
+            }
+            let donor = all
+                .iter()
+                .find(|o| !Arc::ptr_eq(o, p) && p.shares_full_limit_with(o) && o.evict_idle());
+            if donor.is_some() {
+                p.grant_waiters();
+            }
+        }
     }
 
     /// Apply new settings (reload): `f` gives the settings for a pool, None = keep.

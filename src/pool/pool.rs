@@ -38,6 +38,8 @@ pub struct PoolSettings {
     pub query_wait_timeout: Duration,
     /// Per-server LRU bound of prepared statements; 0 = pass statements through unchanged.
     pub max_prepared_statements: usize,
+    /// pin_mode = error: a session feature that cannot be shared ends the client's session.
+    pub pin_error: bool,
     pub target: ServerTarget,
 }
 
@@ -49,7 +51,8 @@ pub enum CheckoutError {
     Server(#[from] ServerError),
 }
 
-/// What a waiter is handed.
+/// What a waiter is handed (a Server moves by value: no allocation per hand-over).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Grant {
     /// An idle server, already counted active for the receiver.
     Server(Server),
@@ -60,6 +63,7 @@ pub(crate) enum Grant {
 struct Waiter {
     id: u64,
     tx: oneshot::Sender<Grant>,
+    since: Instant,
 }
 
 struct Inner {
@@ -77,8 +81,8 @@ struct Inner {
     /// Login failed at this time: do not retry before server_login_retry.
     login_failed_at: Option<Instant>,
     last_login_error: Option<String>,
-    /// Servers with a lower id were opened for a target a reload changed: closed, not reused.
-    retired_below: u64,
+    /// RECONNECT: servers created before this are closed when they come back.
+    close_before: Option<Instant>,
 }
 
 /// A pool of server connections for one (database, user).
@@ -92,6 +96,7 @@ pub struct Pool {
     pub stats: PoolStats,
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Idle(Server),
     Connect,
@@ -121,7 +126,13 @@ impl Drop for Ticket {
 }
 
 impl Pool {
-    pub(crate) fn new(db: &str, user: &str, settings: PoolSettings, db_limit: Arc<Limit>, user_limit: Arc<Limit>) -> Arc<Pool> {
+    pub(crate) fn new(
+        db: &str,
+        user: &str,
+        settings: PoolSettings,
+        db_limit: Arc<Limit>,
+        user_limit: Arc<Limit>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             db: db.to_string(),
             user: user.to_string(),
@@ -136,7 +147,7 @@ impl Pool {
                 server_params: None,
                 login_failed_at: None,
                 last_login_error: None,
-                retired_below: 0,
+                close_before: None,
             }),
             db_limit,
             user_limit,
@@ -153,8 +164,8 @@ impl Pool {
         self.lock().settings.clone()
     }
 
-    /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size, or
-    /// opened for a target (host, port, dbname, user) that changed, are closed as they come back.
+    /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
+    /// closed as they come back.
     pub fn update_settings(self: &Arc<Self>, s: PoolSettings) {
         let mut g = self.lock();
         let target_changed = {
@@ -163,7 +174,8 @@ impl Pool {
         };
         g.settings = Arc::new(s);
         if target_changed {
-            g.retired_below = self.next_server_id.load(Ordering::Relaxed);
+            // Servers in use now were opened for the old target: closed when they come back.
+            g.close_before = Some(Instant::now());
             let closing: Vec<Server> = g.idle.drain(..).collect();
             g.total -= closing.len();
             for _ in &closing {
@@ -181,7 +193,10 @@ impl Pool {
     /// A client's SCRAM login taught us how to log in to the server: use it if nothing else.
     pub fn set_credential_if_missing(&self, c: crate::server::Credential) {
         let mut g = self.lock();
-        if matches!(g.settings.target.credential, crate::server::Credential::None) {
+        if matches!(
+            g.settings.target.credential,
+            crate::server::Credential::None
+        ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
             g.settings = Arc::new(s);
@@ -206,7 +221,13 @@ impl Pool {
     }
 
     /// Get a server: an idle one, a new one, or wait in line (FIFO) until `deadline`.
-    pub async fn checkout(self: &Arc<Self>, deadline: Option<Instant>) -> Result<PooledServer, CheckoutError> {
+    pub async fn checkout(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Result<PooledServer, CheckoutError> {
+        if let Some(why) = self.login_failing() {
+            return Err(ServerError::LoginFailing(why).into());
+        }
         let start = Instant::now();
         let mut reserve_ok = false;
         loop {
@@ -216,39 +237,75 @@ impl Pool {
                         return Ok(PooledServer::new(s, self.clone()));
                     }
                 }
-                Step::Connect => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                Step::Wait(mut ticket) => {
+                Step::Connect => {
+                    return self
+                        .open()
+                        .await
+                        .map(|s| PooledServer::new(s, self.clone()));
+                }
+                Step::Wait(mut ticket) => loop {
+                    // Keep this place in line until served, timed out, or the reserve pool
+                    // (or a login retry) lets this waiter open a server itself.
                     let settings = self.settings();
                     let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
                         .then(|| start + settings.reserve_pool_timeout);
-                    let retry_at = self.lock().login_failed_at.map(|t| t + settings.server_login_retry);
+                    // A retry time already past wakes nobody: waking on it would spin.
+                    let retry_at = self
+                        .lock()
+                        .login_failed_at
+                        .map(|t| t + settings.server_login_retry)
+                        .filter(|t| *t > Instant::now());
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
                         g = &mut ticket.rx => match g {
-                            Ok(Grant::Server(s)) => {
-                                if let Some(s) = self.prepare_idle(s).await {
-                                    return Ok(PooledServer::new(s, self.clone()));
-                                }
-                            }
+                            Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
+                                Some(s) => return Ok(PooledServer::new(s, self.clone())),
+                                None => break,
+                            },
                             Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                            Err(_) => {}
+                            Err(_) => break,
                         },
                         _ = sleep_until(wake_at) => {
                             if reserve_at.is_some_and(|t| Instant::now() >= t) {
                                 reserve_ok = true;
                             }
+                            if self.try_slot(reserve_ok) {
+                                // Leaving the line hands back anything granted meanwhile.
+                                drop(ticket);
+                                return self.open().await.map(|s| PooledServer::new(s, self.clone()));
+                            }
                         }
                         _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
                     }
-                }
+                },
             }
         }
+    }
+
+    /// Fast fail (as PgBouncer): the last login failed less than server_login_retry ago and
+    /// the pool has no server at all, so a client would only wait for the retry. The error.
+    fn login_failing(&self) -> Option<String> {
+        let g = self.lock();
+        let recent = g
+            .login_failed_at
+            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry);
+        (recent && g.total == 0).then(|| g.last_login_error.clone().unwrap_or_default())
+    }
+
+    /// Room for one new connection for a waiter, counted if granted.
+    fn try_slot(&self, reserve_ok: bool) -> bool {
+        let mut g = self.lock();
+        !g.paused && self.may_open(&mut g, reserve_ok)
     }
 
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
         let mut g = self.lock();
         if !g.paused {
-            let popped = if g.settings.server_round_robin { g.idle.pop_front() } else { g.idle.pop_back() };
+            let popped = if g.settings.server_round_robin {
+                g.idle.pop_front()
+            } else {
+                g.idle.pop_back()
+            };
             if let Some(s) = popped {
                 g.active += 1;
                 return Step::Idle(s);
@@ -260,18 +317,31 @@ impl Pool {
         let id = g.next_waiter;
         g.next_waiter += 1;
         let (tx, rx) = oneshot::channel();
-        g.waiters.push_back(Waiter { id, tx });
-        Step::Wait(Ticket { pool: self.clone(), id, rx })
+        g.waiters.push_back(Waiter {
+            id,
+            tx,
+            since: Instant::now(),
+        });
+        Step::Wait(Ticket {
+            pool: self.clone(),
+            id,
+            rx,
+        })
     }
 
     /// Count one more server if the pool, its database and its user have room.
     fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
-        if let Some(t) = g.login_failed_at {
-            if t.elapsed() < g.settings.server_login_retry {
-                return false;
-            }
+        if g.login_failed_at
+            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry)
+        {
+            return false;
         }
-        let cap = g.settings.pool_size + if reserve_ok { g.settings.reserve_pool_size } else { 0 };
+        let cap = g.settings.pool_size
+            + if reserve_ok {
+                g.settings.reserve_pool_size
+            } else {
+                0
+            };
         if g.total >= cap {
             return false;
         }
@@ -317,7 +387,8 @@ impl Pool {
     /// Check an idle server before handing it out; None = it was closed.
     async fn prepare_idle(self: &Arc<Self>, mut s: Server) -> Option<Server> {
         let settings = self.settings();
-        let expired = crate::config::enabled(settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
+        let expired = crate::config::enabled(settings.server_lifetime)
+            .is_some_and(|l| s.created.elapsed() >= l);
         if expired || !is_alive(&mut s) {
             self.close(s);
             return None;
@@ -341,9 +412,10 @@ impl Pool {
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Server) {
         s.last_used = Instant::now();
         let mut g = self.lock();
-        let too_old = crate::config::enabled(g.settings.server_lifetime).is_some_and(|l| s.created.elapsed() >= l);
-        let retired = s.id < g.retired_below;
-        if s.broken || too_old || retired || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
+        let too_old = crate::config::enabled(g.settings.server_lifetime)
+            .is_some_and(|l| s.created.elapsed() >= l)
+            || g.close_before.is_some_and(|t| s.created < t);
+        if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
             self.close(s);
             return;
@@ -430,8 +502,8 @@ impl Pool {
         self.grant_waiters();
     }
 
-    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime, beyond
-    /// min_pool_size after idle timeout, or beyond a pool size a reload lowered; returns how many servers should be opened to reach
+    /// Janitor work: close idle servers past server_idle_timeout / server_lifetime (down to
+    /// min_pool_size for the idle timeout) or beyond the pool's size after a reload; returns how many servers should be opened to reach
     /// min_pool_size.
     pub fn maintain(self: &Arc<Self>) -> usize {
         let mut closing = Vec::new();
@@ -448,7 +520,7 @@ impl Pool {
                 let idle_too_long = crate::config::enabled(s.server_idle_timeout)
                     .is_some_and(|l| now.duration_since(srv.last_used) >= l)
                     && total > s.min_pool_size;
-                // A reload made the pool smaller: idle servers beyond it go too.
+                // After a reload to a smaller size: the longest idle go first.
                 let over_size = total > s.pool_size + s.reserve_pool_size;
                 if too_old || idle_too_long || over_size || !is_alive(&mut srv) {
                     total -= 1;
@@ -459,8 +531,14 @@ impl Pool {
             }
             g.idle = keep;
             g.total = total;
-            let login_blocked = g.login_failed_at.is_some_and(|t| t.elapsed() < s.server_login_retry);
-            open_needed = if login_blocked || g.paused { 0 } else { s.min_pool_size.saturating_sub(g.total) };
+            let login_blocked = g
+                .login_failed_at
+                .is_some_and(|t| t.elapsed() < s.server_login_retry);
+            open_needed = if login_blocked || g.paused {
+                0
+            } else {
+                s.min_pool_size.saturating_sub(g.total)
+            };
         }
         for s in closing {
             close_server(s);
@@ -499,9 +577,90 @@ impl Pool {
         }
     }
 
+    /// How long the oldest waiter has waited (SHOW POOLS maxwait).
+    pub fn max_wait(&self) -> Duration {
+        self.lock()
+            .waiters
+            .front()
+            .map(|w| w.since.elapsed())
+            .unwrap_or_default()
+    }
+
+    /// RECONNECT: close idle servers now; servers in use are closed when they come back.
+    pub fn reconnect(self: &Arc<Self>) {
+        self.lock().close_before = Some(Instant::now());
+        self.close_idle();
+    }
+
+    /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
+    /// from before the mark); clears the mark then.
+    pub fn reconnect_done(&self) -> bool {
+        let mut g = self.lock();
+        let Some(t) = g.close_before else { return true };
+        let done = g.active == 0 && g.idle.iter().all(|s| s.created >= t);
+        if done {
+            g.close_before = None;
+        }
+        done
+    }
+
+    /// Idle servers, for SHOW SERVERS.
+    pub fn idle_servers(&self) -> Vec<IdleServerInfo> {
+        self.lock()
+            .idle
+            .iter()
+            .map(|s| IdleServerInfo {
+                id: s.id,
+                addr: s.addr.clone(),
+                pid: s.key.0,
+                created: s.created,
+                last_used: s.last_used,
+            })
+            .collect()
+    }
+
+    /// Clients wait, no server is idle, and the pool is below its size: what stops it from
+    /// opening one is a limit it shares with other pools (or a failing login).
+    pub(crate) fn starved(&self) -> bool {
+        let g = self.lock();
+        !g.paused && !g.waiters.is_empty() && g.idle.is_empty() && g.total < g.settings.pool_size
+    }
+
+    /// Whether this pool counts against the same max_db_connections / max_user_connections
+    /// as `other`, and that limit is reached.
+    pub(crate) fn shares_full_limit_with(&self, other: &Pool) -> bool {
+        (Arc::ptr_eq(&self.db_limit, &other.db_limit) && self.db_limit.is_full())
+            || (Arc::ptr_eq(&self.user_limit, &other.user_limit) && self.user_limit.is_full())
+    }
+
+    /// Close the longest-idle server to make room under a shared limit; false if none is idle.
+    pub(crate) fn evict_idle(self: &Arc<Self>) -> bool {
+        let s = {
+            let mut g = self.lock();
+            let Some(s) = g.idle.pop_front() else {
+                return false;
+            };
+            g.total -= 1;
+            s
+        };
+        close_server(s);
+        self.db_limit.release();
+        self.user_limit.release();
+        true
+    }
+
     pub fn last_login_error(&self) -> Option<String> {
         self.lock().last_login_error.clone()
     }
+}
+
+/// What SHOW SERVERS shows of an idle server.
+pub struct IdleServerInfo {
+    pub id: u64,
+    pub addr: Arc<crate::server::ServerAddr>,
+    pub pid: i32,
+    pub created: Instant,
+    pub last_used: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

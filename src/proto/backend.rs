@@ -277,7 +277,10 @@ mod tests {
     fn auth_parse() {
         let mut b = BytesMut::new();
         authentication_sasl(&mut b, &["SCRAM-SHA-256"]);
-        assert_eq!(parse_auth(&b[5..]).unwrap(), AuthRequest::Sasl(vec!["SCRAM-SHA-256"]));
+        assert_eq!(
+            parse_auth(&b[5..]).unwrap(),
+            AuthRequest::Sasl(vec!["SCRAM-SHA-256"])
+        );
         assert!(parse_auth(&[0, 0, 0, 5, 1]).is_err());
     }
 
@@ -285,7 +288,10 @@ mod tests {
     fn parameter_status_parse() {
         let mut b = BytesMut::new();
         parameter_status(&mut b, "TimeZone", "UTC");
-        assert_eq!(parse_parameter_status(&b[5..]).unwrap(), ("TimeZone", "UTC"));
+        assert_eq!(
+            parse_parameter_status(&b[5..]).unwrap(),
+            ("TimeZone", "UTC")
+        );
         assert!(parse_parameter_status(b"abc").is_err());
     }
 }

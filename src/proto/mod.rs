@@ -96,7 +96,11 @@ impl<'a> Reader<'a> {
     }
     /// A NUL-terminated string (without the NUL), as bytes.
     pub fn cstr_bytes(&mut self) -> Result<&'a [u8], ProtoError> {
-        let pos = self.buf.iter().position(|&b| b == 0).ok_or_else(|| self.err())?;
+        let pos = self
+            .buf
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| self.err())?;
         let s = &self.buf[..pos];
         self.buf = &self.buf[pos + 1..];
         Ok(s)
@@ -120,7 +124,10 @@ mod tests {
     #[test]
     fn header_rejects_short_length() {
         assert_eq!(header(b"Q\0\0\0\x03", 100), Err(ProtoError::BadLength(3)));
-        assert_eq!(header(b"Q\xff\xff\xff\xff", 100), Err(ProtoError::BadLength(-1)));
+        assert_eq!(
+            header(b"Q\xff\xff\xff\xff", 100),
+            Err(ProtoError::BadLength(-1))
+        );
     }
 
     #[test]
@@ -130,7 +137,13 @@ mod tests {
 
     #[test]
     fn header_reads_total() {
-        assert_eq!(header(b"Z\0\0\0\x05I", 100), Ok(Some(Header { tag: b'Z', total: 6 })));
+        assert_eq!(
+            header(b"Z\0\0\0\x05I", 100),
+            Ok(Some(Header {
+                tag: b'Z',
+                total: 6
+            }))
+        );
     }
 
     #[test]

@@ -15,10 +15,16 @@ const GSSENC_REQUEST_CODE: i32 = 80_877_104;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartupPacket {
     /// Protocol 3.x startup with its parameters (user, database, options, GUCs…), in order.
-    Startup { minor: u16, params: Vec<(String, String)> },
+    Startup {
+        minor: u16,
+        params: Vec<(String, String)>,
+    },
     SslRequest,
     GssEncRequest,
-    Cancel { pid: i32, secret: i32 },
+    Cancel {
+        pid: i32,
+        secret: i32,
+    },
 }
 
 /// Parse one startup packet from the front of `buf`: `Ok(None)` while incomplete, else the
@@ -128,7 +134,8 @@ pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut it = words.into_iter();
     while let Some(w) = it.next() {
         let setting = if w == "-c" {
-            it.next().ok_or_else(|| "missing setting after -c".to_string())?
+            it.next()
+                .ok_or_else(|| "missing setting after -c".to_string())?
         } else if let Some(s) = w.strip_prefix("-c") {
             s.to_string()
         } else if let Some(s) = w.strip_prefix("--") {
@@ -158,7 +165,10 @@ mod tests {
             p,
             StartupPacket::Startup {
                 minor: 0,
-                params: vec![("user".into(), "bob".into()), ("database".into(), "db".into())]
+                params: vec![
+                    ("user".into(), "bob".into()),
+                    ("database".into(), "db".into())
+                ]
             }
         );
         assert_eq!(parse(&b[..b.len() - 1]).unwrap(), None);
@@ -168,7 +178,10 @@ mod tests {
     fn parses_cancel_and_ssl() {
         let mut b = BytesMut::new();
         cancel_request(&mut b, 7, -9);
-        assert_eq!(parse(&b).unwrap().unwrap().0, StartupPacket::Cancel { pid: 7, secret: -9 });
+        assert_eq!(
+            parse(&b).unwrap().unwrap().0,
+            StartupPacket::Cancel { pid: 7, secret: -9 }
+        );
         let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
         assert_eq!(parse(&ssl).unwrap().unwrap().0, StartupPacket::SslRequest);
     }
@@ -192,7 +205,10 @@ mod tests {
                 ("some.x".into(), "1".into())
             ]
         );
-        assert_eq!(parse_options(r"-c x=a\ b").unwrap(), vec![("x".into(), "a b".into())]);
+        assert_eq!(
+            parse_options(r"-c x=a\ b").unwrap(),
+            vec![("x".into(), "a b".into())]
+        );
         assert!(parse_options("-F").is_err());
     }
 }

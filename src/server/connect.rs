@@ -25,7 +25,10 @@ impl ServerAddr {
     /// From a `[databases]` host (None → default socket dir; leading '/' → socket dir) and port.
     pub fn new(host: Option<&str>, port: u16) -> Self {
         match host {
-            Some(h) if !h.starts_with('/') => ServerAddr::Tcp { host: h.to_string(), port },
+            Some(h) if !h.starts_with('/') => ServerAddr::Tcp {
+                host: h.to_string(),
+                port,
+            },
             Some(dir) => ServerAddr::Unix(PathBuf::from(format!("{dir}/.s.PGSQL.{port}"))),
             None => {
                 let dir = if std::path::Path::new("/var/run/postgresql").is_dir() {
@@ -68,7 +71,10 @@ pub enum Credential {
     /// md5(password + user) hex, usable for md5 auth only.
     Md5Hash(String),
     /// SCRAM keys learned from a client's SCRAM login against the same verifier.
-    ScramKeys { client_key: [u8; 32], server_key: [u8; 32] },
+    ScramKeys {
+        client_key: [u8; 32],
+        server_key: [u8; 32],
+    },
 }
 
 /// Everything needed to open a server connection for a pool.
@@ -86,7 +92,11 @@ pub struct ServerTarget {
 }
 
 /// Connect and log in within `timeout`.
-pub async fn connect(target: &ServerTarget, id: u64, timeout: Duration) -> Result<Server, ServerError> {
+pub async fn connect(
+    target: &ServerTarget,
+    id: u64,
+    timeout: Duration,
+) -> Result<Server, ServerError> {
     match tokio::time::timeout(timeout, login(target, id)).await {
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
@@ -101,7 +111,9 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
         params.push((k, v));
     }
     conn.queue_with(|b| startup::startup_message(b, &params));
-    conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+    conn.flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
 
     let mut scram: Option<scram::ScramClient> = None;
     let mut server_params = Params::default();
@@ -116,26 +128,44 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                     AuthRequest::Ok => {}
                     AuthRequest::Cleartext => match &target.credential {
                         Credential::Plain(pw) => frontend::password(&mut out, pw.as_bytes()),
-                        _ => return Err(ServerError::Login("server asks for a cleartext password we do not have".into())),
+                        _ => {
+                            return Err(ServerError::Login(
+                                "server asks for a cleartext password we do not have".into(),
+                            ));
+                        }
                     },
                     AuthRequest::Md5(salt) => {
                         let hash = match &target.credential {
                             Credential::Plain(pw) => md5::password_hash(&target.user, pw),
                             Credential::Md5Hash(h) => h.clone(),
-                            _ => return Err(ServerError::Login("server asks for md5 auth and no password is known".into())),
+                            _ => {
+                                return Err(ServerError::Login(
+                                    "server asks for md5 auth and no password is known".into(),
+                                ));
+                            }
                         };
                         frontend::password(&mut out, md5::salted_response(&hash, salt).as_bytes());
                     }
                     AuthRequest::Sasl(mechs) => {
                         if !mechs.contains(&"SCRAM-SHA-256") {
-                            return Err(ServerError::Login("server offers no SASL mechanism we support".into()));
+                            return Err(ServerError::Login(
+                                "server offers no SASL mechanism we support".into(),
+                            ));
                         }
                         let cred = match &target.credential {
                             Credential::Plain(pw) => scram::ClientCredential::Password(pw.clone()),
-                            Credential::ScramKeys { client_key, server_key } => {
-                                scram::ClientCredential::Keys { client_key: *client_key, server_key: *server_key }
+                            Credential::ScramKeys {
+                                client_key,
+                                server_key,
+                            } => scram::ClientCredential::Keys {
+                                client_key: *client_key,
+                                server_key: *server_key,
+                            },
+                            _ => {
+                                return Err(ServerError::Login(
+                                    "server asks for SCRAM auth and no password is known".into(),
+                                ));
                             }
-                            _ => return Err(ServerError::Login("server asks for SCRAM auth and no password is known".into())),
                         };
                         let mut c = scram::ScramClient::new(cred);
                         let first = c.client_first();
@@ -143,11 +173,13 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                         scram = Some(c);
                     }
                     AuthRequest::SaslContinue(data) => {
-                        let c = scram.as_mut().ok_or(ServerError::Login("unexpected SASL continue".into()))?;
+                        let c = scram
+                            .as_mut()
+                            .ok_or(ServerError::Login("unexpected SASL continue".into()))?;
                         let fin = match (&target.credential, &target.scram_cache) {
                             (Credential::Plain(pw), Some(cache)) => {
-                                let (salt, iter) =
-                                    scram::server_first_params(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                                let (salt, iter) = scram::server_first_params(data)
+                                    .map_err(|e| ServerError::Login(e.to_string()))?;
                                 let (ck, sk) = cache.client_keys_async(pw, &salt, iter).await;
                                 c.server_first_with_keys(data, ck, sk)
                             }
@@ -157,11 +189,16 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                         frontend::sasl_response(&mut out, &fin);
                     }
                     AuthRequest::SaslFinal(data) => {
-                        let c = scram.as_mut().ok_or(ServerError::Login("unexpected SASL final".into()))?;
-                        c.server_final(data).map_err(|e| ServerError::Login(e.to_string()))?;
+                        let c = scram
+                            .as_mut()
+                            .ok_or(ServerError::Login("unexpected SASL final".into()))?;
+                        c.server_final(data)
+                            .map_err(|e| ServerError::Login(e.to_string()))?;
                     }
                     AuthRequest::Other(n) => {
-                        return Err(ServerError::Login(format!("unsupported server auth method {n}")));
+                        return Err(ServerError::Login(format!(
+                            "unsupported server auth method {n}"
+                        )));
                     }
                 }
                 if !out.is_empty() {
@@ -173,7 +210,9 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                 server_params.set(k, v);
             }
             backend::BACKEND_KEY_DATA => key = backend::parse_backend_key_data(body)?,
-            backend::ERROR_RESPONSE => return Err(ServerError::Rejected(backend::parse_error(body)?)),
+            backend::ERROR_RESPONSE => {
+                return Err(ServerError::Rejected(backend::parse_error(body)?));
+            }
             backend::READY_FOR_QUERY => {
                 conn.consume(h.total);
                 break;
@@ -182,7 +221,9 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
         }
         conn.consume(h.total);
         if conn.out_len() > 0 {
-            conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+            conn.flush()
+                .await
+                .map_err(|e| ServerError::Conn(e.into()))?;
         }
     }
     for (k, v) in &target.startup_params {
@@ -198,7 +239,10 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
         key,
         login_params: server_params.clone(),
         params: server_params,
-        proto: ProtoState { tx_status: b'I', ..Default::default() },
+        proto: ProtoState {
+            tx_status: b'I',
+            ..Default::default()
+        },
         created: now,
         last_used: now,
         broken: false,

@@ -18,10 +18,17 @@ pub struct Params {
 
 impl Params {
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.items.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.items
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn set(&mut self, name: &str, value: &str) {
-        match self.items.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+        match self
+            .items
+            .iter_mut()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        {
             Some((_, v)) => {
                 if v != value {
                     v.clear();
@@ -112,6 +119,9 @@ pub enum ServerError {
     Rejected(ErrorFields),
     #[error("server login failed: {0}")]
     Login(String),
+    /// Within server_login_retry of a failed login, with no server left: refused at once.
+    #[error("server login has been failing, cached error: {0} (server_login_retry)")]
+    LoginFailing(String),
 }
 
 impl ServerError {

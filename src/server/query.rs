@@ -11,11 +11,79 @@ const OWN_QUERY_MESSAGE_LIMIT: usize = crate::proto::MAX_MESSAGE_LEN;
 
 /// Run `sql` as a simple query and read until ReadyForQuery. Returns the first error the
 /// server reported, if any (the server is still usable then).
-pub async fn simple_query(server: &mut Server, sql: &str) -> Result<Option<ErrorFields>, ServerError> {
+pub async fn simple_query(
+    server: &mut Server,
+    sql: &str,
+) -> Result<Option<ErrorFields>, ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     server.proto.expected_rfq += 1;
-    server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+    server
+        .conn
+        .flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
     drain(server).await
+}
+
+/// Run `sql` and collect its rows as text (NULL = None). An error from the server is returned
+/// as `ServerError::Rejected` (the server is still usable).
+pub async fn query_rows(
+    server: &mut Server,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+    server.conn.queue_with(|b| frontend::query(b, sql));
+    server.proto.expected_rfq += 1;
+    server
+        .conn
+        .flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
+    let mut rows = Vec::new();
+    let mut first_error = None;
+    while server.proto.expected_rfq > 0 {
+        let h = server.conn.read_message(OWN_QUERY_MESSAGE_LIMIT).await?;
+        let body = &server.conn.rbuf[5..h.total];
+        match h.tag {
+            backend::DATA_ROW => {
+                let mut r = crate::proto::Reader::new(body, "DataRow");
+                let n = r.i16()?;
+                let mut row = Vec::with_capacity(n.max(0) as usize);
+                for _ in 0..n {
+                    let len = r.i32()?;
+                    if len < 0 {
+                        row.push(None);
+                    } else {
+                        let v = r.bytes(len as usize)?;
+                        row.push(Some(String::from_utf8_lossy(v).into_owned()));
+                    }
+                }
+                rows.push(row);
+            }
+            backend::READY_FOR_QUERY => {
+                server.proto.expected_rfq -= 1;
+                server.proto.tx_status = *body
+                    .first()
+                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+            }
+            backend::PARAMETER_STATUS => {
+                let (k, v) = backend::parse_parameter_status(body)?;
+                server.params.set(k, v);
+            }
+            backend::ERROR_RESPONSE => {
+                let e = backend::parse_error(body)?;
+                if e.severity == "FATAL" || e.severity == "PANIC" {
+                    server.broken = true;
+                }
+                first_error.get_or_insert(e);
+            }
+            _ => {}
+        }
+        server.conn.consume(h.total);
+    }
+    match first_error {
+        Some(e) => Err(ServerError::Rejected(e)),
+        None => Ok(rows),
+    }
 }
 
 /// Read server messages until every ReadyForQuery owed has arrived, keeping the server's
@@ -28,7 +96,9 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
         match h.tag {
             backend::READY_FOR_QUERY => {
                 server.proto.expected_rfq -= 1;
-                server.proto.tx_status = *body.first().ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+                server.proto.tx_status = *body
+                    .first()
+                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
             }
             backend::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status(body)?;
@@ -44,8 +114,14 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
             }
             backend::COPY_IN_RESPONSE => {
                 // Our own queries never copy in; refuse so the server gets back to idle.
-                server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
-                server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+                server
+                    .conn
+                    .queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+                server
+                    .conn
+                    .flush()
+                    .await
+                    .map_err(|e| ServerError::Conn(e.into()))?;
                 server.proto.copy_in = false;
             }
             _ => {}
@@ -65,7 +141,9 @@ fn copy_fail(out: &mut bytes::BytesMut, msg: &str) {
 
 /// Queue a CopyFail (used to end a client's COPY FROM STDIN when it goes away).
 pub fn queue_copy_fail(server: &mut Server) {
-    server.conn.queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
+    server
+        .conn
+        .queue_with(|b| copy_fail(b, "pgcarpool: client gone"));
 }
 
 /// Quote a string as an SQL literal (standard_conforming_strings on; E'' when backslashes).

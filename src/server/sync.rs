@@ -24,34 +24,127 @@ pub fn is_read_only(name: &str) -> bool {
 /// Make `server`'s session parameters equal `wanted` with one batched query, and put back
 /// to their login values the ones `wanted` does not mention. Nothing to do → no round trip.
 /// Returns the server's error if a value was rejected.
-pub async fn apply(server: &mut Server, wanted: &Params) -> Result<Option<ErrorFields>, ServerError> {
+pub async fn apply(
+    server: &mut Server,
+    wanted: &Params,
+) -> Result<Option<ErrorFields>, ServerError> {
     let mut changes: Vec<(&str, &str)> = Vec::new();
     for (k, v) in wanted.iter() {
         if server.params.get(k) != Some(v) && !is_read_only(k) {
             changes.push((k, v));
         }
     }
+    // Settings the client does not have: back to the login value, or RESET when that is unknown.
     let mut back: Vec<(String, String)> = Vec::new();
+    let mut reset: Vec<String> = Vec::new();
     for (k, v) in server.params.iter() {
         if wanted.get(k).is_none() && !is_read_only(k) {
-            let login = server.login_params.get(k).unwrap_or("");
-            if login != v {
-                back.push((k.to_string(), login.to_string()));
+            match server.login_params.get(k) {
+                Some(login) if login != v => back.push((k.to_string(), login.to_string())),
+                Some(_) => {}
+                None => reset.push(k.to_string()),
             }
         }
     }
-    if changes.is_empty() && back.is_empty() {
+    if changes.is_empty() && back.is_empty() && reset.is_empty() {
         return Ok(None);
     }
-    let sql = set_config_sql(changes.iter().copied().chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
+    let sets = changes
+        .iter()
+        .copied()
+        .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let mut sql = if changes.is_empty() && back.is_empty() {
+        String::new()
+    } else {
+        set_config_sql(sets)
+    };
+    for name in &reset {
+        if !sql.is_empty() {
+            sql.push_str("; ");
+        }
+        sql.push_str("RESET ");
+        for (i, part) in name.split('.').enumerate() {
+            if i > 0 {
+                sql.push('.');
+            }
+            sql.push('"');
+            sql.push_str(&part.replace('"', "\"\""));
+            sql.push('"');
+        }
+    }
     let err = simple_query(server, &sql).await?;
     if err.is_none() {
         // Values the server does not report: remember what we set.
-        for (k, v) in changes.iter().copied().chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        for (k, v) in changes
+            .iter()
+            .copied()
+            .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        {
             server.params.set(k, v);
+        }
+        for name in &reset {
+            server.params.remove(name);
         }
     }
     Ok(err)
+}
+
+/// Current values of the named settings, and with `all_session` of every setting the
+/// session itself set (pg_settings.source = 'session'). None = no such setting any more.
+pub async fn read_session_settings(
+    server: &mut Server,
+    names: &[String],
+    all_session: bool,
+) -> Result<Vec<(String, Option<String>)>, ServerError> {
+    let mut out = Vec::new();
+    if !names.is_empty() {
+        let mut sql = String::from("select ");
+        for (i, n) in names.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str("pg_catalog.current_setting(");
+            super::query::literal(&mut sql, n);
+            sql.push_str(", true)");
+        }
+        let rows = super::query::query_rows(server, &sql).await?;
+        if let Some(row) = rows.into_iter().next() {
+            out.extend(names.iter().cloned().zip(row));
+        }
+    }
+    if all_session {
+        let rows = super::query::query_rows(
+            server,
+            "select name, pg_catalog.current_setting(name) from pg_catalog.pg_settings where source = 'session'",
+        )
+        .await?;
+        for mut r in rows {
+            if let (Some(v), Some(Some(n))) = (r.pop(), r.into_iter().next()) {
+                out.push((n, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The reasons a client can be pinned to its server, in the order of `PoolStats::pins`.
+pub const PIN_REASONS: [&str; 4] = ["temp table", "advisory lock", "listen", "with hold cursor"];
+
+/// Why this server's session cannot be shared right now (empty: it can).
+pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, ServerError> {
+    const SQL: &str = "select \
+        (select count(*) from pg_catalog.pg_class where relpersistence = 't' and relnamespace = pg_catalog.pg_my_temp_schema()), \
+        (select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()), \
+        (select count(*) from pg_catalog.pg_listening_channels()), \
+        (select count(*) from pg_catalog.pg_cursors where is_holdable)";
+    let rows = super::query::query_rows(server, SQL).await?;
+    let row = rows.into_iter().next().unwrap_or_default();
+    Ok(PIN_REASONS
+        .iter()
+        .zip(row)
+        .filter(|(_, n)| n.as_deref().is_some_and(|n| n != "0"))
+        .map(|(r, _)| *r)
+        .collect())
 }
 
 /// Run the reset query (e.g. DISCARD ALL); afterwards the server's parameters are its login ones.
@@ -81,7 +174,9 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     let uncertain = !server.pending.is_empty();
     server.pending.clear();
     if server.broken || server.proto.partial > 0 {
-        return Err(ServerError::Login("server left with a partly sent message".into()));
+        return Err(ServerError::Login(
+            "server left with a partly sent message".into(),
+        ));
     }
     if server.proto.copy_in {
         queue_copy_fail(server);
@@ -95,13 +190,17 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     if server.proto.expected_rfq > 0 {
         // A query may be running: cancel it rather than wait for it.
         let _ = super::connect::send_cancel(&server.addr, server.key).await;
-        server.conn.flush().await.map_err(|e| ServerError::Conn(e.into()))?;
+        server
+            .conn
+            .flush()
+            .await
+            .map_err(|e| ServerError::Conn(e.into()))?;
         drain(server).await?;
     }
-    if server.proto.tx_status != b'I' {
-        if let Some(e) = simple_query(server, "ROLLBACK").await? {
-            return Err(ServerError::Rejected(e));
-        }
+    if server.proto.tx_status != b'I'
+        && let Some(e) = simple_query(server, "ROLLBACK").await?
+    {
+        return Err(ServerError::Rejected(e));
     }
     if uncertain {
         if let Some(e) = simple_query(server, "DEALLOCATE ALL").await? {

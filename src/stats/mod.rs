@@ -1,5 +1,16 @@
-//! Counters bumped on the query path (atomics, no locks) and read by SHOW commands.
+//! Counters bumped on the query path (atomics, no locks) and read by SHOW commands and
+//! `/metrics`: per-pool totals, latency histograms, and per-`stats_period` averages.
+pub mod histogram;
+pub mod metrics;
+
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use histogram::Histogram;
+
+use crate::pool::Pool;
 
 /// Per-pool totals, as PgBouncer's SHOW STATS reports them (times in microseconds).
 #[derive(Debug, Default)]
@@ -12,6 +23,112 @@ pub struct PoolStats {
     pub xact_time_us: AtomicU64,
     pub query_time_us: AtomicU64,
     pub wait_time_us: AtomicU64,
+    /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
+    pub pinned_clients: AtomicU64,
+    /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
+    pub pins: [AtomicU64; 4],
+    /// Query durations (microseconds).
+    pub query_hist: Histogram,
+    /// Transaction durations (microseconds).
+    pub xact_hist: Histogram,
+    /// Waits for a server (microseconds).
+    pub wait_hist: Histogram,
+    /// The last completed `stats_period`.
+    period: Mutex<Period>,
+}
+
+/// A copy of the totals at one moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    pub xact_count: u64,
+    pub query_count: u64,
+    pub server_assignment_count: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub xact_time_us: u64,
+    pub query_time_us: u64,
+    pub wait_time_us: u64,
+}
+
+impl Totals {
+    pub fn add(&mut self, o: &Totals) {
+        self.xact_count += o.xact_count;
+        self.query_count += o.query_count;
+        self.server_assignment_count += o.server_assignment_count;
+        self.bytes_received += o.bytes_received;
+        self.bytes_sent += o.bytes_sent;
+        self.xact_time_us += o.xact_time_us;
+        self.query_time_us += o.query_time_us;
+        self.wait_time_us += o.wait_time_us;
+    }
+
+    fn minus(&self, o: &Totals) -> Totals {
+        Totals {
+            xact_count: self.xact_count.saturating_sub(o.xact_count),
+            query_count: self.query_count.saturating_sub(o.query_count),
+            server_assignment_count: self
+                .server_assignment_count
+                .saturating_sub(o.server_assignment_count),
+            bytes_received: self.bytes_received.saturating_sub(o.bytes_received),
+            bytes_sent: self.bytes_sent.saturating_sub(o.bytes_sent),
+            xact_time_us: self.xact_time_us.saturating_sub(o.xact_time_us),
+            query_time_us: self.query_time_us.saturating_sub(o.query_time_us),
+            wait_time_us: self.wait_time_us.saturating_sub(o.wait_time_us),
+        }
+    }
+}
+
+/// What changed during one `stats_period` (summed over pools for a database's averages).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Period {
+    /// Totals at the end of the period.
+    at_end: Totals,
+    pub delta: Totals,
+    pub secs: f64,
+}
+
+impl Period {
+    pub fn add(&mut self, o: &Period) {
+        self.delta.add(&o.delta);
+        self.secs = self.secs.max(o.secs);
+    }
+
+    /// PgBouncer's averages: counts and bytes per second; times per transaction, per query
+    /// and per server assignment (microseconds).
+    pub fn averages(&self) -> Averages {
+        let d = &self.delta;
+        let per_sec = |n: u64| {
+            if self.secs > 0.0 {
+                (n as f64 / self.secs) as u64
+            } else {
+                0
+            }
+        };
+        let per = |t: u64, n: u64| t.checked_div(n).unwrap_or(0);
+        Averages {
+            xact_count: per_sec(d.xact_count),
+            query_count: per_sec(d.query_count),
+            server_assignment_count: per_sec(d.server_assignment_count),
+            bytes_received: per_sec(d.bytes_received),
+            bytes_sent: per_sec(d.bytes_sent),
+            xact_time_us: per(d.xact_time_us, d.xact_count),
+            query_time_us: per(d.query_time_us, d.query_count),
+            wait_time_us: per(d.wait_time_us, d.server_assignment_count),
+        }
+    }
+}
+
+/// Averages over the last `stats_period` (see [`Period::averages`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Averages {
+    pub xact_count: u64,
+    pub query_count: u64,
+    pub server_assignment_count: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub xact_time_us: u64,
+    pub query_time_us: u64,
+    pub wait_time_us: u64,
 }
 
 impl PoolStats {
@@ -21,5 +138,107 @@ impl PoolStats {
     }
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// The totals now.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            xact_count: Self::get(&self.xact_count),
+            query_count: Self::get(&self.query_count),
+            server_assignment_count: Self::get(&self.server_assignment_count),
+            bytes_received: Self::get(&self.bytes_received),
+            bytes_sent: Self::get(&self.bytes_sent),
+            xact_time_us: Self::get(&self.xact_time_us),
+            query_time_us: Self::get(&self.query_time_us),
+            wait_time_us: Self::get(&self.wait_time_us),
+        }
+    }
+
+    /// The last completed period.
+    pub fn period(&self) -> Period {
+        *self.period.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// End a period of `secs` seconds: what changed since the last call becomes the period.
+    pub fn roll_period(&self, secs: f64) {
+        let now = self.totals();
+        let mut p = self.period.lock().unwrap_or_else(|e| e.into_inner());
+        let delta = now.minus(&p.at_end);
+        *p = Period {
+            at_end: now,
+            delta,
+            secs,
+        };
+    }
+}
+
+/// Every `stats_period` (read from the config each time), roll every pool's period.
+pub async fn run_periods(shared: Arc<crate::app::Shared>) {
+    let mut last = Instant::now();
+    loop {
+        let period = shared
+            .config
+            .load()
+            .settings
+            .stats_period
+            .max(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shared.stop_background.cancelled() => return,
+        }
+        let secs = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        let pools = shared.pools.all();
+        roll_all(&pools, secs);
+        if shared.config.load().settings.log_stats {
+            let mut p = Period::default();
+            pools.iter().for_each(|pool| p.add(&pool.stats.period()));
+            let a = p.averages();
+            tracing::info!(
+                "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+                a.xact_count,
+                a.query_count,
+                a.bytes_received,
+                a.bytes_sent,
+                a.xact_time_us,
+                a.query_time_us,
+                a.wait_time_us
+            );
+        }
+    }
+}
+
+/// Roll the period of each pool.
+pub fn roll_all(pools: &[Arc<Pool>], secs: f64) {
+    for p in pools {
+        p.stats.roll_period(secs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn period_averages_are_rates_and_per_item_times() {
+        let s = PoolStats::default();
+        PoolStats::add(&s.xact_count, 10);
+        PoolStats::add(&s.query_count, 20);
+        PoolStats::add(&s.xact_time_us, 1000);
+        PoolStats::add(&s.query_time_us, 400);
+        PoolStats::add(&s.server_assignment_count, 10);
+        PoolStats::add(&s.wait_time_us, 50);
+        PoolStats::add(&s.bytes_received, 500);
+        s.roll_period(2.0);
+        let a = s.period().averages();
+        assert_eq!(a.xact_count, 5);
+        assert_eq!(a.query_count, 10);
+        assert_eq!(a.bytes_received, 250);
+        assert_eq!(a.xact_time_us, 100);
+        assert_eq!(a.query_time_us, 20);
+        assert_eq!(a.wait_time_us, 5);
+        // Nothing new: the next period is all zero.
+        s.roll_period(2.0);
+        assert_eq!(s.period().averages(), Averages::default());
     }
 }

@@ -206,6 +206,13 @@ impl TestPooler {
         self.handle().reload(config);
     }
 
+    /// Change the configuration and rewrite the files WITHOUT reloading (a test then sends
+    /// RELOAD through the admin console or a SIGHUP-equivalent itself).
+    pub fn rewrite_config(&mut self, change: impl FnOnce(TestPoolerBuilder) -> TestPoolerBuilder) {
+        self.spec = change(self.spec.clone());
+        self.spec.write_and_parse(self.dir.path());
+    }
+
     /// Shut the pooler down and wait for its tasks to end.
     pub async fn shutdown(mut self) {
         if let Some(handle) = self.handle.take() {

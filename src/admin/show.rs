@@ -1,0 +1,1040 @@
+//! One function per SHOW view, each returning a [`Table`] built from snapshots of the
+//! shared state (no sockets). Column names and order are PgBouncer's.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::command::View;
+use super::table::{Cell, ColType, Table};
+use crate::app::Shared;
+use crate::client::registry::{ClientHandle, ClientState};
+use crate::config::{Config, PoolMode};
+use crate::pool::Pool;
+use crate::stats::PoolStats;
+use crate::stats::histogram::HistSnapshot;
+use crate::stats::{Period, Totals};
+
+use ColType::{Int, Text};
+
+/// The PgBouncer version whose console pgcarpool's matches.
+pub const PGBOUNCER_COMPAT: &str = "1.24.1";
+
+/// The table of a view (HELP has none: it answers with a notice).
+pub fn table(shared: &Shared, view: View) -> Option<Table> {
+    Some(match view {
+        View::Help => return None,
+        View::Config => config(&shared.config.load()),
+        View::Databases => databases(shared),
+        View::Pools => pools(shared),
+        View::Clients => clients(shared),
+        View::Servers => servers(shared),
+        View::Users => users(shared),
+        View::Stats => stats(shared),
+        View::StatsTotals => stats_totals(shared),
+        View::StatsAverages => stats_averages(shared),
+        View::Totals => totals(shared),
+        View::Lists => lists(shared),
+        View::Mem => mem(),
+        View::Fds => fds(),
+        View::Sockets => sockets(shared, false),
+        View::ActiveSockets => sockets(shared, true),
+        View::DnsHosts => Table::new(&[("hostname", Text), ("ttl", Int), ("addrs", Text)]),
+        View::DnsZones => Table::new(&[("zonename", Text), ("serial", Int), ("count", Int)]),
+        View::Version => version(),
+        View::State => state(shared),
+        View::Peers => peers(&shared.config.load()),
+        View::PeerPools => peer_pools(&shared.config.load()),
+        View::PreparedStatements => prepared_statements(),
+        View::Carpool => carpool(shared),
+        View::Pins => pins(shared),
+    })
+}
+
+/// SHOW HELP's notice text.
+pub fn help() -> String {
+    let mut s = String::from("Console usage\n");
+    for line in [
+        "SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION",
+        "SHOW PEERS|PEER_POOLS",
+        "SHOW FDS|SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE",
+        "SHOW DNS_HOSTS|DNS_ZONES",
+        "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS",
+        "SHOW PREPARED_STATEMENTS",
+        "SHOW CARPOOL (pgcarpool: latency percentiles and pins per pool)",
+        "SHOW PINS (pgcarpool: clients pinned to their server)",
+        "SET key = arg",
+        "RELOAD",
+        "PAUSE [<db>]",
+        "RESUME [<db>]",
+        "DISABLE <db>",
+        "ENABLE <db>",
+        "RECONNECT [<db>]",
+        "KILL [<db>]",
+        "KILL_CLIENT <client_id>",
+        "SUSPEND",
+        "SHUTDOWN",
+        "SHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS",
+        "WAIT_CLOSE [<db>]",
+    ] {
+        s.push('\t');
+        s.push_str(line);
+        s.push('\n');
+    }
+    s
+}
+
+pub fn config(cfg: &Config) -> Table {
+    let mut t = Table::text(&["key", "value", "default", "changeable"]);
+    for r in cfg.settings.show_config() {
+        let yn = if r.changeable { "yes" } else { "no" };
+        t.push(vec![
+            r.key.into(),
+            r.value.into(),
+            r.default.into(),
+            yn.into(),
+        ]);
+    }
+    t
+}
+
+fn mode_name(m: PoolMode) -> &'static str {
+    match m {
+        PoolMode::Session => "session",
+        PoolMode::Transaction => "transaction",
+        PoolMode::Statement => "statement",
+    }
+}
+
+/// Configured databases, then databases only known through pools (the `*` fallback).
+fn database_names(shared: &Shared, cfg: &Config) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = cfg.databases.keys().cloned().collect();
+    names.extend(shared.pools.all().iter().map(|p| p.db.clone()));
+    names
+}
+
+pub fn databases(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
+    let mut t = Table::new(&[
+        ("name", Text),
+        ("host", Text),
+        ("port", Int),
+        ("database", Text),
+        ("force_user", Text),
+        ("pool_size", Int),
+        ("min_pool_size", Int),
+        ("reserve_pool_size", Int),
+        ("server_lifetime", Int),
+        ("pool_mode", Text),
+        ("load_balance_hosts", Text),
+        ("max_connections", Int),
+        ("current_connections", Int),
+        ("max_client_connections", Int),
+        ("current_client_connections", Int),
+        ("paused", Int),
+        ("disabled", Int),
+    ]);
+    let pools = shared.pools.all();
+    let clients = shared.clients.all();
+    for name in database_names(shared, &cfg) {
+        let Some(e) = cfg.database(&name) else {
+            continue;
+        };
+        let db_pools: Vec<_> = pools.iter().filter(|p| p.db == name).collect();
+        let current: usize = db_pools.iter().map(|p| p.counts().total).sum();
+        let paused = shared.admin.is_paused(&name)
+            || (!db_pools.is_empty() && db_pools.iter().all(|p| p.counts().paused));
+        t.push(vec![
+            name.clone().into(),
+            e.host.clone().into(),
+            (if e.port == 0 { 5432 } else { e.port }).into(),
+            e.dbname.clone().unwrap_or_else(|| name.clone()).into(),
+            e.user.clone().into(),
+            e.pool_size.unwrap_or(cfg.settings.default_pool_size).into(),
+            cfg.min_pool_size_for(&name).into(),
+            e.reserve_pool
+                .unwrap_or(cfg.settings.reserve_pool_size)
+                .into(),
+            (cfg.server_lifetime_for(&name).as_secs()).into(),
+            e.pool_mode.map(mode_name).into(),
+            e.load_balance_hosts.clone().into(),
+            cfg.max_db_connections_for(&name).into(),
+            current.into(),
+            cfg.max_db_client_connections_for(&name).into(),
+            clients.iter().filter(|c| c.db == name).count().into(),
+            paused.into(),
+            shared.admin.is_disabled(&name).into(),
+        ]);
+    }
+    // The console itself, as PgBouncer lists it.
+    t.push(vec![
+        "pgbouncer".into(),
+        Cell::Null,
+        cfg.settings.listen_port.into(),
+        "pgbouncer".into(),
+        "pgbouncer".into(),
+        2i64.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        "statement".into(),
+        Cell::Null,
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+    ]);
+    t
+}
+
+/// The clients of pool `p` (clients are registered by client user; the pool by server user).
+fn clients_of<'a>(
+    cfg: &Config,
+    p: &Pool,
+    clients: &'a [Arc<ClientHandle>],
+) -> Vec<&'a Arc<ClientHandle>> {
+    clients
+        .iter()
+        .filter(|c| c.db == p.db && cfg.pool_user_for(&c.db, &c.user) == p.user)
+        .collect()
+}
+
+pub fn pools(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("user", Text),
+        ("cl_active", Int),
+        ("cl_waiting", Int),
+        ("cl_active_cancel_req", Int),
+        ("cl_waiting_cancel_req", Int),
+        ("sv_active", Int),
+        ("sv_active_cancel", Int),
+        ("sv_being_canceled", Int),
+        ("sv_idle", Int),
+        ("sv_used", Int),
+        ("sv_tested", Int),
+        ("sv_login", Int),
+        ("maxwait", Int),
+        ("maxwait_us", Int),
+        ("pool_mode", Text),
+        ("load_balance_hosts", Text),
+    ]);
+    let clients = shared.clients.all();
+    for p in shared.pools.all() {
+        let c = p.counts();
+        let mine = clients_of(&cfg, &p, &clients);
+        let waiting = mine
+            .iter()
+            .filter(|c| c.state() == ClientState::Waiting)
+            .count();
+        let active = mine
+            .iter()
+            .filter(|c| matches!(c.state(), ClientState::Idle | ClientState::Active))
+            .count();
+        let wait = p.max_wait();
+        let s = p.settings();
+        t.push(vec![
+            p.db.clone().into(),
+            p.user.clone().into(),
+            active.into(),
+            waiting.into(),
+            0i64.into(),
+            0i64.into(),
+            c.active.into(),
+            0i64.into(),
+            0i64.into(),
+            c.idle.into(),
+            0i64.into(),
+            0i64.into(),
+            c.total.saturating_sub(c.active + c.idle).into(),
+            wait.as_secs().into(),
+            u64::from(wait.subsec_micros()).into(),
+            mode_name(s.mode).into(),
+            cfg.database(&p.db)
+                .and_then(|e| e.load_balance_hosts)
+                .into(),
+        ]);
+    }
+    t
+}
+
+/// The columns SHOW CLIENTS and SHOW SERVERS share.
+const CONN_COLUMNS: [(&str, ColType); 21] = [
+    ("type", Text),
+    ("user", Text),
+    ("database", Text),
+    ("replication", Text),
+    ("state", Text),
+    ("addr", Text),
+    ("port", Int),
+    ("local_addr", Text),
+    ("local_port", Int),
+    ("connect_time", Text),
+    ("request_time", Text),
+    ("wait", Int),
+    ("wait_us", Int),
+    ("close_needed", Int),
+    ("ptr", Text),
+    ("link", Text),
+    ("remote_pid", Int),
+    ("tls", Text),
+    ("application_name", Text),
+    ("prepared_statements", Int),
+    ("id", Int),
+];
+
+fn client_state_name(s: ClientState) -> &'static str {
+    match s {
+        ClientState::Login => "login",
+        ClientState::Idle => "idle",
+        ClientState::Waiting => "waiting",
+        ClientState::Active => "active",
+    }
+}
+
+/// "ip:port" → (ip, port); anything else (unix) → (text, None).
+fn split_addr(a: &str) -> (String, Option<u16>) {
+    match a
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+    {
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']').to_string(),
+            Some(p),
+        ),
+        None => (a.to_string(), None),
+    }
+}
+
+fn client_row(c: &ClientHandle) -> Vec<Cell> {
+    let (addr, port) = split_addr(&c.addr);
+    let t = fmt_time(c.connect_time);
+    vec![
+        "C".into(),
+        c.user.clone().into(),
+        c.db.clone().into(),
+        "none".into(),
+        client_state_name(c.state()).into(),
+        addr.into(),
+        port.into(),
+        Cell::Null,
+        Cell::Null,
+        t.clone().into(),
+        t.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        format!("{:#x}", c as *const ClientHandle as usize).into(),
+        Cell::Null,
+        0i64.into(),
+        "".into(),
+        "".into(),
+        0i64.into(),
+        c.id.into(),
+    ]
+}
+
+pub fn clients(shared: &Shared) -> Table {
+    let mut t = Table::new(&CONN_COLUMNS);
+    for c in shared.clients.all() {
+        t.push(client_row(&c));
+    }
+    t
+}
+
+/// Servers linked to a client (seen through the client's cancel target: address and
+/// backend pid), then idle servers. A server being opened or reset is in neither.
+pub fn servers(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
+    let mut t = Table::new(&CONN_COLUMNS);
+    for c in shared.clients.all() {
+        let Some((addr, key)) = c.cancel_target() else {
+            continue;
+        };
+        let (host, port) = split_addr(&addr.to_string());
+        t.push(vec![
+            "S".into(),
+            cfg.pool_user_for(&c.db, &c.user).into(),
+            c.db.clone().into(),
+            "none".into(),
+            "active".into(),
+            host.into(),
+            port.into(),
+            Cell::Null,
+            Cell::Null,
+            Cell::Null,
+            Cell::Null,
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            Cell::Null,
+            format!("{:#x}", Arc::as_ptr(&c) as usize).into(),
+            i64::from(key.0).into(),
+            "".into(),
+            "".into(),
+            0i64.into(),
+            Cell::Null,
+        ]);
+    }
+    for p in shared.pools.all() {
+        for s in p.idle_servers() {
+            let (addr, port) = split_addr(&s.addr.to_string());
+            t.push(vec![
+                "S".into(),
+                p.user.clone().into(),
+                p.db.clone().into(),
+                "none".into(),
+                "idle".into(),
+                addr.into(),
+                port.into(),
+                Cell::Null,
+                Cell::Null,
+                fmt_instant(s.created).into(),
+                fmt_instant(s.last_used).into(),
+                0i64.into(),
+                0i64.into(),
+                0i64.into(),
+                format!("{:#x}", s.id).into(),
+                Cell::Null,
+                i64::from(s.pid).into(),
+                "".into(),
+                "".into(),
+                0i64.into(),
+                s.id.into(),
+            ]);
+        }
+    }
+    t
+}
+
+pub fn users(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
+    let mut t = Table::new(&[
+        ("name", Text),
+        ("pool_size", Int),
+        ("reserve_pool_size", Int),
+        ("pool_mode", Text),
+        ("max_user_connections", Int),
+        ("current_connections", Int),
+        ("max_user_client_connections", Int),
+        ("current_client_connections", Int),
+    ]);
+    let pools = shared.pools.all();
+    let clients = shared.clients.all();
+    let mut names: BTreeSet<String> = cfg.auth.users.keys().cloned().collect();
+    names.extend(cfg.users.keys().cloned());
+    names.extend(pools.iter().map(|p| p.user.clone()));
+    for name in names {
+        let u = cfg.users.get(&name);
+        t.push(vec![
+            name.clone().into(),
+            u.and_then(|u| u.pool_size).into(),
+            u.and_then(|u| u.reserve_pool_size).into(),
+            u.and_then(|u| u.pool_mode).map(mode_name).into(),
+            cfg.max_user_connections_for(&name).into(),
+            pools
+                .iter()
+                .filter(|p| p.user == name)
+                .map(|p| p.counts().total)
+                .sum::<usize>()
+                .into(),
+            cfg.max_user_client_connections_for(&name).into(),
+            clients.iter().filter(|c| c.user == name).count().into(),
+        ]);
+    }
+    t
+}
+
+/// Per-database totals and last-period deltas (pools summed).
+fn per_database(shared: &Shared) -> BTreeMap<String, (Totals, Period)> {
+    let mut m: BTreeMap<String, (Totals, Period)> = BTreeMap::new();
+    for p in shared.pools.all() {
+        let e = m.entry(p.db.clone()).or_default();
+        e.0.add(&p.stats.totals());
+        e.1.add(&p.stats.period());
+    }
+    m
+}
+
+pub fn stats(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("total_xact_count", Int),
+        ("total_query_count", Int),
+        ("total_server_assignment_count", Int),
+        ("total_server_closed_count", Int),
+        ("total_received", Int),
+        ("total_sent", Int),
+        ("total_xact_time", Int),
+        ("total_query_time", Int),
+        ("total_wait_time", Int),
+        ("total_server_lifetime", Int),
+        ("total_client_parse_count", Int),
+        ("total_server_parse_count", Int),
+        ("total_bind_count", Int),
+        ("avg_xact_count", Int),
+        ("avg_query_count", Int),
+        ("avg_server_assignment_count", Int),
+        ("avg_recv", Int),
+        ("avg_sent", Int),
+        ("avg_xact_time", Int),
+        ("avg_query_time", Int),
+        ("avg_wait_time", Int),
+        ("avg_server_lifetime", Int),
+        ("avg_client_parse_count", Int),
+        ("avg_server_parse_count", Int),
+        ("avg_bind_count", Int),
+    ]);
+    for (db, (tot, period)) in per_database(shared) {
+        let a = period.averages();
+        t.push(vec![
+            db.into(),
+            tot.xact_count.into(),
+            tot.query_count.into(),
+            tot.server_assignment_count.into(),
+            0i64.into(),
+            tot.bytes_received.into(),
+            tot.bytes_sent.into(),
+            tot.xact_time_us.into(),
+            tot.query_time_us.into(),
+            tot.wait_time_us.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            a.xact_count.into(),
+            a.query_count.into(),
+            a.server_assignment_count.into(),
+            a.bytes_received.into(),
+            a.bytes_sent.into(),
+            a.xact_time_us.into(),
+            a.query_time_us.into(),
+            a.wait_time_us.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+        ]);
+    }
+    t
+}
+
+const SUBSET_COLUMNS: [(&str, ColType); 14] = [
+    ("database", Text),
+    ("xact_count", Int),
+    ("query_count", Int),
+    ("server_assignment_count", Int),
+    ("server_closed_count", Int),
+    ("bytes_received", Int),
+    ("bytes_sent", Int),
+    ("xact_time", Int),
+    ("query_time", Int),
+    ("wait_time", Int),
+    ("server_lifetime", Int),
+    ("client_parse_count", Int),
+    ("server_parse_count", Int),
+    ("bind_count", Int),
+];
+
+fn subset_row(db: String, v: [u64; 8]) -> Vec<Cell> {
+    let [xact, query, assign, recv, sent, xact_t, query_t, wait_t] = v;
+    vec![
+        db.into(),
+        xact.into(),
+        query.into(),
+        assign.into(),
+        0i64.into(),
+        recv.into(),
+        sent.into(),
+        xact_t.into(),
+        query_t.into(),
+        wait_t.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+    ]
+}
+
+pub fn stats_totals(shared: &Shared) -> Table {
+    let mut t = Table::new(&SUBSET_COLUMNS);
+    for (db, (x, _)) in per_database(shared) {
+        t.push(subset_row(
+            db,
+            [
+                x.xact_count,
+                x.query_count,
+                x.server_assignment_count,
+                x.bytes_received,
+                x.bytes_sent,
+                x.xact_time_us,
+                x.query_time_us,
+                x.wait_time_us,
+            ],
+        ));
+    }
+    t
+}
+
+pub fn stats_averages(shared: &Shared) -> Table {
+    let mut t = Table::new(&SUBSET_COLUMNS);
+    for (db, (_, p)) in per_database(shared) {
+        let a = p.averages();
+        t.push(subset_row(
+            db,
+            [
+                a.xact_count,
+                a.query_count,
+                a.server_assignment_count,
+                a.bytes_received,
+                a.bytes_sent,
+                a.xact_time_us,
+                a.query_time_us,
+                a.wait_time_us,
+            ],
+        ));
+    }
+    t
+}
+
+/// SHOW TOTALS: SHOW STATS summed over every database, one (name, value) row per figure.
+pub fn totals(shared: &Shared) -> Table {
+    let mut tot = Totals::default();
+    let mut period = Period::default();
+    for (_, (x, p)) in per_database(shared) {
+        tot.add(&x);
+        period.add(&p);
+    }
+    let a = period.averages();
+    let mut t = Table::new(&[("name", Text), ("value", Int)]);
+    for (name, v) in [
+        ("total_xact_count", tot.xact_count),
+        ("total_query_count", tot.query_count),
+        ("total_server_assignment_count", tot.server_assignment_count),
+        ("total_received", tot.bytes_received),
+        ("total_sent", tot.bytes_sent),
+        ("total_xact_time", tot.xact_time_us),
+        ("total_query_time", tot.query_time_us),
+        ("total_wait_time", tot.wait_time_us),
+        ("avg_xact_count", a.xact_count),
+        ("avg_query_count", a.query_count),
+        ("avg_server_assignment_count", a.server_assignment_count),
+        ("avg_recv", a.bytes_received),
+        ("avg_sent", a.bytes_sent),
+        ("avg_xact_time", a.xact_time_us),
+        ("avg_query_time", a.query_time_us),
+        ("avg_wait_time", a.wait_time_us),
+    ] {
+        t.push(vec![name.into(), v.into()]);
+    }
+    t
+}
+
+pub fn lists(shared: &Shared) -> Table {
+    let cfg = shared.config.load();
+    let pools = shared.pools.all();
+    let clients = shared.clients.all();
+    let used_servers: usize = pools.iter().map(|p| p.counts().total).sum();
+    let mut users: BTreeSet<&str> = cfg.auth.users.keys().map(String::as_str).collect();
+    users.extend(cfg.users.keys().map(String::as_str));
+    let mut t = Table::new(&[("list", Text), ("items", Int)]);
+    for (name, n) in [
+        ("databases", database_names(shared, &cfg).len()),
+        ("users", users.len()),
+        ("peers", cfg.peers.len()),
+        ("pools", pools.len()),
+        ("peer_pools", 0),
+        ("free_clients", 0),
+        ("used_clients", clients.len()),
+        (
+            "login_clients",
+            clients
+                .iter()
+                .filter(|c| c.state() == ClientState::Login)
+                .count(),
+        ),
+        ("free_servers", 0),
+        ("used_servers", used_servers),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ] {
+        t.push(vec![name.into(), n.into()]);
+    }
+    t
+}
+
+/// SHOW MEM: PgBouncer's slab caches; pgcarpool has none to report.
+pub fn mem() -> Table {
+    Table::new(&[
+        ("name", Text),
+        ("size", Int),
+        ("used", Int),
+        ("free", Int),
+        ("memtotal", Int),
+    ])
+}
+
+/// SHOW FDS: used by PgBouncer's online restart, which pgcarpool does not do: no rows.
+pub fn fds() -> Table {
+    Table::new(&[
+        ("fd", Int),
+        ("task", Text),
+        ("user", Text),
+        ("database", Text),
+        ("addr", Text),
+        ("port", Int),
+        ("cancel", Int),
+        ("link", Int),
+        ("client_encoding", Text),
+        ("std_strings", Text),
+        ("datestyle", Text),
+        ("timezone", Text),
+        ("password", Text),
+        ("scram_client_key", Text),
+        ("scram_server_key", Text),
+    ])
+}
+
+/// SHOW SOCKETS / ACTIVE_SOCKETS: the client rows with PgBouncer's buffer columns (zero:
+/// pgcarpool's buffers are not fixed-size packets).
+pub fn sockets(shared: &Shared, active_only: bool) -> Table {
+    let mut cols: Vec<(&'static str, ColType)> = CONN_COLUMNS
+        .iter()
+        .filter(|c| {
+            !matches!(
+                c.0,
+                "replication" | "application_name" | "prepared_statements" | "id"
+            )
+        })
+        .copied()
+        .collect();
+    for c in [
+        "recv_pos",
+        "pkt_pos",
+        "pkt_remain",
+        "send_pos",
+        "send_remain",
+        "pkt_avail",
+        "send_avail",
+    ] {
+        cols.push((c, Int));
+    }
+    let mut t = Table::new(&cols);
+    for c in shared.clients.all() {
+        if active_only && c.state() != ClientState::Active {
+            continue;
+        }
+        let full = client_row(&c);
+        let mut row: Vec<Cell> = CONN_COLUMNS
+            .iter()
+            .zip(full)
+            .filter(|(col, _)| {
+                !matches!(
+                    col.0,
+                    "replication" | "application_name" | "prepared_statements" | "id"
+                )
+            })
+            .map(|(_, v)| v)
+            .collect();
+        row.extend(std::iter::repeat_n(Cell::Int(0), 7));
+        t.push(row);
+    }
+    t
+}
+
+pub fn version() -> Table {
+    let mut t = Table::text(&["version"]);
+    t.push(vec![
+        format!(
+            "PgBouncer {PGBOUNCER_COMPAT} (pgcarpool {})",
+            env!("CARGO_PKG_VERSION")
+        )
+        .into(),
+    ]);
+    t
+}
+
+pub fn state(shared: &Shared) -> Table {
+    let mut t = Table::text(&["key", "value"]);
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    let paused = shared.admin.is_paused_all();
+    t.push(vec!["active".into(), yn(!paused).into()]);
+    t.push(vec!["paused".into(), yn(paused).into()]);
+    t.push(vec!["suspended".into(), "no".into()]);
+    t
+}
+
+pub fn peers(cfg: &Config) -> Table {
+    let mut t = Table::new(&[
+        ("peer_id", Int),
+        ("host", Text),
+        ("port", Int),
+        ("pool_size", Int),
+    ]);
+    for p in cfg.peers.values() {
+        t.push(vec![
+            p.peer_id.into(),
+            p.host.clone().into(),
+            p.port.into(),
+            p.pool_size.unwrap_or(cfg.settings.default_pool_size).into(),
+        ]);
+    }
+    t
+}
+
+pub fn peer_pools(cfg: &Config) -> Table {
+    let mut t = Table::new(&[
+        ("peer_id", Int),
+        ("cl_active_cancel_req", Int),
+        ("cl_waiting_cancel_req", Int),
+        ("sv_active_cancel", Int),
+        ("sv_login", Int),
+    ]);
+    for p in cfg.peers.values() {
+        t.push(vec![
+            p.peer_id.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+            0i64.into(),
+        ]);
+    }
+    t
+}
+
+/// Prepared statements tracked per pool (pgcarpool does not share a registry yet: no rows).
+pub fn prepared_statements() -> Table {
+    Table::new(&[
+        ("database", Text),
+        ("user", Text),
+        ("name", Text),
+        ("query", Text),
+        ("count", Int),
+    ])
+}
+
+/// pgcarpool's extras per pool: latency percentiles (microseconds) and console flags.
+pub fn carpool(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("user", Text),
+        ("query_count", Int),
+        ("query_p50_us", Int),
+        ("query_p95_us", Int),
+        ("query_p99_us", Int),
+        ("xact_count", Int),
+        ("xact_p50_us", Int),
+        ("xact_p95_us", Int),
+        ("xact_p99_us", Int),
+        ("wait_count", Int),
+        ("wait_p50_us", Int),
+        ("wait_p95_us", Int),
+        ("wait_p99_us", Int),
+        ("paused", Int),
+        ("disabled", Int),
+        ("last_login_error", Text),
+        ("pinned_clients", Int),
+        ("pinned_temp_table", Int),
+        ("pinned_advisory_lock", Int),
+        ("pinned_listen", Int),
+        ("pinned_with_hold_cursor", Int),
+    ]);
+    for p in shared.pools.all() {
+        let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
+        for h in [&p.stats.query_hist, &p.stats.xact_hist, &p.stats.wait_hist] {
+            let s: HistSnapshot = h.snapshot();
+            row.push(s.count.into());
+            for q in [0.5, 0.95, 0.99] {
+                row.push(s.quantile(q).into());
+            }
+        }
+        row.push(p.counts().paused.into());
+        row.push(shared.admin.is_disabled(&p.db).into());
+        row.push(p.last_login_error().into());
+        row.push(PoolStats::get(&p.stats.pinned_clients).into());
+        for c in &p.stats.pins {
+            row.push(PoolStats::get(c).into());
+        }
+        t.push(row);
+    }
+    t
+}
+
+/// Clients pinned to their server (temp tables, LISTEN, advisory locks, WITH HOLD cursors).
+pub fn pins(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("id", Int),
+        ("user", Text),
+        ("database", Text),
+        ("addr", Text),
+        ("reasons", Text),
+        ("pinned_since", Text),
+    ]);
+    for c in shared.clients.all() {
+        if let Some((reasons, since)) = c.pin() {
+            t.push(vec![
+                c.id.into(),
+                c.user.clone().into(),
+                c.db.clone().into(),
+                c.addr.clone().into(),
+                reasons.into(),
+                fmt_time(since).into(),
+            ]);
+        }
+    }
+    t
+}
+
+/// An `Instant` in the past as wall-clock time.
+fn fmt_instant(i: Instant) -> String {
+    fmt_time(SystemTime::now() - i.elapsed())
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`, as PgBouncer prints times.
+pub fn fmt_time(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::PoolStats;
+    use std::time::Duration;
+
+    /// A `Shared` with no listeners: SHOW views are read from it directly.
+    fn shared(ini: &str) -> Arc<Shared> {
+        let dir = std::env::temp_dir();
+        let cfg = Config::from_str(ini, "pgbouncer.ini", &dir).expect("config");
+        Shared::new(cfg)
+    }
+
+    fn pool(shared: &Arc<Shared>, db: &str, user: &str) -> Arc<Pool> {
+        let cfg = shared.config.load_full();
+        let entry = cfg.database(db).expect("db entry");
+        shared.pools.get_or_create(db, user, || {
+            crate::app::pool_settings(&cfg, &entry, user, crate::server::Credential::None, shared)
+        })
+    }
+
+    fn cell<'a>(t: &'a Table, row: usize, col: &str) -> &'a Cell {
+        &t.rows[row][t.col(col).unwrap_or_else(|| panic!("no column {col}"))]
+    }
+
+    const INI: &str = "[databases]\napp = host=127.0.0.1 port=5999 pool_size=4\n[pgbouncer]\nlisten_port = 0\npool_mode = transaction\n";
+
+    #[test]
+    fn pools_and_databases_show_pool_state() {
+        let sh = shared(INI);
+        let p = pool(&sh, "app", "alice");
+        p.pause();
+        let t = pools(&sh);
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(cell(&t, 0, "database"), &Cell::from("app"));
+        assert_eq!(cell(&t, 0, "user"), &Cell::from("alice"));
+        assert_eq!(cell(&t, 0, "sv_active"), &Cell::Int(0));
+        assert_eq!(cell(&t, 0, "pool_mode"), &Cell::from("transaction"));
+        let d = databases(&sh);
+        assert_eq!(cell(&d, 0, "name"), &Cell::from("app"));
+        assert_eq!(cell(&d, 0, "pool_size"), &Cell::Int(4));
+        assert_eq!(cell(&d, 0, "port"), &Cell::Int(5999));
+        assert_eq!(cell(&d, 0, "paused"), &Cell::Int(1));
+        assert_eq!(cell(&d, 0, "disabled"), &Cell::Int(0));
+        sh.admin.set_disabled("app", true);
+        assert_eq!(cell(&databases(&sh), 0, "disabled"), &Cell::Int(1));
+        // The console's own row comes last.
+        assert_eq!(cell(&d, d.rows.len() - 1, "name"), &Cell::from("pgbouncer"));
+    }
+
+    #[test]
+    fn stats_sum_pools_per_database() {
+        let sh = shared(INI);
+        for user in ["alice", "bob"] {
+            let p = pool(&sh, "app", user);
+            PoolStats::add(&p.stats.xact_count, 3);
+            PoolStats::add(&p.stats.query_count, 5);
+            PoolStats::add(&p.stats.wait_time_us, 30);
+            PoolStats::add(&p.stats.server_assignment_count, 3);
+            p.stats.roll_period(1.0);
+        }
+        let t = stats(&sh);
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(cell(&t, 0, "total_xact_count"), &Cell::Int(6));
+        assert_eq!(cell(&t, 0, "total_query_count"), &Cell::Int(10));
+        assert_eq!(cell(&t, 0, "avg_xact_count"), &Cell::Int(6));
+        assert_eq!(cell(&t, 0, "avg_wait_time"), &Cell::Int(10));
+        let tt = stats_totals(&sh);
+        assert_eq!(cell(&tt, 0, "xact_count"), &Cell::Int(6));
+        let tot = totals(&sh);
+        let row = tot
+            .rows
+            .iter()
+            .find(|r| r[0] == Cell::from("total_query_count"))
+            .unwrap();
+        assert_eq!(row[1], Cell::Int(10));
+    }
+
+    #[test]
+    fn every_view_has_rows_as_wide_as_its_columns() {
+        let sh = shared(INI);
+        pool(&sh, "app", "alice");
+        for (name, v) in super::super::command::VIEWS {
+            if let Some(t) = table(&sh, v) {
+                assert!(!t.columns.is_empty(), "{name}");
+                for r in &t.rows {
+                    assert_eq!(r.len(), t.columns.len(), "{name}");
+                }
+            }
+        }
+        assert_eq!(
+            config(&sh.config.load()).column_names(),
+            ["key", "value", "default", "changeable"]
+        );
+    }
+
+    #[test]
+    fn times_print_as_utc() {
+        assert_eq!(fmt_time(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
+        let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096); // 2024-02-29 12:34:56
+        assert_eq!(fmt_time(t), "2024-02-29 12:34:56 UTC");
+    }
+
+    #[test]
+    fn addresses_split_into_host_and_port() {
+        assert_eq!(
+            split_addr("127.0.0.1:5432"),
+            ("127.0.0.1".to_string(), Some(5432))
+        );
+        assert_eq!(split_addr("[::1]:6432"), ("::1".to_string(), Some(6432)));
+        assert_eq!(split_addr("unix"), ("unix".to_string(), None));
+    }
+}

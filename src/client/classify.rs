@@ -1,0 +1,543 @@
+//! A cheap classifier of SQL text: splits a query into statements (respecting quotes,
+//! comments and dollar quoting) and looks at leading keywords only, to spot what changes the
+//! session: SET/RESET, DISCARD, DEALLOCATE, and what may pin a client to its server.
+
+/// What a query does to the session, as far as pgcarpool cares.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Effects {
+    /// GUCs that may have changed (read back from the server after the transaction).
+    pub gucs: Vec<String>,
+    /// set_config with a name we could not read: read back every session-set GUC.
+    pub gucs_unknown: bool,
+    /// RESET ALL (or DISCARD ALL).
+    pub reset_all: bool,
+    /// DISCARD ALL.
+    pub discard_all: bool,
+    /// DEALLOCATE ALL (or DISCARD ALL).
+    pub deallocate_all: bool,
+    /// DEALLOCATE name, when it is the only statement.
+    pub deallocate: Option<String>,
+    /// Something that may create or drop a pin (temp table, LISTEN, advisory lock, WITH HOLD).
+    pub pin_check: bool,
+}
+
+impl Effects {
+    pub fn is_empty(&self) -> bool {
+        *self == Effects::default()
+    }
+
+    pub fn merge(&mut self, o: Effects) {
+        for g in o.gucs {
+            if !self.gucs.iter().any(|x| x.eq_ignore_ascii_case(&g)) {
+                self.gucs.push(g);
+            }
+        }
+        self.gucs_unknown |= o.gucs_unknown;
+        self.reset_all |= o.reset_all;
+        self.discard_all |= o.discard_all;
+        self.deallocate_all |= o.deallocate_all;
+        self.pin_check |= o.pin_check;
+        self.deallocate = None;
+    }
+}
+
+/// A quick test, without allocating, whether `classify` could find anything: the leading
+/// keyword of some statement is one we act on, or the text mentions set_config, advisory
+/// locks or pg_temp. False for the plain SELECT/INSERT/UPDATE/DELETE/BEGIN/COMMIT traffic.
+pub fn may_matter(sql: &[u8]) -> bool {
+    const LEADING: [&[u8]; 10] = [
+        b"prepare",
+        b"execute",
+        b"set",
+        b"reset",
+        b"discard",
+        b"deallocate",
+        b"listen",
+        b"unlisten",
+        b"create",
+        b"declare",
+    ];
+    let leading = |s: &[u8]| {
+        let first = strip_leading(s);
+        let word_end = first
+            .iter()
+            .position(|c| !c.is_ascii_alphabetic())
+            .unwrap_or(first.len());
+        let word = &first[..word_end];
+        LEADING.iter().any(|k| word.eq_ignore_ascii_case(k))
+    };
+    // Every statement start is the text start or follows a `;` (a `;` inside a literal only
+    // adds a false positive, never hides a statement).
+    leading(sql)
+        || sql
+            .iter()
+            .enumerate()
+            .any(|(i, &c)| c == b';' && leading(&sql[i + 1..]))
+        || contains_ci(sql, b"set_config")
+        || contains_ci(sql, b"advisory")
+        || contains_ci(sql, b"pg_temp")
+}
+
+/// Classify a query's text (simple Query or Parse). Unknown bytes are treated as "other".
+pub fn classify(sql: &[u8]) -> Effects {
+    let mut e = Effects::default();
+    let stmts = split(sql);
+    let single = stmts.len() == 1;
+    for (a, b) in stmts {
+        statement(&sql[a..b], single, &mut e);
+    }
+    e
+}
+
+fn statement(s: &[u8], single: bool, e: &mut Effects) {
+    let s = strip_leading(s);
+    let words = keywords(s, 4);
+    let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
+    match w(0) {
+        "SET" => {
+            let mut i = 1;
+            match w(1) {
+                "LOCAL" | "TRANSACTION" => return,
+                "SESSION" if w(2) == "CHARACTERISTICS" => return,
+                "SESSION" if w(2) == "AUTHORIZATION" => {
+                    return e.gucs.push("session_authorization".into());
+                }
+                "SESSION" => i = 2,
+                _ => {}
+            }
+            match w(i) {
+                "ROLE" => e.gucs.push("role".into()),
+                "TIME" => e.gucs.push("TimeZone".into()),
+                "NAMES" => e.gucs.push("client_encoding".into()),
+                "SCHEMA" => e.gucs.push("search_path".into()),
+                "XML" => e.gucs.push("xmloption".into()),
+                "" => {}
+                _ => match nth_token(s, i) {
+                    Some(name) => e.gucs.push(name),
+                    None => e.gucs_unknown = true,
+                },
+            }
+        }
+        "RESET" => match w(1) {
+            "ALL" => e.reset_all = true,
+            "ROLE" => e.gucs.push("role".into()),
+            "TIME" => e.gucs.push("TimeZone".into()),
+            "SESSION" => e.gucs.push("session_authorization".into()),
+            _ => match nth_token(s, 1) {
+                Some(name) => e.gucs.push(name),
+                None => e.gucs_unknown = true,
+            },
+        },
+        "DISCARD" => match w(1) {
+            "ALL" => {
+                e.discard_all = true;
+                e.reset_all = true;
+                e.deallocate_all = true;
+                e.pin_check = true;
+            }
+            "TEMP" | "TEMPORARY" => e.pin_check = true,
+            _ => {}
+        },
+        "DEALLOCATE" => {
+            let i = if w(1) == "PREPARE" { 2 } else { 1 };
+            if w(i) == "ALL" {
+                e.deallocate_all = true;
+            } else if single {
+                e.deallocate = nth_token(s, i);
+            }
+        }
+        "LISTEN" | "UNLISTEN" => e.pin_check = true,
+        "CREATE"
+            if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
+        {
+            e.pin_check = true
+        }
+        "DECLARE" if contains_ci(s, b"with hold") => e.pin_check = true,
+        _ => {
+            if contains_ci(s, b"set_config") {
+                match set_config_name(s) {
+                    Some(n) => e.gucs.push(n),
+                    None => e.gucs_unknown = true,
+                }
+            }
+            if contains_ci(s, b"advisory") || contains_ci(s, b"pg_temp") {
+                e.pin_check = true;
+            }
+        }
+    }
+}
+
+/// A lone SQL `PREPARE name …` or `EXECUTE name …`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Named<'a> {
+    Prepare { name: String, rest: &'a [u8] },
+    Execute { name: String, rest: &'a [u8] },
+}
+
+/// The query as one PREPARE or EXECUTE statement, with its name and the text after it.
+pub fn named_statement(sql: &[u8]) -> Option<Named<'_>> {
+    let stmts = split(sql);
+    let [(a, b)] = stmts.as_slice() else {
+        return None;
+    };
+    let s = strip_leading(&sql[*a..*b]);
+    let kw_end = s
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    let kw = &s[..kw_end];
+    let after = s[kw_end..].trim_ascii_start();
+    let (name, rest) = if let Some(q) = after.strip_prefix(b"\"") {
+        let mut name = Vec::new();
+        let mut i = 0;
+        loop {
+            match q.get(i) {
+                None => return None,
+                Some(b'"') if q.get(i + 1) == Some(&b'"') => {
+                    name.push(b'"');
+                    i += 2;
+                }
+                Some(b'"') => break,
+                Some(&c) => {
+                    name.push(c);
+                    i += 1;
+                }
+            }
+        }
+        (String::from_utf8(name).ok()?, &q[i + 1..])
+    } else {
+        let end = after
+            .iter()
+            .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$'))
+            .unwrap_or(after.len());
+        if end == 0 || after[0].is_ascii_digit() {
+            return None;
+        }
+        (
+            String::from_utf8_lossy(&after[..end]).to_ascii_lowercase(),
+            &after[end..],
+        )
+    };
+    let rest = rest.trim_ascii();
+    if kw.eq_ignore_ascii_case(b"prepare") && !name.eq_ignore_ascii_case("transaction") {
+        Some(Named::Prepare { name, rest })
+    } else if kw.eq_ignore_ascii_case(b"execute") {
+        Some(Named::Execute { name, rest })
+    } else {
+        None
+    }
+}
+
+/// Byte ranges of the statements in `sql`, split on `;` outside quotes and comments.
+pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    let n = sql.len();
+    while i < n {
+        match sql[i] {
+            b'\'' | b'"' => {
+                let q = sql[i];
+                i += 1;
+                while i < n {
+                    if sql[i] == q {
+                        if i + 1 < n && sql[i + 1] == q {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    // E'' strings allow backslash escapes.
+                    if q == b'\'' && sql[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' if sql.get(i + 1) == Some(&b'-') => {
+                while i < n && sql[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if sql.get(i + 1) == Some(&b'*') => {
+                let mut depth = 0;
+                while i < n {
+                    if sql[i] == b'/' && sql.get(i + 1) == Some(&b'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if sql[i] == b'*' && sql.get(i + 1) == Some(&b'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'$' => {
+                // $tag$ ... $tag$
+                let tag_end = sql[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'));
+                match tag_end.map(|p| i + 1 + p) {
+                    Some(j) if sql[j] == b'$' && (j == i + 1 || !sql[i + 1].is_ascii_digit()) => {
+                        let tag = &sql[i..=j];
+                        i = j + 1;
+                        while i < n && !sql[i..].starts_with(tag) {
+                            i += 1;
+                        }
+                        i += tag.len();
+                    }
+                    _ => i += 1,
+                }
+            }
+            b';' => {
+                if has_content(&sql[start..i]) {
+                    out.push((start, i));
+                }
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    if start < n && has_content(&sql[start..n]) {
+        out.push((start, n.min(sql.len())));
+    }
+    out
+}
+
+/// `s` without leading whitespace and comments.
+fn strip_leading(mut s: &[u8]) -> &[u8] {
+    loop {
+        let t = s.trim_ascii_start();
+        if t.starts_with(b"--") {
+            s = t
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(&[][..], |p| &t[p..]);
+        } else if t.starts_with(b"/*") {
+            s = t[2..]
+                .windows(2)
+                .position(|w| w == b"*/")
+                .map_or(&[][..], |p| &t[p + 4..]);
+        } else {
+            return t;
+        }
+    }
+}
+
+fn has_content(s: &[u8]) -> bool {
+    !keywords(s, 1).is_empty()
+}
+
+/// The first `max` words of a statement, upper-cased, skipping whitespace and comments.
+fn keywords(s: &[u8], max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() && out.len() < max {
+        let c = s[i];
+        if c.is_ascii_whitespace() || c == b'(' || c == b')' || c == b',' {
+            i += 1;
+        } else if s[i..].starts_with(b"--") {
+            while i < s.len() && s[i] != b'\n' {
+                i += 1;
+            }
+        } else if s[i..].starts_with(b"/*") {
+            match s[i + 2..].windows(2).position(|w| w == b"*/") {
+                Some(p) => i += p + 4,
+                None => break,
+            }
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let st = i;
+            while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_') {
+                i += 1;
+            }
+            out.push(String::from_utf8_lossy(&s[st..i]).to_ascii_uppercase());
+        } else {
+            break;
+        }
+    }
+    out
+}
+
+/// The `n`th token (0-based) as a GUC name: a possibly dotted, possibly quoted identifier.
+fn nth_token(s: &[u8], n: usize) -> Option<String> {
+    let text = std::str::from_utf8(s).ok()?;
+    let mut it = text
+        .split(|c: char| c.is_whitespace() || c == '=')
+        .filter(|t| !t.is_empty());
+    let tok = it.nth(n)?;
+    let tok = tok.trim_end_matches(';');
+    let name: String = tok
+        .split('.')
+        .map(|p| p.trim_matches('"'))
+        .collect::<Vec<_>>()
+        .join(".");
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.');
+    valid.then(|| {
+        if tok.contains('"') {
+            name
+        } else {
+            name.to_ascii_lowercase()
+        }
+    })
+}
+
+/// `set_config('name', …)`: the name when it is a plain literal.
+fn set_config_name(s: &[u8]) -> Option<String> {
+    let lower = s.to_ascii_lowercase();
+    let at = find(&lower, b"set_config")?;
+    let rest = std::str::from_utf8(&s[at + "set_config".len()..]).ok()?;
+    let rest = rest
+        .trim_start()
+        .strip_prefix('(')?
+        .trim_start()
+        .strip_prefix('\'')?;
+    let end = rest.find('\'')?;
+    let name = &rest[..end];
+    (!name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.'))
+    .then(|| name.to_string())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
+    hay.len() >= needle.len()
+        && hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_queries_have_no_effects() {
+        assert!(classify(b"select * from t where a = 'SET x'").is_empty());
+        assert!(classify(b"BEGIN").is_empty());
+        assert!(classify(b"update t set a = 1").is_empty());
+    }
+
+    #[test]
+    fn set_and_reset_name_their_guc() {
+        assert_eq!(classify(b"SET search_path = a, b").gucs, ["search_path"]);
+        assert_eq!(
+            classify(b"set session TimeZone to 'UTC'").gucs,
+            ["timezone"]
+        );
+        assert_eq!(
+            classify(b"SET myapp.tenant_id = '7'").gucs,
+            ["myapp.tenant_id"]
+        );
+        assert_eq!(classify(b"SET TIME ZONE 'UTC'").gucs, ["TimeZone"]);
+        assert_eq!(
+            classify(b"RESET statement_timeout").gucs,
+            ["statement_timeout"]
+        );
+        assert!(classify(b"SET LOCAL search_path = a").is_empty());
+        assert!(classify(b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").is_empty());
+        assert!(classify(b"RESET ALL").reset_all);
+        assert_eq!(classify(b"SET ROLE md5user").gucs, ["role"]);
+    }
+
+    #[test]
+    fn several_statements_are_all_seen() {
+        let e = classify(b"SET a.b = '1;2'; /* ; */ SET c = 3; -- ;\n select 1");
+        assert_eq!(e.gucs, ["a.b", "c"]);
+        assert_eq!(split(b"select $$;$$; select 2;").len(), 2);
+        assert_eq!(split(b"select 'it''s;'; select E'\\';'").len(), 2);
+    }
+
+    #[test]
+    fn set_config_and_pins() {
+        assert_eq!(
+            classify(b"SELECT pg_catalog.set_config('search_path', '', false)").gucs,
+            ["search_path"]
+        );
+        assert!(classify(b"select set_config($1, $2, false)").gucs_unknown);
+        assert!(classify(b"select pg_advisory_lock(1)").pin_check);
+        assert!(classify(b"CREATE TEMP TABLE x (a int)").pin_check);
+        assert!(classify(b"create local temporary table x (a int)").pin_check);
+        assert!(classify(b"LISTEN ch").pin_check);
+        assert!(classify(b"declare c cursor with hold for select 1").pin_check);
+    }
+
+    #[test]
+    fn discard_and_deallocate() {
+        let e = classify(b"DISCARD ALL");
+        assert!(e.discard_all && e.reset_all && e.deallocate_all);
+        assert!(classify(b"DEALLOCATE ALL").deallocate_all);
+        assert_eq!(
+            classify(b"DEALLOCATE pdo_stmt_00000001")
+                .deallocate
+                .as_deref(),
+            Some("pdo_stmt_00000001")
+        );
+        assert_eq!(
+            classify(b"deallocate prepare \"S_1\"")
+                .deallocate
+                .as_deref(),
+            Some("S_1")
+        );
+    }
+
+    #[test]
+    fn prepare_and_execute_are_named() {
+        assert_eq!(
+            named_statement(b"PREPARE foo(int) AS select $1"),
+            Some(Named::Prepare {
+                name: "foo".into(),
+                rest: b"(int) AS select $1"
+            })
+        );
+        assert_eq!(
+            named_statement(b"execute \"Foo\"\"x\" (1, 2);"),
+            Some(Named::Execute {
+                name: "Foo\"x".into(),
+                rest: b"(1, 2)"
+            })
+        );
+        assert_eq!(named_statement(b"PREPARE TRANSACTION 'x'"), None);
+        assert_eq!(named_statement(b"execute a; execute b"), None);
+    }
+
+    #[test]
+    fn plain_traffic_is_not_classified() {
+        assert!(!may_matter(
+            b"select abalance from pgbench_accounts where aid = 1;"
+        ));
+        assert!(!may_matter(b"BEGIN; UPDATE t SET a = 1; COMMIT;"));
+        assert!(may_matter(b"select 1; SET search_path = x"));
+        assert!(may_matter(b"  set x = 1"));
+    }
+
+    #[test]
+    fn garbage_does_not_panic() {
+        for s in [
+            &b"$"[..],
+            b"$a",
+            b"'",
+            b"/*",
+            b"--",
+            b"\xff\xfe",
+            b"set",
+            b"set_config(",
+            b";;;",
+        ] {
+            let _ = classify(s);
+        }
+    }
+}

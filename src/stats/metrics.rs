@@ -1,0 +1,323 @@
+//! Prometheus `/metrics`: the text exposition format rendered from the same atomics SHOW
+//! STATS reads, served by a tiny HTTP/1.1 responder (GET /metrics only, one request per
+//! connection) on `prometheus_addr:prometheus_port` (port 0 = off).
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::histogram::{BOUNDS_US, HistSnapshot};
+use crate::app::Shared;
+use crate::config::Settings;
+
+/// Largest request head we read.
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// Bind the metrics listener if `prometheus_port` is set.
+pub async fn bind(s: &Settings) -> std::io::Result<Option<TcpListener>> {
+    if s.prometheus_port == 0 {
+        return Ok(None);
+    }
+    let addr = if s.prometheus_addr.is_empty() {
+        "127.0.0.1"
+    } else {
+        s.prometheus_addr.as_str()
+    };
+    let l = TcpListener::bind((addr, s.prometheus_port)).await?;
+    tracing::info!("metrics on http://{}/metrics", l.local_addr()?);
+    Ok(Some(l))
+}
+
+/// Accept until the pooler stops.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let (sock, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!("metrics accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shared.stop_background.cancelled() => return,
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(10), respond(sock, &shared)).await;
+        });
+    }
+}
+
+async fn respond(mut sock: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_REQUEST {
+            return write(
+                &mut sock,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+            )
+            .await;
+        }
+    }
+    let line = buf.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => {
+            write(
+                &mut sock,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &render(shared),
+            )
+            .await
+        }
+        (_, "/metrics") => {
+            write(
+                &mut sock,
+                "405 Method Not Allowed",
+                "text/plain",
+                "GET only\n",
+            )
+            .await
+        }
+        _ => write(&mut sock, "404 Not Found", "text/plain", "try /metrics\n").await,
+    }
+}
+
+async fn write(sock: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(body.as_bytes()).await?;
+    sock.shutdown().await
+}
+
+/// Escape a label value.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn secs(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+fn histogram(out: &mut String, name: &str, labels: &str, h: &HistSnapshot) {
+    let mut cum = 0u64;
+    for (i, n) in h.buckets.iter().enumerate() {
+        cum += n;
+        let le = BOUNDS_US
+            .get(i)
+            .map(|b| format!("{}", secs(*b)))
+            .unwrap_or_else(|| "+Inf".into());
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
+    }
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", secs(h.sum_us));
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+}
+
+/// The whole exposition.
+pub fn render(shared: &Shared) -> String {
+    let mut out = String::new();
+    header(
+        &mut out,
+        "pgcarpool_build_info",
+        "gauge",
+        "pgcarpool build information.",
+    );
+    let _ = writeln!(
+        out,
+        "pgcarpool_build_info{{version=\"{}\",pgbouncer_compat=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        crate::admin::show::PGBOUNCER_COMPAT
+    );
+    let pools = shared.pools.all();
+    let labels: Vec<String> = pools
+        .iter()
+        .map(|p| format!("database=\"{}\",user=\"{}\"", esc(&p.db), esc(&p.user)))
+        .collect();
+    let totals: Vec<_> = pools.iter().map(|p| p.stats.totals()).collect();
+    type Pick = fn(&super::Totals) -> f64;
+    let counters: [(&str, &str, Pick); 8] = [
+        (
+            "pgcarpool_transactions_total",
+            "Transactions pooled.",
+            |t| t.xact_count as f64,
+        ),
+        ("pgcarpool_queries_total", "Queries pooled.", |t| {
+            t.query_count as f64
+        }),
+        (
+            "pgcarpool_server_assignments_total",
+            "Times a server was assigned to a client.",
+            |t| t.server_assignment_count as f64,
+        ),
+        (
+            "pgcarpool_received_bytes_total",
+            "Bytes received from clients.",
+            |t| t.bytes_received as f64,
+        ),
+        (
+            "pgcarpool_sent_bytes_total",
+            "Bytes sent to clients.",
+            |t| t.bytes_sent as f64,
+        ),
+        (
+            "pgcarpool_transaction_time_seconds_total",
+            "Time spent in transactions on servers.",
+            |t| secs(t.xact_time_us),
+        ),
+        (
+            "pgcarpool_query_time_seconds_total",
+            "Time spent running queries on servers.",
+            |t| secs(t.query_time_us),
+        ),
+        (
+            "pgcarpool_wait_time_seconds_total",
+            "Time clients spent waiting for a server.",
+            |t| secs(t.wait_time_us),
+        ),
+    ];
+    for (name, help, pick) in counters {
+        header(&mut out, name, "counter", help);
+        for (l, t) in labels.iter().zip(&totals) {
+            let _ = writeln!(out, "{name}{{{l}}} {}", pick(t));
+        }
+    }
+    let counts: Vec<_> = pools.iter().map(|p| p.counts()).collect();
+    header(
+        &mut out,
+        "pgcarpool_pool_servers",
+        "gauge",
+        "Server connections by state.",
+    );
+    for (l, c) in labels.iter().zip(&counts) {
+        let other = c.total.saturating_sub(c.active + c.idle);
+        for (state, n) in [("active", c.active), ("idle", c.idle), ("login", other)] {
+            let _ = writeln!(out, "pgcarpool_pool_servers{{{l},state=\"{state}\"}} {n}");
+        }
+    }
+    header(
+        &mut out,
+        "pgcarpool_pool_waiting_clients",
+        "gauge",
+        "Clients waiting for a server.",
+    );
+    for (l, c) in labels.iter().zip(&counts) {
+        let _ = writeln!(out, "pgcarpool_pool_waiting_clients{{{l}}} {}", c.waiting);
+    }
+    header(
+        &mut out,
+        "pgcarpool_pool_max_wait_seconds",
+        "gauge",
+        "How long the oldest waiting client has waited.",
+    );
+    for (l, p) in labels.iter().zip(&pools) {
+        let _ = writeln!(
+            out,
+            "pgcarpool_pool_max_wait_seconds{{{l}}} {}",
+            p.max_wait().as_secs_f64()
+        );
+    }
+    header(
+        &mut out,
+        "pgcarpool_pool_size",
+        "gauge",
+        "Configured pool size.",
+    );
+    for (l, p) in labels.iter().zip(&pools) {
+        let _ = writeln!(out, "pgcarpool_pool_size{{{l}}} {}", p.settings().pool_size);
+    }
+    header(
+        &mut out,
+        "pgcarpool_pool_paused",
+        "gauge",
+        "1 if the pool is paused.",
+    );
+    for (l, c) in labels.iter().zip(&counts) {
+        let _ = writeln!(out, "pgcarpool_pool_paused{{{l}}} {}", u8::from(c.paused));
+    }
+    header(
+        &mut out,
+        "pgcarpool_clients",
+        "gauge",
+        "Connected clients (excluding the admin console).",
+    );
+    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
+    type Hist = fn(&super::PoolStats) -> &super::Histogram;
+    let hists: [(&str, &str, Hist); 3] = [
+        (
+            "pgcarpool_query_duration_seconds",
+            "Query durations.",
+            |s| &s.query_hist,
+        ),
+        (
+            "pgcarpool_transaction_duration_seconds",
+            "Transaction durations.",
+            |s| &s.xact_hist,
+        ),
+        (
+            "pgcarpool_wait_duration_seconds",
+            "Time clients waited for a server.",
+            |s| &s.wait_hist,
+        ),
+    ];
+    for (name, help, pick) in hists {
+        header(&mut out, name, "histogram", help);
+        for (l, p) in labels.iter().zip(&pools) {
+            histogram(&mut out, name, l, &pick(&p.stats).snapshot());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_lines_are_cumulative_and_end_with_inf() {
+        let h = super::super::Histogram::default();
+        h.record(50);
+        h.record(2_000);
+        let mut out = String::new();
+        histogram(&mut out, "x", "database=\"d\"", &h.snapshot());
+        assert!(
+            out.contains("x_bucket{database=\"d\",le=\"0.0001\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_bucket{database=\"d\",le=\"+Inf\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("x_count{database=\"d\"} 2\n"), "{out}");
+        assert!(out.contains("x_sum{database=\"d\"} 0.00205\n"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,216 @@
+//! Helpers for the pool limit and timeout tests: watching PostgreSQL's side of the pool,
+//! polling a condition with a bounded deadline, and clients whose notices and final error
+//! the test can read.
+#![allow(dead_code)]
+
+use std::future::{Future, poll_fn};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use crate::harness::TempPostgres;
+
+/// How often `eventually` looks again.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A direct superuser connection to PostgreSQL for looking at `pg_stat_activity`
+/// (its own backend belongs to `postgres`, so it never counts as a pool's).
+pub struct Observer {
+    client: Client,
+}
+
+impl Observer {
+    pub async fn new(pg: &TempPostgres) -> Observer {
+        Observer {
+            client: pg.connect("postgres", "postgres").await,
+        }
+    }
+
+    /// Client backends of `user`.
+    pub async fn backends(&self, user: &str) -> i64 {
+        self.count("usename = $1", &[&user]).await
+    }
+
+    /// Client backends of `user` in `state` ('active', 'idle', 'idle in transaction'…).
+    pub async fn backends_in_state(&self, user: &str, state: &str) -> i64 {
+        self.count("usename = $1 and state = $2", &[&user, &state])
+            .await
+    }
+
+    /// Client backends connected to database `db`.
+    pub async fn backends_in_db(&self, db: &str) -> i64 {
+        self.count("datname = $1 and usename <> 'postgres'", &[&db])
+            .await
+    }
+
+    /// Backend pids of `user`.
+    pub async fn pids(&self, user: &str) -> Vec<i32> {
+        let rows = self
+            .client
+            .query(
+                "select pid from pg_stat_activity where usename = $1 and backend_type = 'client backend' order by pid",
+                &[&user],
+            )
+            .await
+            .expect("list backends");
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    async fn count(
+        &self,
+        cond: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> i64 {
+        let sql = format!(
+            "select count(*) from pg_stat_activity where backend_type = 'client backend' and {cond}"
+        );
+        self.client
+            .query_one(&sql, params)
+            .await
+            .expect("count backends")
+            .get(0)
+    }
+}
+
+/// Poll `check` until it returns true; panic naming `what` after `limit`.
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    let mut tick = tokio::time::interval(POLL);
+    loop {
+        tick.tick().await;
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+    }
+}
+
+/// Assert that `task` is still running after `window` (it is waiting for something).
+pub async fn assert_still_waiting<T>(
+    what: &str,
+    task: &tokio::task::JoinHandle<T>,
+    window: Duration,
+) {
+    let deadline = Instant::now() + window;
+    let mut tick = tokio::time::interval(POLL);
+    while Instant::now() < deadline {
+        tick.tick().await;
+        assert!(!task.is_finished(), "{what} finished instead of waiting");
+    }
+}
+
+/// What happened on a watched client connection.
+#[derive(Debug)]
+pub enum Event {
+    /// A NoticeResponse's message.
+    Notice(String),
+    /// The connection ended: the error's SQLSTATE and message, if any.
+    Closed(Option<String>),
+}
+
+/// A client whose connection's notices and end are reported on `events`.
+pub struct Watched {
+    pub client: Client,
+    pub events: Events,
+}
+
+/// What a watched connection reports.
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<Event>,
+}
+
+impl Events {
+    /// Wait (bounded) for the connection to end; returns its error text ("" if none).
+    pub async fn closed_within(&mut self, limit: Duration) -> String {
+        let until = tokio::time::timeout(limit, async {
+            while let Some(ev) = self.rx.recv().await {
+                if let Event::Closed(why) = ev {
+                    return why.unwrap_or_default();
+                }
+            }
+            String::new()
+        });
+        until
+            .await
+            .unwrap_or_else(|_| panic!("connection still open after {limit:?}"))
+    }
+
+    /// Wait (bounded) for a notice; returns its message.
+    pub async fn notice_within(&mut self, limit: Duration) -> String {
+        let until = tokio::time::timeout(limit, self.rx.recv());
+        match until
+            .await
+            .unwrap_or_else(|_| panic!("no notice within {limit:?}"))
+        {
+            Some(Event::Notice(m)) => m,
+            Some(Event::Closed(why)) => panic!("connection closed before a notice: {why:?}"),
+            None => panic!("connection task gone before a notice"),
+        }
+    }
+}
+
+/// Connect and drive the connection in a task that reports notices and how it ended.
+pub async fn connect_watched(dsn: &str) -> Watched {
+    let (client, mut connection) = tokio_postgres::connect(dsn, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {dsn}: {e}"));
+    let (tx, events) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let ev = match poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notice(n))) => Event::Notice(n.message().to_string()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => Event::Closed(Some(error_text(&e))),
+                None => Event::Closed(None),
+            };
+            let end = matches!(ev, Event::Closed(_));
+            let _ = tx.send(ev);
+            if end {
+                return;
+            }
+        }
+    });
+    Watched {
+        client,
+        events: Events { rx: events },
+    }
+}
+
+/// "SQLSTATE message" of a server error, else the error's text.
+pub fn error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// The first column of the first row of `sql`, run as a simple query (the pool tests stay
+/// off the extended protocol: named prepared statements are another area's concern). The
+/// result is complete only at ReadyForQuery, so in transaction mode the server is back in
+/// the pool when this returns.
+pub async fn scalar(c: &Client, sql: &str) -> Result<String, String> {
+    let msgs = c.simple_query(sql).await.map_err(|e| error_text(&e))?;
+    msgs.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .ok_or_else(|| format!("no row from {sql}"))
+}
+
+/// The backend pid a client's next query runs on.
+pub async fn backend_pid(c: &Client) -> i32 {
+    scalar(c, "select pg_backend_pid()")
+        .await
+        .expect("pg_backend_pid")
+        .parse()
+        .expect("a pid")
+}
