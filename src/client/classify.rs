@@ -67,15 +67,21 @@ pub fn may_matter(sql: &[u8]) -> bool {
         LEADING.iter().any(|k| word.eq_ignore_ascii_case(k))
     };
     // Every statement start is the text start or follows a `;` (a `;` inside a literal only
-    // adds a false positive, never hides a statement).
-    leading(sql)
-        || sql
-            .iter()
-            .enumerate()
-            .any(|(i, &c)| c == b';' && leading(&sql[i + 1..]))
-        || contains_ci(sql, b"set_config")
-        || contains_ci(sql, b"advisory")
-        || contains_ci(sql, b"pg_temp")
+    // adds a false positive, never hides a statement). One pass over the text.
+    if leading(sql) {
+        return true;
+    }
+    for (i, &c) in sql.iter().enumerate() {
+        let rest = &sql[i..];
+        match c | 0x20 {
+            b';' if leading(&rest[1..]) => return true,
+            b's' if starts_with_ci(rest, b"set_config") => return true,
+            b'a' if starts_with_ci(rest, b"advisory") => return true,
+            b'p' if starts_with_ci(rest, b"pg_temp") => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Classify a query's text (simple Query or Parse). Unknown bytes are treated as "other".
@@ -411,6 +417,10 @@ fn set_config_name(s: &[u8]) -> Option<String> {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
+    hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
 }
 
 fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {

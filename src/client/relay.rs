@@ -145,6 +145,7 @@ impl<'a> Relay<'a> {
                 other => other.map(Some),
             });
             tokio::select! {
+                biased;
                 ev = relayed => if let Some(ev) = ev {
                     return ev;
                 },

@@ -3,7 +3,9 @@
 use std::future::poll_fn;
 use std::time::Instant;
 
-use tokio_util::sync::CancellationToken;
+use std::pin::Pin;
+
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::classify::{self, Effects};
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
@@ -17,7 +19,9 @@ use crate::stats::PoolStats;
 
 /// Serve requests until the client leaves (Ok) or must be told why it is let go (Err).
 pub async fn run(c: &mut Client) -> Result<(), ClientError> {
-    let kill = c.reg.handle.kill.clone();
+    // One registration for the client's whole life, polled by every wait below.
+    let kill = c.reg.handle.kill.clone().cancelled_owned();
+    tokio::pin!(kill);
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
     loop {
@@ -27,12 +31,12 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             None => {
                 c.reg.handle.set_state(ClientState::Idle);
                 let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-                if !wait_for_request(c, idle_timeout, &kill).await? {
+                if !wait_for_request(c, idle_timeout, kill.as_mut()).await? {
                     return Ok(());
                 }
                 c.reg.handle.set_state(ClientState::Waiting);
                 let waited = Instant::now();
-                let mut server = checkout(c, &cfg, &kill).await?;
+                let mut server = checkout(c, &cfg, kill.as_mut()).await?;
                 let waited_us = waited.elapsed().as_micros() as u64;
                 PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
                 c.pool.stats.wait_hist.record(waited_us);
@@ -76,8 +80,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 pool_settings.max_prepared_statements,
             );
             let event = tokio::select! {
+                biased;
+                _ = kill.as_mut() => RelayEvent::Killed,
                 ev = relay.run(timeouts) => ev,
-                _ = kill.cancelled() => RelayEvent::Killed,
             };
             (event, relay.counts, std::mem::take(&mut relay.effects))
         };
@@ -218,14 +223,15 @@ fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
 async fn wait_for_request(
     c: &mut Client,
     idle_timeout: Option<std::time::Duration>,
-    kill: &CancellationToken,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<bool, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
         if c.conn.out_len() > 0 {
             tokio::select! {
+                biased;
+                _ = kill.as_mut() => return Err(killed(c)),
                 r = c.conn.flush() => r?,
-                _ = kill.cancelled() => return Err(killed(c)),
             }
         }
         if let Some(&tag) = c.conn.rbuf.first() {
@@ -248,7 +254,7 @@ async fn wait_for_request(
             _ = sleep_until(deadline) => {
                 return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
             }
-            _ = kill.cancelled() => return Err(killed(c)),
+            _ = kill.as_mut() => return Err(killed(c)),
         }
     }
 }
@@ -379,7 +385,7 @@ const WAIT_READ_LIMIT: usize = 256 * 1024;
 async fn checkout(
     c: &mut Client,
     cfg: &config::Config,
-    kill: &CancellationToken,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
     // Resolved per database and user with the pool's settings.
@@ -412,7 +418,7 @@ async fn checkout(
                     "no server connection available in pool, waiting"));
                 let _ = c.conn.flush().await;
             }
-            _ = kill.cancelled() => return Err(killed(c)),
+            _ = kill.as_mut() => return Err(killed(c)),
         }
     }
 }
