@@ -290,10 +290,22 @@ impl<'a> Relay<'a> {
                     if avail < h.total {
                         break;
                     }
+                    self.server.proto.unsynced = true;
+                    let body = &self.client.rbuf[fwd + 5..fwd + h.total];
+                    if super::rewrite::passes_through(
+                        h.tag,
+                        body,
+                        self.session,
+                        &mut self.server.pending,
+                        &mut self.effects,
+                    )? {
+                        // Forwarded as written, within the current run.
+                        fwd += h.total;
+                        continue;
+                    }
                     self.forward_client_run(fwd);
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
-                    self.server.proto.unsynced = true;
                     self.on_extended(h.tag, msg)?;
                     continue;
                 }

@@ -5,10 +5,67 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes};
 
-use super::classify;
+use std::collections::VecDeque;
+
+use super::classify::{self, Effects};
 use super::prepared::{Answer, Pending, Stmt};
 use super::relay::Relay;
+use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
+
+/// The common extended-protocol messages that need no rewriting: unnamed statements,
+/// portals, names the client never prepared. Notes what the server will owe and returns
+/// true; false means the message needs `Relay::on_extended`.
+pub(super) fn passes_through(
+    tag: u8,
+    body: &[u8],
+    session: &VirtualSession,
+    pending: &mut VecDeque<Pending>,
+    effects: &mut Effects,
+) -> Result<bool, ProtoError> {
+    let mut r = Reader::new(body, "extended-protocol message");
+    let entry = match tag {
+        frontend::PARSE => {
+            if !r.cstr_bytes()?.is_empty() {
+                return Ok(false);
+            }
+            let sql = r.cstr_bytes()?;
+            if classify::may_matter(sql) {
+                effects.merge(classify::classify(sql));
+            }
+            Pending::Parse {
+                swallow: false,
+                stmt: None,
+            }
+        }
+        frontend::BIND => {
+            r.cstr_bytes()?;
+            let name = r.cstr_bytes()?;
+            if !name.is_empty() && session.statements.contains_key(name) {
+                return Ok(false);
+            }
+            Pending::Bind
+        }
+        frontend::DESCRIBE => {
+            let kind = r.u8()?;
+            let name = r.cstr_bytes()?;
+            if kind == b'S' && !name.is_empty() && session.statements.contains_key(name) {
+                return Ok(false);
+            }
+            Pending::Describe
+        }
+        _ => {
+            let kind = r.u8()?;
+            let name = r.cstr_bytes()?;
+            if kind == b'S' && !name.is_empty() {
+                return Ok(false);
+            }
+            Pending::Close { swallow: false }
+        }
+    };
+    pending.push_back(entry);
+    Ok(true)
+}
 
 impl Relay<'_> {
     /// A whole simple Query from the client.
