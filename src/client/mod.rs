@@ -66,12 +66,14 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let cfg = shared.config.load_full();
     let login = async {
         match config::enabled(cfg.settings.client_login_timeout) {
-            Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, &peer, id, &cfg))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ClientError::fatal("08P01", "client_login_timeout".into()))
-                }),
-            None => login(&shared, &mut conn, &peer, id, &cfg).await,
+            Some(d) => {
+                tokio::time::timeout(d, Box::pin(login(&shared, &mut conn, &peer, id, &cfg)))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(ClientError::fatal("08P01", "client_login_timeout".into()))
+                    })
+            }
+            None => Box::pin(login(&shared, &mut conn, &peer, id, &cfg)).await,
         }
     };
     let (user, db, pool, session, reg) = match login.await {
@@ -222,7 +224,7 @@ async fn login(
     for (k, v) in client_params.iter() {
         session.params.set(k, v);
     }
-    session.defaults = session.params.clone();
+    session.startup = client_params;
     let kill = shared.stop_clients.child_token();
     let reg = shared
         .clients

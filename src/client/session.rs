@@ -19,13 +19,27 @@ pub struct VirtualSession {
     pub params: Params,
     /// Named prepared statements: client name → statement.
     pub statements: HashMap<Bytes, Arc<Stmt>>,
-    /// What RESET ALL returns to: the server's defaults overlaid with the startup packet's.
-    pub defaults: Params,
+    /// The startup packet's parameters: with the servers' defaults, what RESET ALL returns to.
+    pub startup: Params,
     /// Why the client must keep its server, if it must.
     pub pin: Option<Vec<&'static str>>,
 }
 
 impl VirtualSession {
+    /// RESET ALL: the servers' defaults (`server_params`) overlaid with the startup packet's.
+    pub fn reset_all(&mut self, server_params: &Params) {
+        let mut p = Params::default();
+        for (k, v) in server_params.iter() {
+            if !crate::server::sync::is_read_only(k) {
+                p.set(k, v);
+            }
+        }
+        for (k, v) in self.startup.iter() {
+            p.set(k, v);
+        }
+        self.params = p;
+    }
+
     /// Record the pin reasons found after a transaction (empty: unpinned), keeping the
     /// pool's pinned-client count and the client's SHOW info current.
     pub fn set_pin(&mut self, pool: &Pool, handle: &ClientHandle, reasons: Vec<&'static str>) {

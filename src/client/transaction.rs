@@ -41,7 +41,12 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
                 PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
                 c.pool.stats.wait_hist.record(waited_us);
                 PoolStats::add(&c.pool.stats.server_assignment_count, 1);
-                match sync::apply(&mut server, &c.session.params).await {
+                let applied = if sync::differs(&server, &c.session.params) {
+                    Box::pin(sync::apply(&mut server, &c.session.params)).await
+                } else {
+                    Ok(None)
+                };
+                match applied {
                     Ok(None) => {}
                     Ok(Some(e)) => {
                         return Err(ClientError::fatal(
@@ -82,7 +87,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
             let event = tokio::select! {
                 biased;
                 _ = kill.as_mut() => RelayEvent::Killed,
-                ev = relay.run(timeouts) => ev,
+                ev = Box::pin(relay.run(timeouts)) => ev,
             };
             (event, relay.counts, std::mem::take(&mut relay.effects))
         };
@@ -99,7 +104,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         match event {
             RelayEvent::Release => {
                 if !effects.is_empty() || c.session.pin.is_some() {
-                    match after_transaction(c, &mut server, &effects).await {
+                    match Box::pin(after_transaction(c, &mut server, &effects)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(refused)) => return Err(refused),
                         Err(e) => {
@@ -149,7 +154,11 @@ async fn after_transaction(
     effects: &Effects,
 ) -> Result<Result<(), ClientError>, crate::server::ServerError> {
     if effects.reset_all {
-        c.session.params = c.session.defaults.clone();
+        let defaults = c
+            .pool
+            .server_params()
+            .unwrap_or_else(|| server.login_params.clone());
+        c.session.reset_all(&defaults);
         server.params = server.login_params.clone();
     }
     if effects.discard_all {
@@ -244,7 +253,17 @@ async fn wait_for_request(
                 Local::Incomplete => {}
             }
         }
-        c.conn.shrink();
+        if c.conn.rbuf.is_empty() {
+            // Idle: hold no buffers while waiting, only read once bytes are there.
+            c.conn.shrink_all();
+            tokio::select! {
+                r = c.conn.stream.readable() => r?,
+                _ = sleep_until(deadline) => {
+                    return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
+                }
+                _ = kill.as_mut() => return Err(killed(c)),
+            }
+        }
         tokio::select! {
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
@@ -392,8 +411,8 @@ async fn checkout(
     let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
-    let fut = pool.checkout(deadline);
-    tokio::pin!(fut);
+    // Boxed: an idle client's task does not carry the room for a wait.
+    let mut fut = Box::pin(pool.checkout(deadline));
     loop {
         tokio::select! {
             r = &mut fut => {

@@ -141,13 +141,23 @@ impl Conn {
         bytes::Buf::advance(&mut self.rbuf, n);
     }
 
-    /// Shrink buffers of an idle connection.
+    /// Shrink buffers of an idle connection (idle clients hold no buffers at all).
     pub fn shrink(&mut self) {
         if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
             self.rbuf = BytesMut::new();
         }
         if self.scratch.capacity() > 4096 {
             self.scratch = BytesMut::new();
+        }
+    }
+
+    /// Like `shrink`, and also drop the buffer our own messages are built in and the output
+    /// queue's storage: for clients, which may sit idle by the thousand.
+    pub fn shrink_all(&mut self) {
+        self.shrink();
+        if self.out.is_empty() {
+            self.scratch = BytesMut::new();
+            self.out = VecDeque::new();
         }
     }
 }

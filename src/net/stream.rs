@@ -12,6 +12,14 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// Wait until the socket has bytes (or EOF) to read, without reading.
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s) => s.readable().await,
+        }
+    }
+
     /// The peer as text for logs and SHOW CLIENTS ("unix" for Unix sockets).
     pub fn peer(&self) -> String {
         match self {

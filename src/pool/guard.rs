@@ -7,14 +7,14 @@ use super::Pool;
 use crate::server::{Server, sync};
 
 pub struct PooledServer {
-    server: Option<Server>,
+    server: Option<Box<Server>>,
     pool: Arc<Pool>,
     /// Run server_reset_query before the next client gets this server.
     pub reset: bool,
 }
 
 impl PooledServer {
-    pub(crate) fn new(server: Server, pool: Arc<Pool>) -> Self {
+    pub(crate) fn new(server: Box<Server>, pool: Arc<Pool>) -> Self {
         PooledServer {
             server: Some(server),
             pool,

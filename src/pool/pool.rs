@@ -51,11 +51,10 @@ pub enum CheckoutError {
     Server(#[from] ServerError),
 }
 
-/// What a waiter is handed (a Server moves by value: no allocation per hand-over).
-#[allow(clippy::large_enum_variant)]
+/// What a waiter is handed.
 pub(crate) enum Grant {
     /// An idle server, already counted active for the receiver.
-    Server(Server),
+    Server(Box<Server>),
     /// Room for one new connection (counted in `total` and the limits) for the receiver.
     Slot,
 }
@@ -68,7 +67,7 @@ struct Waiter {
 
 struct Inner {
     settings: Arc<PoolSettings>,
-    idle: VecDeque<Server>,
+    idle: VecDeque<Box<Server>>,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
     /// Servers alive or being opened: idle + active + connecting + being cleaned.
@@ -96,9 +95,8 @@ pub struct Pool {
     pub stats: PoolStats,
 }
 
-#[allow(clippy::large_enum_variant)]
 enum Step {
-    Idle(Server),
+    Idle(Box<Server>),
     Connect,
     Wait(Ticket),
 }
@@ -176,7 +174,7 @@ impl Pool {
         if target_changed {
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
-            let closing: Vec<Server> = g.idle.drain(..).collect();
+            let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
             g.total -= closing.len();
             for _ in &closing {
                 self.db_limit.release();
@@ -358,7 +356,7 @@ impl Pool {
     }
 
     /// Open a server for a slot already counted. On failure the slot is given back.
-    async fn open(self: &Arc<Self>) -> Result<Server, CheckoutError> {
+    async fn open(self: &Arc<Self>) -> Result<Box<Server>, CheckoutError> {
         let settings = self.settings();
         let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
         match connect::connect(&settings.target, id, settings.server_connect_timeout).await {
@@ -369,7 +367,7 @@ impl Pool {
                 if g.server_params.is_none() {
                     g.server_params = Some(s.login_params.clone());
                 }
-                Ok(s)
+                Ok(Box::new(s))
             }
             Err(e) => {
                 tracing::warn!(db = %self.db, user = %self.user, "server login failed: {e}");
@@ -385,7 +383,7 @@ impl Pool {
     }
 
     /// Check an idle server before handing it out; None = it was closed.
-    async fn prepare_idle(self: &Arc<Self>, mut s: Server) -> Option<Server> {
+    async fn prepare_idle(self: &Arc<Self>, mut s: Box<Server>) -> Option<Box<Server>> {
         let settings = self.settings();
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l);
@@ -409,7 +407,7 @@ impl Pool {
 
     /// Return a clean, idle server: to the first waiter, else to the idle list (or close it
     /// when it is too old or the pool is over its size).
-    pub(crate) fn checkin(self: &Arc<Self>, mut s: Server) {
+    pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>) {
         s.last_used = Instant::now();
         let mut g = self.lock();
         let too_old = crate::config::enabled(g.settings.server_lifetime)
@@ -435,7 +433,7 @@ impl Pool {
     }
 
     /// Close a server that was active (counted) and give its room to a waiter.
-    pub(crate) fn close(self: &Arc<Self>, s: Server) {
+    pub(crate) fn close(self: &Arc<Self>, s: Box<Server>) {
         close_server(s);
         self.release_slot();
     }
@@ -564,9 +562,9 @@ impl Pool {
 
     /// Close every idle server (RECONNECT, shutdown).
     pub fn close_idle(self: &Arc<Self>) {
-        let closing: Vec<Server> = {
+        let closing: Vec<Box<Server>> = {
             let mut g = self.lock();
-            let v: Vec<Server> = g.idle.drain(..).collect();
+            let v: Vec<Box<Server>> = g.idle.drain(..).collect();
             g.total -= v.len();
             v
         };
@@ -689,7 +687,7 @@ fn is_alive(s: &mut Server) -> bool {
 }
 
 /// Close a server politely (Terminate), without waiting.
-fn close_server(mut s: Server) {
+fn close_server(mut s: Box<Server>) {
     s.conn.queue_with(crate::proto::frontend::terminate);
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {

@@ -21,6 +21,16 @@ pub fn is_read_only(name: &str) -> bool {
     RO.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
+/// Whether `apply` has anything to do (checked without allocating, on every checkout).
+pub fn differs(server: &Server, wanted: &Params) -> bool {
+    wanted
+        .iter()
+        .any(|(k, v)| server.params.get(k) != Some(v) && !is_read_only(k))
+        || server.params.iter().any(|(k, v)| {
+            wanted.get(k).is_none() && !is_read_only(k) && server.login_params.get(k) != Some(v)
+        })
+}
+
 /// Make `server`'s session parameters equal `wanted` with one batched query, and put back
 /// to their login values the ones `wanted` does not mention. Nothing to do → no round trip.
 /// Returns the server's error if a value was rejected.
