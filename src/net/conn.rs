@@ -72,6 +72,14 @@ impl Conn {
         self.out_len
     }
 
+    /// Drop everything queued without writing it; returns how many bytes that was. For
+    /// micro-benchmarks (`benches/`), which measure the scan and queueing, not the socket.
+    #[doc(hidden)]
+    pub fn discard_out(&mut self) -> usize {
+        self.out.clear();
+        std::mem::take(&mut self.out_len)
+    }
+
     /// Read more bytes into `rbuf`. `Ok(0)` means end of stream.
     pub fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
