@@ -1,17 +1,23 @@
 //! pgcarpool: a PostgreSQL connection pooler, a drop-in replacement for PgBouncer.
 //!
 //! ```text
-//! app        composition root: Shared {config, pools, clients, stats}; listeners, janitor, shutdown
+//! app        composition root: Shared {config, pools, clients, statements, admin}; start, reload, shutdowns
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
-//! config/    pgbouncer.ini: ini syntax, settings table, [databases]/[users], auth_file
-//! proto/     pure wire format: startup packets, frontend and backend messages
-//! net/       sockets: stream enum, buffered framing, listeners
-//! auth/      md5, SCRAM-SHA-256 (server and client side)
-//! client/    one task per client: startup, auth, the transaction loop, cancel, registry
-//! pool/      pools per (db, user): idle list, FIFO waiters, limits; RAII checkout guard; janitor
-//! server/    server connections: connect + login, response reactor, session sync and reset
-//! admin/     the pgbouncer admin console
-//! stats/     counters and snapshots
+//! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
+//! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
+//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
+//! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised)
+//! client/    one task per client:
+//!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
+//!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
+//!            prepared.rs (statement registry, per-server LRU), classify.rs (leading keywords),
+//!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL)
+//! pool/      pool.rs (idle list, FIFO waiters, limits, pause), guard.rs (RAII checkout,
+//!            cleanup of dirty servers), janitor.rs (lifetimes, min_pool_size, shared limits)
+//! server/    connect.rs (connect + login), query.rs (pgcarpool's own queries),
+//!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
+//! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
+//! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
 //! ```
 pub mod admin;
 pub mod app;
