@@ -15,14 +15,8 @@ pub async fn simple_query(
     server: &mut Server,
     sql: &str,
 ) -> Result<Option<ErrorFields>, ServerError> {
-    server.conn.queue_with(|b| frontend::query(b, sql));
-    server.proto.expected_rfq += 1;
-    server
-        .conn
-        .flush()
-        .await
-        .map_err(|e| ServerError::Conn(e.into()))?;
-    drain(server).await
+    send(server, sql).await?;
+    read_replies(server, None).await
 }
 
 /// Run `sql` and collect its rows as text (NULL = None). An error from the server is returned
@@ -31,69 +25,46 @@ pub async fn query_rows(
     server: &mut Server,
     sql: &str,
 ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+    send(server, sql).await?;
+    let mut rows = Vec::new();
+    match read_replies(server, Some(&mut rows)).await? {
+        Some(e) => Err(ServerError::Rejected(e)),
+        None => Ok(rows),
+    }
+}
+
+async fn send(server: &mut Server, sql: &str) -> Result<(), ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     server.proto.expected_rfq += 1;
     server
         .conn
         .flush()
         .await
-        .map_err(|e| ServerError::Conn(e.into()))?;
-    let mut rows = Vec::new();
+        .map_err(|e| ServerError::Conn(e.into()))
+}
+
+/// Read server messages until every ReadyForQuery owed has arrived, keeping the server's
+/// state current. Returns the first error seen.
+pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerError> {
+    read_replies(server, None).await
+}
+
+/// The one reader of replies to pgcarpool's own queries: rows go to `rows` when given (else
+/// are dropped), a FATAL error ends it, other errors are returned after ReadyForQuery.
+async fn read_replies(
+    server: &mut Server,
+    mut rows: Option<&mut Vec<Vec<Option<String>>>>,
+) -> Result<Option<ErrorFields>, ServerError> {
     let mut first_error = None;
     while server.proto.expected_rfq > 0 {
         let h = server.conn.read_message(OWN_QUERY_MESSAGE_LIMIT).await?;
         let body = &server.conn.rbuf[5..h.total];
         match h.tag {
             backend::DATA_ROW => {
-                let mut r = crate::proto::Reader::new(body, "DataRow");
-                let n = r.i16()?;
-                let mut row = Vec::with_capacity(n.max(0) as usize);
-                for _ in 0..n {
-                    let len = r.i32()?;
-                    if len < 0 {
-                        row.push(None);
-                    } else {
-                        let v = r.bytes(len as usize)?;
-                        row.push(Some(String::from_utf8_lossy(v).into_owned()));
-                    }
+                if let Some(rows) = rows.as_deref_mut() {
+                    rows.push(parse_data_row(body)?);
                 }
-                rows.push(row);
             }
-            backend::READY_FOR_QUERY => {
-                server.proto.expected_rfq -= 1;
-                server.proto.tx_status = *body
-                    .first()
-                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
-            }
-            backend::PARAMETER_STATUS => {
-                let (k, v) = backend::parse_parameter_status(body)?;
-                server.params.set(k, v);
-            }
-            backend::ERROR_RESPONSE => {
-                let e = backend::parse_error(body)?;
-                if e.severity == "FATAL" || e.severity == "PANIC" {
-                    server.broken = true;
-                }
-                first_error.get_or_insert(e);
-            }
-            _ => {}
-        }
-        server.conn.consume(h.total);
-    }
-    match first_error {
-        Some(e) => Err(ServerError::Rejected(e)),
-        None => Ok(rows),
-    }
-}
-
-/// Read server messages until every ReadyForQuery owed has arrived, keeping the server's
-/// state current. Returns the first error seen.
-pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerError> {
-    let mut first_error = None;
-    while server.proto.expected_rfq > 0 {
-        let h = server.conn.read_message(OWN_QUERY_MESSAGE_LIMIT).await?;
-        let body = &server.conn.rbuf[5..h.total];
-        match h.tag {
             backend::READY_FOR_QUERY => {
                 server.proto.expected_rfq -= 1;
                 server.proto.tx_status = *body
@@ -129,6 +100,20 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
         server.conn.consume(h.total);
     }
     Ok(first_error)
+}
+
+fn parse_data_row(body: &[u8]) -> Result<Vec<Option<String>>, crate::proto::ProtoError> {
+    let mut r = crate::proto::Reader::new(body, "DataRow");
+    let n = r.i16()?;
+    let mut row = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for _ in 0..n {
+        let len = r.i32()?;
+        match usize::try_from(len) {
+            Err(_) => row.push(None),
+            Ok(len) => row.push(Some(String::from_utf8_lossy(r.bytes(len)?).into_owned())),
+        }
+    }
+    Ok(row)
 }
 
 fn copy_fail(out: &mut bytes::BytesMut, msg: &str) {
