@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::cache::ScramCache;
 use crate::client::registry::Registry;
+use crate::config::settings::SettingChange;
 use crate::config::{Config, DatabaseEntry};
 use crate::net::listen;
 use crate::pool::{PoolSettings, Pools, janitor};
@@ -151,14 +152,18 @@ impl Shared {
     }
 
     /// Apply a new config (RELOAD / SIGHUP): pools get new sizes and timeouts at once;
-    /// settings that need a restart keep their old values and are named in the log.
-    pub fn reload(&self, new: Config) {
+    /// settings that need a restart keep their old values. Each changed setting is logged
+    /// (name, old -> new) and returned, so the console can tell its user.
+    pub fn reload(&self, new: Config) -> Vec<SettingChange> {
         let old = self.config.load_full();
         let mut new = new;
-        for name in old.settings.restart_needed(&new.settings) {
-            tracing::warn!("setting {name} changed but needs a restart: keeping the old value");
-            if let Some(v) = old.settings.get(name) {
-                let _ = new.settings.load_value(name, &v);
+        let changes = old.settings.changes(&new.settings);
+        for c in &changes {
+            if c.reloadable {
+                tracing::info!("reload: {c}");
+            } else {
+                tracing::warn!("reload: {c}");
+                let _ = new.settings.load_value(c.name, &c.old);
             }
         }
         let new = Arc::new(new);
@@ -171,7 +176,12 @@ impl Shared {
             let cred = crate::client::credential_for(&new, &entry, &p.user, learned);
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
-        tracing::info!("configuration reloaded");
+        tracing::info!(
+            "configuration reloaded ({} settings changed, {} need a restart)",
+            changes.len(),
+            changes.iter().filter(|c| !c.reloadable).count()
+        );
+        changes
     }
 
     /// Stop accepting and make every client leave now; close idle servers.
@@ -197,8 +207,8 @@ impl Shared {
 
 impl AppHandle {
     /// Apply a new config as SIGHUP would.
-    pub fn reload(&self, config: Config) {
-        self.shared.reload(config);
+    pub fn reload(&self, config: Config) -> Vec<SettingChange> {
+        self.shared.reload(config)
     }
 
     /// Immediate shutdown (SIGQUIT), waiting (bounded) for tasks to end.
