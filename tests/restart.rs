@@ -449,3 +449,52 @@ async fn after_takeover_every_new_connection_goes_to_the_new_process() {
         old.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_logs_each_changed_setting_and_those_needing_a_restart() {
+    let pg = TempPostgres::start();
+    let dir = tempfile::Builder::new()
+        .prefix("pgcarpool-restart-")
+        .tempdir()
+        .unwrap();
+    let port = free_port();
+    let ini = write_config(dir.path(), &pg, port, &[("default_pool_size", "3")]);
+    let pidfile = dir.path().join("pgcarpool.pid");
+    let dsn = dsn_for(port, "md5user", "testdb");
+    let p = Proc::spawn(&ini, &[], "pgcarpool.log");
+    assert!(
+        wait_serving(&pidfile, p.pid(), &dsn).await,
+        "pgcarpool does not serve:\n{}",
+        p.log()
+    );
+    let other_port = free_port();
+    write_config(dir.path(), &pg, other_port, &[("default_pool_size", "8")]);
+    p.signal(libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            p.log().contains("configuration reloaded")
+        })
+        .await,
+        "no reload logged:\n{}",
+        p.log()
+    );
+    let log = p.log();
+    assert!(
+        log.contains("reload: default_pool_size: \"3\" -> \"8\""),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "reload: listen_port: \"{port}\" -> \"{other_port}\" (needs a restart: keeping \"{port}\")"
+        )),
+        "{log}"
+    );
+    // Still on the old port.
+    try_connect(&dsn)
+        .await
+        .unwrap()
+        .simple_query("select 1")
+        .await
+        .unwrap();
+    p.signal(libc::SIGQUIT);
+}

@@ -412,7 +412,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         }
         Command::Suspend => Err(AdminError::new(
             "0A000",
-            "SUSPEND is not supported: pgcarpool does not do PgBouncer's online restart (use SHUTDOWN WAIT_FOR_CLIENTS with so_reuseport)",
+            "SUSPEND is not supported: for an online restart, start the new pgcarpool with -R (so_reuseport = 1); it takes the sockets over and stops this one",
         )),
         Command::Shutdown(mode) => {
             let s = shared.clone();

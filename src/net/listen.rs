@@ -170,23 +170,28 @@ fn bind_tcp(addr: SocketAddr, reuseport: bool, takeover: bool) -> std::io::Resul
 /// This socket's index in its SO_REUSEPORT group (sockets are numbered in the order of
 /// their listen()): the listening sockets on `addr` in /proc/net/tcp{,6}, less one.
 fn reuseport_index(addr: SocketAddr) -> Option<u32> {
-    let (file, local) = match addr {
-        SocketAddr::V4(a) => (
-            "/proc/net/tcp",
-            format!("{:08X}", u32::from_le_bytes(a.ip().octets())),
-        ),
-        SocketAddr::V6(a) => (
-            "/proc/net/tcp6",
-            a.ip()
-                .octets()
-                .chunks_exact(4)
-                .map(|w| format!("{:08X}", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
-                .collect(),
-        ),
+    let file = match addr {
+        SocketAddr::V4(_) => "/proc/net/tcp",
+        SocketAddr::V6(_) => "/proc/net/tcp6",
+    };
+    let listening = count_listening(&std::fs::read_to_string(file).ok()?, addr);
+    u32::try_from(listening.checked_sub(1)?).ok()
+}
+
+/// Listening sockets on `addr` in the text of /proc/net/tcp (IPv4) or tcp6 (IPv6).
+fn count_listening(proc_net_tcp: &str, addr: SocketAddr) -> usize {
+    let local = match addr {
+        // The kernel prints each 32-bit word of the address in host (little-endian) order.
+        SocketAddr::V4(a) => format!("{:08X}", u32::from_le_bytes(a.ip().octets())),
+        SocketAddr::V6(a) => a
+            .ip()
+            .octets()
+            .chunks_exact(4)
+            .map(|w| format!("{:08X}", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            .collect(),
     };
     let wanted = format!("{local}:{:04X}", addr.port());
-    let text = std::fs::read_to_string(file).ok()?;
-    let listening = text
+    proc_net_tcp
         .lines()
         .skip(1)
         .filter(|line| {
@@ -195,8 +200,7 @@ fn reuseport_index(addr: SocketAddr) -> Option<u32> {
             let state = fields.nth(1);
             local == Some(wanted.as_str()) && state == Some("0A")
         })
-        .count();
-    u32::try_from(listening.checked_sub(1)?).ok()
+        .count()
 }
 
 /// Attach to the socket's SO_REUSEPORT group a classic BPF program choosing socket
@@ -312,4 +316,49 @@ async fn refuse(stream: Stream, why: &str) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.fill(8)).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROC_NET_TCP: &str = "\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1
+   4: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5 1
+";
+
+    #[test]
+    fn counts_listeners_on_one_address_only() {
+        let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, addr), 2);
+        let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, any), 1);
+        let other: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, other), 0);
+    }
+
+    #[test]
+    fn ipv6_loopback_is_printed_word_by_word() {
+        let text = "header\n   0: 00000000000000000000000001000000:1F90 \
+                    00000000000000000000000000000000:0000 0A 0 0 0 0 0 1 1\n";
+        let addr: SocketAddr = "[::1]:8080".parse().unwrap();
+        assert_eq!(count_listening(text, addr), 1);
+    }
+
+    #[tokio::test]
+    async fn each_socket_of_a_reuseport_group_finds_its_index() {
+        let first = bind_tcp("127.0.0.1:0".parse().unwrap(), true, false).unwrap();
+        let addr = first.local_addr().unwrap();
+        // /proc may be unreadable in some sandboxes: then nothing to check.
+        let Some(index) = reuseport_index(addr) else {
+            return;
+        };
+        assert_eq!(index, 0);
+        let _second = bind_tcp(addr, true, true).unwrap();
+        assert_eq!(reuseport_index(addr), Some(1));
+    }
 }
