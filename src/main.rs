@@ -98,11 +98,19 @@ fn main() -> anyhow::Result<()> {
         handle.shutdown().await;
         anyhow::Ok(())
     });
-    // After a takeover the pidfile names our successor: leave it.
+    // After a takeover the pidfile names our successor: leave it. A takeover that failed
+    // gives the pidfile back to the process still running.
     if let Some(p) = pidfile
         && read_pid(&p) == Some(std::process::id())
     {
-        let _ = std::fs::remove_file(p);
+        match (predecessor, &result) {
+            (Some(pid), Err(_)) => {
+                let _ = std::fs::write(&p, format!("{pid}\n"));
+            }
+            _ => {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
     result
 }

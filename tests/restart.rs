@@ -498,3 +498,44 @@ async fn sighup_logs_each_changed_setting_and_those_needing_a_restart() {
         .unwrap();
     p.signal(libc::SIGQUIT);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_takeover_leaves_the_running_one_in_charge() {
+    let pg = TempPostgres::start();
+    let dir = tempfile::Builder::new()
+        .prefix("pgcarpool-restart-")
+        .tempdir()
+        .unwrap();
+    let port = free_port();
+    // Without so_reuseport the port cannot be shared: -R cannot bind it.
+    let ini = write_config(dir.path(), &pg, port, &[("so_reuseport", "0")]);
+    let pidfile = dir.path().join("pgcarpool.pid");
+    let dsn = dsn_for(port, "md5user", "testdb");
+    let mut old = Proc::spawn(&ini, &[], "old.log");
+    assert!(
+        wait_serving(&pidfile, old.pid(), &dsn).await,
+        "the first pgcarpool does not serve:\n{}",
+        old.log()
+    );
+    let mut new = Proc::spawn(&ini, &["-R"], "new.log");
+    let status = new.exited_within(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "-R on a port without SO_REUSEPORT: {status:?}\n{}",
+        new.log()
+    );
+    assert!(old.running(), "the running pgcarpool was stopped");
+    assert_eq!(
+        std::fs::read_to_string(&pidfile).unwrap_or_default().trim(),
+        old.pid().to_string(),
+        "the pidfile no longer names the running pgcarpool"
+    );
+    try_connect(&dsn)
+        .await
+        .unwrap()
+        .simple_query("select 1")
+        .await
+        .unwrap();
+    old.signal(libc::SIGQUIT);
+    assert!(old.exited_within(Duration::from_secs(5)).await.is_some());
+}
