@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::cache::ScramCache;
 use crate::client::registry::Registry;
+use crate::config::settings::SettingChange;
 use crate::config::{Config, DatabaseEntry};
 use crate::net::listen;
 use crate::pool::{PoolSettings, Pools, janitor};
@@ -30,6 +31,9 @@ pub struct Shared {
     /// Cancelled to stop background tasks (janitor).
     pub stop_background: CancellationToken,
     pub tracker: TaskTracker,
+    /// The accept loops (also in `tracker`): empty once every listener is closed and
+    /// the connections queued on it are accepted.
+    pub listeners: TaskTracker,
     pub next_client_id: AtomicU64,
     /// Connected client sockets (for max_client_conn).
     pub client_conns: AtomicUsize,
@@ -46,18 +50,37 @@ pub struct AppHandle {
 
 /// Start a pooler with `config` on the current tokio runtime.
 pub async fn start(config: Config) -> std::io::Result<AppHandle> {
+    start_with(config, Start::Fresh).await
+}
+
+/// How a pooler comes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Bind the listening sockets as configured.
+    Fresh,
+    /// Online restart (`-R`): share the port with a running pgcarpool (SO_REUSEPORT), draw
+    /// its new connections here, and rename a new Unix socket over its one.
+    Takeover,
+}
+
+/// Start a pooler with `config` on the current tokio runtime, fresh or taking over.
+pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle> {
     for name in config.settings.unimplemented_in_use() {
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
     let shared = Shared::new(config);
-    let listeners = listen::bind(&shared.config.load().settings)?;
+    let listeners = listen::bind(&shared.config.load().settings, how == Start::Takeover)?;
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
     for l in listeners {
-        shared.tracker.spawn(listen::accept_loop(l, shared.clone()));
+        let accept = shared
+            .listeners
+            .track_future(listen::accept_loop(l, shared.clone()));
+        shared.tracker.spawn(accept);
     }
+    shared.listeners.close();
     shared.tracker.spawn(janitor::run(
         shared.pools.clone(),
         shared.stop_background.clone(),
@@ -144,6 +167,7 @@ impl Shared {
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            listeners: TaskTracker::new(),
             next_client_id: AtomicU64::new(1),
             client_conns: AtomicUsize::new(0),
             admin: crate::admin::AdminState::default(),
@@ -151,14 +175,18 @@ impl Shared {
     }
 
     /// Apply a new config (RELOAD / SIGHUP): pools get new sizes and timeouts at once;
-    /// settings that need a restart keep their old values and are named in the log.
-    pub fn reload(&self, new: Config) {
+    /// settings that need a restart keep their old values. Each changed setting is logged
+    /// (name, old -> new) and returned, so the console can tell its user.
+    pub fn reload(&self, new: Config) -> Vec<SettingChange> {
         let old = self.config.load_full();
         let mut new = new;
-        for name in old.settings.restart_needed(&new.settings) {
-            tracing::warn!("setting {name} changed but needs a restart: keeping the old value");
-            if let Some(v) = old.settings.get(name) {
-                let _ = new.settings.load_value(name, &v);
+        let changes = old.settings.changes(&new.settings);
+        for c in &changes {
+            if c.reloadable {
+                tracing::info!("reload: {c}");
+            } else {
+                tracing::warn!("reload: {c}");
+                let _ = new.settings.load_value(c.name, &c.old);
             }
         }
         let new = Arc::new(new);
@@ -171,7 +199,12 @@ impl Shared {
             let cred = crate::client::credential_for(&new, &entry, &p.user, learned);
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
-        tracing::info!("configuration reloaded");
+        tracing::info!(
+            "configuration reloaded ({} settings changed, {} need a restart)",
+            changes.len(),
+            changes.iter().filter(|c| !c.reloadable).count()
+        );
+        changes
     }
 
     /// Stop accepting and make every client leave now; close idle servers.
@@ -197,8 +230,8 @@ impl Shared {
 
 impl AppHandle {
     /// Apply a new config as SIGHUP would.
-    pub fn reload(&self, config: Config) {
-        self.shared.reload(config);
+    pub fn reload(&self, config: Config) -> Vec<SettingChange> {
+        self.shared.reload(config)
     }
 
     /// Immediate shutdown (SIGQUIT), waiting (bounded) for tasks to end.
@@ -235,9 +268,16 @@ impl Shared {
         }
     }
 
+    /// Stop accepting; return once every listener is closed and the connections that
+    /// were queued on it are clients (counted in `client_conns`).
+    pub async fn stop_listening(&self) {
+        self.stop_accepting.cancel();
+        self.listeners.wait().await;
+    }
+
     /// SHUTDOWN WAIT_FOR_CLIENTS (SIGTERM): stop accepting, wait for every client to leave.
     pub async fn shutdown_wait_for_clients(&self) {
-        self.stop_accepting.cancel();
+        self.stop_listening().await;
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         while self.client_conns.load(Ordering::Relaxed) > 0 {
             tick.tick().await;
@@ -248,7 +288,7 @@ impl Shared {
     /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish
     /// (new ones wait), then close everything.
     pub async fn shutdown_wait_for_servers(&self) {
-        self.stop_accepting.cancel();
+        self.stop_listening().await;
         self.pause_all().await;
         self.shutdown_now();
     }

@@ -14,7 +14,8 @@ struct Cli {
     /// Run in the background (requires logfile and pidfile in the config).
     #[arg(short = 'd', long = "daemon")]
     daemon: bool,
-    /// Online restart: take over the listening port from a running pgcarpool (needs so_reuseport = 1).
+    /// Online restart: take over the listening sockets of the running pgcarpool (it needs
+    /// so_reuseport = 1), then stop it as SIGTERM does (its PID from the pidfile).
     #[arg(short = 'R', long = "reboot")]
     reboot: bool,
     /// Log nothing to stderr.
@@ -53,6 +54,11 @@ fn main() -> anyhow::Result<()> {
         verbose,
         config.settings.logfile.as_deref(),
     )?;
+    // -R: the process to take over is the one the pidfile names (read before we overwrite it).
+    let predecessor = match (&config.settings.pidfile, cli.reboot) {
+        (Some(pidfile), true) => running_pgcarpool(pidfile),
+        _ => None,
+    };
     if let Some(pidfile) = &config.settings.pidfile {
         std::fs::write(pidfile, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
@@ -69,18 +75,57 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let handle = pgcarpool::app::start(config)
+        let how = if cli.reboot {
+            pgcarpool::app::Start::Takeover
+        } else {
+            pgcarpool::app::Start::Fresh
+        };
+        let handle = pgcarpool::app::start_with(config, how)
             .await
             .context("starting listeners")?;
         tracing::info!("listening on {} ({} worker threads)", handle.addr, workers);
+        if let Some(pid) = predecessor {
+            tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
+            // SAFETY: kill(2) on the PID of the pgcarpool our pidfile named, checked just before.
+            if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+                tracing::warn!(
+                    "could not signal pgcarpool {pid}: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
         pgcarpool::signals::run(handle.shared.clone(), config_path).await?;
         handle.shutdown().await;
         anyhow::Ok(())
     });
-    if let Some(p) = pidfile {
-        let _ = std::fs::remove_file(p);
+    // After a takeover the pidfile names our successor: leave it. A takeover that failed
+    // gives the pidfile back to the process still running.
+    if let Some(p) = pidfile
+        && read_pid(&p) == Some(std::process::id())
+    {
+        match (predecessor, &result) {
+            (Some(pid), Err(_)) => {
+                let _ = std::fs::write(&p, format!("{pid}\n"));
+            }
+            _ => {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
     result
+}
+
+fn read_pid(pidfile: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()
+}
+
+/// The PID in `pidfile` if it is another running pgcarpool (not a stale PID reused by
+/// some other program).
+fn running_pgcarpool(pidfile: &std::path::Path) -> Option<i32> {
+    let pid = read_pid(pidfile).filter(|&p| p != std::process::id())?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let ours = std::fs::read_to_string("/proc/self/comm").ok()?;
+    (comm == ours).then(|| i32::try_from(pid).ok()).flatten()
 }
 
 fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> anyhow::Result<()> {

@@ -21,7 +21,9 @@ pub async fn run(shared: Arc<Shared>, config_path: PathBuf) -> std::io::Result<(
     loop {
         tokio::select! {
             _ = hup.recv() => match config::load(&config_path) {
-                Ok(c) => shared.reload(c),
+                Ok(c) => {
+                    let _ = shared.reload(c);
+                }
                 Err(e) => tracing::error!("reload failed, keeping the old configuration: {e}"),
             },
             _ = term.recv() => {

@@ -119,6 +119,8 @@ pub enum Reply {
     Table(Table),
     /// A notice (SHOW HELP), then CommandComplete with the tag.
     Notice(String, &'static str),
+    /// Notices (none is fine), then CommandComplete with the tag (RELOAD: what changed).
+    Notices(Vec<String>, &'static str),
     /// CommandComplete only.
     Done(&'static str),
     Empty,
@@ -269,6 +271,12 @@ fn write_reply(reply: &Reply, out: &mut BytesMut, formats: Option<&[i16]>) -> bo
             backend::error_fields(out, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);
             backend::command_complete(out, tag);
         }
+        Reply::Notices(texts, tag) => {
+            for text in texts {
+                backend::error_fields(out, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);
+            }
+            backend::command_complete(out, tag);
+        }
         Reply::Done(tag) => backend::command_complete(out, tag),
         Reply::Close(tag) => {
             backend::command_complete(out, tag);
@@ -322,7 +330,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             cfg.settings
                 .set(&key, &value)
                 .map_err(|e| AdminError::new("22023", e))?;
-            shared.reload(cfg);
+            let _ = shared.reload(cfg);
             Ok(Reply::Done(tag))
         }
         Command::Reload => {
@@ -333,8 +341,12 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
                     format!("reload failed, old configuration kept: {e}"),
                 )
             })?;
-            shared.reload(cfg);
-            Ok(Reply::Done(tag))
+            let notices = shared
+                .reload(cfg)
+                .iter()
+                .map(|c| format!("setting {c}"))
+                .collect();
+            Ok(Reply::Notices(notices, tag))
         }
         Command::Pause(db) => {
             if let Some(db) = &db {
@@ -400,7 +412,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         }
         Command::Suspend => Err(AdminError::new(
             "0A000",
-            "SUSPEND is not supported: pgcarpool does not do PgBouncer's online restart (use SHUTDOWN WAIT_FOR_CLIENTS with so_reuseport)",
+            "SUSPEND is not supported: for an online restart, start the new pgcarpool with -R (so_reuseport = 1); it takes the sockets over and stops this one",
         )),
         Command::Shutdown(mode) => {
             let s = shared.clone();

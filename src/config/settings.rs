@@ -123,6 +123,26 @@ impl std::fmt::Debug for SettingDef {
     }
 }
 
+/// A setting that differs between two configurations (RELOAD reports these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingChange {
+    pub name: &'static str,
+    pub old: String,
+    pub new: String,
+    /// false: the running value stays until a restart.
+    pub reloadable: bool,
+}
+
+impl std::fmt::Display for SettingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {:?} -> {:?}", self.name, self.old, self.new)?;
+        if !self.reloadable {
+            write!(f, " (needs a restart: keeping {:?})", self.old)?;
+        }
+        Ok(())
+    }
+}
+
 /// One SHOW CONFIG row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigRow {
@@ -772,6 +792,23 @@ impl Settings {
             .collect()
     }
 
+    /// Every setting whose value differs between `self` (running) and `new`, as
+    /// (name, old value, new value, reloadable), in table order.
+    pub fn changes(&self, new: &Settings) -> Vec<SettingChange> {
+        TABLE
+            .iter()
+            .filter_map(|d| {
+                let (old, new) = ((d.show)(self), (d.show)(new));
+                (old != new).then_some(SettingChange {
+                    name: d.name,
+                    old,
+                    new,
+                    reloadable: d.reloadable,
+                })
+            })
+            .collect()
+    }
+
     /// A setting kept as text in `other` (or its default), e.g. `client_tls_sslmode`.
     pub fn other_value(&self, name: &str) -> Option<String> {
         lookup(name)
@@ -947,6 +984,30 @@ mod tests {
             "unknown setting \"nope\""
         );
         assert!(s.get("nope").is_none());
+    }
+
+    #[test]
+    fn changes_name_each_differing_setting_once() {
+        let old = Settings::default();
+        let mut new = Settings::default();
+        new.load_value("default_pool_size", "9").unwrap();
+        new.load_value("listen_port", "7000").unwrap();
+        let changes = old.changes(&new);
+        let names: Vec<&str> = changes.iter().map(|c| c.name).collect();
+        assert_eq!(names.len(), 2, "{changes:?}");
+        let pool = changes
+            .iter()
+            .find(|c| c.name == "default_pool_size")
+            .unwrap();
+        assert_eq!((pool.old.as_str(), pool.new.as_str()), ("20", "9"));
+        assert!(pool.reloadable);
+        let port = changes.iter().find(|c| c.name == "listen_port").unwrap();
+        assert!(!port.reloadable);
+        assert_eq!(
+            port.to_string(),
+            "listen_port: \"6432\" -> \"7000\" (needs a restart: keeping \"6432\")"
+        );
+        assert!(old.changes(&old.clone()).is_empty());
     }
 
     #[test]

@@ -1,6 +1,15 @@
 //! Listening sockets (TCP via socket2 with SO_REUSEPORT when asked, Unix socket) and the
 //! accept loop: one task per client, max_client_conn enforced here.
+//!
+//! Online restart (`-R`, "takeover"): the new process binds the same TCP port with
+//! SO_REUSEPORT and attaches a classic BPF program to the port's reuseport group that sends
+//! every new connection to its own socket, so the old process's socket gets no more; a Unix
+//! socket is bound at a temporary path and renamed over the old one. When a listener stops
+//! (shutdown), it first accepts whatever is already queued on it: closing a listening
+//! socket resets the connections in its accept queue.
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,7 +24,14 @@ use crate::proto::backend;
 
 pub enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    Unix(UnixListener, SocketFile),
+}
+
+/// The path of a Unix listening socket and the inode bound there: on exit the file is
+/// removed only while it is still ours (a takeover may have renamed a new socket over it).
+pub struct SocketFile {
+    path: PathBuf,
+    ino: u64,
 }
 
 impl Listener {
@@ -25,18 +41,48 @@ impl Listener {
             Listener::Unix(..) => None,
         }
     }
+
+    /// One connection already queued on the socket, without waiting: Ok(None) when the
+    /// queue is empty.
+    fn try_accept(&self) -> std::io::Result<Option<Stream>> {
+        let sock = match self {
+            Listener::Tcp(l) => SockRef::from(l).accept(),
+            Listener::Unix(l, _) => SockRef::from(l).accept(),
+        };
+        let sock = match sock {
+            Ok((sock, _)) => sock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        sock.set_nonblocking(true)?;
+        Ok(Some(match self {
+            Listener::Tcp(_) => Stream::Tcp(tokio::net::TcpStream::from_std(sock.into())?),
+            Listener::Unix(..) => Stream::Unix(tokio::net::UnixStream::from_std(
+                std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(sock)),
+            )?),
+        }))
+    }
 }
 
-impl Drop for Listener {
+impl Drop for SocketFile {
     fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
+        match std::fs::metadata(&self.path) {
+            Ok(m) if m.ino() == self.ino => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            Ok(_) => tracing::info!(
+                "{} now belongs to another process: left in place",
+                self.path.display()
+            ),
+            Err(_) => {}
         }
     }
 }
 
 /// Bind every listen_addr on listen_port, and the Unix socket in unix_socket_dir.
-pub fn bind(s: &Settings) -> std::io::Result<Vec<Listener>> {
+/// `takeover` (`-R`): share the port with a running pgcarpool and draw every new
+/// connection to this process; replace its Unix socket.
+pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Listener>> {
     let mut out = Vec::new();
     let mut port = s.listen_port;
     for addr in s.listen_addrs() {
@@ -46,7 +92,7 @@ pub fn bind(s: &Settings) -> std::io::Result<Vec<Listener>> {
             (addr.as_str(), port).to_socket_addrs()?.collect()
         };
         for a in addrs {
-            let l = bind_tcp(a, s.so_reuseport)?;
+            let l = bind_tcp(a, s.so_reuseport || takeover, takeover)?;
             // listen_port = 0 (tests): every address shares the first port picked.
             if port == 0 {
                 port = l.local_addr()?.port();
@@ -56,23 +102,44 @@ pub fn bind(s: &Settings) -> std::io::Result<Vec<Listener>> {
     }
     if !s.unix_socket_dir.is_empty() {
         let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, port));
-        if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path); // stale socket from a dead process
-        }
-        let l = UnixListener::bind(&path)?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(
-                &path,
-                std::fs::Permissions::from_mode(s.unix_socket_mode),
-            );
-        }
-        out.push(Listener::Unix(l, path));
+        out.push(bind_unix(path, s.unix_socket_mode, takeover)?);
     }
     Ok(out)
 }
 
-fn bind_tcp(addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
+fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Listener> {
+    let live = path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok();
+    if path.exists() && !live {
+        let _ = std::fs::remove_file(&path); // stale socket from a dead process
+    }
+    // Taking over a live socket: bind beside it, then rename over it in one step, so a
+    // client connecting meanwhile finds one socket or the other, never none.
+    let bind_path = if live && takeover {
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(format!(".takeover.{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        tmp
+    } else {
+        path.clone()
+    };
+    let l = UnixListener::bind(&bind_path)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&bind_path, std::fs::Permissions::from_mode(mode));
+    }
+    let ino = std::fs::metadata(&bind_path)?.ino();
+    if bind_path != path {
+        if let Err(e) = std::fs::rename(&bind_path, &path) {
+            let _ = std::fs::remove_file(&bind_path);
+            return Err(e);
+        }
+        tracing::info!("took over {}", path.display());
+    }
+    Ok(Listener::Unix(l, SocketFile { path, ino }))
+}
+
+fn bind_tcp(addr: SocketAddr, reuseport: bool, takeover: bool) -> std::io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     if reuseport {
@@ -81,14 +148,99 @@ fn bind_tcp(addr: SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
     sock.listen(1024)?;
+    if takeover {
+        let bound = sock.local_addr()?.as_socket().unwrap_or(addr);
+        match reuseport_index(bound) {
+            Some(index) => {
+                steer_to(&sock, index)?;
+                if index > 0 {
+                    tracing::info!(
+                        "taking over {bound}: new connections come here, not to the {index} other listener(s)"
+                    );
+                }
+            }
+            None => tracing::warn!(
+                "cannot tell this socket's place in {bound}'s SO_REUSEPORT group: connections stay spread over every listener"
+            ),
+        }
+    }
     TcpListener::from_std(sock.into())
 }
 
-/// Accept clients until `stop_accepting`; each gets its own task.
+/// This socket's index in its SO_REUSEPORT group (sockets are numbered in the order of
+/// their listen()): the listening sockets on `addr` in /proc/net/tcp{,6}, less one.
+fn reuseport_index(addr: SocketAddr) -> Option<u32> {
+    let file = match addr {
+        SocketAddr::V4(_) => "/proc/net/tcp",
+        SocketAddr::V6(_) => "/proc/net/tcp6",
+    };
+    let listening = count_listening(&std::fs::read_to_string(file).ok()?, addr);
+    u32::try_from(listening.checked_sub(1)?).ok()
+}
+
+/// Listening sockets on `addr` in the text of /proc/net/tcp (IPv4) or tcp6 (IPv6).
+fn count_listening(proc_net_tcp: &str, addr: SocketAddr) -> usize {
+    let local = match addr {
+        // The kernel prints each 32-bit word of the address in host (little-endian) order.
+        SocketAddr::V4(a) => format!("{:08X}", u32::from_le_bytes(a.ip().octets())),
+        SocketAddr::V6(a) => a
+            .ip()
+            .octets()
+            .chunks_exact(4)
+            .map(|w| format!("{:08X}", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            .collect(),
+    };
+    let wanted = format!("{local}:{:04X}", addr.port());
+    proc_net_tcp
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            let local = fields.next();
+            let state = fields.nth(1);
+            local == Some(wanted.as_str()) && state == Some("0A")
+        })
+        .count()
+}
+
+/// Attach to the socket's SO_REUSEPORT group a classic BPF program choosing socket
+/// `index` for every new connection (an index past the group's end falls back to hashing:
+/// once the older listeners are closed, this socket is the group).
+fn steer_to(sock: &Socket, index: u32) -> std::io::Result<()> {
+    let mut program = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: index,
+    }];
+    let fprog = libc::sock_fprog {
+        len: 1,
+        filter: program.as_mut_ptr(),
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: a valid fd, a sock_fprog pointing at a live one-instruction program and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            len,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Accept clients until `stop_accepting`, then those already queued; each gets its own task.
 pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
     loop {
         let accepted = tokio::select! {
-            _ = shared.stop_accepting.cancelled() => return,
+            _ = shared.stop_accepting.cancelled() => return drain(l, &shared),
             r = accept(&l) => r,
         };
         let stream = match accepted {
@@ -99,28 +251,56 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let cfg = shared.config.load();
-        if let Stream::Tcp(t) = &stream {
-            let _ = t.set_nodelay(true);
-            if cfg.settings.tcp_keepalive {
-                let _ = SockRef::from(t).set_tcp_keepalive(&TcpKeepalive::new());
+        serve(stream, &shared);
+    }
+}
+
+/// Take the connections already queued on a listener that stops, and close it: closing it
+/// with connections queued would reset them (a client of a pooler shutting down with
+/// SIGTERM would see "connection reset" instead of being served).
+fn drain(l: Listener, shared: &Arc<Shared>) {
+    let mut drained = 0usize;
+    loop {
+        match l.try_accept() {
+            Ok(Some(stream)) => {
+                serve(stream, shared);
+                drained += 1;
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("accept while closing the listener failed: {e}");
+                break;
             }
         }
-        let max = cfg.settings.max_client_conn;
-        if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-            shared.tracker.spawn(refuse(
-                stream,
-                "no more connections allowed (max_client_conn)",
-            ));
-            continue;
-        }
-        let id = shared.client_opened();
-        let s2 = shared.clone();
-        shared.tracker.spawn(async move {
-            crate::client::run(s2.clone(), stream, id).await;
-            s2.client_closed();
-        });
     }
+    if drained > 0 {
+        tracing::info!("accepted {drained} queued connection(s) while closing the listener");
+    }
+}
+
+/// Start serving one accepted connection (or refuse it past max_client_conn).
+fn serve(stream: Stream, shared: &Arc<Shared>) {
+    let cfg = shared.config.load();
+    if let Stream::Tcp(t) = &stream {
+        let _ = t.set_nodelay(true);
+        if cfg.settings.tcp_keepalive {
+            let _ = SockRef::from(t).set_tcp_keepalive(&TcpKeepalive::new());
+        }
+    }
+    let max = cfg.settings.max_client_conn;
+    if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
+        shared.tracker.spawn(refuse(
+            stream,
+            "no more connections allowed (max_client_conn)",
+        ));
+        return;
+    }
+    let id = shared.client_opened();
+    let s2 = shared.clone();
+    shared.tracker.spawn(async move {
+        crate::client::run(s2.clone(), stream, id).await;
+        s2.client_closed();
+    });
 }
 
 async fn accept(l: &Listener) -> std::io::Result<Stream> {
@@ -136,4 +316,49 @@ async fn refuse(stream: Stream, why: &str) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.fill(8)).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROC_NET_TCP: &str = "\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1
+   4: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5 1
+";
+
+    #[test]
+    fn counts_listeners_on_one_address_only() {
+        let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, addr), 2);
+        let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, any), 1);
+        let other: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(count_listening(PROC_NET_TCP, other), 0);
+    }
+
+    #[test]
+    fn ipv6_loopback_is_printed_word_by_word() {
+        let text = "header\n   0: 00000000000000000000000001000000:1F90 \
+                    00000000000000000000000000000000:0000 0A 0 0 0 0 0 1 1\n";
+        let addr: SocketAddr = "[::1]:8080".parse().unwrap();
+        assert_eq!(count_listening(text, addr), 1);
+    }
+
+    #[tokio::test]
+    async fn each_socket_of_a_reuseport_group_finds_its_index() {
+        let first = bind_tcp("127.0.0.1:0".parse().unwrap(), true, false).unwrap();
+        let addr = first.local_addr().unwrap();
+        // /proc may be unreadable in some sandboxes: then nothing to check.
+        let Some(index) = reuseport_index(addr) else {
+            return;
+        };
+        assert_eq!(index, 0);
+        let _second = bind_tcp(addr, true, true).unwrap();
+        assert_eq!(reuseport_index(addr), Some(1));
+    }
 }

@@ -203,7 +203,7 @@ impl TestPooler {
     ) {
         self.spec = change(self.spec.clone());
         let config = self.spec.write_and_parse(self.dir.path());
-        self.handle().reload(config);
+        let _ = self.handle().reload(config);
     }
 
     /// Change the configuration and rewrite the files WITHOUT reloading (a test then sends
