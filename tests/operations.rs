@@ -1,8 +1,8 @@
 //! Operating a running pooler from the admin console under load: PAUSE/RESUME lose no
 //! transaction, KILL db touches that database only, RELOAD says what changed.
 //!
-//! RELOAD of default_pool_size is checked through SHOW DATABASES in tests/admin.rs: SHOW
-//! POOLS (as PgBouncer's) has no pool size column, so it is not repeated here.
+//! SHOW POOLS (as PgBouncer's) has no pool size column: a RELOAD of default_pool_size shows
+//! there as the servers the pool runs (and in SHOW DATABASES' pool_size, tests/admin.rs).
 mod harness;
 
 use std::process::{Command, Output};
@@ -193,4 +193,99 @@ async fn reload_on_the_console_notices_each_changed_setting() {
         text(&out)
     );
     p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_of_default_pool_size_shows_in_show_pools() {
+    // SHOW POOLS has no pool size column (as PgBouncer's): the new size shows as the servers
+    // the pool runs for clients that were waiting.
+    let pg = TempPostgres::start();
+    let mut p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let mut holders = Vec::new();
+    for _ in 0..4 {
+        holders.push(p.connect("md5user", "testdb").await);
+    }
+    // Two get a server and keep it in a transaction; two wait.
+    let mut waits = Vec::new();
+    for c in holders.into_iter() {
+        let c = std::sync::Arc::new(c);
+        let c2 = c.clone();
+        waits.push((
+            c,
+            tokio::spawn(async move { c2.batch_execute("BEGIN; SELECT 1").await }),
+        ));
+    }
+    let console = p.connect("postgres", "pgbouncer").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while md5user_pool(&console).await != ("2".to_string(), "2".to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "pool never reached 2 active / 2 waiting: {:?}",
+            md5user_pool(&console).await
+        );
+        tokio::task::yield_now().await;
+    }
+    p.rewrite_config(|b| b.setting("default_pool_size", "4"));
+    console.batch_execute("RELOAD").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while md5user_pool(&console).await != ("4".to_string(), "0".to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "reload did not grow the pool: {:?}",
+            md5user_pool(&console).await
+        );
+        tokio::task::yield_now().await;
+    }
+    for (c, w) in waits {
+        w.await.unwrap().unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn os_user_of_the_pooler_reaches_the_console_over_the_unix_socket() {
+    let pg = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sock_dir = dir.path().to_str().unwrap().to_string();
+    let p = TestPooler::builder(&pg)
+        .setting("unix_socket_dir", &sock_dir)
+        .start()
+        .await;
+    // User `pgbouncer`, no password, same OS user as the (in-process) pooler: admin.
+    let dsn = format!(
+        "host={sock_dir} port={} user=pgbouncer dbname=pgbouncer",
+        p.port()
+    );
+    let c = try_connect(&dsn)
+        .await
+        .expect("console over the unix socket");
+    let msgs = c.simple_query("SHOW VERSION").await.unwrap();
+    assert!(msgs.iter().any(|m| matches!(m, SimpleQueryMessage::Row(_))));
+    c.batch_execute("PAUSE").await.unwrap();
+    c.batch_execute("RESUME").await.unwrap();
+    // Another user without a password over the same socket is not let in.
+    let dsn = format!(
+        "host={sock_dir} port={} user=md5user dbname=pgbouncer",
+        p.port()
+    );
+    assert!(try_connect(&dsn).await.is_err());
+    // Nor is `pgbouncer` over TCP.
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=pgbouncer dbname=pgbouncer",
+        p.port()
+    );
+    assert!(try_connect(&dsn).await.is_err());
+    p.shutdown().await;
+}
+
+/// (sv_active, cl_waiting) of md5user's pool.
+async fn md5user_pool(c: &Client) -> (String, String) {
+    let active = view_value(c, "POOLS", "user", "md5user", "sv_active").await;
+    let waiting = view_value(c, "POOLS", "user", "md5user", "cl_waiting").await;
+    (active.unwrap_or_default(), waiting.unwrap_or_default())
 }

@@ -151,6 +151,12 @@ async fn login(
         ));
     }
     if crate::admin::is_admin_db(&db) {
+        // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
+        // pgcarpool is an admin without a password.
+        if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
+            crate::admin::run(shared, conn, &user, crate::admin::Role::Admin).await?;
+            return Ok(None);
+        }
         let secret = cfg.auth.users.get(&user);
         let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
             ClientError::fatal(

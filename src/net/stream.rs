@@ -12,6 +12,17 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// A Unix-socket peer running as the same OS user as this process (SO_PEERCRED).
+    pub fn peer_is_same_os_user(&self) -> bool {
+        match self {
+            Stream::Unix(s) => s
+                .peer_cred()
+                // SAFETY: geteuid has no preconditions and cannot fail.
+                .is_ok_and(|c| c.uid() == unsafe { libc::geteuid() }),
+            Stream::Tcp(_) => false,
+        }
+    }
+
     /// Wait until the socket has bytes (or EOF) to read, without reading.
     pub async fn readable(&self) -> io::Result<()> {
         match self {
