@@ -25,11 +25,11 @@ struct LimitInner {
 
 impl Limit {
     pub fn set_max(&self, max: usize) {
-        self.inner.lock().unwrap().max = max;
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).max = max;
     }
     /// Take one unit if under the limit.
     pub fn try_acquire(&self) -> bool {
-        let mut g = self.inner.lock().unwrap();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.max == 0 || g.count < g.max {
             g.count += 1;
             true
@@ -38,15 +38,15 @@ impl Limit {
         }
     }
     pub fn release(&self) {
-        let mut g = self.inner.lock().unwrap();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         g.count = g.count.saturating_sub(1);
     }
     pub fn count(&self) -> usize {
-        self.inner.lock().unwrap().count
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).count
     }
     /// The limit is set and reached.
     pub fn is_full(&self) -> bool {
-        let g = self.inner.lock().unwrap();
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         g.max != 0 && g.count >= g.max
     }
 }
@@ -68,13 +68,18 @@ impl Pools {
         settings: impl FnOnce() -> PoolSettings,
     ) -> Arc<Pool> {
         let key = (db.to_string(), user.to_string());
-        if let Some(p) = self.pools.lock().unwrap().get(&key) {
+        if let Some(p) = self
+            .pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return p.clone();
         }
         let settings = settings();
         let db_limit = self.limit(&self.db_limits, db, settings.max_db_connections);
         let user_limit = self.limit(&self.user_limits, user, settings.max_user_connections);
-        let mut pools = self.pools.lock().unwrap();
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools
             .entry(key)
             .or_insert_with(|| Pool::new(db, user, settings, db_limit, user_limit))
@@ -87,7 +92,7 @@ impl Pools {
         name: &str,
         max: usize,
     ) -> Arc<Limit> {
-        let mut m = map.lock().unwrap();
+        let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
         let l = m.entry(name.to_string()).or_default().clone();
         l.set_max(max);
         l
@@ -95,7 +100,13 @@ impl Pools {
 
     /// Every pool, for the janitor, SHOW commands and reload.
     pub fn all(&self) -> Vec<Arc<Pool>> {
-        let mut v: Vec<_> = self.pools.lock().unwrap().values().cloned().collect();
+        let mut v: Vec<_> = self
+            .pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
         v.sort_by(|a, b| (&a.db, &a.user).cmp(&(&b.db, &b.user)));
         v
     }
