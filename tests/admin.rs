@@ -263,6 +263,36 @@ async fn show_columns_match_pgbouncer_docs() {
     p.shutdown().await;
 }
 
+/// Every SHOW view, PgBouncer's and pgcarpool's own.
+const VIEWS: [&str; 26] = [
+    "HELP",
+    "CONFIG",
+    "DATABASES",
+    "POOLS",
+    "CLIENTS",
+    "SERVERS",
+    "USERS",
+    "STATS",
+    "STATS_TOTALS",
+    "STATS_AVERAGES",
+    "TOTALS",
+    "LISTS",
+    "MEM",
+    "FDS",
+    "SOCKETS",
+    "ACTIVE_SOCKETS",
+    "DNS_HOSTS",
+    "DNS_ZONES",
+    "VERSION",
+    "STATE",
+    "PEERS",
+    "PEER_POOLS",
+    "PREPARED_STATEMENTS",
+    "CARPOOL",
+    "POOLS_EXT",
+    "PINS",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_answers() {
     let pg = TempPostgres::start();
@@ -273,33 +303,7 @@ async fn every_command_answers() {
     let app = p.connect("postgres", "testdb").await;
     app.simple_query("select 1").await.unwrap();
     let c = console(&p).await;
-    for view in [
-        "HELP",
-        "CONFIG",
-        "DATABASES",
-        "POOLS",
-        "CLIENTS",
-        "SERVERS",
-        "USERS",
-        "STATS",
-        "STATS_TOTALS",
-        "STATS_AVERAGES",
-        "TOTALS",
-        "LISTS",
-        "MEM",
-        "FDS",
-        "SOCKETS",
-        "ACTIVE_SOCKETS",
-        "DNS_HOSTS",
-        "DNS_ZONES",
-        "VERSION",
-        "STATE",
-        "PEERS",
-        "PEER_POOLS",
-        "PREPARED_STATEMENTS",
-        "CARPOOL",
-        "POOLS_EXT",
-    ] {
+    for view in VIEWS {
         c.simple_query(&format!("SHOW {view}"))
             .await
             .unwrap_or_else(|e| panic!("SHOW {view}: {e}"));
@@ -359,33 +363,7 @@ async fn every_command_answers() {
 async fn psql_answers_every_command() {
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg).start().await;
-    let views = [
-        "HELP",
-        "CONFIG",
-        "DATABASES",
-        "POOLS",
-        "CLIENTS",
-        "SERVERS",
-        "USERS",
-        "STATS",
-        "STATS_TOTALS",
-        "STATS_AVERAGES",
-        "TOTALS",
-        "LISTS",
-        "MEM",
-        "FDS",
-        "SOCKETS",
-        "ACTIVE_SOCKETS",
-        "DNS_HOSTS",
-        "DNS_ZONES",
-        "VERSION",
-        "STATE",
-        "PEERS",
-        "PEER_POOLS",
-        "PREPARED_STATEMENTS",
-        "CARPOOL",
-        "PINS",
-    ];
+
     let mut args: Vec<String> = [
         "-X",
         "-v",
@@ -402,7 +380,7 @@ async fn psql_answers_every_command() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    for v in views {
+    for v in VIEWS {
         args.push("-c".into());
         args.push(format!("SHOW {v}"));
     }
