@@ -75,13 +75,12 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         c.reg.handle.set_state(ClientState::Active);
         let assigned_at = Instant::now();
         let (event, counts, effects) = {
-            let registry = c.shared.statements.clone();
             let mut relay = Relay::new(
                 &mut c.conn,
                 &mut server,
                 &mut c.session,
                 mode,
-                &registry,
+                &c.shared.statements,
                 pool_settings.max_prepared_statements,
             );
             let event = tokio::select! {
