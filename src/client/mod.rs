@@ -222,14 +222,16 @@ async fn login(
         }
     };
     let mut session = VirtualSession::default();
+    let mut wanted = Params::default();
     for (k, v) in server_params.iter() {
         if !crate::server::sync::is_read_only(k) {
-            session.params.set(k, v);
+            wanted.set(k, v);
         }
     }
     for (k, v) in client_params.iter() {
-        session.params.set(k, v);
+        wanted.set(k, v);
     }
+    session.params = pool.share_session_params(wanted);
     session.startup = client_params;
     let kill = shared.stop_clients.child_token();
     let reg = shared

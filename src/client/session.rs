@@ -16,7 +16,9 @@ use crate::server::Params;
 pub struct VirtualSession {
     /// Session parameters (GUCs) the client set: from its startup packet and, for reported
     /// parameters, from the server's ParameterStatus while it ran the client's queries.
-    pub params: Params,
+    /// Shared copy-on-write with other clients of the pool that have the same values (most
+    /// clients of an application do): an idle client does not keep its own copy.
+    pub params: Arc<Params>,
     /// Named prepared statements: client name → statement.
     pub statements: HashMap<Bytes, Arc<Stmt>>,
     /// The startup packet's parameters: with the servers' defaults, what RESET ALL returns to.
@@ -37,7 +39,7 @@ impl VirtualSession {
         for (k, v) in self.startup.iter() {
             p.set(k, v);
         }
-        self.params = p;
+        self.params = Arc::new(p);
     }
 
     /// Record the pin reasons found after a transaction (empty: unpinned), keeping the
@@ -67,7 +69,20 @@ impl VirtualSession {
     /// A ParameterStatus from the server while it ran this client's work.
     pub fn observe_parameter(&mut self, name: &str, value: &str) {
         if !crate::server::sync::is_read_only(name) {
-            self.params.set(name, value);
+            self.set_param(name, value);
+        }
+    }
+
+    /// Set one parameter (copying the shared set only when the value changes).
+    pub fn set_param(&mut self, name: &str, value: &str) {
+        if self.params.get(name) != Some(value) {
+            Arc::make_mut(&mut self.params).set(name, value);
+        }
+    }
+
+    pub fn remove_param(&mut self, name: &str) {
+        if self.params.get(name).is_some() {
+            Arc::make_mut(&mut self.params).remove(name);
         }
     }
 }

@@ -171,11 +171,11 @@ async fn after_transaction(
         match value {
             Some(v) => {
                 server.params.set(&name, &v);
-                c.session.params.set(&name, &v);
+                c.session.set_param(&name, &v);
             }
             None => {
                 server.params.remove(&name);
-                c.session.params.remove(&name);
+                c.session.remove_param(&name);
             }
         }
     }

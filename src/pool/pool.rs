@@ -77,6 +77,8 @@ struct Inner {
     paused: bool,
     /// ParameterStatus values of a freshly logged-in server: what new clients are told.
     server_params: Option<Params>,
+    /// The last session parameter set given to a new client (shared when equal).
+    session_template: Option<Arc<Params>>,
     /// Login failed at this time: do not retry before server_login_retry.
     login_failed_at: Option<Instant>,
     last_login_error: Option<String>,
@@ -143,6 +145,7 @@ impl Pool {
                 active: 0,
                 paused: false,
                 server_params: None,
+                session_template: None,
                 login_failed_at: None,
                 last_login_error: None,
                 close_before: None,
@@ -198,6 +201,20 @@ impl Pool {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
             g.settings = Arc::new(s);
+        }
+    }
+
+    /// One shared copy of a new client's session parameters: the pool keeps the last set it
+    /// handed out, and a client with the same values shares it (copy on write).
+    pub fn share_session_params(&self, p: Params) -> Arc<Params> {
+        let mut g = self.lock();
+        match &g.session_template {
+            Some(t) if **t == p => t.clone(),
+            _ => {
+                let t = Arc::new(p);
+                g.session_template = Some(t.clone());
+                t
+            }
         }
     }
 
