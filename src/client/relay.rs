@@ -260,10 +260,7 @@ impl<'a> Relay<'a> {
             let p = &mut self.server.proto;
             let buf = &self.client.rbuf;
             if p.partial > 0 {
-                let n = p.partial.min(buf.len() - fwd);
-                fwd += n;
-                p.partial -= n;
-                if p.partial > 0 {
+                if stream_partial(&mut p.partial, &mut fwd, buf.len()) {
                     break;
                 }
                 continue;
@@ -396,10 +393,7 @@ impl<'a> Relay<'a> {
             }
             let buf = &self.server.conn.rbuf;
             if self.server_partial > 0 {
-                let n = self.server_partial.min(buf.len() - fwd);
-                fwd += n;
-                self.server_partial -= n;
-                if self.server_partial > 0 {
+                if stream_partial(&mut self.server_partial, &mut fwd, buf.len()) {
                     break;
                 }
                 continue;
@@ -527,6 +521,16 @@ impl<'a> Relay<'a> {
             (PoolMode::Transaction, _) => None,
         }
     }
+}
+
+/// Take what is buffered of a message being streamed through in parts into the run
+/// (`fwd`). True while the message still lacks bytes: the scan waits for more.
+#[inline]
+fn stream_partial(remaining: &mut usize, fwd: &mut usize, buffered: usize) -> bool {
+    let n = (*remaining).min(buffered - *fwd);
+    *fwd += n;
+    *remaining -= n;
+    *remaining > 0
 }
 
 async fn sleep_until(t: Option<Instant>) {

@@ -105,7 +105,7 @@ impl Period {
             }
         };
         let per = |t: u64, n: u64| t.checked_div(n).unwrap_or(0);
-        Averages {
+        Totals {
             xact_count: per_sec(d.xact_count),
             query_count: per_sec(d.query_count),
             server_assignment_count: per_sec(d.server_assignment_count),
@@ -118,18 +118,9 @@ impl Period {
     }
 }
 
-/// Averages over the last `stats_period` (see [`Period::averages`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Averages {
-    pub xact_count: u64,
-    pub query_count: u64,
-    pub server_assignment_count: u64,
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-    pub xact_time_us: u64,
-    pub query_time_us: u64,
-    pub wait_time_us: u64,
-}
+/// Averages over the last `stats_period` (see [`Period::averages`]): the same fields as
+/// the totals, as rates per second and mean times.
+pub type Averages = Totals;
 
 impl PoolStats {
     #[inline]
