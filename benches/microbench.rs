@@ -7,8 +7,6 @@
 //! Unix socket pairs but never touch the sockets in the measured loop: bytes are put in the
 //! read buffer as a read would, scanned, and the queued output is dropped (`Conn::discard_out`).
 use std::hint::black_box;
-use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -23,7 +21,7 @@ use pgcarpool::client::session::VirtualSession;
 use pgcarpool::config::PoolMode;
 use pgcarpool::net::{Conn, Stream};
 use pgcarpool::proto::{self, Reader, backend, frontend};
-use pgcarpool::server::{ProtoState, Server, ServerAddr};
+use pgcarpool::server::{Server, ServerAddr};
 
 // ---------------------------------------------------------------------------------------
 // Messages, as pgbench (simple and -M prepared, which goes through libpq) sends and gets them.
@@ -227,24 +225,13 @@ impl Rig {
         let _guard = rt.enter();
         let (client, client_peer) = UnixStream::pair().unwrap();
         let (server, server_peer) = UnixStream::pair().unwrap();
-        let now = Instant::now();
-        let server = Server {
-            id: 1,
-            conn: Conn::new(Stream::Unix(server)),
-            addr: Arc::new(ServerAddr::Unix("/nonexistent/.s.PGSQL.5432".into())),
-            key: (1, 1),
-            params: Default::default(),
-            login_params: Default::default(),
-            proto: ProtoState {
-                tx_status: b'I',
-                ..Default::default()
-            },
-            created: now,
-            last_used: now,
-            broken: false,
-            prepared: Default::default(),
-            pending: Default::default(),
-        };
+        let server = Server::new(
+            1,
+            Conn::new(Stream::Unix(server)),
+            ServerAddr::Unix("/nonexistent/.s.PGSQL.5432".into()),
+            (1, 1),
+            Default::default(),
+        );
         Rig {
             client: Conn::new(Stream::Unix(client)),
             server,

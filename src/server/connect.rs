@@ -1,11 +1,11 @@
 //! Opening a server connection and logging in (trust, cleartext, md5, SCRAM-SHA-256).
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::net::{TcpStream, UnixStream};
 
-use super::{Params, ProtoState, Server, ServerError};
+use super::{Params, Server, ServerError};
 use crate::auth::{md5, scram};
 use crate::net::{Conn, Stream};
 use crate::proto::backend::{self, AuthRequest};
@@ -231,24 +231,7 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
             server_params.set(k, v);
         }
     }
-    let now = Instant::now();
-    let mut server = Server {
-        id,
-        conn,
-        addr: std::sync::Arc::new(target.addr.clone()),
-        key,
-        login_params: server_params.clone(),
-        params: server_params,
-        proto: ProtoState {
-            tx_status: b'I',
-            ..Default::default()
-        },
-        created: now,
-        last_used: now,
-        broken: false,
-        prepared: Default::default(),
-        pending: Default::default(),
-    };
+    let mut server = Server::new(id, conn, target.addr.clone(), key, server_params);
     if let Some(q) = &target.connect_query {
         if let Some(e) = super::query::simple_query(&mut server, q).await? {
             return Err(ServerError::Rejected(e));

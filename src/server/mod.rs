@@ -103,6 +103,30 @@ pub struct Server {
     pub pending: std::collections::VecDeque<crate::client::prepared::Pending>,
 }
 
+impl Server {
+    /// A logged-in server, idle, with its login parameters and BackendKeyData.
+    pub fn new(id: u64, conn: Conn, addr: ServerAddr, key: (i32, i32), params: Params) -> Self {
+        let now = Instant::now();
+        Server {
+            id,
+            conn,
+            addr: std::sync::Arc::new(addr),
+            key,
+            login_params: params.clone(),
+            params,
+            proto: ProtoState {
+                tx_status: b'I',
+                ..Default::default()
+            },
+            created: now,
+            last_used: now,
+            broken: false,
+            prepared: Default::default(),
+            pending: Default::default(),
+        }
+    }
+}
+
 /// Errors talking to a server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
