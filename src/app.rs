@@ -39,6 +39,8 @@ pub struct Shared {
     pub client_conns: AtomicUsize,
     /// Console state: DISABLE'd and PAUSE'd databases.
     pub admin: crate::admin::AdminState,
+    /// The worker runtimes (set once by `start`).
+    pub workers: std::sync::OnceLock<crate::workers::Workers>,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -74,7 +76,22 @@ pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle
         .iter()
         .find_map(|l| l.local_tcp_addr())
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let n = crate::workers::count(shared.config.load().settings.workers);
+    let _ = shared.workers.set(crate::workers::Workers::start(n)?);
+    let workers = shared.workers.get().expect("just set");
+    // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
+        for w in 1..workers.len() {
+            let clone = l.try_clone()?;
+            let s2 = shared.clone();
+            let accept = shared.listeners.track_future(async move {
+                match clone.attach() {
+                    Ok(l) => listen::accept_loop(l, s2).await,
+                    Err(e) => tracing::warn!("worker {w} cannot listen: {e}"),
+                }
+            });
+            workers.handle(w).spawn(shared.tracker.track_future(accept));
+        }
         let accept = shared
             .listeners
             .track_future(listen::accept_loop(l, shared.clone()));
@@ -171,6 +188,7 @@ impl Shared {
             next_client_id: AtomicU64::new(1),
             client_conns: AtomicUsize::new(0),
             admin: crate::admin::AdminState::default(),
+            workers: std::sync::OnceLock::new(),
         })
     }
 
@@ -223,8 +241,12 @@ impl Shared {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn client_closed(&self) {
+    /// A client placed on worker `w` is gone.
+    pub(crate) fn client_closed(&self, w: usize) {
         self.client_conns.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ws) = self.workers.get() {
+            ws.left(w);
+        }
     }
 }
 
@@ -238,6 +260,15 @@ impl AppHandle {
     pub async fn shutdown(self) {
         self.shared.shutdown_now();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.shared.tracker.wait()).await;
+    }
+}
+
+impl Drop for AppHandle {
+    /// The worker threads end with the handle (after `shutdown`, or at the end of a test).
+    fn drop(&mut self) {
+        if let Some(ws) = self.shared.workers.get() {
+            ws.stop();
+        }
     }
 }
 

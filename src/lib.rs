@@ -17,6 +17,7 @@
 //! server/    connect.rs (connect + login), query.rs (pgcarpool's own queries),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
+//! workers    thread per core: one single-threaded runtime per worker, placement of clients
 //! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
 //! ```
 pub mod admin;
@@ -30,3 +31,4 @@ pub mod proto;
 pub mod server;
 pub mod signals;
 pub mod stats;
+pub mod workers;

@@ -63,15 +63,10 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(pidfile, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
     }
-    let workers = match config.settings.workers {
-        0 => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        n => n,
-    };
+    let workers = pgcarpool::workers::count(config.settings.workers);
     let pidfile = config.settings.pidfile.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+    // This thread is worker 0; `app::start_with` starts the others (thread per core).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {

@@ -30,10 +30,12 @@ pub enum View {
     Carpool,
     /// pgcarpool's own: clients pinned to a server, why and since when.
     Pins,
+    /// pgcarpool's own: worker threads and their clients.
+    Workers,
 }
 
 /// Every view, with the name SHOW takes.
-pub const VIEWS: [(&str, View); 26] = [
+pub const VIEWS: [(&str, View); 27] = [
     ("help", View::Help),
     ("config", View::Config),
     ("databases", View::Databases),
@@ -60,6 +62,7 @@ pub const VIEWS: [(&str, View); 26] = [
     ("carpool", View::Carpool),
     ("pools_ext", View::Carpool),
     ("pins", View::Pins),
+    ("workers", View::Workers),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -47,6 +47,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::PreparedStatements => prepared_statements(),
         View::Carpool => carpool(shared),
         View::Pins => pins(shared),
+        View::Workers => workers(shared),
     })
 }
 
@@ -842,6 +843,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_advisory_lock", Int),
         ("pinned_listen", Int),
         ("pinned_with_hold_cursor", Int),
+        ("server_moves", Int),
     ]);
     for p in shared.pools.all() {
         let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
@@ -859,7 +861,19 @@ pub fn carpool(shared: &Shared) -> Table {
         for c in &p.stats.pins {
             row.push(PoolStats::get(c).into());
         }
+        row.push(PoolStats::get(&p.stats.server_moves).into());
         t.push(row);
+    }
+    t
+}
+
+/// pgcarpool's own: the worker threads and the clients each one serves.
+pub fn workers(shared: &Shared) -> Table {
+    let mut t = Table::new(&[("worker", Int), ("clients", Int)]);
+    if let Some(ws) = shared.workers.get() {
+        for (w, n) in ws.clients().into_iter().enumerate() {
+            t.push(vec![w.into(), n.into()]);
+        }
     }
     t
 }

@@ -405,6 +405,9 @@ async fn checkout(
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
+    if let Some(s) = c.pool.checkout_now() {
+        return Ok(s);
+    }
     let start = Instant::now();
     // Resolved per database and user with the pool's settings.
     let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);

@@ -24,7 +24,24 @@ use crate::proto::backend;
 
 pub enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, SocketFile),
+    /// The socket file is removed on drop by the listener that bound it, not its clones.
+    Unix(UnixListener, Option<SocketFile>),
+}
+
+/// Another descriptor of a listening socket, for the accept loop of another worker.
+pub enum ListenerClone {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl ListenerClone {
+    /// Register with the current thread's runtime.
+    pub fn attach(self) -> std::io::Result<Listener> {
+        Ok(match self {
+            ListenerClone::Tcp(l) => Listener::Tcp(TcpListener::from_std(l)?),
+            ListenerClone::Unix(l) => Listener::Unix(UnixListener::from_std(l)?, None),
+        })
+    }
 }
 
 /// The path of a Unix listening socket and the inode bound there: on exit the file is
@@ -40,6 +57,16 @@ impl Listener {
             Listener::Tcp(l) => l.local_addr().ok(),
             Listener::Unix(..) => None,
         }
+    }
+
+    /// A duplicate descriptor of the same listening socket (same accept queue).
+    pub fn try_clone(&self) -> std::io::Result<ListenerClone> {
+        Ok(match self {
+            Listener::Tcp(l) => ListenerClone::Tcp(SockRef::from(l).try_clone()?.into()),
+            Listener::Unix(l, _) => ListenerClone::Unix(
+                std::os::fd::OwnedFd::from(SockRef::from(l).try_clone()?).into(),
+            ),
+        })
     }
 
     /// One connection already queued on the socket, without waiting: Ok(None) when the
@@ -136,7 +163,7 @@ fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Listen
         }
         tracing::info!("took over {}", path.display());
     }
-    Ok(Listener::Unix(l, SocketFile { path, ino }))
+    Ok(Listener::Unix(l, Some(SocketFile { path, ino })))
 }
 
 fn bind_tcp(addr: SocketAddr, reuseport: bool, takeover: bool) -> std::io::Result<TcpListener> {
@@ -296,11 +323,36 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
         return;
     }
     let id = shared.client_opened();
+    let me = crate::workers::current();
+    let w = shared.workers.get().map_or(me, |ws| ws.place(me));
     let s2 = shared.clone();
-    shared.tracker.spawn(async move {
-        crate::client::run(s2.clone(), stream, id).await;
-        s2.client_closed();
+    if w == me {
+        shared.tracker.spawn(async move {
+            crate::client::run(s2.clone(), stream, id).await;
+            s2.client_closed(w);
+        });
+        return;
+    }
+    // Hand the connection to a less busy worker.
+    let detached = match stream.detach() {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("could not hand a connection to worker {w}: {e}");
+            shared.client_closed(w);
+            return;
+        }
+    };
+    let task = shared.tracker.track_future(async move {
+        match detached.attach() {
+            Ok(stream) => crate::client::run(s2.clone(), stream, id).await,
+            Err(e) => tracing::warn!("could not take a connection on worker {w}: {e}"),
+        }
+        s2.client_closed(w);
     });
+    match shared.workers.get() {
+        Some(ws) => drop(ws.handle(w).spawn(task)),
+        None => unreachable!("placed on another worker without workers"),
+    }
 }
 
 async fn accept(l: &Listener) -> std::io::Result<Stream> {

@@ -31,12 +31,53 @@ impl Stream {
         }
     }
 
+    /// Leave this thread's runtime, to be [`Detached::attach`]ed on another worker's.
+    pub fn detach(self) -> io::Result<Detached> {
+        Ok(match self {
+            Stream::Tcp(s) => Detached::Tcp(s.into_std()?),
+            Stream::Unix(s) => Detached::Unix(s.into_std()?),
+        })
+    }
+
+    /// Be driven by the current thread's runtime from now on (a server moving to the
+    /// worker of the client that checked it out): the socket is registered here under a
+    /// duplicate descriptor and the old registration is dropped. On error nothing changed.
+    pub fn rehome(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                let dup = socket2::SockRef::from(&*s).try_clone()?;
+                *s = TcpStream::from_std(dup.into())?;
+            }
+            Stream::Unix(s) => {
+                let dup = socket2::SockRef::from(&*s).try_clone()?;
+                *s = UnixStream::from_std(std::os::fd::OwnedFd::from(dup).into())?;
+            }
+        }
+        Ok(())
+    }
+
     /// The peer as text for logs and SHOW CLIENTS ("unix" for Unix sockets).
     pub fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
             Stream::Unix(_) => "unix".to_string(),
         }
+    }
+}
+
+/// A connected socket that belongs to no runtime (in transit between workers).
+pub enum Detached {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Detached {
+    /// Register with the current thread's runtime.
+    pub fn attach(self) -> io::Result<Stream> {
+        Ok(match self {
+            Detached::Tcp(s) => Stream::Tcp(TcpStream::from_std(s)?),
+            Detached::Unix(s) => Stream::Unix(UnixStream::from_std(s)?),
+        })
     }
 }
 

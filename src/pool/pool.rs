@@ -63,6 +63,33 @@ struct Waiter {
     id: u64,
     tx: oneshot::Sender<Grant>,
     since: Instant,
+    /// The worker the waiting client runs on.
+    worker: usize,
+}
+
+/// How much longer than the longest waiter a waiter of the server's own worker may have
+/// waited and still be served first (keeps servers on their worker: moving one costs
+/// syscalls and a cross-thread wake-up).
+const WORKER_AFFINITY_SLACK: Duration = Duration::from_millis(5);
+
+/// How far down the line a waiter of the server's worker is looked for.
+const WORKER_AFFINITY_SCAN: usize = 64;
+
+/// The waiter a server of worker `home` goes to: the first in line, unless a waiter of
+/// `home` came at most WORKER_AFFINITY_SLACK after it.
+fn next_waiter(waiters: &mut VecDeque<Waiter>, home: usize) -> Option<Waiter> {
+    let first = waiters.front()?;
+    if first.worker != home {
+        let limit = first.since + WORKER_AFFINITY_SLACK;
+        if let Some(i) = waiters
+            .iter()
+            .take(WORKER_AFFINITY_SCAN)
+            .position(|w| w.worker == home && w.since <= limit)
+        {
+            return waiters.remove(i);
+        }
+    }
+    waiters.pop_front()
 }
 
 struct Inner {
@@ -316,13 +343,7 @@ impl Pool {
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
         let mut g = self.lock();
         if !g.paused {
-            let popped = if g.settings.server_round_robin {
-                g.idle.pop_front()
-            } else {
-                g.idle.pop_back()
-            };
-            if let Some(s) = popped {
-                g.active += 1;
+            if let Some(s) = pop_idle(&mut g) {
                 return Step::Idle(s);
             }
             if g.waiters.is_empty() && self.may_open(&mut g, reserve_ok) {
@@ -336,6 +357,7 @@ impl Pool {
             id,
             tx,
             since: Instant::now(),
+            worker: crate::workers::current(),
         });
         Step::Wait(Ticket {
             pool: self.clone(),
@@ -399,17 +421,69 @@ impl Pool {
         }
     }
 
-    /// Check an idle server before handing it out; None = it was closed.
-    async fn prepare_idle(self: &Arc<Self>, mut s: Box<Server>) -> Option<Box<Server>> {
-        let settings = self.settings();
+    /// The fast path of [`Pool::checkout`]: an idle server that needs no check query, now,
+    /// without waiting, timers or allocation. None: take the slow path.
+    pub fn checkout_now(self: &Arc<Self>) -> Option<PooledServer> {
+        loop {
+            let (s, settings) = {
+                let mut g = self.lock();
+                if g.paused {
+                    return None;
+                }
+                (pop_idle(&mut g)?, g.settings.clone())
+            };
+            match self.ready_now(s, &settings) {
+                Ready::Usable(s) => return Some(PooledServer::new(s, self.clone())),
+                Ready::Closed => {}
+                Ready::CheckDue(s) => {
+                    // The slow path runs the check; hand the server back for it.
+                    {
+                        let mut g = self.lock();
+                        g.active -= 1;
+                        g.idle.push_back(s);
+                    }
+                    self.grant_waiters();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The checks of an idle server that need no round trip (lifetime, liveness, moving it
+    /// to this worker).
+    fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l);
         if expired || !is_alive(&mut s) {
             self.close(s);
-            return None;
+            return Ready::Closed;
         }
-        let check_due = s.last_used.elapsed() >= settings.server_check_delay;
-        if let (true, Some(q)) = (check_due, &settings.server_check_query) {
+        match s.rehome() {
+            Ok(false) => {}
+            Ok(true) => PoolStats::add(&self.stats.server_moves, 1),
+            Err(e) => {
+                tracing::warn!(server = s.id, "could not move a server to this worker: {e}");
+                self.close(s);
+                return Ready::Closed;
+            }
+        }
+        if settings.server_check_query.is_some()
+            && s.last_used.elapsed() >= settings.server_check_delay
+        {
+            return Ready::CheckDue(s);
+        }
+        Ready::Usable(s)
+    }
+
+    /// Check an idle server before handing it out; None = it was closed.
+    async fn prepare_idle(self: &Arc<Self>, s: Box<Server>) -> Option<Box<Server>> {
+        let settings = self.settings();
+        let mut s = match self.ready_now(s, &settings) {
+            Ready::Usable(s) => return Some(s),
+            Ready::Closed => return None,
+            Ready::CheckDue(s) => s,
+        };
+        if let Some(q) = &settings.server_check_query {
             let check = query::simple_query(&mut s, q);
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
                 Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
@@ -436,7 +510,7 @@ impl Pool {
             return;
         }
         if !g.paused {
-            while let Some(w) = g.waiters.pop_front() {
+            while let Some(w) = next_waiter(&mut g.waiters, s.home) {
                 match w.tx.send(Grant::Server(s)) {
                     Ok(()) => return,
                     Err(Grant::Server(back)) => s = back,
@@ -669,6 +743,31 @@ impl Pool {
     }
 }
 
+/// An idle server taken for a client, counted active: the most recently used one of this
+/// worker, else the most recently used one (the oldest with server_round_robin).
+fn pop_idle(g: &mut Inner) -> Option<Box<Server>> {
+    let s = if g.settings.server_round_robin {
+        g.idle.pop_front()
+    } else {
+        let here = crate::workers::current();
+        match g.idle.iter().rposition(|s| s.home == here) {
+            Some(i) => g.idle.remove(i),
+            None => g.idle.pop_back(),
+        }
+    }?;
+    g.active += 1;
+    Some(s)
+}
+
+/// What the checks of an idle server found.
+enum Ready {
+    Usable(Box<Server>),
+    /// It was closed (too old, broken, or could not move).
+    Closed,
+    /// server_check_query is due first.
+    CheckDue(Box<Server>),
+}
+
 /// What SHOW SERVERS shows of an idle server.
 pub struct IdleServerInfo {
     pub id: u64,
@@ -716,5 +815,40 @@ fn close_server(mut s: Box<Server>) {
 impl From<ConnError> for CheckoutError {
     fn from(e: ConnError) -> Self {
         CheckoutError::Server(ServerError::Conn(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(id: u64, worker: usize, since: Instant) -> Waiter {
+        Waiter {
+            id,
+            tx: oneshot::channel().0,
+            since,
+            worker,
+        }
+    }
+
+    #[test]
+    fn a_server_goes_to_a_waiter_of_its_worker_unless_that_is_unfair() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut line: VecDeque<Waiter> = [
+            waiter(1, 0, t),
+            waiter(2, 0, t + ms(1)),
+            waiter(3, 1, t + ms(2)),
+            waiter(4, 1, t + ms(60)),
+        ]
+        .into();
+        // Worker 1's first waiter came 2 ms after the first in line: it goes first.
+        assert_eq!(next_waiter(&mut line, 1).unwrap().id, 3);
+        // Worker 1's next one came 60 ms after: the first in line is served.
+        assert_eq!(next_waiter(&mut line, 1).unwrap().id, 1);
+        // A server of the first in line's worker: plain FIFO.
+        assert_eq!(next_waiter(&mut line, 0).unwrap().id, 2);
+        assert_eq!(next_waiter(&mut line, 0).unwrap().id, 4);
+        assert!(next_waiter(&mut line, 0).is_none());
     }
 }

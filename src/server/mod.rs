@@ -101,6 +101,8 @@ pub struct Server {
     pub prepared: crate::client::prepared::PreparedSet,
     /// Responses owed, in order, while a relay with virtual statements runs.
     pub pending: std::collections::VecDeque<crate::client::prepared::Pending>,
+    /// The worker whose runtime drives the socket (see `crate::workers`).
+    pub home: usize,
 }
 
 impl Server {
@@ -123,7 +125,19 @@ impl Server {
             broken: false,
             prepared: Default::default(),
             pending: Default::default(),
+            home: crate::workers::current(),
         }
+    }
+
+    /// Make the current worker drive this server's socket; true if it moved.
+    pub fn rehome(&mut self) -> std::io::Result<bool> {
+        let here = crate::workers::current();
+        if self.home == here {
+            return Ok(false);
+        }
+        self.conn.stream.rehome()?;
+        self.home = here;
+        Ok(true)
     }
 }
 

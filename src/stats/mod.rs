@@ -27,6 +27,8 @@ pub struct PoolStats {
     pub pinned_clients: AtomicU64,
     /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
     pub pins: [AtomicU64; 4],
+    /// Servers moved to another worker's runtime at checkout (see `crate::workers`).
+    pub server_moves: AtomicU64,
     /// Query durations (microseconds).
     pub query_hist: Histogram,
     /// Transaction durations (microseconds).

@@ -10,7 +10,10 @@ use pgcarpool::config::Config;
 use super::{TEST_ROLES, TempPostgres, dsn_for, try_connect};
 
 /// The `[pgbouncer]` settings every test pooler starts from (`setting()` overrides).
-const DEFAULT_SETTINGS: [(&str, &str); 6] = [
+/// Two workers whatever the machine: every test runs clients on two threads, with servers
+/// moving between them (`crate::workers`).
+const DEFAULT_SETTINGS: [(&str, &str); 7] = [
+    ("workers", "2"),
     ("listen_addr", "127.0.0.1"),
     ("listen_port", "0"),
     ("unix_socket_dir", ""),
