@@ -63,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(pidfile, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
     }
+    raise_fd_limit(config.settings.max_client_conn);
     let workers = pgcarpool::workers::count(config.settings.workers);
     let pidfile = config.settings.pidfile.clone();
     // This thread is worker 0; `app::start_with` starts the others (thread per core).
@@ -151,6 +152,42 @@ fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> 
         None => builder.with_writer(std::io::stderr).init(),
     }
     Ok(())
+}
+
+/// Raise the soft limit on open files to the hard limit: every client and server is a
+/// descriptor, and the usual soft limit (1024) is below max_client_conn on busy poolers.
+/// Warns when even the hard limit is below what max_client_conn needs.
+fn raise_fd_limit(max_client_conn: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    // Clients, a server each at worst, and some room for listeners and logs.
+    let needed = (max_client_conn as u64)
+        .saturating_mul(2)
+        .saturating_add(64);
+    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < needed {
+        tracing::warn!(
+            "open files limit is {} but max_client_conn = {max_client_conn} may need {needed}: \
+             raise it (ulimit -n, LimitNOFILE=)",
+            lim.rlim_cur
+        );
+    }
 }
 
 /// Fork into the background, detach from the terminal.

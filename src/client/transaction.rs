@@ -408,13 +408,25 @@ async fn checkout(
     if let Some(s) = c.pool.checkout_now() {
         return Ok(s);
     }
+    // Waiting: boxed, so that an idle client's task does not carry the room for it.
+    Box::pin(wait_for_server(c, cfg, kill.as_mut())).await
+}
+
+/// Wait in line for a server, with one timer for both query_wait_notify and
+/// query_wait_timeout (resolved per database and user with the pool's settings).
+async fn wait_for_server(
+    c: &mut Client,
+    cfg: &config::Config,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
-    // Resolved per database and user with the pool's settings.
     let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
-    // Boxed: an idle client's task does not carry the room for a wait.
-    let mut fut = Box::pin(pool.checkout(deadline));
+    let mut fut = std::pin::pin!(pool.checkout(None));
+    let next = |notify_at: Option<Instant>| [notify_at, deadline].into_iter().flatten().min();
+    let timer = tokio::time::sleep_until(next(notify_at).unwrap_or(start).into());
+    tokio::pin!(timer);
     loop {
         tokio::select! {
             r = &mut fut => {
@@ -433,11 +445,20 @@ async fn checkout(
                     return Err(ClientError::Conn(ConnError::Closed));
                 }
             }
-            _ = sleep_until(notify_at) => {
-                notify_at = None;
-                c.conn.queue_with(|b| backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000",
-                    "no server connection available in pool, waiting"));
-                let _ = c.conn.flush().await;
+            _ = &mut timer, if next(notify_at).is_some() => {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(ClientError::fatal("08P01", "query_wait_timeout".into()));
+                }
+                if notify_at.is_some_and(|t| now >= t) {
+                    notify_at = None;
+                    c.conn.queue_with(|b| backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000",
+                        "no server connection available in pool, waiting"));
+                    let _ = c.conn.flush().await;
+                }
+                if let Some(t) = next(notify_at) {
+                    timer.as_mut().reset(t.into());
+                }
             }
             _ = kill.as_mut() => return Err(killed(c)),
         }

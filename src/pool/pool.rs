@@ -136,17 +136,24 @@ struct Ticket {
     pool: Arc<Pool>,
     id: u64,
     rx: oneshot::Receiver<Grant>,
+    /// `rx` completed: the waiter has left the line (no search of it on drop).
+    served: bool,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if self.served {
+            return;
+        }
         self.rx.close();
         match self.rx.try_recv() {
             Ok(Grant::Server(s)) => self.pool.checkin(s),
             Ok(Grant::Slot) => self.pool.release_slot(),
             Err(_) => {
                 let mut g = self.pool.lock();
-                g.waiters.retain(|w| w.id != self.id);
+                if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
+                    g.waiters.remove(i);
+                }
             }
         }
     }
@@ -299,13 +306,16 @@ impl Pool {
                         .filter(|t| *t > Instant::now());
                     let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
                     tokio::select! {
-                        g = &mut ticket.rx => match g {
-                            Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
-                                Some(s) => return Ok(PooledServer::new(s, self.clone())),
-                                None => break,
-                            },
-                            Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                            Err(_) => break,
+                        g = &mut ticket.rx => {
+                            ticket.served = true;
+                            match g {
+                                Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
+                                    Some(s) => return Ok(PooledServer::new(s, self.clone())),
+                                    None => break,
+                                },
+                                Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
+                                Err(_) => break,
+                            }
                         },
                         _ = sleep_until(wake_at) => {
                             if reserve_at.is_some_and(|t| Instant::now() >= t) {
@@ -363,6 +373,7 @@ impl Pool {
             pool: self.clone(),
             id,
             rx,
+            served: false,
         })
     }
 

@@ -23,12 +23,36 @@ pub fn is_read_only(name: &str) -> bool {
 
 /// Whether `apply` has anything to do (checked without allocating, on every checkout).
 pub fn differs(server: &Server, wanted: &Params) -> bool {
+    if same_in_order(&server.params, wanted) {
+        return false;
+    }
     wanted
         .iter()
         .any(|(k, v)| server.params.get(k) != Some(v) && !is_read_only(k))
         || server.params.iter().any(|(k, v)| {
             wanted.get(k).is_none() && !is_read_only(k) && server.login_params.get(k) != Some(v)
         })
+}
+
+/// The usual case, proven in one pass without case folding: `wanted` is `server` in the
+/// same order, less read-only entries (then `differs` is false; a false here proves nothing).
+fn same_in_order(server: &Params, wanted: &Params) -> bool {
+    let mut s = server.iter();
+    'wanted: for (k, v) in wanted.iter() {
+        for (sk, sv) in s.by_ref() {
+            if sk == k {
+                if sv == v {
+                    continue 'wanted;
+                }
+                return false;
+            }
+            if !is_read_only(sk) {
+                return false;
+            }
+        }
+        return false;
+    }
+    s.all(|(sk, _)| is_read_only(sk))
 }
 
 /// Make `server`'s session parameters equal `wanted` with one batched query, and put back
@@ -222,4 +246,50 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         return Err(ServerError::Login("server not idle after cleanup".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(items: &[(&str, &str)]) -> Params {
+        let mut p = Params::default();
+        for (k, v) in items {
+            p.set(k, v);
+        }
+        p
+    }
+
+    #[test]
+    fn same_in_order_proves_only_equal_lists() {
+        let server = params(&[
+            ("application_name", "a"),
+            ("server_version", "15"),
+            ("TimeZone", "UTC"),
+            ("is_superuser", "on"),
+        ]);
+        let same = params(&[("application_name", "a"), ("TimeZone", "UTC")]);
+        assert!(same_in_order(&server, &same));
+        // A value differs, a setting is missing or extra, or another order: not proven.
+        assert!(!same_in_order(
+            &server,
+            &params(&[("application_name", "b"), ("TimeZone", "UTC")])
+        ));
+        assert!(!same_in_order(
+            &server,
+            &params(&[("application_name", "a")])
+        ));
+        assert!(!same_in_order(
+            &server,
+            &params(&[
+                ("application_name", "a"),
+                ("TimeZone", "UTC"),
+                ("search_path", "x")
+            ])
+        ));
+        assert!(!same_in_order(
+            &server,
+            &params(&[("TimeZone", "UTC"), ("application_name", "a")])
+        ));
+    }
 }
