@@ -61,54 +61,64 @@ pub struct Client {
 
 /// Serve one client connection from its first byte to its last.
 pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
-    let peer = stream.peer();
-    let mut conn = Conn::new(stream);
     let cfg = shared.config.load_full();
-    let login = async {
-        match config::enabled(cfg.settings.client_login_timeout) {
-            Some(d) => {
-                tokio::time::timeout(d, Box::pin(login(&shared, &mut conn, &peer, id, &cfg)))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(ClientError::fatal("08P01", "client_login_timeout".into()))
-                    })
-            }
-            None => Box::pin(login(&shared, &mut conn, &peer, id, &cfg)).await,
-        }
+    // Boxed: the login's state is gone once the client is in, and is not part of the task
+    // every idle client keeps.
+    let Some(mut client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
+        return;
     };
-    let (user, db, pool, session, reg) = match login.await {
-        Ok(Some(l)) => l,
-        Ok(None) => return,
-        Err(e) => {
-            report(&mut conn, &e, &peer, cfg.settings.log_connections).await;
-            return;
-        }
-    };
-    if cfg.settings.log_connections {
-        tracing::info!(client = id, %user, %db, addr = %peer, "login");
-    }
     let started = Instant::now();
-    let mut client = Client {
-        shared,
-        conn,
-        pool,
-        session,
-        reg,
-    };
     let result = transaction::run(&mut client).await;
     client
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
-        report(&mut client.conn, e, &peer, true).await;
+        let h = client.reg.handle.clone();
+        report(&mut client.conn, e, &h.addr, true).await;
     }
     if cfg.settings.log_disconnections {
         let reason = match &result {
             Ok(()) => "client close request".to_string(),
             Err(e) => e.to_string(),
         };
-        tracing::info!(client = id, %user, %db, addr = %peer, age_s = started.elapsed().as_secs(), "closing because: {reason}");
+        let h = &client.reg.handle;
+        tracing::info!(client = id, user = %h.user, db = %h.db, addr = %h.addr, age_s = started.elapsed().as_secs(), "closing because: {reason}");
     }
+}
+
+/// Startup, authentication and pool lookup: the client, its user and database, or None
+/// (a cancel request, or a login that failed and was told why).
+async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
+    let peer = &stream.peer();
+    let mut conn = Conn::new(stream);
+    let login = async {
+        match config::enabled(cfg.settings.client_login_timeout) {
+            Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, peer, id, cfg))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::fatal("08P01", "client_login_timeout".into()))
+                }),
+            None => login(&shared, &mut conn, peer, id, cfg).await,
+        }
+    };
+    let (user, db, pool, session, reg) = match login.await {
+        Ok(Some(l)) => l,
+        Ok(None) => return None,
+        Err(e) => {
+            report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+            return None;
+        }
+    };
+    if cfg.settings.log_connections {
+        tracing::info!(client = id, %user, %db, addr = %peer, "login");
+    }
+    Some(Client {
+        shared,
+        conn,
+        pool,
+        session,
+        reg,
+    })
 }
 
 /// Send a FATAL error (if the socket still works) and log it.
@@ -232,7 +242,7 @@ async fn login(
         wanted.set(k, v);
     }
     session.params = pool.share_session_params(wanted);
-    session.startup = client_params;
+    session.startup = pool.share_startup_params(client_params);
     let kill = shared.stop_clients.child_token();
     let reg = shared
         .clients

@@ -22,7 +22,7 @@ pub struct VirtualSession {
     /// Named prepared statements: client name → statement.
     pub statements: HashMap<Bytes, Arc<Stmt>>,
     /// The startup packet's parameters: with the servers' defaults, what RESET ALL returns to.
-    pub startup: Params,
+    pub startup: Arc<Params>,
     /// Why the client must keep its server, if it must.
     pub pin: Option<Vec<&'static str>>,
 }

@@ -26,121 +26,143 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
     let mut held: Option<PooledServer> = None;
     loop {
         let cfg = c.shared.config.load_full();
-        let mut server = match held.take() {
-            Some(s) => s,
-            None => {
-                c.reg.handle.set_state(ClientState::Idle);
-                let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-                if !wait_for_request(c, idle_timeout, kill.as_mut()).await? {
-                    return Ok(());
+        if held.is_none() {
+            c.reg.handle.set_state(ClientState::Idle);
+            let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
+            if !wait_for_request(c, idle_timeout, kill.as_mut()).await? {
+                return Ok(());
+            }
+        }
+        // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
+        // the client has a request, not in every idle client's task.
+        match Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await? {
+            After::Next(keep) => held = keep,
+            After::Leave => return Ok(()),
+        }
+    }
+}
+
+/// What follows a transaction.
+enum After {
+    /// Wait for the next request, with the server kept (pinned) or not.
+    Next(Option<PooledServer>),
+    /// The client said goodbye.
+    Leave,
+}
+
+/// One transaction (in session mode: the whole session): get a server unless one is held,
+/// make it fit the session, relay, then release, keep or close it.
+async fn transaction(
+    c: &mut Client,
+    held: Option<PooledServer>,
+    cfg: &config::Config,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<After, ClientError> {
+    let mut server = match held {
+        Some(s) => s,
+        None => {
+            c.reg.handle.set_state(ClientState::Waiting);
+            let waited = Instant::now();
+            let mut server = checkout(c, cfg, kill.as_mut()).await?;
+            let waited_us = waited.elapsed().as_micros() as u64;
+            PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
+            c.pool.stats.wait_hist.record(waited_us);
+            PoolStats::add(&c.pool.stats.server_assignment_count, 1);
+            let applied = if sync::differs(&server, &c.session.params) {
+                Box::pin(sync::apply(&mut server, &c.session.params)).await
+            } else {
+                Ok(None)
+            };
+            match applied {
+                Ok(None) => {}
+                Ok(Some(e)) => {
+                    return Err(ClientError::fatal(
+                        "22023",
+                        format!("could not apply session parameters: {}", e.message),
+                    ));
                 }
-                c.reg.handle.set_state(ClientState::Waiting);
-                let waited = Instant::now();
-                let mut server = checkout(c, &cfg, kill.as_mut()).await?;
-                let waited_us = waited.elapsed().as_micros() as u64;
-                PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
-                c.pool.stats.wait_hist.record(waited_us);
-                PoolStats::add(&c.pool.stats.server_assignment_count, 1);
-                let applied = if sync::differs(&server, &c.session.params) {
-                    Box::pin(sync::apply(&mut server, &c.session.params)).await
-                } else {
-                    Ok(None)
-                };
-                match applied {
-                    Ok(None) => {}
-                    Ok(Some(e)) => {
-                        return Err(ClientError::fatal(
-                            "22023",
-                            format!("could not apply session parameters: {}", e.message),
-                        ));
-                    }
+                Err(e) => {
+                    server.broken = true;
+                    return Err(ClientError::fatal("08006", e.to_string()));
+                }
+            }
+            server
+        }
+    };
+    let pool_settings = c.pool.settings();
+    let mode = pool_settings.mode;
+    let timeouts = RelayTimeouts {
+        query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
+        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
+        transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
+    };
+    c.reg
+        .handle
+        .set_cancel_target(Some((server.addr.clone(), server.key)));
+    c.reg.handle.set_state(ClientState::Active);
+    let assigned_at = Instant::now();
+    let (event, counts, effects) = {
+        let mut relay = Relay::new(
+            &mut c.conn,
+            &mut server,
+            &mut c.session,
+            mode,
+            &c.shared.statements,
+            pool_settings.max_prepared_statements,
+        );
+        let event = tokio::select! {
+            biased;
+            _ = kill.as_mut() => RelayEvent::Killed,
+            ev = relay.run(timeouts) => ev,
+        };
+        (event, relay.counts, std::mem::take(&mut relay.effects))
+    };
+    c.reg.handle.set_cancel_target(None);
+    add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
+    let reset_always = cfg.settings.server_reset_query_always;
+    // Every way out but Release ends the client: its session state goes with it, however
+    // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
+    // back to the pool as it is.
+    server.reset = match event {
+        RelayEvent::Release => reset_always || c.session.pin.is_some(),
+        _ => mode == PoolMode::Session || reset_always || c.session.pin.is_some(),
+    };
+    match event {
+        RelayEvent::Release => {
+            if !effects.is_empty() || c.session.pin.is_some() {
+                match Box::pin(after_transaction(c, &mut server, &effects)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(refused)) => return Err(refused),
                     Err(e) => {
                         server.broken = true;
-                        return Err(ClientError::fatal("08006", e.to_string()));
+                        return Err(ClientError::fatal(
+                            "08006",
+                            format!("server connection lost: {e}"),
+                        ));
                     }
                 }
-                server
             }
-        };
-        let pool_settings = c.pool.settings();
-        let mode = pool_settings.mode;
-        let timeouts = RelayTimeouts {
-            query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
-            idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
-            transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
-        };
-        c.reg
-            .handle
-            .set_cancel_target(Some((server.addr.clone(), server.key)));
-        c.reg.handle.set_state(ClientState::Active);
-        let assigned_at = Instant::now();
-        let (event, counts, effects) = {
-            let mut relay = Relay::new(
-                &mut c.conn,
-                &mut server,
-                &mut c.session,
-                mode,
-                &c.shared.statements,
-                pool_settings.max_prepared_statements,
-            );
-            let event = tokio::select! {
-                biased;
-                _ = kill.as_mut() => RelayEvent::Killed,
-                ev = Box::pin(relay.run(timeouts)) => ev,
-            };
-            (event, relay.counts, std::mem::take(&mut relay.effects))
-        };
-        c.reg.handle.set_cancel_target(None);
-        add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
-        let reset_always = cfg.settings.server_reset_query_always;
-        // Every way out but Release ends the client: its session state goes with it, however
-        // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
-        // back to the pool as it is.
-        server.reset = match event {
-            RelayEvent::Release => reset_always || c.session.pin.is_some(),
-            _ => mode == PoolMode::Session || reset_always || c.session.pin.is_some(),
-        };
-        match event {
-            RelayEvent::Release => {
-                if !effects.is_empty() || c.session.pin.is_some() {
-                    match Box::pin(after_transaction(c, &mut server, &effects)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(refused)) => return Err(refused),
-                        Err(e) => {
-                            server.broken = true;
-                            return Err(ClientError::fatal(
-                                "08006",
-                                format!("server connection lost: {e}"),
-                            ));
-                        }
-                    }
-                }
-                if c.session.pin.is_some() {
-                    held = Some(server);
-                } else {
-                    server.reset = reset_always;
-                }
+            if c.session.pin.is_some() {
+                return Ok(After::Next(Some(server)));
             }
-            RelayEvent::ClientTerminate | RelayEvent::ClientGone => return Ok(()),
-            RelayEvent::StatementModeTransaction => {
-                return Err(ClientError::fatal(
-                    "08P01",
-                    "transaction blocks not allowed in statement pooling mode".into(),
-                ));
-            }
-            RelayEvent::ClientProtocol(e) => return Err(e.into()),
-            RelayEvent::ServerGone(why) => {
-                server.broken = true;
-                return Err(ClientError::fatal(
-                    "08006",
-                    format!("server connection lost: {why}"),
-                ));
-            }
-            RelayEvent::Timeout(kind) => {
-                return Err(ClientError::fatal("08P01", kind.message().to_string()));
-            }
-            RelayEvent::Killed => return Err(killed(c)),
+            server.reset = reset_always;
+            Ok(After::Next(None))
         }
+        RelayEvent::ClientTerminate | RelayEvent::ClientGone => Ok(After::Leave),
+        RelayEvent::StatementModeTransaction => Err(ClientError::fatal(
+            "08P01",
+            "transaction blocks not allowed in statement pooling mode".into(),
+        )),
+        RelayEvent::ClientProtocol(e) => Err(e.into()),
+        RelayEvent::ServerGone(why) => {
+            server.broken = true;
+            Err(ClientError::fatal(
+                "08006",
+                format!("server connection lost: {why}"),
+            ))
+        }
+        RelayEvent::Timeout(kind) => Err(ClientError::fatal("08P01", kind.message().to_string())),
+        RelayEvent::Killed => Err(killed(c)),
     }
 }
 
@@ -253,26 +275,38 @@ async fn wait_for_request(
             }
         }
         if c.conn.rbuf.is_empty() {
-            // Idle: hold no buffers while waiting, only read once bytes are there.
+            // Idle: hold no buffers while waiting, only read once bytes are there. The
+            // timer, when there is one, is boxed: most idle clients have none.
             c.conn.shrink_all();
-            tokio::select! {
-                r = c.conn.stream.readable() => r?,
-                _ = sleep_until(deadline) => {
+            match deadline {
+                None => tokio::select! {
+                    r = c.conn.stream.readable() => r?,
+                    _ = kill.as_mut() => return Err(killed(c)),
+                },
+                Some(d) => tokio::select! {
+                    r = c.conn.stream.readable() => r?,
+                    _ = Box::pin(tokio::time::sleep_until(d.into())) => {
+                        return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
+                    }
+                    _ = kill.as_mut() => return Err(killed(c)),
+                },
+            }
+        }
+        let n = match deadline {
+            None => tokio::select! {
+                r = poll_fn(|cx| c.conn.poll_read_more(cx)) => r?,
+                _ = kill.as_mut() => return Err(killed(c)),
+            },
+            Some(d) => tokio::select! {
+                r = poll_fn(|cx| c.conn.poll_read_more(cx)) => r?,
+                _ = Box::pin(tokio::time::sleep_until(d.into())) => {
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
                 _ = kill.as_mut() => return Err(killed(c)),
-            }
-        }
-        tokio::select! {
-            r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
-                if r? == 0 {
-                    return Ok(false);
-                }
-            }
-            _ = sleep_until(deadline) => {
-                return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
-            }
-            _ = kill.as_mut() => return Err(killed(c)),
+            },
+        };
+        if n == 0 {
+            return Ok(false);
         }
     }
 }
@@ -408,7 +442,8 @@ async fn checkout(
     if let Some(s) = c.pool.checkout_now() {
         return Ok(s);
     }
-    // Waiting: boxed, so that an idle client's task does not carry the room for it.
+    // Waiting: boxed, so that a transaction that finds an idle server does not carry the
+    // room for it.
     Box::pin(wait_for_server(c, cfg, kill.as_mut())).await
 }
 
@@ -462,12 +497,5 @@ async fn wait_for_server(
             }
             _ = kill.as_mut() => return Err(killed(c)),
         }
-    }
-}
-
-async fn sleep_until(t: Option<Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
     }
 }

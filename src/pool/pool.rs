@@ -106,6 +106,8 @@ struct Inner {
     server_params: Option<Params>,
     /// The last session parameter set given to a new client (shared when equal).
     session_template: Option<Arc<Params>>,
+    /// The same for the parameters of clients' startup packets.
+    startup_template: Option<Arc<Params>>,
     /// Login failed at this time: do not retry before server_login_retry.
     login_failed_at: Option<Instant>,
     last_login_error: Option<String>,
@@ -180,6 +182,7 @@ impl Pool {
                 paused: false,
                 server_params: None,
                 session_template: None,
+                startup_template: None,
                 login_failed_at: None,
                 last_login_error: None,
                 close_before: None,
@@ -241,15 +244,12 @@ impl Pool {
     /// One shared copy of a new client's session parameters: the pool keeps the last set it
     /// handed out, and a client with the same values shares it (copy on write).
     pub fn share_session_params(&self, p: Params) -> Arc<Params> {
-        let mut g = self.lock();
-        match &g.session_template {
-            Some(t) if **t == p => t.clone(),
-            _ => {
-                let t = Arc::new(p);
-                g.session_template = Some(t.clone());
-                t
-            }
-        }
+        share(&mut self.lock().session_template, p)
+    }
+
+    /// Likewise for the parameters of a new client's startup packet (what RESET ALL returns to).
+    pub fn share_startup_params(&self, p: Params) -> Arc<Params> {
+        share(&mut self.lock().startup_template, p)
     }
 
     /// Parameters new clients of this pool are told at login, if a server has logged in yet.
@@ -751,6 +751,18 @@ impl Pool {
 
     pub fn last_login_error(&self) -> Option<String> {
         self.lock().last_login_error.clone()
+    }
+}
+
+/// The template if it equals `p`, else `p` as the new template.
+fn share(template: &mut Option<Arc<Params>>, p: Params) -> Arc<Params> {
+    match template {
+        Some(t) if **t == p => t.clone(),
+        _ => {
+            let t = Arc::new(p);
+            *template = Some(t.clone());
+            t
+        }
     }
 }
 
