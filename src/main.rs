@@ -149,7 +149,11 @@ fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> 
                 .init();
         }
         None if quiet => builder.with_writer(std::io::sink).init(),
-        None => builder.with_writer(std::io::stderr).init(),
+        // Colours only for a terminal: redirected logs stay plain text (and cheaper).
+        None => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .init(),
     }
     Ok(())
 }

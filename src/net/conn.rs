@@ -175,6 +175,15 @@ impl Conn {
     }
 }
 
+impl Drop for Conn {
+    /// A connection that closes hands its read buffer to the next one (short connections).
+    fn drop(&mut self) {
+        if self.rbuf.capacity() > 0 {
+            spare::give(std::mem::take(&mut self.rbuf));
+        }
+    }
+}
+
 /// Read buffers of connections gone idle, kept per thread for the next connection that
 /// reads: a busy pooler moves the same few buffers between clients instead of freeing and
 /// allocating 16 KiB per transaction, and idle clients still hold none.
