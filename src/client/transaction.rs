@@ -275,39 +275,36 @@ async fn wait_for_request(
             }
         }
         if c.conn.rbuf.is_empty() {
-            // Idle: hold no buffers while waiting, only read once bytes are there. The
-            // timer, when there is one, is boxed: most idle clients have none.
+            // Idle: hold no buffers while waiting, only read once bytes are there.
             c.conn.shrink_all();
-            match deadline {
-                None => tokio::select! {
-                    r = c.conn.stream.readable() => r?,
-                    _ = kill.as_mut() => return Err(killed(c)),
-                },
-                Some(d) => tokio::select! {
-                    r = c.conn.stream.readable() => r?,
-                    _ = Box::pin(tokio::time::sleep_until(d.into())) => {
-                        return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
-                    }
-                    _ = kill.as_mut() => return Err(killed(c)),
-                },
-            }
-        }
-        let n = match deadline {
-            None => tokio::select! {
-                r = poll_fn(|cx| c.conn.poll_read_more(cx)) => r?,
-                _ = kill.as_mut() => return Err(killed(c)),
-            },
-            Some(d) => tokio::select! {
-                r = poll_fn(|cx| c.conn.poll_read_more(cx)) => r?,
-                _ = Box::pin(tokio::time::sleep_until(d.into())) => {
+            tokio::select! {
+                r = c.conn.stream.readable() => r?,
+                _ = idle_deadline(deadline) => {
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
                 _ = kill.as_mut() => return Err(killed(c)),
-            },
-        };
-        if n == 0 {
-            return Ok(false);
+            }
         }
+        tokio::select! {
+            r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
+                if r? == 0 {
+                    return Ok(false);
+                }
+            }
+            _ = idle_deadline(deadline) => {
+                return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
+            }
+            _ = kill.as_mut() => return Err(killed(c)),
+        }
+    }
+}
+
+/// Resolves at `deadline`, never without one. The timer is boxed and made only when there
+/// is a deadline: most idle clients have none, and their tasks do not carry its room.
+async fn idle_deadline(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => Box::pin(tokio::time::sleep_until(d.into())).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -324,35 +324,38 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
     }
     let id = shared.client_opened();
     let me = crate::workers::current();
-    let w = shared.workers.get().map_or(me, |ws| ws.place(me));
     let s2 = shared.clone();
-    if w == me {
-        shared.tracker.spawn(async move {
-            crate::client::run(s2.clone(), stream, id).await;
-            s2.client_closed(w);
-        });
+    let Some((ws, w)) = shared
+        .workers
+        .get()
+        .map(|ws| (ws, ws.place(me)))
+        .filter(|&(_, w)| w != me)
+    else {
+        shared.tracker.spawn(client_task(s2, stream, id, me));
         return;
-    }
+    };
     // Hand the connection to a less busy worker.
-    let detached = match stream.detach() {
-        Ok(d) => d,
+    match stream.detach() {
+        Ok(d) => drop(ws.handle(w).spawn(shared.tracker.track_future(async move {
+            match d.attach() {
+                Ok(stream) => client_task(s2, stream, id, w).await,
+                Err(e) => {
+                    tracing::warn!("could not take a connection on worker {w}: {e}");
+                    s2.client_closed(w);
+                }
+            }
+        }))),
         Err(e) => {
             tracing::warn!("could not hand a connection to worker {w}: {e}");
             shared.client_closed(w);
-            return;
         }
-    };
-    let task = shared.tracker.track_future(async move {
-        match detached.attach() {
-            Ok(stream) => crate::client::run(s2.clone(), stream, id).await,
-            Err(e) => tracing::warn!("could not take a connection on worker {w}: {e}"),
-        }
-        s2.client_closed(w);
-    });
-    match shared.workers.get() {
-        Some(ws) => drop(ws.handle(w).spawn(task)),
-        None => unreachable!("placed on another worker without workers"),
     }
+}
+
+/// One client's task on worker `w`, from its first byte to its last.
+async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
+    crate::client::run(shared.clone(), stream, id).await;
+    shared.client_closed(w);
 }
 
 async fn accept(l: &Listener) -> std::io::Result<Stream> {
