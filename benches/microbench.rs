@@ -394,7 +394,9 @@ fn rewrite_bench(c: &mut Criterion) {
 
     // Parse of a key the server already holds: answered by pgcarpool (ParseComplete), the
     // client's name mapped, nothing sent to the server.
-    let parse_msg = build(|b| parse(b, STMT, PREPARED_SQL));
+    // Under another client name (a name the client already has is refused, 42P05).
+    const OTHER: &str = "other";
+    let parse_msg = build(|b| parse(b, OTHER, PREPARED_SQL));
     {
         let mut relay = rig.relay(PoolMode::Transaction);
         feed(relay.client, &parse_msg);
@@ -408,6 +410,7 @@ fn rewrite_bench(c: &mut Criterion) {
         let mut relay = rig.relay(PoolMode::Transaction);
         g.bench_function("parse_known_answered_locally", |b| {
             b.iter(|| {
+                relay.session.statements.remove(OTHER.as_bytes());
                 feed(relay.client, &parse_msg);
                 black_box(relay.scan_client().unwrap());
                 black_box(relay.client.discard_out());
@@ -423,6 +426,10 @@ fn rewrite_bench(c: &mut Criterion) {
     ] {
         let bind_msg = build(|b| bind(b, stmt, "48213"));
         let mut relay = rig.relay(PoolMode::Transaction);
+        // The client's unnamed statement, held by this server.
+        relay.session.unnamed = Some(bytes::Bytes::from_static(b"select 1\0\0\0"));
+        relay.session.unnamed_id = 7;
+        relay.server.unnamed = 7;
         g.bench_function(name, |b| {
             b.iter(|| {
                 feed(relay.client, &bind_msg);

@@ -19,6 +19,11 @@ pub struct Effects {
     pub deallocate: Option<String>,
     /// Something that may create or drop a pin (temp table, LISTEN, advisory lock, WITH HOLD).
     pub pin_check: bool,
+    /// Schema changes (or code that may make them): statements prepared before are not
+    /// used for later Parses (see `prepared::StatementRegistry::bump_generation`).
+    pub ddl: bool,
+    /// A PREPARE, EXECUTE or DEALLOCATE names a statement with pgcarpool's prefix.
+    pub reserved_name: bool,
 }
 
 impl Effects {
@@ -37,6 +42,8 @@ impl Effects {
         self.discard_all |= o.discard_all;
         self.deallocate_all |= o.deallocate_all;
         self.pin_check |= o.pin_check;
+        self.ddl |= o.ddl;
+        self.reserved_name |= o.reserved_name;
         self.deallocate = None;
     }
 }
@@ -45,8 +52,12 @@ impl Effects {
 /// keyword of some statement is one we act on, or the text mentions set_config, advisory
 /// locks or pg_temp. False for the plain SELECT/INSERT/UPDATE/DELETE/BEGIN/COMMIT traffic.
 pub fn may_matter(sql: &[u8]) -> bool {
-    const LEADING: [&[u8]; 10] = [
+    const LEADING: [&[u8]; 14] = [
         b"prepare",
+        b"alter",
+        b"drop",
+        b"do",
+        b"call",
         b"execute",
         b"set",
         b"reset",
@@ -148,15 +159,34 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             let i = if w(1) == "PREPARE" { 2 } else { 1 };
             if w(i) == "ALL" {
                 e.deallocate_all = true;
-            } else if single {
-                e.deallocate = nth_token(s, i);
+            } else {
+                statement_name(s, single, e);
+                if single {
+                    e.deallocate = nth_token(s, i);
+                }
             }
         }
+        "PREPARE" if w(1) != "TRANSACTION" => statement_name(s, single, e),
+        "EXECUTE" => statement_name(s, single, e),
         "LISTEN" | "UNLISTEN" => e.pin_check = true,
         "CREATE"
             if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
         {
             e.pin_check = true
+        }
+        "CREATE" | "ALTER" | "DROP" => {
+            e.ddl = true;
+            // DROP of a temp table or ALTER of one may end a pin; CREATE … TEMP is above.
+            e.pin_check |= w(0) != "CREATE";
+        }
+        // Code pgcarpool cannot read: it may set anything (SET ROLE, set_config, DDL,
+        // dynamic PREPARE/DEALLOCATE). Everything is read back afterwards.
+        "DO" | "CALL" => {
+            e.gucs.push("role".into());
+            e.gucs.push("session_authorization".into());
+            e.gucs_unknown = true;
+            e.pin_check = true;
+            e.ddl = true;
         }
         "DECLARE" if contains_ci(s, b"with hold") => e.pin_check = true,
         _ => {
@@ -171,6 +201,37 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
         }
     }
+}
+
+/// The prefix of the names servers know shared statements by; clients cannot reach them.
+pub const INTERNAL_PREFIX: &str = "PGCARPOOL_";
+
+/// A statement name in PREPARE/EXECUTE/DEALLOCATE: one with pgcarpool's prefix is noted, and
+/// outside a lone statement (which pgcarpool maps itself) the statement is passed to the
+/// server as written: the client may then hold a server-side name of its own (a pin).
+fn statement_name(s: &[u8], single: bool, e: &mut Effects) {
+    if contains_ci(s, INTERNAL_PREFIX.as_bytes()) {
+        e.reserved_name = true;
+    }
+    if !single {
+        e.pin_check = true;
+    }
+}
+
+/// Does `name` start with pgcarpool's internal prefix (in any case)?
+pub fn is_internal_name(name: &[u8]) -> bool {
+    name.len() >= INTERNAL_PREFIX.len()
+        && name[..INTERNAL_PREFIX.len()].eq_ignore_ascii_case(INTERNAL_PREFIX.as_bytes())
+}
+
+/// Is `sql` a statement PostgreSQL accepts in a failed transaction block (ROLLBACK,
+/// COMMIT, END, ABORT, ROLLBACK TO, ROLLBACK/COMMIT PREPARED)?
+pub fn ends_transaction(sql: &[u8]) -> bool {
+    let w = keywords(strip_leading(sql), 1);
+    matches!(
+        w.first().map(String::as_str),
+        Some("ROLLBACK" | "COMMIT" | "END" | "ABORT")
+    )
 }
 
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.

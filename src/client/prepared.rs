@@ -2,7 +2,7 @@
 //! statement key (query text + parameter types), each key has one server-side name, and each
 //! server knows which keys it holds (LRU, bounded by max_prepared_statements).
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -21,6 +21,9 @@ pub struct Stmt {
     pub effects: Option<Box<Effects>>,
     /// A server accepted its Parse once: a client's Parse of it can be answered without one.
     validated: AtomicBool,
+    /// The registry's generation when it was made: a Parse in a later generation gets a
+    /// statement of its own (parsed anew on the servers).
+    generation: u64,
 }
 
 impl Stmt {
@@ -37,6 +40,9 @@ impl Stmt {
 pub struct StatementRegistry {
     inner: Mutex<RegistryInner>,
     capacity: usize,
+    /// Bumped when a schema may have changed: statements of older generations are not
+    /// handed to new Parses (a client's Parse behaves as a fresh parse).
+    generation: AtomicU64,
 }
 
 struct RegistryInner {
@@ -58,13 +64,23 @@ impl StatementRegistry {
                 next_id: 1,
             }),
             capacity,
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// A schema may have changed (DDL seen, DO/CALL run, a server reported a stale plan):
+    /// statements interned so far are used only by the clients that already named them.
+    pub fn bump_generation(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The statement for this Parse body tail (query + types).
     pub fn intern(&self, parse_rest: Bytes) -> Arc<Stmt> {
+        let generation = self.generation.load(Ordering::Relaxed);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = g.by_key.get(&parse_rest) {
+        if let Some(s) = g.by_key.get(&parse_rest)
+            && s.generation == generation
+        {
             return s.clone();
         }
         if g.by_key.len() >= self.capacity {
@@ -78,6 +94,7 @@ impl StatementRegistry {
             parse_rest: parse_rest.clone(),
             effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
+            generation,
         });
         g.by_key.insert(parse_rest, s.clone());
         s
@@ -85,11 +102,13 @@ impl StatementRegistry {
 
     /// The statement for this key, if known.
     pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
+        let generation = self.generation.load(Ordering::Relaxed);
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .by_key
             .get(parse_rest)
+            .filter(|s| s.generation == generation)
             .cloned()
     }
 
@@ -172,11 +191,16 @@ impl PreparedSet {
 /// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
 #[derive(Debug)]
 pub enum Pending {
-    /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement.
+    /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement, `None`
+    /// the unnamed one.
     Parse {
         swallow: bool,
         stmt: Option<Arc<Stmt>>,
     },
+    /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
+    /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
+    /// have); its error is replaced by this one (SQLSTATE, message).
+    Fail(Box<(&'static str, String)>),
     Bind,
     /// Describe: ends with RowDescription or NoData.
     Describe,
@@ -186,12 +210,20 @@ pub enum Pending {
         swallow: bool,
     },
     /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
-    /// carries its statement, forgotten by the server if the query fails.
-    Ready(Option<Arc<Stmt>>),
+    /// carries its statement and the client's name for it: the name is the client's once
+    /// the query succeeded; the server forgets the statement if it fails.
+    Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
+}
+
+/// Ids of unnamed statements: a client's current unnamed statement is on a server when the
+/// server's `unnamed` equals the session's (0: none).
+pub fn next_unnamed_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -93,6 +93,9 @@ pub struct Relay<'a> {
     /// What the client's statements did to its session (read after the transaction).
     pub effects: Effects,
     idle_in_xact_since: Option<Instant>,
+    /// The server had no extended-protocol messages pending a Sync before the client's
+    /// current message (a simple query may be slipped in).
+    pub(super) at_sync_point: bool,
 }
 
 impl<'a> Relay<'a> {
@@ -122,6 +125,7 @@ impl<'a> Relay<'a> {
             xact_started: None,
             idle_in_xact_since: None,
             effects: Effects::default(),
+            at_sync_point: true,
         }
     }
 
@@ -287,13 +291,14 @@ impl<'a> Relay<'a> {
                     if avail < h.total {
                         break;
                     }
+                    self.at_sync_point = !self.server.proto.unsynced;
                     self.server.proto.unsynced = true;
                     let body = &self.client.rbuf[fwd + 5..fwd + h.total];
                     if super::rewrite::passes_through(
                         h.tag,
                         body,
                         self.session,
-                        &mut self.server.pending,
+                        self.server,
                         &mut self.effects,
                     )? {
                         // Forwarded as written, within the current run.
@@ -461,6 +466,33 @@ impl<'a> Relay<'a> {
                         }
                         _ => self.server.proto.copy_in = true,
                     }
+                }
+                backend::ERROR_RESPONSE if self.virt => {
+                    if h.total > MAX_INSPECTED {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
+                        // Perhaps a statement parsed before a schema change ("cached plan
+                        // must not change result type", "cache lookup failed"): later
+                        // Parses of its text are parsed anew.
+                        self.registry.bump_generation();
+                    }
+                    if matches!(self.server.pending.front(), Some(Pending::Fail(_))) {
+                        self.forward_server_run(fwd);
+                        fwd = 0;
+                        if self.on_probe_error(code) {
+                            self.server.conn.consume(h.total);
+                        } else {
+                            fwd = h.total;
+                        }
+                        continue;
+                    }
+                    self.on_server_completion(h.tag);
+                    fwd += h.total;
                 }
                 tag => {
                     if self.virt && self.on_server_completion(tag) {

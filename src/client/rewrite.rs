@@ -5,25 +5,25 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes};
 
-use std::collections::VecDeque;
-
 use super::classify::{self, Effects};
 use super::prepared::{Answer, Pending, Stmt};
 use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
+use crate::server::Server;
 
-/// The common extended-protocol messages that need no rewriting: unnamed statements,
-/// portals, names the client never prepared. Notes what the server will owe and returns
-/// true; false means the message needs `Relay::on_extended`.
+/// The common extended-protocol messages that need no rewriting: the unnamed statement
+/// where this server holds the client's own, portals. Notes what the server will owe and
+/// returns true; false means the message needs `Relay::on_extended`.
 pub(super) fn passes_through(
     tag: u8,
     body: &[u8],
-    session: &VirtualSession,
-    pending: &mut VecDeque<Pending>,
+    session: &mut VirtualSession,
+    server: &mut Server,
     effects: &mut Effects,
 ) -> Result<bool, ProtoError> {
     let mut r = Reader::new(body, "extended-protocol message");
+    let unnamed_here = session.unnamed_id != 0 && server.unnamed == session.unnamed_id;
     let entry = match tag {
         frontend::PARSE => {
             if !r.cstr_bytes()?.is_empty() {
@@ -31,8 +31,16 @@ pub(super) fn passes_through(
             }
             let sql = r.cstr_bytes()?;
             if classify::may_matter(sql) {
-                effects.merge(classify::classify(sql));
+                if classify::named_statement(sql).is_some() {
+                    return Ok(false);
+                }
+                let e = classify::classify(sql);
+                if e.reserved_name || e.deallocate.is_some() || e.deallocate_all || e.ddl {
+                    return Ok(false);
+                }
+                effects.merge(e);
             }
+            server.unnamed = session.parsed_unnamed(&body[1..]);
             Pending::Parse {
                 swallow: false,
                 stmt: None,
@@ -40,8 +48,7 @@ pub(super) fn passes_through(
         }
         frontend::BIND => {
             r.cstr_bytes()?;
-            let name = r.cstr_bytes()?;
-            if !name.is_empty() && session.statements.contains_key(name) {
+            if !r.cstr_bytes()?.is_empty() || !unnamed_here {
                 return Ok(false);
             }
             Pending::Bind
@@ -49,87 +56,102 @@ pub(super) fn passes_through(
         frontend::DESCRIBE => {
             let kind = r.u8()?;
             let name = r.cstr_bytes()?;
-            if kind == b'S' && !name.is_empty() && session.statements.contains_key(name) {
+            if kind == b'S' && (!name.is_empty() || !unnamed_here) {
                 return Ok(false);
             }
             Pending::Describe
         }
         _ => {
-            let kind = r.u8()?;
-            let name = r.cstr_bytes()?;
-            if kind == b'S' && !name.is_empty() {
+            if r.u8()? == b'S' {
                 return Ok(false);
             }
             Pending::Close { swallow: false }
         }
     };
-    pending.push_back(entry);
+    server.pending.push_back(entry);
     Ok(true)
 }
+
+/// What a probe for `Relay::fail` runs: it fails at parse analysis (42703), or with 25P02
+/// inside a failed transaction block, exactly where PostgreSQL would have failed the
+/// refused message.
+const FAIL_SQL: &str = "select pgcarpool_refused";
 
 impl Relay<'_> {
     /// A whole simple Query from the client.
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        // A simple query drops the unnamed statement, the client's and the server's.
+        self.session.drop_unnamed();
+        self.server.unnamed = 0;
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         if !classify::may_matter(sql) {
             self.send_query(msg, None);
             return Ok(());
         }
         let e = classify::classify(sql);
+        self.note_effects(&e);
+        let named = classify::named_statement(sql);
+        let dealloc = e.deallocate.clone();
+        if self.server.proto.tx_status == b'E' && (named.is_some() || dealloc.is_some()) {
+            // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
+            // they are.
+            self.fail("25P02", String::new(), true);
+            return Ok(());
+        }
+        if e.reserved_name && named.is_none() && dealloc.is_none() {
+            self.effects.merge(e);
+            let msg = format!(
+                "prepared statement names beginning with \"{}\" are reserved by pgcarpool",
+                classify::INTERNAL_PREFIX
+            );
+            self.fail("42939", msg, true);
+            return Ok(());
+        }
         if e.deallocate_all {
             // The server drops every statement, the ones other clients use included.
             self.session.statements.clear();
             self.server.prepared.clear();
         }
-        let named = classify::named_statement(sql);
-        let deallocated = e
-            .deallocate
-            .as_ref()
-            .and_then(|name| self.session.statements.remove(name.as_bytes()));
         self.effects.merge(e);
-        if let Some(stmt) = deallocated {
-            self.server.prepared.remove(stmt.id);
-            let sql = format!("DEALLOCATE {}", quoted(&stmt.server_name));
-            self.send_query(query_message(&sql), None);
+        if let Some(name) = dealloc {
+            match self.session.statements.remove(name.as_bytes()) {
+                Some(stmt) => {
+                    // Only the client's name goes: the server keeps the statement for others.
+                    let _ = stmt;
+                    self.answer(Answer::Query("DEALLOCATE"));
+                }
+                None => {
+                    self.unknown_statement(&name, msg, true);
+                }
+            }
             return Ok(());
         }
         match named {
             Some(classify::Named::Prepare { name, rest }) => {
-                let mut key = b"\0PREPARE ".to_vec();
-                key.extend_from_slice(rest);
-                let stmt = self.registry.intern(Bytes::from(key));
-                self.session
-                    .statements
-                    .insert(Bytes::from(name.into_bytes()), stmt.clone());
-                if self.server.prepared.touch(stmt.id) {
-                    // Already prepared on this server under its shared name.
-                    self.server
-                        .pending
-                        .push_back(Pending::Answer(Answer::Query("PREPARE")));
+                if self.session.statements.contains_key(name.as_bytes()) {
+                    let m = format!("prepared statement \"{name}\" already exists");
+                    self.fail("42P05", m, true);
                     return Ok(());
                 }
-                let sql = format!(
-                    "PREPARE {} {}",
-                    quoted(&stmt.server_name),
-                    String::from_utf8_lossy(rest)
-                );
+                let mut key = SQL_PREPARE_KEY.to_vec();
+                key.extend_from_slice(rest);
+                let stmt = self.registry.intern(Bytes::from(key));
+                let name = Bytes::from(name.into_bytes());
+                self.session.statements.insert(name.clone(), stmt.clone());
+                if self.server.prepared.touch(stmt.id) {
+                    // Already prepared on this server under its shared name.
+                    self.answer(Answer::Query("PREPARE"));
+                    return Ok(());
+                }
+                let sql = sql_prepare_text(&stmt);
                 self.server.prepared.insert(stmt.clone());
-                self.send_query(query_message(&sql), Some(stmt));
+                // The client's name goes again if the server refuses the text.
+                self.send_query(query_message(&sql), Some(Box::new((stmt, name))));
             }
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
-                    Some(stmt) if is_sql_prepared(&stmt) => {
-                        if !self.server.prepared.touch(stmt.id) {
-                            let prep = format!(
-                                "PREPARE {} {}",
-                                quoted(&stmt.server_name),
-                                String::from_utf8_lossy(&stmt.parse_rest["\0PREPARE ".len()..])
-                            );
-                            self.server.conn.queue_with(|b| frontend::query(b, &prep));
-                            self.server.proto.expected_rfq += 1;
-                            self.server.pending.push_back(Pending::Swallow);
-                            self.server.prepared.insert(stmt.clone());
-                        }
+                    Some(stmt) => {
+                        self.ensure_for_query(&stmt);
                         let sql = format!(
                             "EXECUTE {} {}",
                             quoted(&stmt.server_name),
@@ -137,7 +159,9 @@ impl Relay<'_> {
                         );
                         self.send_query(query_message(&sql), None);
                     }
-                    _ => self.send_query(msg, None),
+                    None => {
+                        self.unknown_statement(&name, msg, true);
+                    }
                 }
             }
             None => self.send_query(msg, None),
@@ -145,8 +169,95 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// The client named a statement it has not prepared (in EXECUTE, DEALLOCATE, Bind or
+    /// Describe). A pinned client may hold server-side names of its own (SQL PREPARE sent
+    /// inside a Parse or a multi-statement query): the server decides. Otherwise pgcarpool
+    /// answers as PostgreSQL would, without the name ever reaching a shared server.
+    /// True when it was refused.
+    fn unknown_statement(&mut self, name: &str, msg: Bytes, query: bool) -> bool {
+        let internal = classify::is_internal_name(name.as_bytes());
+        if self.session.pin.is_some() && !internal {
+            if query {
+                self.send_query(msg, None);
+            } else {
+                self.server.conn.queue(msg);
+            }
+            return false;
+        }
+        self.fail(
+            "26000",
+            format!("prepared statement \"{name}\" does not exist"),
+            query,
+        );
+        true
+    }
+
+    /// Note what the client's statements do to the shared statement registry.
+    fn note_effects(&mut self, e: &Effects) {
+        if e.ddl {
+            // Statements parsed before may now describe other columns or types: later
+            // Parses of the same text are parsed anew.
+            self.registry.bump_generation();
+        }
+    }
+
+    /// Make a statement usable by a simple Query (EXECUTE) on this server.
+    fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
+        if self.server.prepared.touch(stmt.id) {
+            return;
+        }
+        if is_sql_prepared(stmt) {
+            let prep = sql_prepare_text(stmt);
+            self.server.conn.queue_with(|b| frontend::query(b, &prep));
+            self.server.unnamed = 0;
+        } else {
+            self.queue_parse(stmt);
+            self.server.conn.queue_with(frontend::sync);
+        }
+        self.server.proto.expected_rfq += 1;
+        self.server.pending.push_back(Pending::Swallow);
+        self.server.prepared.insert(stmt.clone());
+    }
+
+    /// Refuse the client's current message with this error, at the place in the reply
+    /// stream where PostgreSQL would have sent it, and with PostgreSQL's consequences: a
+    /// probe that fails on the server takes the message's place, so the server skips to
+    /// the next Sync (extended protocol) or aborts the transaction block it is in.
+    pub(super) fn fail(&mut self, code: &'static str, message: String, query: bool) {
+        if query {
+            self.server
+                .conn
+                .queue_with(|b| frontend::query(b, FAIL_SQL));
+            self.server.proto.expected_rfq += 1;
+            self.server.unnamed = 0;
+            self.server
+                .pending
+                .push_back(Pending::Fail(Box::new((code, message))));
+            self.server.pending.push_back(Pending::Ready(None));
+        } else {
+            const NAME: &[u8] = b"pgcarpool_refused";
+            let len = 4 + NAME.len() + 1 + FAIL_SQL.len() + 1 + 2;
+            self.server.conn.queue_with(|b| {
+                b.put_u8(frontend::PARSE);
+                b.put_i32(len as i32);
+                b.put_slice(NAME);
+                b.put_u8(0);
+                b.put_slice(FAIL_SQL.as_bytes());
+                b.put_u8(0);
+                b.put_i16(0);
+            });
+            self.server
+                .pending
+                .push_back(Pending::Fail(Box::new((code, message))));
+        }
+    }
+
+    fn answer(&mut self, a: Answer) {
+        self.server.pending.push_back(Pending::Answer(a));
+    }
+
     /// Forward a Query whose ReadyForQuery the client waits for.
-    fn send_query(&mut self, msg: Bytes, prepares: Option<Arc<Stmt>>) {
+    fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.server.conn.queue(msg);
         self.server.proto.expected_rfq += 1;
         self.server.pending.push_back(Pending::Ready(prepares));
@@ -159,29 +270,34 @@ impl Relay<'_> {
             frontend::PARSE => {
                 let name = Reader::new(body, "Parse").cstr_bytes()?;
                 if name.is_empty() {
-                    let sql = Reader::new(&body[1..], "Parse").cstr_bytes()?;
-                    if classify::may_matter(sql) {
-                        self.effects.merge(classify::classify(sql));
-                    }
-                    self.server.conn.queue(msg);
-                    self.server.pending.push_back(Pending::Parse {
-                        swallow: false,
-                        stmt: None,
-                    });
+                    return self.parse_unnamed(msg);
+                }
+                if self.server.proto.tx_status == b'E'
+                    && !classify::ends_transaction(&body[name.len() + 1..])
+                {
+                    // The server refuses it (25P02), as PostgreSQL would.
+                    self.fail("25P02", String::new(), false);
+                    return Ok(());
+                }
+                if self.session.statements.contains_key(name) {
+                    let m = format!(
+                        "prepared statement \"{}\" already exists",
+                        String::from_utf8_lossy(name)
+                    );
+                    self.fail("42P05", m, false);
                     return Ok(());
                 }
                 let rest = msg.slice(5 + name.len() + 1..);
                 let stmt = self.registry.intern(rest);
                 if let Some(e) = &stmt.effects {
+                    self.note_effects(e);
                     self.effects.merge((**e).clone());
                 }
                 self.session
                     .statements
                     .insert(Bytes::copy_from_slice(name), stmt.clone());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server
-                        .pending
-                        .push_back(Pending::Answer(Answer::ParseComplete));
+                    self.answer(Answer::ParseComplete);
                 } else {
                     self.prepare_on_server(stmt, false);
                 }
@@ -190,22 +306,36 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Bind");
                 let portal = r.cstr_bytes()?;
                 let name = r.cstr_bytes()?;
-                match self.lookup(name) {
-                    None => self.server.conn.queue(msg),
-                    Some(stmt) => {
-                        let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
-                        let sname = stmt.server_name.clone();
-                        let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
-                        let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
-                        self.server.conn.queue_with(|b| {
-                            b.put_u8(frontend::BIND);
-                            b.put_i32(len);
-                            b.put_slice(portal);
-                            b.put_u8(0);
-                            b.put_slice(&sname);
-                            b.put_u8(0);
-                        });
-                        self.server.conn.queue(rest);
+                if name.is_empty() {
+                    if !self.unnamed_here() {
+                        self.fail("26000", NO_UNNAMED.into(), false);
+                        return Ok(());
+                    }
+                    self.server.conn.queue(msg);
+                } else {
+                    match self.lookup(name) {
+                        None => {
+                            let name = String::from_utf8_lossy(name).into_owned();
+                            if !self.unknown_statement(&name, msg.clone(), false) {
+                                self.server.pending.push_back(Pending::Bind);
+                            }
+                            return Ok(());
+                        }
+                        Some(stmt) => {
+                            let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
+                            let sname = stmt.server_name.clone();
+                            let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
+                            let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
+                            self.server.conn.queue_with(|b| {
+                                b.put_u8(frontend::BIND);
+                                b.put_i32(len);
+                                b.put_slice(portal);
+                                b.put_u8(0);
+                                b.put_slice(&sname);
+                                b.put_u8(0);
+                            });
+                            self.server.conn.queue(rest);
+                        }
                     }
                 }
                 self.server.pending.push_back(Pending::Bind);
@@ -214,6 +344,10 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Describe");
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
+                if kind == b'S' && name.is_empty() && !self.unnamed_here() {
+                    self.fail("26000", NO_UNNAMED.into(), false);
+                    return Ok(());
+                }
                 match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
                     (b'S', Some(stmt)) => {
                         let sname = stmt.server_name.clone();
@@ -225,6 +359,13 @@ impl Relay<'_> {
                             b.put_u8(0);
                         });
                     }
+                    (b'S', None) if !name.is_empty() => {
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        if !self.unknown_statement(&name, msg.clone(), false) {
+                            self.server.pending.push_back(Pending::Describe);
+                        }
+                        return Ok(());
+                    }
                     _ => self.server.conn.queue(msg),
                 }
                 self.server.pending.push_back(Pending::Describe);
@@ -233,12 +374,15 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Close");
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
-                if kind == b'S' && !name.is_empty() {
-                    // Only the client's name goes: the server keeps the statement for others.
-                    self.session.statements.remove(name);
-                    self.server
-                        .pending
-                        .push_back(Pending::Answer(Answer::CloseComplete));
+                if kind == b'S' {
+                    // Only the client's name goes: the server keeps the statement for
+                    // others. Closing a name that does not exist is no error.
+                    if name.is_empty() {
+                        self.session.drop_unnamed();
+                    } else {
+                        self.session.statements.remove(name);
+                    }
+                    self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
                     self.server
@@ -249,6 +393,131 @@ impl Relay<'_> {
             _ => unreachable!("only extended-protocol messages come here"),
         }
         Ok(())
+    }
+
+    /// A Parse of the unnamed statement whose text needs a look: SQL PREPARE, EXECUTE or
+    /// DEALLOCATE inside a Parse. EXECUTE and DEALLOCATE of the client's own statements
+    /// are mapped to their server names; PREPARE, and names pgcarpool does not know, go to
+    /// the server as written and the client is checked for a pin afterwards.
+    fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(&body[1..], "Parse");
+        let sql = r.cstr_bytes()?;
+        let types_at = 5 + 1 + sql.len() + 1;
+        let mut out = msg.clone();
+        if classify::may_matter(sql) {
+            let mut e = classify::classify(sql);
+            self.note_effects(&e);
+            let named = classify::named_statement(sql);
+            let mapped = match &named {
+                Some(classify::Named::Execute { name, rest }) => self
+                    .session
+                    .statements
+                    .get(name.as_bytes())
+                    .cloned()
+                    .map(|stmt| {
+                        self.ensure_for_parse(&stmt);
+                        format!(
+                            "EXECUTE {} {}",
+                            quoted(&stmt.server_name),
+                            String::from_utf8_lossy(rest)
+                        )
+                    }),
+                _ => None,
+            };
+            let mapped = mapped.or_else(|| {
+                let name = e.deallocate.as_ref()?;
+                let stmt = self.session.statements.remove(name.as_bytes())?;
+                // The client's name goes now (its DEALLOCATE normally runs next); the
+                // server drops the shared statement.
+                self.ensure_for_parse(&stmt);
+                self.server.prepared.remove(stmt.id);
+                Some(format!("DEALLOCATE {}", quoted(&stmt.server_name)))
+            });
+            match mapped {
+                Some(sql) => {
+                    out = parse_message(sql.as_bytes(), &msg[types_at..]);
+                }
+                None if e.reserved_name => {
+                    self.effects.merge(e);
+                    let m = format!(
+                        "prepared statement names beginning with \"{}\" are reserved by pgcarpool",
+                        classify::INTERNAL_PREFIX
+                    );
+                    self.fail("42939", m, false);
+                    return Ok(());
+                }
+                None => {
+                    if let Some(classify::Named::Prepare { name, .. }) = &named
+                        && self.session.statements.contains_key(name.as_bytes())
+                    {
+                        let m = format!("prepared statement \"{name}\" already exists");
+                        self.fail("42P05", m, false);
+                        return Ok(());
+                    }
+                    // A server-side name of the client's own may come or go.
+                    e.pin_check |= named.is_some() || e.deallocate.is_some();
+                    if e.deallocate_all {
+                        self.session.statements.clear();
+                        self.server.prepared.clear();
+                    }
+                }
+            }
+            self.effects.merge(e);
+        }
+        self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
+        self.server.conn.queue(out);
+        self.server.pending.push_back(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        Ok(())
+    }
+
+    /// Make a statement usable by an EXECUTE/DEALLOCATE inside a Parse on this server.
+    fn ensure_for_parse(&mut self, stmt: &Arc<Stmt>) {
+        if self.server.prepared.touch(stmt.id) {
+            return;
+        }
+        if is_sql_prepared(stmt) {
+            // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
+            if !self.at_sync_point {
+                return;
+            }
+            let prep = sql_prepare_text(stmt);
+            self.server.conn.queue_with(|b| frontend::query(b, &prep));
+            self.server.unnamed = 0;
+            self.server.proto.expected_rfq += 1;
+            self.server.pending.push_back(Pending::Swallow);
+            self.server.prepared.insert(stmt.clone());
+        } else {
+            self.prepare_on_server(stmt.clone(), true);
+        }
+    }
+
+    /// Does this server hold the client's current unnamed statement? If the client has
+    /// one that another server holds, it is parsed here first (its replies swallowed).
+    fn unnamed_here(&mut self) -> bool {
+        let id = self.session.unnamed_id;
+        if id != 0 && self.server.unnamed == id {
+            return true;
+        }
+        let Some(rest) = self.session.unnamed.clone() else {
+            return false;
+        };
+        let len = 4 + 1 + rest.len();
+        self.server.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_u8(0);
+        });
+        self.server.conn.queue(rest);
+        self.server.unnamed = id;
+        self.server.pending.push_back(Pending::Parse {
+            swallow: true,
+            stmt: None,
+        });
+        true
     }
 
     /// The statement a client name refers to, prepared on this server (added if missing).
@@ -265,6 +534,18 @@ impl Relay<'_> {
             self.prepare_on_server(stmt.clone(), true);
         }
         Some(stmt)
+    }
+
+    /// Queue a Parse of `stmt` under its server name.
+    fn queue_parse(&mut self, stmt: &Stmt) {
+        let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
+        self.server.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_slice(&stmt.server_name);
+            b.put_u8(0);
+        });
+        self.server.conn.queue(stmt.parse_rest.clone());
     }
 
     /// Send a Parse of `stmt` under its server name (closing the least recently used
@@ -284,14 +565,7 @@ impl Relay<'_> {
                 .pending
                 .push_back(Pending::Close { swallow: true });
         }
-        let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
-        self.server.conn.queue_with(|b| {
-            b.put_u8(frontend::PARSE);
-            b.put_i32(len as i32);
-            b.put_slice(&stmt.server_name);
-            b.put_u8(0);
-        });
-        self.server.conn.queue(stmt.parse_rest.clone());
+        self.queue_parse(&stmt);
         self.server.prepared.insert(stmt.clone());
         self.server.pending.push_back(Pending::Parse {
             swallow,
@@ -320,6 +594,50 @@ impl Relay<'_> {
         ready
     }
 
+    /// The server's ErrorResponse (`body`) to a probe of `fail`: the client gets the
+    /// error pgcarpool decided instead, unless the server refused the probe because the
+    /// transaction block had already failed (25P02), which is what PostgreSQL would have
+    /// said too. True: the server's message is dropped.
+    pub(super) fn on_probe_error(&mut self, code: Option<[u8; 5]>) -> bool {
+        let Some(Pending::Fail(f)) = self.server.pending.pop_front() else {
+            return false;
+        };
+        let replace = code != Some(*b"25P02");
+        if replace {
+            self.client
+                .queue_with(|b| backend::error_response(b, "ERROR", f.0, &f.1));
+        }
+        self.skip_to_sync(false);
+        replace
+    }
+
+    /// After an error the server skips everything up to the next Sync: the replies owed
+    /// for those messages never come. `failed_front`: the front entry is the message that
+    /// failed.
+    fn skip_to_sync(&mut self, failed_front: bool) {
+        let mut first = failed_front;
+        while let Some(p) = self.server.pending.front() {
+            if matches!(p, Pending::Ready(_)) {
+                break;
+            }
+            match self.server.pending.pop_front() {
+                Some(Pending::Parse { stmt: Some(s), .. }) => self.server.prepared.remove(s.id),
+                Some(Pending::Parse {
+                    stmt: None,
+                    swallow,
+                }) => {
+                    // A failed Parse of the unnamed statement drops the old one first.
+                    self.server.unnamed = 0;
+                    if first && !swallow {
+                        self.session.drop_unnamed();
+                    }
+                }
+                _ => {}
+            }
+            first = false;
+        }
+    }
+
     /// A server message that may complete the oldest pending response. True: it answers a
     /// message pgcarpool added, so the client must not see it.
     pub(super) fn on_server_completion(&mut self, tag: u8) -> bool {
@@ -344,22 +662,25 @@ impl Relay<'_> {
                 Pending::Execute,
             ) => (true, false),
             (backend::READY_FOR_QUERY, Pending::Ready(_)) => (true, false),
-            (backend::ERROR_RESPONSE, Pending::Ready(prepares)) => {
-                if let Some(s) = prepares {
-                    self.server.prepared.remove(s.id);
+            (backend::ERROR_RESPONSE, Pending::Ready(Some(p))) => {
+                let (stmt, name) = &**p;
+                self.server.prepared.remove(stmt.id);
+                if self
+                    .session
+                    .statements
+                    .get(name)
+                    .is_some_and(|s| Arc::ptr_eq(s, stmt))
+                {
+                    self.session.statements.remove(name);
+                }
+                if let Some(Pending::Ready(p)) = pending.front_mut() {
+                    *p = None;
                 }
                 (false, false)
             }
+            (backend::ERROR_RESPONSE, Pending::Ready(None)) => (false, false),
             (backend::ERROR_RESPONSE, _) => {
-                // The server skips everything up to the next Sync: those replies never come.
-                while let Some(p) = pending.front() {
-                    if matches!(p, Pending::Ready(_)) {
-                        break;
-                    }
-                    if let Some(Pending::Parse { stmt: Some(s), .. }) = pending.pop_front() {
-                        self.server.prepared.remove(s.id);
-                    }
-                }
+                self.skip_to_sync(true);
                 return false;
             }
             _ => (false, false),
@@ -371,9 +692,37 @@ impl Relay<'_> {
     }
 }
 
+const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// How the registry keys a statement made by SQL PREPARE: this, then the text after the
+/// statement's name.
+const SQL_PREPARE_KEY: &[u8] = b"\0PREPARE ";
+
+/// `PREPARE "PGCARPOOL_n" …` for a statement made by SQL PREPARE.
+fn sql_prepare_text(stmt: &Stmt) -> String {
+    format!(
+        "PREPARE {} {}",
+        quoted(&stmt.server_name),
+        String::from_utf8_lossy(&stmt.parse_rest[SQL_PREPARE_KEY.len()..])
+    )
+}
+
+/// A Parse of the unnamed statement with this text and the parameter types `types` (the
+/// original message's bytes after its text).
+fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(6 + sql.len() + 1 + types.len());
+    b.put_u8(frontend::PARSE);
+    b.put_i32((4 + 1 + sql.len() + 1 + types.len()) as i32);
+    b.put_u8(0);
+    b.put_slice(sql);
+    b.put_u8(0);
+    b.put_slice(types);
+    b.freeze()
+}
+
 /// A statement made by SQL PREPARE (its key is the text after the name).
 fn is_sql_prepared(stmt: &Stmt) -> bool {
-    stmt.parse_rest.starts_with(b"\0PREPARE ")
+    stmt.parse_rest.starts_with(SQL_PREPARE_KEY)
 }
 
 /// An identifier in double quotes.

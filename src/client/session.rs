@@ -25,6 +25,11 @@ pub struct VirtualSession {
     pub startup: Arc<Params>,
     /// Why the client must keep its server, if it must.
     pub pin: Option<Vec<&'static str>>,
+    /// The unnamed statement (its Parse body after the name), prepared again on another
+    /// server when the client binds it there; None when the client has none.
+    pub unnamed: Option<bytes::Bytes>,
+    /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
+    pub unnamed_id: u64,
 }
 
 impl VirtualSession {
@@ -78,6 +83,21 @@ impl VirtualSession {
         if self.params.get(name) != Some(value) {
             Arc::make_mut(&mut self.params).set(name, value);
         }
+    }
+
+    /// The client's Parse of the unnamed statement (`rest`: the body after the name).
+    pub fn parsed_unnamed(&mut self, rest: &[u8]) -> u64 {
+        if self.unnamed.as_deref() != Some(rest) {
+            self.unnamed = Some(bytes::Bytes::copy_from_slice(rest));
+        }
+        self.unnamed_id = super::prepared::next_unnamed_id();
+        self.unnamed_id
+    }
+
+    /// The unnamed statement is gone (a simple Query, Close, a failed Parse).
+    pub fn drop_unnamed(&mut self) {
+        self.unnamed = None;
+        self.unnamed_id = 0;
     }
 
     pub fn remove_param(&mut self, name: &str) {

@@ -338,6 +338,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                 let mut r = proto::Reader::new(body, "Parse");
                 let name = r.cstr_bytes()?;
                 !name.is_empty()
+                    && !c.session.statements.contains_key(name)
                     && c.shared
                         .statements
                         .lookup(&body[name.len() + 1..])
@@ -372,7 +373,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             }
             frontend::CLOSE => {
                 let name = proto::Reader::new(&body[1..], "Close").cstr_bytes()?;
-                c.session.statements.remove(name);
+                if name.is_empty() {
+                    c.session.drop_unnamed();
+                } else {
+                    c.session.statements.remove(name);
+                }
                 c.conn.queue_with(backend::close_complete);
             }
             frontend::SYNC => c.conn.queue_with(|b| backend::ready_for_query(b, b'I')),

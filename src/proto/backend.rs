@@ -236,6 +236,21 @@ pub struct ErrorFields {
     pub message: String,
 }
 
+/// The SQLSTATE of an ErrorResponse body, without allocating (None: malformed or absent).
+pub fn error_code(body: &[u8]) -> Option<[u8; 5]> {
+    let mut r = Reader::new(body, "ErrorResponse");
+    loop {
+        let t = r.u8().ok()?;
+        if t == 0 {
+            return None;
+        }
+        let v = r.cstr_bytes().ok()?;
+        if t == b'C' {
+            return v.try_into().ok();
+        }
+    }
+}
+
 pub fn parse_error(body: &[u8]) -> Result<ErrorFields, ProtoError> {
     let mut r = Reader::new(body, "ErrorResponse");
     let mut e = ErrorFields::default();
@@ -270,6 +285,9 @@ mod tests {
         assert_eq!(h.total, b.len());
         let e = parse_error(&b[5..]).unwrap();
         assert_eq!(e.code, "28P01");
+        assert_eq!(error_code(&b[5..]), Some(*b"28P01"));
+        assert_eq!(error_code(b"Mno code\0\0"), None);
+        assert_eq!(error_code(b"Cxx"), None);
         assert_eq!(e.severity, "FATAL");
     }
 

@@ -103,6 +103,9 @@ pub struct Server {
     pub pending: std::collections::VecDeque<crate::client::prepared::Pending>,
     /// The worker whose runtime drives the socket (see `crate::workers`).
     pub home: usize,
+    /// Whose unnamed statement the server holds (`VirtualSession::unnamed_id`; 0: none or
+    /// unknown). A simple Query drops it.
+    pub unnamed: u64,
 }
 
 impl Server {
@@ -126,6 +129,7 @@ impl Server {
             prepared: Default::default(),
             pending: Default::default(),
             home: crate::workers::current(),
+            unnamed: 0,
         }
     }
 

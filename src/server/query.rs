@@ -35,6 +35,8 @@ pub async fn query_rows(
 
 async fn send(server: &mut Server, sql: &str) -> Result<(), ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
+    // A simple query drops the server's unnamed statement.
+    server.unnamed = 0;
     server.proto.expected_rfq += 1;
     server
         .conn
@@ -154,11 +156,18 @@ pub fn literal(out: &mut String, s: &str) {
     out.push('\'');
 }
 
-/// `select pg_catalog.set_config('a', 'x', false), …` for a batch of settings.
+/// Most columns in one of pgcarpool's own SELECTs (PostgreSQL allows 1,664): longer lists
+/// are split into several statements of one query.
+pub const COLUMNS_PER_SELECT: usize = 1000;
+
+/// `select pg_catalog.set_config('a', 'x', false), …` for a batch of settings (of any
+/// size: one SELECT per `COLUMNS_PER_SELECT`).
 pub fn set_config_sql<'a>(items: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut sql = String::from("select ");
     for (i, (k, v)) in items.enumerate() {
-        if i > 0 {
+        if i > 0 && i % COLUMNS_PER_SELECT == 0 {
+            sql.push_str("; select ");
+        } else if i > 0 {
             sql.push_str(", ");
         }
         sql.push_str("pg_catalog.set_config(");
@@ -191,5 +200,10 @@ mod tests {
             sql,
             "select pg_catalog.set_config('TimeZone', 'UTC', false), pg_catalog.set_config('search_path', 'a, b', false)"
         );
+        let many: Vec<(String, String)> =
+            (0..2500).map(|n| (format!("a.x{n}"), "v".into())).collect();
+        let sql = set_config_sql(many.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        assert_eq!(sql.matches("select ").count(), 3);
+        assert_eq!(sql.matches("set_config(").count(), 2500);
     }
 }

@@ -2,18 +2,19 @@
 //! server back to a clean idle state at checkin (rollback, reset query).
 use std::time::Duration;
 
-use super::query::{drain, queue_copy_fail, set_config_sql, simple_query};
+use super::query::{COLUMNS_PER_SELECT, drain, queue_copy_fail, set_config_sql, simple_query};
 use super::{Params, Server, ServerError};
 use crate::proto::backend::ErrorFields;
 use crate::proto::frontend;
 
 /// Parameters a client can never set (reported by the server for information).
+/// `session_authorization` is not one: a superuser can change it, and it follows the client
+/// like any setting.
 pub fn is_read_only(name: &str) -> bool {
-    const RO: [&str; 7] = [
+    const RO: [&str; 6] = [
         "server_version",
         "server_encoding",
         "is_superuser",
-        "session_authorization",
         "integer_datetimes",
         "in_hot_standby",
         "scram_iterations",
@@ -83,10 +84,22 @@ pub async fn apply(
     if changes.is_empty() && back.is_empty() && reset.is_empty() {
         return Ok(None);
     }
-    let sets = changes
+    // SET SESSION AUTHORIZATION decides which roles may be set: it goes first, role last.
+    let mut sets: Vec<(&str, &str)> = changes
         .iter()
         .copied()
-        .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        .chain(back.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect();
+    sets.sort_by_key(|(k, _)| {
+        if k.eq_ignore_ascii_case("session_authorization") {
+            0
+        } else if k.eq_ignore_ascii_case("role") {
+            2
+        } else {
+            1
+        }
+    });
+    let sets = sets.into_iter();
     let mut sql = if changes.is_empty() && back.is_empty() {
         String::new()
     } else {
@@ -132,9 +145,15 @@ pub async fn read_session_settings(
 ) -> Result<Vec<(String, Option<String>)>, ServerError> {
     let mut out = Vec::new();
     if !names.is_empty() {
-        let mut sql = String::from("select ");
+        // One row per SELECT of at most COLUMNS_PER_SELECT columns, in order.
+        let mut sql = String::new();
         for (i, n) in names.iter().enumerate() {
-            if i > 0 {
+            if i % COLUMNS_PER_SELECT == 0 {
+                if i > 0 {
+                    sql.push_str("; ");
+                }
+                sql.push_str("select ");
+            } else {
                 sql.push_str(", ");
             }
             sql.push_str("pg_catalog.current_setting(");
@@ -142,9 +161,7 @@ pub async fn read_session_settings(
             sql.push_str(", true)");
         }
         let rows = super::query::query_rows(server, &sql).await?;
-        if let Some(row) = rows.into_iter().next() {
-            out.extend(names.iter().cloned().zip(row));
-        }
+        out.extend(names.iter().cloned().zip(rows.into_iter().flatten()));
     }
     if all_session {
         let rows = super::query::query_rows(

@@ -19,6 +19,7 @@
 
 mod pooler;
 mod postgres;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,306 @@
+//! A raw frontend for oracle tests: sends exactly the messages a script names (simple Query
+//! or Parse/Bind/Describe/Execute/Close/Sync, SQL text inside Parse included) and turns what
+//! comes back into a transcript of lines. The same script runs straight against PostgreSQL
+//! and through pgcarpool; the transcripts must be equal (`oracle`).
+//!
+//! Script lines (one message each; `|` separates fields):
+//!
+//! | line                 | message                                             |
+//! |----------------------|-----------------------------------------------------|
+//! | `Q sql`              | Query                                               |
+//! | `P name|sql`         | Parse (no parameter types given)                    |
+//! | `B portal|stmt|a,b`  | Bind with text parameters (`\N` is NULL)            |
+//! | `D S name`, `D P name` | Describe statement / portal                       |
+//! | `E portal`           | Execute (no row limit)                              |
+//! | `C S name`, `C P name` | Close                                             |
+//! | `S`                  | Sync                                                |
+//!
+//! A step is several lines sent at once; the reply is read up to one ReadyForQuery per
+//! `Q` and `S` line. Transcript lines: `ParseComplete`, `BindComplete`, `CloseComplete`,
+//! `NoData`, `Columns a,b`, `Row x|y`, `Complete TAG`, `Error CODE message`, `Empty`,
+//! `Suspended`, `Ready S`, `Params n`. ParameterStatus and notices are left out.
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub struct Wire {
+    s: TcpStream,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+fn msg(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
+    out.push(tag);
+    out.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+fn cstr(b: &mut Vec<u8>, s: &str) {
+    b.extend_from_slice(s.as_bytes());
+    b.push(0);
+}
+
+impl Wire {
+    /// Log in as `user` (the server or pooler must trust it) to `db` on 127.0.0.1:`port`.
+    pub async fn connect(port: u16, user: &str, db: &str) -> Wire {
+        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut w = Wire {
+            s,
+            buf: Vec::new(),
+            out: Vec::new(),
+        };
+        let mut body = 196_608i32.to_be_bytes().to_vec();
+        for (k, v) in [("user", user), ("database", db)] {
+            cstr(&mut body, k);
+            cstr(&mut body, v);
+        }
+        body.push(0);
+        w.out
+            .extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        w.out.extend_from_slice(&body);
+        w.flush().await;
+        loop {
+            let (tag, body) = w.next().await;
+            match tag {
+                b'R' if body[..4] == [0, 0, 0, 0] => {}
+                b'R' => panic!("wire client: only trust auth is supported"),
+                b'E' => panic!("login failed: {}", String::from_utf8_lossy(&body)),
+                b'Z' => return w,
+                _ => {}
+            }
+        }
+    }
+
+    async fn flush(&mut self) {
+        self.s.write_all(&self.out).await.unwrap();
+        self.out.clear();
+    }
+
+    /// The next whole message (tag, body); panics after 20 s without one, or when the
+    /// connection closes (showing what `seen` already holds).
+    async fn next(&mut self) -> (u8, Vec<u8>) {
+        self.next_seen(&[]).await
+    }
+
+    async fn next_seen(&mut self, seen: &[String]) -> (u8, Vec<u8>) {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..1 + len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..1 + len);
+                    return (tag, body);
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
+                .await
+                .expect("wire client: no reply within 20 s")
+                .unwrap();
+            assert!(n > 0, "wire client: connection closed after {seen:?}");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Queue one script line.
+    pub fn line(&mut self, line: &str) -> usize {
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let f: Vec<&str> = rest.splitn(3, '|').collect();
+        let mut b = Vec::new();
+        match kind {
+            "Q" => {
+                cstr(&mut b, rest);
+                msg(&mut self.out, b'Q', &b);
+                return 1;
+            }
+            "P" => {
+                cstr(&mut b, f[0]);
+                cstr(&mut b, f.get(1).copied().unwrap_or(""));
+                b.extend_from_slice(&0i16.to_be_bytes());
+                msg(&mut self.out, b'P', &b);
+            }
+            "B" => {
+                cstr(&mut b, f[0]);
+                cstr(&mut b, f.get(1).copied().unwrap_or(""));
+                let params: Vec<&str> = match f.get(2) {
+                    Some(p) if !p.is_empty() => p.split(',').collect(),
+                    _ => Vec::new(),
+                };
+                b.extend_from_slice(&0i16.to_be_bytes());
+                b.extend_from_slice(&(params.len() as i16).to_be_bytes());
+                for p in &params {
+                    if *p == "\\N" {
+                        b.extend_from_slice(&(-1i32).to_be_bytes());
+                    } else {
+                        b.extend_from_slice(&(p.len() as i32).to_be_bytes());
+                        b.extend_from_slice(p.as_bytes());
+                    }
+                }
+                b.extend_from_slice(&0i16.to_be_bytes());
+                msg(&mut self.out, b'B', &b);
+            }
+            "D" | "C" => {
+                let (k, name) = rest.split_once(' ').unwrap_or((rest, ""));
+                b.push(k.as_bytes()[0]);
+                cstr(&mut b, name);
+                msg(&mut self.out, kind.as_bytes()[0], &b);
+            }
+            "E" => {
+                cstr(&mut b, rest);
+                b.extend_from_slice(&0i32.to_be_bytes());
+                msg(&mut self.out, b'E', &b);
+            }
+            "S" => {
+                msg(&mut self.out, b'S', &[]);
+                return 1;
+            }
+            "H" => msg(&mut self.out, b'H', &[]),
+            other => panic!("unknown script line kind {other:?}"),
+        }
+        0
+    }
+
+    /// Send a step (lines separated by newlines) and return its transcript.
+    pub async fn step(&mut self, step: &str) -> Vec<String> {
+        let mut ready = 0;
+        for l in step.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            ready += self.line(l);
+        }
+        self.flush().await;
+        let mut out = Vec::new();
+        while ready > 0 {
+            let (tag, body) = self.next_seen(&out).await;
+            if let Some(l) = describe(tag, &body) {
+                out.push(l);
+            }
+            if tag == b'Z' {
+                ready -= 1;
+            }
+        }
+        out
+    }
+}
+
+fn fields(body: &[u8]) -> Vec<(u8, String)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < body.len() && body[at] != 0 {
+        let k = body[at];
+        let end = body[at + 1..].iter().position(|&c| c == 0).unwrap() + at + 1;
+        out.push((k, String::from_utf8_lossy(&body[at + 1..end]).into_owned()));
+        at = end + 1;
+    }
+    out
+}
+
+fn cstrs(mut b: &[u8]) -> (String, &[u8]) {
+    let end = b.iter().position(|&c| c == 0).unwrap();
+    let s = String::from_utf8_lossy(&b[..end]).into_owned();
+    b = &b[end + 1..];
+    (s, b)
+}
+
+/// One transcript line for a backend message (None: not part of transcripts).
+fn describe(tag: u8, body: &[u8]) -> Option<String> {
+    Some(match tag {
+        b'1' => "ParseComplete".into(),
+        b'2' => "BindComplete".into(),
+        b'3' => "CloseComplete".into(),
+        b'n' => "NoData".into(),
+        b'I' => "Empty".into(),
+        b's' => "Suspended".into(),
+        b'Z' => format!("Ready {}", body[0] as char),
+        b'C' => format!("Complete {}", cstrs(body).0),
+        b't' => format!("Params {}", i16::from_be_bytes([body[0], body[1]])),
+        b'E' => {
+            let f = fields(body);
+            let get = |k: u8| {
+                f.iter()
+                    .find(|(c, _)| *c == k)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            format!("Error {} {}", get(b'C'), get(b'M'))
+        }
+        b'T' => {
+            let n = i16::from_be_bytes([body[0], body[1]]);
+            let mut rest = &body[2..];
+            let mut names = Vec::new();
+            for _ in 0..n {
+                let (name, r) = cstrs(rest);
+                names.push(name);
+                rest = &r[18..];
+            }
+            format!("Columns {}", names.join(","))
+        }
+        b'D' => {
+            let n = i16::from_be_bytes([body[0], body[1]]);
+            let mut at = 2;
+            let mut vals = Vec::new();
+            for _ in 0..n {
+                let len = i32::from_be_bytes(body[at..at + 4].try_into().unwrap());
+                at += 4;
+                if len < 0 {
+                    vals.push("NULL".to_string());
+                } else {
+                    let len = len as usize;
+                    vals.push(String::from_utf8_lossy(&body[at..at + len]).into_owned());
+                    at += len;
+                }
+            }
+            format!("Row {}", vals.join("|"))
+        }
+        _ => return None,
+    })
+}
+
+/// Run each client's steps in lockstep (step k of every client before step k+1 of any),
+/// once against `direct_port` and once against `pooler_port`, and return both sets of
+/// transcripts: `[client][step]` lines.
+pub async fn transcripts(
+    port: u16,
+    user: &str,
+    db: &str,
+    scripts: &[Vec<String>],
+) -> Vec<Vec<Vec<String>>> {
+    let mut conns = Vec::new();
+    for _ in scripts {
+        conns.push(Wire::connect(port, user, db).await);
+    }
+    let mut out = vec![Vec::new(); scripts.len()];
+    let steps = scripts.iter().map(Vec::len).max().unwrap_or(0);
+    for k in 0..steps {
+        for (i, s) in scripts.iter().enumerate() {
+            if let Some(step) = s.get(k) {
+                let t = conns[i].step(step).await;
+                out[i].push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Same transcripts straight from PostgreSQL and through pgcarpool, or a panic that shows
+/// the first difference. Returns the transcripts (for further checks).
+pub async fn oracle(
+    direct_port: u16,
+    pooler_port: u16,
+    user: &str,
+    db: &str,
+    scripts: &[Vec<String>],
+) -> Vec<Vec<Vec<String>>> {
+    let want = transcripts(direct_port, user, db, scripts).await;
+    let got = transcripts(pooler_port, user, db, scripts).await;
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (k, (ws, gs)) in w.iter().zip(g).enumerate() {
+            assert_eq!(
+                ws, gs,
+                "client {i} step {k} differs\n--- step\n{}\n--- PostgreSQL (left) vs pgcarpool (right)",
+                scripts[i][k]
+            );
+        }
+    }
+    got
+}

@@ -1,0 +1,292 @@
+//! PostgreSQL is the oracle: the same scripts, sent by 16 clients in lockstep straight to
+//! PostgreSQL and through pgcarpool in transaction mode over a pool of one server, must give
+//! every client the same rows and errors. Both protocols (simple Query, and Parse/Bind/
+//! Execute with SQL text inside the Parse), same names in every client, DDL in between.
+mod harness;
+
+use harness::wire::{Wire, oracle};
+use harness::{TempPostgres, TestPooler};
+
+async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .start()
+        .await
+}
+
+fn script(steps: &[String]) -> Vec<String> {
+    steps.to_vec()
+}
+
+/// Every client's transcript holds `needle` somewhere (guards against scripts that test
+/// nothing: both sides failing the same way for another reason).
+fn all_contain(t: &[Vec<Vec<String>>], step: usize, needle: &str) {
+    for (i, c) in t.iter().enumerate() {
+        assert!(
+            c[step].iter().any(|l| l.contains(needle)),
+            "client {i} step {step}: no {needle:?} in {:?}",
+            c[step]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_execute_deallocate_in_both_protocols() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                format!("Q PREPARE p(int) AS select $1 + {i}, 'client-{i}'"),
+                "Q EXECUTE p(0)".into(),
+                // SQL EXECUTE inside a Parse (what a driver sends for a parameterless query).
+                "P |EXECUTE p(1)\nB ||\nD P \nE \nS".into(),
+                "Q PREPARE p AS select 1".into(),
+                "Q EXECUTE p(2)".into(),
+                "P |DEALLOCATE p\nB ||\nE \nS".into(),
+                "Q EXECUTE p(0)".into(),
+                "P |EXECUTE p(0)\nB ||\nE \nS".into(),
+                format!("Q PREPARE p AS select 'again-{i}'"),
+                "P |EXECUTE p\nB ||\nE \nS".into(),
+                "Q DEALLOCATE p".into(),
+                "Q DEALLOCATE p".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[1].contains(&format!("Row {i}|client-{i}")), "{:?}", c[1]);
+        assert!(
+            c[2].contains(&format!("Row {}|client-{i}", i + 1)),
+            "{:?}",
+            c[2]
+        );
+        assert!(c[9].contains(&format!("Row again-{i}")), "{:?}", c[9]);
+    }
+    all_contain(&t, 3, "Error 42P05");
+    all_contain(&t, 6, "Error 26000");
+    all_contain(&t, 7, "Error 26000");
+    all_contain(&t, 11, "Error 26000");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_and_unknown_names_fail_as_in_postgresql() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                format!("P s1|select {i}\nS"),
+                "P s1|select 'x'\nS".into(),
+                "B |s1|\nE \nS".into(),
+                // A failed Parse in a pipeline: the server skips to the Sync.
+                "P s1|select 'y'\nB |s1|\nE \nS".into(),
+                "B |nosuch|\nE \nS".into(),
+                "D S nosuch\nS".into(),
+                "C S nosuch\nS".into(),
+                "Q DEALLOCATE \"PGCARPOOL_1\"".into(),
+                "Q EXECUTE \"PGCARPOOL_1\"".into(),
+                "B |PGCARPOOL_1|\nE \nS".into(),
+                "D S PGCARPOOL_2\nS".into(),
+                format!(
+                    "Q BEGIN\nQ PREPARE t2 AS select {i}\nQ PREPARE t2 AS select 2\nQ EXECUTE t2\nQ ROLLBACK"
+                ),
+                "Q EXECUTE t2".into(),
+                "Q BEGIN\nQ select 1/0\nP s1|select 3\nS\nQ ROLLBACK".into(),
+                "Q BEGIN\nP s9|select 1\nP s9|select 2\nS\nB |s9|\nE \nS\nQ ROLLBACK".into(),
+                "B |s9|\nE \nS".into(),
+                // A statement ending a failed transaction block is accepted there (pgjdbc
+                // prepares its ROLLBACK by name).
+                "P rb0|ROLLBACK\nS".into(),
+                "Q BEGIN\nQ select 1/0\nP rb|ROLLBACK\nB |rb|\nE \nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[2].contains(&format!("Row {i}")), "{:?}", c[2]);
+        assert!(c[12].contains(&format!("Row {i}")), "{:?}", c[12]);
+    }
+    all_contain(&t, 1, "Error 42P05");
+    all_contain(&t, 3, "Error 42P05");
+    all_contain(&t, 4, "Error 26000");
+    all_contain(&t, 5, "Error 26000");
+    all_contain(&t, 7, "Error 26000");
+    all_contain(&t, 8, "Error 26000");
+    all_contain(&t, 9, "Error 26000");
+    all_contain(&t, 11, "Error 25P02");
+    all_contain(&t, 13, "Error 25P02");
+    all_contain(&t, 14, "Error 42P05");
+    all_contain(&t, 17, "Complete ROLLBACK");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_statement_lives_until_postgresql_drops_it() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                // pgx's describe-exec: Parse+Describe+Sync, then Bind+Execute+Sync.
+                format!("P |select $1::int + {i}\nD S \nS"),
+                "B ||5\nE \nS".into(),
+                "B ||6\nD P \nE \nS".into(),
+                "D S \nS".into(),
+                // A simple query drops it.
+                format!("Q select {i}"),
+                "B ||5\nE \nS".into(),
+                // A failed Parse drops it too.
+                format!("P |select 'u{i}'\nS"),
+                "P |select nosuchcolumn\nS".into(),
+                "B ||\nE \nS".into(),
+                // So does Close.
+                format!("P |select 'v{i}'\nS"),
+                "C S \nS".into(),
+                "B ||\nE \nS".into(),
+                format!("P |select 'w{i}'\nS"),
+                "B ||\nE \nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[1].contains(&format!("Row {}", i + 5)), "{:?}", c[1]);
+        assert!(c[2].contains(&format!("Row {}", i + 6)), "{:?}", c[2]);
+        assert!(c[13].contains(&format!("Row w{i}")), "{:?}", c[13]);
+    }
+    all_contain(&t, 5, "Error 26000");
+    all_contain(&t, 8, "Error 26000");
+    all_contain(&t, 11, "Error 26000");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_parsed_after_ddl_see_the_new_schema() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            script(&[
+                one(
+                    i,
+                    "Q drop table if exists st; create table st(a int); insert into st values (1)",
+                ),
+                "P s|select * from st\nB |s|\nE \nS".into(),
+                "Q PREPARE q AS select * from st".into(),
+                one(
+                    i,
+                    "Q DEALLOCATE ALL; drop table st; create table st(a int, b text); insert into st values (2, 'two')",
+                ),
+                "P s2|select * from st\nB |s2|\nE \nS".into(),
+                "P |select * from st\nB ||\nE \nS".into(),
+                "Q PREPARE q2 AS select * from st".into(),
+                "Q EXECUTE q2".into(),
+                // Not compared: statements prepared before the change. PostgreSQL fails
+                // them (0A000, cached plan must not change result type); pgcarpool may
+                // prepare them anew on a server that lost them (docs/compatibility.md).
+            ])
+        })
+        .collect();
+    // The DDL must run through pgcarpool in the pooled run and straight in the direct run:
+    // each run creates the table itself.
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(
+            c[4].contains(&"Row 2|two".to_string()),
+            "client {i}: {:?}",
+            c[4]
+        );
+        assert!(
+            c[5].contains(&"Row 2|two".to_string()),
+            "client {i}: {:?}",
+            c[5]
+        );
+        assert!(
+            c[7].contains(&"Row 2|two".to_string()),
+            "client {i}: {:?}",
+            c[7]
+        );
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changed_out_of_sight_stays_with_its_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            let role = if i % 2 == 1 {
+                "DO $$BEGIN EXECUTE 'SET ROLE md5user'; END$$"
+            } else {
+                "select 1"
+            };
+            let auth = if i % 4 == 2 {
+                "SET SESSION AUTHORIZATION trustuser"
+            } else {
+                "select 2"
+            };
+            script(&[
+                format!("Q DO $$BEGIN EXECUTE 'SET search_path = s' || '{i}' || ', public'; END$$"),
+                "Q show search_path".into(),
+                format!(
+                    "Q DO $$BEGIN PERFORM set_config('statement_timeout', '{}', false); END$$",
+                    (i + 1) * 1000
+                ),
+                "Q show statement_timeout".into(),
+                format!("Q {role}"),
+                format!("Q {auth}"),
+                "Q select current_user, session_user".into(),
+                "P |show search_path\nB ||\nE \nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[1].contains(&format!("Row s{i}, public")), "{:?}", c[1]);
+        assert!(c[3].contains(&format!("Row {}s", i + 1)), "{:?}", c[3]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_settings_follow_their_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let sets: String = (0..2500)
+        .map(|n| format!("SET myapp.x_{n} = 'v{n}'; "))
+        .collect();
+    let scripts = vec![
+        script(&[
+            format!("Q {sets}"),
+            String::new(),
+            "Q show myapp.x_2499".into(),
+        ]),
+        script(&[
+            String::new(),
+            // A server that had the setting keeps it defined, empty: PostgreSQL cannot
+            // undefine a custom setting (docs/compatibility.md).
+            "Q select coalesce(current_setting('myapp.x_1', true), '')".into(),
+            "Q select coalesce(current_setting('myapp.x_7', true), '')".into(),
+        ]),
+    ];
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    assert!(t[0][2].contains(&"Row v2499".to_string()), "{:?}", t[0][2]);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_encoding_is_reported_canonically() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let mut w = Wire::connect(p.port(), "postgres", "testdb").await;
+    let t = w.step("Q show client_encoding").await;
+    assert!(t.contains(&"Row UTF8".to_string()), "{t:?}");
+    p.shutdown().await;
+}
