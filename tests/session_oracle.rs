@@ -290,3 +290,93 @@ async fn client_encoding_is_reported_canonically() {
     assert!(t.contains(&"Row UTF8".to_string()), "{t:?}");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_inside_a_parse_pins_and_behaves_as_postgresql() {
+    let pg = TempPostgres::start();
+    // Every client pins a server of its own; one more serves the rest.
+    let p = pool_of(&pg, 17).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                format!("P |PREPARE q AS select 'q{i}'\nB ||\nE \nS"),
+                "Q EXECUTE q".into(),
+                "P |PREPARE q AS select 2\nB ||\nE \nS".into(),
+                "P |EXECUTE q\nB ||\nE \nS".into(),
+                "Q PREPARE t1 AS select 1; PREPARE t1 AS select 'x'; EXECUTE t1".into(),
+                "Q EXECUTE t1".into(),
+                "Q DEALLOCATE q".into(),
+                "P |DEALLOCATE q\nB ||\nE \nS".into(),
+                "Q DEALLOCATE t1; select 'done'".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[1].contains(&format!("Row q{i}")), "{:?}", c[1]);
+        assert!(c[3].contains(&format!("Row q{i}")), "{:?}", c[3]);
+    }
+    all_contain(&t, 2, "Error 42P05");
+    all_contain(&t, 4, "Error 42P05");
+    all_contain(&t, 7, "Error 26000");
+    // Names pgcarpool owns cannot be taken that way.
+    let mut w = Wire::connect(p.port(), "postgres", "testdb").await;
+    let got = w
+        .step("P |PREPARE \"PGCARPOOL_1\" AS select 1\nB ||\nE \nS")
+        .await;
+    assert!(got[0].starts_with("Error 42939"), "{got:?}");
+    let got = w
+        .step("Q DEALLOCATE \"PGCARPOOL_1\"; PREPARE \"PGCARPOOL_1\" AS select 'loot'")
+        .await;
+    assert!(got[0].starts_with("Error 42939"), "{got:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_statements_replaced_out_of_sight_are_dropped() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    // Code pgcarpool cannot read replaces the statement a victim prepared under its
+    // internal name (the first statement of the pooler: PGCARPOOL_1).
+    let attack = "Q DO $$BEGIN \
+        BEGIN EXECUTE 'DEALLOCATE ' || quote_ident('PGCARPOOL' || '_1'); \
+        EXCEPTION WHEN OTHERS THEN NULL; END; \
+        EXECUTE 'PREPARE ' || quote_ident('PGCARPOOL' || '_1') || ' AS select ''loot'''; END$$";
+    let scripts = vec![
+        script(&[
+            "P v|select 'victim'\nS".into(),
+            String::new(),
+            "B |v|\nE \nS".into(),
+        ]),
+        script(&[String::new(), attack.into(), String::new()]),
+    ];
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    assert!(t[0][2].contains(&"Row victim".to_string()), "{:?}", t[0][2]);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_client_leaves_nothing_behind_without_a_reset_query() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("server_reset_query", "")
+        .start()
+        .await;
+    let mut a = Wire::connect(p.port(), "postgres", "testdb").await;
+    let got = a
+        .step("Q create temp table tt(a int); insert into tt values (1); PREPARE own AS select 7")
+        .await;
+    assert!(got.contains(&"Complete INSERT 0 1".to_string()), "{got:?}");
+    drop(a);
+    let mut b = Wire::connect(p.port(), "postgres", "testdb").await;
+    let got = b.step("Q select * from tt").await;
+    assert!(got[0].starts_with("Error 42P01"), "{got:?}");
+    let got = b
+        .step("Q select count(*) from pg_prepared_statements")
+        .await;
+    assert!(got.contains(&"Row 0".to_string()), "{got:?}");
+    p.shutdown().await;
+}

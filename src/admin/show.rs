@@ -843,6 +843,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_advisory_lock", Int),
         ("pinned_listen", Int),
         ("pinned_with_hold_cursor", Int),
+        ("pinned_prepared_statement", Int),
         ("server_moves", Int),
     ]);
     for p in shared.pools.all() {

@@ -26,7 +26,26 @@ pub struct Stmt {
     generation: u64,
 }
 
+/// How the registry keys a statement made by SQL PREPARE: this, then the text after the
+/// statement's name.
+pub const SQL_PREPARE_KEY: &[u8] = b"\0PREPARE ";
+
 impl Stmt {
+    /// Made by SQL PREPARE (prepared on servers by SQL, not by a Parse).
+    pub fn is_sql_prepared(&self) -> bool {
+        self.parse_rest.starts_with(SQL_PREPARE_KEY)
+    }
+
+    /// The query that prepares a SQL PREPARE statement on a server; it is also what the
+    /// server's pg_prepared_statements shows as its text.
+    pub fn sql_prepare_text(&self) -> String {
+        format!(
+            "PREPARE \"{}\" {}",
+            String::from_utf8_lossy(&self.server_name),
+            String::from_utf8_lossy(&self.parse_rest[SQL_PREPARE_KEY.len()..])
+        )
+    }
+
     pub fn is_validated(&self) -> bool {
         self.validated.load(Ordering::Relaxed)
     }
@@ -185,6 +204,14 @@ impl PreparedSet {
 
     pub fn clear(&mut self) {
         self.held.clear();
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Arc<Stmt>> {
+        self.held.get(&id).map(|(_, s)| s)
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.held.keys().copied().collect()
     }
 }
 

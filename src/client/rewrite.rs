@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes};
 
 use super::classify::{self, Effects};
-use super::prepared::{Answer, Pending, Stmt};
+use super::prepared::{Answer, Pending, SQL_PREPARE_KEY, Stmt};
 use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
@@ -143,7 +143,7 @@ impl Relay<'_> {
                     self.answer(Answer::Query("PREPARE"));
                     return Ok(());
                 }
-                let sql = sql_prepare_text(&stmt);
+                let sql = stmt.sql_prepare_text();
                 self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
                 self.send_query(query_message(&sql), Some(Box::new((stmt, name))));
@@ -206,8 +206,8 @@ impl Relay<'_> {
         if self.server.prepared.touch(stmt.id) {
             return;
         }
-        if is_sql_prepared(stmt) {
-            let prep = sql_prepare_text(stmt);
+        if stmt.is_sql_prepared() {
+            let prep = stmt.sql_prepare_text();
             self.server.conn.queue_with(|b| frontend::query(b, &prep));
             self.server.unnamed = 0;
         } else {
@@ -479,12 +479,12 @@ impl Relay<'_> {
         if self.server.prepared.touch(stmt.id) {
             return;
         }
-        if is_sql_prepared(stmt) {
+        if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
             if !self.at_sync_point {
                 return;
             }
-            let prep = sql_prepare_text(stmt);
+            let prep = stmt.sql_prepare_text();
             self.server.conn.queue_with(|b| frontend::query(b, &prep));
             self.server.unnamed = 0;
             self.server.proto.expected_rfq += 1;
@@ -526,7 +526,7 @@ impl Relay<'_> {
             return None;
         }
         let stmt = self.session.statements.get(name)?.clone();
-        if is_sql_prepared(&stmt) {
+        if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: usable from the protocol only where it already exists.
             return self.server.prepared.touch(stmt.id).then_some(stmt);
         }
@@ -694,19 +694,6 @@ impl Relay<'_> {
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
 
-/// How the registry keys a statement made by SQL PREPARE: this, then the text after the
-/// statement's name.
-const SQL_PREPARE_KEY: &[u8] = b"\0PREPARE ";
-
-/// `PREPARE "PGCARPOOL_n" …` for a statement made by SQL PREPARE.
-fn sql_prepare_text(stmt: &Stmt) -> String {
-    format!(
-        "PREPARE {} {}",
-        quoted(&stmt.server_name),
-        String::from_utf8_lossy(&stmt.parse_rest[SQL_PREPARE_KEY.len()..])
-    )
-}
-
 /// A Parse of the unnamed statement with this text and the parameter types `types` (the
 /// original message's bytes after its text).
 fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
@@ -718,11 +705,6 @@ fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
     b.put_u8(0);
     b.put_slice(types);
     b.freeze()
-}
-
-/// A statement made by SQL PREPARE (its key is the text after the name).
-fn is_sql_prepared(stmt: &Stmt) -> bool {
-    stmt.parse_rest.starts_with(SQL_PREPARE_KEY)
 }
 
 /// An identifier in double quotes.

@@ -124,9 +124,10 @@ async fn transaction(
     // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
     // back to the pool as it is.
     server.reset = match event {
-        RelayEvent::Release => reset_always || c.session.pin.is_some(),
-        _ => mode == PoolMode::Session || reset_always || c.session.pin.is_some(),
+        RelayEvent::Release => reset_always,
+        _ => mode == PoolMode::Session || reset_always,
     };
+    server.discard = c.session.pin.is_some();
     match event {
         RelayEvent::Release => {
             if !effects.is_empty() || c.session.pin.is_some() {
@@ -142,10 +143,10 @@ async fn transaction(
                     }
                 }
             }
+            server.discard = c.session.pin.is_some();
             if c.session.pin.is_some() {
                 return Ok(After::Next(Some(server)));
             }
-            server.reset = reset_always;
             Ok(After::Next(None))
         }
         RelayEvent::ClientTerminate | RelayEvent::ClientGone => Ok(After::Leave),
@@ -204,7 +205,7 @@ async fn after_transaction(
     if effects.pin_check || c.session.pin.is_some() {
         let reasons = sync::pin_reasons(server).await?;
         if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
-            server.reset = true;
+            server.discard = true;
             return Ok(Err(ClientError::fatal(
                 "0A000",
                 format!(

@@ -11,6 +11,9 @@ pub struct PooledServer {
     pool: Arc<Pool>,
     /// Run server_reset_query before the next client gets this server.
     pub reset: bool,
+    /// The server holds session state a client left behind (it was pinned): reset it with
+    /// server_reset_query, or DISCARD ALL when that is empty.
+    pub discard: bool,
 }
 
 impl PooledServer {
@@ -19,6 +22,7 @@ impl PooledServer {
             server: Some(server),
             pool,
             reset: false,
+            discard: false,
         }
     }
 
@@ -58,12 +62,13 @@ impl Drop for PooledServer {
         }
         let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.pending.is_empty();
         let cancel_in_flight = cancels_in_flight(&s);
-        if clean && !self.reset && s.conn.out_len() == 0 && !cancel_in_flight {
+        if clean && !self.reset && !self.discard && s.conn.out_len() == 0 && !cancel_in_flight {
             self.pool.checkin(s);
             return;
         }
         let pool = self.pool.clone();
-        let reset = self.reset;
+        let reset = self.reset || self.discard;
+        let discard = self.discard;
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             pool.close(s);
             return;
@@ -75,7 +80,11 @@ impl Drop for PooledServer {
             let mut ok = !cancel_in_flight || wait_for_cancels(&s, limit).await;
             ok = ok && sync::cleanup(&mut s, limit).await.is_ok();
             if ok && reset {
-                let r = tokio::time::timeout(limit, sync::reset(&mut s, &settings.server_reset_query)).await;
+                let query = match settings.server_reset_query.trim() {
+                    "" if discard => "DISCARD ALL",
+                    q => q,
+                };
+                let r = tokio::time::timeout(limit, sync::reset(&mut s, query)).await;
                 ok = matches!(r, Ok(Ok(())));
             }
             if ok {

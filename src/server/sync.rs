@@ -179,23 +179,82 @@ pub async fn read_session_settings(
 }
 
 /// The reasons a client can be pinned to its server, in the order of `PoolStats::pins`.
-pub const PIN_REASONS: [&str; 4] = ["temp table", "advisory lock", "listen", "with hold cursor"];
+/// "prepared statement": the client holds a server-side statement under a name of its own
+/// (SQL PREPARE sent inside a Parse or a multi-statement query).
+pub const PIN_REASONS: [&str; 5] = [
+    "temp table",
+    "advisory lock",
+    "listen",
+    "with hold cursor",
+    "prepared statement",
+];
 
-/// Why this server's session cannot be shared right now (empty: it can).
+/// Why this server's session cannot be shared right now (empty: it can). Also checks that
+/// the statements pgcarpool keeps on the server under its internal names are the ones it
+/// prepared (code it cannot read, such as a DO block, could have replaced or dropped them):
+/// the others are deallocated and forgotten.
 pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, ServerError> {
     const SQL: &str = "select \
         (select count(*) from pg_catalog.pg_class where relpersistence = 't' and relnamespace = pg_catalog.pg_my_temp_schema()), \
         (select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()), \
         (select count(*) from pg_catalog.pg_listening_channels()), \
-        (select count(*) from pg_catalog.pg_cursors where is_holdable)";
-    let rows = super::query::query_rows(server, SQL).await?;
-    let row = rows.into_iter().next().unwrap_or_default();
-    Ok(PIN_REASONS
+        (select count(*) from pg_catalog.pg_cursors where is_holdable), \
+        (select count(*) from pg_catalog.pg_prepared_statements where name not like 'PGCARPOOL\\_%'); \
+        select name, from_sql::text, case when from_sql then statement end \
+        from pg_catalog.pg_prepared_statements where name like 'PGCARPOOL\\_%'";
+    let mut rows = super::query::query_rows(server, SQL).await?.into_iter();
+    let row = rows.next().unwrap_or_default();
+    let reasons = PIN_REASONS
         .iter()
         .zip(row)
         .filter(|(_, n)| n.as_deref().is_some_and(|n| n != "0"))
         .map(|(r, _)| *r)
-        .collect())
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut foreign = Vec::new();
+    for r in rows {
+        let [Some(name), Some(from_sql), text] = <[Option<String>; 3]>::try_from(r)
+            .map_err(|_| ServerError::Login("bad pg_prepared_statements row".into()))?
+        else {
+            continue;
+        };
+        let ours = name
+            .strip_prefix(crate::client::classify::INTERNAL_PREFIX)
+            .and_then(|id| id.parse::<u64>().ok())
+            .and_then(|id| server.prepared.get(id).map(|s| (id, s.clone())))
+            .filter(|(_, s)| {
+                (from_sql == "true") == s.is_sql_prepared()
+                    && (!s.is_sql_prepared() || text.as_deref() == Some(&s.sql_prepare_text()))
+            });
+        match ours {
+            Some((id, _)) => {
+                seen.insert(id);
+            }
+            None => foreign.push(name),
+        }
+    }
+    for id in server.prepared.ids() {
+        if !seen.contains(&id) {
+            server.prepared.remove(id);
+        }
+    }
+    if !foreign.is_empty() {
+        tracing::warn!(
+            server = server.id,
+            count = foreign.len(),
+            "statements under pgcarpool's internal names that pgcarpool did not prepare: deallocated"
+        );
+        let mut sql = String::new();
+        for name in &foreign {
+            sql.push_str("DEALLOCATE \"");
+            sql.push_str(&name.replace('"', "\"\""));
+            sql.push_str("\"; ");
+        }
+        if let Some(e) = simple_query(server, &sql).await? {
+            return Err(ServerError::Rejected(e));
+        }
+    }
+    Ok(reasons)
 }
 
 /// Run the reset query (e.g. DISCARD ALL); afterwards the server's parameters are its login ones.

@@ -26,7 +26,7 @@ pub struct PoolStats {
     /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
     pub pinned_clients: AtomicU64,
     /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
-    pub pins: [AtomicU64; 4],
+    pub pins: [AtomicU64; 5],
     /// Servers moved to another worker's runtime at checkout (see `crate::workers`).
     pub server_moves: AtomicU64,
     /// Query durations (microseconds).
