@@ -206,10 +206,18 @@ async fn statements_parsed_after_ddl_see_the_new_schema() {
     let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
     for (i, c) in t.iter().enumerate() {
         for k in [4, 5, 7] {
-            assert!(c[k].contains(&"Row 2|two".to_string()), "client {i}: {:?}", c[k]);
+            assert!(
+                c[k].contains(&"Row 2|two".to_string()),
+                "client {i}: {:?}",
+                c[k]
+            );
         }
         for k in [9, 11] {
-            assert!(c[k].contains(&"Row 3|three|3".to_string()), "client {i}: {:?}", c[k]);
+            assert!(
+                c[k].contains(&"Row 3|three|3".to_string()),
+                "client {i}: {:?}",
+                c[k]
+            );
         }
     }
     p.shutdown().await;
@@ -284,9 +292,18 @@ async fn thousands_of_settings_follow_their_client() {
 async fn client_encoding_is_reported_canonically() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;
-    let mut w = Wire::connect(p.port(), "postgres", "testdb").await;
-    let t = w.step("Q show client_encoding").await;
-    assert!(t.contains(&"Row UTF8".to_string()), "{t:?}");
+    for port in [pg.port(), p.port()] {
+        let (w, reported) =
+            Wire::connect_with(port, "postgres", "testdb", &[("client_encoding", "utf-8")]).await;
+        assert_eq!(
+            reported.get("client_encoding").map(String::as_str),
+            Some("UTF8"),
+            "port {port}"
+        );
+        let mut w = w;
+        let t = w.step("Q show client_encoding").await;
+        assert!(t.contains(&"Row UTF8".to_string()), "{t:?}");
+    }
     p.shutdown().await;
 }
 

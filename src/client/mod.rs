@@ -289,6 +289,10 @@ fn session_params(
             k => out.set(k, v),
         }
     }
+    // PostgreSQL reports the encoding by its canonical name (utf8, UTF-8, unicode: UTF8).
+    if let Some(enc) = out.get("client_encoding").map(session::canonical_encoding) {
+        out.set("client_encoding", &enc);
+    }
     if cfg.settings.application_name_add_host {
         let app = out.get("application_name").unwrap_or("").to_string();
         out.set("application_name", &format!("{app} - {peer}"));

@@ -106,3 +106,55 @@ impl VirtualSession {
         }
     }
 }
+
+/// The name PostgreSQL reports for an encoding a client named (it ignores case and
+/// punctuation, and knows a few aliases); names it does not know are only upper-cased
+/// (PostgreSQL refuses them when the setting is applied).
+pub fn canonical_encoding(name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    let canonical = match clean.as_str() {
+        "utf8" | "unicode" => "UTF8",
+        "sqlascii" => "SQL_ASCII",
+        "latin1" | "iso88591" => "LATIN1",
+        "latin2" | "iso88592" => "LATIN2",
+        "latin9" | "iso885915" => "LATIN9",
+        "win1252" | "windows1252" => "WIN1252",
+        "win1251" | "windows1251" => "WIN1251",
+        "win1250" | "windows1250" => "WIN1250",
+        "eucjp" => "EUC_JP",
+        "euckr" => "EUC_KR",
+        "euccn" => "EUC_CN",
+        "sjis" | "shiftjis" | "mskanji" => "SJIS",
+        "big5" => "BIG5",
+        "gbk" => "GBK",
+        "gb18030" => "GB18030",
+        "koi8r" | "koi8" => "KOI8R",
+        _ => return name.to_ascii_uppercase(),
+    };
+    canonical.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_encoding;
+
+    #[test]
+    fn encodings_are_named_as_postgresql_reports_them() {
+        for (given, reported) in [
+            ("utf8", "UTF8"),
+            ("UTF-8", "UTF8"),
+            ("Unicode", "UTF8"),
+            ("latin1", "LATIN1"),
+            ("ISO-8859-1", "LATIN1"),
+            ("sql_ascii", "SQL_ASCII"),
+            ("euc_jp", "EUC_JP"),
+            ("win1252", "WIN1252"),
+        ] {
+            assert_eq!(canonical_encoding(given), reported, "{given}");
+        }
+    }
+}

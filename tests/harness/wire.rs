@@ -44,14 +44,25 @@ fn cstr(b: &mut Vec<u8>, s: &str) {
 impl Wire {
     /// Log in as `user` (the server or pooler must trust it) to `db` on 127.0.0.1:`port`.
     pub async fn connect(port: u16, user: &str, db: &str) -> Wire {
+        Self::connect_with(port, user, db, &[]).await.0
+    }
+
+    /// Log in with more startup parameters; also returns the ParameterStatus values.
+    pub async fn connect_with(
+        port: u16,
+        user: &str,
+        db: &str,
+        params: &[(&str, &str)],
+    ) -> (Wire, std::collections::HashMap<String, String>) {
         let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let mut w = Wire {
             s,
             buf: Vec::new(),
             out: Vec::new(),
         };
+        let mut reported = std::collections::HashMap::new();
         let mut body = 196_608i32.to_be_bytes().to_vec();
-        for (k, v) in [("user", user), ("database", db)] {
+        for (k, v) in [("user", user), ("database", db)].iter().chain(params) {
             cstr(&mut body, k);
             cstr(&mut body, v);
         }
@@ -66,7 +77,11 @@ impl Wire {
                 b'R' if body[..4] == [0, 0, 0, 0] => {}
                 b'R' => panic!("wire client: only trust auth is supported"),
                 b'E' => panic!("login failed: {}", String::from_utf8_lossy(&body)),
-                b'Z' => return w,
+                b'S' => {
+                    let (k, rest) = cstrs(&body);
+                    reported.insert(k, cstrs(rest).0);
+                }
+                b'Z' => return (w, reported),
                 _ => {}
             }
         }
