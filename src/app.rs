@@ -156,6 +156,7 @@ pub fn pool_settings(
         query_wait_timeout: cfg.query_wait_timeout_for(db, &user),
         max_prepared_statements: s.max_prepared_statements,
         pin_error: entry.pin_mode.as_deref().unwrap_or(&s.pin_mode) == "error",
+        pin_pool_size: s.pin_pool_size,
         target: ServerTarget {
             addr: ServerAddr::new(
                 entry.host.as_deref(),

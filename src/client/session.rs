@@ -48,7 +48,8 @@ impl VirtualSession {
     }
 
     /// Record the pin reasons found after a transaction (empty: unpinned), keeping the
-    /// pool's pinned-client count and the client's SHOW info current.
+    /// pool's pinned-client count and the client's SHOW info current. A new pin must have
+    /// been granted by `Pool::pin` first; leaving one gives it back.
     pub fn set_pin(&mut self, pool: &Pool, handle: &ClientHandle, reasons: Vec<&'static str>) {
         let was = self.pin.is_some();
         let now = !reasons.is_empty();
@@ -65,6 +66,7 @@ impl VirtualSession {
             tracing::info!(client = handle.id, reasons = ?reasons, "client pinned to its server");
         } else if was && !now {
             pool.stats.pinned_clients.fetch_sub(1, Ordering::Relaxed);
+            pool.unpin();
             tracing::debug!(client = handle.id, "client unpinned");
         }
         handle.set_pin(now.then(|| reasons.join(", ")));

@@ -219,6 +219,19 @@ async fn after_transaction(
                 ),
             )));
         }
+        if !reasons.is_empty() && c.session.pin.is_none() && !c.pool.pin() {
+            // Every server this pool may keep for pinned clients is taken: this client
+            // cannot keep one, and others must not wait for it.
+            server.discard = true;
+            return Ok(Err(ClientError::fatal(
+                "53300",
+                format!(
+                    "too many pinned clients: {} would keep a server, and pin_pool_size ({}) servers are kept already",
+                    reasons.join(", "),
+                    c.pool.settings().pin_pool_size
+                ),
+            )));
+        }
         c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     }
     Ok(Ok(()))

@@ -90,6 +90,9 @@ pub struct Settings {
     /// pgcarpool extension: what a session feature that cannot be shared does in transaction
     /// mode: `pin` (keep the client on its server while it lives) or `error`.
     pub pin_mode: String,
+    /// Servers a pool may keep for pinned clients on top of its size (0: none; a client
+    /// that would pin beyond it is told so and let go).
+    pub pin_pool_size: usize,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -609,6 +612,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(prometheus_port, "0", reload: false, implemented: true),
     typed!(workers, "0", reload: false, implemented: true),
     typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
+    typed!(pin_pool_size, "20", reload: true, implemented: true),
 ];
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
@@ -715,6 +719,7 @@ impl Settings {
             prometheus_addr: String::new(),
             workers: 0,
             pin_mode: "pin".into(),
+            pin_pool_size: 20,
             other: BTreeMap::new(),
         }
     }
@@ -874,7 +879,10 @@ mod tests {
         let pg: Vec<_> = names
             .iter()
             .copied()
-            .filter(|n| !["prometheus_addr", "prometheus_port", "workers", "pin_mode"].contains(n))
+            .filter(|n| {
+                !["prometheus_addr", "prometheus_port", "workers", "pin_mode", "pin_pool_size"]
+                    .contains(n)
+            })
             .collect();
         let mut sorted = pg.clone();
         sorted.sort();

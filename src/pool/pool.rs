@@ -40,6 +40,8 @@ pub struct PoolSettings {
     pub max_prepared_statements: usize,
     /// pin_mode = error: a session feature that cannot be shared ends the client's session.
     pub pin_error: bool,
+    /// Servers kept by pinned clients that do not count against pool_size (at most).
+    pub pin_pool_size: usize,
     pub target: ServerTarget,
 }
 
@@ -99,6 +101,9 @@ struct Inner {
     next_waiter: u64,
     /// Servers alive or being opened: idle + active + connecting + being cleaned.
     total: usize,
+    /// Of `total`, servers held by pinned clients: they do not count against pool_size
+    /// (up to pin_pool_size), so pins never take the servers other clients wait for.
+    pinned: usize,
     /// Servers handed out (including those being opened for a client).
     active: usize,
     paused: bool,
@@ -178,6 +183,7 @@ impl Pool {
                 waiters: VecDeque::new(),
                 next_waiter: 0,
                 total: 0,
+                pinned: 0,
                 active: 0,
                 paused: false,
                 server_params: None,
@@ -390,7 +396,7 @@ impl Pool {
             } else {
                 0
             };
-        if g.total >= cap {
+        if g.total.saturating_sub(g.pinned) >= cap {
             return false;
         }
         if !self.db_limit.try_acquire() {
@@ -515,7 +521,8 @@ impl Pool {
         let too_old = crate::config::enabled(g.settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l)
             || g.close_before.is_some_and(|t| s.created < t);
-        if s.broken || too_old || g.total > g.settings.pool_size + g.settings.reserve_pool_size {
+        let counted = g.total.saturating_sub(g.pinned);
+        if s.broken || too_old || counted > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
             self.close(s);
             return;
@@ -614,6 +621,7 @@ impl Pool {
             let now = Instant::now();
             let mut keep = VecDeque::with_capacity(g.idle.len());
             let mut total = g.total;
+            let pinned = g.pinned;
             while let Some(mut srv) = g.idle.pop_front() {
                 let too_old = crate::config::enabled(s.server_lifetime)
                     .is_some_and(|l| now.duration_since(srv.created) >= l);
@@ -621,7 +629,7 @@ impl Pool {
                     .is_some_and(|l| now.duration_since(srv.last_used) >= l)
                     && total > s.min_pool_size;
                 // After a reload to a smaller size: the longest idle go first.
-                let over_size = total > s.pool_size + s.reserve_pool_size;
+                let over_size = total.saturating_sub(pinned) > s.pool_size + s.reserve_pool_size;
                 if too_old || idle_too_long || over_size || !is_alive(&mut srv) {
                     total -= 1;
                     closing.push(srv);
@@ -723,7 +731,31 @@ impl Pool {
     /// opening one is a limit it shares with other pools (or a failing login).
     pub(crate) fn starved(&self) -> bool {
         let g = self.lock();
-        !g.paused && !g.waiters.is_empty() && g.idle.is_empty() && g.total < g.settings.pool_size
+        !g.paused
+            && !g.waiters.is_empty()
+            && g.idle.is_empty()
+            && g.total.saturating_sub(g.pinned) < g.settings.pool_size
+    }
+
+    /// A client keeps its server from now on (a pin): the server stops counting against
+    /// pool_size, and a waiter may get a new one. False when pin_pool_size servers are
+    /// pinned already.
+    pub fn pin(self: &Arc<Self>) -> bool {
+        {
+            let mut g = self.lock();
+            if g.pinned >= g.settings.pin_pool_size {
+                return false;
+            }
+            g.pinned += 1;
+        }
+        self.grant_waiters();
+        true
+    }
+
+    /// A pinned client let its server go (unpinned or gone).
+    pub fn unpin(&self) {
+        let mut g = self.lock();
+        g.pinned = g.pinned.saturating_sub(1);
     }
 
     /// Whether this pool counts against the same max_db_connections / max_user_connections
