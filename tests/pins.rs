@@ -23,14 +23,21 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
     // Two clients pin a server each (more than the pool's size would allow to share).
     let a = p.connect("md5user", "testdb").await;
     let b = p.connect("md5user", "testdb").await;
-    a.batch_execute("create temp table ta(x int)").await.unwrap();
-    b.batch_execute("select pg_advisory_lock(42)").await.unwrap();
+    a.batch_execute("create temp table ta(x int)")
+        .await
+        .unwrap();
+    b.batch_execute("select pg_advisory_lock(42)")
+        .await
+        .unwrap();
     // Others are served at once, by servers of the pool.
     let c = p.connect("md5user", "testdb").await;
     let d = p.connect("md5user", "testdb").await;
     let started = std::time::Instant::now();
     for n in 0..20 {
-        assert_eq!(scalar(&c, &format!("select {n}")).await.unwrap(), n.to_string());
+        assert_eq!(
+            scalar(&c, &format!("select {n}")).await.unwrap(),
+            n.to_string()
+        );
         assert_eq!(scalar(&d, "select 1").await.unwrap(), "1");
     }
     assert!(
@@ -38,7 +45,10 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
         "clients waited for pinned servers: {:?}",
         started.elapsed()
     );
-    assert!(obs.backends("md5user").await <= 4, "pool 2 + pin_pool_size 2");
+    assert!(
+        obs.backends("md5user").await <= 4,
+        "pool 2 + pin_pool_size 2"
+    );
     // A third pin is refused, to that client only.
     let mut e = connect_watched(&p.dsn("md5user", "testdb")).await;
     let _ = e.client.batch_execute("create temp table te(x int)").await;
@@ -51,9 +61,104 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
     // Unpinned: the budget is free again.
     a.batch_execute("drop table ta").await.unwrap();
     let f = p.connect("md5user", "testdb").await;
-    f.batch_execute("create temp table tf(x int)").await.unwrap();
+    f.batch_execute("create temp table tf(x int)")
+        .await
+        .unwrap();
     f.batch_execute("insert into tf values (1)").await.unwrap();
     assert_eq!(scalar(&f, "select count(*) from tf").await.unwrap(), "1");
     drop((b, c, d, f));
+    p.shutdown().await;
+}
+
+/// A client driven by hand: its notifications are counted as they come.
+async fn listener(
+    dsn: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(i32, String)>,
+) {
+    use futures_util_free::poll_message;
+    let (client, mut conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(m) = poll_message(&mut conn).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = m {
+                let _ = tx.send((n.process_id(), n.payload().to_string()));
+            }
+        }
+    });
+    (client, rx)
+}
+
+mod futures_util_free {
+    use std::future::poll_fn;
+    pub async fn poll_message<S, T>(
+        c: &mut tokio_postgres::Connection<S, T>,
+    ) -> Option<Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        poll_fn(|cx| c.poll_message(cx)).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_client_gets_every_notification_once() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "3")
+        .start()
+        .await;
+    let (l, mut got) = listener(&p.dsn("md5user", "testdb")).await;
+    l.batch_execute("LISTEN ch").await.unwrap();
+    let my_pid: i32 = scalar(&l, "select pg_backend_pid()")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    const SENDERS: usize = 4;
+    const EACH: usize = 100;
+    let mut tasks = Vec::new();
+    for s in 0..SENDERS {
+        let c = p.connect("md5user", "testdb").await;
+        tasks.push(tokio::spawn(async move {
+            for k in 0..EACH {
+                c.batch_execute(&format!("select pg_notify('ch', 's{s}-{k}')"))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    // Meanwhile the listener keeps running transactions of its own (each followed by
+    // pgcarpool's pin check on its server), and notifies itself.
+    for k in 0..100 {
+        l.batch_execute(&format!("select pg_notify('ch', 'self-{k}')"))
+            .await
+            .unwrap();
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut seen = std::collections::HashMap::new();
+    let want = SENDERS * EACH + 100;
+    while seen.len() < want {
+        match tokio::time::timeout(Duration::from_secs(5), got.recv()).await {
+            Ok(Some((pid, payload))) => {
+                if payload.starts_with("self-") {
+                    // The pid the client was given (session_oracle checks it is), not
+                    // the server's.
+                    assert_ne!(pid, my_pid, "a self-notification carries the server's pid");
+                }
+                *seen.entry(payload).or_insert(0) += 1;
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(seen.len(), want, "notifications received");
+    assert!(seen.values().all(|n| *n == 1), "each exactly once");
     p.shutdown().await;
 }

@@ -396,3 +396,36 @@ async fn a_pinned_client_leaves_nothing_behind_without_a_reset_query() {
     assert!(got.contains(&"Row 0".to_string()), "{got:?}");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_to_oneself_carries_ones_own_pid() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..4)
+        .map(|i| {
+            script(&[
+                // A channel per client: when others' notifications arrive is timing.
+                format!("Q LISTEN ch{i}"),
+                format!("Q NOTIFY ch{i}, 'from-{i}'"),
+                format!("Q UNLISTEN ch{i}"),
+            ])
+        })
+        .collect();
+    // Lockstep with a pool of 1 would wait for the first pinned client: pool of 4 here.
+    let p4 = pool_of(&pg, 4).await;
+    let t = oracle(pg.port(), p4.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(
+            c[1].contains(&format!("Notify ch{i} from-{i}")),
+            "{:?}",
+            c[1]
+        );
+    }
+    for port in [pg.port(), p.port()] {
+        let mut w = Wire::connect(port, "postgres", "testdb").await;
+        w.step("Q LISTEN ch2; NOTIFY ch2, 'me'").await;
+        assert_eq!(w.notify_pids, vec![w.pid], "port {port}");
+    }
+    p.shutdown().await;
+    p4.shutdown().await;
+}

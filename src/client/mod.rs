@@ -247,6 +247,7 @@ async fn login(
     let reg = shared
         .clients
         .register(id, peer.to_string(), user.clone(), db.clone(), kill);
+    session.backend_pid = reg.handle.key.0;
     // Welcome.
     conn.queue_with(|b| {
         backend::authentication_ok(b);

@@ -111,6 +111,9 @@ impl<'a> Relay<'a> {
         if virt {
             server.pending.clear();
         }
+        if let Some(held) = server.take_notifications(session.backend_pid) {
+            client.queue(held);
+        }
         Relay {
             client,
             server,
@@ -430,6 +433,18 @@ impl<'a> Relay<'a> {
                 continue;
             }
             match h.tag {
+                backend::NOTIFICATION_RESPONSE => {
+                    if h.total > MAX_INSPECTED {
+                        return Err(ProtoError::TooLong(h.total));
+                    }
+                    if avail < h.total {
+                        break;
+                    }
+                    let (server_pid, client_pid) = (self.server.key.0, self.session.backend_pid);
+                    let msg = &mut self.server.conn.rbuf[fwd..fwd + h.total];
+                    crate::server::rewrite_notification_pid(msg, server_pid, client_pid);
+                    fwd += h.total;
+                }
                 backend::READY_FOR_QUERY
                 | backend::PARAMETER_STATUS
                 | backend::COPY_IN_RESPONSE => {

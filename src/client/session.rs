@@ -30,6 +30,8 @@ pub struct VirtualSession {
     pub unnamed: Option<bytes::Bytes>,
     /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
     pub unnamed_id: u64,
+    /// The process id the client was given (BackendKeyData).
+    pub backend_pid: i32,
 }
 
 impl VirtualSession {

@@ -143,6 +143,9 @@ async fn transaction(
                     }
                 }
             }
+            if let Some(held) = server.take_notifications(c.session.backend_pid) {
+                c.conn.queue(held);
+            }
             server.discard = c.session.pin.is_some();
             if c.session.pin.is_some() {
                 return Ok(After::Next(Some(server)));

@@ -880,8 +880,14 @@ mod tests {
             .iter()
             .copied()
             .filter(|n| {
-                !["prometheus_addr", "prometheus_port", "workers", "pin_mode", "pin_pool_size"]
-                    .contains(n)
+                ![
+                    "prometheus_addr",
+                    "prometheus_port",
+                    "workers",
+                    "pin_mode",
+                    "pin_pool_size",
+                ]
+                .contains(n)
             })
             .collect();
         let mut sorted = pg.clone();

@@ -517,6 +517,8 @@ impl Pool {
     /// when it is too old or the pool is over its size).
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>) {
         s.last_used = Instant::now();
+        // Nobody listens on a server in the pool.
+        s.notifications.clear();
         let mut g = self.lock();
         let too_old = crate::config::enabled(g.settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l)

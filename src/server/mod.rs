@@ -106,6 +106,9 @@ pub struct Server {
     /// Whose unnamed statement the server holds (`VirtualSession::unnamed_id`; 0: none or
     /// unknown). A simple Query drops it.
     pub unnamed: u64,
+    /// NotificationResponses that came while pgcarpool ran its own queries: they belong to
+    /// the client holding the server (`take_notifications`).
+    pub notifications: bytes::BytesMut,
 }
 
 impl Server {
@@ -130,7 +133,26 @@ impl Server {
             pending: Default::default(),
             home: crate::workers::current(),
             unnamed: 0,
+            notifications: bytes::BytesMut::new(),
         }
+    }
+
+    /// Notifications held for the client (see `notifications`), those this server's own
+    /// session sent carrying the client's `pid` as PostgreSQL's would.
+    pub fn take_notifications(&mut self, pid: i32) -> Option<bytes::Bytes> {
+        if self.notifications.is_empty() {
+            return None;
+        }
+        let mut buf = std::mem::take(&mut self.notifications);
+        let mut at = 0;
+        while let Ok(Some(h)) = crate::proto::header(&buf[at..], crate::proto::MAX_MESSAGE_LEN) {
+            if buf.len() - at < h.total {
+                break;
+            }
+            rewrite_notification_pid(&mut buf[at..at + h.total], self.key.0, pid);
+            at += h.total;
+        }
+        Some(buf.freeze())
     }
 
     /// Make the current worker drive this server's socket; true if it moved.
@@ -142,6 +164,17 @@ impl Server {
         self.conn.stream.rehome()?;
         self.home = here;
         Ok(true)
+    }
+}
+
+/// Most bytes of notifications held for a client while pgcarpool runs its own queries.
+pub const MAX_HELD_NOTIFICATIONS: usize = 8 * 1024 * 1024;
+
+/// In a whole NotificationResponse message: a notification sent by the server's own
+/// session (`server_pid`) carries the pid the client was given instead.
+pub fn rewrite_notification_pid(msg: &mut [u8], server_pid: i32, client_pid: i32) {
+    if msg.len() >= 9 && msg[5..9] == server_pid.to_be_bytes() {
+        msg[5..9].copy_from_slice(&client_pid.to_be_bytes());
     }
 }
 

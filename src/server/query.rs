@@ -85,6 +85,15 @@ async fn read_replies(
                 }
                 first_error.get_or_insert(e);
             }
+            backend::NOTIFICATION_RESPONSE => {
+                // The client's (it is LISTENing on this server): kept for it.
+                if server.notifications.len() + h.total <= super::MAX_HELD_NOTIFICATIONS {
+                    let msg = &server.conn.rbuf[..h.total];
+                    server.notifications.extend_from_slice(msg);
+                } else {
+                    tracing::warn!(server = server.id, "notification dropped: too many held");
+                }
+            }
             backend::COPY_IN_RESPONSE => {
                 // Our own queries never copy in; refuse so the server gets back to idle.
                 server

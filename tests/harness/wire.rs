@@ -18,7 +18,8 @@
 //! A step is several lines sent at once; the reply is read up to one ReadyForQuery per
 //! `Q` and `S` line. Transcript lines: `ParseComplete`, `BindComplete`, `CloseComplete`,
 //! `NoData`, `Columns a,b`, `Row x|y`, `Complete TAG`, `Error CODE message`, `Empty`,
-//! `Suspended`, `Ready S`, `Params n`. ParameterStatus and notices are left out.
+//! `Suspended`, `Ready S`, `Params n`, `Notify channel payload`. ParameterStatus and
+//! notices are left out.
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +29,10 @@ pub struct Wire {
     s: TcpStream,
     buf: Vec<u8>,
     out: Vec<u8>,
+    /// The process id in BackendKeyData.
+    pub pid: i32,
+    /// The process ids of the NotificationResponses seen, in order.
+    pub notify_pids: Vec<i32>,
 }
 
 fn msg(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
@@ -59,6 +64,8 @@ impl Wire {
             s,
             buf: Vec::new(),
             out: Vec::new(),
+            pid: 0,
+            notify_pids: Vec::new(),
         };
         let mut reported = std::collections::HashMap::new();
         let mut body = 196_608i32.to_be_bytes().to_vec();
@@ -81,6 +88,7 @@ impl Wire {
                     let (k, rest) = cstrs(&body);
                     reported.insert(k, cstrs(rest).0);
                 }
+                b'K' => w.pid = i32::from_be_bytes(body[..4].try_into().unwrap()),
                 b'Z' => return (w, reported),
                 _ => {}
             }
@@ -187,6 +195,10 @@ impl Wire {
         let mut out = Vec::new();
         while ready > 0 {
             let (tag, body) = self.next_seen(&out).await;
+            if tag == b'A' {
+                self.notify_pids
+                    .push(i32::from_be_bytes(body[..4].try_into().unwrap()));
+            }
             if let Some(l) = describe(tag, &body) {
                 out.push(l);
             }
@@ -229,6 +241,10 @@ fn describe(tag: u8, body: &[u8]) -> Option<String> {
         b'Z' => format!("Ready {}", body[0] as char),
         b'C' => format!("Complete {}", cstrs(body).0),
         b't' => format!("Params {}", i16::from_be_bytes([body[0], body[1]])),
+        b'A' => {
+            let (channel, rest) = cstrs(&body[4..]);
+            format!("Notify {channel} {}", cstrs(rest).0)
+        }
         b'E' => {
             let f = fields(body);
             let get = |k: u8| {
