@@ -175,12 +175,15 @@ pub fn pool_settings(
 impl Shared {
     /// Fresh state for `config`: no pools, no clients, nothing running yet.
     pub fn new(config: Config) -> Arc<Shared> {
+        let statements = crate::client::prepared::StatementRegistry::with_max_bytes(
+            config.settings.statement_registry_size,
+        );
         Arc::new(Shared {
             config: ArcSwap::from_pointee(config),
             pools: Arc::new(Pools::default()),
             clients: Arc::new(Registry::default()),
             scram: Arc::new(ScramCache::new()),
-            statements: Arc::new(Default::default()),
+            statements: Arc::new(statements),
             stop_accepting: CancellationToken::new(),
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
@@ -210,6 +213,8 @@ impl Shared {
         }
         let new = Arc::new(new);
         self.config.store(new.clone());
+        self.statements
+            .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {
             let entry = new.database(&p.db)?;
             let old_settings = p.settings();

@@ -2,14 +2,15 @@
 //! statement key (query text + parameter types), each key has one server-side name, and each
 //! server knows which keys it holds (LRU, bounded by max_prepared_statements).
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
 use super::classify::{self, Effects};
 
 /// One distinct statement (query text + parameter types), shared by every client using it.
+/// It lives while a client names it or a server holds it; then its registry entry goes.
 #[derive(Debug)]
 pub struct Stmt {
     pub id: u64,
@@ -24,6 +25,8 @@ pub struct Stmt {
     /// The registry's generation when it was made: a Parse in a later generation gets a
     /// statement of its own (parsed anew on the servers).
     generation: u64,
+    /// Where its entry is, to remove it when the statement is gone.
+    registry: Weak<Mutex<RegistryInner>>,
 }
 
 /// How the registry keys a statement made by SQL PREPARE: this, then the text after the
@@ -52,39 +55,82 @@ impl Stmt {
     pub fn set_validated(&self) {
         self.validated.store(true, Ordering::Relaxed);
     }
+
+    /// Bytes it keeps (its text, names and bookkeeping), as counted by the registry.
+    fn size(&self) -> usize {
+        self.parse_rest.len() + self.server_name.len() + ENTRY_OVERHEAD
+    }
 }
 
-/// Interns statements by key. Entries no client or server map uses are dropped when the
-/// registry grows past its bound.
+/// Bookkeeping per statement beyond its text (the Stmt, its map entry and key).
+const ENTRY_OVERHEAD: usize = 160;
+
+impl Drop for Stmt {
+    fn drop(&mut self) {
+        let Some(inner) = self.registry.upgrade() else {
+            return;
+        };
+        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.bytes = g.bytes.saturating_sub(self.size());
+        // The entry is this statement's unless a newer one of the same text replaced it.
+        if g.by_key
+            .get(&self.parse_rest)
+            .is_some_and(|w| w.strong_count() == 0)
+        {
+            g.by_key.remove(&self.parse_rest);
+        }
+    }
+}
+
+/// Why a statement cannot be registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryFull {
+    #[error("the statements of all clients take statement_registry_size ({0} bytes)")]
+    Bytes(usize),
+}
+
+/// Interns statements by key: one shared statement per text, found in O(1). An entry goes
+/// as soon as no client names its statement and no server holds it; the bytes of the live
+/// statements are bounded (statement_registry_size).
 pub struct StatementRegistry {
-    inner: Mutex<RegistryInner>,
-    capacity: usize,
+    inner: Arc<Mutex<RegistryInner>>,
     /// Bumped when a schema may have changed: statements of older generations are not
     /// handed to new Parses (a client's Parse behaves as a fresh parse).
     generation: AtomicU64,
+    /// Most bytes the live statements may take (0: no bound).
+    max_bytes: AtomicUsize,
 }
 
+#[derive(Debug)]
 struct RegistryInner {
-    by_key: HashMap<Bytes, Arc<Stmt>>,
+    by_key: HashMap<Bytes, Weak<Stmt>>,
     next_id: u64,
+    /// Bytes of the live statements (`Stmt::size`).
+    bytes: usize,
 }
 
 impl Default for StatementRegistry {
     fn default() -> Self {
-        Self::with_capacity(100_000)
+        Self::with_max_bytes(0)
     }
 }
 
 impl StatementRegistry {
-    pub fn with_capacity(capacity: usize) -> Self {
+    pub fn with_max_bytes(max_bytes: usize) -> Self {
         StatementRegistry {
-            inner: Mutex::new(RegistryInner {
+            inner: Arc::new(Mutex::new(RegistryInner {
                 by_key: HashMap::new(),
                 next_id: 1,
-            }),
-            capacity,
+                bytes: 0,
+            })),
             generation: AtomicU64::new(0),
+            max_bytes: AtomicUsize::new(max_bytes),
         }
+    }
+
+    /// Set the bound on the bytes of live statements (0: none); on reload.
+    pub fn set_max_bytes(&self, max_bytes: usize) {
+        self.max_bytes.store(max_bytes, Ordering::Relaxed);
     }
 
     /// A schema may have changed (DDL seen, DO/CALL run, a server reported a stale plan):
@@ -94,43 +140,52 @@ impl StatementRegistry {
     }
 
     /// The statement for this Parse body tail (query + types).
-    pub fn intern(&self, parse_rest: Bytes) -> Arc<Stmt> {
+    pub fn intern(&self, parse_rest: Bytes) -> Result<Arc<Stmt>, RegistryFull> {
         let generation = self.generation.load(Ordering::Relaxed);
+        let max = self.max_bytes.load(Ordering::Relaxed);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = g.by_key.get(&parse_rest)
+        // A statement found dead or of an older generation is dropped after the lock is
+        // released (its Drop takes the lock).
+        let found = g.by_key.get(&parse_rest).and_then(Weak::upgrade);
+        if let Some(s) = &found
             && s.generation == generation
         {
-            return s.clone();
+            return Ok(s.clone());
         }
-        if g.by_key.len() >= self.capacity {
-            g.by_key.retain(|_, s| Arc::strong_count(s) > 1);
+        let size = parse_rest.len() + 24 + ENTRY_OVERHEAD;
+        if max > 0 && g.bytes + size > max {
+            drop(g);
+            drop(found);
+            return Err(RegistryFull::Bytes(max));
         }
         let id = g.next_id;
         g.next_id += 1;
         let s = Arc::new(Stmt {
             id,
-            server_name: Bytes::from(format!("PGCARPOOL_{id}")),
+            server_name: Bytes::from(format!("{}{id}", super::classify::INTERNAL_PREFIX)),
             parse_rest: parse_rest.clone(),
             effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
             generation,
+            registry: Arc::downgrade(&self.inner),
         });
-        g.by_key.insert(parse_rest, s.clone());
-        s
+        g.bytes += s.size();
+        g.by_key.insert(parse_rest, Arc::downgrade(&s));
+        drop(g);
+        drop(found);
+        Ok(s)
     }
 
     /// The statement for this key, if known.
     pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
         let generation = self.generation.load(Ordering::Relaxed);
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_key
-            .get(parse_rest)
-            .filter(|s| s.generation == generation)
-            .cloned()
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let found = g.by_key.get(parse_rest).and_then(Weak::upgrade);
+        drop(g);
+        found.filter(|s| s.generation == generation)
     }
 
+    /// Live statements.
     pub fn len(&self) -> usize {
         self.inner
             .lock()
@@ -141,6 +196,11 @@ impl StatementRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes the live statements take.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 }
 
@@ -156,9 +216,11 @@ fn statement_effects(parse_rest: &[u8]) -> Option<Box<Effects>> {
 }
 
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.
+/// It does not keep them alive: a statement no client names any more leaves the registry,
+/// and its server copy stays until evicted (a later Parse of the text gets a new id).
 #[derive(Debug, Default)]
 pub struct PreparedSet {
-    held: HashMap<u64, (u64, Arc<Stmt>)>,
+    held: HashMap<u64, (u64, Weak<Stmt>)>,
     tick: u64,
 }
 
@@ -177,21 +239,26 @@ impl PreparedSet {
 
     pub fn insert(&mut self, s: Arc<Stmt>) {
         self.tick += 1;
-        self.held.insert(s.id, (self.tick, s));
+        self.held.insert(s.id, (self.tick, Arc::downgrade(&s)));
     }
 
     pub fn remove(&mut self, id: u64) {
         self.held.remove(&id);
     }
 
-    /// The least recently used statement, to close when the set is full.
-    pub fn evict_lru(&mut self) -> Option<Arc<Stmt>> {
+    /// The server name of the least recently used statement, dropped from the set, to close
+    /// when the set is full.
+    pub fn evict_lru(&mut self) -> Option<Bytes> {
         let id = self
             .held
             .iter()
             .min_by_key(|(_, (t, _))| *t)
             .map(|(id, _)| *id)?;
-        self.held.remove(&id).map(|(_, s)| s)
+        self.held.remove(&id);
+        Some(Bytes::from(format!(
+            "{}{id}",
+            super::classify::INTERNAL_PREFIX
+        )))
     }
 
     pub fn len(&self) -> usize {
@@ -206,8 +273,9 @@ impl PreparedSet {
         self.held.clear();
     }
 
-    pub fn get(&self, id: u64) -> Option<&Arc<Stmt>> {
-        self.held.get(&id).map(|(_, s)| s)
+    /// The statement with this id, if the server holds it and some client still names it.
+    pub fn get(&self, id: u64) -> Option<Arc<Stmt>> {
+        self.held.get(&id).and_then(|(_, w)| w.upgrade())
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -268,34 +336,67 @@ mod tests {
     #[test]
     fn intern_shares_one_statement_per_key() {
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"select 1\0\0\0"));
-        let b = r.intern(Bytes::from_static(b"select 1\0\0\0"));
-        let c = r.intern(Bytes::from_static(b"select 2\0\0\0"));
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let c = r.intern(Bytes::from_static(b"select 2\0\0\0")).unwrap();
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
         assert_eq!(&a.server_name[..], format!("PGCARPOOL_{}", a.id).as_bytes());
     }
 
     #[test]
-    fn registry_drops_unused_entries_when_full() {
-        let r = StatementRegistry::with_capacity(2);
-        let kept = r.intern(Bytes::from_static(b"a\0\0\0"));
-        drop(r.intern(Bytes::from_static(b"b\0\0\0")));
-        let _c = r.intern(Bytes::from_static(b"c\0\0\0"));
-        assert_eq!(r.len(), 2);
-        assert_eq!(r.intern(Bytes::from_static(b"a\0\0\0")).id, kept.id);
+    fn entries_go_with_their_last_user() {
+        let r = StatementRegistry::default();
+        let kept = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        drop(r.intern(Bytes::from_static(b"b\0\0\0")).unwrap());
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.bytes(), kept.size());
+        assert_eq!(
+            r.intern(Bytes::from_static(b"a\0\0\0")).unwrap().id,
+            kept.id
+        );
+        drop(kept);
+        assert_eq!((r.len(), r.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_new_generation_gets_a_new_statement_and_keeps_the_old_one_alive() {
+        let r = StatementRegistry::default();
+        let old = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        r.bump_generation();
+        assert!(r.lookup(b"a\0\0\0").is_none());
+        let new = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        assert_ne!(old.id, new.id);
+        // The old one going does not take the new one's entry.
+        drop(old);
+        assert_eq!(r.lookup(b"a\0\0\0").unwrap().id, new.id);
+        assert_eq!(r.bytes(), new.size());
+    }
+
+    #[test]
+    fn the_registry_is_bounded_in_bytes() {
+        let r = StatementRegistry::with_max_bytes(1000);
+        let a = r.intern(Bytes::from(vec![b'x'; 500])).unwrap();
+        assert_eq!(
+            r.intern(Bytes::from(vec![b'y'; 500])).unwrap_err(),
+            RegistryFull::Bytes(1000)
+        );
+        // A statement already there is shared whatever the bound.
+        assert_eq!(r.intern(Bytes::from(vec![b'x'; 500])).unwrap().id, a.id);
+        drop(a);
+        assert!(r.intern(Bytes::from(vec![b'y'; 500])).is_ok());
     }
 
     #[test]
     fn lru_evicts_least_recently_used() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
-        let a = r.intern(Bytes::from_static(b"a\0\0\0"));
-        let b = r.intern(Bytes::from_static(b"b\0\0\0"));
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
         set.insert(a.clone());
         set.insert(b.clone());
         assert!(set.touch(a.id));
-        assert_eq!(set.evict_lru().unwrap().id, b.id);
+        assert_eq!(set.evict_lru().unwrap(), b.server_name);
         assert_eq!(set.len(), 1);
     }
 }

@@ -39,6 +39,9 @@ pub enum RelayEvent {
     Timeout(TimeoutKind),
     /// KILL or shutdown.
     Killed,
+    /// The client went past one of its limits (client_max_statements, the registry's size):
+    /// why.
+    Limit(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +99,10 @@ pub struct Relay<'a> {
     /// The server had no extended-protocol messages pending a Sync before the client's
     /// current message (a simple query may be slipped in).
     pub(super) at_sync_point: bool,
+    /// Most statement names the client may hold (client_max_statements).
+    pub max_client_statements: usize,
+    /// Set when the client's message went past a limit: the relay stops with it.
+    pub(super) limit: Option<String>,
 }
 
 impl<'a> Relay<'a> {
@@ -129,6 +136,8 @@ impl<'a> Relay<'a> {
             idle_in_xact_since: None,
             effects: Effects::default(),
             at_sync_point: true,
+            max_client_statements: usize::MAX,
+            limit: None,
         }
     }
 
@@ -312,6 +321,9 @@ impl<'a> Relay<'a> {
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
                     self.on_extended(h.tag, msg)?;
+                    if let Some(why) = self.limit.take() {
+                        return Ok(Some(RelayEvent::Limit(why)));
+                    }
                     continue;
                 }
                 frontend::QUERY if self.virt => {
@@ -329,6 +341,9 @@ impl<'a> Relay<'a> {
                     }
                     self.server.proto.unsynced = false;
                     self.on_query(msg)?;
+                    if let Some(why) = self.limit.take() {
+                        return Ok(Some(RelayEvent::Limit(why)));
+                    }
                     continue;
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {

@@ -135,7 +135,9 @@ impl Relay<'_> {
                 }
                 let mut key = SQL_PREPARE_KEY.to_vec();
                 key.extend_from_slice(rest);
-                let stmt = self.registry.intern(Bytes::from(key));
+                let Some(stmt) = self.intern(Bytes::from(key)) else {
+                    return Ok(());
+                };
                 let name = Bytes::from(name.into_bytes());
                 self.session.statements.insert(name.clone(), stmt.clone());
                 if self.server.prepared.touch(stmt.id) {
@@ -190,6 +192,25 @@ impl Relay<'_> {
             query,
         );
         true
+    }
+
+    /// The shared statement for a new client name, within the client's and the registry's
+    /// limits; None (and the relay ends the client with `limit`'s error) beyond them.
+    fn intern(&mut self, rest: Bytes) -> Option<Arc<Stmt>> {
+        if self.session.statements.len() >= self.max_client_statements {
+            self.limit = Some(format!(
+                "too many prepared statements: client_max_statements is {}",
+                self.max_client_statements
+            ));
+            return None;
+        }
+        match self.registry.intern(rest) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                self.limit = Some(format!("cannot keep another prepared statement: {e}"));
+                None
+            }
+        }
     }
 
     /// Note what the client's statements do to the shared statement registry.
@@ -288,7 +309,9 @@ impl Relay<'_> {
                     return Ok(());
                 }
                 let rest = msg.slice(5 + name.len() + 1..);
-                let stmt = self.registry.intern(rest);
+                let Some(stmt) = self.intern(rest) else {
+                    return Ok(());
+                };
                 if let Some(e) = &stmt.effects {
                     self.note_effects(e);
                     self.effects.merge((**e).clone());
@@ -556,9 +579,9 @@ impl Relay<'_> {
         {
             self.server.conn.queue_with(|b| {
                 b.put_u8(frontend::CLOSE);
-                b.put_i32((4 + 1 + old.server_name.len() + 1) as i32);
+                b.put_i32((4 + 1 + old.len() + 1) as i32);
                 b.put_u8(b'S');
-                b.put_slice(&old.server_name);
+                b.put_slice(&old);
                 b.put_u8(0);
             });
             self.server

@@ -110,6 +110,7 @@ async fn transaction(
             &c.shared.statements,
             pool_settings.max_prepared_statements,
         );
+        relay.max_client_statements = cfg.settings.client_max_statements;
         let event = tokio::select! {
             biased;
             _ = kill.as_mut() => RelayEvent::Killed,
@@ -167,6 +168,7 @@ async fn transaction(
         }
         RelayEvent::Timeout(kind) => Err(ClientError::fatal("08P01", kind.message().to_string())),
         RelayEvent::Killed => Err(killed(c)),
+        RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
     }
 }
 
@@ -204,6 +206,14 @@ async fn after_transaction(
                 c.session.remove_param(&name);
             }
         }
+    }
+    let max_settings = c.shared.config.load().settings.client_max_settings;
+    if c.session.params.len() > max_settings {
+        server.discard = true;
+        return Ok(Err(ClientError::fatal(
+            "53400",
+            format!("too many session settings: client_max_settings is {max_settings}"),
+        )));
     }
     if effects.pin_check || c.session.pin.is_some() {
         let reasons = sync::pin_reasons(server).await?;
@@ -384,7 +394,25 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         match h.tag {
             frontend::PARSE => {
                 let name_len = body.iter().position(|&b| b == 0).expect("checked above");
-                let stmt = c.shared.statements.intern(body.slice(name_len + 1..));
+                if c.session.statements.len() >= cfg_max_statements(c) {
+                    return Err(ClientError::fatal(
+                        "53400",
+                        format!(
+                            "too many prepared statements: client_max_statements is {}",
+                            cfg_max_statements(c)
+                        ),
+                    ));
+                }
+                let stmt = c
+                    .shared
+                    .statements
+                    .intern(body.slice(name_len + 1..))
+                    .map_err(|e| {
+                        ClientError::fatal(
+                            "53400",
+                            format!("cannot keep another prepared statement: {e}"),
+                        )
+                    })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
                 c.conn.queue_with(backend::parse_complete);
             }
@@ -403,6 +431,10 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         at += h.total;
     }
     Ok(Local::Answered)
+}
+
+fn cfg_max_statements(c: &Client) -> usize {
+    c.shared.config.load().settings.client_max_statements
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its

@@ -93,6 +93,12 @@ pub struct Settings {
     /// Servers a pool may keep for pinned clients on top of its size (0: none; a client
     /// that would pin beyond it is told so and let go).
     pub pin_pool_size: usize,
+    /// Most prepared statement names one client may hold (beyond: 53400, client let go).
+    pub client_max_statements: usize,
+    /// Most session settings one client may have changed (beyond: 53400, client let go).
+    pub client_max_settings: usize,
+    /// Most bytes the statements of all clients may take (0: no bound).
+    pub statement_registry_size: usize,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -613,6 +619,9 @@ pub static TABLE: &[SettingDef] = &[
     typed!(workers, "0", reload: false, implemented: true),
     typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
     typed!(pin_pool_size, "20", reload: true, implemented: true),
+    typed!(client_max_statements, "10000", reload: true, implemented: true),
+    typed!(client_max_settings, "10000", reload: true, implemented: true),
+    typed!(statement_registry_size, "67108864", reload: true, implemented: true),
 ];
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
@@ -720,6 +729,9 @@ impl Settings {
             workers: 0,
             pin_mode: "pin".into(),
             pin_pool_size: 20,
+            client_max_statements: 10000,
+            client_max_settings: 10000,
+            statement_registry_size: 64 * 1024 * 1024,
             other: BTreeMap::new(),
         }
     }
@@ -886,6 +898,9 @@ mod tests {
                     "workers",
                     "pin_mode",
                     "pin_pool_size",
+                    "client_max_statements",
+                    "client_max_settings",
+                    "statement_registry_size",
                 ]
                 .contains(n)
             })

@@ -221,7 +221,7 @@ pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, Serve
         let ours = name
             .strip_prefix(crate::client::classify::INTERNAL_PREFIX)
             .and_then(|id| id.parse::<u64>().ok())
-            .and_then(|id| server.prepared.get(id).map(|s| (id, s.clone())))
+            .and_then(|id| server.prepared.get(id).map(|s| (id, s)))
             .filter(|(_, s)| {
                 (from_sql == "true") == s.is_sql_prepared()
                     && (!s.is_sql_prepared() || text.as_deref() == Some(&s.sql_prepare_text()))

@@ -101,12 +101,15 @@ impl Wire {
     }
 
     /// The next whole message (tag, body); panics after 20 s without one, or when the
-    /// connection closes (showing what `seen` already holds).
+    /// connection closes.
     async fn next(&mut self) -> (u8, Vec<u8>) {
-        self.next_seen(&[]).await
+        self.read_message()
+            .await
+            .expect("wire client: connection closed")
     }
 
-    async fn next_seen(&mut self, seen: &[String]) -> (u8, Vec<u8>) {
+    /// The next whole message; None when the connection closed. Panics after 20 s.
+    async fn read_message(&mut self) -> Option<(u8, Vec<u8>)> {
         loop {
             if self.buf.len() >= 5 {
                 let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
@@ -114,15 +117,17 @@ impl Wire {
                     let body = self.buf[5..1 + len].to_vec();
                     let tag = self.buf[0];
                     self.buf.drain(..1 + len);
-                    return (tag, body);
+                    return Some((tag, body));
                 }
             }
             let mut chunk = [0u8; 8192];
             let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
                 .await
                 .expect("wire client: no reply within 20 s")
-                .unwrap();
-            assert!(n > 0, "wire client: connection closed after {seen:?}");
+                .unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
@@ -187,6 +192,13 @@ impl Wire {
 
     /// Send a step (lines separated by newlines) and return its transcript.
     pub async fn step(&mut self, step: &str) -> Vec<String> {
+        self.try_step(step)
+            .await
+            .unwrap_or_else(|seen| panic!("wire client: connection closed after {seen:?}"))
+    }
+
+    /// As `step`; Err holds what came before the connection closed.
+    pub async fn try_step(&mut self, step: &str) -> Result<Vec<String>, Vec<String>> {
         let mut ready = 0;
         for l in step.lines().map(str::trim).filter(|l| !l.is_empty()) {
             ready += self.line(l);
@@ -194,7 +206,9 @@ impl Wire {
         self.flush().await;
         let mut out = Vec::new();
         while ready > 0 {
-            let (tag, body) = self.next_seen(&out).await;
+            let Some((tag, body)) = self.read_message().await else {
+                return Err(out);
+            };
             if tag == b'A' {
                 self.notify_pids
                     .push(i32::from_be_bytes(body[..4].try_into().unwrap()));
@@ -206,7 +220,7 @@ impl Wire {
                 ready -= 1;
             }
         }
-        out
+        Ok(out)
     }
 }
 
