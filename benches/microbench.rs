@@ -312,7 +312,7 @@ fn prepare_stmt(rig: &mut Rig) {
     );
     let got = take_written(&rig.rt, &mut rig.client, &mut rig.client_peer);
     assert_eq!(got, reply, "ParseComplete and ReadyForQuery forwarded");
-    assert!(rig.server.pending.is_empty() && rig.server.proto.is_idle());
+    assert!(rig.server.owed.is_empty() && rig.server.proto.is_idle());
 }
 
 fn relay_bench(c: &mut Criterion) {
@@ -381,7 +381,7 @@ fn relay_bench(c: &mut Criterion) {
             b.iter(|| round_trip(&mut relay, &prepared, &prepared_reply))
         });
     }
-    assert!(rig.server.pending.is_empty() && rig.server.proto.is_idle());
+    assert!(rig.server.owed.is_empty() && rig.server.proto.is_idle());
     g.finish();
 }
 
@@ -402,7 +402,7 @@ fn rewrite_bench(c: &mut Criterion) {
         feed(relay.client, &parse_msg);
         relay.scan_client().unwrap();
         assert_eq!(relay.server.conn.out_len(), 0, "Parse answered locally");
-        assert!(relay.server.pending.is_empty());
+        assert!(relay.server.owed.is_empty());
     }
     let got = take_written(&rig.rt, &mut rig.client, &mut rig.client_peer);
     assert_eq!(got, build(backend::parse_complete));
@@ -436,7 +436,7 @@ fn rewrite_bench(c: &mut Criterion) {
                 black_box(relay.scan_client().unwrap());
                 black_box(relay.server.conn.discard_out());
                 // The BindComplete it waits for is not part of this measurement.
-                relay.server.pending.clear();
+                relay.server.owed.clear();
             })
         });
     }

@@ -1,6 +1,6 @@
 //! Prepared statements shared across servers: a client's statement name maps to a
-//! statement key (query text + parameter types), each key has one server-side name, and each
-//! server knows which keys it holds (LRU, bounded by max_prepared_statements).
+//! statement key (query text + parameter types), and each key has one server-side name
+//! (which servers hold which: `server::prepared`).
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -215,118 +215,11 @@ fn statement_effects(parse_rest: &[u8]) -> Option<Box<Effects>> {
     (!e.is_empty()).then(|| Box::new(e))
 }
 
-/// The statements one server holds, by statement id, with a use tick for LRU eviction.
-/// It does not keep them alive: a statement no client names any more leaves the registry,
-/// and its server copy stays until evicted (a later Parse of the text gets a new id).
-#[derive(Debug, Default)]
-pub struct PreparedSet {
-    held: HashMap<u64, (u64, Weak<Stmt>)>,
-    tick: u64,
-}
-
-impl PreparedSet {
-    /// Does the server hold it? Marks it used.
-    pub fn touch(&mut self, id: u64) -> bool {
-        self.tick += 1;
-        match self.held.get_mut(&id) {
-            Some(e) => {
-                e.0 = self.tick;
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub fn insert(&mut self, s: Arc<Stmt>) {
-        self.tick += 1;
-        self.held.insert(s.id, (self.tick, Arc::downgrade(&s)));
-    }
-
-    pub fn remove(&mut self, id: u64) {
-        self.held.remove(&id);
-    }
-
-    /// The server name of the least recently used statement, dropped from the set, to close
-    /// when the set is full.
-    pub fn evict_lru(&mut self) -> Option<Bytes> {
-        let id = self
-            .held
-            .iter()
-            .min_by_key(|(_, (t, _))| *t)
-            .map(|(id, _)| *id)?;
-        self.held.remove(&id);
-        Some(Bytes::from(format!(
-            "{}{id}",
-            super::classify::INTERNAL_PREFIX
-        )))
-    }
-
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-
-    pub fn clear(&mut self) {
-        self.held.clear();
-    }
-
-    /// The statement with this id, if the server holds it and some client still names it.
-    pub fn get(&self, id: u64) -> Option<Arc<Stmt>> {
-        self.held.get(&id).and_then(|(_, w)| w.upgrade())
-    }
-
-    pub fn ids(&self) -> Vec<u64> {
-        self.held.keys().copied().collect()
-    }
-}
-
-/// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
-#[derive(Debug)]
-pub enum Pending {
-    /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement, `None`
-    /// the unnamed one.
-    Parse {
-        swallow: bool,
-        stmt: Option<Arc<Stmt>>,
-    },
-    /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
-    /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
-    /// have); its error is replaced by this one (SQLSTATE, message).
-    Fail(Box<(&'static str, String)>),
-    Bind,
-    /// Describe: ends with RowDescription or NoData.
-    Describe,
-    /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
-    Execute,
-    Close {
-        swallow: bool,
-    },
-    /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
-    /// carries its statement and the client's name for it: the name is the client's once
-    /// the query succeeded; the server forgets the statement if it fails.
-    Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
-    /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
-    Swallow,
-    /// Answered by pgcarpool when it reaches the front.
-    Answer(Answer),
-}
-
 /// Ids of unnamed statements: a client's current unnamed statement is on a server when the
 /// server's `unnamed` equals the session's (0: none).
 pub fn next_unnamed_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    ParseComplete,
-    CloseComplete,
-    /// A whole simple query answered here: CommandComplete with this tag, ReadyForQuery.
-    Query(&'static str),
 }
 
 #[cfg(test)]
@@ -385,18 +278,5 @@ mod tests {
         assert_eq!(r.intern(Bytes::from(vec![b'x'; 500])).unwrap().id, a.id);
         drop(a);
         assert!(r.intern(Bytes::from(vec![b'y'; 500])).is_ok());
-    }
-
-    #[test]
-    fn lru_evicts_least_recently_used() {
-        let r = StatementRegistry::default();
-        let mut set = PreparedSet::default();
-        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
-        set.insert(a.clone());
-        set.insert(b.clone());
-        assert!(set.touch(a.id));
-        assert_eq!(set.evict_lru().unwrap(), b.server_name);
-        assert_eq!(set.len(), 1);
     }
 }

@@ -11,8 +11,9 @@ use crate::proto::{self, ProtoError, backend, frontend};
 use crate::server::Server;
 
 use super::classify::Effects;
-use super::prepared::{Pending, StatementRegistry};
+use super::prepared::StatementRegistry;
 use super::session::VirtualSession;
+use crate::server::response::{Pending, Verdict};
 
 /// Stop reading one side while this much waits to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
@@ -116,7 +117,7 @@ impl<'a> Relay<'a> {
     ) -> Self {
         let virt = mode != PoolMode::Session && max_prepared > 0;
         if virt {
-            server.pending.clear();
+            server.owed.clear();
         }
         if let Some(held) = server.take_notifications(session.backend_pid) {
             client.queue(held);
@@ -353,13 +354,13 @@ impl<'a> Relay<'a> {
                     p.expected_rfq += 1;
                     p.unsynced = false;
                     if self.virt {
-                        self.server.pending.push_back(Pending::Ready(None));
+                        self.server.owed.push(Pending::Ready(None));
                     }
                 }
                 frontend::EXECUTE => {
                     p.unsynced = true;
                     if self.virt {
-                        self.server.pending.push_back(Pending::Execute);
+                        self.server.owed.push(Pending::Execute);
                     }
                 }
                 frontend::COPY_DONE | frontend::COPY_FAIL => p.copy_in = false,
@@ -378,7 +379,7 @@ impl<'a> Relay<'a> {
         if self.virt && self.answer_front() && event.is_none() {
             // pgcarpool answered a whole query itself: the server may be free again.
             let p = &self.server.proto;
-            if p.is_idle() && self.server.pending.is_empty() && self.mode != PoolMode::Session {
+            if p.is_idle() && self.server.owed.is_empty() && self.mode != PoolMode::Session {
                 self.xact_started = None;
                 event = Some(RelayEvent::Release);
             }
@@ -409,7 +410,7 @@ impl<'a> Relay<'a> {
         let mut withheld = 0;
         let mut event = None;
         loop {
-            if self.virt && matches!(self.server.pending.front(), Some(Pending::Answer(_))) {
+            if self.virt && self.server.owed.answer_due() {
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.answer_front();
@@ -425,7 +426,7 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if self.virt && matches!(self.server.pending.front(), Some(Pending::Swallow)) {
+            if self.virt && self.server.owed.swallowing() {
                 // Replies to a query pgcarpool added: none reach the client.
                 if h.total > MAX_INSPECTED {
                     return Err(ProtoError::TooLong(h.total));
@@ -440,8 +441,8 @@ impl<'a> Relay<'a> {
                     let p = &mut self.server.proto;
                     p.tx_status = status;
                     p.expected_rfq = p.expected_rfq.saturating_sub(1);
-                    self.server.pending.pop_front();
                 }
+                self.on_reply(h.tag, None);
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.server.conn.consume(h.total);
@@ -476,7 +477,7 @@ impl<'a> Relay<'a> {
                             let status =
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if self.virt {
-                                self.on_server_completion(h.tag);
+                                self.on_reply(h.tag, None);
                             }
                             if let Some(ev) = self.on_ready_for_query(status) {
                                 if matches!(ev, RelayEvent::StatementModeTransaction) {
@@ -511,21 +512,20 @@ impl<'a> Relay<'a> {
                         // Parses of its text are parsed anew.
                         self.registry.bump_generation();
                     }
-                    if matches!(self.server.pending.front(), Some(Pending::Fail(_))) {
-                        self.forward_server_run(fwd);
-                        fwd = 0;
-                        if self.on_probe_error(code) {
+                    match self.on_reply(h.tag, code) {
+                        Verdict::Replace(e) => {
+                            self.forward_server_run(fwd);
+                            fwd = 0;
                             self.server.conn.consume(h.total);
-                        } else {
-                            fwd = h.total;
+                            self.client
+                                .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
                         }
-                        continue;
+                        // (An error is never swallowed outside an added query.)
+                        Verdict::Forward | Verdict::Swallow => fwd += h.total,
                     }
-                    self.on_server_completion(h.tag);
-                    fwd += h.total;
                 }
                 tag => {
-                    if self.virt && self.on_server_completion(tag) {
+                    if self.virt && self.on_reply(tag, None) == Verdict::Swallow {
                         // A response to a message we added: the client never sees it.
                         self.forward_server_run(fwd);
                         fwd = 0;

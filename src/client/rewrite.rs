@@ -6,11 +6,12 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes};
 
 use super::classify::{self, Effects};
-use super::prepared::{Answer, Pending, SQL_PREPARE_KEY, Stmt};
+use super::prepared::{SQL_PREPARE_KEY, Stmt};
 use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
+use crate::server::response::{Answer, Lost, Pending, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -68,7 +69,7 @@ pub(super) fn passes_through(
             Pending::Close { swallow: false }
         }
     };
-    server.pending.push_back(entry);
+    server.owed.push(entry);
     Ok(true)
 }
 
@@ -236,7 +237,7 @@ impl Relay<'_> {
             self.server.conn.queue_with(frontend::sync);
         }
         self.server.proto.expected_rfq += 1;
-        self.server.pending.push_back(Pending::Swallow);
+        self.server.owed.push(Pending::Swallow);
         self.server.prepared.insert(stmt.clone());
     }
 
@@ -252,9 +253,9 @@ impl Relay<'_> {
             self.server.proto.expected_rfq += 1;
             self.server.unnamed = 0;
             self.server
-                .pending
-                .push_back(Pending::Fail(Box::new((code, message))));
-            self.server.pending.push_back(Pending::Ready(None));
+                .owed
+                .push(Pending::Fail(Box::new((code, message))));
+            self.server.owed.push(Pending::Ready(None));
         } else {
             const NAME: &[u8] = b"pgcarpool_refused";
             let len = 4 + NAME.len() + 1 + FAIL_SQL.len() + 1 + 2;
@@ -268,20 +269,20 @@ impl Relay<'_> {
                 b.put_i16(0);
             });
             self.server
-                .pending
-                .push_back(Pending::Fail(Box::new((code, message))));
+                .owed
+                .push(Pending::Fail(Box::new((code, message))));
         }
     }
 
     fn answer(&mut self, a: Answer) {
-        self.server.pending.push_back(Pending::Answer(a));
+        self.server.owed.push(Pending::Answer(a));
     }
 
     /// Forward a Query whose ReadyForQuery the client waits for.
     fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.server.conn.queue(msg);
         self.server.proto.expected_rfq += 1;
-        self.server.pending.push_back(Pending::Ready(prepares));
+        self.server.owed.push(Pending::Ready(prepares));
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -340,7 +341,7 @@ impl Relay<'_> {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
                             if !self.unknown_statement(&name, msg.clone(), false) {
-                                self.server.pending.push_back(Pending::Bind);
+                                self.server.owed.push(Pending::Bind);
                             }
                             return Ok(());
                         }
@@ -361,7 +362,7 @@ impl Relay<'_> {
                         }
                     }
                 }
-                self.server.pending.push_back(Pending::Bind);
+                self.server.owed.push(Pending::Bind);
             }
             frontend::DESCRIBE => {
                 let mut r = Reader::new(body, "Describe");
@@ -385,13 +386,13 @@ impl Relay<'_> {
                     (b'S', None) if !name.is_empty() => {
                         let name = String::from_utf8_lossy(name).into_owned();
                         if !self.unknown_statement(&name, msg.clone(), false) {
-                            self.server.pending.push_back(Pending::Describe);
+                            self.server.owed.push(Pending::Describe);
                         }
                         return Ok(());
                     }
                     _ => self.server.conn.queue(msg),
                 }
-                self.server.pending.push_back(Pending::Describe);
+                self.server.owed.push(Pending::Describe);
             }
             frontend::CLOSE => {
                 let mut r = Reader::new(body, "Close");
@@ -408,9 +409,7 @@ impl Relay<'_> {
                     self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
-                    self.server
-                        .pending
-                        .push_back(Pending::Close { swallow: false });
+                    self.server.owed.push(Pending::Close { swallow: false });
                 }
             }
             _ => unreachable!("only extended-protocol messages come here"),
@@ -490,7 +489,7 @@ impl Relay<'_> {
         }
         self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
         self.server.conn.queue(out);
-        self.server.pending.push_back(Pending::Parse {
+        self.server.owed.push(Pending::Parse {
             swallow: false,
             stmt: None,
         });
@@ -511,7 +510,7 @@ impl Relay<'_> {
             self.server.conn.queue_with(|b| frontend::query(b, &prep));
             self.server.unnamed = 0;
             self.server.proto.expected_rfq += 1;
-            self.server.pending.push_back(Pending::Swallow);
+            self.server.owed.push(Pending::Swallow);
             self.server.prepared.insert(stmt.clone());
         } else {
             self.prepare_on_server(stmt.clone(), true);
@@ -536,7 +535,7 @@ impl Relay<'_> {
         });
         self.server.conn.queue(rest);
         self.server.unnamed = id;
-        self.server.pending.push_back(Pending::Parse {
+        self.server.owed.push(Pending::Parse {
             swallow: true,
             stmt: None,
         });
@@ -584,13 +583,11 @@ impl Relay<'_> {
                 b.put_slice(&old);
                 b.put_u8(0);
             });
-            self.server
-                .pending
-                .push_back(Pending::Close { swallow: true });
+            self.server.owed.push(Pending::Close { swallow: true });
         }
         self.queue_parse(&stmt);
         self.server.prepared.insert(stmt.clone());
-        self.server.pending.push_back(Pending::Parse {
+        self.server.owed.push(Pending::Parse {
             swallow,
             stmt: Some(stmt),
         });
@@ -600,9 +597,7 @@ impl Relay<'_> {
     /// of them was a ReadyForQuery.
     pub(super) fn answer_front(&mut self) -> bool {
         let mut ready = false;
-        while let Some(Pending::Answer(a)) = self.server.pending.front() {
-            let a = *a;
-            self.server.pending.pop_front();
+        while let Some(a) = self.server.owed.pop_answer() {
             let status = self.server.proto.tx_status;
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
@@ -617,77 +612,20 @@ impl Relay<'_> {
         ready
     }
 
-    /// The server's ErrorResponse (`body`) to a probe of `fail`: the client gets the
-    /// error pgcarpool decided instead, unless the server refused the probe because the
-    /// transaction block had already failed (25P02), which is what PostgreSQL would have
-    /// said too. True: the server's message is dropped.
-    pub(super) fn on_probe_error(&mut self, code: Option<[u8; 5]>) -> bool {
-        let Some(Pending::Fail(f)) = self.server.pending.pop_front() else {
-            return false;
-        };
-        let replace = code != Some(*b"25P02");
-        if replace {
-            self.client
-                .queue_with(|b| backend::error_response(b, "ERROR", f.0, &f.1));
-        }
-        self.skip_to_sync(false);
-        replace
-    }
-
-    /// After an error the server skips everything up to the next Sync: the replies owed
-    /// for those messages never come. `failed_front`: the front entry is the message that
-    /// failed.
-    fn skip_to_sync(&mut self, failed_front: bool) {
-        let mut first = failed_front;
-        while let Some(p) = self.server.pending.front() {
-            if matches!(p, Pending::Ready(_)) {
-                break;
-            }
-            match self.server.pending.pop_front() {
-                Some(Pending::Parse { stmt: Some(s), .. }) => self.server.prepared.remove(s.id),
-                Some(Pending::Parse {
-                    stmt: None,
-                    swallow,
-                }) => {
-                    // A failed Parse of the unnamed statement drops the old one first.
-                    self.server.unnamed = 0;
-                    if first && !swallow {
-                        self.session.drop_unnamed();
-                    }
-                }
-                _ => {}
-            }
-            first = false;
-        }
-    }
-
-    /// A server message that may complete the oldest pending response. True: it answers a
-    /// message pgcarpool added, so the client must not see it.
-    pub(super) fn on_server_completion(&mut self, tag: u8) -> bool {
-        let pending = &mut self.server.pending;
-        let Some(front) = pending.front() else {
-            return false;
-        };
-        let (done, swallow) = match (tag, front) {
-            (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
-                if let Some(s) = stmt {
-                    s.set_validated();
-                }
-                (true, *swallow)
-            }
-            (backend::BIND_COMPLETE, Pending::Bind) => (true, false),
-            (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
-            (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
-            (
-                backend::COMMAND_COMPLETE
-                | backend::EMPTY_QUERY_RESPONSE
-                | backend::PORTAL_SUSPENDED,
-                Pending::Execute,
-            ) => (true, false),
-            (backend::READY_FOR_QUERY, Pending::Ready(_)) => (true, false),
-            (backend::ERROR_RESPONSE, Pending::Ready(Some(p))) => {
-                let (stmt, name) = &**p;
-                self.server.prepared.remove(stmt.id);
+    /// A reply with this tag (and SQLSTATE, for an ErrorResponse) came: what the server
+    /// owed is settled (`server::response`), the client's session follows, and the verdict
+    /// says what becomes of the reply.
+    pub(super) fn on_reply(&mut self, tag: u8, code: Option<[u8; 5]>) -> Verdict {
+        let server = &mut *self.server;
+        let (verdict, lost) =
+            server
+                .owed
+                .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
+        match lost {
+            Lost::Nothing => {}
+            Lost::Unnamed => self.session.drop_unnamed(),
+            Lost::Name(p) => {
+                let (stmt, name) = &*p;
                 if self
                     .session
                     .statements
@@ -696,22 +634,9 @@ impl Relay<'_> {
                 {
                     self.session.statements.remove(name);
                 }
-                if let Some(Pending::Ready(p)) = pending.front_mut() {
-                    *p = None;
-                }
-                (false, false)
             }
-            (backend::ERROR_RESPONSE, Pending::Ready(None)) => (false, false),
-            (backend::ERROR_RESPONSE, _) => {
-                self.skip_to_sync(true);
-                return false;
-            }
-            _ => (false, false),
-        };
-        if done {
-            pending.pop_front();
         }
-        swallow
+        verdict
     }
 }
 

@@ -60,7 +60,7 @@ impl Drop for PooledServer {
             self.pool.close(s);
             return;
         }
-        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.pending.is_empty();
+        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.owed.is_empty();
         let cancel_in_flight = cancels_in_flight(&s);
         if clean && !self.reset && !self.discard && s.conn.out_len() == 0 && !cancel_in_flight {
             self.pool.checkin(s);

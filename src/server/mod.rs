@@ -1,6 +1,8 @@
 //! Server connections: what one PostgreSQL backend connection is and knows.
 pub mod connect;
+pub mod prepared;
 pub mod query;
+pub mod response;
 pub mod sync;
 
 use std::time::Instant;
@@ -98,9 +100,9 @@ pub struct Server {
     /// Set when the server's state is unknown: it must be closed, not reused.
     pub broken: bool,
     /// Prepared statements this server holds (transaction/statement mode).
-    pub prepared: crate::client::prepared::PreparedSet,
+    pub prepared: prepared::PreparedSet,
     /// Responses owed, in order, while a relay with virtual statements runs.
-    pub pending: std::collections::VecDeque<crate::client::prepared::Pending>,
+    pub owed: response::Owed,
     /// The worker whose runtime drives the socket (see `crate::workers`).
     pub home: usize,
     /// Whose unnamed statement the server holds (`VirtualSession::unnamed_id`; 0: none or
@@ -130,7 +132,7 @@ impl Server {
             last_used: now,
             broken: false,
             prepared: Default::default(),
-            pending: Default::default(),
+            owed: Default::default(),
             home: crate::workers::current(),
             unnamed: 0,
             notifications: bytes::BytesMut::new(),

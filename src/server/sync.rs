@@ -281,8 +281,8 @@ pub async fn cleanup(server: &mut Server, limit: Duration) -> Result<(), ServerE
 
 async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     // Statements whose Parse outcome we did not see: the set is no longer known.
-    let uncertain = !server.pending.is_empty();
-    server.pending.clear();
+    let uncertain = !server.owed.is_empty();
+    server.owed.clear();
     if server.broken || server.proto.partial > 0 {
         return Err(ServerError::Login(
             "server left with a partly sent message".into(),

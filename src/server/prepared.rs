@@ -1,0 +1,107 @@
+//! The statements one server holds under pgcarpool's internal names.
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+
+use crate::client::prepared::Stmt;
+
+/// The statements one server holds, by statement id, with a use tick for LRU eviction.
+/// It does not keep them alive: a statement no client names any more leaves the registry,
+/// and its server copy stays until evicted (a later Parse of the text gets a new id).
+#[derive(Debug, Default)]
+pub struct PreparedSet {
+    held: HashMap<u64, (u64, Weak<Stmt>)>,
+    tick: u64,
+}
+
+impl PreparedSet {
+    /// Does the server hold it? Marks it used.
+    pub fn touch(&mut self, id: u64) -> bool {
+        self.tick += 1;
+        match self.held.get_mut(&id) {
+            Some(e) => {
+                e.0 = self.tick;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn insert(&mut self, s: Arc<Stmt>) {
+        self.tick += 1;
+        self.held.insert(s.id, (self.tick, Arc::downgrade(&s)));
+    }
+
+    pub fn remove(&mut self, id: u64) {
+        self.held.remove(&id);
+    }
+
+    /// The server name of the least recently used statement, dropped from the set, to close
+    /// when the set is full.
+    pub fn evict_lru(&mut self) -> Option<Bytes> {
+        let id = self
+            .held
+            .iter()
+            .min_by_key(|(_, (t, _))| *t)
+            .map(|(id, _)| *id)?;
+        self.held.remove(&id);
+        Some(Bytes::from(format!(
+            "{}{id}",
+            crate::client::classify::INTERNAL_PREFIX
+        )))
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.held.clear();
+    }
+
+    /// The statement with this id, if the server holds it and some client still names it.
+    pub fn get(&self, id: u64) -> Option<Arc<Stmt>> {
+        self.held.get(&id).and_then(|(_, w)| w.upgrade())
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.held.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::prepared::StatementRegistry;
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        set.insert(a.clone());
+        set.insert(b.clone());
+        assert!(set.touch(a.id));
+        assert_eq!(set.evict_lru().unwrap(), b.server_name);
+        assert_eq!(set.len(), 1);
+    }
+
+    #[test]
+    fn the_set_does_not_keep_statements_alive() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        set.insert(a.clone());
+        let id = a.id;
+        drop(a);
+        assert!(set.get(id).is_none());
+        assert!(r.is_empty());
+        assert!(set.touch(id), "the server still holds it until evicted");
+    }
+}

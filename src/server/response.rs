@@ -1,0 +1,390 @@
+//! What a server owes for what was sent to it, in order, and what becomes of each reply:
+//! passed to the client, swallowed (it answers a message pgcarpool added), or replaced (the
+//! server refused a probe pgcarpool sent in place of a message it refused itself). Pure
+//! bookkeeping: the relay feeds it what it sent and the tags (and SQLSTATEs) that came back.
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::prepared::PreparedSet;
+use crate::client::prepared::Stmt;
+use crate::proto::backend;
+
+/// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
+#[derive(Debug)]
+pub enum Pending {
+    /// ParseComplete; `swallow` for a Parse we added; `stmt` marks a named statement, `None`
+    /// the unnamed one.
+    Parse {
+        swallow: bool,
+        stmt: Option<Arc<Stmt>>,
+    },
+    Bind,
+    /// Describe: ends with RowDescription or NoData.
+    Describe,
+    /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
+    Execute,
+    Close {
+        swallow: bool,
+    },
+    /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
+    /// carries its statement and the client's name for it: the name goes again if the
+    /// query fails, and the server forgets the statement.
+    Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
+    /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
+    Swallow,
+    /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
+    /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
+    /// have); its error is replaced by this one (SQLSTATE, message).
+    Fail(Box<(&'static str, String)>),
+    /// Answered by pgcarpool when it reaches the front.
+    Answer(Answer),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    ParseComplete,
+    CloseComplete,
+    /// A whole simple query answered here: CommandComplete with this tag, ReadyForQuery.
+    Query(&'static str),
+}
+
+/// What to do with one reply.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Pass it to the client.
+    Forward,
+    /// It answers a message pgcarpool added: the client never sees it.
+    Swallow,
+    /// The server refused pgcarpool's probe: the client gets this error (SQLSTATE,
+    /// message) instead.
+    Replace(Box<(&'static str, String)>),
+}
+
+/// What a reply means for the client's session.
+#[derive(Debug, Default)]
+pub enum Lost {
+    #[default]
+    Nothing,
+    /// A SQL PREPARE failed: the client's name for the statement goes.
+    Name(Box<(Arc<Stmt>, Bytes)>),
+    /// The client's Parse of the unnamed statement failed: PostgreSQL dropped the old one.
+    Unnamed,
+}
+
+/// The responses one server owes, oldest first.
+#[derive(Debug, Default)]
+pub struct Owed {
+    queue: VecDeque<Pending>,
+}
+
+impl Owed {
+    pub fn push(&mut self, p: Pending) {
+        self.queue.push_back(p);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.queue.clear();
+    }
+
+    /// The next reply pgcarpool gives itself, when it is next in line.
+    pub fn pop_answer(&mut self) -> Option<Answer> {
+        match self.queue.front() {
+            Some(Pending::Answer(a)) => {
+                let a = *a;
+                self.queue.pop_front();
+                Some(a)
+            }
+            _ => None,
+        }
+    }
+
+    /// Is a reply pgcarpool gives itself next in line?
+    pub fn answer_due(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::Answer(_)))
+    }
+
+    /// Inside a query pgcarpool added (its replies are all dropped)?
+    pub fn swallowing(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::Swallow))
+    }
+
+    /// A reply with this tag (and, for an ErrorResponse, this SQLSTATE) came. Statements
+    /// the server never prepared (it failed or skipped their Parse) leave `prepared`;
+    /// `unnamed` (the server's `Server::unnamed`) becomes 0 when the server's unnamed
+    /// statement is gone.
+    pub fn on_reply(
+        &mut self,
+        tag: u8,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> (Verdict, Lost) {
+        let Some(front) = self.queue.front_mut() else {
+            return (Verdict::Forward, Lost::Nothing);
+        };
+        let (done, swallow) = match (tag, front) {
+            (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
+            (_, Pending::Swallow) => (false, true),
+            (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
+                let Some(Pending::Fail(f)) = self.queue.pop_front() else {
+                    unreachable!("front is a Fail");
+                };
+                self.skip_to_sync(prepared, unnamed, false);
+                // Refused because the transaction block had already failed (25P02): what
+                // PostgreSQL would have said too.
+                return if code == Some(*b"25P02") {
+                    (Verdict::Forward, Lost::Nothing)
+                } else {
+                    (Verdict::Replace(f), Lost::Nothing)
+                };
+            }
+            (backend::ERROR_RESPONSE, Pending::Ready(p)) => {
+                let lost = match p.take() {
+                    Some(p) => {
+                        prepared.remove(p.0.id);
+                        Lost::Name(p)
+                    }
+                    None => Lost::Nothing,
+                };
+                return (Verdict::Forward, lost);
+            }
+            (backend::ERROR_RESPONSE, _) => {
+                let lost = self.skip_to_sync(prepared, unnamed, true);
+                return (Verdict::Forward, lost);
+            }
+            (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
+                if let Some(s) = stmt {
+                    s.set_validated();
+                }
+                (true, *swallow)
+            }
+            (backend::BIND_COMPLETE, Pending::Bind) => (true, false),
+            (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
+            (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
+            (
+                backend::COMMAND_COMPLETE
+                | backend::EMPTY_QUERY_RESPONSE
+                | backend::PORTAL_SUSPENDED,
+                Pending::Execute,
+            ) => (true, false),
+            (backend::READY_FOR_QUERY, Pending::Ready(_)) => (true, false),
+            _ => (false, false),
+        };
+        if done {
+            self.queue.pop_front();
+        }
+        let verdict = if swallow {
+            Verdict::Swallow
+        } else {
+            Verdict::Forward
+        };
+        (verdict, Lost::Nothing)
+    }
+
+    /// After an error the server skips everything up to the next Sync: the replies owed
+    /// for those messages never come. `failed_front`: the front entry is the message that
+    /// failed.
+    fn skip_to_sync(
+        &mut self,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+        failed_front: bool,
+    ) -> Lost {
+        let mut lost = Lost::Nothing;
+        let mut first = failed_front;
+        while let Some(p) = self.queue.front() {
+            if matches!(p, Pending::Ready(_)) {
+                break;
+            }
+            match self.queue.pop_front() {
+                Some(Pending::Parse { stmt: Some(s), .. }) => prepared.remove(s.id),
+                Some(Pending::Parse {
+                    stmt: None,
+                    swallow,
+                }) => {
+                    // A failed Parse of the unnamed statement drops the old one first; a
+                    // skipped one leaves the server's unnamed statement unknown.
+                    *unnamed = 0;
+                    if first && !swallow {
+                        lost = Lost::Unnamed;
+                    }
+                }
+                _ => {}
+            }
+            first = false;
+        }
+        lost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::prepared::StatementRegistry;
+
+    fn reply(o: &mut Owed, p: &mut PreparedSet, tag: u8, code: Option<&[u8; 5]>) -> Verdict {
+        let mut unnamed = 7;
+        o.on_reply(tag, code.copied(), p, &mut unnamed).0
+    }
+
+    #[test]
+    fn replies_to_added_messages_are_swallowed_in_order() {
+        let r = StatementRegistry::default();
+        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // A Parse pgcarpool added before the client's Bind, Execute, Sync.
+        o.push(Pending::Parse {
+            swallow: true,
+            stmt: Some(s.clone()),
+        });
+        o.push(Pending::Bind);
+        o.push(Pending::Execute);
+        o.push(Pending::Ready(None));
+        use backend::*;
+        assert_eq!(
+            reply(&mut o, &mut p, PARSE_COMPLETE, None),
+            Verdict::Swallow
+        );
+        assert!(s.is_validated());
+        assert_eq!(reply(&mut o, &mut p, BIND_COMPLETE, None), Verdict::Forward);
+        assert_eq!(reply(&mut o, &mut p, DATA_ROW, None), Verdict::Forward);
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn an_error_skips_to_the_sync_and_forgets_statements_never_prepared() {
+        let r = StatementRegistry::default();
+        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let mut p = PreparedSet::default();
+        p.insert(s.clone());
+        let mut o = Owed::default();
+        o.push(Pending::Bind);
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: Some(s.clone()),
+        });
+        o.push(Pending::Answer(Answer::CloseComplete));
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, backend::ERROR_RESPONSE, Some(b"42601")),
+            Verdict::Forward
+        );
+        assert!(!p.touch(s.id), "its Parse was skipped");
+        assert!(o.pop_answer().is_none(), "skipped answers are not given");
+        assert_eq!(
+            reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_probe_error_is_replaced_unless_the_block_had_failed() {
+        let mut p = PreparedSet::default();
+        for (code, replaced) in [(b"42703", true), (b"25P02", false)] {
+            let mut o = Owed::default();
+            o.push(Pending::Fail(Box::new(("42P05", "exists".into()))));
+            o.push(Pending::Execute);
+            o.push(Pending::Ready(None));
+            let v = reply(&mut o, &mut p, backend::ERROR_RESPONSE, Some(code));
+            assert_eq!(
+                v,
+                if replaced {
+                    Verdict::Replace(Box::new(("42P05", "exists".into())))
+                } else {
+                    Verdict::Forward
+                }
+            );
+            assert_eq!(
+                reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
+                Verdict::Forward
+            );
+            assert!(o.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_failed_unnamed_parse_drops_the_unnamed_statement() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        o.push(Pending::Ready(None));
+        let mut unnamed = 9;
+        let (v, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"42703"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert_eq!(v, Verdict::Forward);
+        assert!(matches!(lost, Lost::Unnamed));
+        assert_eq!(unnamed, 0);
+    }
+
+    #[test]
+    fn a_failed_sql_prepare_gives_its_name_back() {
+        let r = StatementRegistry::default();
+        let s = r.intern(Bytes::from_static(b"\0PREPARE AS x")).unwrap();
+        let mut p = PreparedSet::default();
+        p.insert(s.clone());
+        let mut o = Owed::default();
+        o.push(Pending::Ready(Some(Box::new((
+            s.clone(),
+            Bytes::from_static(b"p"),
+        )))));
+        let mut unnamed = 0;
+        let (v, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"42601"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert_eq!(v, Verdict::Forward);
+        assert!(matches!(lost, Lost::Name(n) if &n.1[..] == b"p"));
+        assert!(!p.touch(s.id));
+        // Its ReadyForQuery still ends the query.
+        assert_eq!(
+            o.on_reply(backend::READY_FOR_QUERY, None, &mut p, &mut unnamed)
+                .0,
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn replies_of_an_added_query_are_all_swallowed() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        o.push(Pending::Swallow);
+        o.push(Pending::Ready(None));
+        for tag in [b'T', b'D', b'C', b'E'] {
+            assert_eq!(reply(&mut o, &mut p, tag, Some(b"42000")), Verdict::Swallow);
+        }
+        assert_eq!(
+            reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Swallow
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+    }
+}
