@@ -73,11 +73,6 @@ pub(super) fn passes_through(
     Ok(true)
 }
 
-/// What a probe for `Relay::fail` runs: it fails at parse analysis (42703), or with 25P02
-/// inside a failed transaction block, exactly where PostgreSQL would have failed the
-/// refused message.
-const FAIL_SQL: &str = "select pgcarpool_refused";
-
 impl Relay<'_> {
     /// A whole simple Query from the client.
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
@@ -225,20 +220,9 @@ impl Relay<'_> {
 
     /// Make a statement usable by a simple Query (EXECUTE) on this server.
     fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
-        if self.server.prepared.touch(stmt.id) {
-            return;
+        if !self.server.prepared.touch(stmt.id) {
+            self.server.prepare_apart(stmt);
         }
-        if stmt.is_sql_prepared() {
-            let prep = stmt.sql_prepare_text();
-            self.server.conn.queue_with(|b| frontend::query(b, &prep));
-            self.server.unnamed = 0;
-        } else {
-            self.queue_parse(stmt);
-            self.server.conn.queue_with(frontend::sync);
-        }
-        self.server.proto.expected_rfq += 1;
-        self.server.owed.push(Pending::Swallow);
-        self.server.prepared.insert(stmt.clone());
     }
 
     /// Refuse the client's current message with this error, at the place in the reply
@@ -246,32 +230,7 @@ impl Relay<'_> {
     /// probe that fails on the server takes the message's place, so the server skips to
     /// the next Sync (extended protocol) or aborts the transaction block it is in.
     pub(super) fn fail(&mut self, code: &'static str, message: String, query: bool) {
-        if query {
-            self.server
-                .conn
-                .queue_with(|b| frontend::query(b, FAIL_SQL));
-            self.server.proto.expected_rfq += 1;
-            self.server.unnamed = 0;
-            self.server
-                .owed
-                .push(Pending::Fail(Box::new((code, message))));
-            self.server.owed.push(Pending::Ready(None));
-        } else {
-            const NAME: &[u8] = b"pgcarpool_refused";
-            let len = 4 + NAME.len() + 1 + FAIL_SQL.len() + 1 + 2;
-            self.server.conn.queue_with(|b| {
-                b.put_u8(frontend::PARSE);
-                b.put_i32(len as i32);
-                b.put_slice(NAME);
-                b.put_u8(0);
-                b.put_slice(FAIL_SQL.as_bytes());
-                b.put_u8(0);
-                b.put_i16(0);
-            });
-            self.server
-                .owed
-                .push(Pending::Fail(Box::new((code, message))));
-        }
+        self.server.probe(code, message, query);
     }
 
     fn answer(&mut self, a: Answer) {
@@ -280,9 +239,7 @@ impl Relay<'_> {
 
     /// Forward a Query whose ReadyForQuery the client waits for.
     fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
-        self.server.conn.queue(msg);
-        self.server.proto.expected_rfq += 1;
-        self.server.owed.push(Pending::Ready(prepares));
+        self.server.send_query(msg, prepares);
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -503,15 +460,9 @@ impl Relay<'_> {
         }
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
-            if !self.at_sync_point {
-                return;
+            if self.at_sync_point {
+                self.server.prepare_apart(stmt);
             }
-            let prep = stmt.sql_prepare_text();
-            self.server.conn.queue_with(|b| frontend::query(b, &prep));
-            self.server.unnamed = 0;
-            self.server.proto.expected_rfq += 1;
-            self.server.owed.push(Pending::Swallow);
-            self.server.prepared.insert(stmt.clone());
         } else {
             self.prepare_on_server(stmt.clone(), true);
         }
@@ -527,18 +478,7 @@ impl Relay<'_> {
         let Some(rest) = self.session.unnamed.clone() else {
             return false;
         };
-        let len = 4 + 1 + rest.len();
-        self.server.conn.queue_with(|b| {
-            b.put_u8(frontend::PARSE);
-            b.put_i32(len as i32);
-            b.put_u8(0);
-        });
-        self.server.conn.queue(rest);
-        self.server.unnamed = id;
-        self.server.owed.push(Pending::Parse {
-            swallow: true,
-            stmt: None,
-        });
+        self.server.reparse_unnamed(rest, id);
         true
     }
 
@@ -558,39 +498,10 @@ impl Relay<'_> {
         Some(stmt)
     }
 
-    /// Queue a Parse of `stmt` under its server name.
-    fn queue_parse(&mut self, stmt: &Stmt) {
-        let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
-        self.server.conn.queue_with(|b| {
-            b.put_u8(frontend::PARSE);
-            b.put_i32(len as i32);
-            b.put_slice(&stmt.server_name);
-            b.put_u8(0);
-        });
-        self.server.conn.queue(stmt.parse_rest.clone());
-    }
-
     /// Send a Parse of `stmt` under its server name (closing the least recently used
     /// statement first when the server holds max_prepared_statements).
     fn prepare_on_server(&mut self, stmt: Arc<Stmt>, swallow: bool) {
-        if self.server.prepared.len() >= self.max_prepared
-            && let Some(old) = self.server.prepared.evict_lru()
-        {
-            self.server.conn.queue_with(|b| {
-                b.put_u8(frontend::CLOSE);
-                b.put_i32((4 + 1 + old.len() + 1) as i32);
-                b.put_u8(b'S');
-                b.put_slice(&old);
-                b.put_u8(0);
-            });
-            self.server.owed.push(Pending::Close { swallow: true });
-        }
-        self.queue_parse(&stmt);
-        self.server.prepared.insert(stmt.clone());
-        self.server.owed.push(Pending::Parse {
-            swallow,
-            stmt: Some(stmt),
-        });
+        self.server.prepare(stmt, swallow, self.max_prepared);
     }
 
     /// Send the client the replies pgcarpool owes it that are next in line. True when one

@@ -4,7 +4,11 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 
+use super::Server;
+use super::response::Pending;
 use crate::client::prepared::Stmt;
+use crate::proto::frontend;
+use bytes::BufMut;
 
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.
 /// It does not keep them alive: a statement no client names any more leaves the registry,
@@ -71,6 +75,77 @@ impl PreparedSet {
 
     pub fn ids(&self) -> Vec<u64> {
         self.held.keys().copied().collect()
+    }
+}
+
+impl Server {
+    /// Prepare `stmt` under its internal name: a Parse (after a Close of the least recently
+    /// used statement when `max` are held), its ParseComplete expected, swallowed or passed
+    /// on to the client.
+    pub fn prepare(&mut self, stmt: Arc<Stmt>, swallow: bool, max: usize) {
+        if self.prepared.len() >= max
+            && let Some(old) = self.prepared.evict_lru()
+        {
+            self.conn.queue_with(|b| {
+                b.put_u8(frontend::CLOSE);
+                b.put_i32((4 + 1 + old.len() + 1) as i32);
+                b.put_u8(b'S');
+                b.put_slice(&old);
+                b.put_u8(0);
+            });
+            self.owed.push(Pending::Close { swallow: true });
+        }
+        self.queue_parse(&stmt);
+        self.prepared.insert(stmt.clone());
+        self.owed.push(Pending::Parse {
+            swallow,
+            stmt: Some(stmt),
+        });
+    }
+
+    /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
+    /// by SQL PREPARE when a client made it so, else Parse and Sync.
+    pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>) {
+        if stmt.is_sql_prepared() {
+            let prep = stmt.sql_prepare_text();
+            self.conn.queue_with(|b| frontend::query(b, &prep));
+            self.unnamed = 0;
+        } else {
+            self.queue_parse(stmt);
+            self.conn.queue_with(frontend::sync);
+        }
+        self.proto.expected_rfq += 1;
+        self.owed.push(Pending::Swallow);
+        self.prepared.insert(stmt.clone());
+    }
+
+    /// Parse a client's unnamed statement (`rest`: the Parse body after the name) here too,
+    /// its ParseComplete swallowed; `id` identifies it (`VirtualSession::unnamed_id`).
+    pub fn reparse_unnamed(&mut self, rest: Bytes, id: u64) {
+        let len = 4 + 1 + rest.len();
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_u8(0);
+        });
+        self.conn.queue(rest);
+        self.unnamed = id;
+        self.owed.push(Pending::Parse {
+            swallow: true,
+            stmt: None,
+        });
+    }
+
+    /// Queue a Parse of `stmt` under its server name.
+    fn queue_parse(&mut self, stmt: &Stmt) {
+        let len = 4 + stmt.server_name.len() + 1 + stmt.parse_rest.len();
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_slice(&stmt.server_name);
+            b.put_u8(0);
+        });
+        self.conn.queue(stmt.parse_rest.clone());
     }
 }
 

@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use bytes::BufMut;
+
+use super::Server;
 use super::prepared::PreparedSet;
 use crate::client::prepared::Stmt;
-use crate::proto::backend;
+use crate::proto::{backend, frontend};
 
 /// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
 #[derive(Debug)]
@@ -220,6 +223,47 @@ impl Owed {
             first = false;
         }
         lost
+    }
+}
+
+/// What a probe runs: it fails at parse analysis (42703), or with 25P02 inside a failed
+/// transaction block, exactly where PostgreSQL would have failed the refused message.
+const PROBE_SQL: &str = "select pgcarpool_refused";
+
+impl Server {
+    /// A client's message pgcarpool refused with this error (SQLSTATE, message): a probe
+    /// that fails on the server takes its place (a Query for a simple query, else a Parse),
+    /// so the server skips to the next Sync or aborts the transaction block it is in as
+    /// PostgreSQL would have, and the client gets this error where PostgreSQL's would be.
+    pub fn probe(&mut self, code: &'static str, message: String, query: bool) {
+        if query {
+            self.conn.queue_with(|b| frontend::query(b, PROBE_SQL));
+            self.proto.expected_rfq += 1;
+            self.unnamed = 0;
+            self.owed.push(Pending::Fail(Box::new((code, message))));
+            self.owed.push(Pending::Ready(None));
+        } else {
+            const NAME: &[u8] = b"pgcarpool_refused";
+            let len = 4 + NAME.len() + 1 + PROBE_SQL.len() + 1 + 2;
+            self.conn.queue_with(|b| {
+                b.put_u8(frontend::PARSE);
+                b.put_i32(len as i32);
+                b.put_slice(NAME);
+                b.put_u8(0);
+                b.put_slice(PROBE_SQL.as_bytes());
+                b.put_u8(0);
+                b.put_i16(0);
+            });
+            self.owed.push(Pending::Fail(Box::new((code, message))));
+        }
+    }
+
+    /// Send a client's simple Query; its ReadyForQuery is owed. `prepares`: it is a SQL
+    /// PREPARE of this statement under this client name.
+    pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
+        self.conn.queue(msg);
+        self.proto.expected_rfq += 1;
+        self.owed.push(Pending::Ready(prepares));
     }
 }
 
