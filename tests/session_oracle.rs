@@ -224,6 +224,40 @@ async fn statements_parsed_after_ddl_see_the_new_schema() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_changed_by_another_application_heals_on_the_next_parse() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
+    let scripts: Vec<Vec<String>> = (0..6)
+        .map(|i| {
+            script(&[
+                one(
+                    i,
+                    "X drop table if exists at; create table at(a int); insert into at values (1)",
+                ),
+                "P s|select * from at\nB |s|\nE \nS".into(),
+                // pgcarpool does not see this.
+                one(i, "X alter table at alter column a type text"),
+                // Each client's own statement is stale, as in PostgreSQL…
+                "B |s|\nE \nS".into(),
+                // …and a new Parse of the same text is a fresh parse (asyncpg's retry after
+                // InvalidCachedStatementError).
+                "P s2|select * from at\nB |s2|\nE \nS".into(),
+                "Q PREPARE q AS select a || 'x' from at".into(),
+                "Q EXECUTE q".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    all_contain(&t, 3, "Error 0A000");
+    for c in &t {
+        assert!(c[4].contains(&"Row 1".to_string()), "{:?}", c[4]);
+        assert!(c[6].contains(&"Row 1x".to_string()), "{:?}", c[6]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_changed_out_of_sight_stays_with_its_client() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;

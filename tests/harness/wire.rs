@@ -304,8 +304,12 @@ fn describe(tag: u8, body: &[u8]) -> Option<String> {
 /// Run each client's steps in lockstep (step k of every client before step k+1 of any),
 /// once against `direct_port` and once against `pooler_port`, and return both sets of
 /// transcripts: `[client][step]` lines.
+///
+/// A step that starts with `X ` is SQL another application runs straight on PostgreSQL
+/// (`direct_port`), out of pgcarpool's sight; its transcript is empty.
 pub async fn transcripts(
     port: u16,
+    direct_port: u16,
     user: &str,
     db: &str,
     scripts: &[Vec<String>],
@@ -314,13 +318,20 @@ pub async fn transcripts(
     for _ in scripts {
         conns.push(Wire::connect(port, user, db).await);
     }
+    let mut outside = Wire::connect(direct_port, user, db).await;
     let mut out = vec![Vec::new(); scripts.len()];
     let steps = scripts.iter().map(Vec::len).max().unwrap_or(0);
     for k in 0..steps {
         for (i, s) in scripts.iter().enumerate() {
             if let Some(step) = s.get(k) {
-                let t = conns[i].step(step).await;
-                out[i].push(t);
+                if let Some(sql) = step.strip_prefix("X ") {
+                    let t = outside.step(&format!("Q {sql}")).await;
+                    assert!(!t.iter().any(|l| l.starts_with("Error")), "{sql}: {t:?}");
+                    out[i].push(Vec::new());
+                } else {
+                    let t = conns[i].step(step).await;
+                    out[i].push(t);
+                }
             }
         }
     }
@@ -336,8 +347,8 @@ pub async fn oracle(
     db: &str,
     scripts: &[Vec<String>],
 ) -> Vec<Vec<Vec<String>>> {
-    let want = transcripts(direct_port, user, db, scripts).await;
-    let got = transcripts(pooler_port, user, db, scripts).await;
+    let want = transcripts(direct_port, direct_port, user, db, scripts).await;
+    let got = transcripts(pooler_port, direct_port, user, db, scripts).await;
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         for (k, (ws, gs)) in w.iter().zip(g).enumerate() {
             assert_eq!(
