@@ -297,6 +297,48 @@ async fn state_changed_out_of_sight_stays_with_its_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_changed_inside_functions_stay_with_their_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
+    let scripts: Vec<Vec<String>> = (0..12)
+        .map(|i| {
+            script(&[
+                one(
+                    i,
+                    "Q create or replace function setsp(p text) returns void language plpgsql as \
+                     $$begin perform set_config('search_path', p, false); end$$; \
+                     create or replace function st(ms text) returns text language sql as \
+                     $$select set_config('statement_timeout', ms, false)$$; \
+                     create or replace function rs() returns void language plpgsql as \
+                     $$begin reset work_mem; end$$",
+                ),
+                format!("Q select setsp('s{i}, public')"),
+                "Q show search_path".into(),
+                format!("P |select st('{}')\nB ||\nE \nS", (i + 1) * 1000),
+                "P |show statement_timeout\nB ||\nE \nS".into(),
+                format!("Q SET work_mem = '{}kB'", 1024 + i),
+                "Q show work_mem".into(),
+                if i % 2 == 0 {
+                    "Q select rs()".into()
+                } else {
+                    "Q select 1".into()
+                },
+                "Q show work_mem".into(),
+                "Q show search_path".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[2].contains(&format!("Row s{i}, public")), "{:?}", c[2]);
+        assert!(c[4].contains(&format!("Row {}s", i + 1)), "{:?}", c[4]);
+        assert!(c[9].contains(&format!("Row s{i}, public")), "{:?}", c[9]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_settings_follow_their_client() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;

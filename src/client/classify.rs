@@ -24,6 +24,10 @@ pub struct Effects {
     pub ddl: bool,
     /// A PREPARE, EXECUTE or DEALLOCATE names a statement with pgcarpool's prefix.
     pub reserved_name: bool,
+    /// Calls a function that is not a well-known built-in: it may change settings, take
+    /// locks or create temp tables out of sight (checked afterwards when
+    /// check_function_calls is on).
+    pub calls: bool,
 }
 
 impl Effects {
@@ -44,6 +48,7 @@ impl Effects {
         self.pin_check |= o.pin_check;
         self.ddl |= o.ddl;
         self.reserved_name |= o.reserved_name;
+        self.calls |= o.calls;
         self.deallocate = None;
     }
 }
@@ -89,10 +94,175 @@ pub fn may_matter(sql: &[u8]) -> bool {
             b's' if starts_with_ci(rest, b"set_config") => return true,
             b'a' if starts_with_ci(rest, b"advisory") => return true,
             b'p' if starts_with_ci(rest, b"pg_temp") => return true,
+            b'(' if i > 0 && calls_unknown(&sql[..i]) => return true,
             _ => {}
         }
     }
     false
+}
+
+/// Is the text before a `(` a call of a function that may change the session out of sight:
+/// an identifier (quoted, or not one of the well-known built-ins and keywords below)?
+/// Quoting is not tracked: a false positive only costs a check.
+fn calls_unknown(before: &[u8]) -> bool {
+    const KNOWN: &[&[u8]] = &[
+        b"abs",
+        b"age",
+        b"all",
+        b"and",
+        b"any",
+        b"array",
+        b"array_agg",
+        b"array_length",
+        b"array_to_string",
+        b"as",
+        b"avg",
+        b"bool_and",
+        b"bool_or",
+        b"btrim",
+        b"by",
+        b"cardinality",
+        b"case",
+        b"cast",
+        b"ceil",
+        b"char",
+        b"character",
+        b"check",
+        b"coalesce",
+        b"concat",
+        b"concat_ws",
+        b"count",
+        b"current_setting",
+        b"currval",
+        b"date_part",
+        b"date_trunc",
+        b"decimal",
+        b"decode",
+        b"default",
+        b"dense_rank",
+        b"else",
+        b"encode",
+        b"except",
+        b"exists",
+        b"extract",
+        b"filter",
+        b"float",
+        b"floor",
+        b"format",
+        b"from",
+        b"gen_random_uuid",
+        b"generate_series",
+        b"greatest",
+        b"group",
+        b"grouping",
+        b"having",
+        b"in",
+        b"index",
+        b"intersect",
+        b"interval",
+        b"into",
+        b"join",
+        b"json_agg",
+        b"json_build_array",
+        b"json_build_object",
+        b"jsonb_agg",
+        b"jsonb_build_array",
+        b"jsonb_build_object",
+        b"jsonb_set",
+        b"key",
+        b"lag",
+        b"lateral",
+        b"lead",
+        b"least",
+        b"left",
+        b"length",
+        b"like",
+        b"limit",
+        b"lower",
+        b"lpad",
+        b"ltrim",
+        b"make_interval",
+        b"max",
+        b"md5",
+        b"min",
+        b"mod",
+        b"nextval",
+        b"not",
+        b"now",
+        b"nullif",
+        b"numeric",
+        b"on",
+        b"or",
+        b"order",
+        b"over",
+        b"overlay",
+        b"partition",
+        b"pg_backend_pid",
+        b"pg_sleep",
+        b"position",
+        b"power",
+        b"primary",
+        b"random",
+        b"rank",
+        b"references",
+        b"regexp_replace",
+        b"repeat",
+        b"replace",
+        b"returning",
+        b"right",
+        b"round",
+        b"row",
+        b"row_number",
+        b"rows",
+        b"rpad",
+        b"rtrim",
+        b"select",
+        b"setval",
+        b"split_part",
+        b"sqrt",
+        b"string_agg",
+        b"strpos",
+        b"substr",
+        b"substring",
+        b"sum",
+        b"then",
+        b"time",
+        b"timestamp",
+        b"timestamptz",
+        b"to_char",
+        b"to_date",
+        b"to_json",
+        b"to_jsonb",
+        b"to_number",
+        b"to_timestamp",
+        b"trim",
+        b"trunc",
+        b"union",
+        b"unique",
+        b"unnest",
+        b"upper",
+        b"using",
+        b"values",
+        b"varchar",
+        b"when",
+        b"where",
+        b"window",
+        b"with",
+        b"within",
+    ];
+    let end = before.len();
+    if before[end - 1] == b'"' {
+        return true;
+    }
+    let start = before
+        .iter()
+        .rposition(|c| !(c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$'))
+        .map_or(0, |p| p + 1);
+    let name = &before[start..end];
+    if name.is_empty() || name[0].is_ascii_digit() || name[0] == b'$' {
+        return false;
+    }
+    !KNOWN.iter().any(|k| name.eq_ignore_ascii_case(k))
 }
 
 /// Classify a query's text (simple Query or Parse). Unknown bytes are treated as "other".
@@ -199,6 +369,10 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             if contains_ci(s, b"advisory") || contains_ci(s, b"pg_temp") {
                 e.pin_check = true;
             }
+            e.calls |= s
+                .iter()
+                .enumerate()
+                .any(|(i, &c)| c == b'(' && i > 0 && calls_unknown(&s[..i]));
         }
     }
 }
@@ -494,6 +668,32 @@ fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_of_unknown_functions_are_noticed() {
+        for (sql, calls) in [
+            ("select count(*), max(a) from t where b in (1, 2)", false),
+            (
+                "SELECT abalance FROM pgbench_accounts WHERE aid = $1",
+                false,
+            ),
+            (
+                "INSERT INTO h (tid, mtime) VALUES (1, CURRENT_TIMESTAMP)",
+                false,
+            ),
+            ("select coalesce(x, now()) from t", false),
+            ("select setsp('x')", true),
+            ("select app.f(1)", true),
+            ("select \"MyFunc\"(1)", true),
+            ("update t set a = lower(b) where c = my_fn(d)", true),
+        ] {
+            assert_eq!(classify(sql.as_bytes()).calls, calls, "{sql}");
+            if calls {
+                assert!(may_matter(sql.as_bytes()), "{sql}");
+            }
+        }
+        assert!(!may_matter(b"select count(*) from t where a = $1"));
+    }
 
     #[test]
     fn plain_queries_have_no_effects() {

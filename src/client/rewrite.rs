@@ -303,6 +303,10 @@ impl Relay<'_> {
                             return Ok(());
                         }
                         Some(stmt) => {
+                            // What running it does to the session, every time it runs.
+                            if let Some(e) = &stmt.effects {
+                                self.effects.merge((**e).clone());
+                            }
                             let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
                             let sname = stmt.server_name.clone();
                             let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();

@@ -194,7 +194,27 @@ async fn after_transaction(
     if effects.deallocate_all {
         server.prepared.clear();
     }
-    let changed = sync::read_session_settings(server, &effects.gucs, effects.gucs_unknown).await?;
+    // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
+    // reset anything: every setting the session has is read back.
+    let hidden = effects.gucs_unknown
+        || (effects.calls && c.shared.config.load().settings.check_function_calls);
+    let mut names = effects.gucs.clone();
+    if hidden {
+        for n in ["role", "session_authorization"] {
+            if !names.iter().any(|g| g.eq_ignore_ascii_case(n)) {
+                names.push(n.to_string());
+            }
+        }
+        for (k, v) in server.params.iter() {
+            if !sync::is_read_only(k)
+                && server.login_params.get(k) != Some(v)
+                && !names.iter().any(|g| g.eq_ignore_ascii_case(k))
+            {
+                names.push(k.to_string());
+            }
+        }
+    }
+    let changed = sync::read_session_settings(server, &names, hidden).await?;
     for (name, value) in changed {
         match value {
             Some(v) => {
@@ -215,7 +235,7 @@ async fn after_transaction(
             format!("too many session settings: client_max_settings is {max_settings}"),
         )));
     }
-    if effects.pin_check || c.session.pin.is_some() {
+    if effects.pin_check || hidden || c.session.pin.is_some() {
         let reasons = sync::pin_reasons(server).await?;
         if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
             server.discard = true;

@@ -93,6 +93,9 @@ pub struct Settings {
     /// Servers a pool may keep for pinned clients on top of its size (0: none; a client
     /// that would pin beyond it is told so and let go).
     pub pin_pool_size: usize,
+    /// After a transaction that called a function pgcarpool does not know, read back the
+    /// session's settings and pins (what the function may have changed out of sight).
+    pub check_function_calls: bool,
     /// Most prepared statement names one client may hold (beyond: 53400, client let go).
     pub client_max_statements: usize,
     /// Most session settings one client may have changed (beyond: 53400, client let go).
@@ -619,6 +622,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(workers, "0", reload: false, implemented: true),
     typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
     typed!(pin_pool_size, "20", reload: true, implemented: true),
+    typed!(check_function_calls, "1", reload: true, implemented: true),
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
@@ -729,6 +733,7 @@ impl Settings {
             workers: 0,
             pin_mode: "pin".into(),
             pin_pool_size: 20,
+            check_function_calls: true,
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
@@ -898,6 +903,7 @@ mod tests {
                     "workers",
                     "pin_mode",
                     "pin_pool_size",
+                    "check_function_calls",
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",

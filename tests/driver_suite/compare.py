@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Compare two pytest runs of a driver's test suite: straight to PostgreSQL ("direct")
+and through pgcarpool ("pgcarpool").
+
+    compare.py DIRECT PGCARPOOL KNOWN [--out SUMMARY.txt] [--markdown TABLE.md]
+
+DIRECT and PGCARPOOL are pytest result files: a JUnit XML (--junitxml) or, when the run
+was cut short and wrote no XML, its verbose (-v -rA) log. KNOWN lists known differences:
+one test id per line, '#' starts a comment (the reason), blank lines are ignored.
+
+Prints per-run counts and every test that passed directly but failed or errored through
+pgcarpool, with the first line of its failure. Exit status: 0, or 1 when a difference is
+not listed in KNOWN (the caller decides whether that matters), 2 on unusable input.
+"""
+
+import argparse
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def junit_id(case):
+    """pytest's node id from a JUnit testcase: tests/test_pool.py::TestPool::test_x."""
+    classname = case.get("classname", "")
+    name = case.get("name", "")
+    parts = classname.split(".")
+    # classname is "tests.test_pool.TestPool" (or "tests.test_pool" for a function).
+    for i in range(len(parts), 0, -1):
+        if parts[i - 1].startswith("test_") or parts[i - 1].startswith("test__"):
+            module = "/".join(parts[:i]) + ".py"
+            rest = parts[i:]
+            return "::".join([module] + rest + [name])
+    return "::".join([p for p in (classname, name) if p])
+
+
+def first_line(text):
+    """The most telling line of a failure: the exception line if there is one."""
+    if not text:
+        return ""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    # pytest's message attribute is usually "ExcType: message"; a traceback text has the
+    # exception as its last "E   " line or last line.
+    e_lines = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    if e_lines:
+        for ln in e_lines:
+            if re.match(r"^[\w.]+(Error|Exception|Timeout|Failure)\b", ln) or ":" in ln:
+                return ln[:300]
+        return e_lines[0][:300]
+    return lines[0][:300]
+
+
+def read_junit(path):
+    results = {}
+    tree = ET.parse(path)
+    for case in tree.iter("testcase"):
+        tid = junit_id(case)
+        outcome, msg = "passed", ""
+        for child in case:
+            tag = child.tag
+            if tag in ("failure", "error"):
+                text = child.get("message") or child.text or ""
+                # A teardown error after a failure: keep the failure.
+                if outcome in ("failed", "error"):
+                    continue
+                outcome = "failed" if tag == "failure" else "error"
+                msg = first_line(text) or first_line(child.text or "")
+            elif tag == "skipped":
+                if outcome == "passed":
+                    outcome = "skipped"
+                    msg = first_line(child.get("message") or child.text or "")
+        # pytest writes a second <testcase> for a teardown error of a passed test.
+        prev = results.get(tid)
+        if prev and prev[0] in ("failed", "error") and outcome == "passed":
+            continue
+        results[tid] = (outcome, msg)
+    return results
+
+
+VERBOSE_RE = re.compile(
+    r"^(?P<id>\S+::\S+) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+SUMMARY_RE = re.compile(
+    r"^(?P<outcome>PASSED|FAILED|ERROR|SKIPPED) (?P<id>\S+::\S+)(?: - (?P<msg>.*))?$")
+
+
+def read_log(path):
+    """Fallback for a run that was killed before writing its XML: the -v lines."""
+    results = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            m = SUMMARY_RE.match(line)
+            if m:
+                out = m.group("outcome").lower()
+                results[m.group("id")] = (out, (m.group("msg") or "")[:300])
+                continue
+            m = VERBOSE_RE.match(line)
+            if m:
+                out = m.group("outcome").lower()
+                out = {"xfail": "skipped", "xpass": "passed"}.get(out, out)
+                tid = m.group("id")
+                if tid not in results or results[tid][0] == "passed":
+                    results[tid] = (out, results.get(tid, (None, ""))[1])
+    return results
+
+
+def read_results(path):
+    if path.endswith(".xml"):
+        return read_junit(path)
+    return read_log(path)
+
+
+def read_known(path):
+    known = {}
+    if not path or not os.path.exists(path):
+        return known
+    with open(path) as f:
+        reason = ""
+        for raw in f:
+            line = raw.strip()
+            if not line:
+                reason = ""
+                continue
+            if line.startswith("#"):
+                # A comment block above ids is their shared reason.
+                reason = line.lstrip("#").strip()
+                continue
+            tid, _, comment = line.partition("#")
+            known[tid.strip()] = comment.strip() or reason
+    return known
+
+
+def counts(results):
+    c = {k: 0 for k in OUTCOMES}
+    for outcome, _ in results.values():
+        c[outcome] = c.get(outcome, 0) + 1
+    return c
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("direct")
+    ap.add_argument("pooled")
+    ap.add_argument("known")
+    ap.add_argument("--out")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+
+    try:
+        direct = read_results(args.direct)
+        pooled = read_results(args.pooled)
+    except (OSError, ET.ParseError) as e:
+        print(f"compare.py: cannot read results: {e}", file=sys.stderr)
+        return 2
+    if not direct or not pooled:
+        print("compare.py: a run has no test results", file=sys.stderr)
+        return 2
+    known = read_known(args.known)
+
+    out = []
+    p = out.append
+    cd, cp = counts(direct), counts(pooled)
+    p("counts (passed / failed / errors / skipped / total):")
+    for name, c, res in (("direct", cd, direct), ("pgcarpool", cp, pooled)):
+        p(f"  {name:<10} {c['passed']:>4} passed  {c['failed']:>3} failed  "
+          f"{c['error']:>3} errors  {c['skipped']:>4} skipped  {len(res):>4} total")
+
+    regressions = []
+    for tid in sorted(direct):
+        if direct[tid][0] != "passed":
+            continue
+        if tid not in pooled:
+            regressions.append((tid, "missing", "not run through pgcarpool"))
+        elif pooled[tid][0] in ("failed", "error"):
+            regressions.append((tid, pooled[tid][0], pooled[tid][1]))
+    improvements = sorted(t for t in pooled
+                          if pooled[t][0] == "passed" and t in direct
+                          and direct[t][0] in ("failed", "error"))
+    stale = sorted(t for t in known if t not in {r[0] for r in regressions})
+
+    unknown = [r for r in regressions if r[0] not in known]
+    p("")
+    p(f"passed directly, failed through pgcarpool: {len(regressions)} "
+      f"({len(regressions) - len(unknown)} known, {len(unknown)} new)")
+    for tid, outcome, msg in regressions:
+        tag = "known" if tid in known else "NEW  "
+        p(f"  [{tag}] {tid}  ({outcome})")
+        if msg:
+            p(f"          {msg}")
+        if tid in known and known[tid]:
+            p(f"          known: {known[tid]}")
+    if improvements:
+        p("")
+        p(f"failed directly, passed through pgcarpool: {len(improvements)}")
+        for tid in improvements:
+            p(f"  {tid}")
+    if stale:
+        p("")
+        p(f"listed in {os.path.basename(args.known)} but not differing in this run: "
+          f"{len(stale)}")
+        for tid in stale:
+            p(f"  {tid}")
+
+    text = "\n".join(out)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("| run | passed | failed | errors | skipped | total |\n")
+            f.write("|---|---:|---:|---:|---:|---:|\n")
+            for name, c, res in (("direct", cd, direct), ("pgcarpool", cp, pooled)):
+                f.write(f"| {name} | {c['passed']} | {c['failed']} | {c['error']} | "
+                        f"{c['skipped']} | {len(res)} |\n")
+            f.write("\n| test | through pgcarpool | reason |\n|---|---|---|\n")
+            for tid, outcome, msg in regressions:
+                why = known.get(tid, "") or "(not yet diagnosed)"
+                msg = msg.replace("|", "\\|")
+                f.write(f"| `{tid}` | {outcome}: {msg} | {why} |\n")
+    return 1 if unknown else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
