@@ -10,11 +10,13 @@
 //! client/    one task per client:
 //!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
-//!            prepared.rs (statement registry, per-server LRU), classify.rs (leading keywords),
+//!            prepared.rs (statement registry), classify.rs (leading keywords),
 //!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL)
 //! pool/      pool.rs (idle list, FIFO waiters, limits, pause), guard.rs (RAII checkout,
 //!            cleanup of dirty servers), janitor.rs (lifetimes, min_pool_size, shared limits)
 //! server/    connect.rs (connect + login), query.rs (pgcarpool's own queries),
+//!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
+//!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
 //! workers    thread per core: one single-threaded runtime per worker, placement of clients
