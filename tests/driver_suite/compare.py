@@ -119,18 +119,21 @@ def read_known(path):
     if not path or not os.path.exists(path):
         return known
     with open(path) as f:
-        reason = ""
+        block = []  # a comment block directly above ids is their shared reason
+        in_ids = False
         for raw in f:
             line = raw.strip()
             if not line:
-                reason = ""
+                block, in_ids = [], False
                 continue
             if line.startswith("#"):
-                # A comment block above ids is their shared reason.
-                reason = line.lstrip("#").strip()
+                if in_ids:
+                    block, in_ids = [], False
+                block.append(line.lstrip("#").strip())
                 continue
+            in_ids = True
             tid, _, comment = line.partition("#")
-            known[tid.strip()] = comment.strip() or reason
+            known[tid.strip()] = comment.strip() or " ".join(block)
     return known
 
 
@@ -180,7 +183,9 @@ def main():
     improvements = sorted(t for t in pooled
                           if pooled[t][0] == "passed" and t in direct
                           and direct[t][0] in ("failed", "error"))
-    stale = sorted(t for t in known if t not in {r[0] for r in regressions})
+    # Known differences that ran in both runs and did not differ this time.
+    stale = sorted(t for t in known if t in direct and t in pooled
+                   and t not in {r[0] for r in regressions})
 
     unknown = [r for r in regressions if r[0] not in known]
     p("")
@@ -192,7 +197,8 @@ def main():
         if msg:
             p(f"          {msg}")
         if tid in known and known[tid]:
-            p(f"          known: {known[tid]}")
+            why = known[tid]
+            p(f"          known: {why if len(why) <= 160 else why[:157] + '...'}")
     if improvements:
         p("")
         p(f"failed directly, passed through pgcarpool: {len(improvements)}")
