@@ -74,6 +74,34 @@ async fn sql_prepare_execute_deallocate_in_both_protocols() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_execute_inside_named_statements() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                // asyncpg: prepare(name='foobar'), then fetchval('EXECUTE foobar') through
+                // a statement of its own cache.
+                format!("P foobar|select {i}\nS"),
+                "P s1|EXECUTE foobar\nD S s1\nB |s1|\nE \nS".into(),
+                format!("Q PREPARE q AS select 'q{i}'"),
+                "P s2|EXECUTE q\nB |s2|\nE \nS".into(),
+                "B |s1|\nE \nS".into(),
+                "P s3|EXECUTE nosuch\nB |s3|\nE \nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[1].contains(&format!("Row {i}")), "{:?}", c[1]);
+        assert!(c[3].contains(&format!("Row q{i}")), "{:?}", c[3]);
+        assert!(c[4].contains(&format!("Row {i}")), "{:?}", c[4]);
+    }
+    all_contain(&t, 5, "Error 26000");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_and_unknown_names_fail_as_in_postgresql() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;

@@ -27,6 +27,9 @@ pub struct Stmt {
     generation: u64,
     /// Where its entry is, to remove it when the statement is gone.
     registry: Weak<Mutex<RegistryInner>>,
+    /// A statement its text runs (SQL `EXECUTE "PGCARPOOL_n"` mapped from a client's name):
+    /// it must be on a server before this one is parsed or bound there.
+    pub depends: Option<Arc<Stmt>>,
 }
 
 /// How the registry keys a statement made by SQL PREPARE: this, then the text after the
@@ -141,6 +144,15 @@ impl StatementRegistry {
 
     /// The statement for this Parse body tail (query + types).
     pub fn intern(&self, parse_rest: Bytes) -> Result<Arc<Stmt>, RegistryFull> {
+        self.intern_with(parse_rest, None)
+    }
+
+    /// As `intern`, for a text that runs `depends` (the same text always does).
+    pub fn intern_with(
+        &self,
+        parse_rest: Bytes,
+        depends: Option<Arc<Stmt>>,
+    ) -> Result<Arc<Stmt>, RegistryFull> {
         let generation = self.generation.load(Ordering::Relaxed);
         let max = self.max_bytes.load(Ordering::Relaxed);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -168,6 +180,7 @@ impl StatementRegistry {
             validated: AtomicBool::new(false),
             generation,
             registry: Arc::downgrade(&self.inner),
+            depends,
         });
         g.bytes += s.size();
         g.by_key.insert(parse_rest, Arc::downgrade(&s));

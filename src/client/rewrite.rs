@@ -131,7 +131,7 @@ impl Relay<'_> {
                 }
                 let mut key = SQL_PREPARE_KEY.to_vec();
                 key.extend_from_slice(rest);
-                let Some(stmt) = self.intern(Bytes::from(key)) else {
+                let Some(stmt) = self.intern(Bytes::from(key), None) else {
                     return Ok(());
                 };
                 let name = Bytes::from(name.into_bytes());
@@ -192,7 +192,7 @@ impl Relay<'_> {
 
     /// The shared statement for a new client name, within the client's and the registry's
     /// limits; None (and the relay ends the client with `limit`'s error) beyond them.
-    fn intern(&mut self, rest: Bytes) -> Option<Arc<Stmt>> {
+    fn intern(&mut self, rest: Bytes, depends: Option<Arc<Stmt>>) -> Option<Arc<Stmt>> {
         if self.session.statements.len() >= self.max_client_statements {
             self.limit = Some(format!(
                 "too many prepared statements: client_max_statements is {}",
@@ -200,7 +200,7 @@ impl Relay<'_> {
             ));
             return None;
         }
-        match self.registry.intern(rest) {
+        match self.registry.intern_with(rest, depends) {
             Ok(s) => Some(s),
             Err(e) => {
                 self.limit = Some(format!("cannot keep another prepared statement: {e}"));
@@ -266,8 +266,8 @@ impl Relay<'_> {
                     self.fail("42P05", m, false);
                     return Ok(());
                 }
-                let rest = msg.slice(5 + name.len() + 1..);
-                let Some(stmt) = self.intern(rest) else {
+                let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
+                let Some(stmt) = self.intern(rest, depends) else {
                     return Ok(());
                 };
                 if let Some(e) = &stmt.effects {
@@ -457,6 +457,35 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// A named Parse whose text is SQL `EXECUTE name …` of one of the client's statements
+    /// (asyncpg sends SQL through named statements): the text runs that statement's server
+    /// name instead, and the statement comes along wherever this one is prepared. `rest`:
+    /// the Parse body after the name.
+    fn map_execute(&mut self, rest: Bytes) -> Result<(Bytes, Option<Arc<Stmt>>), ProtoError> {
+        let sql = Reader::new(&rest, "Parse").cstr_bytes()?;
+        if !classify::may_matter(sql) {
+            return Ok((rest, None));
+        }
+        let Some(classify::Named::Execute { name, rest: args }) = classify::named_statement(sql)
+        else {
+            return Ok((rest, None));
+        };
+        let Some(target) = self.session.statements.get(name.as_bytes()).cloned() else {
+            return Ok((rest, None));
+        };
+        let text = format!(
+            "EXECUTE {} {}",
+            quoted(&target.server_name),
+            String::from_utf8_lossy(args)
+        );
+        let types = &rest[sql.len() + 1..];
+        let mut b = bytes::BytesMut::with_capacity(text.len() + 1 + types.len());
+        b.put_slice(text.as_bytes());
+        b.put_u8(0);
+        b.put_slice(types);
+        Ok((b.freeze(), Some(target)))
+    }
+
     /// Make a statement usable by an EXECUTE/DEALLOCATE inside a Parse on this server.
     fn ensure_for_parse(&mut self, stmt: &Arc<Stmt>) {
         if self.server.prepared.touch(stmt.id) {
@@ -498,6 +527,8 @@ impl Relay<'_> {
         }
         if !self.server.prepared.touch(stmt.id) {
             self.prepare_on_server(stmt.clone(), true);
+        } else if let Some(dep) = &stmt.depends {
+            self.ensure_for_parse(dep);
         }
         Some(stmt)
     }
@@ -505,6 +536,9 @@ impl Relay<'_> {
     /// Send a Parse of `stmt` under its server name (closing the least recently used
     /// statement first when the server holds max_prepared_statements).
     fn prepare_on_server(&mut self, stmt: Arc<Stmt>, swallow: bool) {
+        if let Some(dep) = &stmt.depends {
+            self.ensure_for_parse(dep);
+        }
         self.server.prepare(stmt, swallow, self.max_prepared);
     }
 

@@ -384,7 +384,10 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             frontend::PARSE => {
                 let mut r = proto::Reader::new(body, "Parse");
                 let name = r.cstr_bytes()?;
+                // Text that may name the client's statements (SQL EXECUTE) is mapped by the
+                // relay.
                 !name.is_empty()
+                    && !classify::may_matter(r.cstr_bytes()?)
                     && !c.session.statements.contains_key(name)
                     && c.shared
                         .statements
