@@ -313,6 +313,9 @@ async fn state_changed_out_of_sight_stays_with_its_client() {
                 format!("Q {auth}"),
                 "Q select current_user, session_user".into(),
                 "P |show search_path\nB ||\nE \nS".into(),
+                // RESET ALL leaves the session authorization and role as they are.
+                "Q RESET ALL".into(),
+                "Q select current_user, session_user".into(),
             ])
         })
         .collect();

@@ -306,7 +306,13 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
         }
         "RESET" => match w(1) {
-            "ALL" => e.reset_all = true,
+            // RESET ALL leaves these two as they are (PostgreSQL's GUC_NO_RESET_ALL):
+            // read back what they are.
+            "ALL" => {
+                e.reset_all = true;
+                e.gucs.push("session_authorization".into());
+                e.gucs.push("role".into());
+            }
             "ROLE" => e.gucs.push("role".into()),
             "TIME" => e.gucs.push("TimeZone".into()),
             "SESSION" => e.gucs.push("session_authorization".into()),
@@ -321,6 +327,8 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
                 e.reset_all = true;
                 e.deallocate_all = true;
                 e.pin_check = true;
+                e.gucs.push("session_authorization".into());
+                e.gucs.push("role".into());
             }
             "TEMP" | "TEMPORARY" => e.pin_check = true,
             _ => {}

@@ -111,11 +111,8 @@ impl Relay<'_> {
         self.effects.merge(e);
         if let Some(name) = dealloc {
             match self.session.statements.remove(name.as_bytes()) {
-                Some(stmt) => {
-                    // Only the client's name goes: the server keeps the statement for others.
-                    let _ = stmt;
-                    self.answer(Answer::Query("DEALLOCATE"));
-                }
+                // Only the client's name goes: the server keeps the statement for others.
+                Some(_) => self.answer(Answer::Query("DEALLOCATE")),
                 None => {
                     self.unknown_statement(&name, msg, true);
                 }
