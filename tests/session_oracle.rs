@@ -286,6 +286,52 @@ async fn a_schema_changed_by_another_application_heals_on_the_next_parse() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_after_a_schema_change_out_of_sight_is_a_fresh_parse() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            script(&[
+                one(
+                    i,
+                    "X drop table if exists bt; create table bt(a int); insert into bt values (1)",
+                ),
+                // Client 0 parses and runs the statement: the server holds it.
+                one(i, "P s|select * from bt\nB |s|\nE \nS"),
+                // Another application changes the table; pgcarpool does not see it.
+                one(i, "X alter table bt alter column a type text"),
+                // The others parse the same text only now: in PostgreSQL a fresh parse.
+                if i == 0 {
+                    String::new()
+                } else {
+                    "P s|select * from bt\nS".into()
+                },
+                // Client 0's own statement is stale (as in PostgreSQL); the others' are not.
+                "B |s|\nE \nS".into(),
+                // pgjdbc's and asyncpg's shape: Parse, Bind, Execute in one round.
+                format!("P t{i}|select concat(a, '-{i}') from bt\nB |t{i}|\nE \nS"),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    assert!(t[0][4][0].starts_with("Error 0A000"), "{:?}", t[0][4]);
+    for (i, c) in t.iter().enumerate().skip(1) {
+        assert!(
+            c[4].contains(&"Row 1".to_string()),
+            "client {i}: {:?}",
+            c[4]
+        );
+        assert!(
+            c[5].contains(&format!("Row 1-{i}")),
+            "client {i}: {:?}",
+            c[5]
+        );
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_changed_out_of_sight_stays_with_its_client() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;

@@ -2,6 +2,9 @@
 //! bytes forwarded by splitting read buffers (no copy), output written in vectored batches,
 //! the slower side setting the pace. Only the messages that change state are looked at.
 use std::future::poll_fn;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -11,7 +14,7 @@ use crate::proto::{self, ProtoError, backend, frontend};
 use crate::server::Server;
 
 use super::classify::Effects;
-use super::prepared::StatementRegistry;
+use super::prepared::{StatementRegistry, Stmt};
 use super::session::VirtualSession;
 use crate::server::response::{Pending, Verdict};
 
@@ -104,7 +107,28 @@ pub struct Relay<'a> {
     pub max_client_statements: usize,
     /// Set when the client's message went past a limit: the relay stops with it.
     pub(super) limit: Option<String>,
+    /// The client's messages from a Bind of a shared statement up to its Sync, kept to be
+    /// sent again if the statement turns out stale (`Verdict::Stale`).
+    pub(super) replay: Option<Replay>,
+    /// Replayed messages wait in the client's buffer: scan it again.
+    pub(super) rescan_client: bool,
 }
+
+/// What a stale statement's round needs to be sent again.
+pub(super) struct Replay {
+    /// The client's name for the statement, and the statement.
+    pub name: Bytes,
+    pub stmt: Arc<Stmt>,
+    /// The client's messages as it sent them, from the Bind to the Sync.
+    pub msgs: BytesMut,
+    /// The Sync is in `msgs`.
+    pub complete: bool,
+    /// Sent again once already: not again.
+    pub replayed: bool,
+}
+
+/// Most bytes of client messages kept for a replay.
+const MAX_REPLAY: usize = 64 * 1024;
 
 impl<'a> Relay<'a> {
     pub fn new(
@@ -139,6 +163,8 @@ impl<'a> Relay<'a> {
             at_sync_point: true,
             max_client_statements: usize::MAX,
             limit: None,
+            replay: None,
+            rescan_client: false,
         }
     }
 
@@ -239,6 +265,13 @@ impl<'a> Relay<'a> {
                             Ok(None) => {}
                             Err(e) => return Poll::Ready(RelayEvent::ServerGone(e.to_string())),
                         }
+                        if std::mem::take(&mut self.rescan_client) {
+                            match self.scan_client() {
+                                Ok(Some(ev)) => return Poll::Ready(ev),
+                                Ok(None) => {}
+                                Err(e) => return Poll::Ready(RelayEvent::ClientProtocol(e)),
+                            }
+                        }
                     }
                     Poll::Ready(Err(e)) => {
                         return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
@@ -286,6 +319,23 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
+            if let Some(r) = &mut self.replay
+                && !r.complete
+            {
+                // Kept as sent, up to the Sync (the Bind itself is kept by on_extended).
+                if avail < h.total
+                    || r.msgs.len() + h.total > MAX_REPLAY
+                    || matches!(
+                        h.tag,
+                        frontend::QUERY | frontend::PARSE | frontend::TERMINATE
+                    )
+                {
+                    self.replay = None;
+                } else {
+                    r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                    r.complete = h.tag == frontend::SYNC;
+                }
+            }
             self.idle_in_xact_since = None;
             if self.xact_started.is_none() && self.mode != PoolMode::Session {
                 self.xact_started = Some(Instant::now());
@@ -478,6 +528,10 @@ impl<'a> Relay<'a> {
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if self.virt {
                                 self.on_reply(h.tag, None);
+                                // The kept round is over (a replay, or no need of one).
+                                if self.replay.as_ref().is_some_and(|r| r.complete) {
+                                    self.replay = None;
+                                }
                             }
                             if let Some(ev) = self.on_ready_for_query(status) {
                                 if matches!(ev, RelayEvent::StatementModeTransaction) {
@@ -520,6 +574,13 @@ impl<'a> Relay<'a> {
                             self.client
                                 .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
                         }
+                        Verdict::Stale if self.replay_stale() => {
+                            // Dropped: the client's round runs again on a fresh statement.
+                            self.forward_server_run(fwd);
+                            fwd = 0;
+                            self.server.conn.consume(h.total);
+                        }
+                        Verdict::Stale => fwd += h.total,
                         // (An error is never swallowed outside an added query.)
                         Verdict::Forward | Verdict::Swallow => fwd += h.total,
                     }

@@ -271,9 +271,9 @@ impl Relay<'_> {
                     self.note_effects(e);
                     self.effects.merge((**e).clone());
                 }
-                self.session
-                    .statements
-                    .insert(Bytes::copy_from_slice(name), stmt.clone());
+                let name = Bytes::copy_from_slice(name);
+                self.session.statements.insert(name.clone(), stmt.clone());
+                self.session.parsed_name(name);
                 if self.server.prepared.touch(stmt.id) {
                     self.answer(Answer::ParseComplete);
                 } else {
@@ -317,6 +317,10 @@ impl Relay<'_> {
                                 b.put_u8(0);
                             });
                             self.server.conn.queue(rest);
+                            if self.start_replay(name, &stmt, &msg) {
+                                self.server.owed.push(Pending::BindShared);
+                                return Ok(());
+                            }
                         }
                     }
                 }
@@ -537,6 +541,62 @@ impl Relay<'_> {
             self.ensure_for_parse(dep);
         }
         self.server.prepare(stmt, swallow, self.max_prepared);
+    }
+
+    /// A Bind of a shared statement that starts a round outside a transaction block: keep
+    /// the round's messages, to send them again on a fresh statement if a schema change
+    /// made the server's copy stale (another application's DDL, which pgcarpool cannot
+    /// see). True when kept.
+    fn start_replay(&mut self, name: &[u8], stmt: &Arc<Stmt>, msg: &Bytes) -> bool {
+        let first_bind = self.session.unbound.remove(name);
+        if !first_bind
+            || self.server.proto.tx_status != b'I'
+            || self.replay.is_some()
+            || !self.server.owed.before_first_bind()
+            || stmt.is_sql_prepared()
+        {
+            return false;
+        }
+        self.replay = Some(super::relay::Replay {
+            name: Bytes::copy_from_slice(name),
+            stmt: stmt.clone(),
+            msgs: bytes::BytesMut::from(&msg[..]),
+            complete: false,
+            replayed: false,
+        });
+        true
+    }
+
+    /// The shared statement of the kept round was stale: if the whole round is kept, the
+    /// client's name gets a statement parsed anew and the round goes again (the failed
+    /// round's error and ReadyForQuery are dropped). False: the client gets the error.
+    pub(super) fn replay_stale(&mut self) -> bool {
+        self.registry.bump_generation();
+        if self.server.proto.partial > 0 {
+            return false;
+        }
+        let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
+            return false;
+        };
+        let Some(fresh) = self.intern(r.stmt.parse_rest.clone(), r.stmt.depends.clone()) else {
+            return false;
+        };
+        self.server.owed.swallow_to_sync();
+        // The stale copy goes (after the failed round's Sync): whoever binds it here next
+        // gets it parsed anew.
+        self.server.unprepare(&r.stmt);
+        self.session.statements.insert(r.name.clone(), fresh);
+        let mut again = r.msgs;
+        again.extend_from_slice(&self.client.rbuf);
+        self.client.rbuf = again;
+        self.replay = Some(super::relay::Replay {
+            msgs: bytes::BytesMut::new(),
+            complete: true,
+            replayed: true,
+            ..r
+        });
+        self.rescan_client = true;
+        true
     }
 
     /// Send the client the replies pgcarpool owes it that are next in line. True when one

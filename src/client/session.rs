@@ -32,6 +32,9 @@ pub struct VirtualSession {
     pub unnamed_id: u64,
     /// The process id the client was given (BackendKeyData).
     pub backend_pid: i32,
+    /// Statement names parsed and not bound yet: a schema change before their Parse is
+    /// not theirs to see (a stale server copy is prepared anew, see `Relay::replay_stale`).
+    pub unbound: std::collections::HashSet<Bytes>,
 }
 
 impl VirtualSession {
@@ -86,6 +89,16 @@ impl VirtualSession {
     pub fn set_param(&mut self, name: &str, value: &str) {
         if self.params.get(name) != Some(value) {
             Arc::make_mut(&mut self.params).set(name, value);
+        }
+    }
+
+    /// A statement name just parsed (not bound yet). Names closed before they were bound
+    /// leave the set when it outgrows the statements.
+    pub fn parsed_name(&mut self, name: Bytes) {
+        self.unbound.insert(name);
+        if self.unbound.len() > self.statements.len() + 16 {
+            let statements = &self.statements;
+            self.unbound.retain(|n| statements.contains_key(n));
         }
     }
 

@@ -437,6 +437,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         )
                     })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
+                c.session.parsed_name(body.slice(..name_len));
                 c.conn.queue_with(backend::parse_complete);
             }
             frontend::CLOSE => {

@@ -86,14 +86,7 @@ impl Server {
         if self.prepared.len() >= max
             && let Some(old) = self.prepared.evict_lru()
         {
-            self.conn.queue_with(|b| {
-                b.put_u8(frontend::CLOSE);
-                b.put_i32((4 + 1 + old.len() + 1) as i32);
-                b.put_u8(b'S');
-                b.put_slice(&old);
-                b.put_u8(0);
-            });
-            self.owed.push(Pending::Close { swallow: true });
+            self.queue_close(&old);
         }
         self.queue_parse(&stmt);
         self.prepared.insert(stmt.clone());
@@ -101,6 +94,27 @@ impl Server {
             swallow,
             stmt: Some(stmt),
         });
+    }
+
+    /// Close `stmt`'s server copy (its ReadyForQuery-less CloseComplete swallowed): a later
+    /// use prepares it anew.
+    pub fn unprepare(&mut self, stmt: &Stmt) {
+        if !self.prepared.touch(stmt.id) {
+            return;
+        }
+        self.prepared.remove(stmt.id);
+        self.queue_close(&stmt.server_name);
+    }
+
+    fn queue_close(&mut self, name: &[u8]) {
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::CLOSE);
+            b.put_i32((4 + 1 + name.len() + 1) as i32);
+            b.put_u8(b'S');
+            b.put_slice(name);
+            b.put_u8(0);
+        });
+        self.owed.push(Pending::Close { swallow: true });
     }
 
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):

@@ -24,6 +24,8 @@ pub enum Pending {
         stmt: Option<Arc<Stmt>>,
     },
     Bind,
+    /// A Bind of a shared statement the relay can send again (see `Verdict::Stale`).
+    BindShared,
     /// Describe: ends with RowDescription or NoData.
     Describe,
     /// Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended.
@@ -63,6 +65,11 @@ pub enum Verdict {
     /// The server refused pgcarpool's probe: the client gets this error (SQLSTATE,
     /// message) instead.
     Replace(Box<(&'static str, String)>),
+    /// A Bind of a shared statement failed with 0A000 (its plan must not change result
+    /// type: the schema changed since a server parsed it). The server skips to the Sync;
+    /// the relay may drop this error, prepare the statement anew and send the client's
+    /// messages again (`Owed::swallow_to_sync`), or forward it.
+    Stale,
 }
 
 /// What a reply means for the client's session.
@@ -107,6 +114,28 @@ impl Owed {
         }
     }
 
+    /// After `Verdict::Stale` was handled by sending the client's messages again: the
+    /// ReadyForQuery the failed round still owes is dropped, not passed on.
+    pub fn swallow_to_sync(&mut self) {
+        if let Some(front @ Pending::Ready(None)) = self.queue.front_mut() {
+            *front = Pending::Swallow;
+        }
+    }
+
+    /// Only Parse, Describe, Close and pgcarpool's own answers are owed: a Bind now starts
+    /// the first execution since the last ReadyForQuery.
+    pub fn before_first_bind(&self) -> bool {
+        self.queue.iter().all(|p| {
+            matches!(
+                p,
+                Pending::Parse { .. }
+                    | Pending::Describe
+                    | Pending::Close { .. }
+                    | Pending::Answer(_)
+            )
+        })
+    }
+
     /// Is a reply pgcarpool gives itself next in line?
     pub fn answer_due(&self) -> bool {
         matches!(self.queue.front(), Some(Pending::Answer(_)))
@@ -147,6 +176,10 @@ impl Owed {
                     (Verdict::Replace(f), Lost::Nothing)
                 };
             }
+            (backend::ERROR_RESPONSE, Pending::BindShared) if code == Some(*b"0A000") => {
+                self.skip_to_sync(prepared, unnamed, true);
+                return (Verdict::Stale, Lost::Nothing);
+            }
             (backend::ERROR_RESPONSE, Pending::Ready(p)) => {
                 let lost = match p.take() {
                     Some(p) => {
@@ -167,7 +200,7 @@ impl Owed {
                 }
                 (true, *swallow)
             }
-            (backend::BIND_COMPLETE, Pending::Bind) => (true, false),
+            (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
             (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
             (
@@ -411,6 +444,32 @@ mod tests {
             Verdict::Forward
         );
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_stale_shared_bind_can_be_sent_again() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        o.push(Pending::BindShared);
+        o.push(Pending::Execute);
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, backend::ERROR_RESPONSE, Some(b"0A000")),
+            Verdict::Stale
+        );
+        o.swallow_to_sync();
+        assert_eq!(
+            reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Swallow
+        );
+        assert!(o.is_empty());
+        // Another error of such a Bind is the client's.
+        o.push(Pending::BindShared);
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, backend::ERROR_RESPONSE, Some(b"22012")),
+            Verdict::Forward
+        );
     }
 
     #[test]
