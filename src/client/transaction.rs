@@ -214,7 +214,8 @@ async fn after_transaction(
             }
         }
     }
-    let changed = sync::read_session_settings(server, &names, hidden).await?;
+    let pins = effects.pin_check || hidden || c.session.pin.is_some();
+    let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
         match value {
             Some(v) => {
@@ -235,8 +236,7 @@ async fn after_transaction(
             format!("too many session settings: client_max_settings is {max_settings}"),
         )));
     }
-    if effects.pin_check || hidden || c.session.pin.is_some() {
-        let reasons = sync::pin_reasons(server).await?;
+    if let Some(reasons) = reasons {
         if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
             server.discard = true;
             return Ok(Err(ClientError::fatal(

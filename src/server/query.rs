@@ -19,17 +19,20 @@ pub async fn simple_query(
     read_replies(server, None).await
 }
 
-/// Run `sql` and collect its rows as text (NULL = None). An error from the server is returned
-/// as `ServerError::Rejected` (the server is still usable).
-pub async fn query_rows(
+/// Run `sql` (one or more statements) and collect each statement's rows as text, one set
+/// per statement in order. An error is returned as `ServerError::Rejected`.
+pub async fn query_sets(
     server: &mut Server,
     sql: &str,
-) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+) -> Result<Vec<Vec<Vec<Option<String>>>>, ServerError> {
     send(server, sql).await?;
-    let mut rows = Vec::new();
-    match read_replies(server, Some(&mut rows)).await? {
+    let mut sets = vec![Vec::new()];
+    match read_replies(server, Some(&mut sets)).await? {
         Some(e) => Err(ServerError::Rejected(e)),
-        None => Ok(rows),
+        None => {
+            sets.pop();
+            Ok(sets)
+        }
     }
 }
 
@@ -51,11 +54,12 @@ pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerErr
     read_replies(server, None).await
 }
 
-/// The one reader of replies to pgcarpool's own queries: rows go to `rows` when given (else
-/// are dropped), a FATAL error ends it, other errors are returned after ReadyForQuery.
+/// The one reader of replies to pgcarpool's own queries: rows go to the last of `sets` when
+/// given (else are dropped; each CommandComplete starts a new set), a FATAL error ends it,
+/// other errors are returned after ReadyForQuery.
 async fn read_replies(
     server: &mut Server,
-    mut rows: Option<&mut Vec<Vec<Option<String>>>>,
+    mut sets: Option<&mut Vec<Vec<Vec<Option<String>>>>>,
 ) -> Result<Option<ErrorFields>, ServerError> {
     let mut first_error = None;
     while server.proto.expected_rfq > 0 {
@@ -63,8 +67,13 @@ async fn read_replies(
         let body = &server.conn.rbuf[5..h.total];
         match h.tag {
             backend::DATA_ROW => {
-                if let Some(rows) = rows.as_deref_mut() {
+                if let Some(rows) = sets.as_deref_mut().and_then(|s| s.last_mut()) {
                     rows.push(parse_data_row(body)?);
+                }
+            }
+            backend::COMMAND_COMPLETE => {
+                if let Some(sets) = sets.as_deref_mut() {
+                    sets.push(Vec::new());
                 }
             }
             backend::READY_FOR_QUERY => {

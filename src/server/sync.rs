@@ -136,47 +136,70 @@ pub async fn apply(
     Ok(err)
 }
 
-/// Current values of the named settings, and with `all_session` of every setting the
-/// session itself set (pg_settings.source = 'session'). None = no such setting any more.
-pub async fn read_session_settings(
+/// What a transaction left on its server, read back in one round trip: the current values
+/// of the named settings (None: no such setting any more), with `all_session` also of every
+/// setting the session itself set (pg_settings.source = 'session'), and with `pins` why the
+/// server cannot be shared now (`pin_reasons`).
+pub async fn read_back(
     server: &mut Server,
     names: &[String],
     all_session: bool,
-) -> Result<Vec<(String, Option<String>)>, ServerError> {
-    let mut out = Vec::new();
-    if !names.is_empty() {
-        // One row per SELECT of at most COLUMNS_PER_SELECT columns, in order.
-        let mut sql = String::new();
-        for (i, n) in names.iter().enumerate() {
-            if i % COLUMNS_PER_SELECT == 0 {
-                if i > 0 {
-                    sql.push_str("; ");
-                }
-                sql.push_str("select ");
-            } else {
-                sql.push_str(", ");
+    pins: bool,
+) -> Result<(Vec<(String, Option<String>)>, Option<Vec<&'static str>>), ServerError> {
+    let mut sql = String::new();
+    // One row per SELECT of at most COLUMNS_PER_SELECT columns, in order.
+    for (i, n) in names.iter().enumerate() {
+        if i % COLUMNS_PER_SELECT == 0 {
+            if i > 0 {
+                sql.push_str("; ");
             }
-            sql.push_str("pg_catalog.current_setting(");
-            super::query::literal(&mut sql, n);
-            sql.push_str(", true)");
+            sql.push_str("select ");
+        } else {
+            sql.push_str(", ");
         }
-        let rows = super::query::query_rows(server, &sql).await?;
-        out.extend(names.iter().cloned().zip(rows.into_iter().flatten()));
+        sql.push_str("pg_catalog.current_setting(");
+        super::query::literal(&mut sql, n);
+        sql.push_str(", true)");
     }
+    let statements_of_names = names.len().div_ceil(COLUMNS_PER_SELECT);
+    let add = |sql: &mut String, stmt: &str| {
+        if !sql.is_empty() {
+            sql.push_str("; ");
+        }
+        sql.push_str(stmt);
+    };
     if all_session {
-        let rows = super::query::query_rows(
-            server,
-            "select name, pg_catalog.current_setting(name) from pg_catalog.pg_settings where source = 'session'",
-        )
-        .await?;
-        for mut r in rows {
+        add(&mut sql, SESSION_SET_SQL);
+    }
+    if pins {
+        add(&mut sql, PIN_SQL);
+    }
+    if sql.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let mut sets = super::query::query_sets(server, &sql).await?.into_iter();
+    let mut out = Vec::new();
+    let values = sets.by_ref().take(statements_of_names).flatten().flatten();
+    out.extend(names.iter().cloned().zip(values));
+    if all_session {
+        for mut r in sets.next().unwrap_or_default() {
             if let (Some(v), Some(Some(n))) = (r.pop(), r.into_iter().next()) {
                 out.push((n, v));
             }
         }
     }
-    Ok(out)
+    let reasons = if pins {
+        let counts = sets.next().unwrap_or_default();
+        let statements = sets.next().unwrap_or_default();
+        Some(pin_result(server, counts, statements).await?)
+    } else {
+        None
+    };
+    Ok((out, reasons))
 }
+
+/// Every setting the session itself set, with its value.
+const SESSION_SET_SQL: &str = "select name, pg_catalog.current_setting(name) from pg_catalog.pg_settings where source = 'session'";
 
 /// The reasons a client can be pinned to its server, in the order of `PoolStats::pins`.
 /// "prepared statement": the client holds a server-side statement under a name of its own
@@ -189,21 +212,27 @@ pub const PIN_REASONS: [&str; 5] = [
     "prepared statement",
 ];
 
-/// Why this server's session cannot be shared right now (empty: it can). Also checks that
-/// the statements pgcarpool keeps on the server under its internal names are the ones it
-/// prepared (code it cannot read, such as a DO block, could have replaced or dropped them):
-/// the others are deallocated and forgotten.
-pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, ServerError> {
-    const SQL: &str = "select \
-        (select count(*) from pg_catalog.pg_class where relpersistence = 't' and relnamespace = pg_catalog.pg_my_temp_schema()), \
-        (select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()), \
-        (select count(*) from pg_catalog.pg_listening_channels()), \
-        (select count(*) from pg_catalog.pg_cursors where is_holdable), \
-        (select count(*) from pg_catalog.pg_prepared_statements where name not like 'PGCARPOOL\\_%'); \
-        select name, from_sql::text, case when from_sql then statement end \
-        from pg_catalog.pg_prepared_statements where name like 'PGCARPOOL\\_%'";
-    let mut rows = super::query::query_rows(server, SQL).await?.into_iter();
-    let row = rows.next().unwrap_or_default();
+/// Why a server's session cannot be shared (one count per reason), then the statements
+/// under pgcarpool's internal names.
+const PIN_SQL: &str = "select \
+    (select count(*) from pg_catalog.pg_class where relpersistence = 't' and relnamespace = pg_catalog.pg_my_temp_schema()), \
+    (select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()), \
+    (select count(*) from pg_catalog.pg_listening_channels()), \
+    (select count(*) from pg_catalog.pg_cursors where is_holdable), \
+    (select count(*) from pg_catalog.pg_prepared_statements where name not like 'PGCARPOOL\\_%'); \
+    select name, from_sql::text, case when from_sql then statement end \
+    from pg_catalog.pg_prepared_statements where name like 'PGCARPOOL\\_%'";
+
+/// The pin reasons from PIN_SQL's counts; also checks that the statements pgcarpool keeps on
+/// the server under its internal names are the ones it prepared (code it cannot read, such
+/// as a DO block, could have replaced or dropped them): the others are deallocated and
+/// forgotten.
+async fn pin_result(
+    server: &mut Server,
+    counts: Vec<Vec<Option<String>>>,
+    statements: Vec<Vec<Option<String>>>,
+) -> Result<Vec<&'static str>, ServerError> {
+    let row = counts.into_iter().next().unwrap_or_default();
     let reasons = PIN_REASONS
         .iter()
         .zip(row)
@@ -212,7 +241,7 @@ pub async fn pin_reasons(server: &mut Server) -> Result<Vec<&'static str>, Serve
         .collect();
     let mut seen = std::collections::HashSet::new();
     let mut foreign = Vec::new();
-    for r in rows {
+    for r in statements {
         let [Some(name), Some(from_sql), text] = <[Option<String>; 3]>::try_from(r)
             .map_err(|_| ServerError::Login("bad pg_prepared_statements row".into()))?
         else {
