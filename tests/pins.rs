@@ -162,3 +162,67 @@ async fn a_listening_client_gets_every_notification_once() {
     assert!(seen.values().all(|n| *n == 1), "each exactly once");
     p.shutdown().await;
 }
+
+/// The rows of SHOW PINS: (client id, reasons).
+async fn show_pins(admin: &tokio_postgres::Client) -> Vec<String> {
+    admin
+        .simple_query("SHOW PINS")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get("reasons").unwrap_or("").to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pin_is_made_and_released_as_its_state_comes_and_goes() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let c = p.connect("md5user", "testdb").await;
+    let other = p.connect("md5user", "testdb").await;
+    for (reason, make, release) in [
+        ("temp table", "create temp table tt(x int)", "drop table tt"),
+        (
+            "advisory lock",
+            "select pg_advisory_lock(7)",
+            "select pg_advisory_unlock(7)",
+        ),
+        ("listen", "LISTEN ch", "UNLISTEN ch"),
+        (
+            "with hold cursor",
+            "begin; declare cur cursor with hold for select 1; commit",
+            "close cur",
+        ),
+        (
+            "prepared statement",
+            "PREPARE a AS select 1; PREPARE b AS select 2",
+            "DEALLOCATE a; DEALLOCATE b",
+        ),
+    ] {
+        assert!(show_pins(&admin).await.is_empty(), "before {reason}");
+        c.batch_execute(make).await.unwrap();
+        let pid = scalar(&c, "select pg_backend_pid()").await.unwrap();
+        // Another client's transactions do not get that server meanwhile.
+        for _ in 0..5 {
+            assert_ne!(
+                scalar(&other, "select pg_backend_pid()").await.unwrap(),
+                pid
+            );
+        }
+        assert_eq!(show_pins(&admin).await, [reason], "after: {make}");
+        assert_eq!(scalar(&c, "select pg_backend_pid()").await.unwrap(), pid);
+        c.batch_execute(release).await.unwrap();
+        assert!(show_pins(&admin).await.is_empty(), "after: {release}");
+    }
+    p.shutdown().await;
+}
