@@ -90,21 +90,32 @@ async fn statements_survive_in_explicit_transactions_and_pipelines() {
     p.shutdown().await;
 }
 
-async fn futures_join<T>(futs: Vec<impl std::future::Future<Output = T>>) -> Vec<T> {
-    let mut handles = Vec::new();
-    for f in futs {
-        handles.push(f);
-    }
-    let mut out = Vec::new();
-    // Poll all concurrently.
-    let joined = async {
-        let mut pinned: Vec<_> = handles.into_iter().map(Box::pin).collect();
-        for f in pinned.iter_mut() {
-            out.push(f.await);
+/// Drive every future at once (tokio-postgres then pipelines their queries on one
+/// connection); the outputs in order.
+async fn futures_join<T, F: std::future::Future<Output = T>>(futs: Vec<F>) -> Vec<T> {
+    use std::task::Poll;
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futs.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *slot = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
         }
-    };
-    joined.await;
-    out
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|v| v.expect("every future ran"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
