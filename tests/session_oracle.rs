@@ -311,11 +311,21 @@ async fn a_parse_after_a_schema_change_out_of_sight_is_a_fresh_parse() {
                 "B |s|\nE \nS".into(),
                 // pgjdbc's and asyncpg's shape: Parse, Bind, Execute in one round.
                 format!("P t{i}|select concat(a, '-{i}') from bt\nB |t{i}|\nE \nS"),
+                // Described before the change (asyncpg's prepare): stale, as in PostgreSQL,
+                // whether the change is seen (DDL through pgcarpool) or not.
+                format!("P d{i}|select * from bt\nD S d{i}\nS"),
+                one(i, "X alter table bt alter column a type varchar"),
+                format!("B |d{i}|\nE \nS"),
+                format!("P e{i}|select * from bt\nS"),
+                one(i, "Q alter table bt alter column a type int using a::int"),
+                format!("B |e{i}|\nE \nS"),
             ])
         })
         .collect();
     let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
     assert!(t[0][4][0].starts_with("Error 0A000"), "{:?}", t[0][4]);
+    all_contain(&t, 8, "Error 0A000");
+    all_contain(&t, 11, "Error 0A000");
     for (i, c) in t.iter().enumerate().skip(1) {
         assert!(
             c[4].contains(&"Row 1".to_string()),

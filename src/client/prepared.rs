@@ -102,6 +102,8 @@ pub struct StatementRegistry {
     generation: AtomicU64,
     /// Most bytes the live statements may take (0: no bound).
     max_bytes: AtomicUsize,
+    /// See `changes_seen`.
+    changes_seen: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -128,12 +130,25 @@ impl StatementRegistry {
             })),
             generation: AtomicU64::new(0),
             max_bytes: AtomicUsize::new(max_bytes),
+            changes_seen: AtomicU64::new(0),
         }
     }
 
     /// Set the bound on the bytes of live statements (0: none); on reload.
     pub fn set_max_bytes(&self, max_bytes: usize) {
         self.max_bytes.store(max_bytes, Ordering::Relaxed);
+    }
+
+    /// Counts schema changes seen in clients' SQL (DDL, DO, CALL): a statement parsed since
+    /// the last one did not see a change pgcarpool knows of.
+    pub fn changes_seen(&self) -> u64 {
+        self.changes_seen.load(Ordering::Relaxed)
+    }
+
+    /// A schema change seen in a client's SQL: statements parsed before it are stale.
+    pub fn schema_changed(&self) {
+        self.changes_seen.fetch_add(1, Ordering::Relaxed);
+        self.bump_generation();
     }
 
     /// A schema may have changed (DDL seen, DO/CALL run, a server reported a stale plan):

@@ -211,7 +211,7 @@ impl Relay<'_> {
         if e.ddl {
             // Statements parsed before may now describe other columns or types: later
             // Parses of the same text are parsed anew.
-            self.registry.bump_generation();
+            self.registry.schema_changed();
         }
     }
 
@@ -273,7 +273,7 @@ impl Relay<'_> {
                 }
                 let name = Bytes::copy_from_slice(name);
                 self.session.statements.insert(name.clone(), stmt.clone());
-                self.session.parsed_name(name);
+                self.session.parsed_name(name, self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
                     self.answer(Answer::ParseComplete);
                 } else {
@@ -333,6 +333,9 @@ impl Relay<'_> {
                 if kind == b'S' && name.is_empty() && !self.unnamed_here() {
                     self.fail("26000", NO_UNNAMED.into(), false);
                     return Ok(());
+                }
+                if kind == b'S' {
+                    self.session.unbound.remove(name);
                 }
                 match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
                     (b'S', Some(stmt)) => {
@@ -548,7 +551,10 @@ impl Relay<'_> {
     /// made the server's copy stale (another application's DDL, which pgcarpool cannot
     /// see). True when kept.
     fn start_replay(&mut self, name: &[u8], stmt: &Arc<Stmt>, msg: &Bytes) -> bool {
-        let first_bind = self.session.unbound.remove(name);
+        // Only a client that parsed after the registry's last change, and was not told the
+        // stale copy's columns (Describe), may have its round sent again.
+        let seen = self.registry.changes_seen();
+        let first_bind = self.session.unbound.remove(name) == Some(seen);
         if !first_bind
             || self.server.proto.tx_status != b'I'
             || self.replay.is_some()

@@ -32,9 +32,11 @@ pub struct VirtualSession {
     pub unnamed_id: u64,
     /// The process id the client was given (BackendKeyData).
     pub backend_pid: i32,
-    /// Statement names parsed and not bound yet: a schema change before their Parse is
-    /// not theirs to see (a stale server copy is prepared anew, see `Relay::replay_stale`).
-    pub unbound: std::collections::HashSet<Bytes>,
+    /// Statement names parsed and neither described nor bound yet, with the registry's
+    /// count of schema changes seen at their Parse: a change pgcarpool did not see before
+    /// then is not theirs to see (a stale server copy is prepared anew, see
+    /// `Relay::replay_stale`).
+    pub unbound: std::collections::HashMap<Bytes, u64>,
 }
 
 impl VirtualSession {
@@ -94,11 +96,11 @@ impl VirtualSession {
 
     /// A statement name just parsed (not bound yet). Names closed before they were bound
     /// leave the set when it outgrows the statements.
-    pub fn parsed_name(&mut self, name: Bytes) {
-        self.unbound.insert(name);
+    pub fn parsed_name(&mut self, name: Bytes, generation: u64) {
+        self.unbound.insert(name, generation);
         if self.unbound.len() > self.statements.len() + 16 {
             let statements = &self.statements;
-            self.unbound.retain(|n| statements.contains_key(n));
+            self.unbound.retain(|n, _| statements.contains_key(n));
         }
     }
 

@@ -437,7 +437,8 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         )
                     })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
-                c.session.parsed_name(body.slice(..name_len));
+                let generation = c.shared.statements.changes_seen();
+                c.session.parsed_name(body.slice(..name_len), generation);
                 c.conn.queue_with(backend::parse_complete);
             }
             frontend::CLOSE => {
