@@ -465,3 +465,30 @@ async fn pg_dump_and_pg_restore_work_in_transaction_mode() {
     assert_eq!(pg.psql_in("restored", "select * from app.v"), "100");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_database_is_not_blocked_by_the_pools_idle_servers() {
+    let pg = TempPostgres::start();
+    let p = tx_pooler(&pg).await;
+    let admin = p.connect("postgres", "testdb").await;
+    for (db, sql) in [
+        ("dropme", "DROP DATABASE dropme"),
+        ("renameme", "ALTER DATABASE renameme RENAME TO renamed"),
+    ] {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .unwrap();
+        // A client of that database leaves an idle server in its pool.
+        let c = p.connect("postgres", db).await;
+        c.batch_execute("select 1").await.unwrap();
+        drop(c);
+        // As straight against PostgreSQL: no other session, so no 55006 "being accessed
+        // by other users".
+        admin
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+    p.shutdown().await;
+}

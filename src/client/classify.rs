@@ -24,6 +24,9 @@ pub struct Effects {
     pub ddl: bool,
     /// A PREPARE, EXECUTE or DEALLOCATE names a statement with pgcarpool's prefix.
     pub reserved_name: bool,
+    /// `DROP DATABASE x` / `ALTER DATABASE x RENAME`: PostgreSQL wants no other session on
+    /// database `x`, so the pools' idle servers to it are closed first.
+    pub database_alone: Option<String>,
     /// Calls a function that is not a well-known built-in: it may change settings, take
     /// locks or create temp tables out of sight (checked afterwards when
     /// check_function_calls is on).
@@ -49,6 +52,9 @@ impl Effects {
         self.ddl |= o.ddl;
         self.reserved_name |= o.reserved_name;
         self.calls |= o.calls;
+        if self.database_alone.is_none() {
+            self.database_alone = o.database_alone;
+        }
         self.deallocate = None;
     }
 }
@@ -351,6 +357,12 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
         {
             e.pin_check = true
+        }
+        "DROP" | "ALTER" if w(1) == "DATABASE" => {
+            let i = if w(2) == "IF" { 4 } else { 2 };
+            if w(0) == "DROP" || contains_ci(s, b"rename") {
+                e.database_alone = nth_token(s, i);
+            }
         }
         "CREATE" | "ALTER" | "DROP" => {
             e.ddl = true;
@@ -676,6 +688,23 @@ fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn databases_that_must_be_alone_are_named() {
+        for (sql, db) in [
+            ("DROP DATABASE foo", Some("foo")),
+            ("drop database if exists \"Foo\" with (force)", Some("Foo")),
+            ("ALTER DATABASE foo RENAME TO bar", Some("foo")),
+            ("ALTER DATABASE foo SET work_mem = '1MB'", None),
+            ("DROP TABLE foo", None),
+        ] {
+            assert_eq!(
+                classify(sql.as_bytes()).database_alone.as_deref(),
+                db,
+                "{sql}"
+            );
+        }
+    }
 
     #[test]
     fn calls_of_unknown_functions_are_noticed() {

@@ -112,6 +112,8 @@ pub struct Relay<'a> {
     pub(super) replay: Option<Replay>,
     /// Replayed messages wait in the client's buffer: scan it again.
     pub(super) rescan_client: bool,
+    /// The pools, to close idle servers of a database a client drops or renames.
+    pub pools: Option<&'a crate::pool::Pools>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -165,6 +167,7 @@ impl<'a> Relay<'a> {
             limit: None,
             replay: None,
             rescan_client: false,
+            pools: None,
         }
     }
 

@@ -206,8 +206,17 @@ impl Relay<'_> {
         }
     }
 
-    /// Note what the client's statements do to the shared statement registry.
+    /// Note what the client's statements do to the shared statement registry and the pools.
     fn note_effects(&mut self, e: &Effects) {
+        if let (Some(db), Some(pools)) = (&e.database_alone, self.pools) {
+            // PostgreSQL waits up to 5 s for the database's other sessions to go: the
+            // pools' idle servers to it go now (servers in use stay, as sessions would).
+            for pool in pools.all() {
+                if pool.settings().target.dbname == *db {
+                    pool.close_idle();
+                }
+            }
+        }
         if e.ddl {
             // Statements parsed before may now describe other columns or types: later
             // Parses of the same text are parsed anew.

@@ -111,6 +111,7 @@ async fn transaction(
             pool_settings.max_prepared_statements,
         );
         relay.max_client_statements = cfg.settings.client_max_statements;
+        relay.pools = Some(&c.shared.pools);
         let event = tokio::select! {
             biased;
             _ = kill.as_mut() => RelayEvent::Killed,
