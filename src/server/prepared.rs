@@ -73,6 +73,11 @@ impl PreparedSet {
         self.held.get(&id).and_then(|(_, w)| w.upgrade())
     }
 
+    /// Does the server hold it (whether or not a client still names it)?
+    pub fn holds(&self, id: u64) -> bool {
+        self.held.contains_key(&id)
+    }
+
     pub fn ids(&self) -> Vec<u64> {
         self.held.keys().copied().collect()
     }

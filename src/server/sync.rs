@@ -247,16 +247,20 @@ async fn pin_result(
         else {
             continue;
         };
-        let ours = name
+        let held = name
             .strip_prefix(crate::client::classify::INTERNAL_PREFIX)
             .and_then(|id| id.parse::<u64>().ok())
-            .and_then(|id| server.prepared.get(id).map(|s| (id, s)))
-            .filter(|(_, s)| {
+            .filter(|id| server.prepared.holds(*id));
+        // A held statement no client names any more cannot be checked, nor reached: it stays
+        // until evicted. A live one must be what pgcarpool prepared.
+        let ours = held.filter(|id| {
+            server.prepared.get(*id).is_none_or(|s| {
                 (from_sql == "true") == s.is_sql_prepared()
                     && (!s.is_sql_prepared() || text.as_deref() == Some(&s.sql_prepare_text()))
-            });
+            })
+        });
         match ours {
-            Some((id, _)) => {
+            Some(id) => {
                 seen.insert(id);
             }
             None => foreign.push(name),
