@@ -32,7 +32,10 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
     // Others are served at once, by servers of the pool.
     let c = p.connect("md5user", "testdb").await;
     let d = p.connect("md5user", "testdb").await;
-    let started = std::time::Instant::now();
+    let mut more = Vec::new();
+    for _ in 0..14 {
+        more.push(p.connect("md5user", "testdb").await);
+    }
     for n in 0..20 {
         assert_eq!(
             scalar(&c, &format!("select {n}")).await.unwrap(),
@@ -40,11 +43,13 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
         );
         assert_eq!(scalar(&d, "select 1").await.unwrap(), "1");
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "clients waited for pinned servers: {:?}",
-        started.elapsed()
-    );
+    for (i, m) in more.iter().enumerate() {
+        assert_eq!(
+            scalar(m, &format!("select {i}")).await.unwrap(),
+            i.to_string()
+        );
+    }
+    // (Starved, they would have got query_wait_timeout.)
     assert!(
         obs.backends("md5user").await <= 4,
         "pool 2 + pin_pool_size 2"
@@ -120,8 +125,8 @@ async fn a_listening_client_gets_every_notification_once() {
         .unwrap()
         .parse()
         .unwrap();
-    const SENDERS: usize = 4;
-    const EACH: usize = 100;
+    const SENDERS: usize = 16;
+    const EACH: usize = 25;
     let mut tasks = Vec::new();
     for s in 0..SENDERS {
         let c = p.connect("md5user", "testdb").await;

@@ -198,7 +198,7 @@ async fn statements_parsed_after_ddl_see_the_new_schema() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;
     let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
-    let scripts: Vec<Vec<String>> = (0..8)
+    let scripts: Vec<Vec<String>> = (0..16)
         .map(|i| {
             script(&[
                 one(
@@ -256,7 +256,7 @@ async fn a_schema_changed_by_another_application_heals_on_the_next_parse() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;
     let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
-    let scripts: Vec<Vec<String>> = (0..6)
+    let scripts: Vec<Vec<String>> = (0..16)
         .map(|i| {
             script(&[
                 one(
@@ -388,7 +388,7 @@ async fn settings_changed_inside_functions_stay_with_their_client() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;
     let one = |i: usize, s: &str| if i == 0 { s.to_string() } else { String::new() };
-    let scripts: Vec<Vec<String>> = (0..12)
+    let scripts: Vec<Vec<String>> = (0..16)
         .map(|i| {
             script(&[
                 one(
@@ -432,22 +432,25 @@ async fn thousands_of_settings_follow_their_client() {
     let sets: String = (0..2500)
         .map(|n| format!("SET myapp.x_{n} = 'v{n}'; "))
         .collect();
-    let scripts = vec![
-        script(&[
-            format!("Q {sets}"),
-            String::new(),
-            "Q show myapp.x_2499".into(),
-        ]),
-        script(&[
-            String::new(),
+    let mut scripts = vec![script(&[
+        format!("Q {sets}"),
+        String::new(),
+        "Q show myapp.x_2499".into(),
+    ])];
+    for i in 1..16 {
+        scripts.push(script(&[
+            format!("Q SET myapp.x_{i} = 'own-{i}'"),
             // A server that had the setting keeps it defined, empty: PostgreSQL cannot
             // undefine a custom setting (docs/compatibility.md).
-            "Q select coalesce(current_setting('myapp.x_1', true), '')".into(),
+            format!("Q select current_setting('myapp.x_{i}'), coalesce(current_setting('myapp.x_2000', true), '')"),
             "Q select coalesce(current_setting('myapp.x_7', true), '')".into(),
-        ]),
-    ];
+        ]));
+    }
     let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
     assert!(t[0][2].contains(&"Row v2499".to_string()), "{:?}", t[0][2]);
+    for (i, c) in t.iter().enumerate().skip(1) {
+        assert!(c[1].contains(&format!("Row own-{i}|")), "{:?}", c[1]);
+    }
     p.shutdown().await;
 }
 
@@ -521,16 +524,21 @@ async fn internal_statements_replaced_out_of_sight_are_dropped() {
         BEGIN EXECUTE 'DEALLOCATE ' || quote_ident('PGCARPOOL' || '_1'); \
         EXCEPTION WHEN OTHERS THEN NULL; END; \
         EXECUTE 'PREPARE ' || quote_ident('PGCARPOOL' || '_1') || ' AS select ''loot'''; END$$";
-    let scripts = vec![
-        script(&[
-            "P v|select 'victim'\nS".into(),
-            String::new(),
-            "B |v|\nE \nS".into(),
-        ]),
-        script(&[String::new(), attack.into(), String::new()]),
-    ];
+    // Fifteen victims share that statement; the sixteenth client attacks.
+    let mut scripts: Vec<Vec<String>> = (0..15)
+        .map(|_| {
+            script(&[
+                "P v|select 'victim'\nS".into(),
+                String::new(),
+                "B |v|\nE \nS".into(),
+            ])
+        })
+        .collect();
+    scripts.push(script(&[String::new(), attack.into(), String::new()]));
     let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
-    assert!(t[0][2].contains(&"Row victim".to_string()), "{:?}", t[0][2]);
+    for c in &t[..15] {
+        assert!(c[2].contains(&"Row victim".to_string()), "{:?}", c[2]);
+    }
     p.shutdown().await;
 }
 
@@ -564,7 +572,7 @@ async fn a_pinned_client_leaves_nothing_behind_without_a_reset_query() {
 async fn a_notification_to_oneself_carries_ones_own_pid() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 1).await;
-    let scripts: Vec<Vec<String>> = (0..4)
+    let scripts: Vec<Vec<String>> = (0..16)
         .map(|i| {
             script(&[
                 // A channel per client: when others' notifications arrive is timing.
@@ -574,8 +582,9 @@ async fn a_notification_to_oneself_carries_ones_own_pid() {
             ])
         })
         .collect();
-    // Lockstep with a pool of 1 would wait for the first pinned client: pool of 4 here.
-    let p4 = pool_of(&pg, 4).await;
+    // Lockstep with a pool of 1 would wait for the first pinned client; pinned servers do
+    // not count against the pool's size.
+    let p4 = pool_of(&pg, 1).await;
     let t = oracle(pg.port(), p4.port(), "postgres", "testdb", &scripts).await;
     for (i, c) in t.iter().enumerate() {
         assert!(
