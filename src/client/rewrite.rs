@@ -81,7 +81,7 @@ impl Relay<'_> {
         self.server.unnamed = 0;
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         if !classify::may_matter(sql) {
-            self.send_query(msg, None);
+            self.server.send_query(msg, None);
             return Ok(());
         }
         let e = classify::classify(sql);
@@ -91,7 +91,7 @@ impl Relay<'_> {
         if self.server.proto.tx_status == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
             // they are.
-            self.fail("25P02", String::new(), true);
+            self.server.probe("25P02", String::new(), true);
             return Ok(());
         }
         if e.reserved_name && named.is_none() && dealloc.is_none() {
@@ -100,7 +100,7 @@ impl Relay<'_> {
                 "prepared statement names beginning with \"{}\" are reserved by pgcarpool",
                 classify::INTERNAL_PREFIX
             );
-            self.fail("42939", msg, true);
+            self.server.probe("42939", msg, true);
             return Ok(());
         }
         if e.deallocate_all {
@@ -123,7 +123,7 @@ impl Relay<'_> {
             Some(classify::Named::Prepare { name, rest }) => {
                 if self.session.statements.contains_key(name.as_bytes()) {
                     let m = format!("prepared statement \"{name}\" already exists");
-                    self.fail("42P05", m, true);
+                    self.server.probe("42P05", m, true);
                     return Ok(());
                 }
                 let mut key = SQL_PREPARE_KEY.to_vec();
@@ -141,7 +141,8 @@ impl Relay<'_> {
                 let sql = stmt.sql_prepare_text();
                 self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
-                self.send_query(query_message(&sql), Some(Box::new((stmt, name))));
+                self.server
+                    .send_query(query_message(&sql), Some(Box::new((stmt, name))));
             }
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
@@ -152,14 +153,14 @@ impl Relay<'_> {
                             quoted(&stmt.server_name),
                             String::from_utf8_lossy(rest)
                         );
-                        self.send_query(query_message(&sql), None);
+                        self.server.send_query(query_message(&sql), None);
                     }
                     None => {
                         self.unknown_statement(&name, msg, true);
                     }
                 }
             }
-            None => self.send_query(msg, None),
+            None => self.server.send_query(msg, None),
         }
         Ok(())
     }
@@ -173,13 +174,13 @@ impl Relay<'_> {
         let internal = classify::is_internal_name(name.as_bytes());
         if self.session.pin.is_some() && !internal {
             if query {
-                self.send_query(msg, None);
+                self.server.send_query(msg, None);
             } else {
                 self.server.conn.queue(msg);
             }
             return false;
         }
-        self.fail(
+        self.server.probe(
             "26000",
             format!("prepared statement \"{name}\" does not exist"),
             query,
@@ -231,21 +232,8 @@ impl Relay<'_> {
         }
     }
 
-    /// Refuse the client's current message with this error, at the place in the reply
-    /// stream where PostgreSQL would have sent it, and with PostgreSQL's consequences: a
-    /// probe that fails on the server takes the message's place, so the server skips to
-    /// the next Sync (extended protocol) or aborts the transaction block it is in.
-    pub(super) fn fail(&mut self, code: &'static str, message: String, query: bool) {
-        self.server.probe(code, message, query);
-    }
-
     fn answer(&mut self, a: Answer) {
         self.server.owed.push(Pending::Answer(a));
-    }
-
-    /// Forward a Query whose ReadyForQuery the client waits for.
-    fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
-        self.server.send_query(msg, prepares);
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -261,7 +249,7 @@ impl Relay<'_> {
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
                     // The server refuses it (25P02), as PostgreSQL would.
-                    self.fail("25P02", String::new(), false);
+                    self.server.probe("25P02", String::new(), false);
                     return Ok(());
                 }
                 if self.session.statements.contains_key(name) {
@@ -269,7 +257,7 @@ impl Relay<'_> {
                         "prepared statement \"{}\" already exists",
                         String::from_utf8_lossy(name)
                     );
-                    self.fail("42P05", m, false);
+                    self.server.probe("42P05", m, false);
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
@@ -295,7 +283,7 @@ impl Relay<'_> {
                 let name = r.cstr_bytes()?;
                 if name.is_empty() {
                     if !self.unnamed_here() {
-                        self.fail("26000", NO_UNNAMED.into(), false);
+                        self.server.probe("26000", NO_UNNAMED.into(), false);
                         return Ok(());
                     }
                     self.server.conn.queue(msg);
@@ -340,7 +328,7 @@ impl Relay<'_> {
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
                 if kind == b'S' && name.is_empty() && !self.unnamed_here() {
-                    self.fail("26000", NO_UNNAMED.into(), false);
+                    self.server.probe("26000", NO_UNNAMED.into(), false);
                     return Ok(());
                 }
                 if kind == b'S' {
@@ -440,7 +428,7 @@ impl Relay<'_> {
                         "prepared statement names beginning with \"{}\" are reserved by pgcarpool",
                         classify::INTERNAL_PREFIX
                     );
-                    self.fail("42939", m, false);
+                    self.server.probe("42939", m, false);
                     return Ok(());
                 }
                 None => {
@@ -448,7 +436,7 @@ impl Relay<'_> {
                         && self.session.statements.contains_key(name.as_bytes())
                     {
                         let m = format!("prepared statement \"{name}\" already exists");
-                        self.fail("42P05", m, false);
+                        self.server.probe("42P05", m, false);
                         return Ok(());
                     }
                     // A server-side name of the client's own may come or go.
