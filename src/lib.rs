@@ -1,6 +1,7 @@
 //! pgcarpool: a PostgreSQL connection pooler, a drop-in replacement for PgBouncer.
 //!
 //! ```text
+//! cli        the command line (clap), PgBouncer's flags
 //! app        composition root: Shared {config, pools, clients, statements, admin}; start, reload, shutdowns
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
@@ -25,6 +26,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod net;

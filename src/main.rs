@@ -1,35 +1,7 @@
 //! pgcarpool command line, with PgBouncer's flags.
-use std::path::PathBuf;
-
 use anyhow::Context;
 use clap::Parser;
-
-#[derive(Parser)]
-#[command(
-    name = "pgcarpool",
-    version,
-    about = "PostgreSQL connection pooler (PgBouncer compatible)"
-)]
-struct Cli {
-    /// Run in the background (requires logfile and pidfile in the config).
-    #[arg(short = 'd', long = "daemon")]
-    daemon: bool,
-    /// Online restart: take over the listening sockets of the running pgcarpool (it needs
-    /// so_reuseport = 1), then stop it as SIGTERM does (its PID from the pidfile).
-    #[arg(short = 'R', long = "reboot")]
-    reboot: bool,
-    /// Log nothing to stderr.
-    #[arg(short = 'q', long = "quiet")]
-    quiet: bool,
-    /// More logging (repeat for more).
-    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
-    verbose: u8,
-    /// Switch to this OS user at startup.
-    #[arg(short = 'u', long = "user")]
-    user: Option<String>,
-    /// The pgbouncer.ini to read.
-    config: PathBuf,
-}
+use pgcarpool::cli::Cli;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -1,0 +1,31 @@
+//! The command line, with PgBouncer's flags (also the source of the man page).
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "pgcarpool",
+    version,
+    about = "PostgreSQL connection pooler (PgBouncer compatible)"
+)]
+pub struct Cli {
+    /// Run in the background (requires logfile and pidfile in the config).
+    #[arg(short = 'd', long = "daemon")]
+    pub daemon: bool,
+    /// Online restart: take over the listening sockets of the running pgcarpool (it needs
+    /// so_reuseport = 1), then stop it as SIGTERM does (its PID from the pidfile).
+    #[arg(short = 'R', long = "reboot")]
+    pub reboot: bool,
+    /// Log nothing to stderr.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+    /// More logging (repeat for more).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Switch to this OS user at startup.
+    #[arg(short = 'u', long = "user")]
+    pub user: Option<String>,
+    /// The pgbouncer.ini to read.
+    pub config: PathBuf,
+}
