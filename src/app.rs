@@ -67,11 +67,17 @@ pub enum Start {
 
 /// Start a pooler with `config` on the current tokio runtime, fresh or taking over.
 pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle> {
+    let listeners = listen::bind(&config.settings, how == Start::Takeover)?;
+    start_on(config, listeners).await
+}
+
+/// Start a pooler with `config` on the current tokio runtime, accepting on `listeners`
+/// (bound by `listen::bind` before a fork, or passed by systemd).
+pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io::Result<AppHandle> {
     for name in config.settings.unimplemented_in_use() {
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
     let shared = Shared::new(config);
-    let listeners = listen::bind(&shared.config.load().settings, how == Start::Takeover)?;
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
@@ -81,6 +87,7 @@ pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle
     let workers = shared.workers.get().expect("just set");
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
+        tracing::info!("listening on {l}");
         for w in 1..workers.len() {
             let clone = l.try_clone()?;
             let s2 = shared.clone();
@@ -94,7 +101,7 @@ pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle
         }
         let accept = shared
             .listeners
-            .track_future(listen::accept_loop(l, shared.clone()));
+            .track_future(listen::accept_loop(l.attach()?, shared.clone()));
         shared.tracker.spawn(accept);
     }
     shared.listeners.close();
@@ -196,6 +203,27 @@ impl Shared {
         })
     }
 
+    /// RELOAD / SIGHUP: read the config file again and apply it. A file that does not
+    /// load changes nothing (the error is returned), but the logfile is reopened either
+    /// way (log rotation), as PgBouncer does.
+    pub fn reload_from_file(&self) -> Result<Vec<SettingChange>, crate::config::ConfigError> {
+        crate::service::reloading();
+        let path = self.config.load().path.clone();
+        let result = match crate::config::load(&path) {
+            Ok(c) => Ok(self.reload(c)),
+            Err(e) => {
+                tracing::error!("reload failed, keeping the old configuration: {e}");
+                crate::logging::reopen(&self.config.load().settings);
+                Err(e)
+            }
+        };
+        crate::service::ready(match &result {
+            Ok(_) => "configuration reloaded",
+            Err(_) => "reload failed, old configuration kept",
+        });
+        result
+    }
+
     /// Apply a new config (RELOAD / SIGHUP): pools get new sizes and timeouts at once;
     /// settings that need a restart keep their old values. Each changed setting is logged
     /// (name, old -> new) and returned, so the console can tell its user.
@@ -213,6 +241,7 @@ impl Shared {
         }
         let new = Arc::new(new);
         self.config.store(new.clone());
+        crate::logging::reopen(&new.settings);
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {
@@ -233,6 +262,9 @@ impl Shared {
 
     /// Stop accepting and make every client leave now; close idle servers.
     pub fn shutdown_now(&self) {
+        if !self.stop_clients.is_cancelled() {
+            crate::service::stopping("shutting down");
+        }
         self.stop_accepting.cancel();
         self.stop_clients.cancel();
         self.stop_background.cancel();
@@ -314,6 +346,7 @@ impl Shared {
 
     /// SHUTDOWN WAIT_FOR_CLIENTS (SIGTERM): stop accepting, wait for every client to leave.
     pub async fn shutdown_wait_for_clients(&self) {
+        crate::service::stopping("shutting down once every client has left");
         self.stop_listening().await;
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         while self.client_conns.load(Ordering::Relaxed) > 0 {
@@ -325,6 +358,7 @@ impl Shared {
     /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish
     /// (new ones wait), then close everything.
     pub async fn shutdown_wait_for_servers(&self) {
+        crate::service::stopping("shutting down once every server is released");
         self.stop_listening().await;
         self.pause_all().await;
         self.shutdown_now();

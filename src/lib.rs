@@ -3,6 +3,8 @@
 //! ```text
 //! cli        the command line (clap), PgBouncer's flags
 //! app        composition root: Shared {config, pools, clients, statements, admin}; start, reload, shutdowns
+//! logging    stderr, logfile (reopened on reload), syslog
+//! service    systemd: sd_notify readiness, socket activation
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
@@ -29,10 +31,12 @@ pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod logging;
 pub mod net;
 pub mod pool;
 pub mod proto;
 pub mod server;
+pub mod service;
 pub mod signals;
 pub mod stats;
 pub mod workers;

@@ -1,10 +1,29 @@
 //! pgcarpool command line, with PgBouncer's flags.
+use std::path::{Path, PathBuf};
+
 use anyhow::Context;
 use clap::Parser;
 use pgcarpool::cli::Cli;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let logging = std::cell::Cell::new(false);
+    match run(cli, &logging) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // Printed here, not returned: an error is one line (no backtrace with
+        // RUST_BACKTRACE set), in the log when it is set up (stderr, logfile, syslog).
+        Err(e) if logging.get() => {
+            tracing::error!("{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("pgcarpool: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
     let config_path = std::fs::canonicalize(&cli.config).unwrap_or(cli.config.clone());
     let mut config =
         pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -15,43 +34,73 @@ fn main() -> anyhow::Result<()> {
     if let Some(user) = cli.user.as_deref().or(config.settings.user.as_deref()) {
         switch_user(user)?;
     }
-    if cli.daemon {
-        let (Some(_), Some(_)) = (&config.settings.logfile, &config.settings.pidfile) else {
-            anyhow::bail!("-d needs logfile and pidfile set in the config");
-        };
-        daemonize()?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    if unsafe { libc::getuid() } == 0 {
+        anyhow::bail!(
+            "pgcarpool should not run as root: start it as another user, or name one with -u USER (or user = in the config)"
+        );
     }
-    init_logging(
-        cli.quiet || cli.daemon,
+    if cli.daemon && config.settings.pidfile.is_none() {
+        anyhow::bail!("-d needs a pidfile set in the config");
+    }
+    pgcarpool::logging::init(pgcarpool::logging::Options {
+        stderr: !cli.quiet,
         verbose,
-        config.settings.logfile.as_deref(),
-    )?;
+        settings: &config.settings,
+    })?;
+    logging.set(true);
     // -R: the process to take over is the one the pidfile names (read before we overwrite it).
     let predecessor = match (&config.settings.pidfile, cli.reboot) {
         (Some(pidfile), true) => running_pgcarpool(pidfile),
         _ => None,
     };
-    if let Some(pidfile) = &config.settings.pidfile {
-        std::fs::write(pidfile, format!("{}\n", std::process::id()))
-            .with_context(|| format!("writing pidfile {}", pidfile.display()))?;
+    // Everything that can fail is checked before -d forks, so the error reaches the
+    // terminal and the exit code: the pidfile (another instance running?), then the
+    // listening sockets (or those systemd passed).
+    let pidfile = match &config.settings.pidfile {
+        Some(p) if predecessor.is_none() => Some(Pidfile::claim(p)?),
+        Some(p) => Some(Pidfile::take_over(p)),
+        None => None,
+    };
+    let listeners = match pgcarpool::net::listen::from_systemd()? {
+        Some(passed) => {
+            tracing::info!(
+                "{} socket(s) passed by the service manager: listen_addr and unix_socket_dir are not used",
+                passed.len()
+            );
+            passed
+        }
+        None => pgcarpool::net::listen::bind(&config.settings, cli.reboot)?,
+    };
+    if cli.daemon {
+        daemonize()?;
+        pgcarpool::logging::stderr_off();
+    }
+    if let Some(p) = &pidfile {
+        p.write_own_pid()?;
     }
     raise_fd_limit(config.settings.max_client_conn);
     let workers = pgcarpool::workers::count(config.settings.workers);
-    let pidfile = config.settings.pidfile.clone();
-    // This thread is worker 0; `app::start_with` starts the others (thread per core).
+    // This thread is worker 0; `app::start_on` starts the others (thread per core).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let status = format!(
+        "listening on {}",
+        listeners
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let result = runtime.block_on(async move {
-        let how = if cli.reboot {
-            pgcarpool::app::Start::Takeover
-        } else {
-            pgcarpool::app::Start::Fresh
-        };
-        let handle = pgcarpool::app::start_with(config, how)
-            .await
-            .context("starting listeners")?;
-        tracing::info!("listening on {} ({} worker threads)", handle.addr, workers);
+        let signals = pgcarpool::signals::install()?;
+        let handle = pgcarpool::app::start_on(config, listeners).await?;
+        tracing::info!(
+            "process up: pgcarpool {}, {workers} worker threads",
+            env!("CARGO_PKG_VERSION")
+        );
+        pgcarpool::service::ready(&status);
         if let Some(pid) = predecessor {
             tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
             // SAFETY: kill(2) on the PID of the pgcarpool our pidfile named, checked just before.
@@ -62,25 +111,97 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
-        pgcarpool::signals::run(handle.shared.clone(), config_path).await?;
+        pgcarpool::signals::run(signals, handle.shared.clone()).await?;
         handle.shutdown().await;
         anyhow::Ok(())
     });
-    // After a takeover the pidfile names our successor: leave it. A takeover that failed
-    // gives the pidfile back to the process still running.
-    if let Some(p) = pidfile
-        && read_pid(&p) == Some(std::process::id())
-    {
-        match (predecessor, &result) {
-            (Some(pid), Err(_)) => {
-                let _ = std::fs::write(&p, format!("{pid}\n"));
+    if let Some(p) = pidfile {
+        p.release(predecessor, result.is_err());
+    }
+    if result.is_ok() {
+        tracing::info!("shutdown complete");
+    }
+    result
+}
+
+/// The pidfile this process wrote (or, after `-R`, took over from its predecessor).
+struct Pidfile {
+    path: PathBuf,
+}
+
+impl Pidfile {
+    /// As PgBouncer: a pidfile naming a live process means another instance runs (refuse);
+    /// one naming no process is stale (removed). Created exclusively, so two instances
+    /// started at once cannot both pass.
+    fn claim(path: &Path) -> anyhow::Result<Pidfile> {
+        if let Some(pid) = read_pid(path) {
+            if process_alive(pid) {
+                anyhow::bail!(
+                    "pidfile {} exists, another instance running? (PID {pid})",
+                    path.display()
+                );
+            }
+            tracing::info!(
+                "stale pidfile {} (PID {pid} is gone), removing",
+                path.display()
+            );
+            std::fs::remove_file(path)
+                .with_context(|| format!("could not remove stale pidfile {}", path.display()))?;
+        } else if path.exists() {
+            anyhow::bail!(
+                "pidfile {} exists but holds no PID: remove it if no pgcarpool runs",
+                path.display()
+            );
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("could not create pidfile {}", path.display()))?;
+        std::io::Write::write_all(&mut f, format!("{}\n", std::process::id()).as_bytes())
+            .with_context(|| format!("could not write pidfile {}", path.display()))?;
+        Ok(Pidfile {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// `-R`: the pidfile names the running instance; it becomes ours once we listen.
+    fn take_over(path: &Path) -> Pidfile {
+        Pidfile {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Write this process's PID (after `-d` forked: the daemon's).
+    fn write_own_pid(&self) -> anyhow::Result<()> {
+        std::fs::write(&self.path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("could not write pidfile {}", self.path.display()))
+    }
+
+    /// At exit: remove the pidfile while it names us. After a takeover our successor owns
+    /// it; a takeover that failed gives it back to the process still running.
+    fn release(self, predecessor: Option<i32>, failed: bool) {
+        if read_pid(&self.path) != Some(std::process::id()) {
+            return;
+        }
+        match (predecessor, failed) {
+            (Some(pid), true) => {
+                let _ = std::fs::write(&self.path, format!("{pid}\n"));
             }
             _ => {
-                let _ = std::fs::remove_file(p);
+                let _ = std::fs::remove_file(&self.path);
             }
         }
     }
-    result
+}
+
+/// A process with this PID exists (signal 0; EPERM: it exists, owned by another user).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with signal 0 only checks for the process.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
 fn read_pid(pidfile: &std::path::Path) -> Option<u32> {
@@ -94,40 +215,6 @@ fn running_pgcarpool(pidfile: &std::path::Path) -> Option<i32> {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     let ours = std::fs::read_to_string("/proc/self/comm").ok()?;
     (comm == ours).then(|| i32::try_from(pid).ok()).flatten()
-}
-
-fn init_logging(quiet: bool, verbose: u8, logfile: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use tracing_subscriber::EnvFilter;
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match logfile {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening logfile {}", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
-        }
-        None if quiet => builder.with_writer(std::io::sink).init(),
-        // Colours only for a terminal: redirected logs stay plain text (and cheaper).
-        None => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .init(),
-    }
-    Ok(())
 }
 
 /// Raise the soft limit on open files to the hard limit: every client and server is a
@@ -166,22 +253,37 @@ fn raise_fd_limit(max_client_conn: usize) {
     }
 }
 
-/// Fork into the background, detach from the terminal.
+/// Fork into the background, detach from the terminal (fork, setsid, fork again so the
+/// daemon is no session leader, as PgBouncer). The parents exit 0 at once: everything
+/// that can fail was checked before.
 fn daemonize() -> anyhow::Result<()> {
-    // SAFETY: called before any thread is started (the runtime is built afterwards).
+    // SAFETY: called before any thread is started (the runtime is built afterwards); the
+    // parents leave with _exit, running no destructors (the sockets and pidfile are the
+    // daemon's).
     unsafe {
-        match libc::fork() {
-            -1 => anyhow::bail!("fork failed"),
-            0 => {}
-            _ => libc::_exit(0),
-        }
-        libc::setsid();
         let devnull = std::ffi::CString::new("/dev/null")?;
         let fd = libc::open(devnull.as_ptr(), libc::O_RDWR);
-        if fd >= 0 {
-            libc::dup2(fd, 0);
-            libc::dup2(fd, 1);
-            libc::dup2(fd, 2);
+        if fd < 0 {
+            anyhow::bail!(
+                "could not open /dev/null: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        for step in 0..2 {
+            match libc::fork() {
+                -1 => anyhow::bail!("fork failed: {}", std::io::Error::last_os_error()),
+                0 => {}
+                _ => libc::_exit(0),
+            }
+            if step == 0 && libc::setsid() < 0 {
+                anyhow::bail!("setsid failed: {}", std::io::Error::last_os_error());
+            }
+        }
+        libc::dup2(fd, 0);
+        libc::dup2(fd, 1);
+        libc::dup2(fd, 2);
+        if fd > 2 {
+            libc::close(fd);
         }
     }
     Ok(())

@@ -1,31 +1,52 @@
 //! Signals, as PgBouncer 1.23+: HUP→RELOAD, TERM→SHUTDOWN WAIT_FOR_CLIENTS (second TERM:
 //! immediate), INT→SHUTDOWN WAIT_FOR_SERVERS, QUIT→immediate, USR1/USR2→PAUSE/RESUME.
 //! The same `Shared` functions serve the admin console.
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::app::Shared;
-use crate::config;
+
+/// The signals pgcarpool handles, caught from the moment this exists (install before
+/// telling anyone the pooler is up: an early SIGHUP must reload, not kill).
+pub struct Signals {
+    hup: Signal,
+    term: Signal,
+    int: Signal,
+    quit: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+/// Catch the signals (on the current runtime); handle them with [`run`].
+pub fn install() -> std::io::Result<Signals> {
+    Ok(Signals {
+        hup: signal(SignalKind::hangup())?,
+        term: signal(SignalKind::terminate())?,
+        int: signal(SignalKind::interrupt())?,
+        quit: signal(SignalKind::quit())?,
+        usr1: signal(SignalKind::user_defined1())?,
+        usr2: signal(SignalKind::user_defined2())?,
+    })
+}
 
 /// Handle signals until the pooler has shut down.
-pub async fn run(shared: Arc<Shared>, config_path: PathBuf) -> std::io::Result<()> {
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut quit = signal(SignalKind::quit())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
+pub async fn run(signals: Signals, shared: Arc<Shared>) -> std::io::Result<()> {
+    let Signals {
+        mut hup,
+        mut term,
+        mut int,
+        mut quit,
+        mut usr1,
+        mut usr2,
+    } = signals;
     let mut shutting_down: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
-            _ = hup.recv() => match config::load(&config_path) {
-                Ok(c) => {
-                    let _ = shared.reload(c);
-                }
-                Err(e) => tracing::error!("reload failed, keeping the old configuration: {e}"),
-            },
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                let _ = shared.reload_from_file();
+            }
             _ = term.recv() => {
                 if shutting_down.is_some() {
                     tracing::info!("second SIGTERM: shutting down now");

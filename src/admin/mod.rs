@@ -334,18 +334,13 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Reload => {
-            let path = shared.config.load().path.clone();
-            let cfg = crate::config::load(&path).map_err(|e| {
+            let changes = shared.reload_from_file().map_err(|e| {
                 AdminError::new(
                     "F0000",
                     format!("reload failed, old configuration kept: {e}"),
                 )
             })?;
-            let notices = shared
-                .reload(cfg)
-                .iter()
-                .map(|c| format!("setting {c}"))
-                .collect();
+            let notices = changes.iter().map(|c| format!("setting {c}")).collect();
             Ok(Reply::Notices(notices, tag))
         }
         Command::Pause(db) => {
@@ -416,6 +411,14 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         )),
         Command::Shutdown(mode) => {
             let s = shared.clone();
+            tracing::info!(
+                "SHUTDOWN{} from the admin console",
+                match mode {
+                    ShutdownMode::Now => "",
+                    ShutdownMode::WaitForServers => " WAIT_FOR_SERVERS",
+                    ShutdownMode::WaitForClients => " WAIT_FOR_CLIENTS",
+                }
+            );
             match mode {
                 ShutdownMode::Now => {
                     tokio::spawn(async move {

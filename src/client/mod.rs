@@ -90,6 +90,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
 /// (a cancel request, or a login that failed and was told why).
 async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
     let peer = &stream.peer();
+    tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
     let login = async {
         match config::enabled(cfg.settings.client_login_timeout) {

@@ -65,6 +65,12 @@ pub struct Settings {
     pub log_stats: bool,
     pub stats_period: Duration,
     pub verbose: u8,
+    /// Log to syslog too (the local socket, `/dev/log`).
+    pub syslog: bool,
+    /// The program name in syslog lines.
+    pub syslog_ident: String,
+    /// The syslog facility: auth, authpriv, daemon, user, local0 … local7.
+    pub syslog_facility: String,
     pub tcp_keepalive: bool,
     pub tcp_keepidle: Duration,
     pub tcp_keepintvl: Duration,
@@ -410,14 +416,22 @@ impl Value for AuthType {
 }
 
 // Checks for settings kept as text in `other`.
+/// A syslog facility name, as PgBouncer accepts them (`syslog_facility`).
+fn parse_facility(v: &str) -> Result<String, String> {
+    let v = v.trim().to_ascii_lowercase();
+    if crate::logging::facility_code(&v).is_some() {
+        Ok(v)
+    } else {
+        Err(format!(
+            "unknown syslog facility {v:?} (auth, authpriv, daemon, user, local0 … local7)"
+        ))
+    }
+}
 fn check_str(_: &str) -> Result<(), String> {
     Ok(())
 }
 fn check_uint(v: &str) -> Result<(), String> {
     parse_uint::<u64>(v).map(|_| ())
-}
-fn check_bool(v: &str) -> Result<(), String> {
-    parse_bool(v).map(|_| ())
 }
 fn check_time(v: &str) -> Result<(), String> {
     parse_seconds(v).map(|_| ())
@@ -599,9 +613,9 @@ pub static TABLE: &[SettingDef] = &[
     typed!(stats_period, "60", reload: true, implemented: true),
     typed!(stats_users, "", reload: true, implemented: true),
     typed!(suspend_timeout, "10", reload: true, implemented: true),
-    other!(syslog, "0", reload: true, check_bool),
-    other!(syslog_facility, "daemon", reload: true, check_str),
-    other!(syslog_ident, "pgbouncer", reload: true, check_str),
+    typed!(syslog, "0", reload: true, implemented: true),
+    typed!(syslog_facility, "daemon", reload: true, implemented: true, parse_facility, Value::show),
+    typed!(syslog_ident, "pgbouncer", reload: true, implemented: true),
     other!(tcp_defer_accept, "1", reload: true, check_uint),
     typed!(tcp_keepalive, "1", reload: true, implemented: true),
     typed!(tcp_keepcnt, "0", reload: true, implemented: false),
@@ -712,6 +726,9 @@ impl Settings {
             log_stats: false,
             stats_period: Duration::ZERO,
             verbose: 0,
+            syslog: false,
+            syslog_ident: String::new(),
+            syslog_facility: String::new(),
             tcp_keepalive: false,
             tcp_keepidle: Duration::ZERO,
             tcp_keepintvl: Duration::ZERO,

@@ -10,7 +10,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -28,19 +28,57 @@ pub enum Listener {
     Unix(UnixListener, Option<SocketFile>),
 }
 
-/// Another descriptor of a listening socket, for the accept loop of another worker.
-pub enum ListenerClone {
+/// A listening socket not yet registered with a runtime: bound before `-d` forks (so a
+/// port clash is reported on the terminal), passed by systemd, or another descriptor of
+/// the same socket for another worker's accept loop.
+pub enum Bound {
     Tcp(std::net::TcpListener),
-    Unix(std::os::unix::net::UnixListener),
+    /// The socket file is removed on drop by the listener that bound it, not its clones.
+    Unix(std::os::unix::net::UnixListener, Option<SocketFile>),
 }
 
-impl ListenerClone {
+impl Bound {
     /// Register with the current thread's runtime.
     pub fn attach(self) -> std::io::Result<Listener> {
         Ok(match self {
-            ListenerClone::Tcp(l) => Listener::Tcp(TcpListener::from_std(l)?),
-            ListenerClone::Unix(l) => Listener::Unix(UnixListener::from_std(l)?, None),
+            Bound::Tcp(l) => Listener::Tcp(TcpListener::from_std(l)?),
+            Bound::Unix(l, file) => Listener::Unix(UnixListener::from_std(l)?, file),
         })
+    }
+
+    /// A duplicate descriptor of the same listening socket (same accept queue).
+    pub fn try_clone(&self) -> std::io::Result<Bound> {
+        Ok(match self {
+            Bound::Tcp(l) => Bound::Tcp(l.try_clone()?),
+            Bound::Unix(l, _) => Bound::Unix(l.try_clone()?, None),
+        })
+    }
+
+    pub fn local_tcp_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Bound::Tcp(l) => l.local_addr().ok(),
+            Bound::Unix(..) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Bound {
+    /// `127.0.0.1:6432` or `unix:/tmp/.s.PGSQL.6432`, for the log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bound::Tcp(l) => match l.local_addr() {
+                Ok(a) => write!(f, "{a}"),
+                Err(_) => write!(f, "a TCP socket"),
+            },
+            Bound::Unix(l, _) => match l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            {
+                Some(p) => write!(f, "unix:{}", p.display()),
+                None => write!(f, "a Unix socket"),
+            },
+        }
     }
 }
 
@@ -52,23 +90,6 @@ pub struct SocketFile {
 }
 
 impl Listener {
-    pub fn local_tcp_addr(&self) -> Option<SocketAddr> {
-        match self {
-            Listener::Tcp(l) => l.local_addr().ok(),
-            Listener::Unix(..) => None,
-        }
-    }
-
-    /// A duplicate descriptor of the same listening socket (same accept queue).
-    pub fn try_clone(&self) -> std::io::Result<ListenerClone> {
-        Ok(match self {
-            Listener::Tcp(l) => ListenerClone::Tcp(SockRef::from(l).try_clone()?.into()),
-            Listener::Unix(l, _) => ListenerClone::Unix(
-                std::os::fd::OwnedFd::from(SockRef::from(l).try_clone()?).into(),
-            ),
-        })
-    }
-
     /// One connection already queued on the socket, without waiting: Ok(None) when the
     /// queue is empty.
     fn try_accept(&self) -> std::io::Result<Option<Stream>> {
@@ -109,7 +130,7 @@ impl Drop for SocketFile {
 /// Bind every listen_addr on listen_port, and the Unix socket in unix_socket_dir.
 /// `takeover` (`-R`): share the port with a running pgcarpool and draw every new
 /// connection to this process; replace its Unix socket.
-pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Listener>> {
+pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Bound>> {
     let mut out = Vec::new();
     let mut port = s.listen_port;
     for addr in s.listen_addrs() {
@@ -119,22 +140,66 @@ pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Listener>> {
             (addr.as_str(), port).to_socket_addrs()?.collect()
         };
         for a in addrs {
-            let l = bind_tcp(a, s.so_reuseport || takeover, takeover)?;
+            let l = bind_tcp(a, s.so_reuseport || takeover, takeover)
+                .map_err(|e| context(e, format!("could not listen on {a}")))?;
             // listen_port = 0 (tests): every address shares the first port picked.
             if port == 0 {
                 port = l.local_addr()?.port();
             }
-            out.push(Listener::Tcp(l));
+            out.push(Bound::Tcp(l));
         }
     }
     if !s.unix_socket_dir.is_empty() {
         let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, port));
-        out.push(bind_unix(path, s.unix_socket_mode, takeover)?);
+        let l = bind_unix(path.clone(), s.unix_socket_mode, takeover)
+            .map_err(|e| context(e, format!("could not listen on unix:{}", path.display())))?;
+        out.push(l);
     }
     Ok(out)
 }
 
-fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Listener> {
+/// The same error, with what was being done in front.
+fn context(e: std::io::Error, what: String) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// The listening sockets systemd passed (socket activation, `LISTEN_FDS` for this PID),
+/// or None when there are none. They replace `listen_addr` and `unix_socket_dir`, as in
+/// PgBouncer.
+pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
+    use std::os::fd::FromRawFd;
+    let fds: Vec<_> = sd_notify::listen_fds()?.collect();
+    if fds.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for fd in fds {
+        // SAFETY: systemd hands these descriptors to this process (LISTEN_PID is ours) and
+        // nothing else in it owns them.
+        let sock = unsafe { Socket::from_raw_fd(fd) };
+        if !sock.is_listener()? {
+            return Err(std::io::Error::other(format!(
+                "descriptor {fd} passed by the service manager is not a listening socket"
+            )));
+        }
+        sock.set_nonblocking(true)?;
+        let local = sock.local_addr()?;
+        out.push(if local.is_unix() {
+            Bound::Unix(std::os::fd::OwnedFd::from(sock).into(), None)
+        } else {
+            Bound::Tcp(sock.into())
+        });
+    }
+    // SAFETY: single-threaded at this point (called before any runtime or thread starts).
+    unsafe {
+        std::env::remove_var("LISTEN_PID");
+        std::env::remove_var("LISTEN_FDS");
+        std::env::remove_var("LISTEN_FDNAMES");
+    }
+    Ok(Some(out))
+}
+
+fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Bound> {
     let live = path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok();
     if path.exists() && !live {
         let _ = std::fs::remove_file(&path); // stale socket from a dead process
@@ -150,7 +215,8 @@ fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Listen
     } else {
         path.clone()
     };
-    let l = UnixListener::bind(&bind_path)?;
+    let l = std::os::unix::net::UnixListener::bind(&bind_path)?;
+    l.set_nonblocking(true)?;
     {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&bind_path, std::fs::Permissions::from_mode(mode));
@@ -163,10 +229,14 @@ fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Listen
         }
         tracing::info!("took over {}", path.display());
     }
-    Ok(Listener::Unix(l, Some(SocketFile { path, ino })))
+    Ok(Bound::Unix(l, Some(SocketFile { path, ino })))
 }
 
-fn bind_tcp(addr: SocketAddr, reuseport: bool, takeover: bool) -> std::io::Result<TcpListener> {
+fn bind_tcp(
+    addr: SocketAddr,
+    reuseport: bool,
+    takeover: bool,
+) -> std::io::Result<std::net::TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     if reuseport {
@@ -191,7 +261,7 @@ fn bind_tcp(addr: SocketAddr, reuseport: bool, takeover: bool) -> std::io::Resul
             ),
         }
     }
-    TcpListener::from_std(sock.into())
+    Ok(sock.into())
 }
 
 /// This socket's index in its SO_REUSEPORT group (sockets are numbered in the order of

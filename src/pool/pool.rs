@@ -861,6 +861,7 @@ fn is_alive(s: &mut Server) -> bool {
 
 /// Close a server politely (Terminate), without waiting.
 fn close_server(mut s: Box<Server>) {
+    tracing::debug!(server = s.id, addr = %s.addr, "closing server connection");
     s.conn.queue_with(crate::proto::frontend::terminate);
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {

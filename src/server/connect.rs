@@ -97,10 +97,14 @@ pub async fn connect(
     id: u64,
     timeout: Duration,
 ) -> Result<Server, ServerError> {
-    match tokio::time::timeout(timeout, login(target, id)).await {
+    let r = match tokio::time::timeout(timeout, login(target, id)).await {
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
+    };
+    if r.is_ok() {
+        tracing::debug!(server = id, db = %target.dbname, user = %target.user, addr = %target.addr, "new connection to server");
     }
+    r
 }
 
 async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {

@@ -1,5 +1,6 @@
 //! Integration-test harness: a private PostgreSQL per test (`TempPostgres`) and an
-//! in-process pgcarpool on port 0 in front of it (`TestPooler`).
+//! in-process pgcarpool on port 0 in front of it (`TestPooler`), or the binary as a child
+//! process (`process::PoolerProcess`).
 //!
 //! Every integration test file uses it as `mod harness;`. Nothing here uses a fixed port,
 //! sleeps to synchronise, or kills processes by name: PostgreSQL is started and stopped
@@ -19,11 +20,14 @@
 
 mod pooler;
 mod postgres;
+pub mod process;
 pub mod wire;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
 pub use pooler::{TestPooler, TestPoolerBuilder};
@@ -37,6 +41,24 @@ pub const TEST_ROLES: [(&str, &str); 4] = [
     ("scramuser", "scrampass"),
     ("trustuser", "trustpass"),
 ];
+
+/// Poll `check` every 10 ms until it is true (true) or `limit` passes (false).
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// The password a client uses for a test role, if `user` is one.
 pub fn password_of(user: &str) -> Option<&'static str> {
