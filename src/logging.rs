@@ -195,16 +195,8 @@ pub fn reopen(settings: &Settings) {
         },
         None => None,
     };
-    let before = lock(&sink.file).as_ref().map(|(p, _)| p.clone());
+    // The change itself is logged by the reload (`reload: logfile: old -> new`).
     *lock(&sink.file) = new;
-    if before != settings.logfile {
-        let show = |p: Option<&Path>| p.map_or("(none)".to_string(), |p| p.display().to_string());
-        tracing::info!(
-            "logfile: {} -> {}",
-            show(before.as_deref()),
-            show(settings.logfile.as_deref())
-        );
-    }
     *lock(&sink.syslog) = settings.syslog.then(|| Syslog::new(settings));
 }
 

@@ -70,7 +70,10 @@ impl Proc {
     fn spawn(ini: &Path, args: &[&str], log_name: &str) -> Proc {
         let log = ini.with_file_name(log_name);
         let stderr = std::fs::File::create(&log).unwrap();
+        // As root: -u postgres, with the files given to that user.
+        harness::process::give_to_pooler(ini.parent().expect("config dir"));
         let child = Command::new(BIN)
+            .args(harness::process::user_args())
             .args(args)
             .arg(ini)
             .stdin(Stdio::null())

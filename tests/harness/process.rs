@@ -254,10 +254,16 @@ impl PoolerProcess {
 
     /// Start pgcarpool on the config in `dir`.
     pub async fn start_in(dir: ProcessDir, args: &[&str]) -> PoolerProcess {
+        let cmd = dir.command(args);
+        PoolerProcess::start_command(dir, cmd).await
+    }
+
+    /// Start pgcarpool with the command `cmd` (from `dir.command`, changed by the test:
+    /// environment, descriptors) and wait until it is up.
+    pub async fn start_command(dir: ProcessDir, mut cmd: Command) -> PoolerProcess {
         let notify = dir.notify_socket();
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
-        let child = dir
-            .command(args)
+        let child = cmd
             .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -276,9 +282,8 @@ impl PoolerProcess {
                 p.log()
             );
         };
-        let status = field(&ready, "STATUS").unwrap_or_default();
-        p.port = port_in_status(status)
-            .unwrap_or_else(|| panic!("no TCP port in the readiness status {status:?}"));
+        // 0 for a pooler listening on a Unix socket only.
+        p.port = port_in_status(field(&ready, "STATUS").unwrap_or_default()).unwrap_or(0);
         p
     }
 
@@ -286,6 +291,7 @@ impl PoolerProcess {
         i32::try_from(self.child.id()).expect("pid fits i32")
     }
 
+    /// The TCP port it listens on (0: none).
     pub fn port(&self) -> u16 {
         self.port
     }
