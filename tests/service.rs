@@ -36,6 +36,10 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+fn dir_path(p: &PoolerProcess) -> std::path::PathBuf {
+    p.dir.path().to_path_buf()
+}
+
 fn pid_in(pidfile: &Path) -> Option<i32> {
     read(pidfile).trim().parse().ok()
 }
@@ -415,6 +419,27 @@ async fn the_logfile_is_reopened_on_sighup_and_a_new_one_used_after_reload() {
         !read(&rotated).contains("login"),
         "still writing to the rotated file:\n{}",
         read(&rotated)
+    );
+    // Rotated again while the config file is broken: the reload fails, the file is
+    // reopened all the same (PgBouncer does too).
+    let rotated2 = dir_path(&p).join("pgcarpool.log.2");
+    std::fs::rename(&log, &rotated2).unwrap();
+    p.dir.write_ini("[pgbouncer]\nlisten_port = lots\n");
+    p.signal(libc::SIGHUP);
+    p.ready_again(Duration::from_secs(10))
+        .await
+        .expect("no READY=1 after SIGHUP");
+    let c3 = try_connect(&dsn_for(p.port(), "md5user", "testdb"))
+        .await
+        .unwrap();
+    c3.simple_query("select 1").await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            read(&log).contains("login")
+        })
+        .await,
+        "not reopened after a failed reload:\n{}",
+        read(&rotated2)
     );
     // A changed logfile applies on RELOAD from the console.
     p.dir
