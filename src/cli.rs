@@ -10,20 +10,21 @@ use clap::Parser;
     about = "PostgreSQL connection pooler (PgBouncer compatible)"
 )]
 pub struct Cli {
-    /// Run in the background (requires logfile and pidfile in the config).
+    /// Run in the background (needs pidfile in the config); everything that can fail is
+    /// checked before forking.
     #[arg(short = 'd', long = "daemon")]
     pub daemon: bool,
     /// Online restart: take over the listening sockets of the running pgcarpool (it needs
     /// so_reuseport = 1), then stop it as SIGTERM does (its PID from the pidfile).
     #[arg(short = 'R', long = "reboot")]
     pub reboot: bool,
-    /// Log nothing to stderr.
+    /// Log nothing to stderr (the logfile and syslog still get every line).
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
-    /// More logging (repeat for more).
+    /// More logging: -v adds each connection (client and server), -vv everything.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Switch to this OS user at startup.
+    /// Switch to this OS user at startup (required when started as root).
     #[arg(short = 'u', long = "user")]
     pub user: Option<String>,
     /// The pgbouncer.ini to read.
