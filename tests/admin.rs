@@ -657,16 +657,22 @@ async fn reload_applies_a_new_default_pool_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disable_refuses_new_clients_until_enable() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg).start().await;
+    // testdb named in [databases]: SHOW DATABASES has its row from the start.
+    let p = TestPooler::builder(&pg)
+        .database("testdb", &pg.db_entry("testdb"))
+        .start()
+        .await;
     let c = console(&p).await;
+    let disabled = |dbs: &[HashMap<String, Option<String>>]| {
+        let row = dbs
+            .iter()
+            .find(|r| r["name"].as_deref() == Some("testdb"))
+            .unwrap_or_else(|| panic!("no testdb row in SHOW DATABASES: {dbs:?}"));
+        num(row, "disabled")
+    };
+    assert_eq!(disabled(&rows(&c, "SHOW DATABASES").await), 0);
     c.simple_query("DISABLE testdb").await.unwrap();
-    let dbs = rows(&c, "SHOW DATABASES").await;
-    assert!(
-        dbs.is_empty()
-            || dbs
-                .iter()
-                .all(|r| r["name"].as_deref() != Some("testdb") || num(r, "disabled") == 1)
-    );
+    assert_eq!(disabled(&rows(&c, "SHOW DATABASES").await), 1);
     let e = harness::try_connect(&p.dsn("postgres", "testdb"))
         .await
         .expect_err("disabled db accepted a client");
@@ -676,6 +682,7 @@ async fn disable_refuses_new_clients_until_enable() {
         .unwrap_or_else(|| e.to_string());
     assert!(msg.contains("does not allow connections"), "{msg}");
     c.simple_query("ENABLE testdb").await.unwrap();
+    assert_eq!(disabled(&rows(&c, "SHOW DATABASES").await), 0);
     p.connect("postgres", "testdb")
         .await
         .simple_query("select 1")
