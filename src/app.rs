@@ -204,19 +204,31 @@ impl Shared {
     }
 
     /// RELOAD / SIGHUP: read the config file again and apply it. A file that does not
-    /// load changes nothing (the error is returned), but the logfile is reopened either
-    /// way (log rotation), as PgBouncer does.
-    pub fn reload_from_file(&self) -> Result<Vec<SettingChange>, crate::config::ConfigError> {
+    /// load changes nothing (the error is returned), nor does one that defines no database
+    /// at all while the running config has some (an empty or half-written file caught
+    /// mid-write must not turn a running pooler into an outage). The logfile is reopened
+    /// either way (log rotation), as PgBouncer does.
+    pub fn reload_from_file(&self) -> Result<Vec<SettingChange>, String> {
         crate::service::reloading();
-        let path = self.config.load().path.clone();
-        let result = match crate::config::load(&path) {
-            Ok(c) => Ok(self.reload(c)),
-            Err(e) => {
-                tracing::error!("reload failed, keeping the old configuration: {e}");
-                crate::logging::reopen(&self.config.load().settings);
-                Err(e)
+        let old = self.config.load_full();
+        let result = match crate::config::load(&old.path) {
+            Ok(c)
+                if c.databases.is_empty()
+                    && c.fallback.is_none()
+                    && (!old.databases.is_empty() || old.fallback.is_some()) =>
+            {
+                Err(format!(
+                    "{} defines no databases (empty or half-written?)",
+                    old.path.display()
+                ))
             }
+            Ok(c) => Ok(self.reload(c)),
+            Err(e) => Err(e.to_string()),
         };
+        if let Err(e) = &result {
+            tracing::error!("reload failed, keeping the old configuration: {e}");
+            crate::logging::reopen(&old.settings);
+        }
         crate::service::ready(match &result {
             Ok(_) => "configuration reloaded",
             Err(_) => "reload failed, old configuration kept",

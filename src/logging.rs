@@ -65,6 +65,8 @@ fn severity(level: Level) -> u8 {
 /// What the process logs to; the targets change on reload.
 struct Sink {
     stderr: AtomicBool,
+    /// stderr output is coloured (a terminal, no logfile): ESC sequences are ours.
+    ansi: AtomicBool,
     file: Mutex<Option<(PathBuf, File)>>,
     syslog: Mutex<Option<Syslog>>,
 }
@@ -131,8 +133,13 @@ pub fn init(opts: Options<'_>) -> anyhow::Result<()> {
         Some(path) => Some((path.clone(), open_log(path)?)),
         None => None,
     };
+    // Colours only for a terminal and no logfile: files and pipes get plain text.
+    let ansi = opts.stderr
+        && opts.settings.logfile.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let sink = Sink {
         stderr: AtomicBool::new(opts.stderr),
+        ansi: AtomicBool::new(ansi),
         file: Mutex::new(file),
         syslog: Mutex::new(opts.settings.syslog.then(|| Syslog::new(opts.settings))),
     };
@@ -142,10 +149,6 @@ pub fn init(opts: Options<'_>) -> anyhow::Result<()> {
     let sink = SINK.get().expect("just set");
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
-    // Colours only for a terminal and no logfile: files and pipes get plain text.
-    let ansi = opts.stderr
-        && opts.settings.logfile.is_none()
-        && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let main = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_ansi(ansi)
@@ -237,23 +240,48 @@ impl Drop for Line {
         if self.buf.is_empty() {
             return;
         }
+        let ansi = self.sink.ansi.load(Ordering::Relaxed);
+        let line = escape_controls(&self.buf, ansi && matches!(self.to, To::Main));
         match self.to {
             To::Nowhere => {}
             To::Syslog(level) => {
                 if let Some(s) = lock(&self.sink.syslog).as_mut() {
-                    s.send(level, &self.buf);
+                    s.send(level, &line);
                 }
             }
             To::Main => {
                 if self.sink.stderr.load(Ordering::Relaxed) {
-                    let _ = std::io::stderr().write_all(&self.buf);
+                    let _ = std::io::stderr().write_all(&line);
                 }
                 if let Some((_, f)) = lock(&self.sink.file).as_mut() {
-                    let _ = f.write_all(&self.buf);
+                    let _ = f.write_all(&line);
                 }
             }
         }
     }
+}
+
+/// One log line with every control character but its final newline (and tab) shown as
+/// `\xNN`: what a client sends (a user name with a newline in it) cannot forge a line of
+/// its own. ESC stays when the output is coloured (`keep_esc`).
+pub fn escape_controls(line: &[u8], keep_esc: bool) -> std::borrow::Cow<'_, [u8]> {
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    let bad = |b: u8| (b < 0x20 && b != b'\t' && !(keep_esc && b == 0x1b)) || b == 0x7f;
+    if !body.iter().any(|&b| bad(b)) {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let mut out = Vec::with_capacity(line.len() + 16);
+    for &b in body {
+        if bad(b) {
+            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    if body.len() < line.len() {
+        out.push(b'\n');
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// stderr and the logfile.
@@ -290,5 +318,39 @@ impl SyslogWriter {
             buf: Vec::new(),
             to: if on { To::Syslog(level) } else { To::Nowhere },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_but_the_final_newline_stays() {
+        let forged = b"login user=x\n2030-01-01T00:00:00Z  INFO FAKE\r\x7f\tok\n";
+        assert_eq!(
+            &escape_controls(forged, false)[..],
+            &b"login user=x\\x0a2030-01-01T00:00:00Z  INFO FAKE\\x0d\\x7f\tok\n"[..]
+        );
+        assert!(matches!(
+            escape_controls(b"plain line\n", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(&escape_controls(b"\x1b[1mx\n", true)[..], b"\x1b[1mx\n");
+        assert_eq!(&escape_controls(b"\x1b[1mx\n", false)[..], b"\\x1b[1mx\n");
+        assert_eq!(
+            &escape_controls(b"no newline\x00", false)[..],
+            b"no newline\\x00"
+        );
+    }
+
+    #[test]
+    fn facilities_are_syslog_numbers() {
+        assert_eq!(facility_code("daemon"), Some(3));
+        assert_eq!(facility_code("local7"), Some(23));
+        assert_eq!(facility_code("authpriv"), Some(10));
+        assert_eq!(facility_code("nonsense"), None);
+        assert_eq!(severity(Level::ERROR), 3);
+        assert_eq!(severity(Level::INFO), 6);
     }
 }

@@ -103,6 +103,24 @@ impl ScramCache {
         lock(&self.verifiers).clear();
     }
 
+    /// A SCRAM verifier for a user that does not exist, so the exchange looks like a real
+    /// one (PgBouncer and PostgreSQL do the same: no user enumeration). Its salt is stable
+    /// per user name for this process (a retry sees the same salt, as for a real user) and
+    /// unguessable; no password matches its keys.
+    pub fn dummy_verifier(&self, user: &str) -> ScramVerifier {
+        let salt = self.map_key(b"dummy-salt", &[user.as_bytes()]);
+        let mut stored_key = [0u8; 32];
+        let mut server_key = [0u8; 32];
+        rand::fill(&mut stored_key[..]);
+        rand::fill(&mut server_key[..]);
+        ScramVerifier {
+            iterations: crate::auth::scram::DEFAULT_ITERATIONS,
+            salt: salt[..16].to_vec(),
+            stored_key,
+            server_key,
+        }
+    }
+
     /// HMAC(secret, tag || for each part: len (u64 BE) || part): unambiguous and unguessable.
     fn map_key(&self, tag: &[u8], parts: &[&[u8]]) -> Key32 {
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.secret)

@@ -180,6 +180,11 @@ async fn login(
         return Ok(None);
     }
     let client_params = session_params(&params, cfg, peer)?;
+    // The password first, as PostgreSQL and PgBouncer: whether a database exists is
+    // nobody's business before they have logged in.
+    let secret = cfg.auth.users.get(&user);
+    let learned =
+        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
@@ -189,9 +194,6 @@ async fn login(
             format!("database does not allow connections: {db}"),
         ));
     }
-    let secret = cfg.auth.users.get(&user);
-    let learned =
-        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
     let pool = shared.pools.get_or_create(&db, &server_user, || {

@@ -65,22 +65,24 @@ pub async fn authenticate(
             format!("password authentication failed for user \"{user}\""),
         )
     };
+    // An unknown user (no secret) goes through the same exchange as a known one with a
+    // wrong password, and fails only at its end: no user enumeration by reply or timing.
     match auth_type {
         AuthType::Trust | AuthType::Any => Ok(None),
         AuthType::Plain => {
-            let secret = secret.ok_or_else(fail)?;
             conn.queue_with(backend::authentication_cleartext);
             conn.flush().await?;
             let pw = read_password(conn).await?;
             let ok = match secret {
-                Secret::Plain(p) => {
+                None => false,
+                Some(Secret::Plain(p)) => {
                     subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into()
                 }
-                Secret::Md5(h) => {
+                Some(Secret::Md5(h)) => {
                     let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
                     subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into()
                 }
-                Secret::Scram(v) => {
+                Some(Secret::Scram(v)) => {
                     let given = scram::verifier_from_password(
                         &String::from_utf8_lossy(&pw),
                         &v.salt,
@@ -92,28 +94,35 @@ pub async fn authenticate(
             if ok { Ok(None) } else { Err(fail()) }
         }
         AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
-            let hash = match secret.ok_or_else(fail)? {
-                Secret::Plain(p) => md5::password_hash(user, p),
-                Secret::Md5(h) => h.clone(),
-                Secret::Scram(_) => unreachable!("checked above"),
+            let hash = match secret {
+                Some(Secret::Plain(p)) => md5::password_hash(user, p),
+                Some(Secret::Md5(h)) => h.clone(),
+                Some(Secret::Scram(_)) => unreachable!("checked above"),
+                // A hash of a random password: no response matches it.
+                None => md5::password_hash(user, &format!("{:032x}", rand::random::<u128>())),
             };
             let salt: [u8; 4] = rand::random();
             conn.queue_with(|b| backend::authentication_md5(b, salt));
             conn.flush().await?;
             let pw = read_password(conn).await?;
-            if md5::verify_response(&hash, salt, &pw) {
+            if md5::verify_response(&hash, salt, &pw) && secret.is_some() {
                 Ok(None)
             } else {
                 Err(fail())
             }
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
-            let verifier = match secret.ok_or_else(fail)? {
-                Secret::Plain(p) => shared.scram.verifier_for_plain_async(user, p).await,
-                Secret::Scram(v) => v.clone(),
-                Secret::Md5(_) => return Err(fail()),
+            let verifier = match secret {
+                Some(Secret::Plain(p)) => shared.scram.verifier_for_plain_async(user, p).await,
+                Some(Secret::Scram(v)) => v.clone(),
+                Some(Secret::Md5(_)) => return Err(fail()),
+                None => shared.scram.dummy_verifier(user),
             };
-            scram_exchange(conn, verifier, fail).await
+            let learned = scram_exchange(conn, verifier, &fail).await?;
+            if secret.is_none() {
+                return Err(fail());
+            }
+            Ok(learned)
         }
         AuthType::Cert | AuthType::Hba | AuthType::Pam => Err(ClientError::fatal(
             "08P01",
@@ -125,7 +134,7 @@ pub async fn authenticate(
 async fn scram_exchange(
     conn: &mut Conn,
     verifier: crate::config::auth_file::ScramVerifier,
-    fail: impl Fn() -> ClientError,
+    fail: &impl Fn() -> ClientError,
 ) -> Result<Option<Credential>, ClientError> {
     let mut server = scram::ScramServer::new(verifier);
     conn.queue_with(|b| backend::authentication_sasl(b, &[scram::MECHANISM]));

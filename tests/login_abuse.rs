@@ -1,0 +1,130 @@
+//! Logins no one can abuse (issue 11, first part): an unknown user cannot be told from a
+//! wrong password (same exchange, same error), a wrong password is reported before an
+//! unknown database, a user name cannot forge log lines, and a reload from an empty or
+//! half-written file keeps the running configuration.
+mod harness;
+
+use std::time::Duration;
+
+use harness::process::PoolerProcess;
+use harness::{TempPostgres, TestPooler, dsn_with_password, sqlstate, try_connect};
+
+/// What a login attempt came to: the server's SQLSTATE and message, or a client-side
+/// error (e.g. the server asked for a password the client does not have).
+async fn outcome(port: u16, user: &str, password: Option<&str>, db: &str) -> String {
+    match try_connect(&dsn_with_password(port, user, password, db)).await {
+        Ok(_) => "logged in".into(),
+        Err(e) => match e.as_db_error() {
+            Some(d) => format!("{} {}", d.code().code(), d.message()),
+            None => format!("client: {e}"),
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_user_gets_the_same_exchange_as_a_wrong_password() {
+    let pg = TempPostgres::start();
+    for auth_type in ["scram-sha-256", "md5", "plain"] {
+        let p = TestPooler::builder(&pg)
+            .setting("auth_type", auth_type)
+            .start()
+            .await;
+        // No password on the client side: a server that asks for one makes the client
+        // fail by itself; one that refuses at once sends an error. Both users alike.
+        let known = outcome(p.port(), "md5user", None, "testdb").await;
+        let unknown = outcome(p.port(), "nobody", None, "testdb").await;
+        assert!(known.starts_with("client: "), "{auth_type}: {known}");
+        assert_eq!(known, unknown, "{auth_type}: known vs unknown user");
+        // A wrong password: the same SQLSTATE and message, but for the name.
+        let known = outcome(p.port(), "md5user", Some("wrong"), "testdb").await;
+        let unknown = outcome(p.port(), "nobody", Some("wrong"), "testdb").await;
+        assert_eq!(
+            known, "28P01 password authentication failed for user \"md5user\"",
+            "{auth_type}"
+        );
+        assert_eq!(
+            unknown, "28P01 password authentication failed for user \"nobody\"",
+            "{auth_type}"
+        );
+        p.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_reported_before_an_unknown_database() {
+    let pg = TempPostgres::start();
+    // Only testdb exists for clients (no `*` fallback).
+    let p = TestPooler::builder(&pg)
+        .database("testdb", &pg.db_entry("testdb"))
+        .start()
+        .await;
+    let e = try_connect(&dsn_with_password(
+        p.port(),
+        "md5user",
+        Some("wrong"),
+        "nodb",
+    ))
+    .await
+    .expect_err("logged in with a wrong password");
+    assert_eq!(sqlstate(&e), Some("28P01"), "{e:?}");
+    let e = try_connect(&dsn_with_password(
+        p.port(),
+        "md5user",
+        Some("md5pass"),
+        "nodb",
+    ))
+    .await
+    .expect_err("logged in to a database that does not exist");
+    assert_eq!(sqlstate(&e), Some("3D000"), "{e:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_name_cannot_forge_a_log_line() {
+    let pg = TempPostgres::start();
+    let p = PoolerProcess::start(TestPooler::builder(&pg)).await;
+    let forged = "x\n2030-01-01T00:00:00Z  INFO FAKELOGLINE admin login ok user=postgres";
+    let _ = outcome(p.port(), forged, Some("whatever"), "testdb").await;
+    let escaped = "x\\x0a2030-01-01T00:00:00Z  INFO FAKELOGLINE";
+    assert!(
+        harness::eventually(Duration::from_secs(5), || async {
+            p.log().contains(escaped)
+        })
+        .await,
+        "the failed login is not logged with the name escaped:\n{}",
+        p.log()
+    );
+    assert!(
+        !p.log().lines().any(|l| l.starts_with("2030-01-01")),
+        "a forged line:\n{}",
+        p.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_from_an_empty_file_keeps_the_running_config() {
+    let pg = TempPostgres::start();
+    let p = PoolerProcess::start(TestPooler::builder(&pg)).await;
+    for text in ["", "[pgbouncer]\nlisten_port = 6432\n"] {
+        p.dir.write_ini(text);
+        p.signal(libc::SIGHUP);
+        let ready = p
+            .ready_again(Duration::from_secs(10))
+            .await
+            .expect("no READY=1 after SIGHUP");
+        assert_eq!(
+            harness::process::field(&ready, "STATUS"),
+            Some("reload failed, old configuration kept"),
+            "{text:?}"
+        );
+        assert!(
+            p.log()
+                .contains("defines no databases (empty or half-written?)"),
+            "{}",
+            p.log()
+        );
+        // Databases, users and auth_file are still those of the running config.
+        let c = p.connect("md5user").await;
+        c.simple_query("select 1").await.unwrap();
+    }
+}
