@@ -37,6 +37,9 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Connected client sockets (for max_client_conn).
     pub client_conns: AtomicUsize,
+    /// The connections still logging in (the oldest is dropped when a new one finds the
+    /// pooler full).
+    pub pending_logins: crate::client::logins::PendingLogins,
     /// Console state: DISABLE'd and PAUSE'd databases.
     pub admin: crate::admin::AdminState,
     /// The worker runtimes (set once by `start`).
@@ -198,6 +201,7 @@ impl Shared {
             listeners: TaskTracker::new(),
             next_client_id: AtomicU64::new(1),
             client_conns: AtomicUsize::new(0),
+            pending_logins: Default::default(),
             admin: crate::admin::AdminState::default(),
             workers: std::sync::OnceLock::new(),
         })

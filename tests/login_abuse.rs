@@ -128,3 +128,63 @@ async fn a_reload_from_an_empty_file_keeps_the_running_config() {
         c.simple_query("select 1").await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_that_never_log_in_cannot_lock_users_out() {
+    use tokio::io::AsyncWriteExt;
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("max_client_conn", "10")
+        .start()
+        .await;
+    // Twelve sockets that never finish a login: silent, or half a length word.
+    let mut flood = Vec::new();
+    for i in 0..12 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", p.port()))
+            .await
+            .unwrap();
+        if i % 2 == 1 {
+            s.write_all(&[0, 0]).await.unwrap();
+        }
+        flood.push(s);
+    }
+    // A real user still gets in, at once (not after client_login_timeout, 60 s).
+    let c = tokio::time::timeout(Duration::from_secs(10), p.connect("md5user", "testdb"))
+        .await
+        .expect("a real login waited behind sockets that never log in");
+    let row = c.query_one("select 6 * 7", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+    // The oldest silent socket was dropped with max_client_conn's error.
+    let mut first = flood.remove(0);
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut first, &mut reply),
+    )
+    .await
+    .expect("the oldest socket was not closed");
+    assert!(
+        String::from_utf8_lossy(&reply).contains("53300"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_outlives_client_login_timeout() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("client_login_timeout", "1")
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    admin.simple_query("SHOW VERSION").await.unwrap();
+    // Longer than client_login_timeout: a deadline that must not fire.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    admin
+        .simple_query("SHOW VERSION")
+        .await
+        .expect("the console session was cut at client_login_timeout");
+    p.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod cancel;
 pub mod classify;
+pub mod logins;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
@@ -92,19 +93,38 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let peer = &stream.peer();
     tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
+    let ticket = shared.pending_logins.enter(id);
     let login = async {
-        match config::enabled(cfg.settings.client_login_timeout) {
-            Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, peer, id, cfg))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ClientError::fatal("08P01", "client_login_timeout".into()))
-                }),
-            None => login(&shared, &mut conn, peer, id, cfg).await,
+        let login = async {
+            match config::enabled(cfg.settings.client_login_timeout) {
+                Some(d) => tokio::time::timeout(d, login(&shared, &mut conn, peer, id, cfg))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(ClientError::fatal("08P01", "client_login_timeout".into()))
+                    }),
+                None => login(&shared, &mut conn, peer, id, cfg).await,
+            }
+        };
+        tokio::select! {
+            r = login => r,
+            _ = ticket.dropped() => Err(ClientError::fatal(
+                "53300",
+                "no more connections allowed (max_client_conn): dropped while logging in, to make room".into(),
+            )),
         }
     };
-    let (user, db, pool, session, reg) = match login.await {
-        Ok(Some(l)) => l,
-        Ok(None) => return None,
+    let entered = login.await;
+    drop(ticket);
+    let (user, db, pool, session, reg) = match entered {
+        Ok(Entered::Client(l)) => l,
+        Ok(Entered::Admin(user, role)) => {
+            // The console session runs without the login's deadline.
+            if let Err(e) = crate::admin::run(&shared, &mut conn, &user, role).await {
+                report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+            }
+            return None;
+        }
+        Ok(Entered::Done) => return None,
         Err(e) => {
             report(&mut conn, &e, peer, cfg.settings.log_connections).await;
             return None;
@@ -137,17 +157,27 @@ async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
 
 type Login = (String, String, Arc<Pool>, VirtualSession, Registration);
 
+/// Where a login led.
+enum Entered {
+    /// A client of a pool.
+    Client(Login),
+    /// A console user, logged in.
+    Admin(String, crate::admin::Role),
+    /// Nothing more to do (a cancel request).
+    Done,
+}
+
 async fn login(
     shared: &Arc<Shared>,
     conn: &mut Conn,
     peer: &str,
     id: u64,
     cfg: &Config,
-) -> Result<Option<Login>, ClientError> {
+) -> Result<Entered, ClientError> {
     let params = match startup::hello(conn).await? {
         startup::Hello::Cancel(key) => {
             cancel::handle(&shared.clients, key).await;
-            return Ok(None);
+            return Ok(Entered::Done);
         }
         startup::Hello::Startup(p) => p,
     };
@@ -165,8 +195,7 @@ async fn login(
         // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
         // pgcarpool is an admin without a password.
         if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
-            crate::admin::run(shared, conn, &user, crate::admin::Role::Admin).await?;
-            return Ok(None);
+            return Ok(Entered::Admin(user, crate::admin::Role::Admin));
         }
         let secret = cfg.auth.users.get(&user);
         let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
@@ -176,8 +205,7 @@ async fn login(
             )
         })?;
         startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
-        crate::admin::run(shared, conn, &user, role).await?;
-        return Ok(None);
+        return Ok(Entered::Admin(user, role));
     }
     let client_params = session_params(&params, cfg, peer)?;
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
@@ -263,7 +291,7 @@ async fn login(
     });
     conn.flush().await?;
     reg.handle.set_state(ClientState::Idle);
-    Ok(Some((user, db, pool, session, reg)))
+    Ok(Entered::Client((user, db, pool, session, reg)))
 }
 
 /// The client's own session parameters from its startup packet.

@@ -386,11 +386,17 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
     }
     let max = cfg.settings.max_client_conn;
     if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-        shared.tracker.spawn(refuse(
-            stream,
-            "no more connections allowed (max_client_conn)",
-        ));
-        return;
+        // Full. Logged-in clients keep their place; the oldest connection still logging
+        // in makes room (so sockets that never log in cannot lock real users out). Its
+        // task ends soon: the count may pass max for that moment.
+        if !shared.pending_logins.drop_oldest() {
+            shared.tracker.spawn(refuse(
+                stream,
+                "no more connections allowed (max_client_conn)",
+            ));
+            return;
+        }
+        tracing::debug!("max_client_conn reached: dropped the oldest connection still logging in");
     }
     let id = shared.client_opened();
     let me = crate::workers::current();

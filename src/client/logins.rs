@@ -1,0 +1,97 @@
+//! Connections that have not logged in yet, oldest first. They share `max_client_conn` with
+//! everyone, so a flood of sockets that never finish their login (send nothing, or a byte a
+//! second) could lock every real user out until `client_login_timeout`. Instead, a new
+//! connection that finds the pooler full drops the oldest connection still logging in.
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tokio_util::sync::CancellationToken;
+
+/// The connections still logging in, by client id (ids grow with arrival: first = oldest).
+#[derive(Default)]
+pub struct PendingLogins {
+    waiting: Mutex<BTreeMap<u64, CancellationToken>>,
+}
+
+/// One connection's place among those logging in; leaves it when dropped (logged in,
+/// refused or gone).
+pub struct LoginTicket<'a> {
+    logins: &'a PendingLogins,
+    id: u64,
+    token: CancellationToken,
+}
+
+impl PendingLogins {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Client `id` starts logging in.
+    pub fn enter(&self, id: u64) -> LoginTicket<'_> {
+        let token = CancellationToken::new();
+        self.lock().insert(id, token.clone());
+        LoginTicket {
+            logins: self,
+            id,
+            token,
+        }
+    }
+
+    /// Drop the oldest connection still logging in (its login ends with an error); false
+    /// when there is none.
+    pub fn drop_oldest(&self) -> bool {
+        match self.lock().pop_first() {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many connections are logging in now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl LoginTicket<'_> {
+    /// Resolves when this login was dropped to make room.
+    pub async fn dropped(&self) {
+        self.token.cancelled().await
+    }
+}
+
+impl Drop for LoginTicket<'_> {
+    fn drop(&mut self) {
+        self.logins.lock().remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_login_is_dropped_first_and_a_finished_one_never() {
+        let logins = PendingLogins::default();
+        let first = logins.enter(1);
+        let second = logins.enter(2);
+        let third = logins.enter(3);
+        drop(second); // logged in
+        assert_eq!(logins.len(), 2);
+        assert!(logins.drop_oldest());
+        assert!(first.token.is_cancelled());
+        assert!(!third.token.is_cancelled());
+        assert!(logins.drop_oldest());
+        assert!(third.token.is_cancelled());
+        assert!(!logins.drop_oldest(), "nothing left to drop");
+        drop(first);
+        drop(third);
+        assert!(logins.is_empty());
+    }
+}
