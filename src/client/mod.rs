@@ -116,7 +116,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let entered = login.await;
     drop(ticket);
     let (user, db, pool, session, reg) = match entered {
-        Ok(Entered::Client(l)) => l,
+        Ok(Entered::Client(l)) => *l,
         Ok(Entered::Admin(user, role)) => {
             // The console session runs without the login's deadline.
             if let Err(e) = crate::admin::run(&shared, &mut conn, &user, role).await {
@@ -160,7 +160,7 @@ type Login = (String, String, Arc<Pool>, VirtualSession, Registration);
 /// Where a login led.
 enum Entered {
     /// A client of a pool.
-    Client(Login),
+    Client(Box<Login>),
     /// A console user, logged in.
     Admin(String, crate::admin::Role),
     /// Nothing more to do (a cancel request).
@@ -291,7 +291,7 @@ async fn login(
     });
     conn.flush().await?;
     reg.handle.set_state(ClientState::Idle);
-    Ok(Entered::Client((user, db, pool, session, reg)))
+    Ok(Entered::Client(Box::new((user, db, pool, session, reg))))
 }
 
 /// The client's own session parameters from its startup packet.
