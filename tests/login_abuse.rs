@@ -188,3 +188,50 @@ async fn a_console_session_outlives_client_login_timeout() {
         .expect("the console session was cut at client_login_timeout");
     p.shutdown().await;
 }
+
+/// Send a protocol 3.`minor` startup packet with `params` to `port`; the first message
+/// back (tag, body).
+async fn first_reply(port: u16, minor: u16, params: &[(&str, &str)]) -> (u8, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut packet = bytes::BytesMut::new();
+    pgcarpool::proto::startup::startup_message_minor(&mut packet, minor, params);
+    s.write_all(&packet).await.unwrap();
+    let mut head = [0u8; 5];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut head))
+        .await
+        .expect("no reply to the startup packet")
+        .unwrap();
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len - 4];
+    s.read_exact(&mut body).await.unwrap();
+    (head[0], body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_protocol_gets_negotiate_protocol_version_as_from_postgresql() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg).start().await;
+    for (minor, params) in [
+        (2, vec![("user", "md5user"), ("database", "testdb")]),
+        (
+            0,
+            vec![
+                ("user", "md5user"),
+                ("database", "testdb"),
+                ("_pq_.no_such_option", "1"),
+            ],
+        ),
+    ] {
+        let direct = first_reply(pg.port(), minor, &params).await;
+        let pooled = first_reply(p.port(), minor, &params).await;
+        assert_eq!(direct.0, b'v', "PostgreSQL itself: {direct:?}");
+        assert_eq!(pooled, direct, "3.{minor} with {params:?}");
+    }
+    // 3.0 without options: straight to authentication, as before.
+    let plain = first_reply(p.port(), 0, &[("user", "md5user"), ("database", "testdb")]).await;
+    assert_eq!(plain.0, b'R');
+    p.shutdown().await;
+}

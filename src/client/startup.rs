@@ -45,7 +45,20 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
             startup::StartupPacket::Cancel { pid, secret } => {
                 return Ok(Hello::Cancel((pid, secret)));
             }
-            startup::StartupPacket::Startup { params, .. } => return Ok(Hello::Startup(params)),
+            startup::StartupPacket::Startup { minor, params } => {
+                // As PostgreSQL (3.0 only): a newer minor version or `_pq_.` protocol
+                // options get NegotiateProtocolVersion, and the options are not parameters.
+                let (options, params): (Vec<_>, Vec<_>) = params
+                    .into_iter()
+                    .partition(|(k, _)| k.starts_with("_pq_."));
+                if minor > 0 || !options.is_empty() {
+                    let names: Vec<&str> = options.iter().map(|(k, _)| k.as_str()).collect();
+                    conn.queue_with(|b| {
+                        backend::negotiate_protocol_version(b, startup::PROTOCOL_3_0, &names)
+                    });
+                }
+                return Ok(Hello::Startup(params));
+            }
         }
     }
 }

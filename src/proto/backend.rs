@@ -50,6 +50,19 @@ pub fn authentication_ok(out: &mut BytesMut) {
     finish(out, at);
 }
 
+/// NegotiateProtocolVersion: the newest protocol version spoken here (PostgreSQL sends the
+/// whole version word, 3.0 = 196608, where the docs say "minor"), and the `_pq_.` startup
+/// options not recognised.
+pub fn negotiate_protocol_version(out: &mut BytesMut, newest: i32, unknown: &[&str]) {
+    let at = begin(out, b'v');
+    out.put_i32(newest);
+    out.put_i32(i32::try_from(unknown.len()).unwrap_or(i32::MAX));
+    for o in unknown {
+        cstr(out, o);
+    }
+    finish(out, at);
+}
+
 pub fn authentication_cleartext(out: &mut BytesMut) {
     let at = begin(out, AUTHENTICATION);
     out.put_i32(3);

@@ -6,7 +6,7 @@ use super::{ProtoError, Reader};
 /// PostgreSQL's own limit on a startup packet.
 pub const MAX_STARTUP_LEN: usize = 10_000;
 
-const PROTOCOL_3_0: i32 = 196_608;
+pub const PROTOCOL_3_0: i32 = 196_608;
 const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 const SSL_REQUEST_CODE: i32 = 80_877_103;
 const GSSENC_REQUEST_CODE: i32 = 80_877_104;
@@ -83,9 +83,14 @@ pub fn parse(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>, ProtoError> {
 
 /// Build a protocol 3.0 StartupMessage.
 pub fn startup_message(out: &mut BytesMut, params: &[(&str, &str)]) {
+    startup_message_minor(out, 0, params);
+}
+
+/// Build a protocol 3.`minor` StartupMessage.
+pub fn startup_message_minor(out: &mut BytesMut, minor: u16, params: &[(&str, &str)]) {
     let start = out.len();
     out.put_i32(0);
-    out.put_i32(PROTOCOL_3_0);
+    out.put_i32(PROTOCOL_3_0 + i32::from(minor));
     for (k, v) in params {
         out.put_slice(k.as_bytes());
         out.put_u8(0);
