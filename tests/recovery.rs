@@ -318,3 +318,102 @@ async fn a_restart_under_load_is_served_within_a_second() {
 async fn a_stop_of_two_seconds_under_load_is_served_within_a_second_of_the_start() {
     recovers_within_a_second(Outage::StopStart(Duration::from_secs(2))).await;
 }
+
+/// Run a blocking PostgreSQL control step (`pg_ctl … -w`) off the async threads.
+async fn pg_ctl(pg: &Arc<TempPostgres>, step: fn(&TempPostgres)) {
+    let pg = pg.clone();
+    tokio::task::spawn_blocking(move || step(&pg))
+        .await
+        .expect("pg_ctl");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_sent_while_postgresql_is_down_waits_and_is_served_when_it_is_back() {
+    let pg = Arc::new(TempPostgres::start());
+    let pooler = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .start()
+        .await;
+    let c = pooler.connect("md5user", "testdb").await;
+    c.simple_query("select 1").await.unwrap();
+    pg_ctl(&pg, TempPostgres::stop).await;
+    // The pool's server is gone and a login is refused: the query waits for the server.
+    let query = tokio::spawn(async move { c.simple_query("select 2").await.map(|_| ()) });
+    let down_for = Duration::from_secs(1);
+    tokio::time::sleep(down_for).await;
+    assert!(
+        !query.is_finished(),
+        "the query ended while PostgreSQL was down: {:?}",
+        query.await
+    );
+    pg_ctl(&pg, TempPostgres::start_again).await;
+    let back = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), query)
+        .await
+        .expect("the query still waits 5 s after PostgreSQL came back")
+        .unwrap();
+    if let Err(e) = r {
+        panic!("the query waiting for PostgreSQL failed: {}", describe(&e));
+    }
+    assert!(
+        back.elapsed() <= RECOVERY_GOAL,
+        "served {:?} after PostgreSQL was back",
+        back.elapsed()
+    );
+    pooler.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_waiting_for_a_server_that_stays_down_get_the_error_after_server_login_retry() {
+    let pg = Arc::new(TempPostgres::start());
+    let retry = Duration::from_secs(2);
+    let pooler = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("server_login_retry", "2")
+        .start()
+        .await;
+    let c = pooler.connect("md5user", "testdb").await;
+    c.simple_query("select 1").await.unwrap();
+    pg_ctl(&pg, TempPostgres::stop).await;
+    let started = Instant::now();
+    let err = tokio::time::timeout(retry + Duration::from_secs(3), c.simple_query("select 2"))
+        .await
+        .expect("still waiting 3 s after server_login_retry")
+        .expect_err("served with PostgreSQL down");
+    let waited = started.elapsed();
+    assert!(
+        waited >= retry - Duration::from_millis(200),
+        "gave up after {waited:?}, before server_login_retry: {}",
+        describe(&err)
+    );
+    assert!(
+        harness::sqlstate(&err).is_some_and(|s| s.starts_with("08")),
+        "{}",
+        describe(&err)
+    );
+    // PgBouncer's fast fail from now on: a new client is not kept waiting.
+    let started = Instant::now();
+    let late = tokio::time::timeout(Duration::from_secs(2), async {
+        let c = try_connect(&pooler.dsn("md5user", "testdb")).await?;
+        c.simple_query("select 3").await
+    })
+    .await
+    .expect("a new client waits for a server that has been down for server_login_retry");
+    assert!(late.is_err(), "served with PostgreSQL down");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // Back: served within the goal (the pool keeps trying at the short interval).
+    pg_ctl(&pg, TempPostgres::start_again).await;
+    let back = Instant::now();
+    let (first_ok, errors) = first_success(&pooler.dsn("md5user", "testdb"), back).await;
+    let first_ok = first_ok.unwrap_or_else(|| panic!("never served again: {:?}", errors.last()));
+    let recovery = first_ok.saturating_duration_since(back);
+    assert!(
+        recovery <= RECOVERY_GOAL,
+        "served {recovery:?} after PostgreSQL was back; errors meanwhile: {errors:?}"
+    );
+    pooler.shutdown().await;
+}
