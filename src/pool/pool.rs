@@ -982,6 +982,76 @@ mod tests {
         }
     }
 
+    /// Settings for a pool of `pool_size` whose server is at 127.0.0.1:`port`.
+    fn settings(port: u16, pool_size: usize) -> PoolSettings {
+        let secs = Duration::from_secs;
+        PoolSettings {
+            mode: PoolMode::Transaction,
+            pool_size,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: secs(5),
+            max_db_connections: 0,
+            max_user_connections: 0,
+            server_lifetime: secs(3600),
+            server_idle_timeout: secs(600),
+            server_connect_timeout: secs(15),
+            server_login_retry: secs(15),
+            server_check_delay: secs(30),
+            server_check_query: None,
+            server_reset_query: String::new(),
+            server_reset_query_always: false,
+            server_round_robin: false,
+            cancel_wait_timeout: secs(10),
+            query_wait_timeout: secs(120),
+            max_prepared_statements: 0,
+            pin_error: false,
+            pin_pool_size: 0,
+            target: ServerTarget {
+                addr: crate::server::ServerAddr::Tcp {
+                    host: "127.0.0.1".into(),
+                    port,
+                },
+                dbname: "db".into(),
+                user: "user".into(),
+                credential: Default::default(),
+                startup_params: Vec::new(),
+                connect_query: None,
+                scram_cache: None,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_leaving_during_a_server_login_gives_its_slot_back() {
+        // Accepts connections (the kernel does) and never answers: the login hangs.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let db_limit = Arc::new(Limit::default());
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(port, 1),
+            db_limit.clone(),
+            Arc::new(Limit::default()),
+        );
+        let p = pool.clone();
+        let client = tokio::spawn(async move { p.checkout(None).await.map(|_| ()) });
+        // The login is under way once the pool counts its server.
+        let until = Instant::now() + Duration::from_secs(5);
+        while pool.counts().total == 0 {
+            assert!(Instant::now() < until, "no login started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(db_limit.count(), 1);
+        client.abort();
+        assert!(client.await.unwrap_err().is_cancelled());
+        assert_eq!(pool.counts().total, 0);
+        assert_eq!(pool.counts().active, 0);
+        assert_eq!(db_limit.count(), 0);
+        drop(silent);
+    }
+
     #[test]
     fn a_server_goes_to_a_waiter_of_its_worker_unless_that_is_unfair() {
         let t = Instant::now();
