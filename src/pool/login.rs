@@ -40,6 +40,8 @@ struct Failing {
     since: Instant,
     /// The last failure.
     last: Instant,
+    /// The last failure counted for the doubling (of a login started after the one before).
+    counted: Instant,
     kind: LoginFailure,
     /// Unavailable failures in a row (the retry delay doubles with each).
     unavailable: u32,
@@ -50,13 +52,28 @@ struct Failing {
 }
 
 impl LoginBackoff {
-    /// A login failed at `now`.
-    pub fn failed(&mut self, kind: LoginFailure, now: Instant, server_login_retry: Duration) {
+    /// A login started at `started` failed at `now`. Logins that were under way together
+    /// count as one failure for the doubling.
+    pub fn failed(
+        &mut self,
+        kind: LoginFailure,
+        started: Instant,
+        now: Instant,
+        server_login_retry: Duration,
+    ) {
         let since = self.failing.as_ref().map_or(now, |f| f.since);
+        // Started before the last counted failure: not the retry that failure allowed.
+        let concurrent = self.failing.as_ref().is_some_and(|f| started < f.counted);
         let unavailable = match (kind, &self.failing) {
+            (LoginFailure::Unavailable, Some(f)) if concurrent => f.unavailable.max(1),
             (LoginFailure::Unavailable, Some(f)) => f.unavailable.saturating_add(1),
             (LoginFailure::Unavailable, None) => 1,
             (LoginFailure::Rejected, _) => 0,
+        };
+        let probing = concurrent && self.failing.as_ref().is_some_and(|f| f.probing);
+        let counted = match &self.failing {
+            Some(f) if concurrent => f.counted,
+            _ => now,
         };
         let delay = match kind {
             LoginFailure::Unavailable => unavailable_delay(unavailable).min(server_login_retry),
@@ -65,10 +82,11 @@ impl LoginBackoff {
         self.failing = Some(Failing {
             since,
             last: now,
+            counted,
             kind,
             unavailable,
             retry_at: now + delay,
-            probing: false,
+            probing,
         });
     }
 
@@ -165,7 +183,7 @@ mod tests {
         for _ in 0..n {
             assert!(b.may_try(now));
             b.started();
-            b.failed(LoginFailure::Unavailable, now, retry);
+            b.failed(LoginFailure::Unavailable, now, now, retry);
             let at = b.retry_at().unwrap();
             delays.push(at - now);
             now = at;
@@ -191,7 +209,7 @@ mod tests {
     fn a_rejected_login_waits_server_login_retry_and_fails_clients_fast() {
         let t = Instant::now();
         let mut b = LoginBackoff::default();
-        b.failed(LoginFailure::Rejected, t, RETRY);
+        b.failed(LoginFailure::Rejected, t, t, RETRY);
         assert_eq!(b.retry_at(), Some(t + RETRY));
         assert!(!b.may_try(t + RETRY - ms(1)));
         assert!(b.fails_fast(t + RETRY - ms(1), RETRY));
@@ -205,8 +223,8 @@ mod tests {
     fn while_briefly_unavailable_clients_wait_instead_of_failing() {
         let t = Instant::now();
         let mut b = LoginBackoff::default();
-        b.failed(LoginFailure::Unavailable, t, RETRY);
-        b.failed(LoginFailure::Unavailable, t + ms(50), RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t + ms(50), t + ms(50), RETRY);
         assert!(!b.fails_fast(t + ms(60), RETRY));
         assert!(!b.fails_waiters(RETRY));
     }
@@ -215,8 +233,8 @@ mod tests {
     fn after_server_login_retry_of_unavailable_clients_get_the_error() {
         let t = Instant::now();
         let mut b = LoginBackoff::default();
-        b.failed(LoginFailure::Unavailable, t, RETRY);
-        b.failed(LoginFailure::Unavailable, t + RETRY, RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t + RETRY, t + RETRY, RETRY);
         let retry_at = b.retry_at().unwrap();
         assert!(b.fails_fast(retry_at - ms(1), RETRY));
         assert!(b.fails_waiters(RETRY));
@@ -232,7 +250,7 @@ mod tests {
         assert!(b.may_try(t));
         b.started(); // not failing: no limit
         assert!(b.may_try(t));
-        b.failed(LoginFailure::Unavailable, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
         let at = b.retry_at().unwrap();
         assert!(!b.may_try(at - ms(1)));
         assert!(b.may_try(at));
@@ -244,24 +262,43 @@ mod tests {
         b.abandoned();
         assert!(b.may_try(at + ms(1)));
         b.started();
-        b.failed(LoginFailure::Unavailable, at + ms(5), RETRY);
+        b.failed(LoginFailure::Unavailable, at + ms(5), at + ms(5), RETRY);
         assert_eq!(b.retry_at(), Some(at + ms(5) + ms(100)));
         b.succeeded();
         assert!(!b.is_failing());
         assert!(b.may_try(at));
         // The next failure starts the schedule over.
-        b.failed(LoginFailure::Unavailable, at, RETRY);
+        b.failed(LoginFailure::Unavailable, at, at, RETRY);
         assert_eq!(b.retry_at(), Some(at + ms(50)));
+    }
+
+    #[test]
+    fn logins_failing_together_count_once() {
+        let t = Instant::now();
+        let mut b = LoginBackoff::default();
+        // Three logins under way when the server went down.
+        b.failed(LoginFailure::Unavailable, t, t + ms(1), RETRY);
+        b.failed(LoginFailure::Unavailable, t, t + ms(2), RETRY);
+        b.failed(LoginFailure::Unavailable, t, t + ms(3), RETRY);
+        assert_eq!(b.retry_at(), Some(t + ms(3) + ms(50)));
+        // The retry, and one more login that was under way meanwhile.
+        let at = b.retry_at().unwrap();
+        assert!(b.may_try(at));
+        b.started();
+        b.failed(LoginFailure::Unavailable, t, at + ms(1), RETRY);
+        assert!(!b.may_try(at + ms(2)), "the retry is still under way");
+        b.failed(LoginFailure::Unavailable, at, at + ms(4), RETRY);
+        assert_eq!(b.retry_at(), Some(at + ms(4) + ms(100)));
     }
 
     #[test]
     fn a_rejected_login_resets_the_doubling() {
         let t = Instant::now();
         let mut b = LoginBackoff::default();
-        b.failed(LoginFailure::Unavailable, t, RETRY);
-        b.failed(LoginFailure::Unavailable, t, RETRY);
-        b.failed(LoginFailure::Rejected, t, RETRY);
-        b.failed(LoginFailure::Unavailable, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
+        b.failed(LoginFailure::Rejected, t, t, RETRY);
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
         assert_eq!(b.retry_at(), Some(t + ms(50)));
     }
 }

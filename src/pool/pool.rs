@@ -474,6 +474,7 @@ impl Pool {
     async fn open(self: &Arc<Self>) -> Result<Box<Server>, CheckoutError> {
         let settings = self.settings();
         let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let opening = Opening(self);
         let result = connect::connect(&settings.target, id, settings.server_connect_timeout).await;
         // Ended: the slot is the server's, or given back below.
@@ -509,7 +510,7 @@ impl Pool {
                     let mut g = self.lock();
                     let was_failing = g.login.is_failing();
                     g.login
-                        .failed(kind, Instant::now(), settings.server_login_retry);
+                        .failed(kind, started, Instant::now(), settings.server_login_retry);
                     g.last_login_error = Some(e.to_string());
                     was_failing
                 };
