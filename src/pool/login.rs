@@ -3,11 +3,12 @@
 //!
 //! Two kinds of failure. The server saying it is unavailable (starting up, shutting down,
 //! not listening) passes by itself in a moment: the login is tried again after 50 ms,
-//! doubling per failure up to [`UNAVAILABLE_RETRY_MAX`], and clients wait for it. Any
-//! other failure (wrong password, no such database, a timeout) is cached for
-//! server_login_retry, as PgBouncer does: clients arriving at a pool with no server get the
-//! error at once. Once logins have failed for server_login_retry, unavailable is treated
-//! the same way: clients stop waiting for a server that stays away.
+//! doubling per failure up to [`UNAVAILABLE_RETRY_MAX`], and clients wait for it if it
+//! accepted a login before (it is restarting). Any other failure (wrong password, no such
+//! database, a timeout) is cached for server_login_retry, as PgBouncer does: clients
+//! arriving at a pool with no server get the error at once. Once logins have failed for
+//! server_login_retry, unavailable is treated the same way: clients stop waiting for a
+//! server that stays away.
 use std::time::{Duration, Instant};
 
 /// The first retry after the server said it is unavailable.
@@ -32,6 +33,9 @@ pub enum LoginFailure {
 #[derive(Debug, Default)]
 pub struct LoginBackoff {
     failing: Option<Failing>,
+    /// A login has succeeded before: the server exists, and when it is unavailable it is
+    /// restarting. Until then (a wrong port, say), clients are not kept waiting for it.
+    known_up: bool,
 }
 
 #[derive(Debug)]
@@ -93,6 +97,7 @@ impl LoginBackoff {
     /// A login succeeded: no more waiting.
     pub fn succeeded(&mut self) {
         self.failing = None;
+        self.known_up = true;
     }
 
     /// A login started while failing ended without a result (its client left).
@@ -131,28 +136,30 @@ impl LoginBackoff {
         }
     }
 
-    /// Logins have failed for server_login_retry: the server is not coming back soon.
-    fn settled(f: &Failing, server_login_retry: Duration) -> bool {
-        f.last.saturating_duration_since(f.since) >= server_login_retry
+    /// Clients stop waiting for the server: logins have failed for server_login_retry (it
+    /// is not coming back soon), or it is unavailable and never accepted one.
+    fn settled(&self, f: &Failing, server_login_retry: Duration) -> bool {
+        (f.kind == LoginFailure::Unavailable && !self.known_up)
+            || f.last.saturating_duration_since(f.since) >= server_login_retry
     }
 
     /// Clients arriving at a pool with no server get the last error at once (PgBouncer's
     /// fast fail): within server_login_retry of a rejected login, or until the next retry
-    /// once logins have failed for server_login_retry. While the server is only briefly
-    /// unavailable, they wait for it instead.
+    /// once logins have failed for server_login_retry (or if the server never accepted
+    /// one). While a server that was up is briefly unavailable, they wait for it instead.
     pub fn fails_fast(&self, now: Instant, server_login_retry: Duration) -> bool {
         self.failing.as_ref().is_some_and(|f| {
             now < f.retry_at
-                && (f.kind == LoginFailure::Rejected || Self::settled(f, server_login_retry))
+                && (f.kind == LoginFailure::Rejected || self.settled(f, server_login_retry))
         })
     }
 
     /// Clients waiting at a pool with no server give up with the last error: logins have
-    /// failed for server_login_retry.
+    /// failed for server_login_retry (or the server never accepted one).
     pub fn fails_waiters(&self, server_login_retry: Duration) -> bool {
         self.failing
             .as_ref()
-            .is_some_and(|f| Self::settled(f, server_login_retry))
+            .is_some_and(|f| self.settled(f, server_login_retry))
     }
 }
 
@@ -170,6 +177,13 @@ mod tests {
     use super::*;
 
     const RETRY: Duration = Duration::from_secs(15);
+
+    /// The state of a pool whose server accepted a login before.
+    fn was_up() -> LoginBackoff {
+        let mut b = LoginBackoff::default();
+        b.succeeded();
+        b
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -222,7 +236,7 @@ mod tests {
     #[test]
     fn while_briefly_unavailable_clients_wait_instead_of_failing() {
         let t = Instant::now();
-        let mut b = LoginBackoff::default();
+        let mut b = was_up();
         b.failed(LoginFailure::Unavailable, t, t, RETRY);
         b.failed(LoginFailure::Unavailable, t + ms(50), t + ms(50), RETRY);
         assert!(!b.fails_fast(t + ms(60), RETRY));
@@ -232,7 +246,7 @@ mod tests {
     #[test]
     fn after_server_login_retry_of_unavailable_clients_get_the_error() {
         let t = Instant::now();
-        let mut b = LoginBackoff::default();
+        let mut b = was_up();
         b.failed(LoginFailure::Unavailable, t, t, RETRY);
         b.failed(LoginFailure::Unavailable, t + RETRY, t + RETRY, RETRY);
         let retry_at = b.retry_at().unwrap();
@@ -241,6 +255,18 @@ mod tests {
         // The server is still tried at the short interval.
         assert!(retry_at - (t + RETRY) <= UNAVAILABLE_RETRY_MAX);
         assert!(!b.fails_fast(retry_at, RETRY));
+    }
+
+    #[test]
+    fn a_server_that_never_accepted_a_login_is_not_waited_for() {
+        let t = Instant::now();
+        let mut b = LoginBackoff::default();
+        b.failed(LoginFailure::Unavailable, t, t, RETRY);
+        assert!(b.fails_waiters(RETRY));
+        assert!(b.fails_fast(t + ms(10), RETRY));
+        // Still retried soon: PostgreSQL may be starting up along with pgcarpool.
+        assert_eq!(b.retry_at(), Some(t + ms(50)));
+        assert!(!b.fails_fast(t + ms(50), RETRY));
     }
 
     #[test]
