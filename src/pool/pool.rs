@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, oneshot};
 
+use super::login::{LoginBackoff, LoginFailure};
 use super::{Limit, PooledServer};
 use crate::config::PoolMode;
 use crate::net::conn::ConnError;
@@ -51,6 +53,28 @@ pub enum CheckoutError {
     WaitTimeout,
     #[error(transparent)]
     Server(#[from] ServerError),
+}
+
+/// How a wait in line ended (other than with an error).
+enum Waited {
+    /// A server handed over, checked and counted active.
+    Server(Box<Server>),
+    /// Room for one new connection, counted: open it.
+    Open,
+    /// Nothing after all (the server handed over was closed): look again.
+    Again,
+}
+
+/// A server login under way. Dropped before the login ends (its client left), it gives
+/// the slot back and lets another try.
+struct Opening<'a>(&'a Arc<Pool>);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.lock().login.abandoned();
+        self.0.release_slot();
+        self.0.login_changed.notify_waiters();
+    }
 }
 
 /// What a waiter is handed.
@@ -113,8 +137,8 @@ struct Inner {
     session_template: Option<Arc<Params>>,
     /// The same for the parameters of clients' startup packets.
     startup_template: Option<Arc<Params>>,
-    /// Login failed at this time: do not retry before server_login_retry.
-    login_failed_at: Option<Instant>,
+    /// Failed logins since the last successful one: when to try again, who waits.
+    login: LoginBackoff,
     last_login_error: Option<String>,
     /// RECONNECT: servers created before this are closed when they come back.
     close_before: Option<Instant>,
@@ -129,6 +153,9 @@ pub struct Pool {
     user_limit: Arc<Limit>,
     next_server_id: AtomicU64,
     pub stats: PoolStats,
+    /// Woken when a login fails or succeeds (or is abandoned): waiters look again at when
+    /// to retry, or whether to give up.
+    login_changed: Notify,
 }
 
 enum Step {
@@ -189,7 +216,7 @@ impl Pool {
                 server_params: None,
                 session_template: None,
                 startup_template: None,
-                login_failed_at: None,
+                login: LoginBackoff::default(),
                 last_login_error: None,
                 close_before: None,
             }),
@@ -197,6 +224,7 @@ impl Pool {
             user_limit,
             next_server_id: AtomicU64::new(1),
             stats: PoolStats::default(),
+            login_changed: Notify::new(),
         })
     }
 
@@ -286,68 +314,99 @@ impl Pool {
         let start = Instant::now();
         let mut reserve_ok = false;
         loop {
-            match self.step(reserve_ok) {
-                Step::Idle(s) => {
-                    if let Some(s) = self.prepare_idle(s).await {
-                        return Ok(PooledServer::new(s, self.clone()));
-                    }
-                }
-                Step::Connect => {
-                    return self
-                        .open()
-                        .await
-                        .map(|s| PooledServer::new(s, self.clone()));
-                }
-                Step::Wait(mut ticket) => loop {
-                    // Keep this place in line until served, timed out, or the reserve pool
-                    // (or a login retry) lets this waiter open a server itself.
-                    let settings = self.settings();
-                    let reserve_at = (!reserve_ok && settings.reserve_pool_size > 0)
-                        .then(|| start + settings.reserve_pool_timeout);
-                    // A retry time already past wakes nobody: waking on it would spin.
-                    let retry_at = self
-                        .lock()
-                        .login_failed_at
-                        .map(|t| t + settings.server_login_retry)
-                        .filter(|t| *t > Instant::now());
-                    let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
-                    tokio::select! {
-                        g = &mut ticket.rx => {
-                            ticket.served = true;
-                            match g {
-                                Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
-                                    Some(s) => return Ok(PooledServer::new(s, self.clone())),
-                                    None => break,
-                                },
-                                Ok(Grant::Slot) => return self.open().await.map(|s| PooledServer::new(s, self.clone())),
-                                Err(_) => break,
-                            }
-                        },
-                        _ = sleep_until(wake_at) => {
-                            if reserve_at.is_some_and(|t| Instant::now() >= t) {
-                                reserve_ok = true;
-                            }
-                            if self.try_slot(reserve_ok) {
-                                // Leaving the line hands back anything granted meanwhile.
-                                drop(ticket);
-                                return self.open().await.map(|s| PooledServer::new(s, self.clone()));
-                            }
-                        }
-                        _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
-                    }
+            let opened = match self.step(reserve_ok) {
+                Step::Idle(s) => match self.prepare_idle(s).await {
+                    Some(s) => return Ok(PooledServer::new(s, self.clone())),
+                    None => continue,
                 },
+                Step::Connect => self.open().await,
+                Step::Wait(ticket) => {
+                    match self.wait(ticket, start, deadline, &mut reserve_ok).await? {
+                        Waited::Server(s) => return Ok(PooledServer::new(s, self.clone())),
+                        Waited::Open => self.open().await,
+                        Waited::Again => continue,
+                    }
+                }
+            };
+            match opened {
+                Ok(s) => return Ok(PooledServer::new(s, self.clone())),
+                // The server is briefly unavailable (restarting): back in line for the
+                // next try rather than an error.
+                Err(CheckoutError::Server(e)) if !self.gives_up_after(&e) => {}
+                Err(e) => return Err(e),
             }
         }
     }
 
-    /// Fast fail (as PgBouncer): the last login failed less than server_login_retry ago and
-    /// the pool has no server at all, so a client would only wait for the retry. The error.
+    /// Keep a place in line until served, timed out, or allowed to open a server itself
+    /// (the reserve pool, or a login retry); give up once logins have failed for
+    /// server_login_retry and the pool has no server.
+    async fn wait(
+        self: &Arc<Self>,
+        mut ticket: Ticket,
+        start: Instant,
+        deadline: Option<Instant>,
+        reserve_ok: &mut bool,
+    ) -> Result<Waited, CheckoutError> {
+        loop {
+            // Created before the state is read: a login ending after the read wakes it.
+            let changed = self.login_changed.notified();
+            let settings = self.settings();
+            let reserve_at = (!*reserve_ok && settings.reserve_pool_size > 0)
+                .then(|| start + settings.reserve_pool_timeout);
+            let retry_at = {
+                let g = self.lock();
+                if g.total == 0 && g.login.fails_waiters(settings.server_login_retry) {
+                    let why = g.last_login_error.clone().unwrap_or_default();
+                    return Err(ServerError::LoginFailing(why).into());
+                }
+                // A retry time already past wakes nobody: waking on it would spin.
+                g.login.retry_at().filter(|t| *t > Instant::now())
+            };
+            let wake_at = [reserve_at, retry_at].into_iter().flatten().min();
+            tokio::select! {
+                g = &mut ticket.rx => {
+                    ticket.served = true;
+                    return Ok(match g {
+                        Ok(Grant::Server(s)) => match self.prepare_idle(s).await {
+                            Some(s) => Waited::Server(s),
+                            None => Waited::Again,
+                        },
+                        Ok(Grant::Slot) => Waited::Open,
+                        Err(_) => Waited::Again,
+                    });
+                },
+                _ = sleep_until_or(wake_at, changed) => {
+                    if reserve_at.is_some_and(|t| Instant::now() >= t) {
+                        *reserve_ok = true;
+                    }
+                    if self.try_slot(*reserve_ok) {
+                        // Leaving the line hands back anything granted meanwhile.
+                        drop(ticket);
+                        return Ok(Waited::Open);
+                    }
+                }
+                _ = sleep_until(deadline) => return Err(CheckoutError::WaitTimeout),
+            }
+        }
+    }
+
+    /// Fast fail (as PgBouncer): the pool has no server at all and its last login failed in
+    /// a way that makes waiting pointless (see [`LoginBackoff::fails_fast`]). The error.
     fn login_failing(&self) -> Option<String> {
         let g = self.lock();
-        let recent = g
-            .login_failed_at
-            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry);
-        (recent && g.total == 0).then(|| g.last_login_error.clone().unwrap_or_default())
+        let fails = g.total == 0
+            && g.login
+                .fails_fast(Instant::now(), g.settings.server_login_retry);
+        fails.then(|| g.last_login_error.clone().unwrap_or_default())
+    }
+
+    /// Whether a client whose own login failed with `e` gets the error, or waits for the
+    /// next try: it waits while the server is unavailable, until logins have failed for
+    /// server_login_retry.
+    fn gives_up_after(&self, e: &ServerError) -> bool {
+        let g = self.lock();
+        !e.is_unavailable() || g.login.fails_waiters(g.settings.server_login_retry)
     }
 
     /// Room for one new connection for a waiter, counted if granted.
@@ -385,9 +444,7 @@ impl Pool {
 
     /// Count one more server if the pool, its database and its user have room.
     fn may_open(&self, g: &mut Inner, reserve_ok: bool) -> bool {
-        if g.login_failed_at
-            .is_some_and(|t| t.elapsed() < g.settings.server_login_retry)
-        {
+        if !g.login.may_try(Instant::now()) {
             return false;
         }
         let cap = g.settings.pool_size
@@ -406,33 +463,65 @@ impl Pool {
             self.db_limit.release();
             return false;
         }
+        g.login.started();
         g.total += 1;
         g.active += 1;
         true
     }
 
-    /// Open a server for a slot already counted. On failure the slot is given back.
+    /// Open a server for a slot already counted. On failure, or when dropped before the
+    /// login ends (its client left), the slot is given back.
     async fn open(self: &Arc<Self>) -> Result<Box<Server>, CheckoutError> {
         let settings = self.settings();
         let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
-        match connect::connect(&settings.target, id, settings.server_connect_timeout).await {
+        let started = Instant::now();
+        let opening = Opening(self);
+        let result = connect::connect(&settings.target, id, settings.server_connect_timeout).await;
+        // Ended: the slot is the server's, or given back below.
+        std::mem::forget(opening);
+        match result {
             Ok(s) => {
-                let mut g = self.lock();
-                g.login_failed_at = None;
-                g.last_login_error = None;
-                if g.server_params.is_none() {
-                    g.server_params = Some(s.login_params.clone());
+                let failing_since = {
+                    let mut g = self.lock();
+                    let since = g.login.failing_since();
+                    g.login.succeeded();
+                    g.last_login_error = None;
+                    if g.server_params.is_none() {
+                        g.server_params = Some(s.login_params.clone());
+                    }
+                    since
+                };
+                if let Some(since) = failing_since {
+                    tracing::info!(db = %self.db, user = %self.user,
+                        "server login succeeded after failing for {:?}", since.elapsed());
+                    self.login_changed.notify_waiters();
+                    // The clients that waited get room for their own servers at once.
+                    self.grant_waiters();
                 }
                 Ok(Box::new(s))
             }
             Err(e) => {
-                tracing::warn!(db = %self.db, user = %self.user, "server login failed: {e}");
-                {
+                let kind = if e.is_unavailable() {
+                    LoginFailure::Unavailable
+                } else {
+                    LoginFailure::Rejected
+                };
+                let was_failing = {
                     let mut g = self.lock();
-                    g.login_failed_at = Some(Instant::now());
+                    let was_failing = g.login.is_failing();
+                    g.login
+                        .failed(kind, started, Instant::now(), settings.server_login_retry);
                     g.last_login_error = Some(e.to_string());
+                    was_failing
+                };
+                // Retries while the server is unavailable are frequent: one warning.
+                if was_failing && kind == LoginFailure::Unavailable {
+                    tracing::debug!(db = %self.db, user = %self.user, "server login failed: {e}");
+                } else {
+                    tracing::warn!(db = %self.db, user = %self.user, "server login failed: {e}");
                 }
                 self.release_slot();
+                self.login_changed.notify_waiters();
                 Err(e.into())
             }
         }
@@ -641,9 +730,7 @@ impl Pool {
             }
             g.idle = keep;
             g.total = total;
-            let login_blocked = g
-                .login_failed_at
-                .is_some_and(|t| t.elapsed() < s.server_login_retry);
+            let login_blocked = !g.login.may_try(now);
             open_needed = if login_blocked || g.paused {
                 0
             } else {
@@ -850,6 +937,14 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
+/// Until `t` (never if None) or until `changed` fires.
+async fn sleep_until_or(t: Option<Instant>, changed: Notified<'_>) {
+    tokio::select! {
+        _ = sleep_until(t) => {}
+        _ = changed => {}
+    }
+}
+
 /// An idle server must have nothing to say: any byte or EOF means it is gone or broken.
 fn is_alive(s: &mut Server) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
@@ -887,6 +982,76 @@ mod tests {
             since,
             worker,
         }
+    }
+
+    /// Settings for a pool of `pool_size` whose server is at 127.0.0.1:`port`.
+    fn settings(port: u16, pool_size: usize) -> PoolSettings {
+        let secs = Duration::from_secs;
+        PoolSettings {
+            mode: PoolMode::Transaction,
+            pool_size,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: secs(5),
+            max_db_connections: 0,
+            max_user_connections: 0,
+            server_lifetime: secs(3600),
+            server_idle_timeout: secs(600),
+            server_connect_timeout: secs(15),
+            server_login_retry: secs(15),
+            server_check_delay: secs(30),
+            server_check_query: None,
+            server_reset_query: String::new(),
+            server_reset_query_always: false,
+            server_round_robin: false,
+            cancel_wait_timeout: secs(10),
+            query_wait_timeout: secs(120),
+            max_prepared_statements: 0,
+            pin_error: false,
+            pin_pool_size: 0,
+            target: ServerTarget {
+                addr: crate::server::ServerAddr::Tcp {
+                    host: "127.0.0.1".into(),
+                    port,
+                },
+                dbname: "db".into(),
+                user: "user".into(),
+                credential: Default::default(),
+                startup_params: Vec::new(),
+                connect_query: None,
+                scram_cache: None,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_leaving_during_a_server_login_gives_its_slot_back() {
+        // Accepts connections (the kernel does) and never answers: the login hangs.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let db_limit = Arc::new(Limit::default());
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(port, 1),
+            db_limit.clone(),
+            Arc::new(Limit::default()),
+        );
+        let p = pool.clone();
+        let client = tokio::spawn(async move { p.checkout(None).await.map(|_| ()) });
+        // The login is under way once the pool counts its server.
+        let until = Instant::now() + Duration::from_secs(5);
+        while pool.counts().total == 0 {
+            assert!(Instant::now() < until, "no login started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(db_limit.count(), 1);
+        client.abort();
+        assert!(client.await.unwrap_err().is_cancelled());
+        assert_eq!(pool.counts().total, 0);
+        assert_eq!(pool.counts().active, 0);
+        assert_eq!(db_limit.count(), 0);
+        drop(silent);
     }
 
     #[test]

@@ -202,11 +202,68 @@ pub enum ServerError {
 }
 
 impl ServerError {
+    /// A login that failed this way may succeed in a moment: the server is starting up or
+    /// shutting down (57P03, or 57P01/57P02 as it ends the session), or nothing listens at
+    /// its address (refused, reset, no Unix socket). Other failures (28P01, 3D000, a
+    /// timeout…) would most likely repeat.
+    pub fn is_unavailable(&self) -> bool {
+        use std::io::ErrorKind as K;
+        let gone = |k: K| {
+            matches!(
+                k,
+                K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted | K::NotFound
+            )
+        };
+        match self {
+            ServerError::Rejected(e) => matches!(e.code.as_str(), "57P01" | "57P02" | "57P03"),
+            ServerError::Connect(e) => gone(e.kind()),
+            ServerError::Conn(crate::net::conn::ConnError::Closed) => true,
+            ServerError::Conn(crate::net::conn::ConnError::Io(e)) => {
+                gone(e.kind()) || e.kind() == K::BrokenPipe
+            }
+            _ => false,
+        }
+    }
+
     /// The SQLSTATE and message a client should see.
     pub fn client_error(&self) -> (String, String) {
         match self {
             ServerError::Rejected(e) => (e.code.clone(), e.message.clone()),
             other => ("08006".to_string(), other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    fn rejected(code: &str) -> ServerError {
+        ServerError::Rejected(ErrorFields {
+            severity: "FATAL".into(),
+            code: code.into(),
+            message: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_server_starting_up_shutting_down_or_not_listening_is_unavailable() {
+        for code in ["57P01", "57P02", "57P03"] {
+            assert!(rejected(code).is_unavailable(), "{code}");
+        }
+        assert!(ServerError::Connect(Error::from(ErrorKind::ConnectionRefused)).is_unavailable());
+        assert!(ServerError::Connect(Error::from(ErrorKind::NotFound)).is_unavailable());
+        assert!(ServerError::Conn(crate::net::conn::ConnError::Closed).is_unavailable());
+    }
+
+    #[test]
+    fn other_login_failures_are_not_unavailable() {
+        for code in ["28P01", "3D000", "28000", "53300"] {
+            assert!(!rejected(code).is_unavailable(), "{code}");
+        }
+        assert!(!ServerError::Timeout.is_unavailable());
+        assert!(!ServerError::Login("unsupported server auth method 7".into()).is_unavailable());
+        assert!(!ServerError::Connect(Error::from(ErrorKind::PermissionDenied)).is_unavailable());
     }
 }
