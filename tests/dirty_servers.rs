@@ -29,6 +29,19 @@ fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
     })
 }
 
+/// The error query_timeout gives the client: FATAL 08P01 `query_timeout` (PgBouncer's
+/// disconnect code and the setting's name).
+fn assert_query_timeout(err: &tokio_postgres::Error) {
+    let db = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("no error from the pooler: {err:?}"));
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08P01", "query_timeout"),
+        "{err:?}"
+    );
+}
+
 async fn rows_table(pg: &TempPostgres, rows: u32) {
     pg.psql_in(
         "testdb",
@@ -553,7 +566,8 @@ async fn query_timeout_ends_the_query_and_cleans_the_server() {
     )
     .await
     .expect("query_timeout did not end the query within 5 s");
-    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    let err = r.expect_err("a 10 s query outlived query_timeout = 1");
+    assert_query_timeout(&err);
     eprintln!("query_timeout after {:?}", started.elapsed());
     assert!(
         eventually(Duration::from_secs(2), || async {
@@ -586,7 +600,8 @@ async fn query_timeout_applies_to_later_queries_of_a_session() {
     )
     .await
     .expect("query_timeout did not end the query within 5 s");
-    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    let err = r.expect_err("a 10 s query outlived query_timeout = 1");
+    assert_query_timeout(&err);
     let next = p.connect("md5user", "testdb").await;
     let row = next.query_one("select 12", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 12);

@@ -260,14 +260,32 @@ async fn os_user_of_the_pooler_reaches_the_console_over_the_unix_socket() {
         "host={sock_dir} port={} user=md5user dbname=pgbouncer",
         p.port()
     );
-    assert!(try_connect(&dsn).await.is_err());
+    assert_not_admin(&dsn, "md5user").await;
     // Nor is `pgbouncer` over TCP.
     let dsn = format!(
         "host=127.0.0.1 port={} user=pgbouncer dbname=pgbouncer",
         p.port()
     );
-    assert!(try_connect(&dsn).await.is_err());
+    assert_not_admin(&dsn, "pgbouncer").await;
     p.shutdown().await;
+}
+
+/// A login to the console at `dsn` is refused: 28000, naming `user`.
+async fn assert_not_admin(dsn: &str, user: &str) {
+    let e = try_connect(dsn)
+        .await
+        .expect_err("let into the admin console");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a refusal from the pooler: {e:?}"));
+    assert_eq!(
+        (db.code().code(), db.message()),
+        (
+            "28000",
+            format!("not allowed to connect to the admin console: {user}").as_str()
+        ),
+        "{e:?}"
+    );
 }
 
 /// (sv_active, cl_waiting) of md5user's pool.
