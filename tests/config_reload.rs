@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use harness::process::{BIN, PoolerProcess, ProcessDir};
 use harness::{
     Observer, TempPostgres, TestPooler, TestPoolerBuilder, cl_waiting, dsn_for, eventually,
-    try_connect,
+    try_connect, wait_for,
 };
 
 /// A pgbouncer.ini that cannot start (written as is), for the tests of refused starts.
@@ -19,6 +19,33 @@ fn refused_ini(extra: &str) -> ProcessDir {
         "[databases]\n* = host=127.0.0.1 port=1\n\n[pgbouncer]\n\
          listen_addr = 127.0.0.1\nlisten_port = 0\nunix_socket_dir =\nauth_type = trust\n{extra}"
     ))
+}
+
+type Query =
+    tokio::task::JoinHandle<Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error>>;
+
+/// After SIGUSR1: run queries on `c` until one is held back, as SHOW POOLS shows (a
+/// waiting md5user client on testdb); returns that query, still waiting. Queries that ran
+/// before the pause took hold must have succeeded.
+async fn query_held_back(c: &Arc<tokio_postgres::Client>, admin: &tokio_postgres::Client) -> Query {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c2 = c.clone();
+        let q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
+        wait_for(
+            "the query ran or waits",
+            Duration::from_secs(10),
+            || async { q.is_finished() || cl_waiting(admin, "testdb", "md5user").await == 1 },
+        )
+        .await;
+        if !q.is_finished() {
+            return q;
+        }
+        q.await
+            .unwrap()
+            .expect("a query before the pause took hold");
+        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
+    }
 }
 
 #[test]
@@ -154,18 +181,10 @@ async fn sigusr1_pauses_and_sigusr2_resumes() {
             .await;
     let c = Arc::new(p.connect("md5user").await);
     c.simple_query("select 1").await.unwrap();
+    let admin = p.console().await;
     p.signal(libc::SIGUSR1);
     // Once the pause is in force, a new query waits.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut waiting = loop {
-        let c2 = c.clone();
-        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
-        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
-            Ok(r) => r.unwrap().map(drop).unwrap(),
-            Err(_) => break q,
-        }
-        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
-    };
+    let mut waiting = query_held_back(&c, &admin).await;
     assert!(!waiting.is_finished());
     p.signal(libc::SIGUSR2);
     let resumed = tokio::time::timeout(Duration::from_secs(2), &mut waiting)
@@ -325,18 +344,10 @@ async fn sigusr1_lets_open_transactions_finish() {
     let other = Arc::new(p.connect("md5user").await);
     in_tx.simple_query("begin; select 1").await.unwrap();
     other.simple_query("select 1").await.unwrap();
+    let admin = p.console().await;
     p.signal(libc::SIGUSR1);
     // Wait until the pause holds new work back.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut waiting = loop {
-        let c2 = other.clone();
-        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
-        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
-            Ok(r) => r.unwrap().map(drop).unwrap(),
-            Err(_) => break q,
-        }
-        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
-    };
+    let mut waiting = query_held_back(&other, &admin).await;
     // The transaction that holds a server goes on and ends.
     in_tx.simple_query("select 2").await.unwrap();
     in_tx.simple_query("commit").await.unwrap();

@@ -356,6 +356,13 @@ impl PoolerProcess {
             .unwrap_or_else(|e| panic!("connect through pgcarpool: {e}\n{}", self.log()))
     }
 
+    /// The admin console (database `pgbouncer`) as `postgres`.
+    pub async fn console(&self) -> tokio_postgres::Client {
+        try_connect(&dsn_for(self.port, "postgres", "pgbouncer"))
+            .await
+            .unwrap_or_else(|e| panic!("connect to the admin console: {e}\n{}", self.log()))
+    }
+
     /// What pgcarpool wrote to stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
