@@ -5,12 +5,12 @@ mod harness;
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::process::{BIN, PoolerProcess, ProcessDir};
 use harness::{
-    Observer, TempPostgres, TestPooler, TestPoolerBuilder, cl_waiting, dsn_for, eventually,
-    try_connect, wait_for,
+    Observer, TempPostgres, TestPooler, TestPoolerBuilder, cl_waiting, console_value, dsn_for,
+    eventually, try_connect, wait_for,
 };
 
 /// A pgbouncer.ini that cannot start (written as is), for the tests of refused starts.
@@ -24,28 +24,30 @@ fn refused_ini(extra: &str) -> ProcessDir {
 type Query =
     tokio::task::JoinHandle<Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error>>;
 
-/// After SIGUSR1: run queries on `c` until one is held back, as SHOW POOLS shows (a
-/// waiting md5user client on testdb); returns that query, still waiting. Queries that ran
-/// before the pause took hold must have succeeded.
+/// After SIGUSR1: wait until the console shows testdb paused, then start a query on `c`
+/// and wait until SHOW POOLS shows it waiting; returns it, still waiting.
 async fn query_held_back(c: &Arc<tokio_postgres::Client>, admin: &tokio_postgres::Client) -> Query {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let c2 = c.clone();
-        let q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
-        wait_for(
-            "the query ran or waits",
-            Duration::from_secs(10),
-            || async { q.is_finished() || cl_waiting(admin, "testdb", "md5user").await == 1 },
-        )
-        .await;
-        if !q.is_finished() {
-            return q;
-        }
-        q.await
-            .unwrap()
-            .expect("a query before the pause took hold");
-        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
-    }
+    wait_for(
+        "SHOW DATABASES: testdb paused",
+        Duration::from_secs(10),
+        || async {
+            console_value(admin, "DATABASES", &[("name", "testdb")], "paused")
+                .await
+                .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    let c2 = c.clone();
+    let q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
+    wait_for(
+        "the query waiting in SHOW POOLS",
+        Duration::from_secs(10),
+        || async { cl_waiting(admin, "testdb", "md5user").await == 1 },
+    )
+    .await;
+    assert!(!q.is_finished(), "a query ran while paused");
+    q
 }
 
 #[test]
