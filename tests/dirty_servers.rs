@@ -288,7 +288,7 @@ async fn trust_pooler(pg: &TempPostgres) -> TestPooler {
 
 /// After a raw client vanished: no trustuser backend is busy, and the pool still serves.
 async fn pool_still_clean(pg: &TempPostgres, p: &TestPooler) {
-    let obs = Observer::new(&pg).await;
+    let obs = Observer::new(pg).await;
     let idle = eventually(Duration::from_secs(2), || async {
         obs.busy("trustuser").await == 0
     })
