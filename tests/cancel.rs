@@ -5,31 +5,65 @@ mod harness;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler};
-use tokio::io::AsyncWriteExt;
+use harness::{Observer, TempPostgres, TestPooler, eventually, wait_for};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Wait (bounded) until PostgreSQL runs `n` active queries containing `needle` for md5user.
-async fn wait_running(monitor: &tokio_postgres::Client, needle: &str, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let running: i64 = monitor
-            .query_one(
-                "select count(*) from pg_stat_activity where usename = 'md5user' \
-                 and state = 'active' and strpos(query, $1) > 0",
-                &[&needle],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if running == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{running} queries like {needle}, wanted {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn wait_running(obs: &Observer, needle: &str, n: i64) {
+    wait_for(
+        &format!("{n} running queries like {needle}"),
+        Duration::from_secs(10),
+        || async { obs.running("md5user", needle).await == n },
+    )
+    .await;
+}
+
+/// Send `token`'s CancelRequest and wait until pgcarpool closes the cancel connection: it
+/// does so once it has handled the request (forwarded it and PostgreSQL closed its cancel
+/// connection, i.e. signalled the backend; or ignored it).
+async fn cancel_and_wait(token: &tokio_postgres::CancelToken, p: &TestPooler) {
+    let mut sock = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    token
+        .cancel_query_raw(&mut sock, tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut rest))
+        .await
+        .expect("the cancel connection was not closed")
+        .expect("read the cancel connection");
+    assert!(
+        rest.is_empty(),
+        "a cancel connection was answered: {rest:?}"
+    );
+}
+
+/// `task` (a query a cancel must not reach) is still running a while after such a cancel
+/// was handled: a forwarded cancel ends a pg_sleep within milliseconds.
+async fn still_running<T>(what: &str, task: &tokio::task::JoinHandle<T>) {
+    let ended = eventually(Duration::from_millis(500), || async { task.is_finished() }).await;
+    assert!(
+        !ended,
+        "{what} ended after a cancel meant for no one running it"
+    );
+}
+
+/// Cancel the query behind `token` for real and check it ends with 57014 (query_canceled):
+/// only a cancel can end a 30 s pg_sleep within the test.
+async fn cancel_ends<T: std::fmt::Debug>(
+    token: &tokio_postgres::CancelToken,
+    task: tokio::task::JoinHandle<Result<T, tokio_postgres::Error>>,
+) {
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the query still runs 5 s after its cancel")
+        .unwrap();
+    let err = result.expect_err("the cancelled query succeeded");
+    assert_eq!(harness::sqlstate(&err), Some("57014"), "{err:?}");
 }
 
 async fn pooler(pg: &TempPostgres) -> TestPooler {
@@ -44,7 +78,7 @@ async fn pooler(pg: &TempPostgres) -> TestPooler {
 async fn cancel_ends_the_running_query_with_57014() {
     let pg = TempPostgres::start();
     let p = pooler(&pg).await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
     let token = c.cancel_token();
     let long = tokio::spawn(async move { c.simple_query("select pg_sleep(10)").await });
@@ -68,18 +102,19 @@ async fn cancel_ends_the_running_query_with_57014() {
 async fn cancel_leaves_other_clients_queries_alone() {
     let pg = TempPostgres::start();
     let p = pooler(&pg).await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let victim = p.connect("md5user", "testdb").await;
     let bystander = p.connect("md5user", "testdb").await;
     let token = victim.cancel_token();
+    let bystander_token = bystander.cancel_token();
     let long = tokio::spawn(async move { victim.simple_query("select pg_sleep(10)").await });
-    let short = tokio::spawn(async move {
+    let other = tokio::spawn(async move {
         bystander
-            .simple_query("select pg_sleep(1.5), 'bystander'")
+            .simple_query("select pg_sleep(30), 'bystander'")
             .await
     });
     wait_running(&monitor, "pg_sleep(10)", 1).await;
-    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
+    wait_running(&monitor, "pg_sleep(30)", 1).await;
     token
         .cancel_query(tokio_postgres::NoTls)
         .await
@@ -92,11 +127,8 @@ async fn cancel_leaves_other_clients_queries_alone() {
         cancelled.err().as_ref().and_then(harness::sqlstate),
         Some("57014")
     );
-    let other = tokio::time::timeout(Duration::from_secs(10), short)
-        .await
-        .expect("the bystander's query never finished")
-        .unwrap();
-    other.expect("the bystander's query was cancelled too");
+    still_running("the bystander's query", &other).await;
+    cancel_ends(&bystander_token, other).await;
     p.shutdown().await;
 }
 
@@ -104,10 +136,11 @@ async fn cancel_leaves_other_clients_queries_alone() {
 async fn cancel_with_an_unknown_key_is_ignored() {
     let pg = TempPostgres::start();
     let p = pooler(&pg).await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
-    let running = tokio::spawn(async move { c.simple_query("select pg_sleep(1.5), 'kept'").await });
-    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move { c.simple_query("select pg_sleep(30), 'kept'").await });
+    wait_running(&monitor, "pg_sleep(30)", 1).await;
     // CancelRequest: length 16, code 80877102, a process id and key nobody was given.
     let mut msg = Vec::with_capacity(16);
     msg.extend_from_slice(&16i32.to_be_bytes());
@@ -116,20 +149,14 @@ async fn cancel_with_an_unknown_key_is_ignored() {
     msg.extend_from_slice(&0x0bad_cafei32.to_be_bytes());
     let mut sock = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     sock.write_all(&msg).await.unwrap();
-    // The pooler closes a cancel connection without answering.
+    // The pooler closes a cancel connection without answering, once it has handled it.
     let mut rest = Vec::new();
-    let read = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::io::AsyncReadExt::read_to_end(&mut sock, &mut rest),
-    )
-    .await
-    .expect("the cancel connection was not closed");
-    assert!(read.is_ok() && rest.is_empty(), "{read:?} {rest:?}");
-    let result = tokio::time::timeout(Duration::from_secs(10), running)
+    let read = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut rest))
         .await
-        .expect("the query never finished")
-        .unwrap();
-    result.expect("a cancel with an unknown key cancelled a query");
+        .expect("the cancel connection was not closed");
+    assert!(read.is_ok() && rest.is_empty(), "{read:?} {rest:?}");
+    still_running("the query", &running).await;
+    cancel_ends(&token, running).await;
     p.shutdown().await;
 }
 
@@ -142,22 +169,17 @@ async fn cancel_from_an_idle_client_does_not_hit_the_next_user_of_its_server() {
         .setting("default_pool_size", "1")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let idle = p.connect("md5user", "testdb").await;
     idle.simple_query("select 1").await.unwrap();
     let busy = p.connect("md5user", "testdb").await;
+    let busy_token = busy.cancel_token();
     let running =
-        tokio::spawn(async move { busy.simple_query("select pg_sleep(1.5), 'busy'").await });
-    wait_running(&monitor, "pg_sleep(1.5)", 1).await;
-    idle.cancel_token()
-        .cancel_query(tokio_postgres::NoTls)
-        .await
-        .expect("send cancel");
-    let result = tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("the query never finished")
-        .unwrap();
-    result.expect("an idle client's cancel cancelled another client's query");
+        tokio::spawn(async move { busy.simple_query("select pg_sleep(30), 'busy'").await });
+    wait_running(&monitor, "pg_sleep(30)", 1).await;
+    cancel_and_wait(&idle.cancel_token(), &p).await;
+    still_running("the busy client's query", &running).await;
+    cancel_ends(&busy_token, running).await;
     p.shutdown().await;
 }
 
@@ -169,7 +191,7 @@ async fn cancel_works_in_session_mode() {
         .setting("default_pool_size", "2")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
     let token = c.cancel_token();
     let long = tokio::spawn(async move {

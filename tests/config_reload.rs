@@ -5,17 +5,13 @@ mod harness;
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::process::{BIN, PoolerProcess, ProcessDir};
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, try_connect};
-
-/// The test pooler config for `pg` with `extra` settings in [pgbouncer].
-fn spec(pg: &TempPostgres, extra: &[(&str, &str)]) -> TestPoolerBuilder {
-    extra
-        .iter()
-        .fold(TestPooler::builder(pg), |b, (k, v)| b.setting(k, v))
-}
+use harness::{
+    Observer, TempPostgres, TestPooler, TestPoolerBuilder, cl_waiting, console_value, dsn_for,
+    eventually, try_connect, wait_for,
+};
 
 /// A pgbouncer.ini that cannot start (written as is), for the tests of refused starts.
 fn refused_ini(extra: &str) -> ProcessDir {
@@ -25,30 +21,33 @@ fn refused_ini(extra: &str) -> ProcessDir {
     ))
 }
 
-/// SHOW POOLS' cl_waiting for md5user on testdb.
-async fn cl_waiting(admin: &tokio_postgres::Client) -> i64 {
-    for m in admin.simple_query("show pools").await.unwrap() {
-        if let tokio_postgres::SimpleQueryMessage::Row(r) = m
-            && r.get("database") == Some("testdb")
-            && r.get("user") == Some("md5user")
-        {
-            return r.get("cl_waiting").unwrap().parse().unwrap();
-        }
-    }
-    0
-}
+type Query =
+    tokio::task::JoinHandle<Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error>>;
 
-/// md5user's client backends as PostgreSQL sees them.
-async fn backends(monitor: &tokio_postgres::Client) -> i64 {
-    monitor
-        .query_one(
-            "select count(*) from pg_stat_activity where usename = 'md5user' \
-             and backend_type = 'client backend'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
+/// After SIGUSR1: wait until the console shows testdb paused, then start a query on `c`
+/// and wait until SHOW POOLS shows it waiting; returns it, still waiting.
+async fn query_held_back(c: &Arc<tokio_postgres::Client>, admin: &tokio_postgres::Client) -> Query {
+    wait_for(
+        "SHOW DATABASES: testdb paused",
+        Duration::from_secs(10),
+        || async {
+            console_value(admin, "DATABASES", &[("name", "testdb")], "paused")
+                .await
+                .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    let c2 = c.clone();
+    let q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
+    wait_for(
+        "the query waiting in SHOW POOLS",
+        Duration::from_secs(10),
+        || async { cl_waiting(admin, "testdb", "md5user").await == 1 },
+    )
+    .await;
+    assert!(!q.is_finished(), "a query ran while paused");
+    q
 }
 
 #[test]
@@ -67,12 +66,12 @@ fn bad_config_line_is_reported_with_file_and_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_changes_the_pool_size_live() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(
-        &pg,
-        &[("pool_mode", "transaction"), ("default_pool_size", "2")],
-    ))
+    let mut p = PoolerProcess::start(
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "2")]),
+    )
     .await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     // Four clients each open a transaction: two get servers, two wait.
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -87,26 +86,24 @@ async fn sighup_changes_the_pool_size_live() {
     };
     assert!(
         eventually(Duration::from_secs(10), || async {
-            backends(&monitor).await == 2 && done(&tasks) == 2
+            monitor.backends("md5user").await == 2 && done(&tasks) == 2
         })
         .await,
         "expected 2 backends and 2 clients in transactions"
     );
     p.dir.rewrite(|_| {
-        spec(
-            &pg,
-            &[("pool_mode", "transaction"), ("default_pool_size", "4")],
-        )
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "4")])
     });
     p.signal(libc::SIGHUP);
     let grew = eventually(Duration::from_secs(5), || async {
-        backends(&monitor).await == 4 && done(&tasks) == 4
+        monitor.backends("md5user").await == 4 && done(&tasks) == 4
     })
     .await;
     assert!(
         grew,
         "after SIGHUP: {} backends, {} clients served",
-        backends(&monitor).await,
+        monitor.backends("md5user").await,
         done(&tasks)
     );
     // The clients connected before the reload keep working.
@@ -121,7 +118,8 @@ async fn sighup_changes_the_pool_size_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_clients_to_leave() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(&pg, &[("pool_mode", "session")])).await;
+    let mut p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "session")])).await;
     let c = p.connect("md5user").await;
     c.simple_query("select 1").await.unwrap();
     p.signal(libc::SIGTERM);
@@ -140,7 +138,9 @@ async fn sigterm_waits_for_clients_to_leave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_waits_for_servers_to_be_released() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let mut p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let c = p.connect("md5user").await;
     c.simple_query("begin").await.unwrap();
     p.signal(libc::SIGINT);
@@ -161,7 +161,9 @@ async fn sigint_waits_for_servers_to_be_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigquit_exits_at_once() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let mut p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let c = p.connect("md5user").await;
     c.simple_query("begin").await.unwrap();
     p.signal(libc::SIGQUIT);
@@ -176,21 +178,15 @@ async fn sigquit_exits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let pg = TempPostgres::start();
-    let p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let c = Arc::new(p.connect("md5user").await);
     c.simple_query("select 1").await.unwrap();
+    let admin = p.console().await;
     p.signal(libc::SIGUSR1);
     // Once the pause is in force, a new query waits.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut waiting = loop {
-        let c2 = c.clone();
-        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
-        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
-            Ok(r) => r.unwrap().map(drop).unwrap(),
-            Err(_) => break q,
-        }
-        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
-    };
+    let mut waiting = query_held_back(&c, &admin).await;
     assert!(!waiting.is_finished());
     p.signal(libc::SIGUSR2);
     let resumed = tokio::time::timeout(Duration::from_secs(2), &mut waiting)
@@ -226,61 +222,57 @@ fn dash_h_prints_usage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_shrinking_the_pool_closes_servers_beyond_the_new_size() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(
-        &pg,
-        &[("pool_mode", "transaction"), ("default_pool_size", "4")],
-    ))
+    let mut p = PoolerProcess::start(
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "4")]),
+    )
     .await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let mut clients = Vec::new();
     for _ in 0..4 {
         let c = p.connect("md5user").await;
         c.simple_query("begin; select 1").await.unwrap();
         clients.push(c);
     }
-    assert_eq!(backends(&monitor).await, 4);
+    assert_eq!(monitor.backends("md5user").await, 4);
     // Two servers go back idle before the reload, two are still in use.
     clients[0].simple_query("commit").await.unwrap();
     clients[1].simple_query("commit").await.unwrap();
     p.dir.rewrite(|_| {
-        spec(
-            &pg,
-            &[("pool_mode", "transaction"), ("default_pool_size", "1")],
-        )
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "1")])
     });
     p.signal(libc::SIGHUP);
     clients[2].simple_query("commit").await.unwrap();
     clients[3].simple_query("commit").await.unwrap();
     let shrunk = eventually(Duration::from_secs(5), || async {
-        backends(&monitor).await == 1
+        monitor.backends("md5user").await == 1
     })
     .await;
     assert!(
         shrunk,
         "after SIGHUP to a pool of 1: {} backends",
-        backends(&monitor).await
+        monitor.backends("md5user").await
     );
     for c in &clients {
         c.simple_query("select 2").await.unwrap();
     }
-    assert_eq!(backends(&monitor).await, 1);
+    assert_eq!(monitor.backends("md5user").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_bad_config_keeps_the_old_one() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(
-        &pg,
-        &[("pool_mode", "transaction"), ("default_pool_size", "2")],
-    ))
+    let mut p = PoolerProcess::start(
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "2")]),
+    )
     .await;
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let c = p.connect("md5user").await;
     p.dir.rewrite(|_| {
-        spec(
-            &pg,
-            &[("pool_mode", "transaction"), ("default_pool_size", "many")],
-        )
+        TestPooler::builder(&pg)
+            .settings(&[("pool_mode", "transaction"), ("default_pool_size", "many")])
     });
     p.signal(libc::SIGHUP);
     let log_path = p.dir.path().join("stderr.log");
@@ -309,13 +301,13 @@ async fn sighup_with_a_bad_config_keeps_the_old_one() {
         .unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            cl_waiting(&admin).await == 1
+            cl_waiting(&admin, "testdb", "md5user").await == 1
         })
         .await,
         "the third client did not wait: the bad pool size was applied?\n{}",
         p.log()
     );
-    assert_eq!(backends(&monitor).await, 2);
+    assert_eq!(monitor.backends("md5user").await, 2);
     assert!(!third.is_finished());
     c.simple_query("commit").await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), third)
@@ -328,7 +320,8 @@ async fn sighup_with_a_bad_config_keeps_the_old_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_sigterm_exits_at_once() {
     let pg = TempPostgres::start();
-    let mut p = PoolerProcess::start(spec(&pg, &[("pool_mode", "session")])).await;
+    let mut p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "session")])).await;
     let c = p.connect("md5user").await;
     c.simple_query("select 1").await.unwrap();
     p.signal(libc::SIGTERM);
@@ -346,23 +339,17 @@ async fn second_sigterm_exits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_lets_open_transactions_finish() {
     let pg = TempPostgres::start();
-    let p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let in_tx = p.connect("md5user").await;
     let other = Arc::new(p.connect("md5user").await);
     in_tx.simple_query("begin; select 1").await.unwrap();
     other.simple_query("select 1").await.unwrap();
+    let admin = p.console().await;
     p.signal(libc::SIGUSR1);
     // Wait until the pause holds new work back.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut waiting = loop {
-        let c2 = other.clone();
-        let mut q = tokio::spawn(async move { c2.simple_query("select 'after pause'").await });
-        match tokio::time::timeout(Duration::from_millis(300), &mut q).await {
-            Ok(r) => r.unwrap().map(drop).unwrap(),
-            Err(_) => break q,
-        }
-        assert!(Instant::now() < deadline, "queries still run after SIGUSR1");
-    };
+    let mut waiting = query_held_back(&other, &admin).await;
     // The transaction that holds a server goes on and ends.
     in_tx.simple_query("select 2").await.unwrap();
     in_tx.simple_query("commit").await.unwrap();
@@ -377,14 +364,12 @@ async fn sigusr1_lets_open_transactions_finish() {
 
 /// The test config with database `app` pointing at database `target` of `pg`, one server.
 fn alias_spec(pg: &TempPostgres, target: &str) -> TestPoolerBuilder {
-    spec(
-        pg,
-        &[("pool_mode", "transaction"), ("default_pool_size", "1")],
-    )
-    .database(
-        "app",
-        &format!("host=127.0.0.1 port={} dbname={target}", pg.port()),
-    )
+    TestPooler::builder(pg)
+        .settings(&[("pool_mode", "transaction"), ("default_pool_size", "1")])
+        .database(
+            "app",
+            &format!("host=127.0.0.1 port={} dbname={target}", pg.port()),
+        )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,7 +411,9 @@ async fn sighup_retargeting_a_database_retires_servers_in_use() {
 async fn sighup_rereads_the_auth_file() {
     let pg = TempPostgres::start();
     pg.psql("create role newuser login password 'newpass'");
-    let p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let dsn = harness::dsn_with_password(p.port(), "newuser", Some("newpass"), "testdb");
     let refused = try_connect(&dsn)
         .await
@@ -451,7 +438,9 @@ async fn sighup_rereads_the_auth_file() {
 async fn sighup_after_a_password_change_logs_in_to_new_servers_with_it() {
     let pg = TempPostgres::start();
     pg.psql("create role rotating login password 'before'");
-    let p = PoolerProcess::start(spec(&pg, &[("pool_mode", "transaction")])).await;
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
     let userlist = p.dir.path().join("userlist.txt");
     let original = std::fs::read_to_string(&userlist).unwrap();
     std::fs::write(&userlist, format!("{original}\"rotating\" \"before\"\n")).unwrap();

@@ -2,11 +2,11 @@
 //! rollback, COPY aborted) before anyone else gets them, or closed; never handed out dirty.
 mod harness;
 
-use std::future::Future;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, pg_bin};
+use harness::wire::{message, startup_message};
+use harness::{Observer, TempPostgres, TestPooler, eventually, pg_bin};
 use tokio::task::JoinHandle;
 
 /// Connect through `dsn` and keep the connection task's handle: aborting it closes the
@@ -29,32 +29,17 @@ fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
     })
 }
 
-/// Poll `check` until it returns true or `limit` passes; returns whether it became true.
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Count md5user's client backends matching `condition` (SQL over pg_stat_activity).
-async fn count(monitor: &tokio_postgres::Client, condition: &str) -> i64 {
-    let sql = format!(
-        "select count(*) from pg_stat_activity where usename = 'md5user' \
-         and backend_type = 'client backend' and ({condition})"
+/// The error query_timeout gives the client: FATAL 08P01 `query_timeout` (PgBouncer's
+/// disconnect code and the setting's name).
+fn assert_query_timeout(err: &tokio_postgres::Error) {
+    let db = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("no error from the pooler: {err:?}"));
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08P01", "query_timeout"),
+        "{err:?}"
     );
-    monitor.query_one(&sql, &[]).await.unwrap().get(0)
 }
 
 async fn rows_table(pg: &TempPostgres, rows: u32) {
@@ -78,6 +63,7 @@ async fn clients_vanishing_inside_transactions_leave_no_locks_behind() {
         .start()
         .await;
     let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     // 40 clients lock distinct rows; 10 more wait for row 1's lock (a query running).
     let mut conns = Vec::new();
     let mut waiting = Vec::new();
@@ -101,8 +87,16 @@ async fn clients_vanishing_inside_transactions_leave_no_locks_behind() {
     }
     assert!(
         eventually(Duration::from_secs(10), || async {
-            count(&monitor, "wait_event_type = 'Lock'").await == 10
-                && count(&monitor, "state like 'idle in transaction%'").await == 40
+            obs.count("usename = 'md5user' and wait_event_type = 'Lock'", &[])
+                .await
+                == 10
+                && obs
+                    .count(
+                        "usename = 'md5user' and state like 'idle in transaction%'",
+                        &[],
+                    )
+                    .await
+                    == 40
         })
         .await,
         "the 50 clients did not reach their locks"
@@ -112,9 +106,10 @@ async fn clients_vanishing_inside_transactions_leave_no_locks_behind() {
     }
     let gone = Instant::now();
     let clean = eventually(Duration::from_secs(2), || async {
-        count(
-            &monitor,
-            "state like 'idle in transaction%' or wait_event_type = 'Lock'",
+        obs.count(
+            "usename = 'md5user' \
+             and (state like 'idle in transaction%' or wait_event_type = 'Lock')",
+            &[],
         )
         .await
             == 0
@@ -159,14 +154,14 @@ async fn client_killed_mid_query_gets_its_query_cancelled() {
         .setting("default_pool_size", "1")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     let (c, task) = connect_abortable(&p.dsn("md5user", "testdb")).await;
     let sleeper = tokio::spawn(async move {
         let _ = c.simple_query("select pg_sleep(30)").await;
     });
     assert!(
         eventually(Duration::from_secs(10), || async {
-            count(&monitor, "state = 'active' and query like '%pg_sleep(30)%'").await == 1
+            obs.running("md5user", "pg_sleep(30)").await == 1
         })
         .await,
         "pg_sleep never started"
@@ -175,7 +170,7 @@ async fn client_killed_mid_query_gets_its_query_cancelled() {
     let gone = Instant::now();
     assert!(
         eventually(Duration::from_secs(2), || async {
-            count(&monitor, "state <> 'idle'").await == 0
+            obs.busy("md5user").await == 0
         })
         .await,
         "the dead client's query still runs 2 s later"
@@ -205,7 +200,7 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
         .setting("default_pool_size", "1")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     // psql waits on its stdin in COPY mode; we write a few rows and then kill it.
     let mut psql = Command::new(pg_bin("psql"))
         .args([
@@ -229,7 +224,7 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
     }
     assert!(
         eventually(Duration::from_secs(10), || async {
-            count(&monitor, "state = 'active' and query ilike 'copy copied%'").await == 1
+            obs.running("md5user", "copy copied").await == 1
         })
         .await,
         "COPY never started"
@@ -238,7 +233,7 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
     psql.wait().unwrap();
     assert!(
         eventually(Duration::from_secs(2), || async {
-            count(&monitor, "state <> 'idle'").await == 0
+            obs.busy("md5user").await == 0
         })
         .await,
         "the COPY still runs 2 s after its client died"
@@ -262,18 +257,12 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
 async fn raw_login(p: &TestPooler) -> tokio::net::TcpStream {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut sock = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
-    let mut body = Vec::new();
-    body.extend_from_slice(&196608i32.to_be_bytes());
-    for (k, v) in [("user", "trustuser"), ("database", "testdb")] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let len = i32::try_from(body.len() + 4).unwrap();
-    sock.write_all(&len.to_be_bytes()).await.unwrap();
-    sock.write_all(&body).await.unwrap();
+    sock.write_all(&startup_message(&[
+        ("user", "trustuser"),
+        ("database", "testdb"),
+    ]))
+    .await
+    .unwrap();
     // Read messages up to the first ReadyForQuery.
     loop {
         let mut header = [0u8; 5];
@@ -288,13 +277,6 @@ async fn raw_login(p: &TestPooler) -> tokio::net::TcpStream {
     }
 }
 
-fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
 async fn trust_pooler(pg: &TempPostgres) -> TestPooler {
     TestPooler::builder(pg)
         .setting("pool_mode", "transaction")
@@ -306,18 +288,9 @@ async fn trust_pooler(pg: &TempPostgres) -> TestPooler {
 
 /// After a raw client vanished: no trustuser backend is busy, and the pool still serves.
 async fn pool_still_clean(pg: &TempPostgres, p: &TestPooler) {
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(pg).await;
     let idle = eventually(Duration::from_secs(2), || async {
-        let busy: i64 = monitor
-            .query_one(
-                "select count(*) from pg_stat_activity where usename = 'trustuser' \
-                 and backend_type = 'client backend' and state <> 'idle'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        busy == 0
+        obs.busy("trustuser").await == 0
     })
     .await;
     assert!(idle, "a trustuser backend is still busy");
@@ -422,7 +395,7 @@ async fn clients_vanishing_while_waiting_for_a_server_do_not_stall_the_pool() {
     use tokio::io::AsyncWriteExt;
     let pg = TempPostgres::start();
     let p = trust_pooler(&pg).await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     let holder = p.connect("trustuser", "testdb").await;
     holder.simple_query("begin; select 1").await.unwrap();
     // 20 clients send a query, which queues for the only server, and vanish.
@@ -444,16 +417,7 @@ async fn clients_vanishing_while_waiting_for_a_server_do_not_stall_the_pool() {
     assert_eq!(row.get::<_, i32>(0), 3);
     eprintln!("served after {:?}", started.elapsed());
     let idle = eventually(Duration::from_secs(2), || async {
-        let busy: i64 = monitor
-            .query_one(
-                "select count(*) from pg_stat_activity where usename = 'trustuser' \
-                 and backend_type = 'client backend' and state <> 'idle'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        busy == 0
+        obs.busy("trustuser").await == 0
     })
     .await;
     assert!(idle, "a backend is still busy");
@@ -465,7 +429,7 @@ async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let pg = TempPostgres::start();
     let p = trust_pooler(&pg).await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     for round in 0..5 {
         let mut sock = raw_login(&p).await;
         // Rows whose bytes look like message headers: a column ending in 'Z' followed by a
@@ -505,16 +469,7 @@ async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
         );
     }
     let idle = eventually(Duration::from_secs(2), || async {
-        let busy: i64 = monitor
-            .query_one(
-                "select count(*) from pg_stat_activity where usename = 'trustuser' \
-                 and backend_type = 'client backend' and state <> 'idle'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        busy == 0
+        obs.busy("trustuser").await == 0
     })
     .await;
     assert!(idle, "a backend is still busy");
@@ -529,18 +484,13 @@ async fn a_server_terminated_while_idle_is_not_handed_out() {
         .setting("default_pool_size", "1")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
     c.simple_query("select 1").await.unwrap();
-    monitor
-        .simple_query(
-            "select pg_terminate_backend(pid) from pg_stat_activity where usename = 'md5user'",
-        )
-        .await
-        .unwrap();
+    assert_eq!(obs.terminate("md5user").await, 1);
     assert!(
         eventually(Duration::from_secs(5), || async {
-            count(&monitor, "true").await == 0
+            obs.backends("md5user").await == 0
         })
         .await,
         "the backend did not go away"
@@ -562,13 +512,19 @@ async fn idle_transaction_timeout_rolls_the_server_back() {
         .start()
         .await;
     let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
     c.simple_query("begin; select * from locked where id = 1 for update")
         .await
         .unwrap();
     let started = Instant::now();
     let released = eventually(Duration::from_secs(5), || async {
-        count(&monitor, "state like 'idle in transaction%'").await == 0
+        obs.count(
+            "usename = 'md5user' and state like 'idle in transaction%'",
+            &[],
+        )
+        .await
+            == 0
     })
     .await;
     assert!(released, "still idle in transaction 5 s later");
@@ -601,7 +557,7 @@ async fn query_timeout_ends_the_query_and_cleans_the_server() {
         .setting("query_timeout", "1")
         .start()
         .await;
-    let monitor = pg.connect("postgres", "testdb").await;
+    let obs = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
     let started = Instant::now();
     let r = tokio::time::timeout(
@@ -610,11 +566,12 @@ async fn query_timeout_ends_the_query_and_cleans_the_server() {
     )
     .await
     .expect("query_timeout did not end the query within 5 s");
-    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    let err = r.expect_err("a 10 s query outlived query_timeout = 1");
+    assert_query_timeout(&err);
     eprintln!("query_timeout after {:?}", started.elapsed());
     assert!(
         eventually(Duration::from_secs(2), || async {
-            count(&monitor, "state <> 'idle'").await == 0
+            obs.busy("md5user").await == 0
         })
         .await,
         "the query still runs on the server"
@@ -643,7 +600,8 @@ async fn query_timeout_applies_to_later_queries_of_a_session() {
     )
     .await
     .expect("query_timeout did not end the query within 5 s");
-    assert!(r.is_err(), "a 10 s query outlived query_timeout = 1");
+    let err = r.expect_err("a 10 s query outlived query_timeout = 1");
+    assert_query_timeout(&err);
     let next = p.connect("md5user", "testdb").await;
     let row = next.query_one("select 12", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 12);

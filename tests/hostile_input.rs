@@ -6,45 +6,89 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use harness::{TempPostgres, TestPooler};
+use harness::wire::{error_fields, split_messages, startup_message};
+use harness::{Observer, TempPostgres, TestPooler};
 
-fn raw(p: &TestPooler) -> TcpStream {
-    let s = TcpStream::connect(p.addr()).unwrap();
+fn raw(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s
 }
 
-/// Read until EOF (or a reset), bounded by the read timeout; returns what came.
+/// Read until the pooler closes the connection (EOF, or a reset after it dropped unread
+/// input); returns what came. Panics if the connection is still open after the read
+/// timeout: a hang is not a close.
 fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => return out,
+            Ok(0) => return out,
             Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+            Err(e) => panic!(
+                "connection not closed ({e}); got so far: {:?}",
+                replies(&out)
+            ),
         }
     }
 }
 
-fn startup(user: &str, db: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    body.extend_from_slice(&196_608i32.to_be_bytes());
-    for (k, v) in [("user", user), ("database", db)] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
-    out.extend_from_slice(&body);
-    out
+/// The messages in `bytes`: `E SQLSTATE message` for an ErrorResponse, else the tag; the
+/// bytes must be whole messages.
+fn replies(bytes: &[u8]) -> Vec<String> {
+    let msgs = split_messages(bytes);
+    let whole: usize = msgs.iter().map(|(_, b)| b.len() + 5).sum();
+    assert_eq!(whole, bytes.len(), "a partial message in {bytes:?}");
+    msgs.iter()
+        .map(|(tag, body)| match tag {
+            b'E' => {
+                let (code, message) = error_fields(body);
+                format!("E {code} {message}")
+            }
+            t => (*t as char).to_string(),
+        })
+        .collect()
 }
 
-/// A logged-in raw connection (auth_type = trust), positioned after ReadyForQuery.
-fn logged_in(p: &TestPooler) -> TcpStream {
-    let mut s = raw(p);
-    s.write_all(&startup("postgres", "testdb")).unwrap();
+/// The replies are one ErrorResponse with SQLSTATE `code`.
+fn assert_one_error(what: &str, replies: &[String], code: &str) {
+    assert!(
+        replies.len() == 1 && replies[0].starts_with(&format!("E {code} ")),
+        "{what}: wanted one ErrorResponse {code}, got {replies:?}"
+    );
+}
+
+/// Read messages up to a ReadyForQuery or the end of the connection (panics on a hang);
+/// returns them (`replies`) and whether the connection was closed.
+fn read_reply(s: &mut TcpStream) -> (Vec<String>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let msgs = split_messages(&out);
+        if msgs.iter().any(|(tag, _)| *tag == b'Z') {
+            return (replies(&out), false);
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return (replies(&out), true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (replies(&out), true);
+            }
+            Err(e) => panic!("no reply and not closed ({e}); got so far: {out:?}"),
+        }
+    }
+}
+
+/// A logged-in raw connection to 127.0.0.1:`port` as postgres (trusted), positioned after
+/// ReadyForQuery.
+fn logged_in(port: u16) -> TcpStream {
+    let mut s = raw(port);
+    s.write_all(&startup_message(&[
+        ("user", "postgres"),
+        ("database", "testdb"),
+    ]))
+    .unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while !seen.windows(6).any(|w| w == b"Z\0\0\0\x05I") {
@@ -82,11 +126,17 @@ async fn bad_startup_packets_are_refused() {
         vec![0, 0, 0, 12, 0, 3, 0, 0, b'u', b's', b'e', b'r'], // unterminated parameters
         vec![0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e, 0, 0],       // truncated CancelRequest, then EOF
     ];
-    for bytes in cases {
-        let mut s = raw(&p);
-        s.write_all(&bytes).unwrap();
+    for (i, bytes) in cases.iter().enumerate() {
+        let mut s = raw(p.port());
+        s.write_all(bytes).unwrap();
         let _ = s.shutdown(std::net::Shutdown::Write);
-        let _ = read_to_close(&mut s);
+        let got = replies(&read_to_close(&mut s));
+        if i == cases.len() - 1 {
+            // Nothing is ever answered on a cancel connection.
+            assert_eq!(got, Vec::<String>::new(), "truncated CancelRequest");
+        } else {
+            assert_one_error(&format!("startup packet {bytes:?}"), &got, "08P01");
+        }
     }
     // Deterministic garbage.
     let mut x: u32 = 12345;
@@ -96,10 +146,11 @@ async fn bad_startup_packets_are_refused() {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             bytes.push((x >> 16) as u8);
         }
-        let mut s = raw(&p);
+        let mut s = raw(p.port());
         let _ = s.write_all(&bytes);
         let _ = s.shutdown(std::net::Shutdown::Write);
-        let _ = read_to_close(&mut s);
+        let got = replies(&read_to_close(&mut s));
+        assert_one_error(&format!("garbage {bytes:?}"), &got, "08P01");
     }
     still_serves(&p).await;
     p.shutdown().await;
@@ -111,27 +162,62 @@ async fn bad_messages_after_login_end_only_that_client() {
     let p = pooler(&pg).await;
     let bystander = p.connect("postgres", "testdb").await;
     bystander.batch_execute("BEGIN").await.unwrap();
+    // Framing errors: the pooler cannot read on; it says so (08P01) and closes.
     for msg in [
         &b"Q\xff\xff\xff\xff"[..], // negative length
         &b"Q\0\0\0\x02"[..],       // length below 4
         &b"P\x7f\xff\xff\xff"[..], // a Parse of 2 GiB
-        &b"P\0\0\0\x08ab\0\0"[..], // a Parse missing its parameter count
-        &b"B\0\0\0\x06\0\0"[..],   // a Bind cut short
         &b"C\0\0\0\x05S"[..],      // a Close without a name
     ] {
-        let mut s = logged_in(&p);
+        let mut s = logged_in(p.port());
         s.write_all(msg).unwrap();
         s.write_all(b"S\0\0\0\x04").unwrap();
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        let _ = read_to_close(&mut s);
+        let (got, closed) = read_reply(&mut s);
+        assert_one_error(&format!("message {msg:?}"), &got, "08P01");
+        assert!(closed, "message {msg:?}: the connection stayed open");
     }
     // The bystander's transaction and the pool are untouched.
     let r = bystander.query_one("select 1", &[]).await.unwrap();
     assert_eq!(r.get::<_, i32>(0), 1);
     bystander.batch_execute("COMMIT").await.unwrap();
     still_serves(&p).await;
-    let idle_in_tx =
-        pg.psql("select count(*) from pg_stat_activity where state = 'idle in transaction'");
-    assert_eq!(idle_in_tx, "0");
+    let obs = Observer::new(&pg).await;
+    assert_eq!(obs.all_in_state("idle in transaction").await, 0);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_message_content_is_answered_as_postgresql_answers_it() {
+    let pg = TempPostgres::start();
+    let p = pooler(&pg).await;
+    // Whole messages whose content is wrong go to PostgreSQL, which answers them as it
+    // does without a pooler (an ERROR, then ReadyForQuery at the Sync; the session goes on).
+    for (msg, code) in [
+        (&b"P\0\0\0\x08ab\0\0"[..], "08P01"), // a Parse missing its parameter count
+        (&b"B\0\0\0\x06\0\0"[..], "26000"),   // a Bind cut short (no unnamed statement)
+    ] {
+        let mut answers = Vec::new();
+        for port in [pg.port(), p.port()] {
+            let mut s = logged_in(port);
+            s.write_all(msg).unwrap();
+            s.write_all(b"S\0\0\0\x04").unwrap();
+            let (got, closed) = read_reply(&mut s);
+            assert!(
+                !closed,
+                "message {msg:?} on port {port}: closed after {got:?}"
+            );
+            assert_eq!(got.len(), 2, "message {msg:?} on port {port}: {got:?}");
+            assert!(
+                got[0].starts_with(&format!("E {code} ")) && got[1] == "Z",
+                "message {msg:?} on port {port}: {got:?}"
+            );
+            answers.push(got);
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "PostgreSQL (left) vs pgcarpool (right)"
+        );
+    }
+    still_serves(&p).await;
     p.shutdown().await;
 }

@@ -6,18 +6,14 @@ mod pool_support;
 
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder};
-use pool_support::{Observer, assert_still_waiting, backend_pid, error_text, eventually, scalar};
+use harness::{Observer, TempPostgres, TestPooler, transaction_pooler, wait_for};
+use pool_support::{assert_still_waiting, backend_pid, error_text, scalar};
 use tokio::task::JoinHandle;
 
 /// How long a waiting client is watched to be sure it waits.
 const WAIT_WINDOW: Duration = Duration::from_millis(400);
 /// Bound on anything that should happen promptly (janitor runs every 250 ms).
 const PROMPTLY: Duration = Duration::from_secs(5);
-
-fn transaction_pooler(pg: &TempPostgres) -> TestPoolerBuilder {
-    TestPooler::builder(pg).setting("pool_mode", "transaction")
-}
 
 /// A client that has begun a transaction and so holds a server.
 async fn holder(p: &TestPooler, user: &str, db: &str) -> tokio_postgres::Client {
@@ -113,7 +109,7 @@ async fn min_pool_size_is_filled_by_the_janitor_without_clients() {
     let c = p.connect("md5user", "testdb").await;
     c.batch_execute("select 1").await.unwrap();
     drop(c);
-    eventually("min_pool_size servers open", PROMPTLY, || async {
+    wait_for("min_pool_size servers open", PROMPTLY, || async {
         obs.backends("md5user").await == 3
     })
     .await;
@@ -140,7 +136,7 @@ async fn max_client_conn_refuses_the_extra_client_with_53300() {
     // A slot freed is a slot usable again.
     drop(c1);
     let dsn = p.dsn("md5user", "testdb");
-    eventually("a client connects after one left", PROMPTLY, || async {
+    wait_for("a client connects after one left", PROMPTLY, || async {
         harness::try_connect(&dsn).await.is_ok()
     })
     .await;
@@ -373,7 +369,7 @@ async fn reload_to_a_smaller_pool_size_closes_idle_servers_beyond_it() {
     }
     assert_eq!(obs.backends_in_state("md5user", "idle").await, 3);
     p.reload_with(|c| c.setting("default_pool_size", "1")).await;
-    eventually(
+    wait_for(
         "idle servers beyond the new pool size closed",
         PROMPTLY,
         || async { obs.backends("md5user").await == 1 },
@@ -402,7 +398,7 @@ async fn a_waiting_client_that_disconnects_gives_back_its_client_slot() {
     // The waiting client's socket closes (an application timeout, a killed process).
     socket.abort();
     let dsn = p.dsn("md5user", "testdb");
-    eventually(
+    wait_for(
         "a new client accepted while the holder still holds",
         PROMPTLY,
         || async { harness::try_connect(&dsn).await.is_ok() },

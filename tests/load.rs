@@ -6,7 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, pg_bin, run_pgbench};
+use harness::{
+    Observer, TempPostgres, TestPooler, output_text, pg_bin, pgbench_number, run_pgbench,
+};
+
+/// pgbench's report lines (`number of failed transactions` is PostgreSQL 15+).
+const FAILED: &str = "number of failed transactions: ";
+const PROCESSED: &str = "number of transactions actually processed: ";
 
 async fn pooler(pg: &TempPostgres, mode: &str, pool_size: &str) -> TestPooler {
     TestPooler::builder(pg)
@@ -17,36 +23,10 @@ async fn pooler(pg: &TempPostgres, mode: &str, pool_size: &str) -> TestPooler {
         .await
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `pgbench -i` directly against PostgreSQL, as md5user (who may create tables in testdb).
 fn pgbench_init(pg: &TempPostgres) {
     let out = run_pgbench(&["-i", "-q", "-s", "1", &pg.dsn("md5user", "testdb")]);
-    assert!(out.status.success(), "pgbench -i: {}", text(&out));
-}
-
-/// The "number of failed transactions" pgbench printed (PostgreSQL 15+), or None.
-fn failed_transactions(out: &Output) -> Option<u64> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("number of failed transactions: "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
-fn processed_transactions(out: &Output) -> Option<u64> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
-        .and_then(|rest| rest.split(['/', ' ']).next())
-        .and_then(|n| n.parse().ok())
+    assert!(out.status.success(), "pgbench -i: {}", output_text(&out));
 }
 
 fn last_line(out: &Output) -> String {
@@ -74,16 +54,21 @@ async fn pgbench_select_only_runs_in_every_mode() {
         })
         .await
         .unwrap();
-        assert!(out.status.success(), "{mode}: {}", text(&out));
-        assert_eq!(failed_transactions(&out), Some(0), "{mode}: {}", text(&out));
-        assert!(
-            processed_transactions(&out).unwrap_or(0) > 0,
+        assert!(out.status.success(), "{mode}: {}", output_text(&out));
+        assert_eq!(
+            pgbench_number(&out, FAILED),
+            Some(0),
             "{mode}: {}",
-            text(&out)
+            output_text(&out)
+        );
+        assert!(
+            pgbench_number(&out, PROCESSED).unwrap_or(0) > 0,
+            "{mode}: {}",
+            output_text(&out)
         );
         eprintln!(
             "{mode}: pgbench -S processed {:?} transactions",
-            processed_transactions(&out)
+            pgbench_number(&out, PROCESSED)
         );
         p.shutdown().await;
     }
@@ -100,20 +85,20 @@ async fn psql_runs_statements_and_transactions_in_session_and_transaction_mode()
         let p = pooler(&pg, mode, "2").await;
         let dsn = p.dsn("md5user", "testdb");
         let out = psql(&dsn, "select 1");
-        assert!(out.status.success(), "{mode}: {}", text(&out));
+        assert!(out.status.success(), "{mode}: {}", output_text(&out));
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1", "{mode}");
         let out = psql(
             &dsn,
             "begin; insert into psql_t values (1); insert into psql_t values (2); commit; select sum(v) from psql_t",
         );
-        assert!(out.status.success(), "{mode}: {}", text(&out));
+        assert!(out.status.success(), "{mode}: {}", output_text(&out));
         // psql -c sends it as one Query; the last line is the last result.
         assert_eq!(last_line(&out), "3", "{mode}");
         let out = psql(
             &dsn,
             "begin; insert into psql_t values (100); rollback; select count(*) from psql_t",
         );
-        assert!(out.status.success(), "{mode}: {}", text(&out));
+        assert!(out.status.success(), "{mode}: {}", output_text(&out));
         assert_eq!(last_line(&out), "2", "{mode}");
         pg.psql_in("testdb", "truncate psql_t");
         p.shutdown().await;
@@ -147,24 +132,15 @@ async fn statement_mode_refuses_an_explicit_transaction_block() {
     let c2 = p.connect("md5user", "testdb").await;
     let row = c2.query_one("select 1::int", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 1);
-    let idle_in_tx = pg.psql(
-        "select count(*) from pg_stat_activity where usename = 'md5user' and state like 'idle in transaction%'",
-    );
-    assert_eq!(idle_in_tx, "0");
-    p.shutdown().await;
-}
-
-/// Backends of `user` (client backends only) as PostgreSQL sees them right now.
-async fn backends_of(monitor: &tokio_postgres::Client, user: &str) -> i64 {
-    monitor
-        .query_one(
-            "select count(*) from pg_stat_activity \
-             where usename = $1 and backend_type = 'client backend' and pid <> pg_backend_pid()",
-            &[&user],
-        )
+    let idle_in_tx = Observer::new(&pg)
         .await
-        .expect("sample pg_stat_activity")
-        .get(0)
+        .count(
+            "usename = 'md5user' and state like 'idle in transaction%'",
+            &[],
+        )
+        .await;
+    assert_eq!(idle_in_tx, 0);
+    p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,14 +149,14 @@ async fn tpcb_with_50_clients_never_exceeds_a_pool_of_5() {
     pgbench_init(&pg);
     let p = pooler(&pg, "transaction", "5").await;
     // The sampler is a direct connection as postgres: not one of the pool's backends.
-    let monitor = pg.connect("postgres", "postgres").await;
+    let monitor = Observer::new(&pg).await;
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
         let done = done.clone();
         tokio::spawn(async move {
             let (mut max, mut samples) = (0i64, 0u64);
             while !done.load(Ordering::Relaxed) {
-                max = max.max(backends_of(&monitor, "md5user").await);
+                max = max.max(monitor.backends("md5user").await);
                 samples += 1;
             }
             (max, samples)
@@ -196,14 +172,19 @@ async fn tpcb_with_50_clients_never_exceeds_a_pool_of_5() {
     let (max, samples) = sampler.await.unwrap();
     eprintln!(
         "TPC-B -c 50 over a pool of 5: {:?} transactions, {samples} samples, at most {max} backends",
-        processed_transactions(&out)
+        pgbench_number(&out, PROCESSED)
     );
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(failed_transactions(&out), Some(0), "{}", text(&out));
-    assert!(
-        processed_transactions(&out).unwrap_or(0) > 0,
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert_eq!(
+        pgbench_number(&out, FAILED),
+        Some(0),
         "{}",
-        text(&out)
+        output_text(&out)
+    );
+    assert!(
+        pgbench_number(&out, PROCESSED).unwrap_or(0) > 0,
+        "{}",
+        output_text(&out)
     );
     assert!(samples > 10, "only {samples} samples of pg_stat_activity");
     assert!(max >= 1, "the sampler never saw the pool's backends");
@@ -289,13 +270,8 @@ async fn a_thousand_clients_share_a_pool_of_10() {
         pg.psql_in("testdb", "select count(distinct id) from many"),
         "1000"
     );
-    let backends = pg.psql(
-        "select count(*) from pg_stat_activity where usename = 'md5user' and backend_type = 'client backend'",
-    );
-    assert!(
-        backends.parse::<u32>().unwrap() <= 10,
-        "{backends} backends for a pool of 10"
-    );
+    let backends = Observer::new(&pg).await.backends("md5user").await;
+    assert!(backends <= 10, "{backends} backends for a pool of 10");
     drop(clients);
     p.shutdown().await;
 }
@@ -315,14 +291,19 @@ async fn pgbench_with_prepared_statements_runs_in_transaction_mode() {
         .unwrap();
         eprintln!(
             "-M {protocol}: {:?} transactions",
-            processed_transactions(&out)
+            pgbench_number(&out, PROCESSED)
         );
-        assert!(out.status.success(), "-M {protocol}: {}", text(&out));
-        assert_eq!(failed_transactions(&out), Some(0), "{}", text(&out));
-        assert!(
-            processed_transactions(&out).unwrap_or(0) > 0,
+        assert!(out.status.success(), "-M {protocol}: {}", output_text(&out));
+        assert_eq!(
+            pgbench_number(&out, FAILED),
+            Some(0),
             "{}",
-            text(&out)
+            output_text(&out)
+        );
+        assert!(
+            pgbench_number(&out, PROCESSED).unwrap_or(0) > 0,
+            "{}",
+            output_text(&out)
         );
     }
     p.shutdown().await;
@@ -341,18 +322,21 @@ async fn pgbench_connecting_per_transaction_runs_in_session_mode() {
     .unwrap();
     eprintln!(
         "-C -S: {:?} transactions (a login each)",
-        processed_transactions(&out)
+        pgbench_number(&out, PROCESSED)
     );
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(failed_transactions(&out), Some(0), "{}", text(&out));
-    assert!(
-        processed_transactions(&out).unwrap_or(0) > 0,
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert_eq!(
+        pgbench_number(&out, FAILED),
+        Some(0),
         "{}",
-        text(&out)
+        output_text(&out)
     );
-    let backends = pg.psql(
-        "select count(*) from pg_stat_activity where usename = 'md5user' and backend_type = 'client backend'",
+    assert!(
+        pgbench_number(&out, PROCESSED).unwrap_or(0) > 0,
+        "{}",
+        output_text(&out)
     );
-    assert!(backends.parse::<u32>().unwrap() <= 4, "{backends} backends");
+    let backends = Observer::new(&pg).await.backends("md5user").await;
+    assert!(backends <= 4, "{backends} backends");
     p.shutdown().await;
 }

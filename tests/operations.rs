@@ -8,26 +8,10 @@ mod harness;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, pg_bin, run_pgbench, try_connect};
+use harness::{
+    TempPostgres, TestPooler, output_text, pg_bin, pgbench_number, run_pgbench, try_connect,
+};
 use tokio_postgres::{Client, SimpleQueryMessage};
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The number after `prefix` on a line of pgbench's report.
-fn pgbench_number(out: &Output, prefix: &str) -> Option<u64> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .and_then(|rest| rest.split(['/', ' ']).next())
-        .and_then(|n| n.parse().ok())
-}
 
 /// A column of the row of a console view whose `key` column is `value`.
 async fn view_value(c: &Client, view: &str, key: &str, value: &str, col: &str) -> Option<String> {
@@ -42,7 +26,7 @@ async fn view_value(c: &Client, view: &str, key: &str, value: &str, col: &str) -
 async fn pause_then_resume_under_pgbench_load_fails_no_transaction() {
     let pg = TempPostgres::start();
     let init = run_pgbench(&["-i", "-q", "-s", "1", &pg.dsn("md5user", "testdb")]);
-    assert!(init.status.success(), "pgbench -i: {}", text(&init));
+    assert!(init.status.success(), "pgbench -i: {}", output_text(&init));
     let p = TestPooler::builder(&pg)
         .setting("pool_mode", "transaction")
         .setting("default_pool_size", "4")
@@ -62,7 +46,7 @@ async fn pause_then_resume_under_pgbench_load_fails_no_transaction() {
         }
         if Instant::now() >= deadline {
             let out = bench.await.unwrap();
-            panic!("pgbench made no progress in 10 s: {}", text(&out));
+            panic!("pgbench made no progress in 10 s: {}", output_text(&out));
         }
         tokio::task::yield_now().await;
     }
@@ -76,17 +60,17 @@ async fn pause_then_resume_under_pgbench_load_fails_no_transaction() {
         console.simple_query("RESUME").await.unwrap();
     }
     let out = bench.await.unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     assert_eq!(
         pgbench_number(&out, "number of failed transactions: "),
         Some(0),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     assert!(
         pgbench_number(&out, "number of transactions actually processed: ").unwrap_or(0) > 0,
         "{}",
-        text(&out)
+        output_text(&out)
     );
     p.shutdown().await;
 }
@@ -168,7 +152,7 @@ async fn reload_on_the_console_notices_each_changed_setting() {
             .setting("listen_port", "1")
     });
     let out = console_psql(&p, "RELOAD").await;
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     let notices = String::from_utf8_lossy(&out.stderr);
     assert!(
         notices.contains("NOTICE:  setting default_pool_size: \"3\" -> \"7\""),
@@ -189,11 +173,11 @@ async fn reload_on_the_console_notices_each_changed_setting() {
     // The file matches what runs again: RELOAD has nothing to say.
     p.rewrite_config(|b| b.setting("listen_port", "0"));
     let out = console_psql(&p, "RELOAD").await;
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("NOTICE"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     p.shutdown().await;
 }
@@ -276,14 +260,32 @@ async fn os_user_of_the_pooler_reaches_the_console_over_the_unix_socket() {
         "host={sock_dir} port={} user=md5user dbname=pgbouncer",
         p.port()
     );
-    assert!(try_connect(&dsn).await.is_err());
+    assert_not_admin(&dsn, "md5user").await;
     // Nor is `pgbouncer` over TCP.
     let dsn = format!(
         "host=127.0.0.1 port={} user=pgbouncer dbname=pgbouncer",
         p.port()
     );
-    assert!(try_connect(&dsn).await.is_err());
+    assert_not_admin(&dsn, "pgbouncer").await;
     p.shutdown().await;
+}
+
+/// A login to the console at `dsn` is refused: 28000, naming `user`.
+async fn assert_not_admin(dsn: &str, user: &str) {
+    let e = try_connect(dsn)
+        .await
+        .expect_err("let into the admin console");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a refusal from the pooler: {e:?}"));
+    assert_eq!(
+        (db.code().code(), db.message()),
+        (
+            "28000",
+            format!("not allowed to connect to the admin console: {user}").as_str()
+        ),
+        "{e:?}"
+    );
 }
 
 /// (sv_active, cl_waiting) of md5user's pool.

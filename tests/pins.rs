@@ -6,8 +6,8 @@ mod pool_support;
 
 use std::time::Duration;
 
-use harness::{TempPostgres, TestPooler};
-use pool_support::{Observer, connect_watched, scalar};
+use harness::{Observer, TempPostgres, TestPooler};
+use pool_support::{connect_watched, scalar};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_clients_do_not_take_the_pools_servers() {

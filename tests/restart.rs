@@ -1,159 +1,47 @@
 //! Online restart: a second pgcarpool started with `-R` takes over the listening sockets of
 //! the running one (SO_REUSEPORT plus a reuseport BPF program for TCP, an atomic rename for
 //! the Unix socket) and sends it SIGTERM; the old one finishes its clients' work and exits.
-//! Clients see no refused or reset connection. Each test runs the real binary on a free port
-//! and stops what it started by PID.
+//! Clients see no refused or reset connection. Each test runs the real binary
+//! (`harness::process`): the first on port 0, its successor on the port the first reported,
+//! both naming one pidfile; each is stopped by its PID.
 mod harness;
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use harness::{TEST_ROLES, TempPostgres, dsn_for, free_port, run_pgbench, try_connect};
+use harness::process::{PoolerProcess, ProcessDir};
+use harness::{
+    TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, output_text, pgbench_number,
+    run_pgbench, try_connect,
+};
 use tokio_postgres::SimpleQueryMessage;
 
-const BIN: &str = env!("CARGO_BIN_EXE_pgcarpool");
-
-/// Poll `check` every 20 ms until it is true or `limit` passes.
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// The test config for `pg` with so_reuseport = 1 and `extra` settings in [pgbouncer].
+fn reuseport_spec(pg: &TempPostgres, extra: &[(&str, &str)]) -> TestPoolerBuilder {
+    TestPooler::builder(pg)
+        .setting("so_reuseport", "1")
+        .settings(extra)
 }
 
-/// pgbouncer.ini and userlist.txt in `dir` for `pg` on 127.0.0.1:`port`, with
-/// so_reuseport = 1 and a pidfile, plus `extra` lines in [pgbouncer].
-fn write_config(dir: &Path, pg: &TempPostgres, port: u16, extra: &[(&str, &str)]) -> PathBuf {
-    let mut ini = format!(
-        "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\n\
-         listen_addr = 127.0.0.1\nlisten_port = {port}\n\
-         auth_type = md5\nauth_file = userlist.txt\nadmin_users = postgres\n\
-         so_reuseport = 1\npidfile = {}\n",
-        pg.port(),
-        dir.join("pgcarpool.pid").display()
+/// The PID the pidfile names ("" when there is none).
+fn pidfile_pid(pidfile: &Path) -> String {
+    std::fs::read_to_string(pidfile)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Start the first pgcarpool on `spec`, with a pidfile, and check the pidfile names it.
+async fn start_first(spec: TestPoolerBuilder) -> PoolerProcess {
+    let dir = ProcessDir::with_pidfile(spec);
+    let pidfile = dir.pidfile();
+    let p = PoolerProcess::start_in(dir, &[]).await;
+    assert_eq!(
+        pidfile_pid(&pidfile),
+        p.pid().to_string(),
+        "the pidfile does not name the running pgcarpool"
     );
-    if !extra.iter().any(|(k, _)| *k == "unix_socket_dir") {
-        ini.push_str("unix_socket_dir =\n");
-    }
-    for (k, v) in extra {
-        ini.push_str(&format!("{k} = {v}\n"));
-    }
-    let userlist: String = TEST_ROLES
-        .iter()
-        .map(|(u, p)| format!("\"{u}\" \"{p}\"\n"))
-        .collect();
-    std::fs::write(dir.join("userlist.txt"), userlist).unwrap();
-    let path = dir.join("pgbouncer.ini");
-    std::fs::write(&path, ini).unwrap();
-    path
-}
-
-/// One pgcarpool process; SIGKILLed by PID if the test ends while it runs.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(ini: &Path, args: &[&str], log_name: &str) -> Proc {
-        let log = ini.with_file_name(log_name);
-        let stderr = std::fs::File::create(&log).unwrap();
-        // As root: -u postgres, with the files given to that user.
-        harness::process::give_to_pooler(ini.parent().expect("config dir"));
-        let child = Command::new(BIN)
-            .args(harness::process::user_args())
-            .args(args)
-            .arg(ini)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn pgcarpool");
-        Proc { child, log }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = i32::try_from(self.pid()).unwrap();
-        // SAFETY: kill(2) on a PID this test started.
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("--- pgcarpool {} ---\n{}", self.child.id(), self.log());
-        }
-    }
-}
-
-/// Wait until the pidfile names `pid` and `dsn` accepts a login.
-async fn wait_serving(pidfile: &Path, pid: u32, dsn: &str) -> bool {
-    eventually(Duration::from_secs(10), || async {
-        std::fs::read_to_string(pidfile).unwrap_or_default().trim() == pid.to_string()
-            && try_connect(dsn).await.is_ok()
-    })
-    .await
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn pgbench_number(out: &Output, prefix: &str) -> Option<u64> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .and_then(|rest| rest.split(['/', ' ']).next())
-        .and_then(|n| n.parse().ok())
+    p
 }
 
 /// Transactions the console at `port` has counted on testdb.
@@ -178,21 +66,11 @@ async fn xacts(port: u16) -> u64 {
 async fn takeover_under_pgbench_connect_load_fails_nothing() {
     let pg = TempPostgres::start();
     let init = run_pgbench(&["-i", "-q", "-s", "1", &pg.dsn("md5user", "testdb")]);
-    assert!(init.status.success(), "pgbench -i: {}", text(&init));
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
-    let ini = write_config(dir.path(), &pg, port, &[("pool_mode", "transaction")]);
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let dsn = dsn_for(port, "md5user", "testdb");
-    let mut old = Proc::spawn(&ini, &[], "old.log");
-    assert!(
-        wait_serving(&pidfile, old.pid(), &dsn).await,
-        "the first pgcarpool does not serve:\n{}",
-        old.log()
-    );
+    assert!(init.status.success(), "pgbench -i: {}", output_text(&init));
+    let mut old = start_first(reuseport_spec(&pg, &[("pool_mode", "transaction")])).await;
+    let pidfile = old.dir.pidfile();
+    let port = old.port();
+    let dsn = old.dsn("md5user");
     // A new connection (and login) per transaction, for 8 s.
     let bench_dsn = dsn.clone();
     let bench = tokio::task::spawn_blocking(move || {
@@ -209,7 +87,7 @@ async fn takeover_under_pgbench_connect_load_fails_nothing() {
         old.log()
     );
     let started = Instant::now();
-    let mut new = Proc::spawn(&ini, &["-R"], "new.log");
+    let mut new = old.start_successor(&["-R"]).await;
     // The new process takes the port over and sends the old one SIGTERM: it exits once
     // its clients (one transaction each) are gone.
     let status = old.exited_within(Duration::from_secs(10)).await;
@@ -222,19 +100,19 @@ async fn takeover_under_pgbench_connect_load_fails_nothing() {
     let switch = started.elapsed();
     assert!(new.running(), "the new pgcarpool died:\n{}", new.log());
     assert_eq!(
-        std::fs::read_to_string(&pidfile).unwrap().trim(),
+        pidfile_pid(&pidfile),
         new.pid().to_string(),
         "the pidfile does not name the new pgcarpool"
     );
     let out = bench.await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(!stderr.contains("aborted"), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(!stderr.contains("aborted"), "{}", output_text(&out));
     assert_eq!(
         pgbench_number(&out, "number of failed transactions: "),
         Some(0),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     let total = pgbench_number(&out, "number of transactions actually processed: ").unwrap_or(0);
     // The new one carried the load after the switch.
@@ -251,38 +129,33 @@ async fn takeover_under_pgbench_connect_load_fails_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_replaces_the_unix_socket_and_the_old_one_leaves_it() {
     let pg = TempPostgres::start();
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
+    // The Unix socket lives in the first process's dir; its successor names the same one.
+    let mut dir = ProcessDir::with_pidfile(reuseport_spec(&pg, &[("pool_mode", "session")]));
     let sockdir = dir.path().to_string_lossy().into_owned();
-    let ini = write_config(
-        dir.path(),
-        &pg,
-        port,
-        &[("pool_mode", "session"), ("unix_socket_dir", &sockdir)],
-    );
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let socket = dir.path().join(format!(".s.PGSQL.{port}"));
+    dir.rewrite(|b| b.setting("unix_socket_dir", &sockdir));
+    let mut old = PoolerProcess::start_in(dir, &[]).await;
+    let pidfile = old.dir.pidfile();
+    let port = old.port();
+    let socket = Path::new(&sockdir).join(format!(".s.PGSQL.{port}"));
     let unix_dsn =
         format!("host={sockdir} port={port} user=md5user password=md5pass dbname=testdb");
-    let mut old = Proc::spawn(&ini, &[], "old.log");
-    assert!(
-        wait_serving(&pidfile, old.pid(), &unix_dsn).await,
-        "the first pgcarpool does not serve on its Unix socket:\n{}",
-        old.log()
-    );
     // A session client of the old process keeps it alive through the switch.
-    let held = try_connect(&unix_dsn).await.unwrap();
+    let held = try_connect(&unix_dsn)
+        .await
+        .unwrap_or_else(|e| panic!("the first pgcarpool's Unix socket: {e}\n{}", old.log()));
     held.simple_query("select 1").await.unwrap();
-    let mut new = Proc::spawn(&ini, &["-R"], "new.log");
-    assert!(
-        wait_serving(&pidfile, new.pid(), &unix_dsn).await,
-        "the new pgcarpool does not serve on the Unix socket:\n--- old\n{}\n--- new\n{}",
-        old.log(),
-        new.log()
+    let mut new = old.start_successor(&["-R"]).await;
+    assert_eq!(
+        pidfile_pid(&pidfile),
+        new.pid().to_string(),
+        "the pidfile does not name the new pgcarpool"
     );
+    try_connect(&unix_dsn)
+        .await
+        .unwrap_or_else(|e| panic!("the new pgcarpool's Unix socket: {e}\n{}", new.log()))
+        .simple_query("select 1")
+        .await
+        .unwrap();
     // Told to finish, the old one waits for its client, which still works.
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -320,7 +193,7 @@ async fn takeover_replaces_the_unix_socket_and_the_old_one_leaves_it() {
 }
 
 /// The state letter of a process in /proc (R, S, T = stopped, Z…).
-fn proc_state(pid: u32) -> Option<char> {
+fn proc_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?
         .1
@@ -336,25 +209,13 @@ const QUEUED: usize = 300;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_serves_the_connections_queued_on_the_listener() {
     let pg = TempPostgres::start();
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
-    let ini = write_config(
-        dir.path(),
+    let mut old = start_first(reuseport_spec(
         &pg,
-        port,
         &[("pool_mode", "transaction"), ("max_client_conn", "1000")],
-    );
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let dsn = dsn_for(port, "md5user", "testdb");
-    let mut old = Proc::spawn(&ini, &[], "old.log");
-    assert!(
-        wait_serving(&pidfile, old.pid(), &dsn).await,
-        "pgcarpool does not serve:\n{}",
-        old.log()
-    );
+    ))
+    .await;
+    let port = old.port();
+    let dsn = old.dsn("md5user");
     // Stopped, it accepts nothing: connections the kernel completes wait in its backlog.
     old.signal(libc::SIGSTOP);
     assert!(
@@ -404,20 +265,8 @@ async fn sigterm_serves_the_connections_queued_on_the_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_takeover_every_new_connection_goes_to_the_new_process() {
     let pg = TempPostgres::start();
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
-    let ini = write_config(dir.path(), &pg, port, &[("pool_mode", "transaction")]);
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let dsn = dsn_for(port, "md5user", "testdb");
-    let mut old = Proc::spawn(&ini, &[], "old.log");
-    assert!(
-        wait_serving(&pidfile, old.pid(), &dsn).await,
-        "the first pgcarpool does not serve:\n{}",
-        old.log()
-    );
+    let mut old = start_first(reuseport_spec(&pg, &[("pool_mode", "transaction")])).await;
+    let dsn = old.dsn("md5user");
     // Stopped, the old process would leave any connection the kernel gave it unanswered.
     old.signal(libc::SIGSTOP);
     assert!(
@@ -427,7 +276,7 @@ async fn after_takeover_every_new_connection_goes_to_the_new_process() {
         .await,
         "pgcarpool did not stop"
     );
-    let new = Proc::spawn(&ini, &["-R"], "new.log");
+    let new = old.start_successor(&["-R"]).await;
     assert!(
         eventually(Duration::from_secs(10), || async {
             new.log().contains("asking it to finish")
@@ -456,22 +305,14 @@ async fn after_takeover_every_new_connection_goes_to_the_new_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_logs_each_changed_setting_and_those_needing_a_restart() {
     let pg = TempPostgres::start();
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
-    let ini = write_config(dir.path(), &pg, port, &[("default_pool_size", "3")]);
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let dsn = dsn_for(port, "md5user", "testdb");
-    let p = Proc::spawn(&ini, &[], "pgcarpool.log");
-    assert!(
-        wait_serving(&pidfile, p.pid(), &dsn).await,
-        "pgcarpool does not serve:\n{}",
-        p.log()
-    );
-    let other_port = free_port();
-    write_config(dir.path(), &pg, other_port, &[("default_pool_size", "8")]);
+    let mut p = start_first(reuseport_spec(&pg, &[("default_pool_size", "3")])).await;
+    let dsn = p.dsn("md5user");
+    // listen_port = 0 in force (the harness's); the new value is never bound.
+    let other_port = p.port().wrapping_add(1).max(1);
+    p.dir.rewrite(|b| {
+        b.setting("listen_port", &other_port.to_string())
+            .setting("default_pool_size", "8")
+    });
     p.signal(libc::SIGHUP);
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -488,7 +329,7 @@ async fn sighup_logs_each_changed_setting_and_those_needing_a_restart() {
     );
     assert!(
         log.contains(&format!(
-            "reload: listen_port: \"{port}\" -> \"{other_port}\" (needs a restart: keeping \"{port}\")"
+            "reload: listen_port: \"0\" -> \"{other_port}\" (needs a restart: keeping \"0\")"
         )),
         "{log}"
     );
@@ -500,36 +341,25 @@ async fn sighup_logs_each_changed_setting_and_those_needing_a_restart() {
         .await
         .unwrap();
     p.signal(libc::SIGQUIT);
+    assert!(p.exited_within(Duration::from_secs(5)).await.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_takeover_leaves_the_running_one_in_charge() {
     let pg = TempPostgres::start();
-    let dir = tempfile::Builder::new()
-        .prefix("pgcarpool-restart-")
-        .tempdir()
-        .unwrap();
-    let port = free_port();
     // Without so_reuseport the port cannot be shared: -R cannot bind it.
-    let ini = write_config(dir.path(), &pg, port, &[("so_reuseport", "0")]);
-    let pidfile = dir.path().join("pgcarpool.pid");
-    let dsn = dsn_for(port, "md5user", "testdb");
-    let mut old = Proc::spawn(&ini, &[], "old.log");
+    let mut old = start_first(reuseport_spec(&pg, &[("so_reuseport", "0")])).await;
+    let pidfile = old.dir.pidfile();
+    let dsn = old.dsn("md5user");
+    let out = old.successor_dir().run(&["-R"]);
     assert!(
-        wait_serving(&pidfile, old.pid(), &dsn).await,
-        "the first pgcarpool does not serve:\n{}",
-        old.log()
-    );
-    let mut new = Proc::spawn(&ini, &["-R"], "new.log");
-    let status = new.exited_within(Duration::from_secs(10)).await;
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "-R on a port without SO_REUSEPORT: {status:?}\n{}",
-        new.log()
+        !out.status.success(),
+        "-R on a port without SO_REUSEPORT: {}",
+        output_text(&out)
     );
     assert!(old.running(), "the running pgcarpool was stopped");
     assert_eq!(
-        std::fs::read_to_string(&pidfile).unwrap_or_default().trim(),
+        pidfile_pid(&pidfile),
         old.pid().to_string(),
         "the pidfile no longer names the running pgcarpool"
     );

@@ -15,22 +15,7 @@ use harness::process::{
     BIN, PoolerProcess, ProcessDir, alive, field, give_to_pooler, pooler_os_user, port_in_status,
     send_signal, wait_ready,
 };
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, try_connect};
-
-fn spec(pg: &TempPostgres, extra: &[(&str, &str)]) -> TestPoolerBuilder {
-    extra
-        .iter()
-        .fold(TestPooler::builder(pg), |b, (k, v)| b.setting(k, v))
-}
-
-fn text(out: &std::process::Output) -> String {
-    format!(
-        "{}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use harness::{TempPostgres, TestPooler, dsn_for, eventually, output_text, try_connect};
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
@@ -62,7 +47,7 @@ async fn start_daemon(dir: &ProcessDir) -> (Daemon, u16) {
     let mut cmd = dir.command(&["-d"]);
     cmd.env("NOTIFY_SOCKET", dir.path().join("notify.sock"));
     let out = cmd.output().expect("run pgcarpool -d");
-    assert!(out.status.success(), "pgcarpool -d: {}", text(&out));
+    assert!(out.status.success(), "pgcarpool -d: {}", output_text(&out));
     let ready = wait_ready(&notify, Duration::from_secs(20))
         .await
         .expect("the daemon never reported READY=1");
@@ -122,7 +107,7 @@ fn dash_d_without_pidfile_is_refused() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("-d needs a pidfile"),
         "unclear error: {}",
-        text(&out)
+        output_text(&out)
     );
 }
 
@@ -137,13 +122,13 @@ fn dash_d_with_an_unwritable_pidfile_fails_before_forking() {
     assert!(
         !out.status.success(),
         "exit 0 with a pidfile it cannot write: {}",
-        text(&out)
+        output_text(&out)
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("could not create pidfile /nonexistent-dir/pgcarpool.pid"),
         "the error does not name the pidfile: {}",
-        text(&out)
+        output_text(&out)
     );
 }
 
@@ -164,12 +149,12 @@ async fn a_second_instance_is_refused_and_the_first_keeps_its_pidfile() {
         assert!(
             !out.status.success(),
             "a second instance ({args:?}) started: {}",
-            text(&out)
+            output_text(&out)
         );
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("exists, another instance running?"),
             "unclear error: {}",
-            text(&out)
+            output_text(&out)
         );
         assert_eq!(
             pid_in(&pidfile),
@@ -244,7 +229,7 @@ fn a_port_in_use_is_named_in_the_error() {
             "could not listen on 127.0.0.1:{port}: Address already in use"
         )),
         "the error does not name the address: {}",
-        text(&out)
+        output_text(&out)
     );
 }
 
@@ -255,7 +240,12 @@ fn a_config_error_is_one_line_even_with_rust_backtrace_set() {
     let out = cmd.env("RUST_BACKTRACE", "1").output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "not one line: {}", text(&out));
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "not one line: {}",
+        output_text(&out)
+    );
     assert!(stderr.contains("pgbouncer.ini:2: listen_port"), "{stderr}");
 }
 
@@ -270,11 +260,11 @@ fn root_is_refused_without_dash_u() {
     cmd.arg(dir.ini());
     if pooler_os_user().is_some() {
         let out = cmd.output().unwrap();
-        assert!(!out.status.success(), "ran as root: {}", text(&out));
+        assert!(!out.status.success(), "ran as root: {}", output_text(&out));
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("should not run as root"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
     } else {
         // Not root: it starts (and is stopped at once).
@@ -530,8 +520,11 @@ async fn dash_v_logs_each_connection() {
     let pg = TempPostgres::start();
     for verbose in [false, true] {
         let args: &[&str] = if verbose { &["-v"] } else { &[] };
-        let p =
-            PoolerProcess::start_with_args(spec(&pg, &[("pool_mode", "transaction")]), args).await;
+        let p = PoolerProcess::start_with_args(
+            TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]),
+            args,
+        )
+        .await;
         let c = p.connect("md5user").await;
         c.simple_query("select 1").await.unwrap();
         let detail = ["new client connection", "new connection to server"];

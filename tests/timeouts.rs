@@ -7,18 +7,14 @@ mod pool_support;
 
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder};
-use pool_support::{Observer, backend_pid, connect_watched, eventually, scalar};
+use harness::{Observer, TempPostgres, TestPooler, transaction_pooler, wait_for};
+use pool_support::{backend_pid, connect_watched, scalar};
 use tokio::io::AsyncReadExt;
 
 /// Bound on anything that should happen about one timeout (1 s) from now.
 const PROMPTLY: Duration = Duration::from_secs(5);
 /// A timer set to 1 s must not fire much earlier.
 const NOT_BEFORE: Duration = Duration::from_millis(900);
-
-fn transaction_pooler(pg: &TempPostgres) -> TestPoolerBuilder {
-    TestPooler::builder(pg).setting("pool_mode", "transaction")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
@@ -31,7 +27,7 @@ async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
     let c = p.connect("md5user", "testdb").await;
     let first = backend_pid(&c).await;
     let started = Instant::now();
-    eventually("a new server after server_lifetime", PROMPTLY, || async {
+    wait_for("a new server after server_lifetime", PROMPTLY, || async {
         backend_pid(&c).await != first
     })
     .await;
@@ -40,7 +36,7 @@ async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
         "server replaced too early: {:?}",
         started.elapsed()
     );
-    eventually("the old server closed", PROMPTLY, || async {
+    wait_for("the old server closed", PROMPTLY, || async {
         !obs.pids("md5user").await.contains(&first)
     })
     .await;
@@ -58,7 +54,7 @@ async fn server_lifetime_closes_an_old_idle_server() {
     let c = p.connect("md5user", "testdb").await;
     scalar(&c, "select 1").await.unwrap();
     assert_eq!(obs.backends("md5user").await, 1);
-    eventually("the old idle server closed", PROMPTLY, || async {
+    wait_for("the old idle server closed", PROMPTLY, || async {
         obs.backends("md5user").await == 0
     })
     .await;
@@ -76,7 +72,7 @@ async fn server_idle_timeout_closes_idle_servers() {
     let c = p.connect("md5user", "testdb").await;
     scalar(&c, "select 1").await.unwrap();
     assert_eq!(obs.backends("md5user").await, 1);
-    eventually("the idle server closed", PROMPTLY, || async {
+    wait_for("the idle server closed", PROMPTLY, || async {
         obs.backends("md5user").await == 0
     })
     .await;
@@ -109,9 +105,14 @@ async fn server_connect_timeout_fails_a_login_to_a_silent_server() {
         waited >= NOT_BEFORE,
         "gave up before server_connect_timeout: {waited:?}"
     );
-    assert!(
-        harness::sqlstate(&err).is_some(),
-        "no error from the pooler: {err:?}"
+    // The login fails with the pooler's connection error naming the timeout.
+    let db = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("no error from the pooler: {err:?}"));
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08006", "server connection timed out"),
+        "{err:?}"
     );
     drop(silent);
     p.shutdown().await;
@@ -222,7 +223,7 @@ async fn query_timeout_fails_the_query_and_the_server_is_reused_clean() {
         started.elapsed()
     );
     assert!(err.contains("query_timeout"), "{err}");
-    eventually("no busy backend left", PROMPTLY, || async {
+    wait_for("no busy backend left", PROMPTLY, || async {
         obs.backends_in_state("md5user", "active").await == 0
             && obs
                 .backends_in_state("md5user", "idle in transaction")
@@ -275,7 +276,7 @@ async fn idle_transaction_timeout_disconnects_and_rolls_back() {
         .unwrap();
     let why = w.events.closed_within(PROMPTLY).await;
     assert!(why.contains("idle_transaction_timeout"), "{why}");
-    eventually("the transaction rolled back", PROMPTLY, || async {
+    wait_for("the transaction rolled back", PROMPTLY, || async {
         obs.backends_in_state("md5user", "idle in transaction")
             .await
             == 0
@@ -325,7 +326,7 @@ async fn transaction_timeout_ends_a_busy_long_transaction() {
         query_err.contains("transaction_timeout") || why.contains("transaction_timeout"),
         "query: {query_err}; connection: {why}"
     );
-    eventually("the transaction rolled back", PROMPTLY, || async {
+    wait_for("the transaction rolled back", PROMPTLY, || async {
         obs.backends_in_state("md5user", "idle in transaction")
             .await
             == 0
@@ -378,7 +379,7 @@ async fn query_timeout_applies_to_a_query_inside_a_transaction() {
         started.elapsed()
     );
     assert!(err.contains("query_timeout"), "{err}");
-    eventually("no busy backend left", PROMPTLY, || async {
+    wait_for("no busy backend left", PROMPTLY, || async {
         obs.backends_in_state("md5user", "active").await == 0
             && obs
                 .backends_in_state("md5user", "idle in transaction")
@@ -431,7 +432,7 @@ async fn server_idle_timeout_keeps_min_pool_size_servers() {
     for c in &holders {
         c.batch_execute("commit").await.unwrap();
     }
-    eventually(
+    wait_for(
         "idle servers beyond min_pool_size closed",
         PROMPTLY,
         || async { obs.backends("md5user").await == 1 },
@@ -462,15 +463,21 @@ async fn query_timeout_in_session_mode_resets_the_server_for_the_next_client() {
         .await
         .expect_err("pg_sleep(10) finished");
     assert!(err.contains("query_timeout"), "{err}");
+    // The pool's only server is cancelled, reset and handed to the next client (not closed
+    // and replaced: that would pass without any reset).
     let next = p.connect("md5user", "testdb").await;
     let next_pid = backend_pid(&next).await;
+    assert_eq!(
+        next_pid, pid,
+        "the timed-out session's server was not reused"
+    );
     let work_mem = scalar(&next, "show work_mem").await.unwrap();
-    if next_pid == pid {
-        assert_ne!(
-            work_mem, "7777kB",
-            "the next client inherited the timed-out session's state"
-        );
-    }
+    let fresh = pg.connect("md5user", "testdb").await;
+    let default = scalar(&fresh, "show work_mem").await.unwrap();
+    assert_eq!(
+        work_mem, default,
+        "the next client inherited the timed-out session's state"
+    );
     p.shutdown().await;
 }
 
@@ -482,17 +489,7 @@ async fn client_login_timeout_disconnects_a_client_that_never_answers_the_passwo
         .start()
         .await;
     let mut raw = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
-    let mut body = Vec::new();
-    body.extend_from_slice(&196_608i32.to_be_bytes()); // protocol 3.0
-    for s in ["user", "md5user", "database", "testdb"] {
-        body.extend_from_slice(s.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut startup = (i32::try_from(body.len()).unwrap() + 4)
-        .to_be_bytes()
-        .to_vec();
-    startup.extend_from_slice(&body);
+    let startup = harness::wire::startup_message(&[("user", "md5user"), ("database", "testdb")]);
     tokio::io::AsyncWriteExt::write_all(&mut raw, &startup)
         .await
         .unwrap();
@@ -528,7 +525,7 @@ async fn idle_transaction_timeout_applies_in_session_mode() {
     w.client.batch_execute("begin; select 1").await.unwrap();
     let why = w.events.closed_within(PROMPTLY).await;
     assert!(why.contains("idle_transaction_timeout"), "{why}");
-    eventually("the transaction rolled back", PROMPTLY, || async {
+    wait_for("the transaction rolled back", PROMPTLY, || async {
         obs.backends_in_state("md5user", "idle in transaction")
             .await
             == 0

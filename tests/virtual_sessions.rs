@@ -54,10 +54,7 @@ async fn named_statements_with_clashing_names_work_across_servers() {
     for t in tasks {
         t.await.unwrap();
     }
-    let backends: i32 = pg
-        .psql("select count(*) from pg_stat_activity where usename = 'md5user'")
-        .parse()
-        .unwrap();
+    let backends = harness::Observer::new(&pg).await.backends("md5user").await;
     assert!(
         backends <= 4,
         "{backends} server connections for a pool of 4"

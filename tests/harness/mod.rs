@@ -18,6 +18,7 @@
 //! The passwords of trust roles are only what the pooler's userlist holds.
 #![allow(dead_code)]
 
+mod observer;
 mod pooler;
 mod postgres;
 pub mod process;
@@ -30,6 +31,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
+pub use observer::Observer;
+#[allow(unused_imports)]
 pub use pooler::{TestPooler, TestPoolerBuilder};
 #[allow(unused_imports)]
 pub use postgres::{TempPostgres, free_port};
@@ -58,6 +61,78 @@ where
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// `eventually`, panicking with `what` when `limit` passes first.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    assert!(
+        eventually(limit, check).await,
+        "timed out after {limit:?} waiting for: {what}"
+    );
+}
+
+/// A pooler config for `pg` in transaction pooling mode (the other defaults as `builder`).
+pub fn transaction_pooler(pg: &TempPostgres) -> TestPoolerBuilder {
+    TestPooler::builder(pg).setting("pool_mode", "transaction")
+}
+
+/// A column of the row of console view `SHOW view` whose columns match all of `keys`
+/// (None: no such row).
+pub async fn console_value(
+    admin: &tokio_postgres::Client,
+    view: &str,
+    keys: &[(&str, &str)],
+    col: &str,
+) -> Option<String> {
+    let msgs = admin
+        .simple_query(&format!("SHOW {view}"))
+        .await
+        .unwrap_or_else(|e| panic!("SHOW {view}: {e}"));
+    msgs.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r)
+            if keys.iter().all(|(k, v)| r.get(*k) == Some(*v)) =>
+        {
+            Some(r.get(col).unwrap_or_default().to_string())
+        }
+        _ => None,
+    })
+}
+
+/// SHOW POOLS' `cl_waiting` for `user` on `db` through an admin console client (database
+/// `pgbouncer`, user `postgres`); 0 when the pool does not exist yet.
+pub async fn cl_waiting(admin: &tokio_postgres::Client, db: &str, user: &str) -> i64 {
+    console_value(
+        admin,
+        "POOLS",
+        &[("database", db), ("user", user)],
+        "cl_waiting",
+    )
+    .await
+    .map_or(0, |v| v.parse().expect("cl_waiting is a number"))
+}
+
+/// A command's exit status, stdout and stderr, for assertion messages.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The number after `prefix` on a line of pgbench's report (e.g.
+/// `"number of failed transactions: "`), or None.
+pub fn pgbench_number(out: &Output, prefix: &str) -> Option<u64> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| rest.split(['/', ' ']).next())
+        .and_then(|n| n.parse().ok())
 }
 
 /// The password a client uses for a test role, if `user` is one.

@@ -7,7 +7,7 @@ use std::path::Path;
 use pgcarpool::app::{self, AppHandle};
 use pgcarpool::config::Config;
 
-use super::{TEST_ROLES, TempPostgres, dsn_for, try_connect};
+use super::{TEST_ROLES, TempPostgres, dsn_for, free_port, try_connect};
 
 /// The `[pgbouncer]` settings every test pooler starts from (`setting()` overrides).
 /// Two workers whatever the machine: every test runs clients on two threads, with servers
@@ -105,24 +105,53 @@ impl TestPoolerBuilder {
         })
     }
 
+    /// Set several `[pgbouncer]` keys, e.g. `.settings(&[("pool_mode", "session")])`.
+    pub fn settings(self, pairs: &[(&str, &str)]) -> Self {
+        pairs.iter().fold(self, |b, (k, v)| b.setting(k, v))
+    }
+
     /// Start pgcarpool in-process with this configuration (on the current runtime).
     pub async fn start(self) -> TestPooler {
+        let ini = self.ini_text();
+        self.try_start()
+            .await
+            .unwrap_or_else(|e| panic!("start pgcarpool: {e}\n--- pgbouncer.ini\n{ini}"))
+    }
+
+    /// Start pgcarpool in-process; the error of `app::start` if it fails.
+    pub async fn try_start(self) -> std::io::Result<TestPooler> {
         let dir = tempfile::Builder::new()
             .prefix("pgcarpool-pooler-")
             .tempdir()
             .expect("make pooler temp dir");
         let config = self.write_and_parse(dir.path());
-        let handle = app::start(config).await.unwrap_or_else(|e| {
-            panic!(
-                "start pgcarpool: {e}\n--- pgbouncer.ini\n{}",
-                self.ini_text()
-            )
-        });
-        TestPooler {
+        let handle = app::start(config).await?;
+        Ok(TestPooler {
             spec: self,
             dir,
             handle: Some(handle),
+        })
+    }
+
+    /// Start with setting `key` (a port with no port-0 form, e.g. `prometheus_port`) on a
+    /// free port, picking another when something took it before pgcarpool bound it.
+    /// Returns the pooler and the port.
+    pub async fn start_with_free_port(self, key: &str) -> (TestPooler, u16) {
+        let mut last = None;
+        for _ in 0..10 {
+            let port = free_port();
+            match self
+                .clone()
+                .setting(key, &port.to_string())
+                .try_start()
+                .await
+            {
+                Ok(p) => return (p, port),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => panic!("start pgcarpool with {key} = {port}: {e}"),
+            }
         }
+        panic!("start pgcarpool: no free port for {key}: {last:?}");
     }
 }
 

@@ -94,6 +94,25 @@ impl ProcessDir {
         d
     }
 
+    /// As `new`, with `pidfile` set to this dir's `pgcarpool.pid` (`pidfile()`): an absolute
+    /// path, so a successor started from `spec()` in a dir of its own shares it (`-R`).
+    pub fn with_pidfile(spec: TestPoolerBuilder) -> ProcessDir {
+        let mut d = ProcessDir::new(spec);
+        let pidfile = d.pidfile().to_string_lossy().into_owned();
+        d.rewrite(|b| b.setting("pidfile", &pidfile));
+        d
+    }
+
+    /// `pgcarpool.pid` in this dir (the pidfile when made by `with_pidfile`).
+    pub fn pidfile(&self) -> PathBuf {
+        self.path().join("pgcarpool.pid")
+    }
+
+    /// The config this dir was written from.
+    pub fn spec(&self) -> TestPoolerBuilder {
+        self.spec.clone().expect("a config made by a builder")
+    }
+
     /// A temp dir whose pgbouncer.ini is `ini` as it is (and an empty userlist.txt).
     pub fn raw(ini: &str) -> ProcessDir {
         let d = ProcessDir {
@@ -291,6 +310,22 @@ impl PoolerProcess {
         i32::try_from(self.child.id()).expect("pid fits i32")
     }
 
+    /// A new dir with this process's config and its TCP port as `listen_port`, for a second
+    /// pgcarpool on the same port (online restart, `-R`, with so_reuseport = 1). Paths in
+    /// the config stay as they are: an absolute pidfile or unix_socket_dir is shared.
+    pub fn successor_dir(&self) -> ProcessDir {
+        ProcessDir::new(
+            self.dir
+                .spec()
+                .setting("listen_port", &self.port.to_string()),
+        )
+    }
+
+    /// Start pgcarpool with `args` (e.g. `-R`) in `successor_dir()` and wait until it is up.
+    pub async fn start_successor(&self, args: &[&str]) -> PoolerProcess {
+        PoolerProcess::start_in(self.successor_dir(), args).await
+    }
+
     /// The TCP port it listens on (0: none).
     pub fn port(&self) -> u16 {
         self.port
@@ -319,6 +354,13 @@ impl PoolerProcess {
         try_connect(&self.dsn(user))
             .await
             .unwrap_or_else(|e| panic!("connect through pgcarpool: {e}\n{}", self.log()))
+    }
+
+    /// The admin console (database `pgbouncer`) as `postgres`.
+    pub async fn console(&self) -> tokio_postgres::Client {
+        try_connect(&dsn_for(self.port, "postgres", "pgbouncer"))
+            .await
+            .unwrap_or_else(|e| panic!("connect to the admin console: {e}\n{}", self.log()))
     }
 
     /// What pgcarpool wrote to stderr so far.

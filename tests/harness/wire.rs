@@ -35,6 +35,62 @@ pub struct Wire {
     pub notify_pids: Vec<i32>,
 }
 
+/// A StartupMessage (protocol 3.0) with `params` (e.g. `[("user", u), ("database", d)]`).
+pub fn startup_message(params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
+    for (k, v) in params {
+        cstr(&mut body, k);
+        cstr(&mut body, v);
+    }
+    body.push(0);
+    let mut out = i32::try_from(body.len() + 4)
+        .expect("startup packet length")
+        .to_be_bytes()
+        .to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Protocol version 3.0 as a StartupMessage carries it (196608).
+pub const PROTOCOL_3_0: i32 = 3 << 16;
+
+/// One frontend message: `tag`, length, `body`.
+pub fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    msg(&mut out, tag, body);
+    out
+}
+
+/// Split backend bytes into whole messages (tag, body); a trailing partial message is
+/// left out.
+pub fn split_messages(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while bytes.len() >= 5 {
+        let len = i32::from_be_bytes(bytes[1..5].try_into().unwrap());
+        let Some(end) = usize::try_from(len).ok().and_then(|l| l.checked_add(1)) else {
+            break;
+        };
+        if len < 4 || bytes.len() < end {
+            break;
+        }
+        out.push((bytes[0], bytes[5..end].to_vec()));
+        bytes = &bytes[end..];
+    }
+    out
+}
+
+/// The SQLSTATE and message of an ErrorResponse body.
+pub fn error_fields(body: &[u8]) -> (String, String) {
+    let f = fields(body);
+    let get = |k: u8| {
+        f.iter()
+            .find(|(c, _)| *c == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    (get(b'C'), get(b'M'))
+}
+
 fn msg(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     out.push(tag);
     out.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
@@ -68,15 +124,11 @@ impl Wire {
             notify_pids: Vec::new(),
         };
         let mut reported = std::collections::HashMap::new();
-        let mut body = 196_608i32.to_be_bytes().to_vec();
-        for (k, v) in [("user", user), ("database", db)].iter().chain(params) {
-            cstr(&mut body, k);
-            cstr(&mut body, v);
-        }
-        body.push(0);
-        w.out
-            .extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        w.out.extend_from_slice(&body);
+        let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
+            .into_iter()
+            .chain(params.iter().copied())
+            .collect();
+        w.out.extend_from_slice(&startup_message(&all));
         w.flush().await;
         loop {
             let (tag, body) = w.next().await;

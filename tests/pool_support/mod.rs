@@ -1,97 +1,16 @@
-//! Helpers for the pool limit and timeout tests: watching PostgreSQL's side of the pool,
-//! polling a condition with a bounded deadline, and clients whose notices and final error
-//! the test can read.
+//! Helpers for the pool limit and timeout tests: clients whose notices and final error the
+//! test can read. (PostgreSQL's side of a pool: `harness::Observer`; waiting with a
+//! deadline: `harness::wait_for`.)
 #![allow(dead_code)]
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-use crate::harness::TempPostgres;
-
-/// How often `eventually` looks again.
+/// How often `assert_still_waiting` looks again.
 const POLL: Duration = Duration::from_millis(50);
-
-/// A direct superuser connection to PostgreSQL for looking at `pg_stat_activity`
-/// (its own backend belongs to `postgres`, so it never counts as a pool's).
-pub struct Observer {
-    client: Client,
-}
-
-impl Observer {
-    pub async fn new(pg: &TempPostgres) -> Observer {
-        Observer {
-            client: pg.connect("postgres", "postgres").await,
-        }
-    }
-
-    /// Client backends of `user`.
-    pub async fn backends(&self, user: &str) -> i64 {
-        self.count("usename = $1", &[&user]).await
-    }
-
-    /// Client backends of `user` in `state` ('active', 'idle', 'idle in transaction'…).
-    pub async fn backends_in_state(&self, user: &str, state: &str) -> i64 {
-        self.count("usename = $1 and state = $2", &[&user, &state])
-            .await
-    }
-
-    /// Client backends connected to database `db`.
-    pub async fn backends_in_db(&self, db: &str) -> i64 {
-        self.count("datname = $1 and usename <> 'postgres'", &[&db])
-            .await
-    }
-
-    /// Backend pids of `user`.
-    pub async fn pids(&self, user: &str) -> Vec<i32> {
-        let rows = self
-            .client
-            .query(
-                "select pid from pg_stat_activity where usename = $1 and backend_type = 'client backend' order by pid",
-                &[&user],
-            )
-            .await
-            .expect("list backends");
-        rows.iter().map(|r| r.get(0)).collect()
-    }
-
-    async fn count(
-        &self,
-        cond: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> i64 {
-        let sql = format!(
-            "select count(*) from pg_stat_activity where backend_type = 'client backend' and {cond}"
-        );
-        self.client
-            .query_one(&sql, params)
-            .await
-            .expect("count backends")
-            .get(0)
-    }
-}
-
-/// Poll `check` until it returns true; panic naming `what` after `limit`.
-pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    let mut tick = tokio::time::interval(POLL);
-    loop {
-        tick.tick().await;
-        if check().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for: {what}"
-        );
-    }
-}
 
 /// Assert that `task` is still running after `window` (it is waiting for something).
 pub async fn assert_still_waiting<T>(
