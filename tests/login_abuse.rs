@@ -196,9 +196,9 @@ async fn first_reply(port: u16, minor: u16, params: &[(&str, &str)]) -> (u8, Vec
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    let mut packet = bytes::BytesMut::new();
-    pgcarpool::proto::startup::startup_message_minor(&mut packet, minor, params);
-    s.write_all(&packet).await.unwrap();
+    s.write_all(&harness::wire::startup_message_minor(minor, params))
+        .await
+        .unwrap();
     let mut head = [0u8; 5];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut head))
         .await

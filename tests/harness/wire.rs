@@ -37,7 +37,12 @@ pub struct Wire {
 
 /// A StartupMessage (protocol 3.0) with `params` (e.g. `[("user", u), ("database", d)]`).
 pub fn startup_message(params: &[(&str, &str)]) -> Vec<u8> {
-    let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
+    startup_message_minor(0, params)
+}
+
+/// A StartupMessage for protocol 3.`minor` (3.2 and later: newer than PostgreSQL 15 speaks).
+pub fn startup_message_minor(minor: u16, params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = (PROTOCOL_3_0 + i32::from(minor)).to_be_bytes().to_vec();
     for (k, v) in params {
         cstr(&mut body, k);
         cstr(&mut body, v);
