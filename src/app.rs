@@ -40,6 +40,8 @@ pub struct Shared {
     /// The connections still logging in (the oldest is dropped when a new one finds the
     /// pooler full).
     pub pending_logins: crate::client::logins::PendingLogins,
+    /// Clients per database and per user (console included).
+    pub client_counts: Arc<crate::client::counts::ClientCounts>,
     /// Console state: DISABLE'd and PAUSE'd databases.
     pub admin: crate::admin::AdminState,
     /// The worker runtimes (set once by `start`).
@@ -202,6 +204,7 @@ impl Shared {
             next_client_id: AtomicU64::new(1),
             client_conns: AtomicUsize::new(0),
             pending_logins: Default::default(),
+            client_counts: Default::default(),
             admin: crate::admin::AdminState::default(),
             workers: std::sync::OnceLock::new(),
         })

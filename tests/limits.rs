@@ -407,3 +407,111 @@ async fn a_waiting_client_that_disconnects_gives_back_its_client_slot() {
     h.batch_execute("select 1; commit").await.unwrap();
     p.shutdown().await;
 }
+
+/// SHOW DATABASES' or SHOW USERS' current_client_connections for `name`.
+async fn current_clients(admin: &tokio_postgres::Client, view: &str, name: &str) -> u64 {
+    harness::console_value(admin, view, &[("name", name)], "current_client_connections")
+        .await
+        .unwrap_or_else(|| panic!("no row {name} in SHOW {view}"))
+        .parse()
+        .unwrap()
+}
+
+/// The refusal a client gets, as text ("SQLSTATE message").
+async fn refusal(p: &TestPooler, user: &str, db: &str) -> String {
+    match harness::try_connect(&p.dsn(user, db)).await {
+        Ok(_) => "logged in".into(),
+        Err(e) => match e.as_db_error() {
+            Some(d) => format!("{} {}", d.code().code(), d.message()),
+            None => e.to_string(),
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_client_connections_refuses_the_client_over_the_limit() {
+    let pg = TempPostgres::start();
+    // Global 3, testdb's own 2 (the entry wins), postgres under the global one.
+    let p = TestPooler::builder(&pg)
+        .setting("max_db_client_connections", "3")
+        .database(
+            "testdb",
+            &format!("{} max_db_client_connections=2", pg.db_entry("testdb")),
+        )
+        .database("postgres", &pg.db_entry("postgres"))
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let first = p.connect("md5user", "testdb").await;
+    let second = p.connect("scramuser", "testdb").await;
+    assert_eq!(current_clients(&admin, "DATABASES", "testdb").await, 2);
+    assert_eq!(
+        refusal(&p, "md5user", "testdb").await,
+        "08P01 client connections exceeded (max_db_client_connections)"
+    );
+    assert_eq!(current_clients(&admin, "DATABASES", "testdb").await, 2);
+    // Other databases have their own count.
+    let others: Vec<_> = [
+        p.connect("md5user", "postgres").await,
+        p.connect("md5user", "postgres").await,
+        p.connect("md5user", "postgres").await,
+    ]
+    .into();
+    assert_eq!(
+        refusal(&p, "md5user", "postgres").await,
+        "08P01 client connections exceeded (max_db_client_connections)"
+    );
+    // A client that leaves makes room.
+    drop(first);
+    wait_for("testdb's count to drop", PROMPTLY, || async {
+        current_clients(&admin, "DATABASES", "testdb").await == 1
+    })
+    .await;
+    let third = p.connect("md5user", "testdb").await;
+    scalar(&third, "select 1").await.unwrap();
+    scalar(&second, "select 1").await.unwrap();
+    // The console counts its own connections; admin users are never refused there.
+    let console_before = current_clients(&admin, "DATABASES", "pgbouncer").await;
+    assert_eq!(console_before, 1);
+    let more_admins = [
+        p.connect("postgres", "pgbouncer").await,
+        p.connect("postgres", "pgbouncer").await,
+        p.connect("postgres", "pgbouncer").await,
+    ];
+    assert_eq!(current_clients(&admin, "DATABASES", "pgbouncer").await, 4);
+    drop((others, more_admins));
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_client_connections_refuses_the_client_over_the_limit() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("max_user_client_connections", "2")
+        .user_entry("scramuser", "max_user_client_connections=1")
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let s1 = p.connect("scramuser", "testdb").await;
+    assert_eq!(current_clients(&admin, "USERS", "scramuser").await, 1);
+    assert_eq!(
+        refusal(&p, "scramuser", "postgres").await,
+        "08P01 client connections exceeded (max_user_client_connections)"
+    );
+    let m1 = p.connect("md5user", "testdb").await;
+    let m2 = p.connect("md5user", "postgres").await;
+    assert_eq!(current_clients(&admin, "USERS", "md5user").await, 2);
+    assert_eq!(
+        refusal(&p, "md5user", "testdb").await,
+        "08P01 client connections exceeded (max_user_client_connections)"
+    );
+    drop(s1);
+    wait_for("scramuser's count to drop", PROMPTLY, || async {
+        current_clients(&admin, "USERS", "scramuser").await == 0
+    })
+    .await;
+    let s2 = p.connect("scramuser", "testdb").await;
+    scalar(&s2, "select 1").await.unwrap();
+    drop((m1, m2));
+    p.shutdown().await;
+}

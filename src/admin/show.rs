@@ -135,7 +135,6 @@ pub fn databases(shared: &Shared) -> Table {
         ("disabled", Int),
     ]);
     let pools = shared.pools.all();
-    let clients = shared.clients.all();
     for name in database_names(shared, &cfg) {
         let Some(e) = cfg.database(&name) else {
             continue;
@@ -161,7 +160,7 @@ pub fn databases(shared: &Shared) -> Table {
             cfg.max_db_connections_for(&name).into(),
             current.into(),
             cfg.max_db_client_connections_for(&name).into(),
-            clients.iter().filter(|c| c.db == name).count().into(),
+            shared.client_counts.db(&name).into(),
             paused.into(),
             shared.admin.is_disabled(&name).into(),
         ]);
@@ -181,8 +180,8 @@ pub fn databases(shared: &Shared) -> Table {
         Cell::Null,
         0i64.into(),
         0i64.into(),
-        0i64.into(),
-        0i64.into(),
+        cfg.settings.max_db_client_connections.into(),
+        shared.client_counts.db("pgbouncer").into(),
         0i64.into(),
         0i64.into(),
     ]);
@@ -423,7 +422,6 @@ pub fn users(shared: &Shared) -> Table {
         ("current_client_connections", Int),
     ]);
     let pools = shared.pools.all();
-    let clients = shared.clients.all();
     let mut names: BTreeSet<String> = cfg.auth.users.keys().cloned().collect();
     names.extend(cfg.users.keys().cloned());
     names.extend(pools.iter().map(|p| p.user.clone()));
@@ -442,7 +440,7 @@ pub fn users(shared: &Shared) -> Table {
                 .sum::<usize>()
                 .into(),
             cfg.max_user_client_connections_for(&name).into(),
-            clients.iter().filter(|c| c.user == name).count().into(),
+            shared.client_counts.user(&name).into(),
         ]);
     }
     t

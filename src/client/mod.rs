@@ -1,6 +1,7 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod cancel;
 pub mod classify;
+pub mod counts;
 pub mod logins;
 pub mod prepared;
 pub mod registry;
@@ -58,6 +59,8 @@ pub struct Client {
     pub pool: Arc<Pool>,
     pub session: VirtualSession,
     pub reg: Registration,
+    /// Counted in its database and user (client connection limits) while it lives.
+    pub counted: counts::Counted,
 }
 
 /// Serve one client connection from its first byte to its last.
@@ -115,9 +118,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     };
     let entered = login.await;
     drop(ticket);
-    let (user, db, pool, session, reg) = match entered {
+    let (user, db, pool, session, reg, counted) = match entered {
         Ok(Entered::Client(l)) => *l,
-        Ok(Entered::Admin(user, role)) => {
+        Ok(Entered::Admin(user, role, _counted)) => {
             // The console session runs without the login's deadline.
             if let Err(e) = crate::admin::run(&shared, &mut conn, &user, role).await {
                 report(&mut conn, &e, peer, cfg.settings.log_connections).await;
@@ -139,6 +142,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         pool,
         session,
         reg,
+        counted,
     })
 }
 
@@ -155,14 +159,56 @@ async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
     }
 }
 
-type Login = (String, String, Arc<Pool>, VirtualSession, Registration);
+type Login = (
+    String,
+    String,
+    Arc<Pool>,
+    VirtualSession,
+    Registration,
+    counts::Counted,
+);
+
+/// Count a logged-in client in its database and user, or refuse it past
+/// `max_db_client_connections` / `max_user_client_connections` (PgBouncer's checks and
+/// messages; an admin user on the console is never refused by the database limit).
+fn count_client(
+    shared: &Shared,
+    cfg: &Config,
+    db: &str,
+    user: &str,
+) -> Result<counts::Counted, ClientError> {
+    // Console connections count on `pgbouncer`, whichever of its names they used.
+    let db = if crate::admin::is_admin_db(db) {
+        "pgbouncer"
+    } else {
+        db
+    };
+    let counted = shared.client_counts.enter(db, user);
+    let max_db = cfg.max_db_client_connections_for(db);
+    let console_admin =
+        crate::admin::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
+    if max_db > 0 && counted.db_count > max_db && !console_admin {
+        return Err(ClientError::fatal(
+            "08P01",
+            "client connections exceeded (max_db_client_connections)".into(),
+        ));
+    }
+    let max_user = cfg.max_user_client_connections_for(user);
+    if max_user > 0 && counted.user_count > max_user && !console_admin {
+        return Err(ClientError::fatal(
+            "08P01",
+            "client connections exceeded (max_user_client_connections)".into(),
+        ));
+    }
+    Ok(counted)
+}
 
 /// Where a login led.
 enum Entered {
     /// A client of a pool.
     Client(Box<Login>),
-    /// A console user, logged in.
-    Admin(String, crate::admin::Role),
+    /// A console user, logged in (and counted on database `pgbouncer`).
+    Admin(String, crate::admin::Role, counts::Counted),
     /// Nothing more to do (a cancel request).
     Done,
 }
@@ -195,7 +241,8 @@ async fn login(
         // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
         // pgcarpool is an admin without a password.
         if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
-            return Ok(Entered::Admin(user, crate::admin::Role::Admin));
+            let counted = count_client(shared, cfg, &db, &user)?;
+            return Ok(Entered::Admin(user, crate::admin::Role::Admin, counted));
         }
         let secret = cfg.auth.users.get(&user);
         let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
@@ -205,7 +252,8 @@ async fn login(
             )
         })?;
         startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
-        return Ok(Entered::Admin(user, role));
+        let counted = count_client(shared, cfg, &db, &user)?;
+        return Ok(Entered::Admin(user, role, counted));
     }
     let client_params = session_params(&params, cfg, peer)?;
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
@@ -222,6 +270,7 @@ async fn login(
             format!("database does not allow connections: {db}"),
         ));
     }
+    let counted = count_client(shared, cfg, &db, &user)?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
     let pool = shared.pools.get_or_create(&db, &server_user, || {
@@ -291,7 +340,9 @@ async fn login(
     });
     conn.flush().await?;
     reg.handle.set_state(ClientState::Idle);
-    Ok(Entered::Client(Box::new((user, db, pool, session, reg))))
+    Ok(Entered::Client(Box::new((
+        user, db, pool, session, reg, counted,
+    ))))
 }
 
 /// The client's own session parameters from its startup packet.
