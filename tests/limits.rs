@@ -130,6 +130,40 @@ async fn max_client_conn_refuses_the_extra_client_with_53300() {
         .await
         .expect_err("third client accepted");
     assert_eq!(harness::sqlstate(&err), Some("53300"), "{err:?}");
+    // A client that asks for SSL first (libpq's sslmode=prefer) is told 'N', then gets
+    // the error for its startup packet (an error in place of 'N' reads as a failed SSL
+    // exchange to libpq, without the reason).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", p.port()))
+            .await
+            .unwrap();
+        s.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+            .await
+            .unwrap();
+        let mut n = [0u8; 1];
+        s.read_exact(&mut n).await.unwrap();
+        assert_eq!(&n, b"N");
+        s.write_all(&harness::wire::startup_message(&[
+            ("user", "md5user"),
+            ("database", "testdb"),
+        ]))
+        .await
+        .unwrap();
+        let mut reply = Vec::new();
+        tokio::time::timeout(PROMPTLY, s.read_to_end(&mut reply))
+            .await
+            .expect("not closed after the refusal")
+            .unwrap();
+        let msgs = harness::wire::split_messages(&reply);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert_eq!(msgs[0].0, b'E');
+        let (code, message) = harness::wire::error_fields(&msgs[0].1);
+        assert_eq!(
+            (code.as_str(), message.as_str()),
+            ("53300", "no more connections allowed (max_client_conn)")
+        );
+    }
     for c in [&c1, &c2] {
         assert_eq!(scalar(c, "select 1").await.as_deref(), Ok("1"));
     }

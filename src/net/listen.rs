@@ -443,8 +443,10 @@ async fn accept(l: &Listener) -> std::io::Result<Stream> {
 
 async fn refuse(stream: Stream, why: &str) {
     let mut conn = Conn::new(stream);
-    // The client sends its startup packet first; answer it with the error.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.fill(8)).await;
+    // Answer the startup packet with the error, after an SSL or GSS request if one comes
+    // first (refused with 'N': an error there reads as a failed SSL exchange to libpq).
+    let first = crate::client::startup::hello(&mut conn);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
 }

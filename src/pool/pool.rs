@@ -453,7 +453,8 @@ impl Pool {
             } else {
                 0
             };
-        if g.total.saturating_sub(g.pinned) >= cap {
+        let in_use = g.total.saturating_sub(g.pinned);
+        if in_use >= cap {
             return false;
         }
         if !self.db_limit.try_acquire() {
@@ -466,6 +467,10 @@ impl Pool {
         g.login.started();
         g.total += 1;
         g.active += 1;
+        if in_use >= g.settings.pool_size {
+            // PgBouncer's words (a warning there too): tools and tests look for them.
+            tracing::warn!(db = %self.db, user = %self.user, "taking connection from reserve_pool");
+        }
         true
     }
 
