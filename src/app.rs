@@ -83,6 +83,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
     let shared = Shared::new(config);
+    shared.create_forced_user_pools();
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
@@ -271,12 +272,26 @@ impl Shared {
             let cred = crate::client::credential_for(&new, &entry, &p.user, learned);
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
+        self.create_forced_user_pools();
         tracing::info!(
             "configuration reloaded ({} settings changed, {} need a restart)",
             changes.len(),
             changes.iter().filter(|c| !c.reloadable).count()
         );
         changes
+    }
+
+    /// As PgBouncer, a database with a forced `user=` has its pool from the start (not
+    /// from its first client), so its `min_pool_size` servers are opened at once.
+    pub fn create_forced_user_pools(&self) {
+        let cfg = self.config.load();
+        for entry in cfg.databases.values() {
+            let Some(user) = &entry.user else { continue };
+            self.pools.get_or_create(&entry.name, user, || {
+                let cred = crate::client::credential_for(&cfg, entry, user, None);
+                pool_settings(&cfg, entry, user, cred, self)
+            });
+        }
     }
 
     /// Stop accepting and make every client leave now; close idle servers.

@@ -549,3 +549,29 @@ async fn max_user_client_connections_refuses_the_client_over_the_limit() {
     drop((m1, m2));
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_user_database_fills_min_pool_size_before_any_client() {
+    let pg = TempPostgres::start();
+    let obs = Observer::new(&pg).await;
+    let p = transaction_pooler(&pg)
+        .database(
+            "forced",
+            &format!("{} user=md5user min_pool_size=2", pg.db_entry("testdb")),
+        )
+        .database(
+            "plain",
+            &format!("{} min_pool_size=2", pg.db_entry("testdb")),
+        )
+        .start()
+        .await;
+    // No client has connected: the forced user's pool exists and is filled (PgBouncer
+    // does the same); a database without a forced user has no pool until a client comes.
+    wait_for("2 servers for the forced user", PROMPTLY, || async {
+        obs.backends("md5user").await == 2
+    })
+    .await;
+    assert_eq!(obs.backends("scramuser").await, 0);
+    assert_eq!(obs.backends_in_db("testdb").await, 2);
+    p.shutdown().await;
+}
