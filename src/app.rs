@@ -14,7 +14,7 @@ use crate::config::settings::SettingChange;
 use crate::config::{Config, DatabaseEntry};
 use crate::net::listen;
 use crate::pool::{PoolSettings, Pools, janitor};
-use crate::server::{Credential, ServerAddr, ServerTarget};
+use crate::server::{Credential, HostList, ServerAddr, ServerTarget};
 
 /// Everything the tasks of one pooler share. No globals: many poolers can run in one process.
 pub struct Shared {
@@ -148,6 +148,17 @@ pub fn pool_settings(
             startup_params.push((k.to_string(), v.clone()));
         }
     }
+    let port = if entry.port == 0 { 5432 } else { entry.port };
+    // host=a,b,…: a list of hosts (load_balance_hosts chooses among them).
+    let hosts: Vec<ServerAddr> = match entry.host.as_deref() {
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| ServerAddr::new(Some(h), port))
+            .collect(),
+        None => vec![ServerAddr::new(None, port)],
+    };
     PoolSettings {
         mode: cfg.pool_mode_for(db, &user),
         pool_size: cfg.pool_size_for(db, &user),
@@ -171,9 +182,13 @@ pub fn pool_settings(
         pin_error: entry.pin_mode.as_deref().unwrap_or(&s.pin_mode) == "error",
         pin_pool_size: s.pin_pool_size,
         target: ServerTarget {
-            addr: ServerAddr::new(
-                entry.host.as_deref(),
-                if entry.port == 0 { 5432 } else { entry.port },
+            addr: hosts
+                .first()
+                .cloned()
+                .unwrap_or_else(|| ServerAddr::new(None, port)),
+            hosts: HostList::new(
+                hosts,
+                entry.load_balance_hosts.as_deref() != Some("disable"),
             ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,

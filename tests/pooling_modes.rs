@@ -74,3 +74,72 @@ async fn wrong_password_is_refused_with_28p01() {
         p.shutdown().await;
     }
 }
+
+/// The address each of `n` clients' servers was reached at (`inet_server_addr()`), each
+/// client holding its server in a transaction so that `n` servers are opened.
+async fn server_addrs(p: &TestPooler, db: &str, n: usize) -> Vec<String> {
+    let mut clients = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..n {
+        let c = p.connect("md5user", db).await;
+        c.batch_execute("begin").await.unwrap();
+        let row = c
+            .query_one("select host(inet_server_addr())", &[])
+            .await
+            .unwrap();
+        addrs.push(row.get::<_, String>(0));
+        clients.push(c);
+    }
+    addrs.sort();
+    addrs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_list_is_used_round_robin_or_in_order_with_fallback() {
+    // PostgreSQL on two loopback addresses.
+    let pg = TempPostgres::start_with(&[("listen_addresses", "127.0.0.1,127.0.0.2")]);
+    let entry =
+        |hosts: &str, extra: &str| format!("host={hosts} port={} dbname=testdb {extra}", pg.port());
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("server_login_retry", "0.1")
+        .database("rr", &entry("127.0.0.1,127.0.0.2", ""))
+        .database(
+            "first",
+            &entry("127.0.0.1,127.0.0.2", "load_balance_hosts=disable"),
+        )
+        .database(
+            "fallback",
+            &entry(
+                "no-such-host.invalid,127.0.0.2",
+                "load_balance_hosts=disable",
+            ),
+        )
+        .start()
+        .await;
+    // round-robin (the default): each new server on the next host.
+    assert_eq!(server_addrs(&p, "rr", 2).await, ["127.0.0.1", "127.0.0.2"]);
+    // disable: the first host while it works.
+    assert_eq!(
+        server_addrs(&p, "first", 2).await,
+        ["127.0.0.1", "127.0.0.1"]
+    );
+    // disable with a bad first host: one failed login, then the second host for good.
+    let dsn = p.dsn("md5user", "fallback");
+    harness::wait_for(
+        "a login through the second host",
+        std::time::Duration::from_secs(10),
+        || async {
+            match harness::try_connect(&dsn).await {
+                Ok(c) => c.simple_query("select 1").await.is_ok(),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        server_addrs(&p, "fallback", 2).await,
+        ["127.0.0.2", "127.0.0.2"]
+    );
+    p.shutdown().await;
+}

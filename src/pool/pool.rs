@@ -242,7 +242,10 @@ impl Pool {
         let mut g = self.lock();
         let target_changed = {
             let old = &g.settings.target;
-            old.addr != s.target.addr || old.dbname != s.target.dbname || old.user != s.target.user
+            old.addr != s.target.addr
+                || old.hosts != s.target.hosts
+                || old.dbname != s.target.dbname
+                || old.user != s.target.user
         };
         g.settings = Arc::new(s);
         if target_changed {
@@ -1019,6 +1022,7 @@ mod tests {
                     host: "127.0.0.1".into(),
                     port,
                 },
+                hosts: Default::default(),
                 dbname: "db".into(),
                 user: "user".into(),
                 credential: Default::default(),

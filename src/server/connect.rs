@@ -80,7 +80,10 @@ pub enum Credential {
 /// Everything needed to open a server connection for a pool.
 #[derive(Clone)]
 pub struct ServerTarget {
+    /// The first (or only) host of `host=`.
     pub addr: ServerAddr,
+    /// Every host of `host=a,b,…` (empty: `addr` alone) and which one new connections use.
+    pub hosts: HostList,
     pub dbname: String,
     pub user: String,
     pub credential: Credential,
@@ -89,6 +92,60 @@ pub struct ServerTarget {
     pub connect_query: Option<String>,
     /// Memo of SCRAM key derivations (PBKDF2 once per password and salt).
     pub scram_cache: Option<std::sync::Arc<crate::auth::cache::ScramCache>>,
+}
+
+/// The hosts of a `host=a,b,…` list and the choice among them (`load_balance_hosts`):
+/// round-robin takes the next host for every new connection; disable keeps one host until
+/// a connection to it fails, then moves to the next.
+#[derive(Clone, Debug, Default)]
+pub struct HostList {
+    pub addrs: Vec<ServerAddr>,
+    pub round_robin: bool,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl PartialEq for HostList {
+    fn eq(&self, other: &Self) -> bool {
+        self.addrs == other.addrs && self.round_robin == other.round_robin
+    }
+}
+
+impl HostList {
+    pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
+        HostList {
+            addrs,
+            round_robin,
+            next: Default::default(),
+        }
+    }
+
+    /// The host for a new connection, and its index (for `failed`). None: no list.
+    pub fn pick(&self) -> Option<(&ServerAddr, usize)> {
+        use std::sync::atomic::Ordering;
+        if self.addrs.len() < 2 {
+            return None;
+        }
+        let i = if self.round_robin {
+            self.next.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.next.load(Ordering::Relaxed)
+        } % self.addrs.len();
+        Some((&self.addrs[i], i))
+    }
+
+    /// A connection to host `i` failed: with `disable`, move on to the next host (once,
+    /// however many connections to it failed together).
+    pub fn failed(&self, i: usize) {
+        use std::sync::atomic::Ordering;
+        if !self.round_robin && !self.addrs.is_empty() {
+            let n = self.addrs.len();
+            let _ = self
+                .next
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                    (cur % n == i).then_some((i + 1) % n)
+                });
+        }
+    }
 }
 
 /// Connect and log in within `timeout`.
@@ -101,14 +158,27 @@ pub async fn connect(
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
     };
-    if r.is_ok() {
-        tracing::debug!(server = id, db = %target.dbname, user = %target.user, addr = %target.addr, "new connection to server");
+    if let Ok(s) = &r {
+        tracing::debug!(server = id, db = %target.dbname, user = %target.user, addr = %s.addr, "new connection to server");
     }
     r
 }
 
 async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
-    let stream = target.addr.connect().await.map_err(ServerError::Connect)?;
+    let (addr, host) = match target.hosts.pick() {
+        Some((a, i)) => (a, Some(i)),
+        None => (&target.addr, None),
+    };
+    let stream = match addr.connect().await {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(i) = host {
+                target.hosts.failed(i);
+            }
+            tracing::debug!(%addr, "connecting to the server failed: {e}");
+            return Err(ServerError::Connect(e));
+        }
+    };
     let mut conn = Conn::new(stream);
     let mut params: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.dbname)];
     for (k, v) in &target.startup_params {
@@ -235,7 +305,7 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
             server_params.set(k, v);
         }
     }
-    let mut server = Server::new(id, conn, target.addr.clone(), key, server_params);
+    let mut server = Server::new(id, conn, addr.clone(), key, server_params);
     if let Some(q) = &target.connect_query {
         if let Some(e) = super::query::simple_query(&mut server, q).await? {
             return Err(ServerError::Rejected(e));
@@ -253,4 +323,47 @@ pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<
     // PostgreSQL closes the connection when done; wait for that, bounded.
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.fill(1)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(round_robin: bool) -> HostList {
+        let a = |h: &str| ServerAddr::new(Some(h), 5432);
+        HostList::new(vec![a("a"), a("b"), a("c")], round_robin)
+    }
+
+    #[test]
+    fn round_robin_takes_the_next_host_every_time() {
+        let h = hosts(true);
+        let picked: Vec<usize> = (0..5).map(|_| h.pick().unwrap().1).collect();
+        assert_eq!(picked, [0, 1, 2, 0, 1]);
+        h.failed(2); // no effect on round-robin
+        assert_eq!(h.pick().unwrap().1, 2);
+    }
+
+    #[test]
+    fn disable_keeps_a_host_until_it_fails_once() {
+        let h = hosts(false);
+        assert_eq!(h.pick().unwrap().1, 0);
+        assert_eq!(h.pick().unwrap().1, 0);
+        // Two connections to host 0 fail together: one move, to host 1.
+        h.failed(0);
+        h.failed(0);
+        assert_eq!(h.pick().unwrap().1, 1);
+        h.failed(1);
+        h.failed(1);
+        assert_eq!(h.pick().unwrap().1, 2);
+        h.failed(0);
+        assert_eq!(
+            h.pick().unwrap().1,
+            2,
+            "a stale failure of host 0 moves nothing"
+        );
+        h.failed(2);
+        assert_eq!(h.pick().unwrap().1, 0, "wraps around");
+        let one = HostList::new(vec![ServerAddr::new(Some("x"), 1)], false);
+        assert!(one.pick().is_none(), "a single host is no list");
+    }
 }

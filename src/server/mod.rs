@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::net::Conn;
 use crate::proto::backend::ErrorFields;
 
-pub use connect::{Credential, ServerAddr, ServerTarget};
+pub use connect::{Credential, HostList, ServerAddr, ServerTarget};
 
 /// Session parameters as an ordered list with case-insensitive names (GUC names are).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
