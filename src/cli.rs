@@ -7,9 +7,14 @@ use clap::Parser;
 #[command(
     name = "pgcarpool",
     version,
+    disable_version_flag = true,
     about = "PostgreSQL connection pooler (PgBouncer compatible)"
 )]
 pub struct Cli {
+    /// Print the version, as SHOW VERSION gives it: `PgBouncer <compatible version>
+    /// (pgcarpool <version>)`, so tools that read PgBouncer's version keep working.
+    #[arg(short = 'V', long = "version")]
+    pub version: bool,
     /// Run in the background (needs pidfile in the config); everything that can fail is
     /// checked before forking.
     #[arg(short = 'd', long = "daemon")]
@@ -28,5 +33,15 @@ pub struct Cli {
     #[arg(short = 'u', long = "user")]
     pub user: Option<String>,
     /// The pgbouncer.ini to read.
-    pub config: PathBuf,
+    #[arg(required_unless_present = "version")]
+    pub config: Option<PathBuf>,
+}
+
+/// The version line of `--version` and SHOW VERSION.
+pub fn version_line() -> String {
+    format!(
+        "PgBouncer {} (pgcarpool {})",
+        crate::admin::show::PGBOUNCER_COMPAT,
+        env!("CARGO_PKG_VERSION")
+    )
 }

@@ -24,7 +24,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
-    let config_path = std::fs::canonicalize(&cli.config).unwrap_or(cli.config.clone());
+    let Some(config) = &cli.config else {
+        // Only -V leaves out the config file (clap enforces it).
+        println!("{}", pgcarpool::cli::version_line());
+        return Ok(());
+    };
+    let config_path = std::fs::canonicalize(config).unwrap_or(config.clone());
     let mut config =
         pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     if cli.reboot {

@@ -17,7 +17,7 @@ use crate::stats::{Period, Totals};
 use ColType::{Int, Text};
 
 /// The PgBouncer version whose console pgcarpool's matches.
-pub const PGBOUNCER_COMPAT: &str = "1.24.1";
+pub const PGBOUNCER_COMPAT: &str = "1.25.2";
 
 /// The table of a view (HELP has none: it answers with a notice).
 pub fn table(shared: &Shared, view: View) -> Option<Table> {
@@ -747,13 +747,7 @@ pub fn sockets(shared: &Shared, active_only: bool) -> Table {
 
 pub fn version() -> Table {
     let mut t = Table::text(&["version"]);
-    t.push(vec![
-        format!(
-            "PgBouncer {PGBOUNCER_COMPAT} (pgcarpool {})",
-            env!("CARGO_PKG_VERSION")
-        )
-        .into(),
-    ]);
+    t.push(vec![crate::cli::version_line().into()]);
     t
 }
 
