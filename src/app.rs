@@ -360,16 +360,19 @@ impl Drop for AppHandle {
 }
 
 impl Shared {
-    /// PAUSE for every pool: new work waits; returns once no server is in use.
+    /// PAUSE for every pool (console PAUSE and SIGUSR1 alike; pools made later start
+    /// paused): new work waits; returns once no server is in use.
     pub async fn pause_all(&self) {
+        self.admin.set_paused(None, true);
         for p in self.pools.all() {
             p.pause();
         }
         self.wait_servers_released().await;
     }
 
-    /// RESUME every pool.
+    /// RESUME every pool (console RESUME and SIGUSR2 alike), whichever way it was paused.
     pub fn resume_all(&self) {
+        self.admin.set_paused(None, false);
         for p in self.pools.all() {
             p.resume();
         }

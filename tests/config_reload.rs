@@ -491,3 +491,80 @@ async fn sighup_after_a_password_change_logs_in_to_new_servers_with_it() {
         p.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_and_console_share_one_pause() {
+    let pg = TempPostgres::start();
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
+    let admin = p.console().await;
+    // SIGUSR1 pauses pools that do not exist yet: a first client of `postgres` waits.
+    p.signal(libc::SIGUSR1);
+    harness::wait_for(
+        "SHOW DATABASES to say paused",
+        Duration::from_secs(5),
+        || async {
+            harness::console_value(&admin, "DATABASES", &[("name", "pgbouncer")], "paused")
+                .await
+                .is_some()
+                && paused_all(&admin).await
+        },
+    )
+    .await;
+    let late = tokio::spawn({
+        let dsn = dsn_for(p.port(), "md5user", "postgres");
+        async move {
+            let c = try_connect(&dsn).await.unwrap();
+            c.simple_query("select 1").await.map(drop)
+        }
+    });
+    // Its pool is made, and opens no server while paused (a window in which nothing
+    // may happen: a pool made unpaused opens one at once).
+    harness::wait_for("the new pool", Duration::from_secs(5), || async {
+        harness::console_value(&admin, "POOLS", &[("database", "postgres")], "user")
+            .await
+            .is_some()
+    })
+    .await;
+    let obs = harness::Observer::new(&pg).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        obs.backends_in_db("postgres").await,
+        0,
+        "a server was opened while paused"
+    );
+    assert!(!late.is_finished(), "served while paused");
+    // The console's RESUME ends a SIGUSR1 pause…
+    admin.simple_query("RESUME").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), late)
+        .await
+        .expect("still waiting after RESUME")
+        .unwrap()
+        .unwrap();
+    // …and SIGUSR2 ends a console PAUSE.
+    let c = p.connect("md5user").await;
+    admin.simple_query("PAUSE").await.unwrap();
+    let q = tokio::spawn(async move { c.simple_query("select 2").await.map(drop) });
+    harness::wait_for("the query to wait", Duration::from_secs(5), || async {
+        harness::cl_waiting(&admin, "testdb", "md5user").await == 1
+    })
+    .await;
+    p.signal(libc::SIGUSR2);
+    tokio::time::timeout(Duration::from_secs(5), q)
+        .await
+        .expect("still waiting after SIGUSR2")
+        .unwrap()
+        .unwrap();
+}
+
+/// Every database in SHOW DATABASES but the console says paused.
+async fn paused_all(admin: &tokio_postgres::Client) -> bool {
+    let msgs = admin.simple_query("SHOW DATABASES").await.unwrap();
+    msgs.iter().all(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => {
+            r.get("name") == Some("pgbouncer") || r.get("paused") == Some("1")
+        }
+        _ => true,
+    })
+}

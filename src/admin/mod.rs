@@ -78,7 +78,8 @@ impl AdminState {
     pub fn is_paused_all(&self) -> bool {
         self.paused_all.load(Ordering::Relaxed)
     }
-    fn set_paused(&self, db: Option<&str>, on: bool) {
+    /// PAUSE / RESUME state, one for the console and the signals (SIGUSR1/SIGUSR2).
+    pub(crate) fn set_paused(&self, db: Option<&str>, on: bool) {
         let mut g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         match db {
             Some(db) if on => {
@@ -347,10 +348,10 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             if let Some(db) = &db {
                 need_db(shared, db)?;
             }
-            shared.admin.set_paused(db.as_deref(), true);
             match &db {
                 None => shared.pause_all().await,
                 Some(db) => {
+                    shared.admin.set_paused(Some(db), true);
                     let pools = pools_of(shared, Some(db));
                     pools.iter().for_each(|p| p.pause());
                     wait_until(|| pools.iter().all(|p| p.counts().active == 0)).await;
@@ -358,9 +359,13 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             }
             Ok(Reply::Done(tag))
         }
-        Command::Resume(db) => {
-            shared.admin.set_paused(db.as_deref(), false);
-            for p in pools_of(shared, db.as_deref()) {
+        Command::Resume(None) => {
+            shared.resume_all();
+            Ok(Reply::Done(tag))
+        }
+        Command::Resume(Some(db)) => {
+            shared.admin.set_paused(Some(&db), false);
+            for p in pools_of(shared, Some(&db)) {
                 p.resume();
             }
             Ok(Reply::Done(tag))
