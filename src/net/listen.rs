@@ -390,6 +390,7 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
         // in makes room (so sockets that never log in cannot lock real users out). Its
         // task ends soon: the count may pass max for that moment.
         if !shared.pending_logins.drop_oldest() {
+            tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
             shared.tracker.spawn(refuse(
                 stream,
                 "no more connections allowed (max_client_conn)",
