@@ -706,7 +706,20 @@ async fn kill_client_disconnects_that_client() {
     let app = p.connect("postgres", "testdb").await;
     app.simple_query("select 1").await.unwrap();
     let c = console(&p).await;
-    let clients = rows(&c, "SHOW CLIENTS").await;
+    let all = rows(&c, "SHOW CLIENTS").await;
+    // The application's client and, as in PgBouncer, the console's own connection.
+    assert_eq!(all.len(), 2, "{all:?}");
+    let console_row: Vec<_> = all
+        .iter()
+        .filter(|r| r["database"].as_deref() == Some("pgbouncer"))
+        .cloned()
+        .collect();
+    assert_eq!(console_row.len(), 1, "{all:?}");
+    assert_eq!(console_row[0]["user"].as_deref(), Some("postgres"));
+    let clients: Vec<_> = all
+        .into_iter()
+        .filter(|r| r["database"].as_deref() == Some("testdb"))
+        .collect();
     assert_eq!(clients.len(), 1);
     // Session mode: the client keeps its server, so it shows as active.
     assert_eq!(clients[0]["state"].as_deref(), Some("active"));
@@ -723,6 +736,14 @@ async fn kill_client_disconnects_that_client() {
     assert!(num(active[0], "remote_pid") > 0);
     c.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert!(app.simple_query("select 1").await.is_err());
+    // KILL_CLIENT ends a console connection too.
+    let other = console(&p).await;
+    let console_id = num(&console_row[0], "id");
+    other
+        .simple_query(&format!("KILL_CLIENT {console_id}"))
+        .await
+        .unwrap();
+    assert!(c.simple_query("SHOW VERSION").await.is_err());
     p.shutdown().await;
 }
 

@@ -121,8 +121,24 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let (user, db, pool, session, reg, counted) = match entered {
         Ok(Entered::Client(l)) => *l,
         Ok(Entered::Admin(user, role, _counted)) => {
+            // Listed in SHOW CLIENTS as PgBouncer lists console connections (database
+            // pgbouncer, active), and KILL_CLIENT / shutdown end it like any client.
+            let kill = shared.stop_clients.child_token();
+            let reg = shared.clients.register(
+                id,
+                peer.to_string(),
+                user.clone(),
+                "pgbouncer".into(),
+                kill.clone(),
+            );
+            reg.handle.set_state(ClientState::Active);
             // The console session runs without the login's deadline.
-            if let Err(e) = crate::admin::run(&shared, &mut conn, &user, role).await {
+            let session = crate::admin::run(&shared, &mut conn, &user, role);
+            let result = tokio::select! {
+                r = session => r,
+                _ = kill.cancelled() => Ok(()),
+            };
+            if let Err(e) = result {
                 report(&mut conn, &e, peer, cfg.settings.log_connections).await;
             }
             return None;
