@@ -335,11 +335,9 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Reload => {
-            let changes = shared.reload_from_file().map_err(|e| {
-                AdminError::new(
-                    "F0000",
-                    format!("reload failed, old configuration kept: {e}"),
-                )
+            // PgBouncer's words; the reason is in the log (reload_from_file logs it).
+            let changes = shared.reload_from_file().map_err(|_| {
+                AdminError::new("F0000", "RELOAD failed, see logs for additional details")
             })?;
             let notices = changes.iter().map(|c| format!("setting {c}")).collect();
             Ok(Reply::Notices(notices, tag))

@@ -283,7 +283,7 @@ async fn login(
     if shared.admin.is_disabled(&db) {
         return Err(ClientError::fatal(
             "08P01",
-            format!("database does not allow connections: {db}"),
+            format!("database \"{db}\" is disabled"),
         ));
     }
     let counted = count_client(shared, cfg, &db, &user)?;

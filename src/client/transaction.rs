@@ -565,7 +565,7 @@ async fn wait_for_server(
                 if notify_at.is_some_and(|t| now >= t) {
                     notify_at = None;
                     c.conn.queue_with(|b| backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000",
-                        "no server connection available in pool, waiting"));
+                        "No server connection available in postgres backend, client being queued"));
                     let _ = c.conn.flush().await;
                 }
                 if let Some(t) = next(notify_at) {
