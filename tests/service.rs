@@ -582,3 +582,34 @@ async fn console_shutdown_is_logged() {
         p.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_are_logged_in_pgbouncers_words() {
+    let pg = TempPostgres::start();
+    let p = PoolerProcess::start(TestPooler::builder(&pg).settings(&[
+        ("pool_mode", "transaction"),
+        ("query_timeout", "0.5"),
+        ("idle_transaction_timeout", "0.5"),
+    ]))
+    .await;
+    let c = p.connect("md5user").await;
+    let e = c
+        .simple_query("select pg_sleep(30)")
+        .await
+        .expect_err("query_timeout did not fire");
+    assert_eq!(harness::sqlstate(&e), Some("08P01"), "{e:?}");
+    let c = p.connect("md5user").await;
+    c.simple_query("begin").await.unwrap();
+    let words = [
+        "closing because: query timeout",
+        "closing because: idle transaction timeout",
+    ];
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            words.iter().all(|w| p.log().contains(w))
+        })
+        .await,
+        "{}",
+        p.log()
+    );
+}

@@ -56,6 +56,17 @@ pub enum TimeoutKind {
 }
 
 impl TimeoutKind {
+    /// Why the server is closed, in PgBouncer's words (its log says "closing because:
+    /// query timeout"; tools grep for them).
+    pub fn server_reason(self) -> &'static str {
+        match self {
+            TimeoutKind::Query => "query timeout",
+            TimeoutKind::IdleTransaction => "idle transaction timeout",
+            TimeoutKind::Transaction => "transaction timeout",
+        }
+    }
+
+    /// What the client is told (the setting's name).
     pub fn message(self) -> &'static str {
         match self {
             TimeoutKind::Query => "query_timeout",

@@ -167,7 +167,16 @@ async fn transaction(
                 format!("server connection lost: {why}"),
             ))
         }
-        RelayEvent::Timeout(kind) => Err(ClientError::fatal("08P01", kind.message().to_string())),
+        RelayEvent::Timeout(kind) => {
+            tracing::info!(
+                server = server.id,
+                db = %c.reg.handle.db,
+                user = %c.reg.handle.user,
+                "closing because: {}",
+                kind.server_reason()
+            );
+            Err(ClientError::fatal("08P01", kind.message().to_string()))
+        }
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
     }
