@@ -600,9 +600,21 @@ async fn timeouts_are_logged_in_pgbouncers_words() {
     assert_eq!(harness::sqlstate(&e), Some("08P01"), "{e:?}");
     let c = p.connect("md5user").await;
     c.simple_query("begin").await.unwrap();
+    // Login failures: the pooler's own and the server's, as PgBouncer logs them.
+    let _ = try_connect(&harness::dsn_with_password(
+        p.port(),
+        "md5user",
+        Some("wrong"),
+        "testdb",
+    ))
+    .await;
+    let _ = try_connect(&dsn_for(p.port(), "md5user", "nosuchdb")).await;
     let words = [
         "closing because: query timeout",
         "closing because: idle transaction timeout",
+        "closing because: password authentication failed for user \"md5user\"",
+        "server login failed: FATAL database \"nosuchdb\" does not exist",
+        "closing because: database \"nosuchdb\" does not exist",
     ];
     assert!(
         eventually(Duration::from_secs(10), || async {

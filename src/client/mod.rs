@@ -166,7 +166,8 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
 async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
     if let ClientError::Fatal { code, message } = e {
         if log {
-            tracing::info!(addr = %peer, "client error: {message}");
+            // PgBouncer's words ("closing because: no such database: x"); tools grep them.
+            tracing::info!(addr = %peer, "closing because: {message}");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;

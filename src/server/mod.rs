@@ -191,8 +191,9 @@ pub enum ServerError {
     Conn(#[from] crate::net::conn::ConnError),
     #[error("server protocol error: {0}")]
     Proto(#[from] crate::proto::ProtoError),
-    /// The server said no (login or query): its error, passed on to the client.
-    #[error("server error: {} {}", .0.code, .0.message)]
+    /// The server said no (login or query): its error, passed on to the client. Shown
+    /// as PgBouncer logs it (`FATAL database "x" does not exist`).
+    #[error("{} {}", .0.severity, .0.message)]
     Rejected(ErrorFields),
     #[error("server login failed: {0}")]
     Login(String),
