@@ -742,8 +742,28 @@ async fn kill_client_disconnects_that_client() {
     assert_eq!(active[0]["database"].as_deref(), Some("testdb"));
     assert_eq!(active[0]["link"], clients[0]["ptr"]);
     assert!(num(active[0], "remote_pid") > 0);
+    // Killed in the middle of a query: the query ends with PgBouncer's words.
+    let app = std::sync::Arc::new(app);
+    let busy = tokio::spawn({
+        let app = app.clone();
+        async move { app.simple_query("select pg_sleep(30)").await }
+    });
+    let obs = harness::Observer::new(&pg).await;
+    harness::wait_for("the query to run", Duration::from_secs(5), || async {
+        obs.running("postgres", "pg_sleep(30)").await == 1
+    })
+    .await;
     c.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
-    assert!(app.simple_query("select 1").await.is_err());
+    let e = tokio::time::timeout(Duration::from_secs(5), busy)
+        .await
+        .expect("the killed client's query goes on")
+        .unwrap()
+        .expect_err("the killed client's query succeeded");
+    let db = e.as_db_error().expect("an ErrorResponse");
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08P01", "admin forced disconnect")
+    );
     // KILL_CLIENT ends a console connection too.
     let other = console(&p).await;
     let console_id = num(&console_row[0], "id");

@@ -405,7 +405,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
                 .into_iter()
                 .find(|c| c.id == id)
                 .ok_or_else(|| AdminError::new("42704", format!("no such client: {id}")))?;
-            c.kill.cancel();
+            c.kill_with("admin forced disconnect");
             Ok(Reply::Done(tag))
         }
         Command::Suspend => Err(AdminError::new(

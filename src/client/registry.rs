@@ -31,6 +31,9 @@ pub struct ClientHandle {
     pub connect_time: SystemTime,
     /// Cancelled to make the client leave (KILL, shutdown).
     pub kill: CancellationToken,
+    /// Why it was told to leave (KILL_CLIENT: "admin forced disconnect"); None: the
+    /// database went (KILL db, shutdown).
+    kill_reason: Mutex<Option<&'static str>>,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
     cancel_target: Mutex<Option<CancelTarget>>,
@@ -39,6 +42,21 @@ pub struct ClientHandle {
 }
 
 impl ClientHandle {
+    /// Make the client leave, telling it `reason` (PgBouncer's words).
+    pub fn kill_with(&self, reason: &'static str) {
+        *self.kill_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.kill.cancel();
+    }
+
+    /// What a client made to leave is told: PgBouncer's words, "database removed" for
+    /// KILL of its database and for a shutdown.
+    pub fn kill_reason(&self) -> &'static str {
+        self.kill_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or("database removed")
+    }
+
     pub fn state(&self) -> ClientState {
         match self.state.load(Ordering::Relaxed) {
             0 => ClientState::Login,
@@ -121,6 +139,7 @@ impl Registry {
             db,
             connect_time: SystemTime::now(),
             kill,
+            kill_reason: Mutex::new(None),
             state: AtomicU8::new(ClientState::Login as u8),
             cancel_target: Mutex::new(None),
             pin: Mutex::new(None),

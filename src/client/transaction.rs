@@ -281,11 +281,7 @@ async fn after_transaction(
 }
 
 fn killed(c: &Client) -> ClientError {
-    let _ = c;
-    ClientError::fatal(
-        "08P01",
-        "client killed by the pooler (KILL or shutdown)".into(),
-    )
+    ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
 }
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).
