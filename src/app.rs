@@ -309,6 +309,11 @@ impl Shared {
         }
     }
 
+    /// A shutdown (signal or console SHUTDOWN) has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.stop_accepting.is_cancelled()
+    }
+
     /// Stop accepting and make every client leave now; close idle servers.
     pub fn shutdown_now(&self) {
         if !self.stop_clients.is_cancelled() {

@@ -48,7 +48,7 @@ pub async fn run(signals: Signals, shared: Arc<Shared>) -> std::io::Result<()> {
                 let _ = shared.reload_from_file();
             }
             _ = term.recv() => {
-                if shutting_down.is_some() {
+                if shutting_down.is_some() || shared.shutting_down() {
                     tracing::info!("second SIGTERM: shutting down now");
                     shared.shutdown_now();
                 } else {
@@ -58,9 +58,14 @@ pub async fn run(signals: Signals, shared: Arc<Shared>) -> std::io::Result<()> {
                 }
             }
             _ = int.recv() => {
-                tracing::info!("SIGINT: shutting down once all servers are released");
-                let s = shared.clone();
-                shutting_down = Some(tokio::spawn(async move { s.shutdown_wait_for_servers().await }));
+                if shared.shutting_down() {
+                    tracing::info!("got SIGINT while shutting down, fast exit");
+                    shared.shutdown_now();
+                } else {
+                    tracing::info!("SIGINT: shutting down once all servers are released");
+                    let s = shared.clone();
+                    shutting_down = Some(tokio::spawn(async move { s.shutdown_wait_for_servers().await }));
+                }
             }
             _ = quit.recv() => {
                 tracing::info!("SIGQUIT: shutting down now");
@@ -72,8 +77,13 @@ pub async fn run(signals: Signals, shared: Arc<Shared>) -> std::io::Result<()> {
                 tokio::spawn(async move { s.pause_all().await; tracing::info!("paused") });
             }
             _ = usr2.recv() => {
-                tracing::info!("SIGUSR2: resuming");
-                shared.resume_all();
+                if shared.shutting_down() {
+                    // PgBouncer's words: resuming would undo the shutdown's pause.
+                    tracing::info!("got SIGUSR2 while shutting down, ignoring");
+                } else {
+                    tracing::info!("SIGUSR2: resuming");
+                    shared.resume_all();
+                }
             }
             _ = shared.tracker.wait() => return Ok(()),
         }

@@ -568,3 +568,44 @@ async fn paused_all(admin: &tokio_postgres::Client) -> bool {
         _ => true,
     })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_a_shutdown_resume_is_refused_sigusr2_ignored_and_a_second_sigint_exits() {
+    let pg = TempPostgres::start();
+    let mut p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "session")])).await;
+    let admin = p.console().await;
+    let c = p.connect("md5user").await;
+    c.simple_query("select 1").await.unwrap();
+    p.signal(libc::SIGINT);
+    assert!(p.stops_accepting().await, "still accepting after SIGINT");
+    // RESUME would undo the shutdown's pause: refused with PgBouncer's words.
+    let e = admin
+        .simple_query("RESUME")
+        .await
+        .expect_err("RESUME during a shutdown");
+    let db = e.as_db_error().expect("an ErrorResponse");
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08P01", "pooler is shutting down")
+    );
+    p.signal(libc::SIGUSR2);
+    assert!(
+        harness::eventually(Duration::from_secs(5), || async {
+            p.log()
+                .contains("got SIGUSR2 while shutting down, ignoring")
+        })
+        .await,
+        "{}",
+        p.log()
+    );
+    assert!(p.running(), "SIGUSR2 ended the shutdown");
+    // The session client holds its server: SIGINT waits, a second SIGINT exits.
+    p.signal(libc::SIGINT);
+    let status = p.exited_within(Duration::from_secs(5)).await;
+    assert!(status.is_some(), "still running after a second SIGINT");
+    assert!(
+        p.log()
+            .contains("got SIGINT while shutting down, fast exit")
+    );
+}

@@ -357,6 +357,9 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             }
             Ok(Reply::Done(tag))
         }
+        Command::Resume(_) if shared.shutting_down() => {
+            Err(AdminError::new("08P01", "pooler is shutting down"))
+        }
         Command::Resume(None) => {
             shared.resume_all();
             Ok(Reply::Done(tag))
