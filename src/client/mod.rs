@@ -6,6 +6,7 @@ pub mod logins;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
+pub mod replication;
 pub mod rewrite;
 pub mod session;
 pub mod startup;
@@ -143,6 +144,15 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             }
             return None;
         }
+        Ok(Entered::Replication(server, _counted)) => {
+            if cfg.settings.log_connections {
+                tracing::info!(client = id, addr = %peer, "login (replication)");
+            }
+            if let Err(e) = replication::run(&mut conn, server).await {
+                tracing::debug!(client = id, "replication connection ended: {e}");
+            }
+            return None;
+        }
         Ok(Entered::Done) => return None,
         Err(e) => {
             report(&mut conn, &e, peer, cfg.settings.log_connections).await;
@@ -226,6 +236,8 @@ enum Entered {
     Client(Box<Login>),
     /// A console user, logged in (and counted on database `pgbouncer`).
     Admin(String, crate::admin::Role, counts::Counted),
+    /// A replication connection with its own server.
+    Replication(Box<crate::server::Server>, counts::Counted),
     /// Nothing more to do (a cancel request).
     Done,
 }
@@ -248,12 +260,12 @@ async fn login(
     let user =
         get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
     let db = get("database").unwrap_or_else(|| user.clone());
-    if get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
-        return Err(ClientError::fatal(
-            "08P01",
-            "replication connections are not supported".into(),
-        ));
-    }
+    let replication = get("replication").filter(|r| {
+        !matches!(
+            r.to_ascii_lowercase().as_str(),
+            "false" | "0" | "off" | "no"
+        )
+    });
     if crate::admin::is_admin_db(&db) {
         // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
         // pgcarpool is an admin without a password.
@@ -290,6 +302,34 @@ async fn login(
     let counted = count_client(shared, cfg, &db, &user)?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
+    if let Some(mode) = replication {
+        // A server of its own, logged in with the client's parameters (replication,
+        // application_name, options…); not pooled.
+        let cred = credential_for(cfg, &entry, &server_user, learned);
+        let settings = crate::app::pool_settings(cfg, &entry, &user, cred, shared);
+        let mut target = settings.target;
+        target
+            .startup_params
+            .retain(|(k, _)| !params.iter().any(|(c, _)| c == k));
+        target.startup_params.extend(
+            params
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "user" | "database" | "replication"))
+                .cloned(),
+        );
+        target.startup_params.push(("replication".into(), mode));
+        let server = crate::server::connect::connect(&target, id, settings.server_connect_timeout)
+            .await
+            .map_err(|e| {
+                let (code, msg) = e.client_error();
+                tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
+                ClientError::Fatal {
+                    code: static_code(&code),
+                    message: msg,
+                }
+            })?;
+        return Ok(Entered::Replication(Box::new(server), counted));
+    }
     let pool = shared.pools.get_or_create(&db, &server_user, || {
         crate::app::pool_settings(
             cfg,

@@ -35,6 +35,7 @@ host  all trustuser 127.0.0.1/32  trust
 host  all md5user   127.0.0.1/32  md5
 host  all scramuser 127.0.0.1/32  scram-sha-256
 host  all all       127.0.0.1/32  md5
+host  replication postgres  127.0.0.1/32  trust
 ";
 
 /// Roles and databases, run as `postgres` over the template's unix socket.
