@@ -235,3 +235,21 @@ async fn a_newer_protocol_gets_negotiate_protocol_version_as_from_postgresql() {
     assert_eq!(plain.0, b'R');
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_md5_secret_for_a_scram_server_is_reported_as_the_wrong_password_type() {
+    let pg = TempPostgres::start();
+    // scramuser's only secret is an md5 hash: good for the client's md5 login, useless
+    // for PostgreSQL's SCRAM (scramuser is SCRAM in pg_hba).
+    let hash = pgcarpool::auth::md5::password_hash("scramuser", "scrampass");
+    let p = TestPooler::builder(&pg)
+        .auth_file_line(&format!("\"scramuser\" \"md5{hash}\""))
+        .start()
+        .await;
+    let got = outcome(p.port(), "scramuser", Some("scrampass"), "testdb").await;
+    assert!(
+        got.contains("cannot do SCRAM authentication: wrong password type"),
+        "{got}"
+    );
+    p.shutdown().await;
+}

@@ -212,7 +212,13 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                         let hash = match &target.credential {
                             Credential::Plain(pw) => md5::password_hash(&target.user, pw),
                             Credential::Md5Hash(h) => h.clone(),
-                            _ => {
+                            // PgBouncer's words for a secret of the wrong kind.
+                            Credential::ScramKeys { .. } => {
+                                return Err(ServerError::Login(
+                                    "cannot do MD5 authentication: wrong password type".into(),
+                                ));
+                            }
+                            Credential::None => {
                                 return Err(ServerError::Login(
                                     "server asks for md5 auth and no password is known".into(),
                                 ));
@@ -235,7 +241,12 @@ async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
                                 client_key: *client_key,
                                 server_key: *server_key,
                             },
-                            _ => {
+                            Credential::Md5Hash(_) => {
+                                return Err(ServerError::Login(
+                                    "cannot do SCRAM authentication: wrong password type".into(),
+                                ));
+                            }
+                            Credential::None => {
                                 return Err(ServerError::Login(
                                     "server asks for SCRAM auth and no password is known".into(),
                                 ));
