@@ -143,3 +143,58 @@ async fn a_host_list_is_used_round_robin_or_in_order_with_fallback() {
     );
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_options_set_the_session_and_anything_else_is_refused() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("ignore_startup_parameters", "extra_float_digits")
+        .start()
+        .await;
+    let connect = |options: &str| {
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host("127.0.0.1")
+            .port(p.port())
+            .user("md5user")
+            .password("md5pass")
+            .dbname("testdb")
+            .options(options);
+        async move {
+            let (c, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            Ok::<_, tokio_postgres::Error>(c)
+        }
+    };
+    let show = |c: tokio_postgres::Client, what: &'static str| async move {
+        let row = c.query_one(&format!("show {what}"), &[]).await.unwrap();
+        row.get::<_, String>(0)
+    };
+    for options in [
+        "-c timezone=Europe/Lisbon  -c    datestyle=German,\\ YMD",
+        "-ctimezone=Europe/Lisbon  -cdatestyle=German,\\ YMD",
+        "--timezone=Europe/Lisbon  --datestyle=German,\\ YMD",
+    ] {
+        let c = connect(options).await.unwrap();
+        assert_eq!(show(c, "timezone").await, "Europe/Lisbon", "{options}");
+        let c = connect(options).await.unwrap();
+        assert_eq!(show(c, "datestyle").await, "German, YMD", "{options}");
+    }
+    // Ignored (ignore_startup_parameters) inside options too: PostgreSQL's default stays.
+    let c = connect("-c extra_float_digits=2").await.unwrap();
+    assert_eq!(show(c, "extra_float_digits").await, "1");
+    // Other server options cannot go through a pool: PgBouncer's refusal.
+    for bad in ["-d", "-c", "-c timezone"] {
+        let e = connect(bad).await.err().expect("bad options accepted");
+        let db = e.as_db_error().expect("an ErrorResponse");
+        assert_eq!(
+            (db.code().code(), db.message()),
+            (
+                "08P01",
+                "unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed"
+            ),
+            "{bad}"
+        );
+    }
+    p.shutdown().await;
+}

@@ -419,7 +419,16 @@ fn session_params(
         match k.as_str() {
             "user" | "database" | "replication" => {}
             "options" => {
-                for (k, v) in parse_options(v).map_err(|e| ClientError::fatal("08P01", e))? {
+                // PgBouncer's words whatever the fault (drivers and tests match them).
+                let parsed = parse_options(v).map_err(|_| {
+                    ClientError::fatal(
+                        "08P01",
+                        "unsupported options startup parameter: only '-c config=val' and \
+                         '--config=val' are allowed"
+                            .into(),
+                    )
+                })?;
+                for (k, v) in parsed {
                     if !ignored(&k) {
                         out.set(&k, &v);
                     }
