@@ -185,7 +185,9 @@ async fn startup_options_set_the_session_and_anything_else_is_refused() {
     assert_eq!(show(c, "extra_float_digits").await, "1");
     // Other server options cannot go through a pool: PgBouncer's refusal.
     for bad in ["-d", "-c", "-c timezone"] {
-        let e = connect(bad).await.err().expect("bad options accepted");
+        let Err(e) = connect(bad).await else {
+            panic!("bad options {bad:?} accepted")
+        };
         let db = e.as_db_error().expect("an ErrorResponse");
         assert_eq!(
             (db.code().code(), db.message()),
