@@ -615,6 +615,7 @@ async fn timeouts_are_logged_in_pgbouncers_words() {
         "closing because: password authentication failed for user \"md5user\"",
         "server login failed: FATAL database \"nosuchdb\" does not exist",
         "closing because: database \"nosuchdb\" does not exist",
+        "registered new auto-database: nosuchdb",
     ];
     assert!(
         eventually(Duration::from_secs(10), || async {

@@ -331,6 +331,10 @@ async fn login(
         return Ok(Entered::Replication(Box::new(server), counted));
     }
     let pool = shared.pools.get_or_create(&db, &server_user, || {
+        if !cfg.databases.contains_key(&db) {
+            // PgBouncer's words for a database made from the `*` entry.
+            tracing::info!("registered new auto-database: {db}");
+        }
         crate::app::pool_settings(
             cfg,
             &entry,
