@@ -46,12 +46,19 @@ pub fn role_of(cfg: &Config, user: &str) -> Option<Role> {
 /// Console-set state the rest of the pooler reads: DISABLE'd databases, PAUSE'd ones.
 #[derive(Debug, Default)]
 pub struct AdminState {
+    /// Console commands run (SHOW STATS counts them on database pgbouncer).
+    commands: std::sync::atomic::AtomicU64,
     disabled: Mutex<BTreeSet<String>>,
     paused: Mutex<BTreeSet<String>>,
     paused_all: AtomicBool,
 }
 
 impl AdminState {
+    /// Console commands run so far.
+    pub fn commands(&self) -> u64 {
+        self.commands.load(Ordering::Relaxed)
+    }
+
     /// DISABLE db: the login path refuses new clients of `db`.
     pub fn is_disabled(&self, db: &str) -> bool {
         self.disabled
@@ -319,6 +326,7 @@ fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
 }
 
 async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminError> {
+    shared.admin.commands.fetch_add(1, Ordering::Relaxed);
     let tag = cmd.tag();
     match cmd {
         Command::Empty => Ok(Reply::Empty),

@@ -454,151 +454,117 @@ fn per_database(shared: &Shared) -> BTreeMap<String, (Totals, Period)> {
         e.0.add(&p.stats.totals());
         e.1.add(&p.stats.period());
     }
+    // The console's own commands, as PgBouncer counts them (each a transaction and a
+    // query of database pgbouncer).
+    let commands = shared.admin.commands();
+    if commands > 0 {
+        let e = m.entry("pgbouncer".to_string()).or_default();
+        e.0.xact_count += commands;
+        e.0.query_count += commands;
+    }
     m
+}
+
+/// The counters of a SHOW STATS row, in the order PgBouncer 1.25.2 sends them (its
+/// stats.c, which differs from its docs): assignments first; the parse and bind counts
+/// of prepared statements are not counted yet (0).
+fn stat_values(x: &Totals) -> [u64; 11] {
+    [
+        x.server_assignment_count,
+        x.xact_count,
+        x.query_count,
+        x.bytes_received,
+        x.bytes_sent,
+        x.xact_time_us,
+        x.query_time_us,
+        x.wait_time_us,
+        0,
+        0,
+        0,
+    ]
 }
 
 pub fn stats(shared: &Shared) -> Table {
     let mut t = Table::new(&[
         ("database", Text),
+        ("total_server_assignment_count", Int),
         ("total_xact_count", Int),
         ("total_query_count", Int),
-        ("total_server_assignment_count", Int),
-        ("total_server_closed_count", Int),
         ("total_received", Int),
         ("total_sent", Int),
         ("total_xact_time", Int),
         ("total_query_time", Int),
         ("total_wait_time", Int),
-        ("total_server_lifetime", Int),
         ("total_client_parse_count", Int),
         ("total_server_parse_count", Int),
         ("total_bind_count", Int),
+        ("avg_server_assignment_count", Int),
         ("avg_xact_count", Int),
         ("avg_query_count", Int),
-        ("avg_server_assignment_count", Int),
         ("avg_recv", Int),
         ("avg_sent", Int),
         ("avg_xact_time", Int),
         ("avg_query_time", Int),
         ("avg_wait_time", Int),
-        ("avg_server_lifetime", Int),
         ("avg_client_parse_count", Int),
         ("avg_server_parse_count", Int),
         ("avg_bind_count", Int),
     ]);
     for (db, (tot, period)) in per_database(shared) {
-        let a = period.averages();
-        t.push(vec![
-            db.into(),
-            tot.xact_count.into(),
-            tot.query_count.into(),
-            tot.server_assignment_count.into(),
-            0i64.into(),
-            tot.bytes_received.into(),
-            tot.bytes_sent.into(),
-            tot.xact_time_us.into(),
-            tot.query_time_us.into(),
-            tot.wait_time_us.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-            a.xact_count.into(),
-            a.query_count.into(),
-            a.server_assignment_count.into(),
-            a.bytes_received.into(),
-            a.bytes_sent.into(),
-            a.xact_time_us.into(),
-            a.query_time_us.into(),
-            a.wait_time_us.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-        ]);
+        let mut row: Vec<Cell> = vec![db.into()];
+        row.extend(stat_values(&tot).map(Cell::from));
+        row.extend(stat_values(&period.averages()).map(Cell::from));
+        t.push(row);
     }
     t
 }
 
-const SUBSET_COLUMNS: [(&str, ColType); 14] = [
-    ("database", Text),
-    ("xact_count", Int),
-    ("query_count", Int),
-    ("server_assignment_count", Int),
-    ("server_closed_count", Int),
-    ("bytes_received", Int),
-    ("bytes_sent", Int),
-    ("xact_time", Int),
-    ("query_time", Int),
-    ("wait_time", Int),
-    ("server_lifetime", Int),
-    ("client_parse_count", Int),
-    ("server_parse_count", Int),
-    ("bind_count", Int),
-];
-
-fn subset_row(db: String, v: [u64; 8]) -> Vec<Cell> {
-    let [xact, query, assign, recv, sent, xact_t, query_t, wait_t] = v;
-    vec![
-        db.into(),
-        xact.into(),
-        query.into(),
-        assign.into(),
-        0i64.into(),
-        recv.into(),
-        sent.into(),
-        xact_t.into(),
-        query_t.into(),
-        wait_t.into(),
-        0i64.into(),
-        0i64.into(),
-        0i64.into(),
-        0i64.into(),
-    ]
-}
-
 pub fn stats_totals(shared: &Shared) -> Table {
-    let mut t = Table::new(&SUBSET_COLUMNS);
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("server_assignment_count", Int),
+        ("xact_count", Int),
+        ("query_count", Int),
+        ("bytes_received", Int),
+        ("bytes_sent", Int),
+        ("xact_time", Int),
+        ("query_time", Int),
+        ("wait_time", Int),
+        ("client_parse_count", Int),
+        ("server_parse_count", Int),
+        ("bind_count", Int),
+    ]);
     for (db, (x, _)) in per_database(shared) {
-        t.push(subset_row(
-            db,
-            [
-                x.xact_count,
-                x.query_count,
-                x.server_assignment_count,
-                x.bytes_received,
-                x.bytes_sent,
-                x.xact_time_us,
-                x.query_time_us,
-                x.wait_time_us,
-            ],
-        ));
+        let mut row: Vec<Cell> = vec![db.into()];
+        row.extend(stat_values(&x).map(Cell::from));
+        t.push(row);
     }
     t
 }
 
 pub fn stats_averages(shared: &Shared) -> Table {
-    let mut t = Table::new(&SUBSET_COLUMNS);
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("server_assignment_count", Int),
+        ("xact_count", Int),
+        ("query_count", Int),
+        ("bytes_received", Int),
+        ("bytes_sent", Int),
+        ("xact_time", Int),
+        ("query_time", Int),
+        ("wait_time", Int),
+        ("avg_client_parse_count", Int),
+        ("avg_server_parse_count", Int),
+        ("avg_bind_count", Int),
+    ]);
     for (db, (_, p)) in per_database(shared) {
-        let a = p.averages();
-        t.push(subset_row(
-            db,
-            [
-                a.xact_count,
-                a.query_count,
-                a.server_assignment_count,
-                a.bytes_received,
-                a.bytes_sent,
-                a.xact_time_us,
-                a.query_time_us,
-                a.wait_time_us,
-            ],
-        ));
+        let mut row: Vec<Cell> = vec![db.into()];
+        row.extend(stat_values(&p.averages()).map(Cell::from));
+        t.push(row);
     }
     t
 }
 
-/// SHOW TOTALS: SHOW STATS summed over every database, one (name, value) row per figure.
 pub fn totals(shared: &Shared) -> Table {
     let mut tot = Totals::default();
     let mut period = Period::default();
@@ -606,27 +572,28 @@ pub fn totals(shared: &Shared) -> Table {
         tot.add(&x);
         period.add(&p);
     }
-    let a = period.averages();
+    // PgBouncer 1.25.2's names (its stats.c).
+    const NAMES: [&str; 11] = [
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "client_bytes",
+        "server_bytes",
+        "xact_time",
+        "query_time",
+        "wait_time",
+        "ps_client_parse_count",
+        "ps_server_parse_count",
+        "ps_bind_count",
+    ];
     let mut t = Table::new(&[("name", Text), ("value", Int)]);
-    for (name, v) in [
-        ("total_xact_count", tot.xact_count),
-        ("total_query_count", tot.query_count),
-        ("total_server_assignment_count", tot.server_assignment_count),
-        ("total_received", tot.bytes_received),
-        ("total_sent", tot.bytes_sent),
-        ("total_xact_time", tot.xact_time_us),
-        ("total_query_time", tot.query_time_us),
-        ("total_wait_time", tot.wait_time_us),
-        ("avg_xact_count", a.xact_count),
-        ("avg_query_count", a.query_count),
-        ("avg_server_assignment_count", a.server_assignment_count),
-        ("avg_recv", a.bytes_received),
-        ("avg_sent", a.bytes_sent),
-        ("avg_xact_time", a.xact_time_us),
-        ("avg_query_time", a.query_time_us),
-        ("avg_wait_time", a.wait_time_us),
+    for (prefix, values) in [
+        ("total", stat_values(&tot)),
+        ("avg", stat_values(&period.averages())),
     ] {
-        t.push(vec![name.into(), v.into()]);
+        for (name, v) in NAMES.iter().zip(values) {
+            t.push(vec![format!("{prefix}_{name}").into(), v.into()]);
+        }
     }
     t
 }
