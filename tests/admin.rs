@@ -337,7 +337,9 @@ async fn every_command_answers() {
     }
     for (cmd, code) in [
         ("SUSPEND", "0A000"),
-        ("KILL_CLIENT 999999", "42704"),
+        ("KILL_CLIENT 999999", "08P01"),
+        ("KILL_CLIENT not_a_number", "08P01"),
+        ("KILL nosuchdb", "08P01"),
         ("SELECT 1", "42601"),
         ("SHOW NOTHING", "42601"),
         ("SET no_such_setting = 1", "22023"),
@@ -375,7 +377,12 @@ async fn every_command_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_answers_every_command() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg).start().await;
+    // testdb named in [databases]: the commands below name it (a name only `*` would
+    // accept is "no such database" until a client uses it, as in PgBouncer).
+    let p = TestPooler::builder(&pg)
+        .database("testdb", &pg.db_entry("testdb"))
+        .start()
+        .await;
 
     let mut args: Vec<String> = [
         "-X",

@@ -177,7 +177,8 @@ impl Command {
             "kill_client" => match args[..] {
                 [id] => Command::KillClient(
                     id.parse()
-                        .map_err(|_| ParseError(format!("invalid client id: {id}")))?,
+                        // PgBouncer's words (its ids are pointers).
+                        .map_err(|_| ParseError("invalid client pointer supplied".into()))?,
                 ),
                 _ => return Err(ParseError("KILL_CLIENT needs a client id".into())),
             },

@@ -297,7 +297,15 @@ fn write_reply(reply: &Reply, out: &mut BytesMut, formats: Option<&[i16]>) -> bo
 
 /// Parse, check the role, run.
 pub async fn execute(shared: &Arc<Shared>, role: Role, sql: &str) -> Result<Reply, AdminError> {
-    let cmd = Command::parse(sql).map_err(|e| AdminError::new("42601", e.0))?;
+    let cmd = Command::parse(sql).map_err(|e| {
+        // PgBouncer answers a bad KILL_CLIENT argument as a protocol violation.
+        let code = if e.0 == "invalid client pointer supplied" {
+            "08P01"
+        } else {
+            "42601"
+        };
+        AdminError::new(code, e.0)
+    })?;
     if role == Role::Stats && !cmd.is_read_only() {
         return Err(AdminError::new(
             "42501",
@@ -308,11 +316,15 @@ pub async fn execute(shared: &Arc<Shared>, role: Role, sql: &str) -> Result<Repl
 }
 
 fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
-    if shared.config.load().database(db).is_some() || shared.pools.all().iter().any(|p| p.db == db)
+    // Databases named in [databases], or made from `*` by a client (as PgBouncer: not
+    // every name the `*` entry would accept).
+    if shared.config.load().databases.contains_key(db)
+        || shared.pools.all().iter().any(|p| p.db == db)
     {
         Ok(())
     } else {
-        Err(AdminError::new("3D000", format!("no such database: {db}")))
+        // PgBouncer's SQLSTATE and words.
+        Err(AdminError::new("08P01", format!("no such database: {db}")))
     }
 }
 
@@ -415,7 +427,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
                 .all()
                 .into_iter()
                 .find(|c| c.id == id)
-                .ok_or_else(|| AdminError::new("42704", format!("no such client: {id}")))?;
+                .ok_or_else(|| AdminError::new("08P01", "client not found"))?;
             c.kill_with("admin forced disconnect");
             Ok(Reply::Done(tag))
         }
