@@ -14,10 +14,13 @@
 //!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
-//!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL)
-//! pool/      pool.rs (idle list, FIFO waiters, limits, pause), guard.rs (RAII checkout,
-//!            cleanup of dirty servers), janitor.rs (lifetimes, min_pool_size, shared limits)
-//! server/    connect.rs (connect + login), query.rs (pgcarpool's own queries),
+//!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL),
+//!            logins.rs (connections still logging in; the oldest makes room), counts.rs
+//!            (clients per database and user), replication.rs (replication pass-through)
+//! pool/      pool.rs (idle list, FIFO waiters, limits, pause), login.rs (server login
+//!            failures and retry backoff), guard.rs (RAII checkout, cleanup of dirty
+//!            servers), janitor.rs (lifetimes, min_pool_size, shared limits)
+//! server/    connect.rs (connect + login, host lists), query.rs (pgcarpool's own queries),
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
