@@ -37,7 +37,7 @@ fn assert_query_timeout(err: &tokio_postgres::Error) {
         .unwrap_or_else(|| panic!("no error from the pooler: {err:?}"));
     assert_eq!(
         (db.code().code(), db.message()),
-        ("08P01", "query_timeout"),
+        ("08P01", "query timeout"),
         "{err:?}"
     );
 }
@@ -289,7 +289,8 @@ async fn trust_pooler(pg: &TempPostgres) -> TestPooler {
 /// After a raw client vanished: no trustuser backend is busy, and the pool still serves.
 async fn pool_still_clean(pg: &TempPostgres, p: &TestPooler) {
     let obs = Observer::new(pg).await;
-    let idle = eventually(Duration::from_secs(2), || async {
+    // Generous: cancelling a 300,000-row query takes a while on a loaded machine.
+    let idle = eventually(Duration::from_secs(10), || async {
         obs.busy("trustuser").await == 0
     })
     .await;
@@ -416,7 +417,8 @@ async fn clients_vanishing_while_waiting_for_a_server_do_not_stall_the_pool() {
         .unwrap();
     assert_eq!(row.get::<_, i32>(0), 3);
     eprintln!("served after {:?}", started.elapsed());
-    let idle = eventually(Duration::from_secs(2), || async {
+    // Generous: cancelling a 300,000-row query takes a while on a loaded machine.
+    let idle = eventually(Duration::from_secs(10), || async {
         obs.busy("trustuser").await == 0
     })
     .await;
@@ -468,7 +470,8 @@ async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
             "round {round}: inside a transaction"
         );
     }
-    let idle = eventually(Duration::from_secs(2), || async {
+    // Generous: cancelling a 300,000-row query takes a while on a loaded machine.
+    let idle = eventually(Duration::from_secs(10), || async {
         obs.busy("trustuser").await == 0
     })
     .await;

@@ -66,13 +66,9 @@ impl TimeoutKind {
         }
     }
 
-    /// What the client is told (the setting's name).
+    /// What the client is told: the same words (PgBouncer's, which tools match).
     pub fn message(self) -> &'static str {
-        match self {
-            TimeoutKind::Query => "query_timeout",
-            TimeoutKind::IdleTransaction => "idle_transaction_timeout",
-            TimeoutKind::Transaction => "transaction_timeout",
-        }
+        self.server_reason()
     }
 }
 
