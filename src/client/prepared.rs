@@ -266,6 +266,21 @@ mod tests {
     }
 
     #[test]
+    fn a_sql_prepare_statement_is_prepared_by_sql_under_its_server_name() {
+        let r = StatementRegistry::default();
+        let mut key = SQL_PREPARE_KEY.to_vec();
+        key.extend_from_slice(b"(int) AS select $1");
+        let s = r.intern(Bytes::from(key)).unwrap();
+        assert!(s.is_sql_prepared());
+        assert_eq!(
+            s.sql_prepare_text(),
+            format!("PREPARE \"PGCARPOOL_{}\" (int) AS select $1", s.id)
+        );
+        let p = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        assert!(!p.is_sql_prepared());
+    }
+
+    #[test]
     fn entries_go_with_their_last_user() {
         let r = StatementRegistry::default();
         let kept = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
