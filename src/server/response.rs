@@ -472,6 +472,85 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_probe_for_a_query_is_a_query_whose_error_is_replaced() {
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 3;
+        server.probe("42P05", "exists".into(), true);
+        let mut want = bytes::BytesMut::new();
+        frontend::query(&mut want, "select pgcarpool_refused");
+        assert_eq!(server.conn.queued(), &want[..]);
+        assert_eq!(server.proto.expected_rfq, 1);
+        assert_eq!(
+            server.unnamed, 0,
+            "a simple Query drops the unnamed statement"
+        );
+        let mut p = PreparedSet::default();
+        assert_eq!(
+            reply(
+                &mut server.owed,
+                &mut p,
+                backend::ERROR_RESPONSE,
+                Some(b"42703")
+            ),
+            Verdict::Replace(Box::new(("42P05", "exists".into())))
+        );
+        assert_eq!(
+            reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(server.owed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_probe_for_an_extended_message_is_a_parse() {
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 3;
+        server.probe("26000", "no such statement".into(), false);
+        let mut want = vec![b'P'];
+        let body = b"pgcarpool_refused\0select pgcarpool_refused\0\0\0";
+        want.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
+        want.extend_from_slice(body);
+        assert_eq!(server.conn.queued(), want);
+        assert_eq!(
+            server.proto.expected_rfq, 0,
+            "the client's Sync comes later"
+        );
+        assert_eq!(server.unnamed, 3);
+        let mut p = PreparedSet::default();
+        assert_eq!(
+            reply(
+                &mut server.owed,
+                &mut p,
+                backend::ERROR_RESPONSE,
+                Some(b"42703")
+            ),
+            Verdict::Replace(Box::new(("26000", "no such statement".into())))
+        );
+        assert!(server.owed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn send_query_owes_a_ready_for_query() {
+        let (mut server, _peer) = crate::server::test_server();
+        let mut q = bytes::BytesMut::new();
+        frontend::query(&mut q, "select 1");
+        let q = q.freeze();
+        server.send_query(q.clone(), None);
+        server.send_query(q.clone(), None);
+        assert_eq!(server.conn.queued(), [&q[..], &q[..]].concat());
+        assert_eq!(server.proto.expected_rfq, 2);
+        let mut p = PreparedSet::default();
+        assert!(!server.owed.before_first_bind());
+        for _ in 0..2 {
+            assert_eq!(
+                reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+                Verdict::Forward
+            );
+        }
+        assert!(server.owed.is_empty());
+    }
+
     #[test]
     fn replies_of_an_added_query_are_all_swallowed() {
         let mut p = PreparedSet::default();
