@@ -294,7 +294,8 @@ mod tests {
     /// Each builder's exact bytes: tag, length, body.
     #[test]
     fn builders_write_the_documented_bytes() {
-        let cases: Vec<(fn(&mut BytesMut), &[u8])> = vec![
+        type Build = fn(&mut BytesMut);
+        let cases: Vec<(Build, &[u8])> = vec![
             (authentication_ok, b"R\0\0\0\x08\0\0\0\0"),
             (authentication_cleartext, b"R\0\0\0\x08\0\0\0\x03"),
             (

@@ -114,7 +114,8 @@ mod tests {
 
     #[test]
     fn builders_write_the_documented_bytes() {
-        let cases: Vec<(fn(&mut BytesMut), &[u8])> = vec![
+        type Build = fn(&mut BytesMut);
+        let cases: Vec<(Build, &[u8])> = vec![
             (|b| query(b, "select 1"), b"Q\0\0\0\x0dselect 1\0"),
             (terminate, b"X\0\0\0\x04"),
             (sync, b"S\0\0\0\x04"),
