@@ -332,6 +332,34 @@ mod tests {
     }
 
     #[test]
+    fn a_statement_knows_what_it_does_to_a_session() {
+        let r = StatementRegistry::default();
+        assert!(r.is_empty());
+        let set = r
+            .intern(Bytes::from_static(b"SET search_path = a\0\0\0"))
+            .unwrap();
+        assert!(!r.is_empty());
+        assert_eq!(set.effects.as_ref().unwrap().gucs, ["search_path"]);
+        let select = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        assert!(select.effects.is_none());
+        // DDL, and a DO block that may run DDL.
+        let alter = r
+            .intern(Bytes::from_static(b"alter table t add x int\0\0\0"))
+            .unwrap();
+        assert!(alter.effects.as_ref().unwrap().ddl);
+        let block = r.intern(Bytes::from_static(b"do $$ $$\0\0\0")).unwrap();
+        assert!(block.effects.as_ref().unwrap().ddl);
+    }
+
+    #[test]
+    fn unnamed_statement_ids_are_distinct_and_not_zero() {
+        let a = next_unnamed_id();
+        let b = next_unnamed_id();
+        assert!(a > 0);
+        assert!(b > a);
+    }
+
+    #[test]
     fn entries_go_with_their_last_user() {
         let r = StatementRegistry::default();
         let kept = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
