@@ -326,6 +326,52 @@ mod tests {
     }
 
     #[test]
+    fn eviction_follows_the_order_of_last_use() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let stmts: Vec<_> = (0..4)
+            .map(|i| r.intern(Bytes::from(format!("s{i}\0\0\0"))).unwrap())
+            .collect();
+        for s in &stmts {
+            set.insert(s.clone());
+        }
+        // Used: 2, 0; then 3 inserted again (a use too). Oldest first: 1, 2, 0, 3.
+        assert!(set.touch(stmts[2].id));
+        assert!(set.touch(stmts[0].id));
+        set.insert(stmts[3].clone());
+        for i in [1, 2, 0, 3] {
+            assert_eq!(set.evict_lru().unwrap(), stmts[i].server_name);
+        }
+        assert_eq!(set.evict_lru(), None);
+    }
+
+    #[test]
+    fn the_set_reports_what_it_holds() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        assert!(set.is_empty());
+        assert_eq!(set.len(), 0);
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        set.insert(a.clone());
+        set.insert(b.clone());
+        assert!(!set.is_empty());
+        assert_eq!(set.len(), 2);
+        assert!(set.holds(a.id));
+        assert!(!set.holds(a.id + b.id));
+        assert_eq!(set.get(a.id).unwrap().id, a.id);
+        let mut ids = set.ids();
+        ids.sort();
+        assert_eq!(ids, [a.id, b.id]);
+        set.remove(a.id);
+        assert!(!set.holds(a.id));
+        assert!(set.get(a.id).is_none());
+        set.clear();
+        assert!(set.is_empty());
+        assert!(set.ids().is_empty());
+    }
+
+    #[test]
     fn the_set_does_not_keep_statements_alive() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
