@@ -552,6 +552,122 @@ mod tests {
     }
 
     #[test]
+    fn closes_describes_and_answers_in_line() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        assert!(o.is_empty());
+        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Close { swallow: false });
+        o.push(Pending::Describe);
+        o.push(Pending::Answer(Answer::ParseComplete));
+        o.push(Pending::Describe);
+        o.push(Pending::Ready(None));
+        assert!(!o.is_empty());
+        assert!(!o.answer_due());
+        assert!(!o.swallowing());
+        assert_eq!(o.pop_answer(), None, "a Close is owed first");
+        use backend::*;
+        assert_eq!(
+            reply(&mut o, &mut p, CLOSE_COMPLETE, None),
+            Verdict::Swallow
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, CLOSE_COMPLETE, None),
+            Verdict::Forward
+        );
+        assert!(!o.answer_due());
+        assert_eq!(
+            reply(&mut o, &mut p, PARAMETER_STATUS, None),
+            Verdict::Forward,
+            "a message that ends nothing leaves the Describe owed"
+        );
+        assert!(!o.answer_due());
+        assert_eq!(
+            reply(&mut o, &mut p, ROW_DESCRIPTION, None),
+            Verdict::Forward
+        );
+        assert!(o.answer_due());
+        assert_eq!(o.pop_answer(), Some(Answer::ParseComplete));
+        assert!(!o.answer_due());
+        assert_eq!(reply(&mut o, &mut p, NO_DATA, None), Verdict::Forward);
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn before_first_bind_means_nothing_executes_yet() {
+        let mut o = Owed::default();
+        assert!(o.before_first_bind());
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        o.push(Pending::Describe);
+        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Answer(Answer::CloseComplete));
+        assert!(o.before_first_bind());
+        o.push(Pending::Bind);
+        assert!(!o.before_first_bind());
+        o.clear();
+        assert!(o.is_empty());
+        o.push(Pending::Ready(None));
+        assert!(!o.before_first_bind());
+    }
+
+    #[test]
+    fn swallowing_while_an_added_query_is_in_front() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        o.push(Pending::Swallow);
+        o.push(Pending::Ready(None));
+        assert!(o.swallowing());
+        reply(&mut o, &mut p, backend::READY_FOR_QUERY, None);
+        assert!(!o.swallowing());
+    }
+
+    #[test]
+    fn only_the_failed_parse_of_the_unnamed_statement_loses_it() {
+        let mut p = PreparedSet::default();
+        // A skipped unnamed Parse (after the failed Bind): the server's unnamed statement
+        // is unknown, but the client's is not lost.
+        let mut o = Owed::default();
+        o.push(Pending::Bind);
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        o.push(Pending::Ready(None));
+        let mut unnamed = 4;
+        let (v, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"22012"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert_eq!(v, Verdict::Forward);
+        assert!(matches!(lost, Lost::Nothing));
+        assert_eq!(unnamed, 0);
+        // A failed Parse pgcarpool added (the client's statement, parsed again): not lost
+        // for the client either.
+        let mut o = Owed::default();
+        o.push(Pending::Parse {
+            swallow: true,
+            stmt: None,
+        });
+        o.push(Pending::Ready(None));
+        let (_, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"42P01"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert!(matches!(lost, Lost::Nothing));
+    }
+
+    #[test]
     fn replies_of_an_added_query_are_all_swallowed() {
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
