@@ -315,6 +315,24 @@ fn client_first_malformed_is_error() {
 }
 
 #[test]
+fn a_message_of_exactly_the_limit_is_read() {
+    let v = small_verifier("x");
+    let head = "n,,n=,r=";
+    let at_limit = format!("{head}{}", "a".repeat(MAX_SCRAM_MESSAGE_LEN - head.len()));
+    assert_eq!(at_limit.len(), MAX_SCRAM_MESSAGE_LEN);
+    assert!(
+        ScramServer::new(v.clone())
+            .client_first(at_limit.as_bytes())
+            .is_ok()
+    );
+    let over = format!("{at_limit}a");
+    assert!(matches!(
+        ScramServer::new(v).client_first(over.as_bytes()),
+        Err(ScramError::Malformed("message too long"))
+    ));
+}
+
+#[test]
 fn client_first_accepts_extensions_and_a_user_name() {
     let v = small_verifier("x");
     ScramServer::new(v.clone())
