@@ -315,6 +315,34 @@ fn client_first_malformed_is_error() {
 }
 
 #[test]
+fn channel_binding_is_refused_by_name() {
+    let v = small_verifier("x");
+    assert!(matches!(
+        ScramServer::new(v.clone()).client_first(b"p=tls-server-end-point,,n=,r=abc"),
+        Err(ScramError::Malformed(
+            "channel binding is not supported (SCRAM-SHA-256-PLUS not offered)"
+        ))
+    ));
+    assert!(matches!(
+        ScramServer::new(v).client_first(b"x,,n=,r=abc"),
+        Err(ScramError::Malformed("bad gs2 channel binding flag"))
+    ));
+}
+
+#[test]
+fn credential_debug_names_the_kind() {
+    assert_eq!(
+        format!("{:?}", ClientCredential::Password("pw".into())),
+        "Password(..)"
+    );
+    let keys = ClientCredential::Keys {
+        client_key: [7; 32],
+        server_key: [7; 32],
+    };
+    assert_eq!(format!("{keys:?}"), "Keys{..}");
+}
+
+#[test]
 fn a_message_of_exactly_the_limit_is_read() {
     let v = small_verifier("x");
     let head = "n,,n=,r=";
