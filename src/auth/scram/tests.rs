@@ -315,6 +315,23 @@ fn client_first_malformed_is_error() {
 }
 
 #[test]
+fn iteration_counts_of_up_to_ten_digits_are_read() {
+    // Leading zeros: 10 digits are read, 11 are refused whatever their value.
+    assert_eq!(
+        server_first_params(b"r=abc,s=QUJD,i=0000004096").unwrap(),
+        (b"ABC".to_vec(), 4096)
+    );
+    assert!(matches!(
+        server_first_params(b"r=abc,s=QUJD,i=00000004096"),
+        Err(ScramError::Malformed("bad iteration count"))
+    ));
+    assert_eq!(
+        server_first_params(b"r=abc,s=QUJD,i=1").unwrap(),
+        (b"ABC".to_vec(), 1)
+    );
+}
+
+#[test]
 fn channel_binding_is_refused_by_name() {
     let v = small_verifier("x");
     assert!(matches!(
