@@ -832,6 +832,231 @@ mod tests {
         assert!(may_matter(b"  set x = 1"));
     }
 
+    /// Effects with these GUCs, changed by `f`.
+    fn fx(gucs: &[&str], f: impl FnOnce(&mut Effects)) -> Effects {
+        let mut e = Effects {
+            gucs: gucs.iter().map(|g| g.to_string()).collect(),
+            ..Effects::default()
+        };
+        f(&mut e);
+        e
+    }
+
+    #[test]
+    fn each_kind_of_statement_has_exactly_its_effects() {
+        let none = Effects::default();
+        let cases: Vec<(&str, Effects)> = vec![
+            // SET
+            (
+                "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+                none.clone(),
+            ),
+            (
+                "SET SESSION AUTHORIZATION bob",
+                fx(&["session_authorization"], |_| {}),
+            ),
+            ("SET SESSION search_path = x", fx(&["search_path"], |_| {})),
+            ("SET NAMES 'UTF8'", fx(&["client_encoding"], |_| {})),
+            ("SET SCHEMA 'x'", fx(&["search_path"], |_| {})),
+            ("SET XML OPTION document", fx(&["xmloption"], |_| {})),
+            ("SET", none.clone()),
+            ("SET a-b = 1", fx(&[], |e| e.gucs_unknown = true)),
+            // RESET
+            (
+                "RESET ALL",
+                fx(&["session_authorization", "role"], |e| e.reset_all = true),
+            ),
+            ("RESET ROLE", fx(&["role"], |_| {})),
+            ("RESET TIME ZONE", fx(&["TimeZone"], |_| {})),
+            (
+                "RESET SESSION AUTHORIZATION",
+                fx(&["session_authorization"], |_| {}),
+            ),
+            ("RESET a-b", fx(&[], |e| e.gucs_unknown = true)),
+            // DISCARD
+            (
+                "DISCARD ALL",
+                fx(&["session_authorization", "role"], |e| {
+                    e.discard_all = true;
+                    e.reset_all = true;
+                    e.deallocate_all = true;
+                    e.pin_check = true;
+                }),
+            ),
+            ("DISCARD TEMP", fx(&[], |e| e.pin_check = true)),
+            ("discard temporary", fx(&[], |e| e.pin_check = true)),
+            ("DISCARD PLANS", none.clone()),
+            // DEALLOCATE, PREPARE, EXECUTE
+            (
+                "DEALLOCATE PREPARE ALL",
+                fx(&[], |e| e.deallocate_all = true),
+            ),
+            ("DEALLOCATE x; select 1", fx(&[], |e| e.pin_check = true)),
+            (
+                "DEALLOCATE PGCARPOOL_1",
+                fx(&[], |e| {
+                    e.reserved_name = true;
+                    e.deallocate = Some("pgcarpool_1".into());
+                }),
+            ),
+            ("PREPARE TRANSACTION 'x'", none.clone()),
+            ("PREPARE TRANSACTION 'x'; select 1", none.clone()),
+            ("PREPARE p AS select 1", none.clone()),
+            (
+                "PREPARE p AS select 1; select 1",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            (
+                "PREPARE pgcarpool_3 AS select 1",
+                fx(&[], |e| e.reserved_name = true),
+            ),
+            ("EXECUTE p", none.clone()),
+            ("EXECUTE p; select 1", fx(&[], |e| e.pin_check = true)),
+            // Pins and DDL
+            ("LISTEN ch", fx(&[], |e| e.pin_check = true)),
+            ("UNLISTEN *", fx(&[], |e| e.pin_check = true)),
+            (
+                "CREATE GLOBAL TEMPORARY TABLE t (a int)",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("CREATE TABLE t (a int)", fx(&[], |e| e.ddl = true)),
+            (
+                "DROP TABLE t",
+                fx(&[], |e| {
+                    e.ddl = true;
+                    e.pin_check = true;
+                }),
+            ),
+            (
+                "ALTER TABLE t ADD b int",
+                fx(&[], |e| {
+                    e.ddl = true;
+                    e.pin_check = true;
+                }),
+            ),
+            (
+                "ALTER DATABASE foo RENAME TO bar",
+                fx(&[], |e| e.database_alone = Some("foo".into())),
+            ),
+            (
+                "DROP DATABASE IF EXISTS foo",
+                fx(&[], |e| e.database_alone = Some("foo".into())),
+            ),
+            (
+                "DO $$ begin end $$",
+                fx(&["role", "session_authorization"], |e| {
+                    e.gucs_unknown = true;
+                    e.pin_check = true;
+                    e.ddl = true;
+                }),
+            ),
+            (
+                "CALL p()",
+                fx(&["role", "session_authorization"], |e| {
+                    e.gucs_unknown = true;
+                    e.pin_check = true;
+                    e.ddl = true;
+                }),
+            ),
+            (
+                "DECLARE c CURSOR WITH HOLD FOR select 1",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("DECLARE c CURSOR FOR select 1", none.clone()),
+            // Anything else: set_config, advisory locks, pg_temp, calls.
+            // set_config is not among the well-known functions: also a call.
+            (
+                "select set_config('a.b', 'x', false)",
+                fx(&["a.b"], |e| e.calls = true),
+            ),
+            ("select * from pg_temp.t", fx(&[], |e| e.pin_check = true)),
+            (
+                "select pg_try_advisory_lock (1)",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("select my_fn(1)", fx(&[], |e| e.calls = true)),
+            ("select 1", none.clone()),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(classify(sql.as_bytes()), want, "{sql}");
+        }
+    }
+
+    #[test]
+    fn may_matter_finds_keywords_inside_the_text() {
+        // With a space before `(`, these are not seen as calls: the words themselves count.
+        assert!(may_matter(
+            b"select pg_catalog.set_config ('a', 'b', false)"
+        ));
+        assert!(may_matter(b"select pg_advisory_lock (1)"));
+        assert!(may_matter(b"select * from pg_temp.t"));
+        assert!(!may_matter(b"select * from pg_catalog.pg_class"));
+        // A `(` first is not a call.
+        assert!(!may_matter(b"(select 1)"));
+        assert!(may_matter(b"(select 1); set x = 1"));
+    }
+
+    #[test]
+    fn a_call_is_an_identifier_before_a_parenthesis() {
+        assert!(calls_unknown(b"select f"));
+        assert!(calls_unknown(b"select \"F\""));
+        assert!(calls_unknown(b"select a$max"), "$ is part of a name");
+        assert!(!calls_unknown(b"select max"));
+        assert!(!calls_unknown(b"select $1"), "a parameter");
+        assert!(!calls_unknown(b"select 1"));
+        assert!(!calls_unknown(b"select "));
+    }
+
+    #[test]
+    fn effects_merge_keeps_everything_once() {
+        let mut a = fx(&["search_path"], |e| {
+            e.pin_check = true;
+            e.database_alone = Some("a".into());
+            e.deallocate = Some("p".into());
+        });
+        assert!(!a.is_empty());
+        a.merge(fx(&["SEARCH_PATH", "role"], |e| {
+            e.gucs_unknown = true;
+            e.reset_all = true;
+            e.discard_all = true;
+            e.deallocate_all = true;
+            e.ddl = true;
+            e.reserved_name = true;
+            e.calls = true;
+            e.database_alone = Some("b".into());
+        }));
+        assert_eq!(
+            a,
+            fx(&["search_path", "role"], |e| {
+                e.gucs_unknown = true;
+                e.reset_all = true;
+                e.discard_all = true;
+                e.deallocate_all = true;
+                e.pin_check = true;
+                e.ddl = true;
+                e.reserved_name = true;
+                e.calls = true;
+                e.database_alone = Some("a".into());
+            })
+        );
+        // Flags already set stay set; a first database_alone is taken.
+        let mut b = fx(&[], |e| {
+            e.gucs_unknown = true;
+            e.reset_all = true;
+            e.discard_all = true;
+            e.deallocate_all = true;
+            e.pin_check = true;
+            e.ddl = true;
+            e.reserved_name = true;
+            e.calls = true;
+        });
+        let before = b.clone();
+        b.merge(Effects::default());
+        assert_eq!(b, before);
+        b.merge(fx(&[], |e| e.database_alone = Some("c".into())));
+        assert_eq!(b.database_alone.as_deref(), Some("c"));
+    }
+
     #[test]
     fn garbage_does_not_panic() {
         for s in [
