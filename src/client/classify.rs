@@ -976,6 +976,7 @@ mod tests {
             ),
             ("select my_fn(1)", fx(&[], |e| e.calls = true)),
             ("select 1", none.clone()),
+            ("(select 1)", none.clone()),
         ];
         for (sql, want) in cases {
             assert_eq!(classify(sql.as_bytes()), want, "{sql}");
@@ -1005,6 +1006,33 @@ mod tests {
         assert!(!calls_unknown(b"select $1"), "a parameter");
         assert!(!calls_unknown(b"select 1"));
         assert!(!calls_unknown(b"select "));
+    }
+
+    #[test]
+    fn internal_names_have_the_prefix_in_any_case() {
+        assert!(is_internal_name(b"PGCARPOOL_1"));
+        assert!(is_internal_name(b"pgcarpool_"));
+        assert!(!is_internal_name(b"PGCARPOOL"));
+        assert!(!is_internal_name(b"pgcarpool1"));
+        assert!(!is_internal_name(b"my_statement_1"));
+        assert!(!is_internal_name(b""));
+    }
+
+    #[test]
+    fn statements_that_end_a_transaction() {
+        for sql in [
+            "ROLLBACK",
+            "commit",
+            "END",
+            "abort",
+            "rollback to savepoint a",
+            "/* c */ COMMIT PREPARED 'x'",
+        ] {
+            assert!(ends_transaction(sql.as_bytes()), "{sql}");
+        }
+        for sql in ["select 1", "BEGIN", "", "savepoint a"] {
+            assert!(!ends_transaction(sql.as_bytes()), "{sql}");
+        }
     }
 
     #[test]
