@@ -581,14 +581,33 @@ fn strip_leading(mut s: &[u8]) -> &[u8] {
                 .position(|&c| c == b'\n')
                 .map_or(&[][..], |p| &t[p..]);
         } else if t.starts_with(b"/*") {
-            s = t[2..]
-                .windows(2)
-                .position(|w| w == b"*/")
-                .map_or(&[][..], |p| &t[p + 4..]);
+            s = &t[block_comment_len(t)..];
         } else {
             return t;
         }
     }
+}
+
+/// Length of the block comment `s` starts with (`/*`), nested comments included as
+/// PostgreSQL reads them; all of `s` when it is not closed.
+fn block_comment_len(s: &[u8]) -> usize {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < s.len() {
+        if s[i..].starts_with(b"/*") {
+            depth += 1;
+            i += 2;
+        } else if s[i..].starts_with(b"*/") {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    s.len()
 }
 
 fn has_content(s: &[u8]) -> bool {
@@ -608,10 +627,7 @@ fn keywords(s: &[u8], max: usize) -> Vec<String> {
                 i += 1;
             }
         } else if s[i..].starts_with(b"/*") {
-            match s[i + 2..].windows(2).position(|w| w == b"*/") {
-                Some(p) => i += p + 4,
-                None => break,
-            }
+            i += block_comment_len(&s[i..]);
         } else if c.is_ascii_alphabetic() || c == b'_' {
             let st = i;
             while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_') {
@@ -1006,6 +1022,79 @@ mod tests {
         assert!(!calls_unknown(b"select $1"), "a parameter");
         assert!(!calls_unknown(b"select 1"));
         assert!(!calls_unknown(b"select "));
+    }
+
+    /// The statements `split` finds, as text.
+    fn parts(sql: &str) -> Vec<&str> {
+        split(sql.as_bytes())
+            .into_iter()
+            .map(|(a, b)| &sql[a..b])
+            .collect()
+    }
+
+    #[test]
+    fn split_skips_semicolons_in_quotes_comments_and_dollar_quotes() {
+        assert_eq!(parts("select ';'; select 2"), ["select ';'", " select 2"]);
+        assert_eq!(parts("select \";\"; x"), ["select \";\"", " x"]);
+        assert_eq!(
+            parts("select 'a'';'; select 2"),
+            ["select 'a'';'", " select 2"]
+        );
+        assert_eq!(
+            parts("select E'\\';'; select 2"),
+            ["select E'\\';'", " select 2"]
+        );
+        // A backslash is no escape in an identifier.
+        assert_eq!(parts("select \"a\\\"; x"), ["select \"a\\\"", " x"]);
+        assert_eq!(
+            parts("select 1 -- ;\n; select 2"),
+            ["select 1 -- ;\n", " select 2"]
+        );
+        assert_eq!(
+            parts("/* /* ; */ ; */ select 1; select 2"),
+            ["/* /* ; */ ; */ select 1", " select 2"]
+        );
+        assert_eq!(
+            parts("select $$;$$; select $a$;$$;$a$; x"),
+            ["select $$;$$", " select $a$;$$;$a$", " x"]
+        );
+        // A parameter is not a dollar quote.
+        assert_eq!(parts("select $1; select 2"), ["select $1", " select 2"]);
+        // Lone '-', '/' and '$': no comment, no quote.
+        assert_eq!(
+            parts("select 2-1; select 4/2; select a$b; x"),
+            ["select 2-1", " select 4/2", " select a$b", " x"]
+        );
+        // Empty statements and trailing comments are not statements.
+        assert_eq!(parts(";; select 1; -- c"), [" select 1"]);
+        assert_eq!(parts("select 1;"), ["select 1"]);
+    }
+
+    #[test]
+    fn a_nested_comment_before_a_statement_hides_nothing() {
+        let sql = b"/* a /* b */ c */ SET search_path = x";
+        assert!(may_matter(sql));
+        assert_eq!(classify(sql).gucs, ["search_path"]);
+        assert_eq!(classify(b"select 1; /* /* */ */ set role r").gucs, ["role"]);
+        assert!(ends_transaction(b"/* /* */ */ COMMIT"));
+        assert_eq!(block_comment_len(b"/**/x"), 4);
+        assert_eq!(block_comment_len(b"/* /* */ x"), 10);
+        assert!(classify(b"/* /* */ SET x = 1").is_empty(), "all comment");
+    }
+
+    #[test]
+    fn named_statements_need_a_name() {
+        assert_eq!(
+            named_statement(b"execute a$b(1)"),
+            Some(Named::Execute {
+                name: "a$b".into(),
+                rest: b"(1)"
+            })
+        );
+        assert_eq!(named_statement(b"EXECUTE 1x"), None);
+        assert_eq!(named_statement(b"EXECUTE (1)"), None);
+        assert_eq!(named_statement(b"EXECUTE \"unterminated"), None);
+        assert_eq!(named_statement(b"DEALLOCATE x"), None);
     }
 
     #[test]
