@@ -1083,6 +1083,20 @@ mod tests {
     }
 
     #[test]
+    fn keywords_skip_punctuation_and_comments() {
+        assert_eq!(keywords(b"( a ) , b", 4), ["A", "B"]);
+        assert_eq!(keywords(b"(a)(b),c", 4), ["A", "B", "C"]);
+        assert_eq!(
+            keywords(b"set -- x\n /* y */ Time_Zone", 4),
+            ["SET", "TIME_ZONE"]
+        );
+        assert_eq!(keywords(b"a b c", 2), ["A", "B"]);
+        assert_eq!(keywords(b"a 'b' c", 4), ["A"]);
+        assert_eq!(keywords(b"a /* open", 4), ["A"]);
+        assert_eq!(parts("(select 1); select 2"), ["(select 1)", " select 2"]);
+    }
+
+    #[test]
     fn named_statements_need_a_name() {
         assert_eq!(
             named_statement(b"execute a$b(1)"),
