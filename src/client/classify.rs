@@ -1091,6 +1091,8 @@ mod tests {
             ["SET", "TIME_ZONE"]
         );
         assert_eq!(keywords(b"a b c", 2), ["A", "B"]);
+        assert_eq!(keywords(b"a 1 b", 4), ["A"], "a word starts with a letter");
+        assert_eq!(keywords(b"_a b1", 4), ["_A", "B1"]);
         assert_eq!(keywords(b"a 'b' c", 4), ["A"]);
         assert_eq!(keywords(b"a /* open", 4), ["A"]);
         assert_eq!(parts("(select 1); select 2"), ["(select 1)", " select 2"]);
