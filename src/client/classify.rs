@@ -985,6 +985,14 @@ mod tests {
                 "select set_config('a.b', 'x', false)",
                 fx(&["a.b"], |e| e.calls = true),
             ),
+            (
+                "select set_config ('a b', 'x', false)",
+                fx(&[], |e| e.gucs_unknown = true),
+            ),
+            (
+                "select set_config ('', 'x', false)",
+                fx(&[], |e| e.gucs_unknown = true),
+            ),
             ("select * from pg_temp.t", fx(&[], |e| e.pin_check = true)),
             (
                 "select pg_try_advisory_lock (1)",
