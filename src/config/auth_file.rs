@@ -251,6 +251,18 @@ mod tests {
     }
 
     #[test]
+    fn names_and_secrets_of_exactly_the_limit_are_read() {
+        let name = "u".repeat(MAX_USERNAME);
+        let secret = "p".repeat(MAX_SECRET);
+        let a = AuthFile::parse(&format!("\"{name}\" \"{secret}\""), "f").unwrap();
+        assert_eq!(a.get(&name), Some(&Secret::Plain(secret.clone())));
+        let e = AuthFile::parse(&format!("\"{name}u\" \"pw\""), "f").unwrap_err();
+        assert!(e.to_string().contains("user name longer than"), "{e}");
+        let e = AuthFile::parse(&format!("\"u\" \"{secret}p\""), "f").unwrap_err();
+        assert!(e.to_string().contains("secret longer than"), "{e}");
+    }
+
+    #[test]
     fn all_forms() {
         let text = format!(
             "; comment\n# comment\n\n\"alice\" \"pa ss\"\"word\"\n\
