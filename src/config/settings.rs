@@ -964,6 +964,14 @@ mod tests {
     }
 
     #[test]
+    fn settings_kept_as_text_are_checked_by_type() {
+        assert_eq!(set_show("listen_backlog", "64").unwrap(), "64");
+        assert!(set_show("listen_backlog", "-1").is_err());
+        assert_eq!(set_show("dns_nxdomain_ttl", "0.5").unwrap(), "0.5");
+        assert!(set_show("dns_nxdomain_ttl", "soon").is_err());
+    }
+
+    #[test]
     fn a_setting_definition_debugs_without_its_functions() {
         assert_eq!(
             format!("{:?}", lookup("listen_port").unwrap()),

@@ -175,6 +175,13 @@ mod tests {
     }
 
     #[test]
+    fn startup_message_after_other_bytes() {
+        let mut b = BytesMut::from(&b"xyz"[..]);
+        startup_message(&mut b, &[("user", "u")]);
+        assert_eq!(&b[3..], b"\0\0\0\x10\0\x03\0\0user\0u\0\0");
+    }
+
+    #[test]
     fn parses_cancel_and_ssl() {
         let mut b = BytesMut::new();
         cancel_request(&mut b, 7, -9);
