@@ -1190,6 +1190,11 @@ mod tests {
             s.unimplemented_in_use(),
             vec!["client_tls_sslmode", "pkt_buf", "auth_type = pam"]
         );
+        s.load_value("auth_type", "cert").unwrap();
+        assert_eq!(
+            s.unimplemented_in_use(),
+            vec!["client_tls_sslmode", "pkt_buf", "auth_type = cert"]
+        );
     }
 
     #[test]
