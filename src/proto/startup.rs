@@ -211,6 +211,10 @@ mod tests {
         }
         let b = [0, 0, 0, 12, 0x04, 0xd2, 0x16, 0x2e, 0, 0, 0, 1];
         assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
+        // A CancelRequest with 4 bytes too many.
+        let mut b = vec![0, 0, 0, 20, 0x04, 0xd2, 0x16, 0x2e];
+        b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
     }
 
     #[test]

@@ -346,6 +346,26 @@ mod tests {
     }
 
     #[test]
+    fn a_statement_inserted_later_is_evicted_later() {
+        // Ties would be broken by HashMap order, which differs from map to map: every try
+        // must evict the older one.
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        for _ in 0..20 {
+            let mut set = PreparedSet::default();
+            set.insert(a.clone());
+            set.insert(b.clone());
+            assert_eq!(set.evict_lru().unwrap(), a.server_name);
+            let mut set = PreparedSet::default();
+            set.insert(b.clone());
+            assert!(!set.touch(a.id));
+            set.insert(a.clone());
+            assert_eq!(set.evict_lru().unwrap(), b.server_name);
+        }
+    }
+
+    #[test]
     fn the_set_reports_what_it_holds() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
