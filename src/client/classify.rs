@@ -1066,8 +1066,16 @@ mod tests {
             parts("select $$;$$; select $a$;$$;$a$; x"),
             ["select $$;$$", " select $a$;$$;$a$", " x"]
         );
-        // A parameter is not a dollar quote.
+        // A parameter is not a dollar quote, nor is a tag that starts with a digit.
         assert_eq!(parts("select $1; select 2"), ["select $1", " select 2"]);
+        assert_eq!(parts("select $1$; select 2"), ["select $1$", " select 2"]);
+        // The closing tag is looked for after the opening one: this string is `a$;`.
+        assert_eq!(
+            parts("select $a$a$;$a$; select 2"),
+            ["select $a$a$;$a$", " select 2"]
+        );
+        // An empty string literal.
+        assert_eq!(parts("select ''; select 2"), ["select ''", " select 2"]);
         // Lone '-', '/' and '$': no comment, no quote.
         assert_eq!(
             parts("select 2-1; select 4/2; select a$b; x"),
