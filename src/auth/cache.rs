@@ -363,6 +363,59 @@ mod tests {
     }
 
     #[test]
+    fn off_reactor_propagates_a_panic_without_running_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&runs);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(off_reactor(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                panic!("in f");
+            }))
+        }));
+        assert_eq!(
+            caught.unwrap_err().downcast_ref::<&str>(),
+            Some(&"in f"),
+            "f's own panic"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn off_reactor_runs_here_when_the_runtime_refuses() {
+        // A runtime shut down refuses blocking tasks: f runs on the calling thread.
+        let gone = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = gone.handle().clone();
+        gone.shutdown_background();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let caller = std::thread::current().id();
+        let ran_on = rt.block_on(async {
+            let _in_gone = handle.enter();
+            off_reactor(|| std::thread::current().id()).await
+        });
+        assert_eq!(ran_on, caller);
+    }
+
+    #[test]
+    fn debug_shows_sizes_and_never_the_secret() {
+        let cache = ScramCache::with_capacity(2);
+        assert!(cache.is_empty());
+        cache.client_keys("pw", b"salt", 16);
+        assert!(!cache.is_empty());
+        assert_eq!(
+            format!("{cache:?}"),
+            "ScramCache { capacity: 2, keys: 1, verifiers: 0, .. }"
+        );
+    }
+
+    #[test]
     fn off_reactor_runs_on_the_blocking_pool() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()

@@ -581,14 +581,33 @@ fn strip_leading(mut s: &[u8]) -> &[u8] {
                 .position(|&c| c == b'\n')
                 .map_or(&[][..], |p| &t[p..]);
         } else if t.starts_with(b"/*") {
-            s = t[2..]
-                .windows(2)
-                .position(|w| w == b"*/")
-                .map_or(&[][..], |p| &t[p + 4..]);
+            s = &t[block_comment_len(t)..];
         } else {
             return t;
         }
     }
+}
+
+/// Length of the block comment `s` starts with (`/*`), nested comments included as
+/// PostgreSQL reads them; all of `s` when it is not closed.
+fn block_comment_len(s: &[u8]) -> usize {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < s.len() {
+        if s[i..].starts_with(b"/*") {
+            depth += 1;
+            i += 2;
+        } else if s[i..].starts_with(b"*/") {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    s.len()
 }
 
 fn has_content(s: &[u8]) -> bool {
@@ -608,10 +627,7 @@ fn keywords(s: &[u8], max: usize) -> Vec<String> {
                 i += 1;
             }
         } else if s[i..].starts_with(b"/*") {
-            match s[i + 2..].windows(2).position(|w| w == b"*/") {
-                Some(p) => i += p + 4,
-                None => break,
-            }
+            i += block_comment_len(&s[i..]);
         } else if c.is_ascii_alphabetic() || c == b'_' {
             let st = i;
             while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_') {
@@ -830,6 +846,364 @@ mod tests {
         assert!(!may_matter(b"BEGIN; UPDATE t SET a = 1; COMMIT;"));
         assert!(may_matter(b"select 1; SET search_path = x"));
         assert!(may_matter(b"  set x = 1"));
+    }
+
+    /// Effects with these GUCs, changed by `f`.
+    fn fx(gucs: &[&str], f: impl FnOnce(&mut Effects)) -> Effects {
+        let mut e = Effects {
+            gucs: gucs.iter().map(|g| g.to_string()).collect(),
+            ..Effects::default()
+        };
+        f(&mut e);
+        e
+    }
+
+    #[test]
+    fn each_kind_of_statement_has_exactly_its_effects() {
+        let none = Effects::default();
+        let cases: Vec<(&str, Effects)> = vec![
+            // SET
+            (
+                "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+                none.clone(),
+            ),
+            (
+                "SET SESSION AUTHORIZATION bob",
+                fx(&["session_authorization"], |_| {}),
+            ),
+            ("SET SESSION search_path = x", fx(&["search_path"], |_| {})),
+            ("SET NAMES 'UTF8'", fx(&["client_encoding"], |_| {})),
+            ("SET SCHEMA 'x'", fx(&["search_path"], |_| {})),
+            ("SET XML OPTION document", fx(&["xmloption"], |_| {})),
+            ("SET", none.clone()),
+            ("SET a-b = 1", fx(&[], |e| e.gucs_unknown = true)),
+            // RESET
+            (
+                "RESET ALL",
+                fx(&["session_authorization", "role"], |e| e.reset_all = true),
+            ),
+            ("RESET ROLE", fx(&["role"], |_| {})),
+            ("RESET TIME ZONE", fx(&["TimeZone"], |_| {})),
+            (
+                "RESET SESSION AUTHORIZATION",
+                fx(&["session_authorization"], |_| {}),
+            ),
+            ("RESET a-b", fx(&[], |e| e.gucs_unknown = true)),
+            // DISCARD
+            (
+                "DISCARD ALL",
+                fx(&["session_authorization", "role"], |e| {
+                    e.discard_all = true;
+                    e.reset_all = true;
+                    e.deallocate_all = true;
+                    e.pin_check = true;
+                }),
+            ),
+            ("DISCARD TEMP", fx(&[], |e| e.pin_check = true)),
+            ("discard temporary", fx(&[], |e| e.pin_check = true)),
+            ("DISCARD PLANS", none.clone()),
+            // DEALLOCATE, PREPARE, EXECUTE
+            (
+                "DEALLOCATE PREPARE ALL",
+                fx(&[], |e| e.deallocate_all = true),
+            ),
+            ("DEALLOCATE x; select 1", fx(&[], |e| e.pin_check = true)),
+            (
+                "DEALLOCATE PGCARPOOL_1",
+                fx(&[], |e| {
+                    e.reserved_name = true;
+                    e.deallocate = Some("pgcarpool_1".into());
+                }),
+            ),
+            ("PREPARE TRANSACTION 'x'", none.clone()),
+            ("PREPARE TRANSACTION 'x'; select 1", none.clone()),
+            ("PREPARE p AS select 1", none.clone()),
+            (
+                "PREPARE p AS select 1; select 1",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            (
+                "PREPARE pgcarpool_3 AS select 1",
+                fx(&[], |e| e.reserved_name = true),
+            ),
+            ("EXECUTE p", none.clone()),
+            ("EXECUTE p; select 1", fx(&[], |e| e.pin_check = true)),
+            // Pins and DDL
+            ("LISTEN ch", fx(&[], |e| e.pin_check = true)),
+            ("UNLISTEN *", fx(&[], |e| e.pin_check = true)),
+            (
+                "CREATE GLOBAL TEMPORARY TABLE t (a int)",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("CREATE TABLE t (a int)", fx(&[], |e| e.ddl = true)),
+            (
+                "DROP TABLE t",
+                fx(&[], |e| {
+                    e.ddl = true;
+                    e.pin_check = true;
+                }),
+            ),
+            (
+                "ALTER TABLE t ADD b int",
+                fx(&[], |e| {
+                    e.ddl = true;
+                    e.pin_check = true;
+                }),
+            ),
+            (
+                "ALTER DATABASE foo RENAME TO bar",
+                fx(&[], |e| e.database_alone = Some("foo".into())),
+            ),
+            (
+                "DROP DATABASE IF EXISTS foo",
+                fx(&[], |e| e.database_alone = Some("foo".into())),
+            ),
+            (
+                "DO $$ begin end $$",
+                fx(&["role", "session_authorization"], |e| {
+                    e.gucs_unknown = true;
+                    e.pin_check = true;
+                    e.ddl = true;
+                }),
+            ),
+            (
+                "CALL p()",
+                fx(&["role", "session_authorization"], |e| {
+                    e.gucs_unknown = true;
+                    e.pin_check = true;
+                    e.ddl = true;
+                }),
+            ),
+            (
+                "DECLARE c CURSOR WITH HOLD FOR select 1",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("DECLARE c CURSOR FOR select 1", none.clone()),
+            // Anything else: set_config, advisory locks, pg_temp, calls.
+            // set_config is not among the well-known functions: also a call.
+            (
+                "select set_config('a.b', 'x', false)",
+                fx(&["a.b"], |e| e.calls = true),
+            ),
+            (
+                "select set_config ('a b', 'x', false)",
+                fx(&[], |e| e.gucs_unknown = true),
+            ),
+            (
+                "select set_config ('', 'x', false)",
+                fx(&[], |e| e.gucs_unknown = true),
+            ),
+            ("select * from pg_temp.t", fx(&[], |e| e.pin_check = true)),
+            (
+                "select pg_try_advisory_lock (1)",
+                fx(&[], |e| e.pin_check = true),
+            ),
+            ("select my_fn(1)", fx(&[], |e| e.calls = true)),
+            ("select 1", none.clone()),
+            ("(select 1)", none.clone()),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(classify(sql.as_bytes()), want, "{sql}");
+        }
+    }
+
+    #[test]
+    fn may_matter_finds_keywords_inside_the_text() {
+        // With a space before `(`, these are not seen as calls: the words themselves count.
+        assert!(may_matter(
+            b"select pg_catalog.set_config ('a', 'b', false)"
+        ));
+        assert!(may_matter(b"select pg_advisory_lock (1)"));
+        assert!(may_matter(b"select * from pg_temp.t"));
+        assert!(!may_matter(b"select * from pg_catalog.pg_class"));
+        // A `(` first is not a call.
+        assert!(!may_matter(b"(select 1)"));
+        assert!(may_matter(b"(select 1); set x = 1"));
+    }
+
+    #[test]
+    fn a_call_is_an_identifier_before_a_parenthesis() {
+        assert!(calls_unknown(b"select f"));
+        assert!(calls_unknown(b"select \"F\""));
+        assert!(calls_unknown(b"select a$max"), "$ is part of a name");
+        assert!(!calls_unknown(b"select max"));
+        assert!(!calls_unknown(b"select $1"), "a parameter");
+        assert!(!calls_unknown(b"select 1"));
+        assert!(!calls_unknown(b"select "));
+    }
+
+    /// The statements `split` finds, as text.
+    fn parts(sql: &str) -> Vec<&str> {
+        split(sql.as_bytes())
+            .into_iter()
+            .map(|(a, b)| &sql[a..b])
+            .collect()
+    }
+
+    #[test]
+    fn split_skips_semicolons_in_quotes_comments_and_dollar_quotes() {
+        assert_eq!(parts("select ';'; select 2"), ["select ';'", " select 2"]);
+        assert_eq!(parts("select \";\"; x"), ["select \";\"", " x"]);
+        assert_eq!(
+            parts("select 'a'';'; select 2"),
+            ["select 'a'';'", " select 2"]
+        );
+        assert_eq!(
+            parts("select E'\\';'; select 2"),
+            ["select E'\\';'", " select 2"]
+        );
+        // A backslash is no escape in an identifier.
+        assert_eq!(parts("select \"a\\\"; x"), ["select \"a\\\"", " x"]);
+        assert_eq!(
+            parts("select 1 -- ;\n; select 2"),
+            ["select 1 -- ;\n", " select 2"]
+        );
+        assert_eq!(
+            parts("/* /* ; */ ; */ select 1; select 2"),
+            ["/* /* ; */ ; */ select 1", " select 2"]
+        );
+        assert_eq!(
+            parts("select $$;$$; select $a$;$$;$a$; x"),
+            ["select $$;$$", " select $a$;$$;$a$", " x"]
+        );
+        // A parameter is not a dollar quote, nor is a tag that starts with a digit.
+        assert_eq!(parts("select $1; select 2"), ["select $1", " select 2"]);
+        assert_eq!(parts("select $1$; select 2"), ["select $1$", " select 2"]);
+        // The closing tag is looked for after the opening one: this string is `a$;`.
+        assert_eq!(
+            parts("select $a$a$;$a$; select 2"),
+            ["select $a$a$;$a$", " select 2"]
+        );
+        // An empty string literal.
+        assert_eq!(parts("select ''; select 2"), ["select ''", " select 2"]);
+        // Lone '-', '/' and '$': no comment, no quote.
+        assert_eq!(
+            parts("select 2-1; select 4/2; select a$b; x"),
+            ["select 2-1", " select 4/2", " select a$b", " x"]
+        );
+        // Empty statements and trailing comments are not statements.
+        assert_eq!(parts(";; select 1; -- c"), [" select 1"]);
+        assert_eq!(parts("select 1;"), ["select 1"]);
+    }
+
+    #[test]
+    fn a_nested_comment_before_a_statement_hides_nothing() {
+        let sql = b"/* a /* b */ c */ SET search_path = x";
+        assert!(may_matter(sql));
+        assert_eq!(classify(sql).gucs, ["search_path"]);
+        assert_eq!(classify(b"select 1; /* /* */ */ set role r").gucs, ["role"]);
+        assert!(ends_transaction(b"/* /* */ */ COMMIT"));
+        assert_eq!(block_comment_len(b"/**/x"), 4);
+        assert_eq!(block_comment_len(b"/* /* */ x"), 10);
+        assert!(classify(b"/* /* */ SET x = 1").is_empty(), "all comment");
+    }
+
+    #[test]
+    fn keywords_skip_punctuation_and_comments() {
+        assert_eq!(keywords(b"( a ) , b", 4), ["A", "B"]);
+        assert_eq!(keywords(b"(a)(b),c", 4), ["A", "B", "C"]);
+        assert_eq!(
+            keywords(b"set -- x\n /* y */ Time_Zone", 4),
+            ["SET", "TIME_ZONE"]
+        );
+        assert_eq!(keywords(b"a b c", 2), ["A", "B"]);
+        assert_eq!(keywords(b"a 1 b", 4), ["A"], "a word starts with a letter");
+        assert_eq!(keywords(b"_a b1", 4), ["_A", "B1"]);
+        assert_eq!(keywords(b"a 'b' c", 4), ["A"]);
+        assert_eq!(keywords(b"a /* open", 4), ["A"]);
+        assert_eq!(parts("(select 1); select 2"), ["(select 1)", " select 2"]);
+    }
+
+    #[test]
+    fn named_statements_need_a_name() {
+        assert_eq!(
+            named_statement(b"execute a$b(1)"),
+            Some(Named::Execute {
+                name: "a$b".into(),
+                rest: b"(1)"
+            })
+        );
+        assert_eq!(named_statement(b"EXECUTE 1x"), None);
+        assert_eq!(named_statement(b"EXECUTE (1)"), None);
+        assert_eq!(named_statement(b"EXECUTE \"unterminated"), None);
+        assert_eq!(named_statement(b"DEALLOCATE x"), None);
+    }
+
+    #[test]
+    fn internal_names_have_the_prefix_in_any_case() {
+        assert!(is_internal_name(b"PGCARPOOL_1"));
+        assert!(is_internal_name(b"pgcarpool_"));
+        assert!(!is_internal_name(b"PGCARPOOL"));
+        assert!(!is_internal_name(b"pgcarpool1"));
+        assert!(!is_internal_name(b"my_statement_1"));
+        assert!(!is_internal_name(b""));
+    }
+
+    #[test]
+    fn statements_that_end_a_transaction() {
+        for sql in [
+            "ROLLBACK",
+            "commit",
+            "END",
+            "abort",
+            "rollback to savepoint a",
+            "/* c */ COMMIT PREPARED 'x'",
+        ] {
+            assert!(ends_transaction(sql.as_bytes()), "{sql}");
+        }
+        for sql in ["select 1", "BEGIN", "", "savepoint a"] {
+            assert!(!ends_transaction(sql.as_bytes()), "{sql}");
+        }
+    }
+
+    #[test]
+    fn effects_merge_keeps_everything_once() {
+        let mut a = fx(&["search_path"], |e| {
+            e.pin_check = true;
+            e.database_alone = Some("a".into());
+            e.deallocate = Some("p".into());
+        });
+        assert!(!a.is_empty());
+        a.merge(fx(&["SEARCH_PATH", "role"], |e| {
+            e.gucs_unknown = true;
+            e.reset_all = true;
+            e.discard_all = true;
+            e.deallocate_all = true;
+            e.ddl = true;
+            e.reserved_name = true;
+            e.calls = true;
+            e.database_alone = Some("b".into());
+        }));
+        assert_eq!(
+            a,
+            fx(&["search_path", "role"], |e| {
+                e.gucs_unknown = true;
+                e.reset_all = true;
+                e.discard_all = true;
+                e.deallocate_all = true;
+                e.pin_check = true;
+                e.ddl = true;
+                e.reserved_name = true;
+                e.calls = true;
+                e.database_alone = Some("a".into());
+            })
+        );
+        // Flags already set stay set; a first database_alone is taken.
+        let mut b = fx(&[], |e| {
+            e.gucs_unknown = true;
+            e.reset_all = true;
+            e.discard_all = true;
+            e.deallocate_all = true;
+            e.pin_check = true;
+            e.ddl = true;
+            e.reserved_name = true;
+            e.calls = true;
+        });
+        let before = b.clone();
+        b.merge(Effects::default());
+        assert_eq!(b, before);
+        b.merge(fx(&[], |e| e.database_alone = Some("c".into())));
+        assert_eq!(b.database_alone.as_deref(), Some("c"));
     }
 
     #[test]

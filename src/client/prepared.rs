@@ -266,6 +266,100 @@ mod tests {
     }
 
     #[test]
+    fn a_sql_prepare_statement_is_prepared_by_sql_under_its_server_name() {
+        let r = StatementRegistry::default();
+        let mut key = SQL_PREPARE_KEY.to_vec();
+        key.extend_from_slice(b"(int) AS select $1");
+        let s = r.intern(Bytes::from(key)).unwrap();
+        assert!(s.is_sql_prepared());
+        assert_eq!(
+            s.sql_prepare_text(),
+            format!("PREPARE \"PGCARPOOL_{}\" (int) AS select $1", s.id)
+        );
+        let p = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        assert!(!p.is_sql_prepared());
+    }
+
+    #[test]
+    fn a_statement_is_validated_once_a_server_accepted_it() {
+        let r = StatementRegistry::default();
+        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        assert!(!s.is_validated());
+        s.set_validated();
+        assert!(s.is_validated());
+    }
+
+    #[test]
+    fn bytes_count_text_server_name_and_overhead() {
+        let r = StatementRegistry::default();
+        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let name = format!("PGCARPOOL_{}", s.id);
+        assert_eq!(r.bytes(), 11 + name.len() + ENTRY_OVERHEAD);
+    }
+
+    #[test]
+    fn a_statement_that_just_fits_the_bound_is_registered() {
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from(vec![b'a'; 40])).unwrap();
+        // A new statement is counted as its text, 24 bytes of name and the overhead
+        // until it exists.
+        let max = r.bytes() + 100 + 24 + ENTRY_OVERHEAD;
+        r.set_max_bytes(max);
+        assert_eq!(
+            r.intern(Bytes::from(vec![b'c'; 101])).unwrap_err(),
+            RegistryFull::Bytes(max)
+        );
+        let b = r.intern(Bytes::from(vec![b'b'; 100])).unwrap();
+        assert_ne!(a.id, b.id);
+        // Back to no bound.
+        r.set_max_bytes(0);
+        assert!(r.intern(Bytes::from(vec![b'd'; 10_000])).is_ok());
+    }
+
+    #[test]
+    fn a_schema_change_is_counted_and_starts_a_generation() {
+        let r = StatementRegistry::default();
+        let old = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        assert_eq!(r.changes_seen(), 0);
+        r.schema_changed();
+        r.schema_changed();
+        assert_eq!(r.changes_seen(), 2);
+        assert!(r.lookup(b"a\0\0\0").is_none());
+        assert_ne!(r.intern(Bytes::from_static(b"a\0\0\0")).unwrap().id, old.id);
+        // A generation bumped for another reason is not a change seen.
+        r.bump_generation();
+        assert_eq!(r.changes_seen(), 2);
+    }
+
+    #[test]
+    fn a_statement_knows_what_it_does_to_a_session() {
+        let r = StatementRegistry::default();
+        assert!(r.is_empty());
+        let set = r
+            .intern(Bytes::from_static(b"SET search_path = a\0\0\0"))
+            .unwrap();
+        assert!(!r.is_empty());
+        assert_eq!(set.effects.as_ref().unwrap().gucs, ["search_path"]);
+        let select = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        assert!(select.effects.is_none());
+        // DDL, and a DO block that may run DDL.
+        let alter = r
+            .intern(Bytes::from_static(b"alter table t add x int\0\0\0"))
+            .unwrap();
+        assert!(alter.effects.as_ref().unwrap().ddl);
+        let block = r.intern(Bytes::from_static(b"do $$ $$\0\0\0")).unwrap();
+        assert!(block.effects.as_ref().unwrap().ddl);
+    }
+
+    #[test]
+    fn unnamed_statement_ids_are_distinct_and_not_zero() {
+        let a = next_unnamed_id();
+        let b = next_unnamed_id();
+        assert!(a > 0);
+        assert!(b > a);
+    }
+
+    #[test]
     fn entries_go_with_their_last_user() {
         let r = StatementRegistry::default();
         let kept = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();

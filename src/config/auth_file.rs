@@ -227,6 +227,42 @@ mod tests {
         ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 
     #[test]
+    fn debug_never_shows_a_secret() {
+        assert_eq!(
+            format!("{:?}", Secret::Plain("pw".into())),
+            "Plain(<redacted>)"
+        );
+        assert_eq!(
+            format!("{:?}", Secret::Md5("0123".into())),
+            "Md5(<redacted>)"
+        );
+        let v = match AuthFile::parse(&format!("\"u\" \"{SCRAM}\""), "f")
+            .unwrap()
+            .get("u")
+        {
+            Some(Secret::Scram(v)) => v.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            format!("{:?}", Secret::Scram(v)),
+            "Scram(ScramVerifier { iterations: 4096, salt: \"<redacted>\", \
+             stored_key: \"<redacted>\", server_key: \"<redacted>\" })"
+        );
+    }
+
+    #[test]
+    fn names_and_secrets_of_exactly_the_limit_are_read() {
+        let name = "u".repeat(MAX_USERNAME);
+        let secret = "p".repeat(MAX_SECRET);
+        let a = AuthFile::parse(&format!("\"{name}\" \"{secret}\""), "f").unwrap();
+        assert_eq!(a.get(&name), Some(&Secret::Plain(secret.clone())));
+        let e = AuthFile::parse(&format!("\"{name}u\" \"pw\""), "f").unwrap_err();
+        assert!(e.to_string().contains("user name longer than"), "{e}");
+        let e = AuthFile::parse(&format!("\"u\" \"{secret}p\""), "f").unwrap_err();
+        assert!(e.to_string().contains("secret longer than"), "{e}");
+    }
+
+    #[test]
     fn all_forms() {
         let text = format!(
             "; comment\n# comment\n\n\"alice\" \"pa ss\"\"word\"\n\

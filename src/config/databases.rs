@@ -394,6 +394,20 @@ mod tests {
     }
 
     #[test]
+    fn pin_mode_and_peer_pool_size_are_read() {
+        assert_eq!(
+            parse_database("d", "pin_mode=error")
+                .unwrap()
+                .pin_mode
+                .as_deref(),
+            Some("error")
+        );
+        assert!(parse_database("d", "pin_mode=maybe").is_err());
+        let p = parse_peer("1", "host=h pool_size=3").unwrap();
+        assert_eq!((p.host.as_deref(), p.pool_size), (Some("h"), Some(3)));
+    }
+
+    #[test]
     fn pair_forms() {
         let s = |a: &str, b: &str| (a.to_string(), b.to_string());
         assert_eq!(pairs(""), vec![]);

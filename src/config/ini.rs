@@ -436,6 +436,59 @@ mod tests {
         assert!(e.contains("nested deeper than 10 levels"), "{e}");
     }
 
+    /// `main.ini` including 0.ini, which includes 1.ini, … `n - 1`.ini, which sets a key.
+    fn include_chain(n: usize) -> Result<Vec<Item>, IniError> {
+        let files: Vec<(String, String)> = (0..n)
+            .map(|i| {
+                let text = if i + 1 == n {
+                    "[pgbouncer]\nlisten_port = 7000\n".to_string()
+                } else {
+                    format!("%include {}.ini\n", i + 1)
+                };
+                (format!("/etc/pgb/{i}.ini"), text)
+            })
+            .collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        parse_with("%include 0.ini\n", &refs)
+    }
+
+    #[test]
+    fn includes_nested_exactly_to_the_limit_are_read() {
+        let items = include_chain(MAX_INCLUDE_DEPTH).unwrap();
+        assert_eq!(items[0].value, "7000");
+        let e = include_chain(MAX_INCLUDE_DEPTH + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nested deeper than 10 levels"), "{e}");
+    }
+
+    #[test]
+    fn an_included_file_of_exactly_the_limit_is_read() {
+        let mut big = "[pgbouncer]\nlisten_port = 7000\n".to_string();
+        big.push_str(&" ".repeat(MAX_FILE_LEN - big.len()));
+        let items = parse_with("%include big.ini\n", &[("/etc/pgb/big.ini", &big)]).unwrap();
+        assert_eq!(items[0].value, "7000");
+        big.push(' ');
+        let e = parse_with("%include big.ini\n", &[("/etc/pgb/big.ini", &big)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("file larger than"), "{e}");
+    }
+
+    #[test]
+    fn read_bounded_reads_exactly_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, "abcd").unwrap();
+        assert_eq!(read_bounded(&p, 4).unwrap(), "abcd");
+        assert_eq!(read_bounded(&p, 5).unwrap(), "abcd");
+        let e = read_bounded(&p, 3).unwrap_err();
+        assert_eq!(e.to_string(), "file larger than 3 bytes");
+    }
+
     #[test]
     fn include_from_disk() {
         let dir = tempfile::tempdir().unwrap();

@@ -716,6 +716,23 @@ job_name = pgbouncer
     }
 
     #[test]
+    fn user_timeouts_override_the_global_ones() {
+        let c = cfg(
+            "[pgbouncer]\nidle_transaction_timeout = 11\ntransaction_timeout = 12\n\
+             client_idle_timeout = 13\n\
+             [users]\nbob = idle_transaction_timeout=2 transaction_timeout=3 client_idle_timeout=4\n",
+        )
+        .unwrap();
+        let s = Duration::from_secs;
+        assert_eq!(c.idle_transaction_timeout_for("bob"), s(2));
+        assert_eq!(c.idle_transaction_timeout_for("amy"), s(11));
+        assert_eq!(c.transaction_timeout_for("bob"), s(3));
+        assert_eq!(c.transaction_timeout_for("amy"), s(12));
+        assert_eq!(c.client_idle_timeout_for("bob"), s(4));
+        assert_eq!(c.client_idle_timeout_for("amy"), s(13));
+    }
+
+    #[test]
     fn pool_user_is_forced_user_or_client() {
         let c = cfg("[databases]\nforced = user=svc\nfree = host=x\n").unwrap();
         assert_eq!(c.pool_user_for("forced", "bob"), "svc");

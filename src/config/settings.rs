@@ -933,6 +933,79 @@ mod tests {
         }
     }
 
+    /// Set `name` to `value` in blank settings and show it back.
+    fn set_show(name: &str, value: &str) -> Result<String, String> {
+        let d = lookup(name).unwrap();
+        let mut s = Settings::blank();
+        (d.set)(&mut s, value)?;
+        Ok((d.show)(&s))
+    }
+
+    #[test]
+    fn optional_strings_and_paths_show_what_was_set() {
+        assert_eq!(set_show("auth_user", "pgb").unwrap(), "pgb");
+        let mut s = Settings::blank();
+        (lookup("auth_user").unwrap().set)(&mut s, "pgb").unwrap();
+        assert_eq!(s.auth_user.as_deref(), Some("pgb"));
+        (lookup("auth_user").unwrap().set)(&mut s, "").unwrap();
+        assert_eq!(s.auth_user, None);
+        assert_eq!(
+            set_show("auth_file", "/etc/pgb/users.txt").unwrap(),
+            "/etc/pgb/users.txt"
+        );
+        assert_eq!(set_show("auth_file", "").unwrap(), "");
+    }
+
+    #[test]
+    fn seconds_are_plain_decimals() {
+        assert_eq!(parse_seconds(" 1.5 "), Ok(Duration::from_millis(1500)));
+        for bad in ["1e3", "inf", "NaN", "-1", ".", "", "1s"] {
+            assert_eq!(
+                parse_seconds(bad),
+                Err(format!(
+                    "invalid value \"{bad}\": expected seconds (e.g. 30 or 0.5)"
+                )),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn modes_are_octal_up_to_7777() {
+        assert_eq!(parse_octal("0777"), Ok(0o777));
+        assert_eq!(parse_octal("7777"), Ok(0o7777));
+        for bad in ["", "89", "0x1ff", "rw"] {
+            assert_eq!(
+                parse_octal(bad),
+                Err(format!(
+                    "invalid value \"{bad}\": expected an octal mode like 0777"
+                )),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse_octal("17777"),
+            Err("invalid value \"17777\": mode out of range".to_string())
+        );
+    }
+
+    #[test]
+    fn settings_kept_as_text_are_checked_by_type() {
+        assert_eq!(set_show("listen_backlog", "64").unwrap(), "64");
+        assert!(set_show("listen_backlog", "-1").is_err());
+        assert_eq!(set_show("dns_nxdomain_ttl", "0.5").unwrap(), "0.5");
+        assert!(set_show("dns_nxdomain_ttl", "soon").is_err());
+    }
+
+    #[test]
+    fn a_setting_definition_debugs_without_its_functions() {
+        assert_eq!(
+            format!("{:?}", lookup("listen_port").unwrap()),
+            "SettingDef { name: \"listen_port\", default: \"6432\", reloadable: false, \
+             implemented: true }"
+        );
+    }
+
     #[test]
     fn table_is_sorted_and_unique() {
         let names: Vec<_> = TABLE.iter().map(|d| d.name).collect();
@@ -1142,6 +1215,11 @@ mod tests {
         assert_eq!(
             s.unimplemented_in_use(),
             vec!["client_tls_sslmode", "pkt_buf", "auth_type = pam"]
+        );
+        s.load_value("auth_type", "cert").unwrap();
+        assert_eq!(
+            s.unimplemented_in_use(),
+            vec!["client_tls_sslmode", "pkt_buf", "auth_type = cert"]
         );
     }
 

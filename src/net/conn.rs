@@ -72,6 +72,12 @@ impl Conn {
         self.out_len
     }
 
+    /// Everything queued, in order (unit tests of what is sent).
+    #[cfg(test)]
+    pub fn queued(&self) -> Vec<u8> {
+        self.out.iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
     /// Drop everything queued without writing it; returns how many bytes that was. For
     /// micro-benchmarks (`benches/`), which measure the scan and queueing, not the socket.
     #[doc(hidden)]

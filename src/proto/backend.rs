@@ -304,6 +304,126 @@ mod tests {
         assert_eq!(e.severity, "FATAL");
     }
 
+    /// Each builder's exact bytes: tag, length, body.
+    #[test]
+    fn builders_write_the_documented_bytes() {
+        type Build = fn(&mut BytesMut);
+        let cases: Vec<(Build, &[u8])> = vec![
+            (authentication_ok, b"R\0\0\0\x08\0\0\0\0"),
+            (authentication_cleartext, b"R\0\0\0\x08\0\0\0\x03"),
+            (
+                |b| authentication_md5(b, *b"salt"),
+                b"R\0\0\0\x0c\0\0\0\x05salt",
+            ),
+            (
+                |b| authentication_sasl_continue(b, b"r=abc"),
+                b"R\0\0\0\x0d\0\0\0\x0br=abc",
+            ),
+            (
+                |b| authentication_sasl_final(b, b"v=xyz"),
+                b"R\0\0\0\x0d\0\0\0\x0cv=xyz",
+            ),
+            (
+                |b| backend_key_data(b, 7, -2),
+                b"K\0\0\0\x0c\0\0\0\x07\xff\xff\xff\xfe",
+            ),
+            (|b| ready_for_query(b, b'T'), b"Z\0\0\0\x05T"),
+            (parse_complete, b"1\0\0\0\x04"),
+            (close_complete, b"3\0\0\0\x04"),
+            (|b| command_complete(b, "SET"), b"C\0\0\0\x08SET\0"),
+            (empty_query_response, b"I\0\0\0\x04"),
+            (
+                |b| error_fields(b, NOTICE_RESPONSE, "WARNING", "01000", "m"),
+                b"N\0\0\0\x21SWARNING\0VWARNING\0C01000\0Mm\0\0",
+            ),
+        ];
+        for (build, want) in cases {
+            let mut b = BytesMut::from(&b"x"[..]);
+            build(&mut b);
+            assert_eq!(&b[1..], want, "{:?}", String::from_utf8_lossy(want));
+        }
+    }
+
+    #[test]
+    fn row_description_and_data_row_bytes() {
+        let mut b = BytesMut::new();
+        row_description(&mut b, &[("a", 25)]);
+        assert_eq!(
+            &b[..],
+            b"T\0\0\0\x1a\0\x01a\0\0\0\0\0\0\0\0\0\0\x19\xff\xff\xff\xff\xff\xff\0\0"
+        );
+        let mut b = BytesMut::new();
+        data_row(&mut b, [Some("xy"), None].into_iter());
+        assert_eq!(&b[..], b"D\0\0\0\x10\0\x02\0\0\0\x02xy\xff\xff\xff\xff");
+    }
+
+    #[test]
+    fn auth_requests_parse() {
+        let parsed = |build: fn(&mut BytesMut)| {
+            let mut b = BytesMut::new();
+            build(&mut b);
+            let h = header(&b, 1000).unwrap().unwrap();
+            assert_eq!((h.tag, h.total), (AUTHENTICATION, b.len()));
+            format!("{:?}", parse_auth(&b[5..]).unwrap())
+        };
+        assert_eq!(parsed(authentication_ok), "Ok");
+        assert_eq!(parsed(authentication_cleartext), "Cleartext");
+        assert_eq!(
+            parsed(|b| authentication_md5(b, [1, 2, 3, 4])),
+            "Md5([1, 2, 3, 4])"
+        );
+        assert_eq!(
+            parse_auth(b"\0\0\0\x0br=1").unwrap(),
+            AuthRequest::SaslContinue(b"r=1")
+        );
+        assert_eq!(
+            parse_auth(b"\0\0\0\x0cv=1").unwrap(),
+            AuthRequest::SaslFinal(b"v=1")
+        );
+        assert_eq!(parse_auth(b"\0\0\0\x07").unwrap(), AuthRequest::Other(7));
+        let mut b = BytesMut::new();
+        authentication_sasl(&mut b, &["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"]);
+        assert_eq!(
+            parse_auth(&b[5..]).unwrap(),
+            AuthRequest::Sasl(vec!["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"])
+        );
+    }
+
+    #[test]
+    fn backend_key_data_parse() {
+        let mut b = BytesMut::new();
+        backend_key_data(&mut b, 1234, -5678);
+        assert_eq!(parse_backend_key_data(&b[5..]), Ok((1234, -5678)));
+        assert!(parse_backend_key_data(&b[5..12]).is_err());
+    }
+
+    #[test]
+    fn parse_error_prefers_the_unlocalized_severity() {
+        // S (localized) then V (never localized): V wins, in either order.
+        let e = parse_error(b"SFEHLER\0VERROR\0C42P01\0Mno\0\0").unwrap();
+        assert_eq!(
+            e,
+            ErrorFields {
+                severity: "ERROR".into(),
+                code: "42P01".into(),
+                message: "no".into()
+            }
+        );
+        let e = parse_error(b"VERROR\0SFEHLER\0Dignored\0\0").unwrap();
+        assert_eq!(e.severity, "ERROR");
+        // Only S (before PostgreSQL 9.6).
+        assert_eq!(parse_error(b"SFATAL\0\0").unwrap().severity, "FATAL");
+        assert!(parse_error(b"SFATAL\0").is_err());
+        assert!(parse_error(b"SFATAL").is_err());
+    }
+
+    #[test]
+    fn error_code_skips_other_fields() {
+        assert_eq!(error_code(b"SERROR\0C57P01\0Mbye\0\0"), Some(*b"57P01"));
+        assert_eq!(error_code(b"SERROR\0C5\0\0"), None);
+        assert_eq!(error_code(b""), None);
+    }
+
     #[test]
     fn auth_parse() {
         let mut b = BytesMut::new();

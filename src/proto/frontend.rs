@@ -113,6 +113,45 @@ mod tests {
     }
 
     #[test]
+    fn builders_write_the_documented_bytes() {
+        type Build = fn(&mut BytesMut);
+        let cases: Vec<(Build, &[u8])> = vec![
+            (|b| query(b, "select 1"), b"Q\0\0\0\x0dselect 1\0"),
+            (terminate, b"X\0\0\0\x04"),
+            (sync, b"S\0\0\0\x04"),
+            (|b| password(b, b"pw"), b"p\0\0\0\x07pw\0"),
+            (
+                |b| sasl_initial_response(b, "M", b"ab"),
+                b"p\0\0\0\x0cM\0\0\0\0\x02ab",
+            ),
+            (|b| sasl_response(b, b"c=biws"), b"p\0\0\0\x0ac=biws"),
+        ];
+        for (build, want) in cases {
+            let mut b = BytesMut::from(&b"x"[..]);
+            build(&mut b);
+            assert_eq!(&b[1..], want, "{:?}", String::from_utf8_lossy(want));
+        }
+    }
+
+    #[test]
+    fn query_parse() {
+        let mut b = BytesMut::new();
+        query(&mut b, "select 1");
+        assert_eq!(parse_query(&b[5..]), Ok(&b"select 1"[..]));
+        assert!(parse_query(b"select 1").is_err());
+    }
+
+    #[test]
+    fn sasl_initial_without_data() {
+        // Length -1: no initial response.
+        assert_eq!(
+            parse_sasl_initial(b"SCRAM-SHA-256\0\xff\xff\xff\xff"),
+            Ok(("SCRAM-SHA-256", &b""[..]))
+        );
+        assert_eq!(parse_sasl_initial(b"M\0\0\0\0\0"), Ok(("M", &b""[..])));
+    }
+
+    #[test]
     fn password_parse() {
         let mut b = BytesMut::new();
         password(&mut b, b"secret");

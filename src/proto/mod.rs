@@ -147,6 +147,71 @@ mod tests {
     }
 
     #[test]
+    fn header_of_an_empty_body_is_complete() {
+        // A 5-byte message (Sync, Flush…) has its whole header and nothing more.
+        let h = header(b"S\0\0\0\x04", 100).unwrap().unwrap();
+        assert_eq!(
+            h,
+            Header {
+                tag: b'S',
+                total: 5
+            }
+        );
+        assert_eq!(h.body_len(), 0);
+    }
+
+    #[test]
+    fn body_len_excludes_tag_and_length() {
+        let h = header(b"Q\0\0\0\x0bselect\0", 100).unwrap().unwrap();
+        assert_eq!(h.total, 12);
+        assert_eq!(h.body_len(), 7);
+    }
+
+    #[test]
+    fn header_accepts_a_message_of_exactly_the_limit() {
+        // total = 1 + 99 = 100.
+        assert_eq!(
+            header(b"Q\0\0\0\x63", 100),
+            Ok(Some(Header {
+                tag: b'Q',
+                total: 100
+            }))
+        );
+    }
+
+    #[test]
+    fn max_message_len_is_64_mib() {
+        // A length field of 64 MiB - 1 makes a message of exactly 64 MiB: accepted; one
+        // byte more is refused.
+        let at_limit = (64 * 1024 * 1024 - 1_i32).to_be_bytes();
+        let buf = [b'D', at_limit[0], at_limit[1], at_limit[2], at_limit[3]];
+        assert_eq!(
+            header(&buf, MAX_MESSAGE_LEN).unwrap().unwrap().total,
+            64 * 1024 * 1024
+        );
+        let over = (64 * 1024 * 1024_i32).to_be_bytes();
+        let buf = [b'D', over[0], over[1], over[2], over[3]];
+        assert_eq!(
+            header(&buf, MAX_MESSAGE_LEN),
+            Err(ProtoError::TooLong(64 * 1024 * 1024 + 1))
+        );
+    }
+
+    #[test]
+    fn reader_reads_fields_in_order() {
+        let mut r = Reader::new(b"\xff\xfe\0\0\x01\x02name\0tail", "test");
+        assert!(!r.is_empty());
+        assert_eq!(r.i16(), Ok(-2));
+        assert_eq!(r.i32(), Ok(0x0102));
+        assert_eq!(r.cstr(), Ok("name"));
+        assert_eq!(r.remaining(), b"tail");
+        assert_eq!(r.bytes(4), Ok(&b"tail"[..]));
+        assert!(r.is_empty());
+        assert_eq!(r.remaining(), b"");
+        assert_eq!(r.u8(), Err(ProtoError::Malformed("test")));
+    }
+
+    #[test]
     fn reader_is_bounded() {
         let mut r = Reader::new(b"ab", "test");
         assert!(r.i32().is_err());

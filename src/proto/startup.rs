@@ -180,6 +180,13 @@ mod tests {
     }
 
     #[test]
+    fn startup_message_after_other_bytes() {
+        let mut b = BytesMut::from(&b"xyz"[..]);
+        startup_message(&mut b, &[("user", "u")]);
+        assert_eq!(&b[3..], b"\0\0\0\x10\0\x03\0\0user\0u\0\0");
+    }
+
+    #[test]
     fn parses_cancel_and_ssl() {
         let mut b = BytesMut::new();
         cancel_request(&mut b, 7, -9);
@@ -189,6 +196,86 @@ mod tests {
         );
         let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
         assert_eq!(parse(&ssl).unwrap().unwrap().0, StartupPacket::SslRequest);
+    }
+
+    #[test]
+    fn parses_gssenc_request_and_consumes_only_the_packet() {
+        let mut b = vec![0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30];
+        b.extend_from_slice(b"next");
+        assert_eq!(parse(&b).unwrap(), Some((StartupPacket::GssEncRequest, 8)));
+    }
+
+    #[test]
+    fn special_codes_with_the_wrong_length_are_malformed() {
+        // SSLRequest, GSSENCRequest padded to 12 bytes; a CancelRequest of 12 bytes.
+        for code in [[0x04, 0xd2, 0x16, 0x2f], [0x04, 0xd2, 0x16, 0x30]] {
+            let mut b = vec![0, 0, 0, 12];
+            b.extend_from_slice(&code);
+            b.extend_from_slice(&[0; 4]);
+            assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
+        }
+        let b = [0, 0, 0, 12, 0x04, 0xd2, 0x16, 0x2e, 0, 0, 0, 1];
+        assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
+        // A CancelRequest with 4 bytes too many.
+        let mut b = vec![0, 0, 0, 20, 0x04, 0xd2, 0x16, 0x2e];
+        b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
+    }
+
+    #[test]
+    fn startup_limits() {
+        // Length 7 (below the 8 of the smallest packet) and 10,001.
+        assert_eq!(parse(&[0, 0, 0, 7, 0, 0, 0]), Err(ProtoError::BadLength(7)));
+        assert_eq!(parse(&[0, 0, 0x27, 0x11]), Err(ProtoError::TooLong(10_001)));
+        // Exactly 10,000 is read (once complete).
+        assert_eq!(parse(&[0, 0, 0x27, 0x10]), Ok(None));
+        // Fewer than 4 bytes: incomplete.
+        assert_eq!(parse(&[0, 0, 0]), Ok(None));
+    }
+
+    #[test]
+    fn startup_minor_version_and_trailing_bytes() {
+        // Protocol 3.2 is read with its minor version.
+        let b = [0, 0, 0, 9, 0, 3, 0, 2, 0];
+        assert_eq!(
+            parse(&b).unwrap(),
+            Some((
+                StartupPacket::Startup {
+                    minor: 2,
+                    params: vec![]
+                },
+                9
+            ))
+        );
+        // Protocol 4.0 is not.
+        assert_eq!(
+            parse(&[0, 0, 0, 9, 0, 4, 0, 0, 0]),
+            Err(ProtoError::UnsupportedVersion(4, 0))
+        );
+        // Bytes after the terminating NUL.
+        assert_eq!(
+            parse(&[0, 0, 0, 10, 0, 3, 0, 0, 0, 0]),
+            Err(ProtoError::Malformed("startup"))
+        );
+    }
+
+    #[test]
+    fn options_errors() {
+        assert_eq!(
+            parse_options("-c"),
+            Err("missing setting after -c".to_string())
+        );
+        assert_eq!(
+            parse_options("--x"),
+            Err("option x has no value".to_string())
+        );
+        assert_eq!(
+            parse_options("  -c  a=1   "),
+            Ok(vec![("a".into(), "1".into())])
+        );
+        assert_eq!(parse_options(""), Ok(vec![]));
+        // A trailing backslash escapes nothing.
+        assert_eq!(parse_options("-ca=1\\"), Ok(vec![("a".into(), "1".into())]));
     }
 
     #[test]

@@ -169,6 +169,16 @@ impl Server {
     }
 }
 
+/// A logged-in server over one end of a socket pair (the other end is returned too), for
+/// unit tests of what it queues. Call inside a tokio runtime.
+#[cfg(test)]
+pub fn test_server() -> (Server, tokio::net::UnixStream) {
+    let (a, b) = tokio::net::UnixStream::pair().expect("socket pair");
+    let conn = Conn::new(crate::net::Stream::Unix(a));
+    let addr = ServerAddr::Unix("/nonexistent/.s.PGSQL.5432".into());
+    (Server::new(1, conn, addr, (1, 2), Params::default()), b)
+}
+
 /// Most bytes of notifications held for a client while pgcarpool runs its own queries.
 pub const MAX_HELD_NOTIFICATIONS: usize = 8 * 1024 * 1024;
 

@@ -172,6 +172,7 @@ impl Server {
 mod tests {
     use super::*;
     use crate::client::prepared::StatementRegistry;
+    use bytes::BytesMut;
 
     #[test]
     fn lru_evicts_least_recently_used() {
@@ -184,6 +185,210 @@ mod tests {
         assert!(set.touch(a.id));
         assert_eq!(set.evict_lru().unwrap(), b.server_name);
         assert_eq!(set.len(), 1);
+    }
+
+    /// The tags of the replies still owed, as the server would send them: what each gets.
+    fn verdicts(server: &mut Server, tags: &[u8]) -> Vec<crate::server::response::Verdict> {
+        let mut unnamed = server.unnamed;
+        let mut set = std::mem::take(&mut server.prepared);
+        let v = tags
+            .iter()
+            .map(|&t| server.owed.on_reply(t, None, &mut set, &mut unnamed).0)
+            .collect();
+        server.prepared = set;
+        v
+    }
+
+    fn parse_msg(name: &[u8], rest: &[u8]) -> Vec<u8> {
+        let mut m = vec![b'P'];
+        m.extend_from_slice(&((4 + name.len() + 1 + rest.len()) as i32).to_be_bytes());
+        m.extend_from_slice(name);
+        m.push(0);
+        m.extend_from_slice(rest);
+        m
+    }
+
+    fn close_msg(name: &[u8]) -> Vec<u8> {
+        let mut m = vec![b'C'];
+        m.extend_from_slice(&((4 + 1 + name.len() + 1) as i32).to_be_bytes());
+        m.push(b'S');
+        m.extend_from_slice(name);
+        m.push(0);
+        m
+    }
+
+    #[tokio::test]
+    async fn prepare_sends_a_parse_and_closes_the_lru_statement_when_full() {
+        use crate::proto::backend::{CLOSE_COMPLETE, PARSE_COMPLETE};
+        use crate::server::response::Verdict;
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"select 2\0\0\0")).unwrap();
+        let (mut server, _peer) = crate::server::test_server();
+        server.prepare(a.clone(), true, 1);
+        assert_eq!(
+            server.conn.queued(),
+            parse_msg(&a.server_name, &a.parse_rest)
+        );
+        assert!(server.prepared.holds(a.id));
+        // Full (1 of 1): `a` is closed first, its CloseComplete swallowed; the client's
+        // Parse gets its ParseComplete.
+        server.conn.discard_out();
+        server.prepare(b.clone(), false, 1);
+        let mut want = close_msg(&a.server_name);
+        want.extend(parse_msg(&b.server_name, &b.parse_rest));
+        assert_eq!(server.conn.queued(), want);
+        assert!(!server.prepared.holds(a.id));
+        assert!(server.prepared.holds(b.id));
+        assert_eq!(
+            verdicts(
+                &mut server,
+                &[PARSE_COMPLETE, CLOSE_COMPLETE, PARSE_COMPLETE]
+            ),
+            [Verdict::Swallow, Verdict::Swallow, Verdict::Forward]
+        );
+        assert!(server.owed.is_empty());
+        assert!(b.is_validated());
+        // Room for two: nothing closed.
+        server.conn.discard_out();
+        server.prepare(a.clone(), true, 2);
+        assert_eq!(
+            server.conn.queued(),
+            parse_msg(&a.server_name, &a.parse_rest)
+        );
+        assert_eq!(server.prepared.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn unprepare_closes_only_a_statement_the_server_holds() {
+        use crate::proto::backend::CLOSE_COMPLETE;
+        use crate::server::response::Verdict;
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let (mut server, _peer) = crate::server::test_server();
+        server.unprepare(&a);
+        assert!(server.conn.queued().is_empty());
+        assert!(server.owed.is_empty());
+        server.prepared.insert(a.clone());
+        server.unprepare(&a);
+        assert_eq!(server.conn.queued(), close_msg(&a.server_name));
+        assert!(!server.prepared.holds(a.id));
+        assert_eq!(verdicts(&mut server, &[CLOSE_COMPLETE]), [Verdict::Swallow]);
+    }
+
+    #[tokio::test]
+    async fn prepare_apart_is_a_round_of_its_own() {
+        use crate::proto::backend::{PARSE_COMPLETE, READY_FOR_QUERY};
+        use crate::server::response::Verdict;
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 5;
+        server.prepare_apart(&a);
+        let mut want = parse_msg(&a.server_name, &a.parse_rest);
+        want.extend_from_slice(b"S\0\0\0\x04");
+        assert_eq!(server.conn.queued(), want);
+        assert_eq!(server.proto.expected_rfq, 1);
+        assert_eq!(server.unnamed, 5, "a Parse of a named statement keeps it");
+        assert!(server.prepared.holds(a.id));
+        assert_eq!(
+            verdicts(&mut server, &[PARSE_COMPLETE, READY_FOR_QUERY]),
+            [Verdict::Swallow, Verdict::Swallow]
+        );
+        assert!(server.owed.is_empty());
+
+        // A SQL PREPARE statement is prepared by a Query, which drops the unnamed statement.
+        let mut key = crate::client::prepared::SQL_PREPARE_KEY.to_vec();
+        key.extend_from_slice(b"AS select 2");
+        let p = r.intern(Bytes::from(key)).unwrap();
+        server.conn.discard_out();
+        server.prepare_apart(&p);
+        let mut want = BytesMut::new();
+        frontend::query(&mut want, &p.sql_prepare_text());
+        assert_eq!(server.conn.queued(), &want[..]);
+        assert_eq!(server.proto.expected_rfq, 2);
+        assert_eq!(server.unnamed, 0);
+        assert!(server.prepared.holds(p.id));
+    }
+
+    #[tokio::test]
+    async fn reparse_unnamed_sends_the_clients_parse_and_swallows_its_reply() {
+        use crate::proto::backend::PARSE_COMPLETE;
+        use crate::server::response::Verdict;
+        let (mut server, _peer) = crate::server::test_server();
+        server.reparse_unnamed(Bytes::from_static(b"select 1\0\0\0"), 42);
+        assert_eq!(server.conn.queued(), parse_msg(b"", b"select 1\0\0\0"));
+        assert_eq!(server.unnamed, 42);
+        assert_eq!(
+            verdicts(&mut server, &[PARSE_COMPLETE, PARSE_COMPLETE]),
+            [Verdict::Swallow, Verdict::Forward]
+        );
+    }
+
+    #[test]
+    fn eviction_follows_the_order_of_last_use() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let stmts: Vec<_> = (0..4)
+            .map(|i| r.intern(Bytes::from(format!("s{i}\0\0\0"))).unwrap())
+            .collect();
+        for s in &stmts {
+            set.insert(s.clone());
+        }
+        // Used: 2, 0; then 3 inserted again (a use too). Oldest first: 1, 2, 0, 3.
+        assert!(set.touch(stmts[2].id));
+        assert!(set.touch(stmts[0].id));
+        set.insert(stmts[3].clone());
+        for i in [1, 2, 0, 3] {
+            assert_eq!(set.evict_lru().unwrap(), stmts[i].server_name);
+        }
+        assert_eq!(set.evict_lru(), None);
+    }
+
+    #[test]
+    fn a_statement_inserted_later_is_evicted_later() {
+        // Ties would be broken by HashMap order, which differs from map to map: every try
+        // must evict the older one.
+        let r = StatementRegistry::default();
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        for _ in 0..20 {
+            let mut set = PreparedSet::default();
+            set.insert(a.clone());
+            set.insert(b.clone());
+            assert_eq!(set.evict_lru().unwrap(), a.server_name);
+            let mut set = PreparedSet::default();
+            set.insert(b.clone());
+            assert!(!set.touch(a.id));
+            set.insert(a.clone());
+            assert_eq!(set.evict_lru().unwrap(), b.server_name);
+        }
+    }
+
+    #[test]
+    fn the_set_reports_what_it_holds() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        assert!(set.is_empty());
+        assert_eq!(set.len(), 0);
+        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        set.insert(a.clone());
+        set.insert(b.clone());
+        assert!(!set.is_empty());
+        assert_eq!(set.len(), 2);
+        assert!(set.holds(a.id));
+        assert!(!set.holds(a.id + b.id));
+        assert_eq!(set.get(a.id).unwrap().id, a.id);
+        let mut ids = set.ids();
+        ids.sort();
+        assert_eq!(ids, [a.id, b.id]);
+        set.remove(a.id);
+        assert!(!set.holds(a.id));
+        assert!(set.get(a.id).is_none());
+        set.clear();
+        assert!(set.is_empty());
+        assert!(set.ids().is_empty());
     }
 
     #[test]

@@ -472,6 +472,201 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_probe_for_a_query_is_a_query_whose_error_is_replaced() {
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 3;
+        server.probe("42P05", "exists".into(), true);
+        let mut want = bytes::BytesMut::new();
+        frontend::query(&mut want, "select pgcarpool_refused");
+        assert_eq!(server.conn.queued(), &want[..]);
+        assert_eq!(server.proto.expected_rfq, 1);
+        assert_eq!(
+            server.unnamed, 0,
+            "a simple Query drops the unnamed statement"
+        );
+        let mut p = PreparedSet::default();
+        assert_eq!(
+            reply(
+                &mut server.owed,
+                &mut p,
+                backend::ERROR_RESPONSE,
+                Some(b"42703")
+            ),
+            Verdict::Replace(Box::new(("42P05", "exists".into())))
+        );
+        assert_eq!(
+            reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(server.owed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_probe_for_an_extended_message_is_a_parse() {
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 3;
+        server.probe("26000", "no such statement".into(), false);
+        let mut want = vec![b'P'];
+        let body = b"pgcarpool_refused\0select pgcarpool_refused\0\0\0";
+        want.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
+        want.extend_from_slice(body);
+        assert_eq!(server.conn.queued(), want);
+        assert_eq!(
+            server.proto.expected_rfq, 0,
+            "the client's Sync comes later"
+        );
+        assert_eq!(server.unnamed, 3);
+        let mut p = PreparedSet::default();
+        assert_eq!(
+            reply(
+                &mut server.owed,
+                &mut p,
+                backend::ERROR_RESPONSE,
+                Some(b"42703")
+            ),
+            Verdict::Replace(Box::new(("26000", "no such statement".into())))
+        );
+        assert!(server.owed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn send_query_owes_a_ready_for_query() {
+        let (mut server, _peer) = crate::server::test_server();
+        let mut q = bytes::BytesMut::new();
+        frontend::query(&mut q, "select 1");
+        let q = q.freeze();
+        server.send_query(q.clone(), None);
+        server.send_query(q.clone(), None);
+        assert_eq!(server.conn.queued(), [&q[..], &q[..]].concat());
+        assert_eq!(server.proto.expected_rfq, 2);
+        let mut p = PreparedSet::default();
+        assert!(!server.owed.before_first_bind());
+        for _ in 0..2 {
+            assert_eq!(
+                reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+                Verdict::Forward
+            );
+        }
+        assert!(server.owed.is_empty());
+    }
+
+    #[test]
+    fn closes_describes_and_answers_in_line() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        assert!(o.is_empty());
+        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Close { swallow: false });
+        o.push(Pending::Describe);
+        o.push(Pending::Answer(Answer::ParseComplete));
+        o.push(Pending::Describe);
+        o.push(Pending::Ready(None));
+        assert!(!o.is_empty());
+        assert!(!o.answer_due());
+        assert!(!o.swallowing());
+        assert_eq!(o.pop_answer(), None, "a Close is owed first");
+        use backend::*;
+        assert_eq!(
+            reply(&mut o, &mut p, CLOSE_COMPLETE, None),
+            Verdict::Swallow
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, CLOSE_COMPLETE, None),
+            Verdict::Forward
+        );
+        assert!(!o.answer_due());
+        assert_eq!(
+            reply(&mut o, &mut p, PARAMETER_STATUS, None),
+            Verdict::Forward,
+            "a message that ends nothing leaves the Describe owed"
+        );
+        assert!(!o.answer_due());
+        assert_eq!(
+            reply(&mut o, &mut p, ROW_DESCRIPTION, None),
+            Verdict::Forward
+        );
+        assert!(o.answer_due());
+        assert_eq!(o.pop_answer(), Some(Answer::ParseComplete));
+        assert!(!o.answer_due());
+        assert_eq!(reply(&mut o, &mut p, NO_DATA, None), Verdict::Forward);
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn before_first_bind_means_nothing_executes_yet() {
+        let mut o = Owed::default();
+        assert!(o.before_first_bind());
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        o.push(Pending::Describe);
+        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Answer(Answer::CloseComplete));
+        assert!(o.before_first_bind());
+        o.push(Pending::Bind);
+        assert!(!o.before_first_bind());
+        o.clear();
+        assert!(o.is_empty());
+        o.push(Pending::Ready(None));
+        assert!(!o.before_first_bind());
+    }
+
+    #[test]
+    fn swallowing_while_an_added_query_is_in_front() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        o.push(Pending::Swallow);
+        o.push(Pending::Ready(None));
+        assert!(o.swallowing());
+        reply(&mut o, &mut p, backend::READY_FOR_QUERY, None);
+        assert!(!o.swallowing());
+    }
+
+    #[test]
+    fn only_the_failed_parse_of_the_unnamed_statement_loses_it() {
+        let mut p = PreparedSet::default();
+        // A skipped unnamed Parse (after the failed Bind): the server's unnamed statement
+        // is unknown, but the client's is not lost.
+        let mut o = Owed::default();
+        o.push(Pending::Bind);
+        o.push(Pending::Parse {
+            swallow: false,
+            stmt: None,
+        });
+        o.push(Pending::Ready(None));
+        let mut unnamed = 4;
+        let (v, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"22012"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert_eq!(v, Verdict::Forward);
+        assert!(matches!(lost, Lost::Nothing));
+        assert_eq!(unnamed, 0);
+        // A failed Parse pgcarpool added (the client's statement, parsed again): not lost
+        // for the client either.
+        let mut o = Owed::default();
+        o.push(Pending::Parse {
+            swallow: true,
+            stmt: None,
+        });
+        o.push(Pending::Ready(None));
+        let (_, lost) = o.on_reply(
+            backend::ERROR_RESPONSE,
+            Some(*b"42P01"),
+            &mut p,
+            &mut unnamed,
+        );
+        assert!(matches!(lost, Lost::Nothing));
+    }
+
     #[test]
     fn replies_of_an_added_query_are_all_swallowed() {
         let mut p = PreparedSet::default();

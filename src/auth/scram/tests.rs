@@ -315,6 +315,69 @@ fn client_first_malformed_is_error() {
 }
 
 #[test]
+fn iteration_counts_of_up_to_ten_digits_are_read() {
+    // Leading zeros: 10 digits are read, 11 are refused whatever their value.
+    assert_eq!(
+        server_first_params(b"r=abc,s=QUJD,i=0000004096").unwrap(),
+        (b"ABC".to_vec(), 4096)
+    );
+    assert!(matches!(
+        server_first_params(b"r=abc,s=QUJD,i=00000004096"),
+        Err(ScramError::Malformed("bad iteration count"))
+    ));
+    assert_eq!(
+        server_first_params(b"r=abc,s=QUJD,i=1").unwrap(),
+        (b"ABC".to_vec(), 1)
+    );
+}
+
+#[test]
+fn channel_binding_is_refused_by_name() {
+    let v = small_verifier("x");
+    assert!(matches!(
+        ScramServer::new(v.clone()).client_first(b"p=tls-server-end-point,,n=,r=abc"),
+        Err(ScramError::Malformed(
+            "channel binding is not supported (SCRAM-SHA-256-PLUS not offered)"
+        ))
+    ));
+    assert!(matches!(
+        ScramServer::new(v).client_first(b"x,,n=,r=abc"),
+        Err(ScramError::Malformed("bad gs2 channel binding flag"))
+    ));
+}
+
+#[test]
+fn credential_debug_names_the_kind() {
+    assert_eq!(
+        format!("{:?}", ClientCredential::Password("pw".into())),
+        "Password(..)"
+    );
+    let keys = ClientCredential::Keys {
+        client_key: [7; 32],
+        server_key: [7; 32],
+    };
+    assert_eq!(format!("{keys:?}"), "Keys{..}");
+}
+
+#[test]
+fn a_message_of_exactly_the_limit_is_read() {
+    let v = small_verifier("x");
+    let head = "n,,n=,r=";
+    let at_limit = format!("{head}{}", "a".repeat(MAX_SCRAM_MESSAGE_LEN - head.len()));
+    assert_eq!(at_limit.len(), MAX_SCRAM_MESSAGE_LEN);
+    assert!(
+        ScramServer::new(v.clone())
+            .client_first(at_limit.as_bytes())
+            .is_ok()
+    );
+    let over = format!("{at_limit}a");
+    assert!(matches!(
+        ScramServer::new(v).client_first(over.as_bytes()),
+        Err(ScramError::Malformed("message too long"))
+    ));
+}
+
+#[test]
 fn client_first_accepts_extensions_and_a_user_name() {
     let v = small_verifier("x");
     ScramServer::new(v.clone())
