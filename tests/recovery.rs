@@ -444,12 +444,13 @@ async fn clients_waiting_for_a_server_that_stays_down_get_the_error_after_server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_never_accepted_a_login_fails_clients_at_once() {
+async fn a_server_not_listening_keeps_clients_waiting_until_server_login_retry() {
     let pg = TempPostgres::start();
-    // Nothing listens there: a wrong port, not a restart.
+    // Nothing listens there: a wrong port (or a server that stays down).
     let nowhere = harness::free_port();
     let pooler = TestPooler::builder(&pg)
         .setting("pool_mode", "transaction")
+        .setting("server_login_retry", "1")
         .database(
             "nowhere",
             &format!("host=127.0.0.1 port={nowhere} dbname=testdb"),
@@ -457,19 +458,61 @@ async fn a_server_that_never_accepted_a_login_fails_clients_at_once() {
         .start()
         .await;
     let dsn = pooler.dsn("md5user", "nowhere");
-    for attempt in 0..3 {
-        let started = Instant::now();
-        let err = tokio::time::timeout(Duration::from_secs(5), try_connect(&dsn))
+    // As PgBouncer: the client waits while logins are retried, then gets the error once
+    // they have failed for server_login_retry.
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), try_connect(&dsn))
+        .await
+        .expect("a client waited past server_login_retry for a wrong port")
+        .expect_err("logged in through a port nobody listens on");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the error came before server_login_retry: {:?}: {}",
+        started.elapsed(),
+        describe(&err)
+    );
+    // From then on new clients get it at once (fast fail) until the next retry.
+    let started = Instant::now();
+    let err = try_connect(&dsn).await.expect_err("logged in");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "no fast fail: {:?}: {}",
+        started.elapsed(),
+        describe(&err)
+    );
+    pooler.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_client_waits_for_a_postgresql_that_is_starting() {
+    let pg = Arc::new(TempPostgres::start());
+    let pooler = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("server_login_retry", "5")
+        .start()
+        .await;
+    // No client has logged in yet and PostgreSQL is down (PgBouncer's
+    // test_server_login_retry): the first client waits for it instead of failing.
+    pg_ctl(&pg, TempPostgres::stop).await;
+    let dsn = pooler.dsn("md5user", "testdb");
+    let client = tokio::spawn(async move {
+        let c = try_connect(&dsn).await?;
+        c.query_one("select 7 * 6", &[])
             .await
-            .unwrap_or_else(|_| panic!("attempt {attempt}: a client waits for a wrong port"))
-            .expect_err("logged in through a port nobody listens on");
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "attempt {attempt}: the error took {:?}: {}",
-            started.elapsed(),
-            describe(&err)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .map(|r| r.get::<_, i32>(0))
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !client.is_finished(),
+        "gave up while PostgreSQL was down: {:?}",
+        client.await
+    );
+    pg_ctl(&pg, TempPostgres::start_again).await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), client)
+        .await
+        .expect("still waiting 5 s after PostgreSQL came back")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the first client failed: {}", describe(&e)));
+    assert_eq!(answer, 42);
     pooler.shutdown().await;
 }

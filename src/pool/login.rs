@@ -3,8 +3,8 @@
 //!
 //! Two kinds of failure. The server saying it is unavailable (starting up, shutting down,
 //! not listening) passes by itself in a moment: the login is tried again after 50 ms,
-//! doubling per failure up to [`UNAVAILABLE_RETRY_MAX`], and clients wait for it if it
-//! accepted a login before (it is restarting). Any other failure (wrong password, no such
+//! doubling per failure up to [`UNAVAILABLE_RETRY_MAX`], and clients wait for it (as
+//! PgBouncer keeps them waiting through refused connects). Any other failure (wrong password, no such
 //! database, a timeout) is cached for server_login_retry, as PgBouncer does: clients
 //! arriving at a pool with no server get the error at once. Once logins have failed for
 //! server_login_retry, unavailable is treated the same way: clients stop waiting for a
@@ -33,9 +33,6 @@ pub enum LoginFailure {
 #[derive(Debug, Default)]
 pub struct LoginBackoff {
     failing: Option<Failing>,
-    /// A login has succeeded before: the server exists, and when it is unavailable it is
-    /// restarting. Until then (a wrong port, say), clients are not kept waiting for it.
-    known_up: bool,
 }
 
 #[derive(Debug)]
@@ -97,7 +94,6 @@ impl LoginBackoff {
     /// A login succeeded: no more waiting.
     pub fn succeeded(&mut self) {
         self.failing = None;
-        self.known_up = true;
     }
 
     /// A login started while failing ended without a result (its client left).
@@ -137,16 +133,15 @@ impl LoginBackoff {
     }
 
     /// Clients stop waiting for the server: logins have failed for server_login_retry (it
-    /// is not coming back soon), or it is unavailable and never accepted one.
+    /// is not coming back soon: a wrong port, say, or a server that stays down).
     fn settled(&self, f: &Failing, server_login_retry: Duration) -> bool {
-        (f.kind == LoginFailure::Unavailable && !self.known_up)
-            || f.last.saturating_duration_since(f.since) >= server_login_retry
+        f.last.saturating_duration_since(f.since) >= server_login_retry
     }
 
     /// Clients arriving at a pool with no server get the last error at once (PgBouncer's
     /// fast fail): within server_login_retry of a rejected login, or until the next retry
-    /// once logins have failed for server_login_retry (or if the server never accepted
-    /// one). While a server that was up is briefly unavailable, they wait for it instead.
+    /// once logins have failed for server_login_retry. While the server is unavailable
+    /// (restarting, or starting along with pgcarpool), they wait for it instead.
     pub fn fails_fast(&self, now: Instant, server_login_retry: Duration) -> bool {
         self.failing.as_ref().is_some_and(|f| {
             now < f.retry_at
@@ -155,7 +150,7 @@ impl LoginBackoff {
     }
 
     /// Clients waiting at a pool with no server give up with the last error: logins have
-    /// failed for server_login_retry (or the server never accepted one).
+    /// failed for server_login_retry.
     pub fn fails_waiters(&self, server_login_retry: Duration) -> bool {
         self.failing
             .as_ref()
@@ -258,15 +253,19 @@ mod tests {
     }
 
     #[test]
-    fn a_server_that_never_accepted_a_login_is_not_waited_for() {
+    fn a_server_that_never_accepted_a_login_is_waited_for_until_server_login_retry() {
         let t = Instant::now();
         let mut b = LoginBackoff::default();
         b.failed(LoginFailure::Unavailable, t, t, RETRY);
-        assert!(b.fails_waiters(RETRY));
-        assert!(b.fails_fast(t + ms(10), RETRY));
-        // Still retried soon: PostgreSQL may be starting up along with pgcarpool.
+        // PostgreSQL may be starting along with pgcarpool: clients wait, retries are quick.
+        assert!(!b.fails_waiters(RETRY));
+        assert!(!b.fails_fast(t + ms(10), RETRY));
         assert_eq!(b.retry_at(), Some(t + ms(50)));
-        assert!(!b.fails_fast(t + ms(50), RETRY));
+        // Still refused after server_login_retry (a wrong port): the error, at once.
+        let late = t + RETRY;
+        b.failed(LoginFailure::Unavailable, late, late, RETRY);
+        assert!(b.fails_waiters(RETRY));
+        assert!(b.fails_fast(late + ms(1), RETRY));
     }
 
     #[test]
