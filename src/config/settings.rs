@@ -899,14 +899,11 @@ const NOTES: &str = "
 shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
 listens at its address (connection refused or reset, no Unix socket), is not cached for
 `server_login_retry`: the pool tries again after 50 ms, doubling the delay after each such
-failure up to 0.5 s (and never beyond `server_login_retry`). If the server has accepted a
-login before (it is restarting), clients wait in line meanwhile (up to
-`query_wait_timeout`) rather than get an error, so a restart of PostgreSQL costs them
-latency, not errors: they are served within about 0.5 s of PostgreSQL accepting
-connections again (only the transactions running when it went down fail). A server that
-never accepted a login (a wrong port, or PostgreSQL still starting along with pgcarpool)
-is not waited for: clients get the error at once, and the next login is still tried within
-0.5 s. Once logins have failed for `server_login_retry` in a row, PgBouncer's behaviour
+failure up to 0.5 s (and never beyond `server_login_retry`). Clients wait in line
+meanwhile (up to `query_wait_timeout`) rather than get an error, as with PgBouncer, so a
+restart of PostgreSQL (or PostgreSQL starting along with pgcarpool) costs them latency,
+not errors: they are served within about 0.5 s of PostgreSQL accepting connections again
+(only the transactions running when it went down fail). Once logins have failed for `server_login_retry` in a row, PgBouncer's behaviour
 applies: clients waiting at a pool with no server get the last error, and so do new
 clients until the next try. Any other login failure (wrong password 28P01, no such
 database 3D000, `server_connect_timeout`…) is cached for `server_login_retry` as in
