@@ -38,14 +38,13 @@ async fn an_unknown_user_gets_the_same_exchange_as_a_wrong_password() {
         // A wrong password: the same SQLSTATE and message, but for the name.
         let known = outcome(p.port(), "md5user", Some("wrong"), "testdb").await;
         let unknown = outcome(p.port(), "nobody", Some("wrong"), "testdb").await;
-        assert_eq!(
-            known, "28P01 password authentication failed for user \"md5user\"",
-            "{auth_type}"
-        );
-        assert_eq!(
-            unknown, "28P01 password authentication failed for user \"nobody\"",
-            "{auth_type}"
-        );
+        // PgBouncer's words: a failed SCRAM exchange names no user.
+        let expect = |user: &str| match auth_type {
+            "scram-sha-256" => "28P01 SASL authentication failed".to_string(),
+            _ => format!("28P01 password authentication failed for user \"{user}\""),
+        };
+        assert_eq!(known, expect("md5user"), "{auth_type}");
+        assert_eq!(unknown, expect("nobody"), "{auth_type}");
         p.shutdown().await;
     }
 }
@@ -250,6 +249,36 @@ async fn an_md5_secret_for_a_scram_server_is_reported_as_the_wrong_password_type
     assert!(
         got.contains("cannot do SCRAM authentication: wrong password type"),
         "{got}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trust_still_wants_the_user_in_auth_file() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("auth_type", "trust")
+        .start()
+        .await;
+    // A user of auth_file gets in without a password; anyone else does not (PgBouncer).
+    assert_eq!(
+        outcome(p.port(), "md5user", None, "testdb").await,
+        "logged in"
+    );
+    assert_eq!(
+        outcome(p.port(), "nosuchuser", None, "testdb").await,
+        "28000 \"trust\" authentication failed"
+    );
+    p.shutdown().await;
+    // auth_type = any takes any name (and logs in to the server as the pool's user).
+    let p = TestPooler::builder(&pg)
+        .setting("auth_type", "any")
+        .database("testdb", &format!("{} user=md5user", pg.db_entry("testdb")))
+        .start()
+        .await;
+    assert_eq!(
+        outcome(p.port(), "nosuchuser", None, "testdb").await,
+        "logged in"
     );
     p.shutdown().await;
 }

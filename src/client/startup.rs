@@ -81,6 +81,11 @@ pub async fn authenticate(
     // An unknown user (no secret) goes through the same exchange as a known one with a
     // wrong password, and fails only at its end: no user enumeration by reply or timing.
     match auth_type {
+        // As PgBouncer: trust still wants the user in auth_file ("any" does not).
+        AuthType::Trust if secret.is_none() => Err(ClientError::fatal(
+            "28000",
+            "\"trust\" authentication failed".into(),
+        )),
         AuthType::Trust | AuthType::Any => Ok(None),
         AuthType::Plain => {
             conn.queue_with(backend::authentication_cleartext);
@@ -131,9 +136,11 @@ pub async fn authenticate(
                 Some(Secret::Md5(_)) => return Err(fail()),
                 None => shared.scram.dummy_verifier(user),
             };
-            let learned = scram_exchange(conn, verifier, &fail).await?;
+            // A failed SCRAM exchange in PgBouncer's words.
+            let sasl_fail = || ClientError::fatal("28P01", "SASL authentication failed".into());
+            let learned = scram_exchange(conn, verifier, &sasl_fail).await?;
             if secret.is_none() {
-                return Err(fail());
+                return Err(sasl_fail());
             }
             Ok(learned)
         }
