@@ -94,20 +94,30 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
         tracing::info!("listening on {l}");
+        // TCP listeners close when a shutdown begins (`listeners` tracks them); a Unix
+        // socket stays until the last client has left, for the console (PgBouncer's
+        // SHUTDOWN WAIT_FOR_*: `psql -h /socket/dir pgbouncer` still gets in).
+        let tcp = matches!(l, listen::Bound::Tcp(_));
+        type Accept = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+        let track = |f: Accept| -> Accept {
+            if tcp {
+                Box::pin(shared.listeners.track_future(f))
+            } else {
+                f
+            }
+        };
         for w in 1..workers.len() {
             let clone = l.try_clone()?;
             let s2 = shared.clone();
-            let accept = shared.listeners.track_future(async move {
+            let accept = track(Box::pin(async move {
                 match clone.attach() {
                     Ok(l) => listen::accept_loop(l, s2).await,
                     Err(e) => tracing::warn!("worker {w} cannot listen: {e}"),
                 }
-            });
+            }));
             workers.handle(w).spawn(shared.tracker.track_future(accept));
         }
-        let accept = shared
-            .listeners
-            .track_future(listen::accept_loop(l.attach()?, shared.clone()));
+        let accept = track(Box::pin(listen::accept_loop(l.attach()?, shared.clone())));
         shared.tracker.spawn(accept);
     }
     shared.listeners.close();

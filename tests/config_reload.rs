@@ -609,3 +609,57 @@ async fn during_a_shutdown_resume_is_refused_sigusr2_ignored_and_a_second_sigint
             .contains("got SIGINT while shutting down, fast exit")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_shutdown_keeps_the_unix_socket_for_the_console() {
+    let pg = TempPostgres::start();
+    let dir = harness::process::ProcessDir::new(
+        TestPooler::builder(&pg).settings(&[("pool_mode", "session"), ("listen_port", "5497")]),
+    );
+    let sockets = dir.path().to_path_buf();
+    let mut dir = dir;
+    dir.rewrite(|b| b.setting("unix_socket_dir", &sockets.to_string_lossy()));
+    let mut p = PoolerProcess::start_in(dir, &[]).await;
+    let over_unix = |user: &str, db: &str| {
+        format!(
+            "host={} port=5497 user={user} password={} dbname={db}",
+            sockets.display(),
+            harness::password_of(user).unwrap()
+        )
+    };
+    let c = p.connect("md5user").await;
+    c.simple_query("select 1").await.unwrap();
+    let admin = p.console().await;
+    admin
+        .simple_query("SHUTDOWN WAIT_FOR_CLIENTS")
+        .await
+        .unwrap();
+    assert!(p.stops_accepting().await, "TCP still accepting");
+    // The Unix socket still takes the console, not new pool clients.
+    let console = try_connect(&over_unix("postgres", "pgbouncer"))
+        .await
+        .expect("the console over the Unix socket during the shutdown");
+    console.simple_query("SHOW VERSION").await.unwrap();
+    let e = try_connect(&over_unix("md5user", "testdb"))
+        .await
+        .expect_err("a new pool client during the shutdown");
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("pooler is shutting down"),
+        "{e:?}"
+    );
+    // The connected client is still served; when every client has left, it exits.
+    c.simple_query("select 2").await.unwrap();
+    assert!(p.running());
+    drop((c, admin, console));
+    let status = p.exited_within(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        p.log()
+    );
+    assert!(
+        !sockets.join(".s.PGSQL.5497").exists(),
+        "the socket file stayed"
+    );
+}

@@ -284,6 +284,14 @@ async fn login(
         let counted = count_client(shared, cfg, &db, &user)?;
         return Ok(Entered::Admin(user, role, counted));
     }
+    // During a waiting shutdown the Unix socket stays open for the console only. (TCP
+    // connections accepted now were queued before the shutdown: they are served.)
+    if shared.shutting_down() && matches!(conn.stream, crate::net::Stream::Unix(_)) {
+        return Err(ClientError::fatal(
+            "08P01",
+            "pooler is shutting down".into(),
+        ));
+    }
     let client_params = session_params(&params, cfg, peer)?;
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
     // nobody's business before they have logged in.

@@ -335,9 +335,15 @@ fn steer_to(sock: &Socket, index: u32) -> std::io::Result<()> {
 
 /// Accept clients until `stop_accepting`, then those already queued; each gets its own task.
 pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
+    // A Unix socket stays open through a waiting shutdown (for the console) and closes
+    // when everything stops; TCP listeners close as soon as a shutdown begins.
+    let stop = match &l {
+        Listener::Tcp(_) => shared.stop_accepting.clone(),
+        Listener::Unix(..) => shared.stop_clients.clone(),
+    };
     loop {
         let accepted = tokio::select! {
-            _ = shared.stop_accepting.cancelled() => return drain(l, &shared),
+            _ = stop.cancelled() => return drain(l, &shared),
             r = accept(&l) => r,
         };
         let stream = match accepted {
