@@ -519,7 +519,18 @@ pub fn stats(shared: &Shared) -> Table {
     t
 }
 
-pub fn stats_totals(shared: &Shared) -> Table {
+/// STATS_TOTALS / STATS_AVERAGES: one row per database, PgBouncer 1.25.2's columns (the
+/// averages name their last three `avg_*`).
+fn stats_subset(shared: &Shared, averages: bool) -> Table {
+    let parse = if averages {
+        [
+            "avg_client_parse_count",
+            "avg_server_parse_count",
+            "avg_bind_count",
+        ]
+    } else {
+        ["client_parse_count", "server_parse_count", "bind_count"]
+    };
     let mut t = Table::new(&[
         ("database", Text),
         ("server_assignment_count", Int),
@@ -530,39 +541,29 @@ pub fn stats_totals(shared: &Shared) -> Table {
         ("xact_time", Int),
         ("query_time", Int),
         ("wait_time", Int),
-        ("client_parse_count", Int),
-        ("server_parse_count", Int),
-        ("bind_count", Int),
+        (parse[0], Int),
+        (parse[1], Int),
+        (parse[2], Int),
     ]);
-    for (db, (x, _)) in per_database(shared) {
+    for (db, (x, period)) in per_database(shared) {
+        let values = if averages {
+            stat_values(&period.averages())
+        } else {
+            stat_values(&x)
+        };
         let mut row: Vec<Cell> = vec![db.into()];
-        row.extend(stat_values(&x).map(Cell::from));
+        row.extend(values.map(Cell::from));
         t.push(row);
     }
     t
 }
 
+pub fn stats_totals(shared: &Shared) -> Table {
+    stats_subset(shared, false)
+}
+
 pub fn stats_averages(shared: &Shared) -> Table {
-    let mut t = Table::new(&[
-        ("database", Text),
-        ("server_assignment_count", Int),
-        ("xact_count", Int),
-        ("query_count", Int),
-        ("bytes_received", Int),
-        ("bytes_sent", Int),
-        ("xact_time", Int),
-        ("query_time", Int),
-        ("wait_time", Int),
-        ("avg_client_parse_count", Int),
-        ("avg_server_parse_count", Int),
-        ("avg_bind_count", Int),
-    ]);
-    for (db, (_, p)) in per_database(shared) {
-        let mut row: Vec<Cell> = vec![db.into()];
-        row.extend(stat_values(&p.averages()).map(Cell::from));
-        t.push(row);
-    }
-    t
+    stats_subset(shared, true)
 }
 
 pub fn totals(shared: &Shared) -> Table {
