@@ -1,16 +1,22 @@
 //! Connections that have not logged in yet, oldest first. They share `max_client_conn` with
 //! everyone, so a flood of sockets that never finish their login (send nothing, or a byte a
 //! second) could lock every real user out until `client_login_timeout`. Instead, a new
-//! connection that finds the pooler full drops the oldest connection still logging in.
+//! connection that finds the pooler full drops the oldest connection that has been logging
+//! in for longer than [`GRACE`] (a real login takes milliseconds; one in progress is never
+//! cut short, and a full pooler still refuses newcomers as PgBouncer does).
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long a connection may be logging in before it can be dropped to make room.
+pub const GRACE: Duration = Duration::from_secs(2);
 
 use tokio_util::sync::CancellationToken;
 
 /// The connections still logging in, by client id (ids grow with arrival: first = oldest).
 #[derive(Default)]
 pub struct PendingLogins {
-    waiting: Mutex<BTreeMap<u64, CancellationToken>>,
+    waiting: Mutex<BTreeMap<u64, (CancellationToken, Instant)>>,
 }
 
 /// One connection's place among those logging in; leaves it when dropped (logged in,
@@ -22,14 +28,14 @@ pub struct LoginTicket<'a> {
 }
 
 impl PendingLogins {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, (CancellationToken, Instant)>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Client `id` starts logging in.
     pub fn enter(&self, id: u64) -> LoginTicket<'_> {
         let token = CancellationToken::new();
-        self.lock().insert(id, token.clone());
+        self.lock().insert(id, (token.clone(), Instant::now()));
         LoginTicket {
             logins: self,
             id,
@@ -37,11 +43,18 @@ impl PendingLogins {
         }
     }
 
-    /// Drop the oldest connection still logging in (its login ends with an error); false
-    /// when there is none.
-    pub fn drop_oldest(&self) -> bool {
-        match self.lock().pop_first() {
-            Some((_, token)) => {
+    /// Drop the oldest connection that has been logging in since before `now - GRACE`
+    /// (its login ends with an error); false when there is none.
+    pub fn drop_oldest(&self, now: Instant) -> bool {
+        let mut g = self.lock();
+        let old_enough = g
+            .first_key_value()
+            .is_some_and(|(_, (_, since))| now.saturating_duration_since(*since) >= GRACE);
+        if !old_enough {
+            return false;
+        }
+        match g.pop_first() {
+            Some((_, (token, _))) => {
                 token.cancel();
                 true
             }
@@ -84,12 +97,19 @@ mod tests {
         let third = logins.enter(3);
         drop(second); // logged in
         assert_eq!(logins.len(), 2);
-        assert!(logins.drop_oldest());
+        let now = Instant::now();
+        assert!(
+            !logins.drop_oldest(now),
+            "a login in its grace period was dropped"
+        );
+        assert!(!first.token.is_cancelled());
+        let later = now + GRACE;
+        assert!(logins.drop_oldest(later));
         assert!(first.token.is_cancelled());
         assert!(!third.token.is_cancelled());
-        assert!(logins.drop_oldest());
+        assert!(logins.drop_oldest(later));
         assert!(third.token.is_cancelled());
-        assert!(!logins.drop_oldest(), "nothing left to drop");
+        assert!(!logins.drop_oldest(later), "nothing left to drop");
         drop(first);
         drop(third);
         assert!(logins.is_empty());

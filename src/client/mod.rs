@@ -280,7 +280,16 @@ async fn login(
                 format!("not allowed to connect to the admin console: {user}"),
             )
         })?;
-        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
+        let auth_user_set = cfg.settings.auth_user.is_some();
+        startup::authenticate(
+            shared,
+            conn,
+            cfg.settings.auth_type,
+            secret,
+            &user,
+            auth_user_set,
+        )
+        .await?;
         let counted = count_client(shared, cfg, &db, &user)?;
         return Ok(Entered::Admin(user, role, counted));
     }
@@ -296,8 +305,17 @@ async fn login(
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
     // nobody's business before they have logged in.
     let secret = cfg.auth.users.get(&user);
-    let learned =
-        startup::authenticate(shared, conn, cfg.settings.auth_type, secret, &user).await?;
+    let auth_user_set = cfg.settings.auth_user.is_some()
+        || cfg.database(&db).is_some_and(|e| e.auth_user.is_some());
+    let learned = startup::authenticate(
+        shared,
+        conn,
+        cfg.settings.auth_type,
+        secret,
+        &user,
+        auth_user_set,
+    )
+    .await?;
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;

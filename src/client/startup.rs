@@ -71,6 +71,7 @@ pub async fn authenticate(
     auth_type: AuthType,
     secret: Option<&Secret>,
     user: &str,
+    auth_user_set: bool,
 ) -> Result<Option<Credential>, ClientError> {
     let fail = || {
         ClientError::fatal(
@@ -81,8 +82,10 @@ pub async fn authenticate(
     // An unknown user (no secret) goes through the same exchange as a known one with a
     // wrong password, and fails only at its end: no user enumeration by reply or timing.
     match auth_type {
-        // As PgBouncer: trust still wants the user in auth_file ("any" does not).
-        AuthType::Trust if secret.is_none() => Err(ClientError::fatal(
+        // As PgBouncer: trust still wants the user in auth_file ("any" does not). With an
+        // auth_user set PgBouncer would ask auth_query instead, which pgcarpool does not do
+        // yet: such users are let in, as before.
+        AuthType::Trust if secret.is_none() && !auth_user_set => Err(ClientError::fatal(
             "28000",
             "\"trust\" authentication failed".into(),
         )),
