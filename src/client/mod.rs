@@ -273,23 +273,13 @@ async fn login(
             let counted = count_client(shared, cfg, &db, &user)?;
             return Ok(Entered::Admin(user, crate::admin::Role::Admin, counted));
         }
-        let secret = cfg.auth.users.get(&user);
         let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
             ClientError::fatal(
                 "28000",
                 format!("not allowed to connect to the admin console: {user}"),
             )
         })?;
-        let auth_user_set = cfg.settings.auth_user.is_some();
-        startup::authenticate(
-            shared,
-            conn,
-            cfg.settings.auth_type,
-            secret,
-            &user,
-            auth_user_set,
-        )
-        .await?;
+        startup::authenticate(shared, conn, cfg, &db, &user).await?;
         let counted = count_client(shared, cfg, &db, &user)?;
         return Ok(Entered::Admin(user, role, counted));
     }
@@ -304,18 +294,7 @@ async fn login(
     let client_params = session_params(&params, cfg, peer)?;
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
     // nobody's business before they have logged in.
-    let secret = cfg.auth.users.get(&user);
-    let auth_user_set = cfg.settings.auth_user.is_some()
-        || cfg.database(&db).is_some_and(|e| e.auth_user.is_some());
-    let learned = startup::authenticate(
-        shared,
-        conn,
-        cfg.settings.auth_type,
-        secret,
-        &user,
-        auth_user_set,
-    )
-    .await?;
+    let learned = startup::authenticate(shared, conn, cfg, &db, &user).await?;
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;

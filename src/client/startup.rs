@@ -68,11 +68,15 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
 pub async fn authenticate(
     shared: &Arc<Shared>,
     conn: &mut Conn,
-    auth_type: AuthType,
-    secret: Option<&Secret>,
+    cfg: &crate::config::Config,
+    db: &str,
     user: &str,
-    auth_user_set: bool,
 ) -> Result<Option<Credential>, ClientError> {
+    let auth_type = cfg.settings.auth_type;
+    let secret = cfg.auth.users.get(user);
+    // An auth_user (global or the database's) means PgBouncer would ask auth_query.
+    let auth_user_set =
+        cfg.settings.auth_user.is_some() || cfg.database(db).is_some_and(|e| e.auth_user.is_some());
     let fail = || {
         ClientError::fatal(
             "28P01",
