@@ -333,7 +333,7 @@ impl Shared {
         self.stop_clients.cancel();
         self.stop_background.cancel();
         for p in self.pools.all() {
-            p.close_idle();
+            p.close_idle("pooler is shutting down");
         }
         self.tracker.close();
     }

@@ -149,15 +149,26 @@ pub fn init(opts: Options<'_>) -> anyhow::Result<()> {
     let sink = SINK.get().expect("just set");
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("pgcarpool={level}")));
+    set_flags(opts.settings);
     let main = tracing_subscriber::fmt::layer()
-        .with_target(false)
         .with_ansi(ansi)
+        .event_format(Format {
+            tracing: tracing_subscriber::fmt::format()
+                .with_target(false)
+                .with_ansi(ansi),
+            header: true,
+        })
         .with_writer(MainWriter(sink));
     let syslog = tracing_subscriber::fmt::layer()
-        .with_target(false)
         .with_ansi(false)
-        .without_time()
-        .with_level(false)
+        .event_format(Format {
+            tracing: tracing_subscriber::fmt::format()
+                .with_target(false)
+                .with_ansi(false)
+                .without_time()
+                .with_level(false),
+            header: false,
+        })
         .with_writer(SyslogWriter(sink));
     tracing_subscriber::registry()
         .with(filter)
@@ -187,6 +198,7 @@ pub fn stderr_off() {
 /// after rotation, or a new one), start, stop or re-address syslog. A logfile that cannot
 /// be opened keeps the old one, with an error in the log.
 pub fn reopen(settings: &Settings) {
+    set_flags(settings);
     let Some(sink) = SINK.get() else { return };
     let new = match &settings.logfile {
         Some(path) => match open_log(path) {
@@ -201,6 +213,198 @@ pub fn reopen(settings: &Settings) {
     // The change itself is logged by the reload (`reload: logfile: old -> new`).
     *lock(&sink.file) = new;
     *lock(&sink.syslog) = settings.syslog.then(|| Syslog::new(settings));
+}
+
+/// `log_format = pgbouncer` (the default) or `pgcarpool`; changes on reload.
+static PGBOUNCER_FORMAT: AtomicBool = AtomicBool::new(true);
+
+static LOG_CONNECTIONS: AtomicBool = AtomicBool::new(true);
+static LOG_DISCONNECTIONS: AtomicBool = AtomicBool::new(true);
+
+fn set_flags(settings: &Settings) {
+    PGBOUNCER_FORMAT.store(settings.log_format != "pgcarpool", Ordering::Relaxed);
+    LOG_CONNECTIONS.store(settings.log_connections, Ordering::Relaxed);
+    LOG_DISCONNECTIONS.store(settings.log_disconnections, Ordering::Relaxed);
+}
+
+/// `log_connections`, for code that has no config at hand (server logins).
+pub fn connections() -> bool {
+    LOG_CONNECTIONS.load(Ordering::Relaxed)
+}
+
+/// `log_disconnections`, for code that has no config at hand (server closes).
+pub fn disconnections() -> bool {
+    LOG_DISCONNECTIONS.load(Ordering::Relaxed)
+}
+
+/// The event format of both layers: PgBouncer's lines ([`pgbouncer_line`]) or tracing's
+/// own; `header` is false for syslog (which has its own time, ident and pid).
+struct Format<F> {
+    tracing: F,
+    header: bool,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Format<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        if !PGBOUNCER_FORMAT.load(Ordering::Relaxed) {
+            return self.tracing.format_event(ctx, w, event);
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let header = self.header.then(|| Header::now(*event.metadata().level()));
+        writeln!(w, "{}", pgbouncer_line(header.as_ref(), &fields))
+    }
+}
+
+/// The time, pid and level that start a PgBouncer log line.
+struct Header {
+    /// `2026-11-23 03:15:25.123 UTC` (local time and zone, as PgBouncer).
+    time: String,
+    pid: u32,
+    level: &'static str,
+}
+
+impl Header {
+    fn now(level: Level) -> Header {
+        Header {
+            time: local_time(std::time::SystemTime::now()),
+            pid: std::process::id(),
+            level: pgbouncer_level(level),
+        }
+    }
+}
+
+/// PgBouncer's names for the levels.
+fn pgbouncer_level(level: Level) -> &'static str {
+    match level {
+        Level::ERROR => "ERROR",
+        Level::WARN => "WARNING",
+        Level::INFO => "LOG",
+        Level::DEBUG => "DEBUG",
+        Level::TRACE => "NOISE",
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm ZONE` in local time.
+fn local_time(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as libc::time_t;
+    // SAFETY: localtime_r writes into the zeroed tm we own; tm_zone then points at static
+    // zone data (or is null), read at once.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&secs, &mut tm).is_null() {
+            return format!("{secs}.{:03}", d.subsec_millis());
+        }
+        let zone = if tm.tm_zone.is_null() {
+            "UTC".into()
+        } else {
+            std::ffi::CStr::from_ptr(tm.tm_zone).to_string_lossy()
+        };
+        format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03} {zone}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec,
+            d.subsec_millis()
+        )
+    }
+}
+
+/// An event's fields, split into what PgBouncer's line prefix shows (`C-0x…: db/user@addr`)
+/// and the rest.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    client: Option<u64>,
+    server: Option<u64>,
+    db: Option<String>,
+    user: Option<String>,
+    addr: Option<String>,
+    rest: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_u64(&mut self, f: &tracing::field::Field, v: u64) {
+        match f.name() {
+            "client" => self.client = Some(v),
+            "server" => self.server = Some(v),
+            _ => self.record_debug(f, &v),
+        }
+    }
+    fn record_i64(&mut self, f: &tracing::field::Field, v: i64) {
+        match (f.name(), u64::try_from(v)) {
+            ("client", Ok(v)) => self.client = Some(v),
+            ("server", Ok(v)) => self.server = Some(v),
+            _ => self.record_debug(f, &v),
+        }
+    }
+    fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+        self.record_debug(f, &format_args!("{v}"));
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        let text = || format!("{v:?}");
+        match f.name() {
+            "message" => self.message = text(),
+            "db" => self.db = Some(text()),
+            "user" => self.user = Some(text()),
+            "addr" => self.addr = Some(text()),
+            name => {
+                let _ = write!(self.rest, " {name}={v:?}");
+            }
+        }
+    }
+}
+
+/// One line as PgBouncer writes it:
+/// `2026-11-23 03:15:25.123 UTC [4242] LOG C-0x00000000002a: db/user@127.0.0.1:5000 message`.
+/// Events about a client or server carry `client`/`server` (its id) and `db`, `user`,
+/// `addr`; other fields follow the message as ` key=value`.
+fn pgbouncer_line(header: Option<&Header>, f: &Fields) -> String {
+    use std::fmt::Write as _;
+    let mut line = String::with_capacity(96 + f.message.len() + f.rest.len());
+    if let Some(h) = header {
+        let _ = write!(line, "{} [{}] {} ", h.time, h.pid, h.level);
+    }
+    let object = match (f.client, f.server) {
+        (Some(id), _) => Some(('C', id)),
+        (None, Some(id)) => Some(('S', id)),
+        (None, None) => None,
+    };
+    let shown = |v: &Option<String>, none: &'static str| v.clone().unwrap_or(none.into());
+    if let Some((kind, id)) = object {
+        let _ = write!(
+            line,
+            "{kind}-0x{id:012x}: {}/{}@{} ",
+            shown(&f.db, "(nodb)"),
+            shown(&f.user, "(nouser)"),
+            shown(&f.addr, "unix"),
+        );
+    } else {
+        // No object: db/user/addr are plain fields.
+        for (k, v) in [("db", &f.db), ("user", &f.user), ("addr", &f.addr)] {
+            if let Some(v) = v {
+                let _ = write!(line, "{k}={v} ");
+            }
+        }
+    }
+    line.push_str(&f.message);
+    line.push_str(&f.rest);
+    line
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -342,6 +546,74 @@ mod tests {
             &escape_controls(b"no newline\x00", false)[..],
             b"no newline\\x00"
         );
+    }
+
+    fn fields(msg: &str) -> Fields {
+        Fields {
+            message: msg.into(),
+            ..Fields::default()
+        }
+    }
+
+    #[test]
+    fn lines_look_like_pgbouncers() {
+        let h = Header {
+            time: "2026-11-23 03:15:25.123 UTC".into(),
+            pid: 4242,
+            level: pgbouncer_level(Level::INFO),
+        };
+        let f = Fields {
+            client: Some(42),
+            db: Some("p0".into()),
+            user: Some("bob".into()),
+            addr: Some("127.0.0.1:5000".into()),
+            ..fields("login attempt: db=p0 user=bob tls=no replication=no")
+        };
+        assert_eq!(
+            pgbouncer_line(Some(&h), &f),
+            "2026-11-23 03:15:25.123 UTC [4242] LOG C-0x00000000002a: p0/bob@127.0.0.1:5000 \
+             login attempt: db=p0 user=bob tls=no replication=no"
+        );
+        // A server, and a client not yet logged in.
+        let f = Fields {
+            server: Some(7),
+            db: Some("p0".into()),
+            user: Some("bob".into()),
+            addr: Some("127.0.0.1:6666".into()),
+            ..fields("closing because: connect failed (age=0s)")
+        };
+        assert_eq!(
+            pgbouncer_line(None, &f),
+            "S-0x000000000007: p0/bob@127.0.0.1:6666 closing because: connect failed (age=0s)"
+        );
+        let f = Fields {
+            client: Some(1),
+            addr: Some("127.0.0.1:5000".into()),
+            ..fields("closing because: no such database: x (age=0s)")
+        };
+        assert!(
+            pgbouncer_line(None, &f)
+                .starts_with("C-0x000000000001: (nodb)/(nouser)@127.0.0.1:5000 closing")
+        );
+        // No object: other fields follow the message.
+        let f = Fields {
+            rest: " count=3".into(),
+            db: Some("p0".into()),
+            ..fields("stats")
+        };
+        assert_eq!(pgbouncer_line(None, &f), "db=p0 stats count=3");
+        assert_eq!(pgbouncer_level(Level::WARN), "WARNING");
+        assert_eq!(pgbouncer_level(Level::TRACE), "NOISE");
+    }
+
+    #[test]
+    fn local_time_has_milliseconds_and_a_zone() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_123);
+        let s = local_time(t);
+        // 2026-11-18 ... in UTC; the zone is the machine's.
+        assert!(s.len() >= 27, "{s}");
+        assert_eq!(&s[19..23], ".123", "{s}");
+        assert_eq!(&s[4..5], "-");
     }
 
     #[test]

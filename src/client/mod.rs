@@ -79,7 +79,14 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
-        report(&mut client.conn, e, &h.addr, true).await;
+        report(
+            &mut client.conn,
+            e,
+            id,
+            &h.addr,
+            !cfg.settings.log_disconnections,
+        )
+        .await;
     }
     if cfg.settings.log_disconnections {
         let reason = match &result {
@@ -87,7 +94,8 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
             Err(e) => e.to_string(),
         };
         let h = &client.reg.handle;
-        tracing::info!(client = id, user = %h.user, db = %h.db, addr = %h.addr, age_s = started.elapsed().as_secs(), "closing because: {reason}");
+        tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
+            "closing because: {reason} (age={}s)", started.elapsed().as_secs());
     }
 }
 
@@ -140,7 +148,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 _ = kill.cancelled() => Ok(()),
             };
             if let Err(e) = result {
-                report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+                report(&mut conn, &e, id, peer, cfg.settings.log_connections).await;
             }
             return None;
         }
@@ -155,12 +163,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
         Ok(Entered::Done) => return None,
         Err(e) => {
-            report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+            report(&mut conn, &e, id, peer, cfg.settings.log_connections).await;
             return None;
         }
     };
     if cfg.settings.log_connections {
-        tracing::info!(client = id, %user, %db, addr = %peer, "login");
+        // PgBouncer's words; pgbadger counts sessions by them.
+        tracing::info!(client = id, %db, %user, addr = %peer,
+            "login attempt: db={db} user={user} tls=no replication=no");
     }
     Some(Client {
         shared,
@@ -173,16 +183,16 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
 }
 
 /// Send a FATAL error (if the socket still works) and log it.
-async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
+async fn report(conn: &mut Conn, e: &ClientError, id: u64, peer: &str, log: bool) {
     if let ClientError::Fatal { code, message } = e {
         if log {
             // PgBouncer's words ("closing because: no such database: x"); tools grep them.
-            tracing::info!(addr = %peer, "closing because: {message}");
+            tracing::info!(client = id, addr = %peer, "closing because: {message} (age=0s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
     } else {
-        tracing::debug!(addr = %peer, "client connection lost: {e}");
+        tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");
     }
 }
 

@@ -214,7 +214,7 @@ impl Relay<'_> {
             // pools' idle servers to it go now (servers in use stay, as sessions would).
             for pool in pools.all() {
                 if pool.settings().target.dbname == *db {
-                    pool.close_idle();
+                    pool.close_idle("database dropped or renamed by a client");
                 }
             }
         }

@@ -96,6 +96,9 @@ pub struct Settings {
     /// pgcarpool extension: what a session feature that cannot be shared does in transaction
     /// mode: `pin` (keep the client on its server while it lives) or `error`.
     pub pin_mode: String,
+    /// pgcarpool extension: how log lines look: `pgbouncer` (PgBouncer's own format, what
+    /// pgbadger and operators' greps read) or `pgcarpool` (tracing's structured text).
+    pub log_format: String,
     /// Servers a pool may keep for pinned clients on top of its size (0: none; a client
     /// that would pin beyond it is told so and let go).
     pub pin_pool_size: usize,
@@ -635,6 +638,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(prometheus_port, "0", reload: false, implemented: true),
     typed!(workers, "0", reload: false, implemented: true),
     typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
+    typed!(log_format, "pgbouncer", reload: true, implemented: true, parse_log_format, Value::show),
     typed!(pin_pool_size, "20", reload: true, implemented: true),
     typed!(check_function_calls, "1", reload: true, implemented: true),
     typed!(client_max_statements, "10000", reload: true, implemented: true),
@@ -646,6 +650,15 @@ fn parse_pin_mode(v: &str) -> Result<String, String> {
     match v.trim().to_ascii_lowercase().as_str() {
         m @ ("pin" | "error") => Ok(m.to_string()),
         other => Err(format!("invalid pin_mode {other:?}: expected pin or error")),
+    }
+}
+
+fn parse_log_format(v: &str) -> Result<String, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        f @ ("pgbouncer" | "pgcarpool") => Ok(f.to_string()),
+        other => Err(format!(
+            "invalid log_format {other:?}: expected pgbouncer or pgcarpool"
+        )),
     }
 }
 
@@ -749,6 +762,7 @@ impl Settings {
             prometheus_addr: String::new(),
             workers: 0,
             pin_mode: "pin".into(),
+            log_format: "pgbouncer".into(),
             pin_pool_size: 20,
             check_function_calls: true,
             client_max_statements: 10000,
@@ -1015,6 +1029,7 @@ mod tests {
                     "prometheus_port",
                     "workers",
                     "pin_mode",
+                    "log_format",
                     "pin_pool_size",
                     "check_function_calls",
                     "client_max_statements",

@@ -63,6 +63,14 @@ impl Stream {
             Stream::Unix(_) => "unix".to_string(),
         }
     }
+
+    /// This end's address as text for logs ("unix" for Unix sockets).
+    pub fn local(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Stream::Unix(_) => "unix".to_string(),
+        }
+    }
 }
 
 /// A connected socket that belongs to no runtime (in transit between workers).

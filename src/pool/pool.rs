@@ -258,7 +258,10 @@ impl Pool {
                 self.user_limit.release();
             }
             drop(g);
-            closing.into_iter().for_each(close_server);
+            for s in closing {
+                self.log_close(&s, "database configuration changed");
+                close_server(s);
+            }
         } else {
             drop(g);
         }
@@ -569,7 +572,12 @@ impl Pool {
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l);
         if expired || !is_alive(&mut s) {
-            self.close(s);
+            let why = if expired {
+                "server lifetime over"
+            } else {
+                "server conn crashed?"
+            };
+            self.close_because(s, why);
             return Ready::Closed;
         }
         match s.rehome() {
@@ -602,7 +610,7 @@ impl Pool {
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
                 Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
                 _ => {
-                    self.close(s);
+                    self.close_because(s, "server check query failed");
                     return None;
                 }
             }
@@ -623,7 +631,11 @@ impl Pool {
         let counted = g.total.saturating_sub(g.pinned);
         if s.broken || too_old || counted > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
-            self.close(s);
+            if s.broken || too_old {
+                self.close(s);
+            } else {
+                self.close_because(s, "too many servers in the pool");
+            }
             return;
         }
         if !g.paused {
@@ -642,8 +654,29 @@ impl Pool {
 
     /// Close a server that was active (counted) and give its room to a waiter.
     pub(crate) fn close(self: &Arc<Self>, s: Box<Server>) {
+        let reason = if s.broken {
+            "server conn crashed?"
+        } else if self.lock().close_before.is_some_and(|t| s.created < t) {
+            "database configuration changed"
+        } else {
+            "unclean server"
+        };
+        self.close_because(s, reason);
+    }
+
+    /// [`Pool::close`] with PgBouncer's words for why (logged as `closing because: …`).
+    pub(crate) fn close_because(self: &Arc<Self>, s: Box<Server>, reason: &str) {
+        self.log_close(&s, reason);
         close_server(s);
         self.release_slot();
+    }
+
+    /// `S-0x…: db/user@addr closing because: reason (age=Ns)` (log_disconnections).
+    fn log_close(&self, s: &Server, reason: &str) {
+        if crate::logging::disconnections() {
+            tracing::info!(server = s.id, db = %self.db, user = %self.user, addr = %s.addr,
+                "closing because: {reason} (age={}s)", s.created.elapsed().as_secs());
+        }
     }
 
     /// One active server fewer: give the room to the first waiter if the pool may open one.
@@ -729,9 +762,20 @@ impl Pool {
                     && total > s.min_pool_size;
                 // After a reload to a smaller size: the longest idle go first.
                 let over_size = total.saturating_sub(pinned) > s.pool_size + s.reserve_pool_size;
-                if too_old || idle_too_long || over_size || !is_alive(&mut srv) {
+                let why = if too_old {
+                    Some("server lifetime over")
+                } else if idle_too_long {
+                    Some("server idle timeout")
+                } else if over_size {
+                    Some("too many servers in the pool")
+                } else if !is_alive(&mut srv) {
+                    Some("server conn crashed?")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
                     total -= 1;
-                    closing.push(srv);
+                    closing.push((srv, why));
                 } else {
                     keep.push_back(srv);
                 }
@@ -745,7 +789,8 @@ impl Pool {
                 s.min_pool_size.saturating_sub(g.total)
             };
         }
-        for s in closing {
+        for (s, why) in closing {
+            self.log_close(&s, why);
             close_server(s);
             self.db_limit.release();
             self.user_limit.release();
@@ -768,7 +813,7 @@ impl Pool {
     }
 
     /// Close every idle server (RECONNECT, shutdown).
-    pub fn close_idle(self: &Arc<Self>) {
+    pub fn close_idle(self: &Arc<Self>, reason: &str) {
         let closing: Vec<Box<Server>> = {
             let mut g = self.lock();
             let v: Vec<Box<Server>> = g.idle.drain(..).collect();
@@ -776,6 +821,7 @@ impl Pool {
             v
         };
         for s in closing {
+            self.log_close(&s, reason);
             close_server(s);
             self.db_limit.release();
             self.user_limit.release();
@@ -794,7 +840,7 @@ impl Pool {
     /// RECONNECT: close idle servers now; servers in use are closed when they come back.
     pub fn reconnect(self: &Arc<Self>) {
         self.lock().close_before = Some(Instant::now());
-        self.close_idle();
+        self.close_idle("database configuration changed");
     }
 
     /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
@@ -872,6 +918,7 @@ impl Pool {
             g.total -= 1;
             s
         };
+        self.log_close(&s, "evicted to make room for another pool");
         close_server(s);
         self.db_limit.release();
         self.user_limit.release();

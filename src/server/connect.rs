@@ -44,11 +44,45 @@ impl ServerAddr {
     pub async fn connect(&self) -> std::io::Result<Stream> {
         match self {
             ServerAddr::Tcp { host, port } => {
-                let s = TcpStream::connect((host.as_str(), *port)).await?;
+                let addrs: Vec<std::net::SocketAddr> =
+                    tokio::net::lookup_host((host.as_str(), *port))
+                        .await
+                        .map_err(|e| std::io::Error::new(e.kind(), DnsFailed(e)))?
+                        .collect();
+                let s = TcpStream::connect(&addrs[..]).await?;
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
             }
             ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
+        }
+    }
+}
+
+/// The server's host name did not resolve (PgBouncer: "server DNS lookup failed").
+#[derive(Debug)]
+pub struct DnsFailed(std::io::Error);
+
+impl std::fmt::Display for DnsFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DnsFailed {}
+
+/// Why a server connection that never got to serve is closed, in PgBouncer's words
+/// (logged as `closing because: …`; operators and tests grep them).
+pub fn close_reason(e: &ServerError) -> &'static str {
+    match e {
+        ServerError::Connect(e) if e.get_ref().is_some_and(|r| r.is::<DnsFailed>()) => {
+            "server DNS lookup failed"
+        }
+        ServerError::Connect(_) => "connect failed",
+        ServerError::Timeout => "connect timeout",
+        ServerError::Conn(_) => "server conn crashed?",
+        ServerError::Proto(_) => "server sent an invalid message",
+        ServerError::Rejected(_) | ServerError::Login(_) | ServerError::LoginFailing(_) => {
+            "login failed"
         }
     }
 }
@@ -154,31 +188,85 @@ pub async fn connect(
     id: u64,
     timeout: Duration,
 ) -> Result<Server, ServerError> {
-    let r = match tokio::time::timeout(timeout, login(target, id)).await {
+    let tried = std::sync::Mutex::new(None);
+    let r = match tokio::time::timeout(timeout, login(target, id, &tried)).await {
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
     };
-    if let Ok(s) = &r {
-        tracing::debug!(server = id, db = %target.dbname, user = %target.user, addr = %s.addr, "new connection to server");
+    match &r {
+        Ok(s) if crate::logging::connections() => {
+            tracing::info!(server = id, db = %target.dbname, user = %target.user, addr = %s.addr,
+                "new connection to server (from {})", s.conn.stream.local());
+        }
+        Ok(_) => {}
+        // Failures of the connect itself are logged per host in `open_stream`.
+        Err(ServerError::Connect(_)) => {}
+        Err(e) if crate::logging::disconnections() => {
+            let addr = tried
+                .into_inner()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| target.addr.clone());
+            tracing::info!(server = id, db = %target.dbname, user = %target.user, %addr,
+                "closing because: {} (age=0s)", close_reason(e));
+        }
+        Err(_) => {}
     }
     r
 }
 
-async fn login(target: &ServerTarget, id: u64) -> Result<Server, ServerError> {
-    let (addr, host) = match target.hosts.pick() {
-        Some((a, i)) => (a, Some(i)),
-        None => (&target.addr, None),
+/// Connect to the server, or with `host=a,b,…` to the host the list picks, then to the
+/// others in turn while connecting fails (each failure moves `disable` on). Each failed
+/// connect is logged as PgBouncer closes a server: `closing because: connect failed`.
+async fn open_stream(
+    target: &ServerTarget,
+    id: u64,
+    tried: &std::sync::Mutex<Option<ServerAddr>>,
+) -> Result<(Stream, ServerAddr), ServerError> {
+    let first = target.hosts.pick();
+    let n = if first.is_some() {
+        target.hosts.addrs.len()
+    } else {
+        1
     };
-    let stream = match addr.connect().await {
-        Ok(s) => s,
-        Err(e) => {
-            if let Some(i) = host {
-                target.hosts.failed(i);
+    let mut last = None;
+    for k in 0..n {
+        let (addr, host) = match first {
+            Some((_, i)) => {
+                let i = (i + k) % n;
+                (&target.hosts.addrs[i], Some(i))
             }
-            tracing::debug!(%addr, "connecting to the server failed: {e}");
-            return Err(ServerError::Connect(e));
+            None => (&target.addr, None),
+        };
+        if let Ok(mut t) = tried.lock() {
+            *t = Some(addr.clone());
         }
-    };
+        match addr.connect().await {
+            Ok(s) => return Ok((s, addr.clone())),
+            Err(e) => {
+                if let Some(i) = host {
+                    target.hosts.failed(i);
+                }
+                let e = ServerError::Connect(e);
+                if crate::logging::disconnections() {
+                    tracing::info!(server = id, db = %target.dbname, user = %target.user, %addr,
+                        "closing because: {} (age=0s)", close_reason(&e));
+                }
+                tracing::debug!(%addr, "connecting to the server failed: {e}");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or(ServerError::Timeout))
+}
+
+async fn login(
+    target: &ServerTarget,
+    id: u64,
+    tried: &std::sync::Mutex<Option<ServerAddr>>,
+) -> Result<Server, ServerError> {
+    let (stream, addr) = open_stream(target, id, tried).await?;
+    let addr = &addr;
     let mut conn = Conn::new(stream);
     let mut params: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.dbname)];
     for (k, v) in &target.startup_params {
