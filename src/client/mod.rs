@@ -333,16 +333,21 @@ async fn login(
                 .cloned(),
         );
         target.startup_params.push(("replication".into(), mode));
-        let server = crate::server::connect::connect(&target, id, settings.server_connect_timeout)
-            .await
-            .map_err(|e| {
-                let (code, msg) = e.client_error();
-                tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
-                ClientError::Fatal {
-                    code: static_code(&code),
-                    message: msg,
-                }
-            })?;
+        let server = crate::server::connect::connect(
+            &target,
+            &db,
+            id,
+            settings.server_connect_timeout,
+        )
+        .await
+        .map_err(|e| {
+            let (code, msg) = e.client_error();
+            tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
+            ClientError::Fatal {
+                code: static_code(&code),
+                message: msg,
+            }
+        })?;
         return Ok(Entered::Replication(Box::new(server), counted));
     }
     let pool = shared.pools.get_or_create(&db, &server_user, || {

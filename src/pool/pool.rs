@@ -487,7 +487,13 @@ impl Pool {
         let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let opening = Opening(self);
-        let result = connect::connect(&settings.target, id, settings.server_connect_timeout).await;
+        let result = connect::connect(
+            &settings.target,
+            &self.db,
+            id,
+            settings.server_connect_timeout,
+        )
+        .await;
         // Ended: the slot is the server's, or given back below.
         std::mem::forget(opening);
         match result {

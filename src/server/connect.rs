@@ -42,13 +42,25 @@ impl ServerAddr {
     }
 
     pub async fn connect(&self) -> std::io::Result<Stream> {
+        self.connect_to(self.resolve().await?).await
+    }
+
+    /// The socket addresses of a TCP host (empty for a Unix socket); a failed lookup is a
+    /// [`DnsFailed`] error.
+    pub async fn resolve(&self) -> std::io::Result<Vec<std::net::SocketAddr>> {
         match self {
-            ServerAddr::Tcp { host, port } => {
-                let addrs: Vec<std::net::SocketAddr> =
-                    tokio::net::lookup_host((host.as_str(), *port))
-                        .await
-                        .map_err(|e| std::io::Error::new(e.kind(), DnsFailed(e)))?
-                        .collect();
+            ServerAddr::Tcp { host, port } => Ok(tokio::net::lookup_host((host.as_str(), *port))
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), DnsFailed(e)))?
+                .collect()),
+            ServerAddr::Unix(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// Connect to what [`ServerAddr::resolve`] found.
+    pub async fn connect_to(&self, addrs: Vec<std::net::SocketAddr>) -> std::io::Result<Stream> {
+        match self {
+            ServerAddr::Tcp { .. } => {
                 let s = TcpStream::connect(&addrs[..]).await?;
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
@@ -136,7 +148,14 @@ pub struct HostList {
     pub addrs: Vec<ServerAddr>,
     pub round_robin: bool,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Host names that did not resolve, and when: skipped for [`NXDOMAIN_TTL`] (PgBouncer's
+    /// dns_nxdomain_ttl default). Lookups of the list's hosts take turns, so connections
+    /// opened together look a failing name up once.
+    dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
 }
+
+/// How long a host name that did not resolve is skipped in a host list.
+pub const NXDOMAIN_TTL: Duration = Duration::from_secs(15);
 
 impl PartialEq for HostList {
     fn eq(&self, other: &Self) -> bool {
@@ -150,6 +169,7 @@ impl HostList {
             addrs,
             round_robin,
             next: Default::default(),
+            dns: Default::default(),
         }
     }
 
@@ -183,19 +203,21 @@ impl HostList {
 }
 
 /// Connect and log in within `timeout`.
+/// `db` is the pool's database name (the client's), for the log.
 pub async fn connect(
     target: &ServerTarget,
+    db: &str,
     id: u64,
     timeout: Duration,
 ) -> Result<Server, ServerError> {
     let tried = std::sync::Mutex::new(None);
-    let r = match tokio::time::timeout(timeout, login(target, id, &tried)).await {
+    let r = match tokio::time::timeout(timeout, login(target, db, id, &tried)).await {
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
     };
     match &r {
         Ok(s) if crate::logging::connections() => {
-            tracing::info!(server = id, db = %target.dbname, user = %target.user, addr = %s.addr,
+            tracing::info!(server = id, db, user = %target.user, addr = %s.addr,
                 "new connection to server (from {})", s.conn.stream.local());
         }
         Ok(_) => {}
@@ -207,7 +229,7 @@ pub async fn connect(
                 .ok()
                 .flatten()
                 .unwrap_or_else(|| target.addr.clone());
-            tracing::info!(server = id, db = %target.dbname, user = %target.user, %addr,
+            tracing::info!(server = id, db, user = %target.user, %addr,
                 "closing because: {} (age=0s)", close_reason(e));
         }
         Err(_) => {}
@@ -216,10 +238,12 @@ pub async fn connect(
 }
 
 /// Connect to the server, or with `host=a,b,…` to the host the list picks, then to the
-/// others in turn while connecting fails (each failure moves `disable` on). Each failed
-/// connect is logged as PgBouncer closes a server: `closing because: connect failed`.
+/// others in turn while connecting fails (each failure moves `disable` on; a name that
+/// did not resolve lately is skipped). Each failed connect is logged as PgBouncer closes a
+/// server: `closing because: connect failed` / `server DNS lookup failed`.
 async fn open_stream(
     target: &ServerTarget,
+    db: &str,
     id: u64,
     tried: &std::sync::Mutex<Option<ServerAddr>>,
 ) -> Result<(Stream, ServerAddr), ServerError> {
@@ -241,7 +265,28 @@ async fn open_stream(
         if let Ok(mut t) = tried.lock() {
             *t = Some(addr.clone());
         }
-        match addr.connect().await {
+        let resolved = match host {
+            Some(i) => {
+                let mut failed = target.hosts.dns.lock().await;
+                failed.retain(|(_, at)| at.elapsed() < NXDOMAIN_TTL);
+                if failed.iter().any(|(h, _)| *h == i) {
+                    // Looked up and failed a moment ago (logged then).
+                    target.hosts.failed(i);
+                    continue;
+                }
+                let r = addr.resolve().await;
+                if r.is_err() {
+                    failed.push((i, std::time::Instant::now()));
+                }
+                r
+            }
+            None => addr.resolve().await,
+        };
+        let connected = match resolved {
+            Ok(addrs) => addr.connect_to(addrs).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(s) => return Ok((s, addr.clone())),
             Err(e) => {
                 if let Some(i) = host {
@@ -249,7 +294,7 @@ async fn open_stream(
                 }
                 let e = ServerError::Connect(e);
                 if crate::logging::disconnections() {
-                    tracing::info!(server = id, db = %target.dbname, user = %target.user, %addr,
+                    tracing::info!(server = id, db, user = %target.user, %addr,
                         "closing because: {} (age=0s)", close_reason(&e));
                 }
                 tracing::debug!(%addr, "connecting to the server failed: {e}");
@@ -262,10 +307,11 @@ async fn open_stream(
 
 async fn login(
     target: &ServerTarget,
+    db: &str,
     id: u64,
     tried: &std::sync::Mutex<Option<ServerAddr>>,
 ) -> Result<Server, ServerError> {
-    let (stream, addr) = open_stream(target, id, tried).await?;
+    let (stream, addr) = open_stream(target, db, id, tried).await?;
     let addr = &addr;
     let mut conn = Conn::new(stream);
     let mut params: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.dbname)];
