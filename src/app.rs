@@ -26,6 +26,9 @@ pub struct Shared {
     pub statements: Arc<crate::client::prepared::StatementRegistry>,
     /// Cancelled to stop accepting new clients.
     pub stop_accepting: CancellationToken,
+    /// Cancelled by SHUTDOWN WAIT_FOR_SERVERS: a client that needs a server for a new
+    /// transaction (or waits for one) is let go ("server shutting down").
+    pub stop_transactions: CancellationToken,
     /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
     pub stop_clients: CancellationToken,
     /// Cancelled to stop background tasks (janitor).
@@ -223,6 +226,7 @@ impl Shared {
             scram: Arc::new(ScramCache::new()),
             statements: Arc::new(statements),
             stop_accepting: CancellationToken::new(),
+            stop_transactions: CancellationToken::new(),
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -422,12 +426,14 @@ impl Shared {
         self.shutdown_now();
     }
 
-    /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish
-    /// (new ones wait), then close everything.
+    /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish;
+    /// a client that starts a new one, or waits for a server, is let go ("server shutting
+    /// down", as PgBouncer); then close everything.
     pub async fn shutdown_wait_for_servers(&self) {
         crate::service::stopping("shutting down once every server is released");
         self.stop_listening().await;
-        self.pause_all().await;
+        self.stop_transactions.cancel();
+        self.wait_servers_released().await;
         self.shutdown_now();
     }
 }

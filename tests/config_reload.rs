@@ -142,11 +142,30 @@ async fn sigint_waits_for_servers_to_be_released() {
         PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
             .await;
     let c = p.connect("md5user").await;
+    let idle = p.connect("md5user").await;
     c.simple_query("begin").await.unwrap();
     p.signal(libc::SIGINT);
     assert!(p.stops_accepting().await, "still accepting after SIGINT");
     // The transaction in progress may finish.
     c.simple_query("select 1").await.unwrap();
+    // A client between transactions may not start one: let go, as PgBouncer.
+    let e = idle
+        .simple_query("select 1")
+        .await
+        .expect_err("a new transaction during SHUTDOWN WAIT_FOR_SERVERS");
+    let db = e.as_db_error().expect("an ErrorResponse");
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("08P01", "server shutting down")
+    );
+    assert!(
+        harness::eventually(Duration::from_secs(5), || async {
+            p.log().contains("closing because: server shutting down")
+        })
+        .await,
+        "{}",
+        p.log()
+    );
     assert!(p.running(), "exited while a server was in use");
     c.simple_query("commit").await.unwrap();
     // Once the server is released it exits, though the client is still connected.

@@ -521,12 +521,20 @@ async fn checkout(
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
+    if c.shared.stop_transactions.is_cancelled() {
+        return Err(shutting_down());
+    }
     if let Some(s) = c.pool.checkout_now() {
         return Ok(s);
     }
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the
     // room for it.
     Box::pin(wait_for_server(c, cfg, kill.as_mut())).await
+}
+
+/// SHUTDOWN WAIT_FOR_SERVERS: no new transactions (PgBouncer's words).
+fn shutting_down() -> ClientError {
+    ClientError::fatal("08P01", "server shutting down".into())
 }
 
 /// Wait in line for a server, with one timer for both query_wait_notify and
@@ -540,12 +548,15 @@ async fn wait_for_server(
     let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
+    let draining = c.shared.stop_transactions.clone();
+    let mut draining = std::pin::pin!(draining.cancelled_owned());
     let mut fut = std::pin::pin!(pool.checkout(None));
     let next = |notify_at: Option<Instant>| [notify_at, deadline].into_iter().flatten().min();
     let timer = tokio::time::sleep_until(next(notify_at).unwrap_or(start).into());
     tokio::pin!(timer);
     loop {
         tokio::select! {
+            _ = draining.as_mut() => return Err(shutting_down()),
             r = &mut fut => {
                 return r.map_err(|e| match e {
                     CheckoutError::WaitTimeout => ClientError::fatal("08P01", "query_wait_timeout".into()),
