@@ -965,3 +965,42 @@ async fn clients_are_spread_over_workers() {
     assert!(servers.len() <= 4, "{servers:?}");
     p.shutdown().await;
 }
+
+/// server_fast_close (session mode): after RECONNECT, a session ends as soon as its server
+/// is between transactions ("database configuration changed"), not at the client's exit;
+/// a transaction in progress finishes first. Off (the default), sessions carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_fast_close_ends_sessions_at_their_next_transaction_boundary() {
+    let pg = TempPostgres::start();
+    for fast in [true, false] {
+        let p = TestPooler::builder(&pg)
+            .setting("pool_mode", "session")
+            .setting("server_fast_close", if fast { "1" } else { "0" })
+            .start()
+            .await;
+        let idle = p.connect("postgres", "testdb").await;
+        idle.simple_query("select 1").await.unwrap();
+        let busy = p.connect("postgres", "testdb").await;
+        busy.simple_query("begin").await.unwrap();
+        let c = console(&p).await;
+        c.simple_query("RECONNECT testdb").await.unwrap();
+        // The open transaction may finish either way.
+        busy.simple_query("select 1").await.unwrap();
+        busy.simple_query("commit").await.unwrap();
+        for (name, client) in [("idle", &idle), ("busy", &busy)] {
+            let r = client.simple_query("select 1").await;
+            if fast {
+                let e = r.expect_err("a session kept its server after RECONNECT");
+                // The ErrorResponse, or the closed socket if it came first.
+                if let Some(db) = e.as_db_error() {
+                    assert_eq!(db.message(), "database configuration changed", "{name}");
+                } else {
+                    assert!(e.is_closed(), "{name}: {e:?}");
+                }
+            } else {
+                r.unwrap_or_else(|e| panic!("{name}: session ended without fast close: {e}"));
+            }
+        }
+        p.shutdown().await;
+    }
+}

@@ -46,6 +46,9 @@ pub enum RelayEvent {
     /// The client went past one of its limits (client_max_statements, the registry's size):
     /// why.
     Limit(String),
+    /// server_fast_close: the server's database was reconfigured (RECONNECT, reload) and
+    /// the server went idle.
+    ConfigChanged,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +124,10 @@ pub struct Relay<'a> {
     pub(super) rescan_client: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
+    /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
+    /// changed database entry marks the server, the session ends as soon as the server is
+    /// idle (between transactions) instead of at the client's exit.
+    pub fast_close: Option<&'a crate::pool::Pool>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -175,6 +182,7 @@ impl<'a> Relay<'a> {
             replay: None,
             rescan_client: false,
             pools: None,
+            fast_close: None,
         }
     }
 
@@ -189,12 +197,25 @@ impl<'a> Relay<'a> {
                 Err(e) => return RelayEvent::ClientProtocol(e),
             }
         }
+        let fast_close = self.fast_close;
+        let closing = std::sync::atomic::AtomicBool::new(
+            fast_close.is_some_and(|p| p.close_needed(self.server)),
+        );
+        let mut marked = std::pin::pin!(fast_close.map(|p| p.fast_close.notified()));
         loop {
+            if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
+                return RelayEvent::ConfigChanged;
+            }
             let deadline = self.next_deadline(&t);
             // A message relayed can start or stop a timer (a query sent, a transaction gone
-            // idle): then come round again to wait for the new deadline.
+            // idle): then come round again to wait for the new deadline (or to close).
             let relayed = poll_fn(|cx| match self.poll(cx) {
                 Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
+                Poll::Pending
+                    if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() =>
+                {
+                    Poll::Ready(None)
+                }
                 other => other.map(Some),
             });
             tokio::select! {
@@ -202,6 +223,15 @@ impl<'a> Relay<'a> {
                 ev = relayed => if let Some(ev) = ev {
                     return ev;
                 },
+                _ = async { marked.as_mut().as_pin_mut().expect("guarded").await },
+                    if marked.is_some() && !closing.load(std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    closing.store(
+                        fast_close.is_some_and(|p| p.close_needed(self.server)),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    marked.set(fast_close.map(|p| p.fast_close.notified()));
+                }
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
                         return RelayEvent::Timeout(kind);
@@ -209,6 +239,11 @@ impl<'a> Relay<'a> {
                 }
             }
         }
+    }
+
+    /// Between transactions with nothing owed either way.
+    fn server_idle(&self) -> bool {
+        self.server.proto.is_idle() && self.server.conn.out_len() == 0 && self.client.out_len() == 0
     }
 
     fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {

@@ -112,6 +112,9 @@ async fn transaction(
         );
         relay.max_client_statements = cfg.settings.client_max_statements;
         relay.pools = Some(&c.shared.pools);
+        if mode == PoolMode::Session && cfg.settings.server_fast_close {
+            relay.fast_close = Some(&c.pool);
+        }
         let event = tokio::select! {
             biased;
             _ = kill.as_mut() => RelayEvent::Killed,
@@ -155,6 +158,11 @@ async fn transaction(
             Ok(After::Next(None))
         }
         RelayEvent::ClientTerminate | RelayEvent::ClientGone => Ok(After::Leave),
+        // PgBouncer's words; the server is closed as it comes back (its pool marked it).
+        RelayEvent::ConfigChanged => Err(ClientError::fatal(
+            "08P01",
+            "database configuration changed".into(),
+        )),
         RelayEvent::StatementModeTransaction => Err(ClientError::fatal(
             "08P01",
             "transaction blocks not allowed in statement pooling mode".into(),

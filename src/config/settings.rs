@@ -586,7 +586,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(server_check_delay, "30", reload: true, implemented: true),
     typed!(server_check_query, "<empty>", reload: true, implemented: true),
     typed!(server_connect_timeout, "15", reload: true, implemented: true),
-    typed!(server_fast_close, "0", reload: true, implemented: false),
+    typed!(server_fast_close, "0", reload: true, implemented: true),
     typed!(server_idle_timeout, "600", reload: true, implemented: true),
     typed!(server_lifetime, "3600", reload: true, implemented: true),
     typed!(server_login_retry, "15", reload: true, implemented: true),

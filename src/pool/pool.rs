@@ -156,6 +156,8 @@ pub struct Pool {
     /// Woken when a login fails or succeeds (or is abandoned): waiters look again at when
     /// to retry, or whether to give up.
     login_changed: Notify,
+    /// Woken by RECONNECT and a changed database entry (server_fast_close).
+    pub fast_close: Notify,
 }
 
 enum Step {
@@ -225,6 +227,7 @@ impl Pool {
             next_server_id: AtomicU64::new(1),
             stats: PoolStats::default(),
             login_changed: Notify::new(),
+            fast_close: Notify::new(),
         })
     }
 
@@ -262,6 +265,7 @@ impl Pool {
                 self.log_close(&s, "database configuration changed");
                 close_server(s);
             }
+            self.fast_close.notify_waiters();
         } else {
             drop(g);
         }
@@ -843,10 +847,17 @@ impl Pool {
             .unwrap_or_default()
     }
 
-    /// RECONNECT: close idle servers now; servers in use are closed when they come back.
+    /// RECONNECT: close idle servers now; servers in use are closed when they come back
+    /// (with server_fast_close, session clients' servers as soon as they are idle).
     pub fn reconnect(self: &Arc<Self>) {
         self.lock().close_before = Some(Instant::now());
         self.close_idle("database configuration changed");
+        self.fast_close.notify_waiters();
+    }
+
+    /// The server was opened before a RECONNECT or a change of its database entry.
+    pub fn close_needed(&self, s: &Server) -> bool {
+        self.lock().close_before.is_some_and(|t| s.created < t)
     }
 
     /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
