@@ -988,7 +988,9 @@ async fn server_fast_close_ends_sessions_at_their_next_transaction_boundary() {
         busy.simple_query("select 1").await.unwrap();
         busy.simple_query("commit").await.unwrap();
         for (name, client) in [("idle", &idle), ("busy", &busy)] {
-            let r = client.simple_query("select 1").await;
+            let r = tokio::time::timeout(Duration::from_secs(10), client.simple_query("select 1"))
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no answer in 10 s"));
             if fast {
                 let e = r.expect_err("a session kept its server after RECONNECT");
                 // The ErrorResponse, or the closed socket if it came first.
