@@ -975,7 +975,6 @@ async fn server_fast_close_ends_sessions_at_their_next_transaction_boundary() {
     for fast in [true, false] {
         let p = TestPooler::builder(&pg)
             .setting("pool_mode", "session")
-            .setting("server_fast_close", if fast { "1" } else { "0" })
             .start()
             .await;
         let idle = p.connect("postgres", "testdb").await;
@@ -983,6 +982,10 @@ async fn server_fast_close_ends_sessions_at_their_next_transaction_boundary() {
         let busy = p.connect("postgres", "testdb").await;
         busy.simple_query("begin").await.unwrap();
         let c = console(&p).await;
+        if fast {
+            // Turned on while the sessions last, as an operator would.
+            c.simple_query("SET server_fast_close = 1").await.unwrap();
+        }
         c.simple_query("RECONNECT testdb").await.unwrap();
         // The open transaction may finish either way.
         busy.simple_query("select 1").await.unwrap();

@@ -77,6 +77,16 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     client
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
+    // Logged before the client is told (tools read the log once the client has its error).
+    if cfg.settings.log_disconnections {
+        let reason = match &result {
+            Ok(()) => "client close request".to_string(),
+            Err(e) => e.to_string(),
+        };
+        let h = &client.reg.handle;
+        tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
+            "closing because: {reason} (age={}s)", started.elapsed().as_secs());
+    }
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
         report(
@@ -87,15 +97,6 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
             !cfg.settings.log_disconnections,
         )
         .await;
-    }
-    if cfg.settings.log_disconnections {
-        let reason = match &result {
-            Ok(()) => "client close request".to_string(),
-            Err(e) => e.to_string(),
-        };
-        let h = &client.reg.handle;
-        tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
-            "closing because: {reason} (age={}s)", started.elapsed().as_secs());
     }
 }
 

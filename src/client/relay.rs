@@ -127,7 +127,8 @@ pub struct Relay<'a> {
     /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
     /// changed database entry marks the server, the session ends as soon as the server is
     /// idle (between transactions) instead of at the client's exit.
-    pub fast_close: Option<&'a crate::pool::Pool>,
+    /// (read when the mark comes: the setting may change while a session lasts).
+    pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -198,10 +199,13 @@ impl<'a> Relay<'a> {
             }
         }
         let fast_close = self.fast_close;
-        let closing = std::sync::atomic::AtomicBool::new(
-            fast_close.is_some_and(|p| p.close_needed(self.server)),
-        );
-        let mut marked = std::pin::pin!(fast_close.map(|p| p.fast_close.notified()));
+        let must_close = |server: &Server| {
+            fast_close.is_some_and(|(p, shared)| {
+                shared.config.load().settings.server_fast_close && p.close_needed(server)
+            })
+        };
+        let closing = std::sync::atomic::AtomicBool::new(must_close(self.server));
+        let mut marked = std::pin::pin!(fast_close.map(|(p, _)| p.fast_close.notified()));
         loop {
             if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
                 return RelayEvent::ConfigChanged;
@@ -226,11 +230,8 @@ impl<'a> Relay<'a> {
                 _ = async { marked.as_mut().as_pin_mut().expect("guarded").await },
                     if marked.is_some() && !closing.load(std::sync::atomic::Ordering::Relaxed) =>
                 {
-                    closing.store(
-                        fast_close.is_some_and(|p| p.close_needed(self.server)),
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
-                    marked.set(fast_close.map(|p| p.fast_close.notified()));
+                    closing.store(must_close(self.server), std::sync::atomic::Ordering::Relaxed);
+                    marked.set(fast_close.map(|(p, _)| p.fast_close.notified()));
                 }
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {

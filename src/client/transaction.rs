@@ -112,8 +112,8 @@ async fn transaction(
         );
         relay.max_client_statements = cfg.settings.client_max_statements;
         relay.pools = Some(&c.shared.pools);
-        if mode == PoolMode::Session && cfg.settings.server_fast_close {
-            relay.fast_close = Some(&c.pool);
+        if mode == PoolMode::Session {
+            relay.fast_close = Some((&c.pool, &c.shared));
         }
         let event = tokio::select! {
             biased;
