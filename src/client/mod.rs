@@ -376,9 +376,15 @@ async fn login(
     let server_params = match pool.server_params() {
         Some(p) => p,
         None => {
-            let deadline =
-                config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
+            let (deadline, timeout_text) = transaction::wait_deadline(
+                Instant::now(),
+                pool.settings().query_wait_timeout,
+                cfg.query_timeout_for(&user),
+            );
             let s = pool.checkout(deadline).await.map_err(|e| match e {
+                crate::pool::CheckoutError::WaitTimeout => {
+                    ClientError::fatal("08P01", timeout_text.into())
+                }
                 crate::pool::CheckoutError::Server(se) => {
                     let (code, msg) = se.client_error();
                     ClientError::Fatal {
@@ -386,7 +392,6 @@ async fn login(
                         message: msg,
                     }
                 }
-                other => ClientError::fatal("08P01", other.to_string()),
             })?;
             let p = s.login_params.clone();
             drop(s);

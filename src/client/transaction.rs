@@ -540,6 +540,24 @@ async fn checkout(
     Box::pin(wait_for_server(c, cfg, kill.as_mut())).await
 }
 
+/// When a client waiting for a server gives up, and what it is told: query_timeout
+/// counts the wait too (as PgBouncer's), query_wait_timeout only the wait; the earlier
+/// one wins.
+pub(crate) fn wait_deadline(
+    start: Instant,
+    query_wait_timeout: std::time::Duration,
+    query_timeout: std::time::Duration,
+) -> (Option<Instant>, &'static str) {
+    match (
+        config::enabled(query_timeout),
+        config::enabled(query_wait_timeout),
+    ) {
+        (Some(q), Some(w)) if q < w => (Some(start + q), "query_timeout"),
+        (Some(q), None) => (Some(start + q), "query_timeout"),
+        (_, w) => (w.map(|w| start + w), "query_wait_timeout"),
+    }
+}
+
 /// SHUTDOWN WAIT_FOR_SERVERS: no new transactions (PgBouncer's words).
 fn shutting_down() -> ClientError {
     ClientError::fatal("08P01", "server shutting down".into())
@@ -553,7 +571,11 @@ async fn wait_for_server(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
     let start = Instant::now();
-    let deadline = config::enabled(c.pool.settings().query_wait_timeout).map(|d| start + d);
+    let (deadline, timeout_text) = wait_deadline(
+        start,
+        c.pool.settings().query_wait_timeout,
+        cfg.query_timeout_for(&c.reg.handle.user),
+    );
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
     let draining = c.shared.stop_transactions.clone();
@@ -567,7 +589,7 @@ async fn wait_for_server(
             _ = draining.as_mut() => return Err(shutting_down()),
             r = &mut fut => {
                 return r.map_err(|e| match e {
-                    CheckoutError::WaitTimeout => ClientError::fatal("08P01", "query_wait_timeout".into()),
+                    CheckoutError::WaitTimeout => ClientError::fatal("08P01", timeout_text.into()),
                     CheckoutError::Server(se) => {
                         let (_, msg) = se.client_error();
                         ClientError::fatal("08006", format!("could not connect to server: {msg}"))
@@ -584,7 +606,7 @@ async fn wait_for_server(
             _ = &mut timer, if next(notify_at).is_some() => {
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d) {
-                    return Err(ClientError::fatal("08P01", "query_wait_timeout".into()));
+                    return Err(ClientError::fatal("08P01", timeout_text.into()));
                 }
                 if notify_at.is_some_and(|t| now >= t) {
                     notify_at = None;

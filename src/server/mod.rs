@@ -214,9 +214,10 @@ pub enum ServerError {
 
 impl ServerError {
     /// A login that failed this way may succeed in a moment: the server is starting up or
-    /// shutting down (57P03, or 57P01/57P02 as it ends the session), or nothing listens at
-    /// its address (refused, reset, no Unix socket). Other failures (28P01, 3D000, a
-    /// timeout…) would most likely repeat.
+    /// shutting down (57P03, or 57P01/57P02 as it ends the session), nothing listens at
+    /// its address (refused, reset, no Unix socket), or it did not answer within
+    /// server_connect_timeout (PgBouncer keeps the client waiting and retries too, until
+    /// query_timeout / query_wait_timeout). Other failures (28P01, 3D000…) would repeat.
     pub fn is_unavailable(&self) -> bool {
         use std::io::ErrorKind as K;
         let gone = |k: K| {
@@ -228,7 +229,7 @@ impl ServerError {
         match self {
             ServerError::Rejected(e) => matches!(e.code.as_str(), "57P01" | "57P02" | "57P03"),
             ServerError::Connect(e) => gone(e.kind()),
-            ServerError::Conn(crate::net::conn::ConnError::Closed) => true,
+            ServerError::Conn(crate::net::conn::ConnError::Closed) | ServerError::Timeout => true,
             ServerError::Conn(crate::net::conn::ConnError::Io(e)) => {
                 gone(e.kind()) || e.kind() == K::BrokenPipe
             }
@@ -266,6 +267,7 @@ mod tests {
         assert!(ServerError::Connect(Error::from(ErrorKind::ConnectionRefused)).is_unavailable());
         assert!(ServerError::Connect(Error::from(ErrorKind::NotFound)).is_unavailable());
         assert!(ServerError::Conn(crate::net::conn::ConnError::Closed).is_unavailable());
+        assert!(ServerError::Timeout.is_unavailable());
     }
 
     #[test]
@@ -273,7 +275,6 @@ mod tests {
         for code in ["28P01", "3D000", "28000", "53300"] {
             assert!(!rejected(code).is_unavailable(), "{code}");
         }
-        assert!(!ServerError::Timeout.is_unavailable());
         assert!(!ServerError::Login("unsupported server auth method 7".into()).is_unavailable());
         assert!(!ServerError::Connect(Error::from(ErrorKind::PermissionDenied)).is_unavailable());
     }
