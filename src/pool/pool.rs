@@ -536,10 +536,13 @@ impl Pool {
                     was_failing
                 };
                 // Retries while the server is unavailable are frequent: one warning.
+                let addr = &settings.target.addr;
                 if was_failing && kind == LoginFailure::Unavailable {
-                    tracing::debug!(db = %self.db, user = %self.user, "server login failed: {e}");
+                    tracing::debug!(server = id, db = %self.db, user = %self.user, %addr,
+                        "server login failed: {e}");
                 } else {
-                    tracing::warn!(db = %self.db, user = %self.user, "server login failed: {e}");
+                    tracing::warn!(server = id, db = %self.db, user = %self.user, %addr,
+                        "server login failed: {e}");
                 }
                 self.release_slot();
                 self.login_changed.notify_waiters();
