@@ -44,6 +44,8 @@ pub struct Shared {
     pub client_counts: Arc<crate::client::counts::ClientCounts>,
     /// Console state: DISABLE'd and PAUSE'd databases.
     pub admin: crate::admin::AdminState,
+    /// This instance's peer id and its peers (cancel requests for their clients).
+    pub peers: crate::peers::Peers,
     /// The worker runtimes (set once by `start`).
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
 }
@@ -84,6 +86,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     }
     let shared = Shared::new(config);
     shared.create_forced_user_pools();
+    shared.apply_peers();
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
@@ -128,6 +131,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     shared
         .tracker
         .spawn(crate::stats::run_periods(shared.clone()));
+    shared.tracker.spawn(crate::peers::run_dns(shared.clone()));
     if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
         shared
             .tracker
@@ -232,6 +236,7 @@ impl Shared {
             pending_logins: Default::default(),
             client_counts: Default::default(),
             admin: crate::admin::AdminState::default(),
+            peers: Default::default(),
             workers: std::sync::OnceLock::new(),
         })
     }
@@ -298,6 +303,7 @@ impl Shared {
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
         self.create_forced_user_pools();
+        self.apply_peers();
         tracing::info!(
             "configuration reloaded ({} settings changed, {} need a restart)",
             changes.len(),
@@ -317,6 +323,12 @@ impl Shared {
                 pool_settings(&cfg, entry, user, cred, self)
             });
         }
+    }
+
+    /// Peer table and own peer id from the config (and the DNS members last found).
+    pub fn apply_peers(&self) {
+        self.peers.apply(&self.config.load());
+        self.clients.set_peer_id(self.peers.own_id());
     }
 
     /// A shutdown (signal or console SHUTDOWN) has begun.
