@@ -84,7 +84,11 @@ pub fn members(addrs: &[SocketAddr]) -> BTreeMap<u16, Vec<SocketAddr>> {
 
 /// Resolve the name: from `hosts_file` (hosts(5) format) when given, else the system
 /// resolver (all A and AAAA records). Blocking: call off the reactor.
-pub fn resolve(t: &Target, port: u16, hosts_file: Option<&Path>) -> std::io::Result<Vec<SocketAddr>> {
+pub fn resolve(
+    t: &Target,
+    port: u16,
+    hosts_file: Option<&Path>,
+) -> std::io::Result<Vec<SocketAddr>> {
     let port = t.port.unwrap_or(port);
     let mut out: Vec<SocketAddr> = match hosts_file {
         Some(path) => {
@@ -162,7 +166,10 @@ mod tests {
             name: n.into(),
             port: p,
         };
-        assert_eq!(parse_target("pgcarpool.svc:6432"), Ok(t("pgcarpool.svc", Some(6432))));
+        assert_eq!(
+            parse_target("pgcarpool.svc:6432"),
+            Ok(t("pgcarpool.svc", Some(6432)))
+        );
         assert_eq!(parse_target(" peers "), Ok(t("peers", None)));
         assert_eq!(parse_target("[::1]:7000"), Ok(t("::1", Some(7000))));
         assert_eq!(parse_target("fe80::1"), Ok(t("fe80::1", None)));

@@ -239,9 +239,10 @@ pub async fn run_dns(shared: Arc<crate::app::Shared>) {
             let hosts = (!s.peers_hosts_file.is_empty())
                 .then(|| std::path::PathBuf::from(&s.peers_hosts_file));
             let t = target.clone();
-            let found = tokio::task::spawn_blocking(move || dns::resolve(&t, port, hosts.as_deref()))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            let found =
+                tokio::task::spawn_blocking(move || dns::resolve(&t, port, hosts.as_deref()))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
             match found {
                 Err(e) => tracing::warn!("peers_dns: cannot resolve {}: {e}", target.name),
                 Ok(addrs) if last.as_ref() != Some(&addrs) => {
@@ -258,8 +259,7 @@ pub async fn run_dns(shared: Arc<crate::app::Shared>) {
                             ),
                         }
                     }
-                    if s.peer_id > 0 && shared.peers.derived.load(Ordering::Relaxed) != s.peer_id
-                    {
+                    if s.peer_id > 0 && shared.peers.derived.load(Ordering::Relaxed) != s.peer_id {
                         tracing::warn!(
                             "peers_dns: peer_id = {} differs from the id the other members \
                              derive for this instance; their cancel requests may not reach it",
