@@ -87,6 +87,15 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     let shared = Shared::new(config);
     shared.create_forced_user_pools();
     shared.apply_peers();
+    // peers_dns: the first members (and this instance's id) before any client gets a key.
+    let mut members = None;
+    let first = crate::peers::refresh(&shared, &mut members);
+    if tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .is_err()
+    {
+        tracing::warn!("peers_dns: no answer within 5 s; trying again in the background");
+    }
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
@@ -131,7 +140,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     shared
         .tracker
         .spawn(crate::stats::run_periods(shared.clone()));
-    shared.tracker.spawn(crate::peers::run_dns(shared.clone()));
+    shared
+        .tracker
+        .spawn(crate::peers::run_dns(shared.clone(), members));
     if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
         shared
             .tracker

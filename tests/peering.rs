@@ -7,7 +7,9 @@ mod harness;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder, eventually, free_port, wait_for};
+use harness::{
+    Observer, TempPostgres, TestPooler, TestPoolerBuilder, eventually, free_port, wait_for,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -166,12 +168,21 @@ fn key_from(b: [u8; 8]) -> (i32, i32) {
     )
 }
 
+/// Wait until PostgreSQL runs the test's pg_sleep(30) (a cancel before that has nothing
+/// to end).
+async fn wait_running(pg: &TempPostgres) {
+    let obs = Observer::new(pg).await;
+    wait_for("pg_sleep(30) runs", Duration::from_secs(10), || async {
+        obs.running("md5user", "pg_sleep(30)").await == 1
+    })
+    .await;
+}
+
 /// A pg_sleep on the pooler at `owner` ends with 57014 when its cancel goes to `via`.
-async fn cancel_via(owner: &str, via: &str, port: u16) {
+async fn cancel_via(pg: &TempPostgres, owner: &str, via: &str, port: u16) {
     let mut c = RawClient::connect(owner, port).await;
     c.send_query("SELECT pg_sleep(30)").await;
-    // The query must be running on a server before the cancel can reach it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_running(pg).await;
     send_cancel(via, port, c.key).await;
     let got = c.outcome(Duration::from_secs(5)).await.unwrap_or_else(|| {
         panic!("query on {owner} still runs 5 s after its cancel sent to {via}")
@@ -188,7 +199,7 @@ async fn a_cancel_sent_to_another_peer_ends_the_query() {
     let pg = TempPostgres::start();
     let (fleet, port) = static_fleet(&pg).await;
     for (owner, via) in [(0, 1), (0, 2), (1, 0), (2, 1), (1, 1)] {
-        cancel_via(IPS[owner], IPS[via], port).await;
+        cancel_via(&pg, IPS[owner], IPS[via], port).await;
     }
     shutdown(fleet).await;
 }
@@ -219,7 +230,7 @@ async fn a_forward_spends_one_hop_and_an_exhausted_key_is_dropped() {
     let (fleet, port) = static_fleet(&pg).await;
     let mut c = RawClient::connect(IPS[0], port).await;
     c.send_query("SELECT pg_sleep(30)").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_running(&pg).await;
     let mut b = key_bytes(c.key);
     b[7] &= !3;
     // TTL 0 at peer 2: it may not forward it any more.
@@ -348,13 +359,15 @@ async fn peers_named_by_one_dns_name_find_each_other() {
     })
     .await;
     let id = |ip: &str| pgcarpool::peers::dns::id_of(ip.parse::<IpAddr>().unwrap());
-    // Each instance derived its id from its address; the keys it hands out carry it.
+    // Each instance derived its id from its address before taking clients: the very first
+    // key it hands out carries it.
     for ip in IPS {
-        wait_for("a derived peer id", Duration::from_secs(5), || async {
-            let b = key_bytes(RawClient::connect(ip, port).await.key);
-            u16::from(b[1]) | (u16::from(b[2]) << 8) == id(ip)
-        })
-        .await;
+        let b = key_bytes(RawClient::connect(ip, port).await.key);
+        assert_eq!(
+            u16::from(b[1]) | (u16::from(b[2]) << 8),
+            id(ip),
+            "{ip}: {b:?}"
+        );
     }
     let admin = harness::try_connect(&format!(
         "host={} port={port} user=postgres dbname=pgbouncer",
@@ -370,7 +383,7 @@ async fn peers_named_by_one_dns_name_find_each_other() {
         }
     };
     assert!(eventually(Duration::from_secs(5), || listed(2)).await);
-    cancel_via(IPS[1], IPS[0], port).await;
+    cancel_via(&pg, IPS[1], IPS[0], port).await;
     // The third joins the name: found within a re-resolution or two.
     std::fs::write(
         &hosts,
@@ -406,7 +419,7 @@ async fn peers_named_by_one_dns_name_find_each_other() {
         },
     )
     .await;
-    cancel_via(IPS[2], IPS[0], port).await;
-    cancel_via(IPS[0], IPS[2], port).await;
+    cancel_via(&pg, IPS[2], IPS[0], port).await;
+    cancel_via(&pg, IPS[0], IPS[2], port).await;
     shutdown(fleet).await;
 }

@@ -551,7 +551,7 @@ pub static TABLE: &[SettingDef] = &[
     other!(conffile, "", reload: true, check_str),
     typed!(default_pool_size, "20", reload: true, implemented: true),
     typed!(disable_pqexec, "0", reload: false, implemented: false),
-    typed!(dns_max_ttl, "15", reload: true, implemented: false),
+    typed!(dns_max_ttl, "15", reload: true, implemented: true),
     other!(dns_nxdomain_ttl, "15", reload: true, check_time),
     other!(dns_zone_check_period, "0", reload: true, check_time),
     typed!(idle_transaction_timeout, "0", reload: true, implemented: true),

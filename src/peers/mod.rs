@@ -219,64 +219,79 @@ impl Peers {
     }
 }
 
-/// Keep the `peers_dns` members current: resolve at start and every `dns_max_ttl` (at
-/// least 1 s), off the reactor; derive this instance's id once its address is known.
-pub async fn run_dns(shared: Arc<crate::app::Shared>) {
+/// Keep the `peers_dns` members current: every `dns_max_ttl` (at least 1 s) after the
+/// first resolution (`refresh`, done by `app::start_on` before accepting clients).
+pub async fn run_dns(shared: Arc<crate::app::Shared>, mut last: Option<Vec<SocketAddr>>) {
     let stop = shared.stop_background.clone();
-    let mut last: Option<Vec<SocketAddr>> = None;
     loop {
-        let cfg = shared.config.load_full();
-        let s = &cfg.settings;
-        let period = s.dns_max_ttl.max(Duration::from_secs(1));
-        if s.peers_dns.is_empty() {
-            if last.take().is_some() {
-                shared.peers.set_derived_id(0);
-                shared.peers.set_members(&cfg, BTreeMap::new());
-                shared.clients.set_peer_id(shared.peers.own_id());
-            }
-        } else if let Ok(target) = dns::parse_target(&s.peers_dns) {
-            let port = s.listen_port;
-            let hosts = (!s.peers_hosts_file.is_empty())
-                .then(|| std::path::PathBuf::from(&s.peers_hosts_file));
-            let t = target.clone();
-            let found =
-                tokio::task::spawn_blocking(move || dns::resolve(&t, port, hosts.as_deref()))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-            match found {
-                Err(e) => tracing::warn!("peers_dns: cannot resolve {}: {e}", target.name),
-                Ok(addrs) if last.as_ref() != Some(&addrs) => {
-                    if shared.peers.derived.load(Ordering::Relaxed) == 0 {
-                        match dns::own_address(&s.listen_addr, &addrs) {
-                            Some(ip) => {
-                                let id = dns::id_of(ip);
-                                tracing::info!("peers_dns: this instance is peer {id} ({ip})");
-                                shared.peers.set_derived_id(id);
-                            }
-                            None => tracing::warn!(
-                                "peers_dns: cannot tell which member is this instance \
-                                 (set listen_addr to its address, or peer_id)"
-                            ),
-                        }
-                    }
-                    if s.peer_id > 0 && shared.peers.derived.load(Ordering::Relaxed) != s.peer_id {
-                        tracing::warn!(
-                            "peers_dns: peer_id = {} differs from the id the other members \
-                             derive for this instance; their cancel requests may not reach it",
-                            s.peer_id
-                        );
-                    }
-                    tracing::info!("peers_dns: {} members: {addrs:?}", addrs.len());
-                    shared.peers.set_members(&cfg, dns::members(&addrs));
-                    shared.clients.set_peer_id(shared.peers.own_id());
-                    last = Some(addrs);
-                }
-                Ok(_) => {}
-            }
-        }
+        let period = shared
+            .config
+            .load()
+            .settings
+            .dns_max_ttl
+            .max(Duration::from_secs(1));
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
+        refresh(&shared, &mut last).await;
     }
+}
+
+/// Resolve `peers_dns` once (off the reactor) and apply what changed since `last`; derive
+/// this instance's id once its address is known. Without `peers_dns`: forget the members.
+pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAddr>>) {
+    let cfg = shared.config.load_full();
+    let s = &cfg.settings;
+    if s.peers_dns.is_empty() {
+        if last.take().is_some() {
+            shared.peers.set_derived_id(0);
+            shared.peers.set_members(&cfg, BTreeMap::new());
+            shared.clients.set_peer_id(shared.peers.own_id());
+        }
+        return;
+    }
+    let Ok(target) = dns::parse_target(&s.peers_dns) else {
+        return; // checked when the config was loaded
+    };
+    let port = s.listen_port;
+    let hosts =
+        (!s.peers_hosts_file.is_empty()).then(|| std::path::PathBuf::from(&s.peers_hosts_file));
+    let t = target.clone();
+    let found = tokio::task::spawn_blocking(move || dns::resolve(&t, port, hosts.as_deref()))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    let addrs = match found {
+        Err(e) => {
+            tracing::warn!("peers_dns: cannot resolve {}: {e}", target.name);
+            return;
+        }
+        Ok(addrs) if last.as_ref() == Some(&addrs) => return,
+        Ok(addrs) => addrs,
+    };
+    if shared.peers.derived.load(Ordering::Relaxed) == 0 {
+        match dns::own_address(&s.listen_addr, &addrs) {
+            Some(ip) => {
+                let id = dns::id_of(ip);
+                tracing::info!("peers_dns: this instance is peer {id} ({ip})");
+                shared.peers.set_derived_id(id);
+            }
+            None => tracing::warn!(
+                "peers_dns: cannot tell which member is this instance \
+                 (set listen_addr to its address, or peer_id)"
+            ),
+        }
+    }
+    let derived = shared.peers.derived.load(Ordering::Relaxed);
+    if s.peer_id > 0 && derived != 0 && derived != s.peer_id {
+        tracing::warn!(
+            "peers_dns: peer_id = {} differs from the id {derived} the other members derive \
+             for this instance; their cancel requests for its clients go astray",
+            s.peer_id
+        );
+    }
+    tracing::info!("peers_dns: {} members: {addrs:?}", addrs.len());
+    shared.peers.set_members(&cfg, dns::members(&addrs));
+    shared.clients.set_peer_id(shared.peers.own_id());
+    *last = Some(addrs);
 }
