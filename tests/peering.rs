@@ -21,10 +21,19 @@ async fn fleet(
     pg: &TempPostgres,
     spec: impl Fn(TestPoolerBuilder, usize, u16) -> TestPoolerBuilder,
 ) -> (Vec<TestPooler>, u16) {
+    fleet_on(pg, &IPS, spec).await
+}
+
+/// `fleet` on the addresses `ips`.
+async fn fleet_on(
+    pg: &TempPostgres,
+    ips: &[&str],
+    spec: impl Fn(TestPoolerBuilder, usize, u16) -> TestPoolerBuilder,
+) -> (Vec<TestPooler>, u16) {
     'port: for _ in 0..10 {
         let port = free_port();
         let mut started = Vec::new();
-        for (i, ip) in IPS.iter().enumerate() {
+        for (i, ip) in ips.iter().enumerate() {
             let b = TestPooler::builder(pg)
                 .setting("listen_addr", ip)
                 .setting("listen_port", &port.to_string())
@@ -43,7 +52,7 @@ async fn fleet(
         }
         return (started, port);
     }
-    panic!("no port free on all of {IPS:?}");
+    panic!("no port free on all of {ips:?}");
 }
 
 /// Peers 1, 2, 3 on 127.0.0.2, .3, .4, every config listing all three (own entry included).
@@ -421,5 +430,46 @@ async fn peers_named_by_one_dns_name_find_each_other() {
     .await;
     cancel_via(&pg, IPS[2], IPS[0], port).await;
     cancel_via(&pg, IPS[0], IPS[2], port).await;
+    shutdown(fleet).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_members_whose_ids_collide_still_get_their_cancels() {
+    let pg = TempPostgres::start();
+    // 127.0.64.1 is 16383 addresses after 127.0.0.2: the same derived id.
+    let ips = ["127.0.0.2", "127.0.64.1", "127.0.0.3"];
+    let id = |ip: &str| pgcarpool::peers::dns::id_of(ip.parse::<IpAddr>().unwrap());
+    assert_eq!(id(ips[0]), id(ips[1]));
+    let hosts_dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_dir.path().join("hosts");
+    let text: String = ips
+        .iter()
+        .map(|ip| format!("{ip} carpool.test\n"))
+        .collect();
+    std::fs::write(&hosts, text).unwrap();
+    let hosts_path = hosts.to_string_lossy().to_string();
+    let (fleet, port) = fleet_on(&pg, &ips, |b, _, port| {
+        b.setting("peers_dns", &format!("carpool.test:{port}"))
+            .setting("peers_hosts_file", &hosts_path)
+    })
+    .await;
+    let admin = harness::try_connect(&format!(
+        "host={} port={port} user=postgres dbname=pgbouncer",
+        ips[2]
+    ))
+    .await
+    .unwrap();
+    let shared = vec![
+        id(ips[0]).to_string(),
+        format!("{},{}", ips[0], ips[1]),
+        port.to_string(),
+        "20".to_string(),
+    ];
+    let listed = rows(&admin, "SHOW PEERS").await;
+    assert!(listed.contains(&shared), "{listed:?}");
+    // From the third member, and between the two that share an id, both ways.
+    for (owner, via) in [(1, 2), (0, 2), (0, 1), (1, 0)] {
+        cancel_via(&pg, ips[owner], ips[via], port).await;
+    }
     shutdown(fleet).await;
 }

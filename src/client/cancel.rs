@@ -21,7 +21,9 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32)) {
     });
     let Some(client) = client else {
         let target = key::peer_id(k);
-        if own == 0 || target == own || target == 0 {
+        // Our own id: another DNS member may share it (a collision) and own the key.
+        let twin = target == own && shared.peers.has_twins(own);
+        if own == 0 || target == 0 || (target == own && !twin) {
             tracing::debug!("cancel request with unknown key ignored");
             return;
         }

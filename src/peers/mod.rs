@@ -29,6 +29,8 @@ pub struct PeerPool {
     pub host: String,
     pub port: u16,
     pub pool_size: usize,
+    /// Found by `peers_dns` (not a `[peers]` entry).
+    from_dns: bool,
     slots: Arc<Semaphore>,
     /// Requests waiting for a free connection (cl_waiting_cancel_req).
     waiting: AtomicUsize,
@@ -48,6 +50,7 @@ impl PeerPool {
             host,
             port,
             pool_size: size,
+            from_dns: false,
             slots: Arc::new(Semaphore::new(size.max(1))),
             waiting: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
@@ -94,6 +97,8 @@ pub struct Peers {
     configured: AtomicU16,
     /// The id derived from this instance's address among the `peers_dns` members (0: none).
     derived: AtomicU16,
+    /// This instance's address among the DNS members (None: not known, or no `peers_dns`).
+    own_addr: Mutex<Option<SocketAddr>>,
     /// DNS members by derived id (empty without `peers_dns`).
     members: Mutex<BTreeMap<u16, Vec<SocketAddr>>>,
     table: Mutex<BTreeMap<u16, Arc<PeerPool>>>,
@@ -152,10 +157,9 @@ impl Peers {
                     port: a.port(),
                 })
                 .collect();
-            next.insert(
-                *id,
-                PeerPool::new(*id, servers, host, port, s.default_pool_size),
-            );
+            let mut pool = PeerPool::new(*id, servers, host, port, s.default_pool_size);
+            pool.from_dns = true;
+            next.insert(*id, pool);
         }
         drop(members);
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,12 +180,27 @@ impl Peers {
         table.get(&id).cloned()
     }
 
+    /// Whether a key naming our own id that is not one of our clients' may belong to
+    /// another DNS member with the same id (a collision).
+    pub fn has_twins(&self, id: u16) -> bool {
+        self.get(id)
+            .is_some_and(|p| p.from_dns && p.addrs.len() > 1)
+    }
+
     /// Forward a cancel request whose key names peer `id` (TTL already spent) over one of
-    /// that peer's connections; waits at most `wait` for a free one.
+    /// that peer's connections; waits at most `wait` for a free one. When several DNS
+    /// members share the id, each gets it (this instance excepted).
     pub async fn forward(&self, id: u16, k: key::Key, wait: Duration) {
         let Some(peer) = self.get(id) else {
             tracing::debug!("could not find peer {id} to forward a cancel request to");
             return;
+        };
+        let own = *self.own_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let is_own = |a: &ServerAddr| match (a, own) {
+            (ServerAddr::Tcp { host, port }, Some(o)) => {
+                *port == o.port() && host.parse::<std::net::IpAddr>().ok() == Some(o.ip())
+            }
+            _ => false,
         };
         let wait = if wait.is_zero() {
             Duration::from_secs(10)
@@ -200,7 +219,7 @@ impl Peers {
         };
         let _active = Counted::new(&peer.active);
         tracing::debug!("forwarding cancellation request to peer {id}");
-        for addr in &peer.addrs {
+        for addr in peer.addrs.iter().filter(|a| !is_own(a)) {
             let _sv = Counted::new(&peer.sv_active);
             let connected = {
                 let _login = Counted::new(&peer.sv_login);
@@ -246,6 +265,11 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
     if s.peers_dns.is_empty() {
         if last.take().is_some() {
             shared.peers.set_derived_id(0);
+            *shared
+                .peers
+                .own_addr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None;
             shared.peers.set_members(&cfg, BTreeMap::new());
             shared.clients.set_peer_id(shared.peers.own_id());
         }
@@ -275,6 +299,12 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
                 let id = dns::id_of(ip);
                 tracing::info!("peers_dns: this instance is peer {id} ({ip})");
                 shared.peers.set_derived_id(id);
+                let own_port = target.port.unwrap_or(port);
+                *shared
+                    .peers
+                    .own_addr
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(SocketAddr::new(ip, own_port));
             }
             None => tracing::warn!(
                 "peers_dns: cannot tell which member is this instance \
