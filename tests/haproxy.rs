@@ -260,7 +260,7 @@ async fn pgbench_runs_through_haproxy_on_every_instance() {
     let dsn = f.dsn("md5user");
     let out = tokio::task::spawn_blocking(move || {
         harness::run_pgbench(&[
-            "-c", "12", "-j", "2", "-T", "5", "-M", "prepared", "-n", &dsn,
+            "-c", "60", "-j", "2", "-T", "5", "-M", "prepared", "-n", &dsn,
         ])
     })
     .await
@@ -274,9 +274,17 @@ async fn pgbench_runs_through_haproxy_on_every_instance() {
         Some(0),
         "{t}"
     );
+    // The fleet's limit on PostgreSQL: instances × pool size (3 × 10), whatever the
+    // number of clients (60).
+    let obs = Observer::new(&f.pg).await;
+    let servers = obs.backends("md5user").await;
     eprintln!(
-        "pgbench -c 12 -M prepared through HAProxy: {:?} transactions in 5 s",
-        done
+        "pgbench -c 60 -M prepared through HAProxy over 3 instances: {done:?} transactions \
+         in 5 s, {servers} server connections"
+    );
+    assert!(
+        (3..=30).contains(&servers),
+        "{servers} server connections for 3 instances of pool size 10"
     );
     // HAProxy spread the clients: every instance served transactions.
     for (i, ip) in IPS.iter().enumerate() {
