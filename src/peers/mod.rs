@@ -325,3 +325,56 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
     shared.clients.set_peer_id(shared.peers.own_id());
     *last = Some(addrs);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::from_str(text, "pgbouncer.ini", std::path::Path::new("/tmp")).unwrap()
+    }
+
+    #[test]
+    fn the_table_holds_the_peers_section_and_the_dns_members() {
+        let c = cfg(
+            "[databases]\n[pgbouncer]\npeer_id = 2\ndefault_pool_size = 7\n\
+                     [peers]\n1 = host=10.0.0.1\n3 = host=/tmp/p3 port=7000 pool_size=2\n",
+        );
+        let p = Peers::default();
+        p.apply(&c);
+        assert_eq!(p.own_id(), 2);
+        let rows: Vec<_> = p
+            .all()
+            .iter()
+            .map(|x| (x.peer_id, x.host.clone(), x.port, x.pool_size))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (1, "10.0.0.1".to_string(), 6432, 7),
+                (3, "/tmp/p3".to_string(), 7000, 2)
+            ]
+        );
+        // DNS members: an id named by [peers] keeps its entry; the others join.
+        let a: SocketAddr = "10.1.0.5:6432".parse().unwrap();
+        let b: SocketAddr = "10.1.0.6:6432".parse().unwrap();
+        let mut m = dns::members(&[a, b]);
+        m.insert(3, vec!["10.9.9.9:6432".parse().unwrap()]);
+        let kept = p.get(1).unwrap();
+        p.set_members(&c, m);
+        assert!(
+            Arc::ptr_eq(&kept, &p.get(1).unwrap()),
+            "an unchanged peer keeps its pool"
+        );
+        assert_eq!(p.get(3).unwrap().host, "/tmp/p3");
+        let member = p.get(dns::id_of(a.ip())).unwrap();
+        assert_eq!((member.host.as_str(), member.pool_size), ("10.1.0.5", 7));
+        assert!(member.from_dns && !p.has_twins(member.peer_id));
+        // peer_id 0 and no derived id: peering off.
+        let off = cfg("[databases]\n[pgbouncer]\n");
+        p.apply(&off);
+        assert_eq!(p.own_id(), 0);
+        p.set_derived_id(dns::id_of(a.ip()));
+        assert_eq!(p.own_id(), dns::id_of(a.ip()));
+    }
+}
