@@ -914,6 +914,15 @@ pub fn markdown_table() -> String {
 const NOTES: &str = "
 ## Notes
 
+**peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
+1.19+ (cancel requests passed to the instance that owns the key; see
+docs/scale-out.md). `peers_dns = name[:port]` (pgcarpool) makes every A/AAAA record of
+`name` a peer (port: `listen_port` when not given), resolved before the first client and
+every `dns_max_ttl` seconds (at least 1); each instance's id is derived from its address
+unless `peer_id` is set. `peers_hosts_file` (pgcarpool) reads `name`'s addresses from a
+hosts(5) file instead of the system resolver. `dns_max_ttl` has no other use: server
+host names are resolved at each connect.
+
 **server_login_retry.** A server login that fails because PostgreSQL is starting up or
 shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
 listens at its address (connection refused or reset, no Unix socket), is not cached for
