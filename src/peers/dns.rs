@@ -222,6 +222,23 @@ mod tests {
     }
 
     #[test]
+    fn resolve_reads_a_hosts_file_and_refuses_an_oversized_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(&path, "127.0.0.3 peers\n127.0.0.2 peers\n").unwrap();
+        let t = parse_target("peers").unwrap();
+        let got = resolve(&t, 7000, Some(&path)).unwrap();
+        let want: Vec<SocketAddr> = ["127.0.0.2:7000", "127.0.0.3:7000"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(got, want);
+        std::fs::write(&path, vec![b'#'; MAX_HOSTS_FILE as usize + 1]).unwrap();
+        assert!(resolve(&t, 7000, Some(&path)).is_err());
+        assert!(resolve(&t, 7000, Some(&dir.path().join("missing"))).is_err());
+    }
+
+    #[test]
     fn own_address_is_the_listen_address_when_concrete() {
         let r: Vec<SocketAddr> = ["127.0.0.2:1", "127.0.0.3:1"]
             .iter()
