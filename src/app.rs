@@ -47,6 +47,8 @@ pub struct Shared {
     pub client_counts: Arc<crate::client::counts::ClientCounts>,
     /// Console state: DISABLE'd and PAUSE'd databases.
     pub admin: crate::admin::AdminState,
+    /// This instance's peer id and its peers (cancel requests for their clients).
+    pub peers: crate::peers::Peers,
     /// The worker runtimes (set once by `start`).
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
 }
@@ -87,6 +89,16 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     }
     let shared = Shared::new(config);
     shared.create_forced_user_pools();
+    shared.apply_peers();
+    // peers_dns: the first members (and this instance's id) before any client gets a key.
+    let mut members = None;
+    let first = crate::peers::refresh(&shared, &mut members);
+    if tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .is_err()
+    {
+        tracing::warn!("peers_dns: no answer within 5 s; trying again in the background");
+    }
     let addr = listeners
         .iter()
         .find_map(|l| l.local_tcp_addr())
@@ -131,6 +143,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     shared
         .tracker
         .spawn(crate::stats::run_periods(shared.clone()));
+    shared
+        .tracker
+        .spawn(crate::peers::run_dns(shared.clone(), members));
     if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
         shared
             .tracker
@@ -236,6 +251,7 @@ impl Shared {
             pending_logins: Default::default(),
             client_counts: Default::default(),
             admin: crate::admin::AdminState::default(),
+            peers: Default::default(),
             workers: std::sync::OnceLock::new(),
         })
     }
@@ -302,6 +318,7 @@ impl Shared {
             Some(pool_settings(&new, &entry, &p.user, cred, self))
         });
         self.create_forced_user_pools();
+        self.apply_peers();
         tracing::info!(
             "configuration reloaded ({} settings changed, {} need a restart)",
             changes.len(),
@@ -321,6 +338,12 @@ impl Shared {
                 pool_settings(&cfg, entry, user, cred, self)
             });
         }
+    }
+
+    /// Peer table and own peer id from the config (and the DNS members last found).
+    pub fn apply_peers(&self) {
+        self.peers.apply(&self.config.load());
+        self.clients.set_peer_id(self.peers.own_id());
     }
 
     /// A shutdown (signal or console SHUTDOWN) has begun.

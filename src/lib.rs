@@ -25,6 +25,8 @@
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
+//! peers/     peering: key.rs (cancel keys naming their instance), dns.rs (peers by one DNS
+//!            name, ids from addresses), mod.rs (peer table, forwarding cancels, SHOW PEERS)
 //! workers    thread per core: one single-threaded runtime per worker, placement of clients
 //! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
 //! ```
@@ -36,6 +38,7 @@ pub mod client;
 pub mod config;
 pub mod logging;
 pub mod net;
+pub mod peers;
 pub mod pool;
 pub mod proto;
 pub mod server;

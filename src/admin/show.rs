@@ -42,8 +42,8 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::DnsZones => Table::new(&[("zonename", Text), ("serial", Int), ("count", Int)]),
         View::Version => version(),
         View::State => state(shared),
-        View::Peers => peers(&shared.config.load()),
-        View::PeerPools => peer_pools(&shared.config.load()),
+        View::Peers => peers(&shared.peers),
+        View::PeerPools => peer_pools(&shared.peers),
         View::PreparedStatements => prepared_statements(),
         View::Carpool => carpool(shared),
         View::Pins => pins(shared),
@@ -610,9 +610,9 @@ pub fn lists(shared: &Shared) -> Table {
     for (name, n) in [
         ("databases", database_names(shared, &cfg).len()),
         ("users", users.len()),
-        ("peers", cfg.peers.len()),
+        ("peers", shared.peers.all().len()),
         ("pools", pools.len()),
-        ("peer_pools", 0),
+        ("peer_pools", shared.peers.all().len()),
         ("free_clients", 0),
         ("used_clients", clients.len()),
         (
@@ -729,25 +729,25 @@ pub fn state(shared: &Shared) -> Table {
     t
 }
 
-pub fn peers(cfg: &Config) -> Table {
+pub fn peers(peers: &crate::peers::Peers) -> Table {
     let mut t = Table::new(&[
         ("peer_id", Int),
         ("host", Text),
         ("port", Int),
         ("pool_size", Int),
     ]);
-    for p in cfg.peers.values() {
+    for p in peers.all() {
         t.push(vec![
             p.peer_id.into(),
             p.host.clone().into(),
             p.port.into(),
-            p.pool_size.unwrap_or(cfg.settings.default_pool_size).into(),
+            p.pool_size.into(),
         ]);
     }
     t
 }
 
-pub fn peer_pools(cfg: &Config) -> Table {
+pub fn peer_pools(peers: &crate::peers::Peers) -> Table {
     let mut t = Table::new(&[
         ("peer_id", Int),
         ("cl_active_cancel_req", Int),
@@ -755,14 +755,10 @@ pub fn peer_pools(cfg: &Config) -> Table {
         ("sv_active_cancel", Int),
         ("sv_login", Int),
     ]);
-    for p in cfg.peers.values() {
-        t.push(vec![
-            p.peer_id.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-        ]);
+    for p in peers.all() {
+        let mut row = vec![p.peer_id.into()];
+        row.extend(p.counts().map(Into::into));
+        t.push(row);
     }
     t
 }

@@ -262,7 +262,7 @@ async fn login(
 ) -> Result<Entered, ClientError> {
     let params = match startup::hello(conn).await? {
         startup::Hello::Cancel(key) => {
-            cancel::handle(&shared.clients, key).await;
+            cancel::handle(shared, key).await;
             return Ok(Entered::Done);
         }
         startup::Hello::Startup(p) => p,

@@ -1,6 +1,6 @@
 //! Connected clients by cancel key and id: cancel requests, SHOW CLIENTS, KILL.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -96,6 +96,8 @@ impl ClientHandle {
 #[derive(Default)]
 pub struct Registry {
     by_key: Mutex<HashMap<(i32, i32), Arc<ClientHandle>>>,
+    /// The peer id new cancel keys carry (0: peering off).
+    peer_id: AtomicU16,
 }
 
 /// Removes the client from the registry when dropped.
@@ -115,7 +117,12 @@ impl Registry {
         self.by_key.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Register a client under a fresh random cancel key.
+    /// The peer id new cancel keys carry (0: none).
+    pub fn set_peer_id(&self, id: u16) {
+        self.peer_id.store(id, Ordering::Relaxed);
+    }
+
+    /// Register a client under a fresh random cancel key (naming this instance when peered).
     pub fn register(
         self: &Arc<Self>,
         id: u64,
@@ -126,7 +133,7 @@ impl Registry {
     ) -> Registration {
         let mut map = self.lock();
         let key = loop {
-            let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            let k = crate::peers::key::make(rand::random(), self.peer_id.load(Ordering::Relaxed));
             if !map.contains_key(&k) {
                 break k;
             }

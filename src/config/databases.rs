@@ -105,7 +105,7 @@ pub struct UserEntry {
     pub client_idle_timeout: Option<Duration>,
 }
 
-/// One `[peers]` entry (parsed; peering is not implemented yet).
+/// One `[peers]` entry: where peer `peer_id` takes the cancel requests meant for it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PeerEntry {
     pub peer_id: u16,

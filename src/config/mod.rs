@@ -66,7 +66,7 @@ pub struct Config {
     pub users: BTreeMap<String, UserEntry>,
     /// The parsed `auth_file` (empty when none is set).
     pub auth: AuthFile,
-    /// `[peers]` entries by peer id (parsed; peering is not implemented yet).
+    /// `[peers]` entries by peer id.
     pub peers: BTreeMap<u16, PeerEntry>,
 }
 
@@ -602,7 +602,7 @@ job_name = pgbouncer
         let c = cfg("[peers]\n1 = host=/tmp/pgbouncer1\n2 = host=/tmp/pgbouncer2 port=5555\n[pgbouncer]\npeer_id = 1\n").unwrap();
         assert_eq!(c.peers.len(), 2);
         assert_eq!(c.peers[&2].port, 5555);
-        assert_eq!(c.settings.other_value("peer_id").unwrap(), "1");
+        assert_eq!(c.settings.peer_id, 1);
     }
 
     #[test]

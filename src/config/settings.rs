@@ -111,6 +111,13 @@ pub struct Settings {
     pub client_max_settings: usize,
     /// Most bytes the statements of all clients may take (0: no bound).
     pub statement_registry_size: usize,
+    /// This instance's peer id (0: none; see `peers_dns`).
+    pub peer_id: u16,
+    /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
+    pub peers_dns: String,
+    /// pgcarpool extension: read `peers_dns`'s addresses from this hosts(5) file instead
+    /// of the system resolver (tests; a member list written by a sidecar).
+    pub peers_hosts_file: String,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -462,9 +469,9 @@ fn check_sslmode(v: &str) -> Result<(), String> {
         ],
     )
 }
-fn check_peer_id(v: &str) -> Result<(), String> {
+fn parse_peer_id(v: &str) -> Result<u16, String> {
     match parse_uint::<u32>(v)? {
-        0..=16383 => Ok(()),
+        id @ 0..=16383 => Ok(id as u16),
         _ => Err(format!(
             "invalid value \"{v}\": peer_id must be at most 16383"
         )),
@@ -547,7 +554,7 @@ pub static TABLE: &[SettingDef] = &[
     other!(conffile, "", reload: true, check_str),
     typed!(default_pool_size, "20", reload: true, implemented: true),
     typed!(disable_pqexec, "0", reload: false, implemented: false),
-    typed!(dns_max_ttl, "15", reload: true, implemented: false),
+    typed!(dns_max_ttl, "15", reload: true, implemented: true),
     other!(dns_nxdomain_ttl, "15", reload: true, check_time),
     other!(dns_zone_check_period, "0", reload: true, check_time),
     typed!(idle_transaction_timeout, "0", reload: true, implemented: true),
@@ -570,7 +577,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(max_user_client_connections, "0", reload: true, implemented: true),
     typed!(max_user_connections, "0", reload: true, implemented: true),
     typed!(min_pool_size, "0", reload: true, implemented: true),
-    other!(peer_id, "0", reload: false, check_peer_id),
+    typed!(peer_id, "0", reload: true, implemented: true, parse_peer_id, Value::show),
     typed!(pidfile, "", reload: false, implemented: true),
     typed!(pkt_buf, "4096", reload: false, implemented: false),
     other!(pool_idle_timeout, "0", reload: true, check_time),
@@ -644,7 +651,16 @@ pub static TABLE: &[SettingDef] = &[
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
+    typed!(peers_dns, "", reload: true, implemented: true, parse_peers_dns, Value::show),
+    typed!(peers_hosts_file, "", reload: true, implemented: true),
 ];
+
+fn parse_peers_dns(v: &str) -> Result<String, String> {
+    if !v.trim().is_empty() {
+        crate::peers::dns::parse_target(v)?;
+    }
+    Ok(v.trim().to_string())
+}
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -768,6 +784,9 @@ impl Settings {
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
+            peer_id: 0,
+            peers_dns: String::new(),
+            peers_hosts_file: String::new(),
             other: BTreeMap::new(),
         }
     }
@@ -909,6 +928,15 @@ pub fn markdown_table() -> String {
 const NOTES: &str = "
 ## Notes
 
+**peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
+1.19+ (cancel requests passed to the instance that owns the key; see
+docs/scale-out.md). `peers_dns = name[:port]` (pgcarpool) makes every A/AAAA record of
+`name` a peer (port: `listen_port` when not given), resolved before the first client and
+every `dns_max_ttl` seconds (at least 1); each instance's id is derived from its address
+unless `peer_id` is set. `peers_hosts_file` (pgcarpool) reads `name`'s addresses from a
+hosts(5) file instead of the system resolver. `dns_max_ttl` has no other use: server
+host names are resolved at each connect.
+
 **server_login_retry.** A server login that fails because PostgreSQL is starting up or
 shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
 listens at its address (connection refused or reset, no Unix socket), is not cached for
@@ -1035,6 +1063,8 @@ mod tests {
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",
+                    "peers_dns",
+                    "peers_hosts_file",
                 ]
                 .contains(n)
             })

@@ -462,7 +462,12 @@ async fn login(
 
 /// Send a CancelRequest for `key` to the server at `addr`.
 pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<()> {
-    let mut conn = Conn::new(addr.connect().await?);
+    send_cancel_over(addr.connect().await?, key).await
+}
+
+/// Send a CancelRequest over a connection just opened (to a server or a peer pooler).
+pub async fn send_cancel_over(stream: Stream, key: (i32, i32)) -> std::io::Result<()> {
+    let mut conn = Conn::new(stream);
     conn.queue_with(|b| startup::cancel_request(b, key.0, key.1));
     conn.flush().await?;
     // PostgreSQL closes the connection when done; wait for that, bounded.

@@ -31,6 +31,8 @@ pub struct TestPoolerBuilder {
     databases: Vec<(String, String)>,
     users: Vec<(String, String)>,
     auth_lines: Vec<String>,
+    /// `[peers]` entries (peer id, connection string).
+    peers: Vec<(String, String)>,
 }
 
 impl TestPoolerBuilder {
@@ -54,6 +56,12 @@ impl TestPoolerBuilder {
         self
     }
 
+    /// Add or replace a `[peers]` entry, e.g. `.peer(2, "host=127.0.0.3 port=6432")`.
+    pub fn peer(mut self, id: u16, entry: &str) -> Self {
+        set(&mut self.peers, &id.to_string(), entry);
+        self
+    }
+
     /// Append a line to userlist.txt, e.g. `.auth_file_line("\"alice\" \"secret\"")`.
     pub fn auth_file_line(mut self, line: &str) -> Self {
         self.auth_lines.push(line.to_string());
@@ -72,6 +80,12 @@ impl TestPoolerBuilder {
         ini.push_str("\n[users]\n");
         for (name, entry) in &self.users {
             ini.push_str(&format!("{name} = {entry}\n"));
+        }
+        if !self.peers.is_empty() {
+            ini.push_str("\n[peers]\n");
+            for (id, entry) in &self.peers {
+                ini.push_str(&format!("{id} = {entry}\n"));
+            }
         }
         ini.push_str("\n[pgbouncer]\n");
         for (key, value) in &self.settings {
@@ -184,6 +198,7 @@ impl TestPooler {
                 .collect(),
             databases: Vec::new(),
             users: Vec::new(),
+            peers: Vec::new(),
             auth_lines: TEST_ROLES
                 .iter()
                 .map(|(user, password)| format!("\"{user}\" \"{password}\""))
