@@ -173,12 +173,17 @@ impl Config {
                 "auth_type = hba needs auth_hba_file".to_string(),
             ));
         }
-        if let Some(p) = settings.auth_hba_file.take() {
-            settings.auth_hba_file = Some(base_dir.join(p));
-        }
-        if let Some(p) = settings.auth_ident_file.take() {
-            settings.auth_ident_file = Some(base_dir.join(p));
-        }
+        // Relative: next to the config file, else (PgBouncer's reading) the working directory.
+        let beside_or_cwd = |p: PathBuf| {
+            let beside = base_dir.join(&p);
+            if !beside.exists() && p.is_relative() && p.exists() {
+                p
+            } else {
+                beside
+            }
+        };
+        settings.auth_hba_file = settings.auth_hba_file.take().map(beside_or_cwd);
+        settings.auth_ident_file = settings.auth_ident_file.take().map(beside_or_cwd);
         // The hba rules and ident maps, read only for auth_type = hba (as PgBouncer).
         let hba_error = |setting: &str, e: hba::HbaError| match e.line {
             0 => at_setting(setting, format!("{}: {}", e.file, e.msg)),
@@ -695,6 +700,23 @@ job_name = pgbouncer
                 && e.contains("none.conf: cannot read"),
             "{e}"
         );
+        // A relative name not found next to the config is looked up in the working
+        // directory, as PgBouncer reads it.
+        let here = std::env::current_dir().unwrap();
+        let in_cwd = tempfile::NamedTempFile::new_in(&here).unwrap();
+        std::fs::write(in_cwd.path(), "local all all trust\n").unwrap();
+        let name = in_cwd
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let ini = format!("[pgbouncer]\nauth_type = hba\nauth_hba_file = {name}\n");
+        let c = Config::from_str(&ini, "pgbouncer.ini", d.path()).unwrap();
+        assert_eq!(c.settings.auth_hba_file, Some(PathBuf::from(&name)));
+        std::fs::write(d.path().join(&name), "local all all reject\n").unwrap();
+        let c = Config::from_str(&ini, "pgbouncer.ini", d.path()).unwrap();
+        assert_eq!(c.settings.auth_hba_file, Some(d.path().join(&name)));
         // Without auth_type = hba the files are not read (as PgBouncer).
         let c = Config::from_str(
             "[pgbouncer]\nauth_hba_file = none.conf\n",
