@@ -170,14 +170,15 @@ host    scramdb   all  127.0.0.1/32  scram-sha-256
 host    passdb    all  127.0.0.1/32  password
 host    rejectdb  all  127.0.0.1/32  reject
 hostssl ssldb     all  0.0.0.0/0     trust
+hostnossl nossldb all  127.0.0.1/32  trust
 host    certdb    all  127.0.0.1/32  cert
 host    peerdb    all  127.0.0.1/32  peer
 host    userdb    md5user  10.0.0.0/8  trust
 host    userdb    md5user  127.0.0.1 255.255.255.255  md5
 ";
     let dbs = [
-        "trustdb", "md5db", "scramdb", "passdb", "rejectdb", "ssldb", "certdb", "peerdb", "userdb",
-        "nodb",
+        "trustdb", "md5db", "scramdb", "passdb", "rejectdb", "ssldb", "nossldb", "certdb",
+        "peerdb", "userdb", "nodb",
     ];
     let dir = tempfile::tempdir().unwrap();
     let entries: Vec<_> = dbs.iter().map(|d| (*d, pg.db_entry("testdb"))).collect();
@@ -192,8 +193,8 @@ host    userdb    md5user  127.0.0.1 255.255.255.255  md5
                 let got = outcome(&tcp(p.port(), user, Some(password), db)).await;
                 let fail_pw = format!("28P01 password authentication failed for user \"{user}\"");
                 let want: String = match db {
-                    "trustdb" if known => format!("ok {user}"),
-                    "trustdb" => "28000 \"trust\" authentication failed".into(),
+                    "trustdb" | "nossldb" if known => format!("ok {user}"),
+                    "trustdb" | "nossldb" => "28000 \"trust\" authentication failed".into(),
                     "md5db" | "passdb" if good => format!("ok {user}"),
                     "md5db" | "passdb" => fail_pw,
                     "scramdb" if good => format!("ok {user}"),
