@@ -95,17 +95,21 @@ pub fn startup_packet(data: &[u8]) {
     }
 }
 
-/// A verifier for the SCRAM targets (password "pencil"), derived once.
+/// A verifier for the SCRAM targets (password "pencil", salt "fuzz-salt", 4096
+/// iterations), derived once.
 fn verifier() -> &'static crate::config::auth_file::ScramVerifier {
     static V: OnceLock<crate::config::auth_file::ScramVerifier> = OnceLock::new();
     V.get_or_init(|| scram::verifier_from_password("pencil", b"fuzz-salt", 4096))
 }
 
+/// The nonce half the SCRAM targets' own side uses (fixed, so that an input can echo it).
+pub const SCRAM_NONCE: &str = "fuzz";
+
 /// The server side of a SCRAM exchange fed a client-first and a client-final message
-/// (split at the first NUL byte).
+/// (split at the first NUL byte). The server's nonce half is [`SCRAM_NONCE`].
 pub fn scram_server(data: &[u8]) {
     let (first, last) = two_parts(data);
-    let mut server = ScramServer::new(verifier().clone());
+    let mut server = ScramServer::with_nonce(verifier().clone(), SCRAM_NONCE);
     if server.client_first(first).is_ok() {
         let _ = server.client_final(last);
         let _ = server.client_credential();
@@ -116,16 +120,20 @@ pub fn scram_server(data: &[u8]) {
 }
 
 /// The client side (pgcarpool logging in to a server) fed a server-first and a
-/// server-final message (split at the first NUL byte). Keys, not a password: the
-/// iteration count comes from the input, and PBKDF2 is not what is fuzzed here.
+/// server-final message (split at the first NUL byte); its nonce is [`SCRAM_NONCE`].
+/// Keys, not a password: the iteration count comes from the input, and PBKDF2 is not what
+/// is fuzzed here.
 pub fn scram_client(data: &[u8]) {
     let (first, last) = two_parts(data);
     let _ = scram::server_first_params(first);
-    let v = verifier();
-    let mut client = ScramClient::new(ClientCredential::Keys {
-        client_key: v.stored_key,
-        server_key: v.server_key,
-    });
+    static KEYS: OnceLock<([u8; 32], [u8; 32])> = OnceLock::new();
+    let (client_key, server_key) =
+        *KEYS.get_or_init(|| scram::keys_from_password("pencil", b"fuzz-salt", 4096));
+    let cred = ClientCredential::Keys {
+        client_key,
+        server_key,
+    };
+    let mut client = ScramClient::with_nonce(cred, "", SCRAM_NONCE);
     let _ = client.client_first();
     if client.server_first(first).is_ok() {
         let _ = client.server_final(last);

@@ -9,12 +9,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use pgcarpool::auth::scram::{ClientCredential, ScramClient, ScramServer};
 use pgcarpool::proto::{backend, frontend, startup};
+
+/// The verifier the fuzz targets use (password "pencil", salt "fuzz-salt", 4096).
+fn fuzz_verifier() -> pgcarpool::config::auth_file::ScramVerifier {
+    pgcarpool::auth::scram::verifier_from_password("pencil", b"fuzz-salt", 4096)
+}
 
 /// Inputs per target (mutated or random), unless the time budget runs out first.
 const ITERATIONS: usize = 10_000;
 /// Time budget per target.
-const BUDGET: Duration = Duration::from_millis(1500);
+const BUDGET: Duration = Duration::from_millis(1000);
 /// The PRNG seed (change it to explore other inputs; keep a found bug as a regression file).
 const SEED: u64 = 0x5eed_2026_1123;
 
@@ -160,15 +166,41 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
             built(|b| startup::cancel_request(b, 1, 2)),
             vec![0, 0, 0, 8, 4, 210, 22, 47],
         ],
-        "scram_server" => vec![
-            joined(b"n,,n=,r=fyko+d2lbbFgONRv9qkxdawL", b"c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,p=v0X8v3Bz2T0CJGbJQyF0X+HI4Ts="),
-            joined(b"y,,n=user,r=abc", b"c=eSws,r=abcdef,p=AAAA"),
-            joined(b"p=tls-server-end-point,,n=,r=abc", b"c=cD10bHMtc2VydmVyLWVuZC1wb2ludCws,r=abcd,p=AAAA"),
-        ],
-        "scram_client" => vec![
-            joined(b"r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096", b"v=rmF9pqV8S7suAoZWja4dJRkFsKQ="),
-            joined(b"r=x,s=AAAA,i=1", b"e=invalid-proof"),
-        ],
+        "scram_server" => {
+            // A real client's messages against the fuzz server (nonce half SCRAM_NONCE),
+            // so mutations start from an exchange that gets to the proof check.
+            let mut client = ScramClient::with_nonce(
+                ClientCredential::Password("pencil".into()),
+                "",
+                "rOprNGfwEbeRWgbNEkqO",
+            );
+            let first = client.client_first();
+            let mut server = ScramServer::with_nonce(fuzz_verifier(), pgcarpool::fuzz::SCRAM_NONCE);
+            let server_first = server.client_first(&first).unwrap();
+            let last = client.server_first(&server_first).unwrap();
+            vec![
+                joined(&first, &last),
+                joined(b"y,,n=user,r=abc", b"c=eSws,r=abcfuzz,p=AAAA"),
+                joined(b"p=tls-server-end-point,,n=,r=abc", b"c=cD10bHMtc2VydmVyLWVuZC1wb2ludCws,r=abcfuzz,p=AAAA"),
+            ]
+        }
+        "scram_client" => {
+            // A real server's messages for the fuzz client's nonce.
+            let mut client = ScramClient::with_nonce(
+                ClientCredential::Password("pencil".into()),
+                "",
+                pgcarpool::fuzz::SCRAM_NONCE,
+            );
+            let first = client.client_first();
+            let mut server = ScramServer::with_nonce(fuzz_verifier(), "3rfcNHYJY1ZVvWVs7j");
+            let server_first = server.client_first(&first).unwrap();
+            let last = client.server_first(&server_first).unwrap();
+            let server_final = server.client_final(&last).unwrap();
+            vec![
+                joined(&server_first, &server_final),
+                joined(b"r=fuzzx,s=AAAA,i=1", b"e=invalid-proof"),
+            ]
+        }
         "pgbouncer_ini" => vec![
             b"[databases]\n* = host=127.0.0.1 port=5432\napp = host=/tmp dbname=app user=u password=p pool_size=5 pool_mode=transaction\n\
               [users]\nu = pool_mode=session max_user_connections=3\n[peers]\n1 = host=/tmp/p1 port=6432\n\
@@ -282,4 +314,28 @@ fn the_seeds_are_valid_inputs() {
     )
     .unwrap();
     assert_eq!(hba.rules.len(), 5);
+    // The SCRAM seeds are whole exchanges the targets' own side accepts.
+    let s = &seeds("scram_server")[0];
+    let at = s.iter().position(|&b| b == 0).unwrap();
+    let mut server = ScramServer::with_nonce(fuzz_verifier(), pgcarpool::fuzz::SCRAM_NONCE);
+    server.client_first(&s[..at]).unwrap();
+    server
+        .client_final(&s[at + 1..])
+        .expect("the seed's proof is right");
+    let s = &seeds("scram_client")[0];
+    let at = s.iter().position(|&b| b == 0).unwrap();
+    let v = fuzz_verifier();
+    let mut client = ScramClient::with_nonce(
+        ClientCredential::Keys {
+            client_key: pgcarpool::auth::scram::keys_from_password("pencil", b"fuzz-salt", 4096).0,
+            server_key: v.server_key,
+        },
+        "",
+        pgcarpool::fuzz::SCRAM_NONCE,
+    );
+    client.client_first();
+    client.server_first(&s[..at]).unwrap();
+    client
+        .server_final(&s[at + 1..])
+        .expect("the seed's server signature is right");
 }
