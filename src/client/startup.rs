@@ -88,24 +88,8 @@ pub async fn authenticate(
         AuthType::Hba => match hba_method(cfg, conn, replication, db, user)? {
             HbaChoice::Type(t, map) => (t, map),
             HbaChoice::Peer(map) => {
-                // As PgBouncer: a user it does not know cannot log in this way either.
-                let os_user = crate::auth::peer::os_user(&conn.stream).await;
-                let known = secret.is_some() || auth_user_set;
-                let checked =
-                    crate::auth::peer::allows(os_user.as_deref(), user, map, cfg.ident.as_deref());
-                return match checked {
-                    Ok(()) if known => Ok(None),
-                    result => {
-                        let why = result
-                            .err()
-                            .unwrap_or_else(|| format!("no such user: {user}"));
-                        tracing::warn!(%db, %user, addr = %conn.stream.peer(), "{why}");
-                        Err(ClientError::fatal(
-                            "28000",
-                            "unix socket login rejected".into(),
-                        ))
-                    }
-                };
+                return peer_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set)
+                    .await;
             }
         },
         t => (t, None),
@@ -178,27 +162,70 @@ pub async fn authenticate(
             }
             Ok(learned)
         }
-        AuthType::Cert => {
-            let known = secret.is_some() || auth_user_set;
-            match crate::auth::cert::allows(&conn.stream, user, map, cfg.ident.as_deref()) {
-                Ok(()) if known => Ok(None),
-                result => {
-                    let why = result
-                        .err()
-                        .unwrap_or_else(|| format!("no such user: {user}"));
-                    tracing::warn!(%db, %user, addr = %conn.stream.peer(), "{why}");
-                    Err(ClientError::fatal(
-                        "28000",
-                        "certificate authentication failed".into(),
-                    ))
-                }
-            }
-        }
+        AuthType::Cert => cert_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set),
         // Resolved to a rule's method above.
         AuthType::Hba => Err(ClientError::fatal(
             "28000",
             "no authentication method is found".into(),
         )),
+    }
+}
+
+/// The `peer` method: the OS user of the Unix socket is `user`, or mapped to it by `map`;
+/// and `known` (as PgBouncer, a user it does not know cannot log in this way either).
+async fn peer_login(
+    conn: &Conn,
+    cfg: &crate::config::Config,
+    db: &str,
+    user: &str,
+    map: Option<&str>,
+    known: bool,
+) -> Result<Option<Credential>, ClientError> {
+    let os_user = crate::auth::peer::os_user(&conn.stream).await;
+    let checked = crate::auth::peer::allows(os_user.as_deref(), user, map, cfg.ident.as_deref());
+    refuse_unless(conn, db, user, checked, known, "unix socket login rejected")
+}
+
+/// The `cert` method: the client certificate's name is `user`, or mapped to it by `map`;
+/// and `known`.
+fn cert_login(
+    conn: &Conn,
+    cfg: &crate::config::Config,
+    db: &str,
+    user: &str,
+    map: Option<&str>,
+    known: bool,
+) -> Result<Option<Credential>, ClientError> {
+    let checked = crate::auth::cert::allows(&conn.stream, user, map, cfg.ident.as_deref());
+    refuse_unless(
+        conn,
+        db,
+        user,
+        checked,
+        known,
+        "certificate authentication failed",
+    )
+}
+
+/// Logged in if `checked` passed for a `known` user; else the reason is logged and the
+/// client told `message` (28000, PgBouncer's words), the same whatever the reason.
+fn refuse_unless(
+    conn: &Conn,
+    db: &str,
+    user: &str,
+    checked: Result<(), String>,
+    known: bool,
+    message: &str,
+) -> Result<Option<Credential>, ClientError> {
+    match checked {
+        Ok(()) if known => Ok(None),
+        result => {
+            let why = result
+                .err()
+                .unwrap_or_else(|| format!("no such user: {user}"));
+            tracing::warn!(%db, %user, addr = %conn.stream.peer(), "{why}");
+            Err(ClientError::fatal("28000", message.into()))
+        }
     }
 }
 
