@@ -269,6 +269,14 @@ fn every_fuzz_target_survives_seeded_random_and_mutated_inputs() {
         for (i, s) in seeds.iter().enumerate() {
             run_one(target, &format!("seed {i}"), f, s);
         }
+        // PGCARPOOL_FUZZ_SEEDS=fuzz/corpus writes the seeds as cargo-fuzz's starting corpus.
+        if let Some(dir) = std::env::var_os("PGCARPOOL_FUZZ_SEEDS") {
+            let dir = Path::new(&dir).join(target);
+            std::fs::create_dir_all(&dir).expect("make the corpus dir");
+            for (i, s) in seeds.iter().enumerate() {
+                std::fs::write(dir.join(format!("seed-{i}")), s).expect("write a seed");
+            }
+        }
         let started = Instant::now();
         let mut ran = 0;
         while ran < ITERATIONS && started.elapsed() < BUDGET {
