@@ -87,6 +87,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     for name in config.settings.unimplemented_in_use() {
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
+    config.log_hba_warnings();
     let shared = Shared::new(config);
     shared.create_forced_user_pools();
     shared.apply_peers();
@@ -304,6 +305,7 @@ impl Shared {
                 let _ = new.settings.load_value(c.name, &c.old);
             }
         }
+        new.log_hba_warnings();
         let new = Arc::new(new);
         self.config.store(new.clone());
         crate::logging::reopen(&new.settings);

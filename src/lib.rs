@@ -6,10 +6,12 @@
 //! logging    stderr, logfile (reopened on reload), syslog
 //! service    systemd: sd_notify readiness, socket activation
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
-//! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
+//! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs,
+//!            hba.rs (auth_hba_file rules), ident.rs (auth_ident_file maps)
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
 //! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
-//! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised)
+//! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised),
+//!            peer.rs (OS user of a Unix peer), cert.rs (client certificate name)
 //! client/    one task per client:
 //!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
@@ -29,6 +31,7 @@
 //!            name, ids from addresses), mod.rs (peer table, forwarding cancels, SHOW PEERS)
 //! workers    thread per core: one single-threaded runtime per worker, placement of clients
 //! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
+//! fuzz       fuzz target bodies (cargo-fuzz in fuzz/, bounded runs in tests/fuzz_smoke.rs)
 //! ```
 pub mod admin;
 pub mod app;
@@ -36,6 +39,7 @@ pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod fuzz;
 pub mod logging;
 pub mod net;
 pub mod peers;

@@ -183,8 +183,9 @@ impl ScramServer {
     }
 
     /// With a fixed server nonce (tests: RFC vectors).
-    #[cfg(test)]
-    pub(crate) fn with_nonce(verifier: ScramVerifier, server_nonce: &str) -> Self {
+    /// With a fixed server nonce (tests, and fuzzing: `crate::fuzz`). Never for real logins.
+    #[doc(hidden)]
+    pub fn with_nonce(verifier: ScramVerifier, server_nonce: &str) -> Self {
         ScramServer {
             server_nonce: Some(server_nonce.to_owned()),
             ..ScramServer::new(verifier)
@@ -430,8 +431,9 @@ impl ScramClient {
     }
 
     /// With a fixed nonce and SCRAM user name (tests: RFC vectors use `n=user`).
-    #[cfg(test)]
-    pub(crate) fn with_nonce(cred: ClientCredential, user: &str, nonce: &str) -> Self {
+    /// With a fixed nonce (tests, and fuzzing: `crate::fuzz`). Never for real logins.
+    #[doc(hidden)]
+    pub fn with_nonce(cred: ClientCredential, user: &str, nonce: &str) -> Self {
         ScramClient {
             nonce: Some(nonce.to_owned()),
             user: user.to_owned(),

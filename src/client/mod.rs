@@ -290,7 +290,7 @@ async fn login(
                 format!("not allowed to connect to the admin console: {user}"),
             )
         })?;
-        startup::authenticate(shared, conn, cfg, &db, &user).await?;
+        startup::authenticate(shared, conn, cfg, &db, &user, false).await?;
         let counted = count_client(shared, cfg, &db, &user)?;
         return Ok(Entered::Admin(user, role, counted));
     }
@@ -305,7 +305,11 @@ async fn login(
     let client_params = session_params(&params, cfg, peer)?;
     // The password first, as PostgreSQL and PgBouncer: whether a database exists is
     // nobody's business before they have logged in.
-    let learned = startup::authenticate(shared, conn, cfg, &db, &user).await?;
+    // A physical replication connection meets only hba rules for `replication`.
+    let physical = replication
+        .as_deref()
+        .is_some_and(|r| !r.eq_ignore_ascii_case("database"));
+    let learned = startup::authenticate(shared, conn, cfg, &db, &user, physical).await?;
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;

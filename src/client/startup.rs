@@ -71,8 +71,8 @@ pub async fn authenticate(
     cfg: &crate::config::Config,
     db: &str,
     user: &str,
+    replication: bool,
 ) -> Result<Option<Credential>, ClientError> {
-    let auth_type = cfg.settings.auth_type;
     let secret = cfg.auth.users.get(user);
     // An auth_user (global or the database's) means PgBouncer would ask auth_query.
     let auth_user_set =
@@ -82,6 +82,17 @@ pub async fn authenticate(
             "28P01",
             format!("password authentication failed for user \"{user}\""),
         )
+    };
+    // With auth_type = hba the first auth_hba_file rule this login meets picks the method.
+    let (auth_type, map) = match cfg.settings.auth_type {
+        AuthType::Hba => match hba_method(cfg, conn, replication, db, user)? {
+            HbaChoice::Type(t, map) => (t, map),
+            HbaChoice::Peer(map) => {
+                return peer_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set)
+                    .await;
+            }
+        },
+        t => (t, None),
     };
     // An unknown user (no secret) goes through the same exchange as a known one with a
     // wrong password, and fails only at its end: no user enumeration by reply or timing.
@@ -151,11 +162,123 @@ pub async fn authenticate(
             }
             Ok(learned)
         }
-        AuthType::Cert | AuthType::Hba | AuthType::Pam => Err(ClientError::fatal(
-            "08P01",
-            "auth_type cert, hba and pam are not supported yet by pgcarpool".into(),
+        AuthType::Cert => cert_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set),
+        // Resolved to a rule's method above.
+        AuthType::Hba => Err(ClientError::fatal(
+            "28000",
+            "no authentication method is found".into(),
         )),
     }
+}
+
+/// The `peer` method: the OS user of the Unix socket is `user`, or mapped to it by `map`;
+/// and `known` (as PgBouncer, a user it does not know cannot log in this way either).
+async fn peer_login(
+    conn: &Conn,
+    cfg: &crate::config::Config,
+    db: &str,
+    user: &str,
+    map: Option<&str>,
+    known: bool,
+) -> Result<Option<Credential>, ClientError> {
+    let os_user = crate::auth::peer::os_user(&conn.stream).await;
+    let checked = crate::auth::peer::allows(os_user.as_deref(), user, map, cfg.ident.as_deref());
+    refuse_unless(conn, db, user, checked, known, "unix socket login rejected")
+}
+
+/// The `cert` method: the client certificate's name is `user`, or mapped to it by `map`;
+/// and `known`.
+fn cert_login(
+    conn: &Conn,
+    cfg: &crate::config::Config,
+    db: &str,
+    user: &str,
+    map: Option<&str>,
+    known: bool,
+) -> Result<Option<Credential>, ClientError> {
+    let checked = crate::auth::cert::allows(&conn.stream, user, map, cfg.ident.as_deref());
+    refuse_unless(
+        conn,
+        db,
+        user,
+        checked,
+        known,
+        "certificate authentication failed",
+    )
+}
+
+/// Logged in if `checked` passed for a `known` user; else the reason is logged and the
+/// client told `message` (28000, PgBouncer's words), the same whatever the reason.
+fn refuse_unless(
+    conn: &Conn,
+    db: &str,
+    user: &str,
+    checked: Result<(), String>,
+    known: bool,
+    message: &str,
+) -> Result<Option<Credential>, ClientError> {
+    match checked {
+        Ok(()) if known => Ok(None),
+        result => {
+            let why = result
+                .err()
+                .unwrap_or_else(|| format!("no such user: {user}"));
+            tracing::warn!(%db, %user, addr = %conn.stream.peer(), "{why}");
+            Err(ClientError::fatal("28000", message.into()))
+        }
+    }
+}
+
+/// What an auth_hba_file rule asks of a login.
+enum HbaChoice<'a> {
+    /// Go on as this auth_type would (trust, md5, plain, scram-sha-256, cert), with the
+    /// rule's ident map.
+    Type(AuthType, Option<&'a str>),
+    /// The `peer` check, with the rule's ident map.
+    Peer(Option<&'a str>),
+}
+
+/// The method of the first auth_hba_file rule this login meets; `reject` and no rule at all
+/// refuse it (PgBouncer's words, PostgreSQL's SQLSTATE).
+fn hba_method<'a>(
+    cfg: &'a crate::config::Config,
+    conn: &Conn,
+    replication: bool,
+    db: &str,
+    user: &str,
+) -> Result<HbaChoice<'a>, ClientError> {
+    use crate::config::hba::{Method, Origin};
+    let origin = match conn.stream.peer_ip() {
+        Some(addr) => Origin::Tcp {
+            addr,
+            tls: conn.stream.is_tls(),
+        },
+        None => Origin::Unix,
+    };
+    let rule = cfg
+        .hba
+        .as_deref()
+        .and_then(|hba| hba.lookup(origin, replication, db, user));
+    let Some(rule) = rule else {
+        tracing::info!(%db, %user, addr = %conn.stream.peer(), "no auth_hba_file line matches");
+        return Err(ClientError::fatal(
+            "28000",
+            "no authentication method is found".into(),
+        ));
+    };
+    tracing::debug!(%db, %user, "auth_hba_file line {} is matched", rule.line);
+    let map = rule.map.as_deref();
+    Ok(match rule.method {
+        Method::Trust => HbaChoice::Type(AuthType::Trust, map),
+        Method::Md5 => HbaChoice::Type(AuthType::Md5, map),
+        Method::Password => HbaChoice::Type(AuthType::Plain, map),
+        Method::ScramSha256 => HbaChoice::Type(AuthType::ScramSha256, map),
+        Method::Cert => HbaChoice::Type(AuthType::Cert, map),
+        Method::Peer => HbaChoice::Peer(map),
+        Method::Reject => {
+            return Err(ClientError::fatal("28000", "login rejected".into()));
+        }
+    })
 }
 
 async fn scram_exchange(

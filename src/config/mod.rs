@@ -4,6 +4,8 @@
 //! `settings`, `databases` and `auth_file`.
 pub mod auth_file;
 pub mod databases;
+pub mod hba;
+pub mod ident;
 pub mod ini;
 pub mod settings;
 
@@ -35,7 +37,6 @@ pub enum AuthType {
     ScramSha256,
     Cert,
     Hba,
-    Pam,
 }
 
 /// A config error, always naming where it came from (`file:line: key: message`).
@@ -68,6 +69,10 @@ pub struct Config {
     pub auth: AuthFile,
     /// `[peers]` entries by peer id.
     pub peers: BTreeMap<u16, PeerEntry>,
+    /// The `auth_hba_file` rules (auth_type = hba only).
+    pub hba: Option<std::sync::Arc<hba::Hba>>,
+    /// The `auth_ident_file` maps (auth_type = hba with auth_ident_file only).
+    pub ident: Option<std::sync::Arc<ident::Ident>>,
 }
 
 impl Config {
@@ -168,9 +173,43 @@ impl Config {
                 "auth_type = hba needs auth_hba_file".to_string(),
             ));
         }
-        if let Some(p) = settings.auth_hba_file.take() {
-            settings.auth_hba_file = Some(base_dir.join(p));
-        }
+        // Relative: next to the config file, else (PgBouncer's reading) the working directory.
+        let beside_or_cwd = |p: PathBuf| {
+            let beside = base_dir.join(&p);
+            if !beside.exists() && p.is_relative() && p.exists() {
+                p
+            } else {
+                beside
+            }
+        };
+        settings.auth_hba_file = settings.auth_hba_file.take().map(beside_or_cwd);
+        settings.auth_ident_file = settings.auth_ident_file.take().map(beside_or_cwd);
+        // The hba rules and ident maps, read only for auth_type = hba (as PgBouncer).
+        let hba_error = |setting: &str, e: hba::HbaError| match e.line {
+            0 => at_setting(setting, format!("{}: {}", e.file, e.msg)),
+            line => ConfigError::At {
+                file: e.file,
+                line,
+                msg: e.msg,
+            },
+        };
+        let (hba, ident) = match (&settings.auth_type, &settings.auth_hba_file) {
+            (AuthType::Hba, Some(hba_path)) => {
+                let ident = match &settings.auth_ident_file {
+                    Some(p) => {
+                        Some(ident::Ident::load(p).map_err(|e| hba_error("auth_ident_file", e))?)
+                    }
+                    None => None,
+                };
+                let hba = hba::Hba::load(hba_path, ident.as_ref())
+                    .map_err(|e| hba_error("auth_hba_file", e))?;
+                (
+                    Some(std::sync::Arc::new(hba)),
+                    ident.map(std::sync::Arc::new),
+                )
+            }
+            _ => (None, None),
+        };
         let auth = match settings.auth_file.take() {
             None => AuthFile::default(),
             Some(p) => {
@@ -195,7 +234,16 @@ impl Config {
             users,
             auth,
             peers,
+            hba,
+            ident,
         })
+    }
+
+    /// Log what the auth_hba_file parse found doubtful (once per load).
+    pub fn log_hba_warnings(&self) {
+        for w in self.hba.iter().flat_map(|h| h.warnings.iter()) {
+            tracing::warn!("{w}");
+        }
     }
 
     /// The database entry a client asking for `dbname` gets: the named entry, or the
@@ -546,7 +594,7 @@ job_name = pgbouncer
         );
         assert_eq!(
             err("[pgbouncer]\nauth_type = ldap\n"),
-            "pgbouncer.ini:2: auth_type: invalid value \"ldap\": ldap is not supported by pgcarpool"
+            "pgbouncer.ini:2: auth_type: invalid value \"ldap\": ldap is not supported by pgcarpool (not built with it)"
         );
         assert_eq!(
             err("[pgbouncer]\nauth_type = hba\n"),
@@ -583,18 +631,100 @@ job_name = pgbouncer
             ("md5", AuthType::Md5),
             ("scram-sha-256", AuthType::ScramSha256),
             ("cert", AuthType::Cert),
-            ("pam", AuthType::Pam),
         ] {
             let c = cfg(&format!("[pgbouncer]\nauth_type = {name}\n")).unwrap();
             assert_eq!(c.settings.auth_type, t);
             assert_eq!(c.settings.get("auth_type").unwrap(), name);
         }
-        let c = cfg("[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\n").unwrap();
-        assert_eq!(c.settings.auth_type, AuthType::Hba);
-        assert_eq!(
-            c.settings.auth_hba_file,
-            Some(PathBuf::from("/nonexistent/hba.conf"))
+        // pam and ldap are refused (not built), as by a PgBouncer built without them;
+        // peer is an hba method only.
+        for name in ["pam", "ldap", "peer"] {
+            let e = err(&format!("[pgbouncer]\nauth_type = {name}\n"));
+            assert!(
+                e.starts_with("pgbouncer.ini:2: auth_type: invalid value"),
+                "{e}"
+            );
+        }
+        assert!(
+            err("[pgbouncer]\nauth_type = pam\n").contains("pam is not supported by pgcarpool")
         );
+        assert!(err("[pgbouncer]\nauth_type = peer\n").contains("auth_type = hba"));
+    }
+
+    #[test]
+    fn hba_and_ident_files_load_with_the_config() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("ident.conf"), "m root postgres\n").unwrap();
+        std::fs::write(d.path().join("hba.conf"), "local all all peer map=m\n").unwrap();
+        let ini = "[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\nauth_ident_file = ident.conf\n";
+        let c = Config::from_str(ini, "pgbouncer.ini", d.path()).unwrap();
+        assert_eq!(c.settings.auth_type, AuthType::Hba);
+        assert_eq!(c.settings.auth_hba_file, Some(d.path().join("hba.conf")));
+        let hba = c.hba.as_ref().expect("hba rules loaded");
+        assert_eq!(hba.rules.len(), 1);
+        assert!(c.ident.as_ref().unwrap().allows("m", "root", "postgres"));
+        // An error in either file names that file and line; the config is refused.
+        std::fs::write(
+            d.path().join("hba.conf"),
+            "local all all peer map=m\nlocal all all md6\n",
+        )
+        .unwrap();
+        let e = Config::from_str(ini, "pgbouncer.ini", d.path())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}:2: unknown authentication method \"md6\"",
+                d.path().join("hba.conf").display()
+            )
+        );
+        std::fs::write(d.path().join("ident.conf"), "m root\n").unwrap();
+        let e = Config::from_str(ini, "pgbouncer.ini", d.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("{}:1: ", d.path().join("ident.conf").display())),
+            "{e}"
+        );
+        // A missing file is reported at the setting naming it.
+        let e = Config::from_str(
+            "[pgbouncer]\nauth_type = hba\nauth_hba_file = none.conf\n",
+            "pgbouncer.ini",
+            d.path(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("pgbouncer.ini:3: auth_hba_file: ")
+                && e.contains("none.conf: cannot read"),
+            "{e}"
+        );
+        // A relative name not found next to the config is looked up in the working
+        // directory, as PgBouncer reads it.
+        let here = std::env::current_dir().unwrap();
+        let in_cwd = tempfile::NamedTempFile::new_in(&here).unwrap();
+        std::fs::write(in_cwd.path(), "local all all trust\n").unwrap();
+        let name = in_cwd
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let ini = format!("[pgbouncer]\nauth_type = hba\nauth_hba_file = {name}\n");
+        let c = Config::from_str(&ini, "pgbouncer.ini", d.path()).unwrap();
+        assert_eq!(c.settings.auth_hba_file, Some(PathBuf::from(&name)));
+        std::fs::write(d.path().join(&name), "local all all reject\n").unwrap();
+        let c = Config::from_str(&ini, "pgbouncer.ini", d.path()).unwrap();
+        assert_eq!(c.settings.auth_hba_file, Some(d.path().join(&name)));
+        // Without auth_type = hba the files are not read (as PgBouncer).
+        let c = Config::from_str(
+            "[pgbouncer]\nauth_hba_file = none.conf\n",
+            "pgbouncer.ini",
+            d.path(),
+        )
+        .unwrap();
+        assert!(c.hba.is_none());
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub struct Settings {
     pub auth_type: AuthType,
     pub auth_file: Option<PathBuf>,
     pub auth_hba_file: Option<PathBuf>,
+    pub auth_ident_file: Option<PathBuf>,
     pub auth_user: Option<String>,
     pub auth_query: String,
     pub admin_users: Vec<String>,
@@ -389,7 +390,6 @@ impl AuthType {
             AuthType::ScramSha256 => "scram-sha-256",
             AuthType::Cert => "cert",
             AuthType::Hba => "hba",
-            AuthType::Pam => "pam",
         }
     }
 }
@@ -405,12 +405,15 @@ impl std::str::FromStr for AuthType {
             "scram-sha-256" => Ok(AuthType::ScramSha256),
             "cert" => Ok(AuthType::Cert),
             "hba" => Ok(AuthType::Hba),
-            "pam" => Ok(AuthType::Pam),
-            "ldap" => Err(format!(
-                "invalid value \"{v}\": ldap is not supported by pgcarpool"
+            // As a PgBouncer built without PAM or LDAP: refused, config not loaded.
+            "pam" | "ldap" => Err(format!(
+                "invalid value \"{v}\": {v} is not supported by pgcarpool (not built with it)"
+            )),
+            "peer" => Err(format!(
+                "invalid value \"{v}\": peer is a method of auth_hba_file lines (auth_type = hba), as in PgBouncer"
             )),
             _ => Err(format!(
-                "invalid value \"{v}\": expected trust, any, plain, md5, scram-sha-256, cert, hba or pam"
+                "invalid value \"{v}\": expected trust, any, plain, md5, scram-sha-256, cert or hba"
             )),
         }
     }
@@ -531,8 +534,8 @@ pub static TABLE: &[SettingDef] = &[
     typed!(application_name_add_host, "0", reload: true, implemented: true),
     other!(auth_dbname, "", reload: true, check_str),
     typed!(auth_file, "", reload: true, implemented: true),
-    typed!(auth_hba_file, "", reload: true, implemented: false),
-    other!(auth_ident_file, "", reload: true, check_str),
+    typed!(auth_hba_file, "", reload: true, implemented: true),
+    typed!(auth_ident_file, "", reload: true, implemented: true),
     other!(auth_ldap_options, "", reload: true, check_str),
     other!(auth_pam_confdir, "", reload: true, check_str),
     typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: false),
@@ -712,6 +715,7 @@ impl Settings {
             auth_type: AuthType::Md5,
             auth_file: None,
             auth_hba_file: None,
+            auth_ident_file: None,
             auth_user: None,
             auth_query: String::new(),
             admin_users: Vec::new(),
@@ -831,10 +835,9 @@ impl Settings {
             .filter(|d| !d.implemented && (d.show)(self) != (d.show)(&defaults))
             .map(|d| d.name)
             .collect();
-        match self.auth_type {
-            AuthType::Pam => out.push("auth_type = pam"),
-            AuthType::Cert => out.push("auth_type = cert"),
-            _ => {}
+        // The cert method needs client TLS, which pgcarpool does not have yet.
+        if self.auth_type == AuthType::Cert {
+            out.push("auth_type = cert");
         }
         out
     }
@@ -1252,11 +1255,10 @@ mod tests {
         let mut s = Settings::default();
         s.load_value("pkt_buf", "8192").unwrap();
         s.load_value("client_tls_sslmode", "require").unwrap();
-        s.load_value("auth_type", "pam").unwrap();
         s.load_value("default_pool_size", "3").unwrap();
         assert_eq!(
             s.unimplemented_in_use(),
-            vec!["client_tls_sslmode", "pkt_buf", "auth_type = pam"]
+            vec!["client_tls_sslmode", "pkt_buf"]
         );
         s.load_value("auth_type", "cert").unwrap();
         assert_eq!(

@@ -23,6 +23,39 @@ impl Stream {
         }
     }
 
+    /// The uid of a Unix-socket peer (SO_PEERCRED); None for TCP or when the kernel says
+    /// nothing.
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            Stream::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),
+            Stream::Tcp(_) => None,
+        }
+    }
+
+    /// The peer's IP address (None for a Unix socket).
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Unix(_) => None,
+        }
+    }
+
+    /// Whether the connection is encrypted with TLS (hba `hostssl` / `hostnossl`). The
+    /// TLS variants answer true; the plain TCP and Unix ones false.
+    pub fn is_tls(&self) -> bool {
+        match self {
+            Stream::Tcp(_) | Stream::Unix(_) => false,
+        }
+    }
+
+    /// The CommonName of the client certificate of a TLS connection, if one was presented
+    /// and verified (the `cert` auth method). None without TLS.
+    pub fn client_cert_common_name(&self) -> Option<String> {
+        match self {
+            Stream::Tcp(_) | Stream::Unix(_) => None,
+        }
+    }
+
     /// Wait until the socket has bytes (or EOF) to read, without reading.
     pub async fn readable(&self) -> io::Result<()> {
         match self {
