@@ -1,4 +1,5 @@
 //! One task per client: startup and auth, then the transaction loop.
+pub mod auth_query;
 pub mod cancel;
 pub mod classify;
 pub mod counts;
@@ -311,7 +312,7 @@ async fn login(
         // A server of its own, logged in with the client's parameters (replication,
         // application_name, options…); not pooled.
         let cred = credential_for(cfg, &entry, &server_user, learned);
-        let settings = crate::app::pool_settings(cfg, &entry, &user, cred, shared);
+        let settings = crate::app::pool_settings(cfg, &entry, &server_user, cred, shared);
         let mut target = settings.target;
         target
             .startup_params
@@ -343,7 +344,7 @@ async fn login(
         crate::app::pool_settings(
             cfg,
             &entry,
-            &user,
+            &server_user,
             credential_for(cfg, &entry, &server_user, learned.clone()),
             shared,
         )
@@ -354,7 +355,12 @@ async fn login(
     if let Some(c) = learned
         && entry.user.is_none()
     {
-        pool.set_credential_if_missing(c);
+        if cfg.auth.users.contains_key(&user) {
+            pool.set_credential_if_missing(c);
+        } else {
+            // Found by auth_query: this login's secret is the newest PostgreSQL has.
+            pool.replace_credential(c);
+        }
     }
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {
@@ -458,7 +464,9 @@ fn session_params(
     Ok(out)
 }
 
-/// What the pool logs in to the server with.
+/// What the pool logs in to the server with: the entry's password, else auth_file's
+/// secret; for a SCRAM verifier, or a user auth_query found, what a client's login taught
+/// (`learned`: SCRAM keys from its proof, or the md5 hash auth_query returned).
 pub(crate) fn credential_for(
     cfg: &Config,
     entry: &DatabaseEntry,
@@ -468,18 +476,21 @@ pub(crate) fn credential_for(
     if let Some(pw) = &entry.password {
         return Credential::Plain(pw.clone());
     }
-    match cfg.auth.users.get(server_user) {
-        Some(crate::config::Secret::Plain(p)) => Credential::Plain(p.clone()),
-        Some(crate::config::Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
-        Some(crate::config::Secret::Scram(_)) if entry.user.is_none() => {
-            learned.unwrap_or_default()
+    match (cfg.auth.users.get(server_user), learned) {
+        (Some(crate::config::Secret::Plain(p)), _) => Credential::Plain(p.clone()),
+        (Some(crate::config::Secret::Md5(h)), _) => Credential::Md5Hash(h.clone()),
+        (Some(crate::config::Secret::Scram(_)), Some(c @ Credential::ScramKeys { .. }))
+            if entry.user.is_none() =>
+        {
+            c
         }
+        (None, Some(c)) if entry.user.is_none() => c,
         _ => Credential::None,
     }
 }
 
 /// SQLSTATEs are 5 ASCII chars; keep well-known ones static, others as generic failure.
-fn static_code(code: &str) -> &'static str {
+pub(crate) fn static_code(code: &str) -> &'static str {
     const KNOWN: [&str; 8] = [
         "28P01", "28000", "3D000", "53300", "57P03", "08006", "08001", "42501",
     ];

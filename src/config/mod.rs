@@ -512,12 +512,7 @@ job_name = pgbouncer
         // These differ from the defaults and are not implemented.
         assert_eq!(
             s.unimplemented_in_use(),
-            vec![
-                "auth_query",
-                "resolv_conf",
-                "tcp_defer_accept",
-                "track_extra_parameters"
-            ]
+            vec!["resolv_conf", "tcp_defer_accept", "track_extra_parameters"]
         );
     }
 

@@ -22,6 +22,8 @@ pub struct Settings {
     pub auth_hba_file: Option<PathBuf>,
     pub auth_user: Option<String>,
     pub auth_query: String,
+    /// The database the auth_query runs in (None: the client's database).
+    pub auth_dbname: Option<String>,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,
     pub pool_mode: PoolMode,
@@ -108,6 +110,9 @@ pub struct Settings {
     pub client_max_settings: usize,
     /// Most bytes the statements of all clients may take (0: no bound).
     pub statement_registry_size: usize,
+    /// How long a user's secret found by auth_query is reused before it is asked again
+    /// (0: asked at every login, as PgBouncer). A failed login forgets it at once.
+    pub auth_query_cache_ttl: Duration,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -519,15 +524,15 @@ const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now(
 pub static TABLE: &[SettingDef] = &[
     typed!(admin_users, "", reload: true, implemented: true),
     typed!(application_name_add_host, "0", reload: true, implemented: true),
-    other!(auth_dbname, "", reload: true, check_str),
+    typed!(auth_dbname, "", reload: true, implemented: true, parse_auth_dbname, Value::show),
     typed!(auth_file, "", reload: true, implemented: true),
     typed!(auth_hba_file, "", reload: true, implemented: false),
     other!(auth_ident_file, "", reload: true, check_str),
     other!(auth_ldap_options, "", reload: true, check_str),
     other!(auth_pam_confdir, "", reload: true, check_str),
-    typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: false),
+    typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: true),
     typed!(auth_type, "md5", reload: true, implemented: true),
-    typed!(auth_user, "", reload: true, implemented: false),
+    typed!(auth_user, "", reload: true, implemented: true),
     typed!(autodb_idle_timeout, "3600", reload: true, implemented: false),
     typed!(cancel_wait_timeout, "10", reload: true, implemented: true),
     typed!(client_idle_timeout, "0", reload: true, implemented: true),
@@ -640,7 +645,19 @@ pub static TABLE: &[SettingDef] = &[
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
+    typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
 ];
+
+/// PgBouncer refuses its own console as the database auth_query runs in.
+fn parse_auth_dbname(v: &str) -> Result<Option<String>, String> {
+    if crate::admin::is_admin_db(v.trim()) {
+        return Err(format!(
+            "cannot use the reserved \"{}\" database as an auth_dbname",
+            v.trim()
+        ));
+    }
+    Value::parse(v)
+}
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -685,6 +702,7 @@ impl Settings {
             auth_hba_file: None,
             auth_user: None,
             auth_query: String::new(),
+            auth_dbname: None,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             pool_mode: PoolMode::Session,
@@ -754,6 +772,7 @@ impl Settings {
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
+            auth_query_cache_ttl: Duration::ZERO,
             other: BTreeMap::new(),
         }
     }
@@ -895,6 +914,17 @@ pub fn markdown_table() -> String {
 const NOTES: &str = "
 ## Notes
 
+**auth_user, auth_query, auth_dbname.** As PgBouncer: a user missing from `auth_file` is
+looked up with `auth_query` (the per-database `auth_query=` first) when an `auth_user`
+applies (the database's `auth_user=`, else the global one). The query runs in the
+database's `auth_dbname=`, else the global `auth_dbname`, else the client's database, as
+`auth_user` (password from `auth_file`) over a pooled server of that pool. A user in
+`auth_file` is never looked up. `auth_query_cache_ttl` (a pgcarpool setting, seconds,
+default 5; 0 asks at every login as PgBouncer does) is how long a secret found is reused:
+a user created in PostgreSQL logs in at once, a dropped one (or one past `VALID UNTIL`,
+or `NOLOGIN`) is refused once its entry is older than that. A failed login forgets its
+entry at once, and a reload forgets them all.
+
 **server_login_retry.** A server login that fails because PostgreSQL is starting up or
 shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
 listens at its address (connection refused or reset, no Unix socket), is not cached for
@@ -1020,6 +1050,7 @@ mod tests {
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",
+                    "auth_query_cache_ttl",
                 ]
                 .contains(n)
             })
