@@ -58,10 +58,6 @@ pub async fn lookup(
     else {
         return Ok(Lookup::NotAsked);
     };
-    let ttl = s.auth_query_cache_ttl;
-    if let Some(found) = shared.dynamic_users.get(db, user, ttl, Instant::now()) {
-        return Ok(Lookup::Found(found));
-    }
     let auth_dbname = entry
         .as_ref()
         .and_then(|e| e.auth_dbname.as_deref())
@@ -83,6 +79,10 @@ pub async fn lookup(
             "08P01",
             format!("authentication database \"{auth_dbname}\" is disabled"),
         ));
+    }
+    let ttl = s.auth_query_cache_ttl;
+    if let Some(found) = shared.dynamic_users.get(db, user, ttl, Instant::now()) {
+        return Ok(Lookup::Found(found));
     }
     let sql = entry
         .as_ref()
