@@ -158,6 +158,11 @@ async fn answers_are_kept_for_the_ttl_and_a_failed_login_forgets_them() {
         "logged in"
     );
     assert_eq!(lookups(&pg, "testdb", "aq_kept"), 2);
+    // New servers log in with what the newest login taught (keys of the new verifier).
+    pg.psql("select pg_terminate_backend(pid) from pg_stat_activity where usename = 'aq_kept'");
+    let admin = p.connect("postgres", "pgbouncer").await;
+    admin.simple_query("RECONNECT testdb").await.unwrap();
+    assert_eq!(outcome(p.port(), "aq_kept", "pw2", "testdb").await, "logged in");
     p.shutdown().await;
 
     // TTL 0: asked at every login, as PgBouncer.
