@@ -162,7 +162,10 @@ async fn answers_are_kept_for_the_ttl_and_a_failed_login_forgets_them() {
     pg.psql("select pg_terminate_backend(pid) from pg_stat_activity where usename = 'aq_kept'");
     let admin = p.connect("postgres", "pgbouncer").await;
     admin.simple_query("RECONNECT testdb").await.unwrap();
-    assert_eq!(outcome(p.port(), "aq_kept", "pw2", "testdb").await, "logged in");
+    assert_eq!(
+        outcome(p.port(), "aq_kept", "pw2", "testdb").await,
+        "logged in"
+    );
     p.shutdown().await;
 
     // TTL 0: asked at every login, as PgBouncer.
@@ -385,6 +388,22 @@ async fn scram_pass_through_with_only_the_verifier_in_auth_file() {
         assert!(wrong.starts_with("28P01 "), "{auth_type}: {wrong}");
         p.shutdown().await;
     }
+    // A database forcing the user: no client proof reaches its pool, and a verifier alone
+    // logs in to nothing (PgBouncer's words).
+    let p = TestPooler::builder(&pg)
+        .auth_file_line(&format!("\"scramuser\" \"{verifier}\""))
+        .database(
+            "forced",
+            &format!("{} user=scramuser", pg.db_entry("testdb")),
+        )
+        .start()
+        .await;
+    let got = outcome(p.port(), "md5user", "md5pass", "forced").await;
+    assert!(
+        got.contains("cannot do SCRAM authentication: wrong password type"),
+        "{got}"
+    );
+    p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

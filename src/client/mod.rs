@@ -484,6 +484,7 @@ pub(crate) fn credential_for(
         {
             c
         }
+        (Some(crate::config::Secret::Scram(_)), _) => Credential::ScramVerifier,
         (None, Some(c)) if entry.user.is_none() => c,
         _ => Credential::None,
     }

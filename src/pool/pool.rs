@@ -270,7 +270,7 @@ impl Pool {
         let mut g = self.lock();
         if matches!(
             g.settings.target.credential,
-            crate::server::Credential::None
+            crate::server::Credential::None | crate::server::Credential::ScramVerifier
         ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
