@@ -482,3 +482,53 @@ async fn unusual_salt_lengths_and_iteration_counts_work_on_both_sides() {
         p.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_logged_in_pgbouncers_words() {
+    let pg = TempPostgres::start();
+    pg.psql("create role aq_logged login password 'pw'");
+    let entry = pg.db_entry("testdb");
+    let p = harness::process::PoolerProcess::start(
+        auth_query_pooler(&pg)
+            .database("testdb", &entry)
+            .database(
+                "no_table",
+                &format!("{entry} auth_query='SELECT a, b FROM aq_missing WHERE a = $1'"),
+            )
+            .database("via_console", &format!("{entry} auth_dbname=pgbouncer"))
+            .database("via_nowhere", &format!("{entry} auth_dbname=nowhere")),
+    )
+    .await;
+    for (db, user) in [
+        ("testdb", "aq_nobody"),
+        ("no_table", "aq_logged"),
+        ("via_console", "aq_logged"),
+        ("via_nowhere", "aq_logged"),
+    ] {
+        assert!(
+            outcome(p.port(), user, "pw", db)
+                .await
+                .starts_with("08P01 ")
+        );
+    }
+    let words = [
+        "closing because: no such user (age=",
+        "relation \"aq_missing\" does not exist",
+        "closing because: bouncer config error (age=",
+        "cannot use the reserved \"pgbouncer\" database as an auth_dbname",
+        "authentication database \"nowhere\" is not configured",
+    ];
+    wait_for("the log lines", Duration::from_secs(10), || async {
+        words.iter().all(|w| p.log().contains(w))
+    })
+    .await;
+    // A login that found the secret: neither it nor any part of it is logged.
+    assert_eq!(
+        outcome(p.port(), "aq_logged", "pw", "testdb").await,
+        "logged in"
+    );
+    let verifier = stored_secret(&pg, "aq_logged");
+    for part in verifier.split(['$', ':']).filter(|s| s.len() > 8) {
+        assert!(!p.log().contains(part), "a secret in the log: {part}");
+    }
+}

@@ -80,7 +80,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
-        report(&mut client.conn, e, &h.addr, true).await;
+        report(&mut client.conn, e, &h.addr, true, started.elapsed()).await;
     }
     if cfg.settings.log_disconnections {
         let reason = match &result {
@@ -95,6 +95,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
 /// Startup, authentication and pool lookup: the client, its user and database, or None
 /// (a cancel request, or a login that failed and was told why).
 async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
+    let born = Instant::now();
     let peer = &stream.peer();
     tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
@@ -141,7 +142,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 _ = kill.cancelled() => Ok(()),
             };
             if let Err(e) = result {
-                report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+                report(
+                    &mut conn,
+                    &e,
+                    peer,
+                    cfg.settings.log_connections,
+                    born.elapsed(),
+                )
+                .await;
             }
             return None;
         }
@@ -156,7 +164,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
         Ok(Entered::Done) => return None,
         Err(e) => {
-            report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+            report(
+                &mut conn,
+                &e,
+                peer,
+                cfg.settings.log_connections,
+                born.elapsed(),
+            )
+            .await;
             return None;
         }
     };
@@ -173,12 +188,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     })
 }
 
-/// Send a FATAL error (if the socket still works) and log it.
-async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
+/// Send a FATAL error (if the socket still works) and log it with the connection's age.
+async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool, age: std::time::Duration) {
     if let ClientError::Fatal { code, message } = e {
         if log {
-            // PgBouncer's words ("closing because: no such database: x"); tools grep them.
-            tracing::info!(addr = %peer, "closing because: {message}");
+            // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
+            // grep them.
+            let age = age.as_secs();
+            tracing::info!(addr = %peer, "closing because: {message} (age={age}s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
