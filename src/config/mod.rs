@@ -517,6 +517,20 @@ job_name = pgbouncer
     }
 
     #[test]
+    fn the_console_cannot_be_the_auth_dbname() {
+        let e = err("[pgbouncer]\nauth_dbname = pgbouncer\n");
+        assert!(
+            e.contains("cannot use the reserved \"pgbouncer\" database as an auth_dbname"),
+            "{e}"
+        );
+        let c = cfg("[databases]\nx = auth_dbname=pgbouncer auth_user=u\n[pgbouncer]\nauth_dbname = authdb\n")
+            .unwrap();
+        // Per database it is refused at login (PgBouncer's "bouncer config error").
+        assert_eq!(c.databases["x"].auth_dbname.as_deref(), Some("pgbouncer"));
+        assert_eq!(c.settings.auth_dbname.as_deref(), Some("authdb"));
+    }
+
+    #[test]
     fn empty_config_is_all_defaults() {
         let c = cfg("").unwrap();
         assert_eq!(c.settings.listen_port, 6432);
