@@ -129,7 +129,7 @@ async fn answers_are_kept_for_the_ttl_and_a_failed_login_forgets_them() {
     let pg = TempPostgres::start();
     counting_lookup(&pg, "testdb");
     pg.psql("create role aq_kept login password 'pw'");
-    let p = auth_query_pooler(&pg)
+    let mut p = auth_query_pooler(&pg)
         .setting("auth_query", "SELECT * FROM aq_lookup($1)")
         .setting("auth_query_cache_ttl", "3600")
         .start()
@@ -166,6 +166,13 @@ async fn answers_are_kept_for_the_ttl_and_a_failed_login_forgets_them() {
         outcome(p.port(), "aq_kept", "pw2", "testdb").await,
         "logged in"
     );
+    // A reload forgets every answer (auth_query, auth_user or auth_dbname may have changed).
+    p.reload_with(|c| c).await;
+    assert_eq!(
+        outcome(p.port(), "aq_kept", "pw2", "testdb").await,
+        "logged in"
+    );
+    assert_eq!(lookups(&pg, "testdb", "aq_kept"), 3);
     p.shutdown().await;
 
     // TTL 0: asked at every login, as PgBouncer.
@@ -180,7 +187,7 @@ async fn answers_are_kept_for_the_ttl_and_a_failed_login_forgets_them() {
             "logged in"
         );
     }
-    assert_eq!(lookups(&pg, "testdb", "aq_kept"), 5);
+    assert_eq!(lookups(&pg, "testdb", "aq_kept"), 6);
     p.shutdown().await;
 }
 
