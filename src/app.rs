@@ -22,6 +22,8 @@ pub struct Shared {
     pub pools: Arc<Pools>,
     pub clients: Arc<Registry>,
     pub scram: Arc<ScramCache>,
+    /// The secrets auth_query found lately, per (database, user).
+    pub dynamic_users: crate::auth::dynamic::DynamicUsers,
     /// Prepared statements by key, shared by all pools.
     pub statements: Arc<crate::client::prepared::StatementRegistry>,
     /// Cancelled to stop accepting new clients.
@@ -155,17 +157,19 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     Ok(AppHandle { addr, shared })
 }
 
-/// Resolve one pool's settings from the config (per user > per database > global).
+/// Resolve the settings of the pool of `server_user` (the user its servers log in as: the
+/// database's forced `user=`, the client's user, or the auth_user) from the config
+/// (per user > per database > global).
 pub fn pool_settings(
     cfg: &Config,
     entry: &DatabaseEntry,
-    client_user: &str,
+    server_user: &str,
     credential: Credential,
     shared: &Shared,
 ) -> PoolSettings {
     let s = &cfg.settings;
     let db = entry.name.as_str();
-    let user = cfg.pool_user_for(db, client_user);
+    let user = server_user.to_string();
     let mut startup_params = Vec::new();
     for (k, v) in [
         ("client_encoding", &entry.client_encoding),
@@ -240,6 +244,7 @@ impl Shared {
             pools: Arc::new(Pools::default()),
             clients: Arc::new(Registry::default()),
             scram: Arc::new(ScramCache::new()),
+            dynamic_users: Default::default(),
             statements: Arc::new(statements),
             stop_accepting: CancellationToken::new(),
             stop_transactions: CancellationToken::new(),
@@ -308,6 +313,8 @@ impl Shared {
         new.log_hba_warnings();
         let new = Arc::new(new);
         self.config.store(new.clone());
+        // auth_query, auth_user or auth_dbname may have changed: ask again.
+        self.dynamic_users.clear();
         crate::logging::reopen(&new.settings);
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);

@@ -11,9 +11,11 @@
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
 //! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
 //! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised),
-//!            peer.rs (OS user of a Unix peer), cert.rs (client certificate name)
+//!            peer.rs (OS user of a Unix peer), cert.rs (client certificate name),
+//!            dynamic.rs (the secrets auth_query found, kept auth_query_cache_ttl)
 //! client/    one task per client:
-//!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
+//!            startup.rs (first packets, auth), auth_query.rs (a user's secret asked of
+//!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
 //!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL),

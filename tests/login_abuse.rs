@@ -283,8 +283,8 @@ async fn trust_still_wants_the_user_in_auth_file() {
         "28000 \"trust\" authentication failed"
     );
     p.shutdown().await;
-    // With auth_user set PgBouncer would look the user up with auth_query; pgcarpool does
-    // not do that yet and lets the name through under trust (PostgreSQL checks it).
+    // With auth_user set, a user missing from auth_file is looked up with auth_query
+    // (tests/auth_query.rs): one PostgreSQL has gets past trust, another does not.
     let p = TestPooler::builder(&pg)
         .setting("auth_type", "trust")
         .setting("auth_user", "postgres")
@@ -294,6 +294,10 @@ async fn trust_still_wants_the_user_in_auth_file() {
     // Past the pooler; PostgreSQL then wants a password nobody has (md5 in its pg_hba).
     let got = outcome(p.port(), "notinfile", None, "testdb").await;
     assert!(got.starts_with("08006 server login failed"), "{got}");
+    assert_eq!(
+        outcome(p.port(), "notinpostgres", None, "testdb").await,
+        "08P01 no such user"
+    );
     p.shutdown().await;
     // auth_type = any takes any name (and logs in to the server as the pool's user).
     let p = TestPooler::builder(&pg)

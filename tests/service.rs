@@ -618,7 +618,7 @@ async fn timeouts_are_logged_in_pgbouncers_words() {
     let words = [
         "closing because: query timeout",
         "closing because: idle transaction timeout",
-        "closing because: password authentication failed for user \"md5user\"",
+        "closing because: password authentication failed for user \"md5user\" (age=",
         "server login failed: FATAL database \"nosuchdb\" does not exist",
         "closing because: database \"nosuchdb\" does not exist",
         "registered new auto-database: nosuchdb",

@@ -18,8 +18,9 @@ use crate::config::auth_file::ScramVerifier;
 pub const MECHANISM: &str = "SCRAM-SHA-256";
 /// Longest SCRAM message we accept from either side. PostgreSQL's own messages are ~100–200 bytes.
 pub const MAX_SCRAM_MESSAGE_LEN: usize = 4096;
-/// Highest iteration count a ScramClient accepts in a server-first-message: one login must not cost
-/// unbounded CPU. PostgreSQL's default (`scram_iterations`) is 4096; 1,000,000 is roughly a second of PBKDF2.
+/// Highest iteration count a ScramClient derives keys for from a password: one login must not
+/// cost unbounded CPU. PostgreSQL's default (`scram_iterations`) is 4096; 1,000,000 is roughly a
+/// second of PBKDF2. Logging in with keys (pass-through) runs no PBKDF2 and takes any count.
 pub const MAX_ITERATIONS: u32 = 1_000_000;
 /// Iteration count for verifiers we make ourselves (PostgreSQL's default).
 pub const DEFAULT_ITERATIONS: u32 = 4096;
@@ -145,7 +146,16 @@ fn decode_key(b64: &str, what: &'static str) -> Result<Key32, ScramError> {
 /// [`ScramClient::server_first_with_keys`]. Checks the bounds `ScramClient` checks.
 pub fn server_first_params(data: &[u8]) -> Result<(Vec<u8>, u32), ScramError> {
     let sf = ServerFirst::parse(as_message(data)?)?;
+    check_derivable(sf.iterations)?;
     Ok((sf.salt, sf.iterations))
+}
+
+/// Refuse to run PBKDF2 for more than [`MAX_ITERATIONS`].
+fn check_derivable(iterations: u32) -> Result<(), ScramError> {
+    if iterations > MAX_ITERATIONS {
+        return Err(ScramError::Malformed("iteration count out of range"));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -386,7 +396,7 @@ impl<'a> ServerFirst<'a> {
         let iterations: u32 = iterations
             .parse()
             .map_err(|_| ScramError::Malformed("bad iteration count"))?;
-        if iterations == 0 || iterations > MAX_ITERATIONS {
+        if iterations == 0 {
             return Err(ScramError::Malformed("iteration count out of range"));
         }
         Ok(ServerFirst {
@@ -498,7 +508,10 @@ impl ScramClient {
                     server_key,
                 },
             ) => (*client_key, *server_key),
-            (None, ClientCredential::Password(p)) => keys_from_password(p, &sf.salt, sf.iterations),
+            (None, ClientCredential::Password(p)) => {
+                check_derivable(sf.iterations)?;
+                keys_from_password(p, &sf.salt, sf.iterations)
+            }
         };
 
         let without_proof = format!("c={},r={}", B64.encode(GS2_HEADER_N), sf.nonce);

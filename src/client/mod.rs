@@ -1,4 +1,5 @@
 //! One task per client: startup and auth, then the transaction loop.
+pub mod auth_query;
 pub mod cancel;
 pub mod classify;
 pub mod counts;
@@ -95,6 +96,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
             id,
             &h.addr,
             !cfg.settings.log_disconnections,
+            started.elapsed(),
         )
         .await;
     }
@@ -103,6 +105,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
 /// Startup, authentication and pool lookup: the client, its user and database, or None
 /// (a cancel request, or a login that failed and was told why).
 async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
+    let born = Instant::now();
     let peer = &stream.peer();
     tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
@@ -149,7 +152,15 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 _ = kill.cancelled() => Ok(()),
             };
             if let Err(e) = result {
-                report(&mut conn, &e, id, peer, cfg.settings.log_connections).await;
+                report(
+                    &mut conn,
+                    &e,
+                    id,
+                    peer,
+                    cfg.settings.log_connections,
+                    born.elapsed(),
+                )
+                .await;
             }
             return None;
         }
@@ -164,7 +175,15 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
         Ok(Entered::Done) => return None,
         Err(e) => {
-            report(&mut conn, &e, id, peer, cfg.settings.log_connections).await;
+            report(
+                &mut conn,
+                &e,
+                id,
+                peer,
+                cfg.settings.log_connections,
+                born.elapsed(),
+            )
+            .await;
             return None;
         }
     };
@@ -183,12 +202,21 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     })
 }
 
-/// Send a FATAL error (if the socket still works) and log it.
-async fn report(conn: &mut Conn, e: &ClientError, id: u64, peer: &str, log: bool) {
+/// Send a FATAL error (if the socket still works) and log it with the connection's age.
+async fn report(
+    conn: &mut Conn,
+    e: &ClientError,
+    id: u64,
+    peer: &str,
+    log: bool,
+    age: std::time::Duration,
+) {
     if let ClientError::Fatal { code, message } = e {
         if log {
-            // PgBouncer's words ("closing because: no such database: x"); tools grep them.
-            tracing::info!(client = id, addr = %peer, "closing because: {message} (age=0s)");
+            // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
+            // grep them.
+            let age = age.as_secs();
+            tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
@@ -326,7 +354,7 @@ async fn login(
         // A server of its own, logged in with the client's parameters (replication,
         // application_name, options…); not pooled.
         let cred = credential_for(cfg, &entry, &server_user, learned);
-        let settings = crate::app::pool_settings(cfg, &entry, &user, cred, shared);
+        let settings = crate::app::pool_settings(cfg, &entry, &server_user, cred, shared);
         let mut target = settings.target;
         target
             .startup_params
@@ -363,7 +391,7 @@ async fn login(
         crate::app::pool_settings(
             cfg,
             &entry,
-            &user,
+            &server_user,
             credential_for(cfg, &entry, &server_user, learned.clone()),
             shared,
         )
@@ -374,7 +402,12 @@ async fn login(
     if let Some(c) = learned
         && entry.user.is_none()
     {
-        pool.set_credential_if_missing(c);
+        if cfg.auth.users.contains_key(&user) {
+            pool.set_credential_if_missing(c);
+        } else {
+            // Found by auth_query: this login's secret is the newest PostgreSQL has.
+            pool.replace_credential(c);
+        }
     }
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {
@@ -483,7 +516,9 @@ fn session_params(
     Ok(out)
 }
 
-/// What the pool logs in to the server with.
+/// What the pool logs in to the server with: the entry's password, else auth_file's
+/// secret; for a SCRAM verifier, or a user auth_query found, what a client's login taught
+/// (`learned`: SCRAM keys from its proof, or the md5 hash auth_query returned).
 pub(crate) fn credential_for(
     cfg: &Config,
     entry: &DatabaseEntry,
@@ -493,18 +528,22 @@ pub(crate) fn credential_for(
     if let Some(pw) = &entry.password {
         return Credential::Plain(pw.clone());
     }
-    match cfg.auth.users.get(server_user) {
-        Some(crate::config::Secret::Plain(p)) => Credential::Plain(p.clone()),
-        Some(crate::config::Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
-        Some(crate::config::Secret::Scram(_)) if entry.user.is_none() => {
-            learned.unwrap_or_default()
+    match (cfg.auth.users.get(server_user), learned) {
+        (Some(crate::config::Secret::Plain(p)), _) => Credential::Plain(p.clone()),
+        (Some(crate::config::Secret::Md5(h)), _) => Credential::Md5Hash(h.clone()),
+        (Some(crate::config::Secret::Scram(_)), Some(c @ Credential::ScramKeys { .. }))
+            if entry.user.is_none() =>
+        {
+            c
         }
+        (Some(crate::config::Secret::Scram(_)), _) => Credential::ScramVerifier,
+        (None, Some(c)) if entry.user.is_none() => c,
         _ => Credential::None,
     }
 }
 
 /// SQLSTATEs are 5 ASCII chars; keep well-known ones static, others as generic failure.
-fn static_code(code: &str) -> &'static str {
+pub(crate) fn static_code(code: &str) -> &'static str {
     const KNOWN: [&str; 8] = [
         "28P01", "28000", "3D000", "53300", "57P03", "08006", "08001", "42501",
     ];

@@ -1,8 +1,9 @@
 //! A client's first packets: SSL/GSS negotiation (refused), CancelRequest, StartupMessage,
-//! then authentication against auth_file.
+//! then authentication against auth_file or what auth_query finds.
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use sha2::Digest as _;
 
 use super::ClientError;
 use crate::app::Shared;
@@ -63,8 +64,10 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
     }
 }
 
-/// Authenticate `user` per `auth_type`. Returns what the pool can log in to the server with,
-/// if this login taught us something (SCRAM keys).
+/// Authenticate `user` per `auth_type`. Its secret is auth_file's, else what auth_query
+/// finds (when an auth_user applies to `db`). Returns what the pool can log in to the
+/// server with, if this login taught us something (SCRAM keys from the client's proof; the
+/// secret of a user auth_query found).
 pub async fn authenticate(
     shared: &Arc<Shared>,
     conn: &mut Conn,
@@ -73,61 +76,129 @@ pub async fn authenticate(
     user: &str,
     replication: bool,
 ) -> Result<Option<Credential>, ClientError> {
-    let secret = cfg.auth.users.get(user);
-    // An auth_user (global or the database's) means PgBouncer would ask auth_query.
-    let auth_user_set =
-        cfg.settings.auth_user.is_some() || cfg.database(db).is_some_and(|e| e.auth_user.is_some());
+    // With auth_type = hba the first auth_hba_file rule this login meets picks the method.
+    let (auth_type, map, peer) = match cfg.settings.auth_type {
+        AuthType::Hba => match hba_method(cfg, conn, replication, db, user)? {
+            HbaChoice::Type(t, map) => (t, map, false),
+            HbaChoice::Peer(map) => (AuthType::Hba, map, true),
+        },
+        t => (t, None, false),
+    };
+    // auth_file first, as PgBouncer; `known`: the user exists (its secret may be NULL).
+    let (known, secret, dynamic) = match cfg.auth.users.get(user) {
+        Some(s) => (true, Some(s.clone()), false),
+        None if auth_type == AuthType::Any => (false, None, false),
+        None => match super::auth_query::lookup(shared, cfg, db, user).await? {
+            super::auth_query::Lookup::NotAsked => (false, None, false),
+            super::auth_query::Lookup::Found(s) => (true, s, true),
+        },
+    };
+    let result = if peer {
+        peer_login(conn, cfg, db, user, map, known).await
+    } else {
+        check(
+            shared,
+            conn,
+            cfg,
+            db,
+            auth_type,
+            map,
+            user,
+            known,
+            secret.as_ref(),
+        )
+        .await
+    };
+    if result.is_err() && dynamic {
+        // The password may have changed since: ask PostgreSQL again next time.
+        shared.dynamic_users.forget(db, user);
+    }
+    result
+}
+
+/// What a server login can use from a secret as it is (md5 hash, plain password); a
+/// SCRAM verifier gives nothing by itself.
+fn secret_credential(secret: Option<&Secret>) -> Option<Credential> {
+    match secret? {
+        Secret::Plain(p) => Some(Credential::Plain(p.clone())),
+        Secret::Md5(h) => Some(Credential::Md5Hash(h.clone())),
+        Secret::Scram(_) => None,
+    }
+}
+
+/// The exchange of `auth_type` (an hba rule's method, with its ident `map`) for a user
+/// that is `known` or not, against its `secret`.
+#[allow(clippy::too_many_arguments)]
+async fn check(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    cfg: &crate::config::Config,
+    db: &str,
+    auth_type: AuthType,
+    map: Option<&str>,
+    user: &str,
+    known: bool,
+    secret: Option<&Secret>,
+) -> Result<Option<Credential>, ClientError> {
     let fail = || {
         ClientError::fatal(
             "28P01",
             format!("password authentication failed for user \"{user}\""),
         )
     };
-    // With auth_type = hba the first auth_hba_file rule this login meets picks the method.
-    let (auth_type, map) = match cfg.settings.auth_type {
-        AuthType::Hba => match hba_method(cfg, conn, replication, db, user)? {
-            HbaChoice::Type(t, map) => (t, map),
-            HbaChoice::Peer(map) => {
-                return peer_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set)
-                    .await;
-            }
-        },
-        t => (t, None),
-    };
     // An unknown user (no secret) goes through the same exchange as a known one with a
     // wrong password, and fails only at its end: no user enumeration by reply or timing.
     match auth_type {
-        // As PgBouncer: trust still wants the user in auth_file ("any" does not). With an
-        // auth_user set PgBouncer would ask auth_query instead, which pgcarpool does not do
-        // yet: such users are let in, as before.
-        AuthType::Trust if secret.is_none() && !auth_user_set => Err(ClientError::fatal(
+        // As PgBouncer: trust still wants the user in auth_file, or found by auth_query
+        // ("any" does not).
+        AuthType::Trust if !known => Err(ClientError::fatal(
             "28000",
             "\"trust\" authentication failed".into(),
         )),
-        AuthType::Trust | AuthType::Any => Ok(None),
+        AuthType::Trust => Ok(secret_credential(secret)),
+        AuthType::Any => Ok(None),
         AuthType::Plain => {
             conn.queue_with(backend::authentication_cleartext);
             conn.flush().await?;
             let pw = read_password(conn).await?;
-            let ok = match secret {
-                None => false,
+            match secret {
+                None => Err(fail()),
                 Some(Secret::Plain(p)) => {
-                    subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into()
+                    if subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into() {
+                        Ok(secret_credential(secret))
+                    } else {
+                        Err(fail())
+                    }
                 }
                 Some(Secret::Md5(h)) => {
                     let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
-                    subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into()
+                    if subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into() {
+                        Ok(secret_credential(secret))
+                    } else {
+                        Err(fail())
+                    }
                 }
                 Some(Secret::Scram(v)) => {
-                    let given = scram::verifier_from_password(
-                        &String::from_utf8_lossy(&pw),
-                        &v.salt,
-                        v.iterations,
-                    );
-                    subtle::ConstantTimeEq::ct_eq(&given.stored_key[..], &v.stored_key[..]).into()
+                    // The keys of this verifier (PBKDF2 off the reactor, memoised): they
+                    // also log in to a server holding the same verifier.
+                    let pw = String::from_utf8_lossy(&pw);
+                    let (client_key, server_key) = shared
+                        .scram
+                        .client_keys_async(&pw, &v.salt, v.iterations)
+                        .await;
+                    let stored_key: [u8; 32] = sha2::Sha256::digest(client_key).into();
+                    let ok: bool =
+                        subtle::ConstantTimeEq::ct_eq(&stored_key[..], &v.stored_key[..]).into();
+                    if ok && server_key == v.server_key {
+                        Ok(Some(Credential::ScramKeys {
+                            client_key,
+                            server_key,
+                        }))
+                    } else {
+                        Err(fail())
+                    }
                 }
-            };
-            if ok { Ok(None) } else { Err(fail()) }
+            }
         }
         AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
             let hash = match secret {
@@ -142,7 +213,7 @@ pub async fn authenticate(
             conn.flush().await?;
             let pw = read_password(conn).await?;
             if md5::verify_response(&hash, salt, &pw) && secret.is_some() {
-                Ok(None)
+                Ok(secret_credential(secret))
             } else {
                 Err(fail())
             }
@@ -160,10 +231,14 @@ pub async fn authenticate(
             if secret.is_none() {
                 return Err(sasl_fail());
             }
-            Ok(learned)
+            match secret {
+                // The verifier was made here: the password itself logs in to the server.
+                Some(Secret::Plain(_)) => Ok(secret_credential(secret)),
+                _ => Ok(learned),
+            }
         }
-        AuthType::Cert => cert_login(conn, cfg, db, user, map, secret.is_some() || auth_user_set),
-        // Resolved to a rule's method above.
+        AuthType::Cert => cert_login(conn, cfg, db, user, map, known),
+        // Resolved to a rule's method by `authenticate`.
         AuthType::Hba => Err(ClientError::fatal(
             "28000",
             "no authentication method is found".into(),

@@ -21,6 +21,7 @@ pub struct DatabaseEntry {
     pub user: Option<String>,
     /// Password for the forced user.
     pub password: Option<String>,
+    /// Per-database `auth_user`: users missing from auth_file are looked up with auth_query as it.
     pub auth_user: Option<String>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -36,9 +37,9 @@ pub struct DatabaseEntry {
     pub datestyle: Option<String>,
     pub timezone: Option<String>,
     pub application_name: Option<String>,
-    /// Per-database `auth_query` override (parsed; not implemented yet).
+    /// Per-database `auth_query` override.
     pub auth_query: Option<String>,
-    /// Per-database `auth_dbname` override (parsed; not implemented yet).
+    /// Per-database `auth_dbname` override (the database auth_query runs in).
     pub auth_dbname: Option<String>,
     /// Per-database `server_lifetime`.
     pub server_lifetime: Option<Duration>,

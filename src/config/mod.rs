@@ -560,13 +560,22 @@ job_name = pgbouncer
         // These differ from the defaults and are not implemented.
         assert_eq!(
             s.unimplemented_in_use(),
-            vec![
-                "auth_query",
-                "resolv_conf",
-                "tcp_defer_accept",
-                "track_extra_parameters"
-            ]
+            vec!["resolv_conf", "tcp_defer_accept", "track_extra_parameters"]
         );
+    }
+
+    #[test]
+    fn the_console_cannot_be_the_auth_dbname() {
+        let e = err("[pgbouncer]\nauth_dbname = pgbouncer\n");
+        assert!(
+            e.contains("cannot use the reserved \"pgbouncer\" database as an auth_dbname"),
+            "{e}"
+        );
+        let c = cfg("[databases]\nx = auth_dbname=pgbouncer auth_user=u\n[pgbouncer]\nauth_dbname = authdb\n")
+            .unwrap();
+        // Per database it is refused at login (PgBouncer's "bouncer config error").
+        assert_eq!(c.databases["x"].auth_dbname.as_deref(), Some("pgbouncer"));
+        assert_eq!(c.settings.auth_dbname.as_deref(), Some("authdb"));
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Settings {
     pub auth_ident_file: Option<PathBuf>,
     pub auth_user: Option<String>,
     pub auth_query: String,
+    /// The database the auth_query runs in (None: the client's database).
+    pub auth_dbname: Option<String>,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,
     pub pool_mode: PoolMode,
@@ -119,6 +121,9 @@ pub struct Settings {
     /// pgcarpool extension: read `peers_dns`'s addresses from this hosts(5) file instead
     /// of the system resolver (tests; a member list written by a sidecar).
     pub peers_hosts_file: String,
+    /// How long a user's secret found by auth_query is reused before it is asked again
+    /// (0: asked at every login, as PgBouncer). A failed login forgets it at once.
+    pub auth_query_cache_ttl: Duration,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -532,15 +537,15 @@ const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now(
 pub static TABLE: &[SettingDef] = &[
     typed!(admin_users, "", reload: true, implemented: true),
     typed!(application_name_add_host, "0", reload: true, implemented: true),
-    other!(auth_dbname, "", reload: true, check_str),
+    typed!(auth_dbname, "", reload: true, implemented: true, parse_auth_dbname, Value::show),
     typed!(auth_file, "", reload: true, implemented: true),
     typed!(auth_hba_file, "", reload: true, implemented: true),
     typed!(auth_ident_file, "", reload: true, implemented: true),
     other!(auth_ldap_options, "", reload: true, check_str),
     other!(auth_pam_confdir, "", reload: true, check_str),
-    typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: false),
+    typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: true),
     typed!(auth_type, "md5", reload: true, implemented: true),
-    typed!(auth_user, "", reload: true, implemented: false),
+    typed!(auth_user, "", reload: true, implemented: true),
     typed!(autodb_idle_timeout, "3600", reload: true, implemented: false),
     typed!(cancel_wait_timeout, "10", reload: true, implemented: true),
     typed!(client_idle_timeout, "0", reload: true, implemented: true),
@@ -656,7 +661,19 @@ pub static TABLE: &[SettingDef] = &[
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
     typed!(peers_dns, "", reload: true, implemented: true, parse_peers_dns, Value::show),
     typed!(peers_hosts_file, "", reload: true, implemented: true),
+    typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
 ];
+
+/// PgBouncer refuses its own console as the database auth_query runs in.
+fn parse_auth_dbname(v: &str) -> Result<Option<String>, String> {
+    if crate::admin::is_admin_db(v.trim()) {
+        return Err(format!(
+            "cannot use the reserved \"{}\" database as an auth_dbname",
+            v.trim()
+        ));
+    }
+    Value::parse(v)
+}
 
 fn parse_peers_dns(v: &str) -> Result<String, String> {
     if !v.trim().is_empty() {
@@ -718,6 +735,7 @@ impl Settings {
             auth_ident_file: None,
             auth_user: None,
             auth_query: String::new(),
+            auth_dbname: None,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             pool_mode: PoolMode::Session,
@@ -791,6 +809,7 @@ impl Settings {
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
+            auth_query_cache_ttl: Duration::ZERO,
             other: BTreeMap::new(),
         }
     }
@@ -940,6 +959,17 @@ unless `peer_id` is set. `peers_hosts_file` (pgcarpool) reads `name`'s addresses
 hosts(5) file instead of the system resolver. `dns_max_ttl` has no other use: server
 host names are resolved at each connect.
 
+**auth_user, auth_query, auth_dbname.** As PgBouncer: a user missing from `auth_file` is
+looked up with `auth_query` (the per-database `auth_query=` first) when an `auth_user`
+applies (the database's `auth_user=`, else the global one). The query runs in the
+database's `auth_dbname=`, else the global `auth_dbname`, else the client's database, as
+`auth_user` (password from `auth_file`) over a pooled server of that pool. A user in
+`auth_file` is never looked up. `auth_query_cache_ttl` (a pgcarpool setting, seconds,
+default 5; 0 asks at every login as PgBouncer does) is how long a secret found is reused:
+a user created in PostgreSQL logs in at once, a dropped one (or one past `VALID UNTIL`,
+or `NOLOGIN`) is refused once its entry is older than that. A failed login forgets its
+entry at once, and a reload forgets them all.
+
 **server_login_retry.** A server login that fails because PostgreSQL is starting up or
 shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
 listens at its address (connection refused or reset, no Unix socket), is not cached for
@@ -1068,6 +1098,7 @@ mod tests {
                     "statement_registry_size",
                     "peers_dns",
                     "peers_hosts_file",
+                    "auth_query_cache_ttl",
                 ]
                 .contains(n)
             })

@@ -277,12 +277,21 @@ impl Pool {
         let mut g = self.lock();
         if matches!(
             g.settings.target.credential,
-            crate::server::Credential::None
+            crate::server::Credential::None | crate::server::Credential::ScramVerifier
         ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
             g.settings = Arc::new(s);
         }
+    }
+
+    /// A login through auth_query taught us the user's current secret (an md5 hash, SCRAM
+    /// keys from the client's proof): new server logins use it from now on.
+    pub fn replace_credential(&self, c: crate::server::Credential) {
+        let mut g = self.lock();
+        let mut s = (*g.settings).clone();
+        s.target.credential = c;
+        g.settings = Arc::new(s);
     }
 
     /// One shared copy of a new client's session parameters: the pool keeps the last set it

@@ -39,6 +39,38 @@ pub fn query(out: &mut BytesMut, sql: &str) {
     finish(out, at);
 }
 
+/// Parse, Bind, Execute and Sync of `sql` on the unnamed statement and portal, with text
+/// parameters `params` (None: NULL) and text results: one extended-protocol query.
+pub fn extended_query(out: &mut BytesMut, sql: &str, params: &[Option<&str>]) {
+    let at = begin(out, PARSE);
+    out.put_u8(0); // unnamed statement
+    out.put_slice(sql.as_bytes());
+    out.put_u8(0);
+    out.put_i16(0); // parameter types: all inferred
+    finish(out, at);
+    let at = begin(out, BIND);
+    out.put_u8(0); // unnamed portal
+    out.put_u8(0); // unnamed statement
+    out.put_i16(0); // parameter formats: all text
+    out.put_i16(params.len() as i16);
+    for p in params {
+        match p {
+            Some(v) => {
+                out.put_i32(v.len() as i32);
+                out.put_slice(v.as_bytes());
+            }
+            None => out.put_i32(-1),
+        }
+    }
+    out.put_i16(0); // result formats: all text
+    finish(out, at);
+    let at = begin(out, EXECUTE);
+    out.put_u8(0); // unnamed portal
+    out.put_i32(0); // no row limit
+    finish(out, at);
+    sync(out);
+}
+
 pub fn terminate(out: &mut BytesMut) {
     let at = begin(out, TERMINATE);
     finish(out, at);
@@ -125,6 +157,13 @@ mod tests {
                 b"p\0\0\0\x0cM\0\0\0\0\x02ab",
             ),
             (|b| sasl_response(b, b"c=biws"), b"p\0\0\0\x0ac=biws"),
+            (
+                |b| extended_query(b, "q $1", &[Some("ab"), None]),
+                b"P\0\0\0\x0c\0q $1\0\0\0\
+                  B\0\0\0\x16\0\0\0\0\0\x02\0\0\0\x02ab\xff\xff\xff\xff\0\0\
+                  E\0\0\0\x09\0\0\0\0\0\
+                  S\0\0\0\x04",
+            ),
         ];
         for (build, want) in cases {
             let mut b = BytesMut::from(&b"x"[..]);

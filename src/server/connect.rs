@@ -121,6 +121,9 @@ pub enum Credential {
         client_key: [u8; 32],
         server_key: [u8; 32],
     },
+    /// Only a SCRAM verifier, and no client has logged in with it yet (or the user is
+    /// forced): no server login can be made with it ("wrong password type").
+    ScramVerifier,
 }
 
 /// Everything needed to open a server connection for a pool.
@@ -347,7 +350,7 @@ async fn login(
                             Credential::Plain(pw) => md5::password_hash(&target.user, pw),
                             Credential::Md5Hash(h) => h.clone(),
                             // PgBouncer's words for a secret of the wrong kind.
-                            Credential::ScramKeys { .. } => {
+                            Credential::ScramKeys { .. } | Credential::ScramVerifier => {
                                 return Err(ServerError::Login(
                                     "cannot do MD5 authentication: wrong password type".into(),
                                 ));
@@ -375,7 +378,7 @@ async fn login(
                                 client_key: *client_key,
                                 server_key: *server_key,
                             },
-                            Credential::Md5Hash(_) => {
+                            Credential::Md5Hash(_) | Credential::ScramVerifier => {
                                 return Err(ServerError::Login(
                                     "cannot do SCRAM authentication: wrong password type".into(),
                                 ));

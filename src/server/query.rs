@@ -16,7 +16,7 @@ pub async fn simple_query(
     sql: &str,
 ) -> Result<Option<ErrorFields>, ServerError> {
     send(server, sql).await?;
-    read_replies(server, None).await
+    read_replies(server, Rows::Drop, OWN_QUERY_MESSAGE_LIMIT).await
 }
 
 /// Run `sql` (one or more statements) and collect each statement's rows as text, one set
@@ -27,11 +27,43 @@ pub async fn query_sets(
 ) -> Result<Vec<Vec<Vec<Option<String>>>>, ServerError> {
     send(server, sql).await?;
     let mut sets = vec![Vec::new()];
-    match read_replies(server, Some(&mut sets)).await? {
+    match read_replies(server, Rows::Sets(&mut sets), OWN_QUERY_MESSAGE_LIMIT).await? {
         Some(e) => Err(ServerError::Rejected(e)),
         None => {
             sets.pop();
             Ok(sets)
+        }
+    }
+}
+
+/// Run `sql` with text parameters (`$1`…; None: NULL) over the extended protocol and return
+/// its first row (later rows are read and dropped). An error is returned as
+/// `ServerError::Rejected`; a message longer than `limit` bytes leaves the server broken.
+/// Nothing of any client's session is applied first (the auth_query runs this way).
+pub async fn first_row(
+    server: &mut Server,
+    sql: &str,
+    params: &[Option<&str>],
+    limit: usize,
+) -> Result<Option<Vec<Option<String>>>, ServerError> {
+    server
+        .conn
+        .queue_with(|b| frontend::extended_query(b, sql, params));
+    // Our Parse replaces the server's unnamed statement.
+    server.unnamed = 0;
+    server.proto.expected_rfq += 1;
+    let sent = server.conn.flush().await;
+    if let Err(e) = sent {
+        server.broken = true;
+        return Err(ServerError::Conn(e.into()));
+    }
+    let mut first = None;
+    match read_replies(server, Rows::First(&mut first), limit).await {
+        Ok(None) => Ok(first),
+        Ok(Some(e)) => Err(ServerError::Rejected(e)),
+        Err(e) => {
+            server.broken = true;
+            Err(e)
         }
     }
 }
@@ -51,28 +83,41 @@ async fn send(server: &mut Server, sql: &str) -> Result<(), ServerError> {
 /// Read server messages until every ReadyForQuery owed has arrived, keeping the server's
 /// state current. Returns the first error seen.
 pub async fn drain(server: &mut Server) -> Result<Option<ErrorFields>, ServerError> {
-    read_replies(server, None).await
+    read_replies(server, Rows::Drop, OWN_QUERY_MESSAGE_LIMIT).await
 }
 
-/// The one reader of replies to pgcarpool's own queries: rows go to the last of `sets` when
-/// given (else are dropped; each CommandComplete starts a new set), a FATAL error ends it,
-/// other errors are returned after ReadyForQuery.
+/// Where the rows of pgcarpool's own queries go.
+enum Rows<'a> {
+    Drop,
+    /// One set per statement: each CommandComplete starts a new set.
+    Sets(&'a mut Vec<Vec<Vec<Option<String>>>>),
+    /// The first row only.
+    First(&'a mut Option<Vec<Option<String>>>),
+}
+
+/// The one reader of replies to pgcarpool's own queries: rows go where `rows` says, a
+/// FATAL error ends it, other errors are returned after ReadyForQuery.
 async fn read_replies(
     server: &mut Server,
-    mut sets: Option<&mut Vec<Vec<Vec<Option<String>>>>>,
+    mut rows: Rows<'_>,
+    limit: usize,
 ) -> Result<Option<ErrorFields>, ServerError> {
     let mut first_error = None;
     while server.proto.expected_rfq > 0 {
-        let h = server.conn.read_message(OWN_QUERY_MESSAGE_LIMIT).await?;
+        let h = server.conn.read_message(limit).await?;
         let body = &server.conn.rbuf[5..h.total];
         match h.tag {
-            backend::DATA_ROW => {
-                if let Some(rows) = sets.as_deref_mut().and_then(|s| s.last_mut()) {
-                    rows.push(parse_data_row(body)?);
+            backend::DATA_ROW => match &mut rows {
+                Rows::Sets(sets) => {
+                    if let Some(set) = sets.last_mut() {
+                        set.push(parse_data_row(body)?);
+                    }
                 }
-            }
+                Rows::First(first) if first.is_none() => **first = Some(parse_data_row(body)?),
+                _ => {}
+            },
             backend::COMMAND_COMPLETE => {
-                if let Some(sets) = sets.as_deref_mut() {
+                if let Rows::Sets(sets) = &mut rows {
                     sets.push(Vec::new());
                 }
             }

@@ -605,3 +605,45 @@ fn credential_debug_hides_secrets() {
     );
     assert!(!k.contains('7'));
 }
+
+#[test]
+fn pass_through_takes_any_salt_length_and_iteration_count() {
+    // A verifier as a server could store it (keys made here without PBKDF2: any ClientKey
+    // has a verifier), with salts of 1 and 64 bytes and counts past the PBKDF2 bound.
+    for (salt, iterations) in [
+        (vec![7u8], 1u32),
+        (vec![1u8; 64], 4096),
+        (vec![9u8; 16], MAX_ITERATIONS + 1),
+        (vec![3u8; 33], u32::MAX),
+    ] {
+        let client_key = [0x5a; 32];
+        let server_key = [0xa5; 32];
+        let verifier = ScramVerifier {
+            iterations,
+            salt: salt.clone(),
+            stored_key: sha256(&client_key),
+            server_key,
+        };
+        // A client proving ClientKey: the pooler's server side recovers it…
+        let (server, r) = exchange(
+            &verifier,
+            ClientCredential::Keys {
+                client_key,
+                server_key,
+            },
+        );
+        r.unwrap_or_else(|e| panic!("salt {} i={iterations}: {e}", salt.len()));
+        let learned = server.client_credential().expect("keys learned");
+        // …and logs in with it to a server holding the same verifier.
+        let (_, r) = exchange(&verifier, learned);
+        r.unwrap_or_else(|e| panic!("pass-through salt {} i={iterations}: {e}", salt.len()));
+    }
+    // Deriving from a password past the bound is refused (no unbounded PBKDF2).
+    let mut client = ScramClient::with_nonce(ClientCredential::Password("x".into()), "", "cn");
+    client.client_first();
+    let s1 = format!("r=cnSN,s=AAAA,i={}", MAX_ITERATIONS + 1);
+    assert!(matches!(
+        client.server_first(s1.as_bytes()),
+        Err(ScramError::Malformed(_))
+    ));
+}
