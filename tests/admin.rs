@@ -805,6 +805,56 @@ async fn kill_client_disconnects_that_client() {
     p.shutdown().await;
 }
 
+fn ids(rows: &[HashMap<String, Option<String>>]) -> std::collections::BTreeSet<u64> {
+    rows.iter().map(|r| num(r, "id")).collect()
+}
+
+/// Clients and servers draw their `id` from one sequence, as PgBouncer's sockets do; SHOW
+/// SOCKETS lists both (the console's own connection too) with SHOW CLIENTS' columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_and_servers_share_one_id_sequence() {
+    let pg = TempPostgres::start();
+    // Session mode; every server is used once.
+    let p = TestPooler::builder(&pg)
+        .setting("server_lifetime", "0")
+        .start()
+        .await;
+    let c = console(&p).await;
+    let own = rows(&c, "SHOW SOCKETS").await;
+    assert_eq!(own.len(), 1, "{own:?}");
+    let first = num(&own[0], "id");
+    for i in 1..=2u64 {
+        let app = p.connect("postgres", "testdb").await;
+        app.simple_query("select 1").await.unwrap();
+        let sockets = rows(&c, "SHOW SOCKETS").await;
+        assert_eq!(
+            ids(&sockets),
+            [first, first + 2 * i - 1, first + 2 * i].into(),
+            "{sockets:?}"
+        );
+        let server: Vec<_> = sockets
+            .iter()
+            .filter(|r| r["type"].as_deref() == Some("S"))
+            .collect();
+        assert_eq!(server.len(), 1, "{sockets:?}");
+        assert_eq!(server[0]["state"].as_deref(), Some("active"));
+        assert_eq!(num(server[0], "id"), first + 2 * i);
+        assert_eq!(ids(&rows(&c, "SHOW SERVERS").await), [first + 2 * i].into());
+        assert_eq!(
+            ids(&rows(&c, "SHOW CLIENTS").await),
+            [first, first + 2 * i - 1].into()
+        );
+        drop(app);
+        wait_for(
+            "the client and its server gone",
+            Duration::from_secs(5),
+            || async { rows(&c, "SHOW SOCKETS").await.len() == 1 },
+        )
+        .await;
+    }
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_waits_and_resume_lets_queries_run() {
     let pg = TempPostgres::start();

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::classify::{self, Effects};
+use super::registry::ServerLink;
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
@@ -96,9 +97,13 @@ async fn transaction(
         idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
-    c.reg
-        .handle
-        .set_cancel_target(Some((server.addr.clone(), server.key)));
+    server.served = true;
+    c.reg.handle.set_server(Some(ServerLink {
+        id: server.id,
+        addr: server.addr.clone(),
+        key: server.key,
+        created: server.created,
+    }));
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
     let (event, counts, effects) = {
@@ -119,7 +124,7 @@ async fn transaction(
         };
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
-    c.reg.handle.set_cancel_target(None);
+    c.reg.handle.set_server(None);
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however

@@ -1,7 +1,6 @@
 //! One pool: idle servers, FIFO waiters, size limits, pause. The lock is held only for
 //! quick list operations, never across `.await`.
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -151,7 +150,7 @@ pub struct Pool {
     inner: Mutex<Inner>,
     db_limit: Arc<Limit>,
     user_limit: Arc<Limit>,
-    next_server_id: AtomicU64,
+    socket_ids: Arc<super::SocketIds>,
     pub stats: PoolStats,
     /// Woken when a login fails or succeeds (or is abandoned): waiters look again at when
     /// to retry, or whether to give up.
@@ -200,6 +199,7 @@ impl Pool {
         settings: PoolSettings,
         db_limit: Arc<Limit>,
         user_limit: Arc<Limit>,
+        socket_ids: Arc<super::SocketIds>,
     ) -> Arc<Pool> {
         Arc::new(Pool {
             db: db.to_string(),
@@ -222,7 +222,7 @@ impl Pool {
             }),
             db_limit,
             user_limit,
-            next_server_id: AtomicU64::new(1),
+            socket_ids,
             stats: PoolStats::default(),
             login_changed: Notify::new(),
         })
@@ -481,7 +481,7 @@ impl Pool {
     /// login ends (its client left), the slot is given back.
     async fn open(self: &Arc<Self>) -> Result<Box<Server>, CheckoutError> {
         let settings = self.settings();
-        let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.socket_ids.next();
         let started = Instant::now();
         let opening = Opening(self);
         let result = connect::connect(&settings.target, id, settings.server_connect_timeout).await;
@@ -617,9 +617,11 @@ impl Pool {
         // Nobody listens on a server in the pool.
         s.notifications.clear();
         let mut g = self.lock();
-        let too_old = crate::config::enabled(g.settings.server_lifetime)
-            .is_some_and(|l| s.created.elapsed() >= l)
-            || g.close_before.is_some_and(|t| s.created < t);
+        // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
+        let too_old = match crate::config::enabled(g.settings.server_lifetime) {
+            Some(l) => s.created.elapsed() >= l,
+            None => s.served,
+        } || g.close_before.is_some_and(|t| s.created < t);
         let counted = g.total.saturating_sub(g.pinned);
         if s.broken || too_old || counted > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
@@ -1045,6 +1047,7 @@ mod tests {
             settings(port, 1),
             db_limit.clone(),
             Arc::new(Limit::default()),
+            Arc::default(),
         );
         let p = pool.clone();
         let client = tokio::spawn(async move { p.checkout(None).await.map(|_| ()) });
