@@ -190,6 +190,7 @@ pub fn pool_settings(
         max_prepared_statements: s.max_prepared_statements,
         pin_error: entry.pin_mode.as_deref().unwrap_or(&s.pin_mode) == "error",
         pin_pool_size: s.pin_pool_size,
+        log_connections: s.log_connections,
         target: ServerTarget {
             addr: hosts
                 .first()

@@ -56,6 +56,14 @@ impl Stream {
         Ok(())
     }
 
+    /// This end's address of a TCP connection, as text; None for Unix sockets.
+    pub fn local(&self) -> Option<String> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok().map(|a| a.to_string()),
+            Stream::Unix(_) => None,
+        }
+    }
+
     /// The peer as text for logs and SHOW CLIENTS ("unix" for Unix sockets).
     pub fn peer(&self) -> String {
         match self {

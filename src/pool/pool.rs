@@ -43,6 +43,8 @@ pub struct PoolSettings {
     pub pin_error: bool,
     /// Servers kept by pinned clients that do not count against pool_size (at most).
     pub pin_pool_size: usize,
+    /// Log each new server connection (PgBouncer's `log_connections`).
+    pub log_connections: bool,
     pub target: ServerTarget,
 }
 
@@ -489,6 +491,17 @@ impl Pool {
         std::mem::forget(opening);
         match result {
             Ok(s) => {
+                if settings.log_connections {
+                    // PgBouncer's words; tools and tests look for them.
+                    match s.conn.stream.local() {
+                        Some(local) => {
+                            tracing::info!(server = id, db = %self.db, user = %self.user,
+                            addr = %s.addr, "new connection to server (from {local})")
+                        }
+                        None => tracing::info!(server = id, db = %self.db, user = %self.user,
+                            addr = %s.addr, "new connection to server"),
+                    }
+                }
                 let failing_since = {
                     let mut g = self.lock();
                     let since = g.login.failing_since();
@@ -1019,6 +1032,7 @@ mod tests {
             max_prepared_statements: 0,
             pin_error: false,
             pin_pool_size: 0,
+            log_connections: false,
             target: ServerTarget {
                 addr: crate::server::ServerAddr::Tcp {
                     host: "127.0.0.1".into(),
