@@ -13,7 +13,7 @@ pub mod startup;
 pub mod transaction;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::app::Shared;
 use crate::config::{self, Config, DatabaseEntry};
@@ -72,14 +72,14 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let Some(mut client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
         return;
     };
-    let started = Instant::now();
     let result = transaction::run(&mut client).await;
     client
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
-        report(&mut client.conn, e, &h.addr, true).await;
+        let age = h.connect_time.elapsed().unwrap_or_default();
+        report(&mut client.conn, e, &h.addr, true, age).await;
     }
     if cfg.settings.log_disconnections {
         let reason = match &result {
@@ -87,7 +87,8 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
             Err(e) => e.to_string(),
         };
         let h = &client.reg.handle;
-        tracing::info!(client = id, user = %h.user, db = %h.db, addr = %h.addr, age_s = started.elapsed().as_secs(), "closing because: {reason}");
+        let age = h.connect_time.elapsed().unwrap_or_default().as_secs();
+        tracing::info!(client = id, user = %h.user, db = %h.db, addr = %h.addr, "closing because: {reason} (age={age}s)");
     }
 }
 
@@ -95,6 +96,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
 /// (a cancel request, or a login that failed and was told why).
 async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
     let peer = &stream.peer();
+    let connected = Instant::now();
     tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
     let ticket = shared.pending_logins.enter(id);
@@ -140,11 +142,18 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 _ = kill.cancelled() => Ok(()),
             };
             if let Err(e) = result {
-                report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+                report(
+                    &mut conn,
+                    &e,
+                    peer,
+                    cfg.settings.log_connections,
+                    connected.elapsed(),
+                )
+                .await;
             }
             return None;
         }
-        Ok(Entered::Replication(server, _counted)) => {
+        Ok(Entered::Replication(server, _slot, _counted)) => {
             if cfg.settings.log_connections {
                 tracing::info!(client = id, addr = %peer, "login (replication)");
             }
@@ -155,7 +164,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
         Ok(Entered::Done) => return None,
         Err(e) => {
-            report(&mut conn, &e, peer, cfg.settings.log_connections).await;
+            report(
+                &mut conn,
+                &e,
+                peer,
+                cfg.settings.log_connections,
+                connected.elapsed(),
+            )
+            .await;
             return None;
         }
     };
@@ -173,11 +189,13 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
 }
 
 /// Send a FATAL error (if the socket still works) and log it.
-async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool) {
+async fn report(conn: &mut Conn, e: &ClientError, peer: &str, log: bool, age: Duration) {
     if let ClientError::Fatal { code, message } = e {
         if log {
-            // PgBouncer's words ("closing because: no such database: x"); tools grep them.
-            tracing::info!(addr = %peer, "closing because: {message}");
+            // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
+            // grep them.
+            let age = age.as_secs();
+            tracing::info!(addr = %peer, "closing because: {message} (age={age}s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
@@ -237,7 +255,11 @@ enum Entered {
     /// A console user, logged in (and counted on database `pgbouncer`).
     Admin(String, crate::admin::Role, counts::Counted),
     /// A replication connection with its own server.
-    Replication(Box<crate::server::Server>, counts::Counted),
+    Replication(
+        Box<crate::server::Server>,
+        crate::pool::Slot,
+        counts::Counted,
+    ),
     /// Nothing more to do (a cancel request).
     Done,
 }
@@ -307,34 +329,6 @@ async fn login(
     let counted = count_client(shared, cfg, &db, &user)?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
-    if let Some(mode) = replication {
-        // A server of its own, logged in with the client's parameters (replication,
-        // application_name, options…); not pooled.
-        let cred = credential_for(cfg, &entry, &server_user, learned);
-        let settings = crate::app::pool_settings(cfg, &entry, &user, cred, shared);
-        let mut target = settings.target;
-        target
-            .startup_params
-            .retain(|(k, _)| !params.iter().any(|(c, _)| c == k));
-        target.startup_params.extend(
-            params
-                .iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "user" | "database" | "replication"))
-                .cloned(),
-        );
-        target.startup_params.push(("replication".into(), mode));
-        let server = crate::server::connect::connect(&target, id, settings.server_connect_timeout)
-            .await
-            .map_err(|e| {
-                let (code, msg) = e.client_error();
-                tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
-                ClientError::Fatal {
-                    code: static_code(&code),
-                    message: msg,
-                }
-            })?;
-        return Ok(Entered::Replication(Box::new(server), counted));
-    }
     let pool = shared.pools.get_or_create(&db, &server_user, || {
         if !cfg.databases.contains_key(&db) {
             // PgBouncer's words for a database made from the `*` entry.
@@ -351,11 +345,53 @@ async fn login(
     if shared.admin.is_paused(&db) && !pool.counts().paused {
         pool.pause();
     }
-    if let Some(c) = learned
+    if let Some(c) = learned.clone()
         && entry.user.is_none()
     {
         pool.set_credential_if_missing(c);
     }
+    if let Some(mode) = replication {
+        // A server of its own, logged in with the client's parameters (replication,
+        // application_name, options…); not pooled, but counted in the pool's size.
+        let cred = credential_for(cfg, &entry, &server_user, learned);
+        let settings = crate::app::pool_settings(cfg, &entry, &user, cred, shared);
+        let mut target = settings.target;
+        target
+            .startup_params
+            .retain(|(k, _)| !params.iter().any(|(c, _)| c == k));
+        target.startup_params.extend(
+            params
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "user" | "database" | "replication"))
+                .cloned(),
+        );
+        target.startup_params.push(("replication".into(), mode));
+        let deadline = config::enabled(settings.query_wait_timeout).map(|d| Instant::now() + d);
+        let slot = pool
+            .checkout_slot(deadline)
+            .await
+            .map_err(|e| ClientError::fatal("08P01", e.to_string()))?;
+        let server_id = shared.pools.socket_ids.next();
+        let connect =
+            crate::server::connect::connect(&target, server_id, settings.server_connect_timeout);
+        let server = connect.await.map_err(|e| {
+            let (code, msg) = e.client_error();
+            tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
+            if matches!(e, crate::server::ServerError::Rejected(_)) {
+                // PgBouncer's words, for the server and its client: the client is not told
+                // why (the log says), as PgBouncer does.
+                tracing::info!(server = server_id, %db, user = %server_user,
+                    "closing because: login failed (age=0s)");
+                return ClientError::fatal("08P01", "login failed".into());
+            }
+            ClientError::Fatal {
+                code: static_code(&code),
+                message: msg,
+            }
+        })?;
+        return Ok(Entered::Replication(Box::new(server), slot, counted));
+    }
+
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {
         Some(p) => p,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use guard::PooledServer;
+pub use guard::{PooledServer, Slot};
 pub use pool::{CheckoutError, Pool, PoolSettings};
 
 /// A shared count of server connections against a limit (max_db_connections per database,

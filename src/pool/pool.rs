@@ -9,7 +9,7 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
 use super::login::{LoginBackoff, LoginFailure};
-use super::{Limit, PooledServer};
+use super::{Limit, PooledServer, Slot};
 use crate::config::PoolMode;
 use crate::net::conn::ConnError;
 use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
@@ -341,6 +341,46 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Room for a replication connection's own server (PgBouncer 1.23+): it counts against
+    /// the pool's size and limits as any server. With the pool full, an idle server is
+    /// closed to make room ("evicted"); with none idle, the client waits in line with the
+    /// pool's other clients until `deadline`.
+    pub async fn checkout_slot(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Result<Slot, CheckoutError> {
+        let start = Instant::now();
+        let mut reserve_ok = false;
+        {
+            let mut g = self.lock();
+            if !g.paused && g.waiters.is_empty() && self.may_open(&mut g, false) {
+                // The pool's login backoff is for its own logins: this one is not one.
+                g.login.abandoned();
+                return Ok(Slot::new(self.clone()));
+            }
+        }
+        loop {
+            let evicted = match self.step(reserve_ok) {
+                Step::Idle(s) => s,
+                Step::Connect => break,
+                Step::Wait(ticket) => {
+                    match self.wait(ticket, start, deadline, &mut reserve_ok).await? {
+                        Waited::Server(s) => s,
+                        Waited::Open => break,
+                        Waited::Again => continue,
+                    }
+                }
+            };
+            // PgBouncer's words; tools and tests look for them.
+            tracing::info!(server = evicted.id, db = %self.db, user = %self.user,
+                "closing because: evicted (age={}s)", evicted.created.elapsed().as_secs());
+            close_server(evicted);
+            return Ok(Slot::new(self.clone()));
+        }
+        self.lock().login.abandoned();
+        Ok(Slot::new(self.clone()))
     }
 
     /// Keep a place in line until served, timed out, or allowed to open a server itself
