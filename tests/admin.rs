@@ -805,6 +805,46 @@ async fn kill_client_disconnects_that_client() {
     p.shutdown().await;
 }
 
+/// SHOW STATS counts named statements as PgBouncer does: the clients' Parses, the Parses
+/// pgcarpool sends to servers (once per server holding the text, whichever client asked),
+/// and the clients' Binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_stats_counts_parses_and_binds_of_named_statements() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let c1 = p.connect("postgres", "testdb").await;
+    let c2 = p.connect("postgres", "testdb").await;
+    // Client 1 prepares on the pool's one server and runs it there three times.
+    let s1 = c1.prepare("select 1").await.unwrap();
+    for _ in 0..3 {
+        c1.query(&s1, &[]).await.unwrap();
+    }
+    // Client 2 holds that server: client 1's next run prepares it on a second server.
+    c2.batch_execute("begin; select 2").await.unwrap();
+    c1.query(&s1, &[]).await.unwrap();
+    // Client 2 prepares the same text: its server holds it already.
+    let s2 = c2.prepare("select 1").await.unwrap();
+    c2.query(&s2, &[]).await.unwrap();
+    c2.batch_execute("commit").await.unwrap();
+    let admin = console(&p).await;
+    let stats = rows(&admin, "SHOW STATS").await;
+    let db = stats
+        .iter()
+        .find(|r| r["database"].as_deref() == Some("testdb"))
+        .expect("a testdb row");
+    let counts = [
+        num(db, "total_client_parse_count"),
+        num(db, "total_server_parse_count"),
+        num(db, "total_bind_count"),
+    ];
+    assert_eq!(counts, [2, 2, 5], "{db:?}");
+    p.shutdown().await;
+}
+
 fn ids(rows: &[HashMap<String, Option<String>>]) -> std::collections::BTreeSet<u64> {
     rows.iter().map(|r| num(r, "id")).collect()
 }

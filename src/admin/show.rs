@@ -499,8 +499,8 @@ fn per_database(shared: &Shared) -> BTreeMap<String, (Totals, Period)> {
 }
 
 /// The counters of a SHOW STATS row, in the order PgBouncer 1.25.2 sends them (its
-/// stats.c, which differs from its docs): assignments first; the parse and bind counts
-/// of prepared statements are not counted yet (0).
+/// stats.c, which differs from its docs): assignments first, the parse and bind counts
+/// of prepared statements last.
 fn stat_values(x: &Totals) -> [u64; 11] {
     [
         x.server_assignment_count,
@@ -511,9 +511,9 @@ fn stat_values(x: &Totals) -> [u64; 11] {
         x.xact_time_us,
         x.query_time_us,
         x.wait_time_us,
-        0,
-        0,
-        0,
+        x.client_parse_count,
+        x.server_parse_count,
+        x.bind_count,
     ]
 }
 

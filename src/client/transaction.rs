@@ -297,6 +297,9 @@ fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     PoolStats::add(&s.bytes_received, n.bytes_from_client);
     PoolStats::add(&s.bytes_sent, n.bytes_from_server);
     PoolStats::add(&s.query_time_us, n.query_time_us);
+    PoolStats::add(&s.client_parse_count, n.client_parses);
+    PoolStats::add(&s.server_parse_count, n.server_parses);
+    PoolStats::add(&s.bind_count, n.binds);
     // Per-query times are not kept: each query of the batch counts at the batch's mean.
     if let Some(mean) = n.query_time_us.checked_div(n.queries) {
         s.query_hist.record_n(mean, n.queries);
@@ -448,6 +451,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         )
                     })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
+                PoolStats::add(&c.pool.stats.client_parse_count, 1);
                 let generation = c.shared.statements.changes_seen();
                 c.session.parsed_name(body.slice(..name_len), generation);
                 c.conn.queue_with(backend::parse_complete);
