@@ -533,3 +533,36 @@ async fn a_lowered_max_prepared_statements_evicts_down_to_the_new_size() {
     assert_eq!(v, 10);
     p.shutdown().await;
 }
+
+/// A Parse of a name the client already has: PostgreSQL's `42P05` and the session goes on
+/// (PgBouncer closes the connection), with PgBouncer's words in the log for those who grep
+/// for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_statement_name_is_refused_and_logged() {
+    let pg = TempPostgres::start();
+    let p = harness::process::PoolerProcess::start(
+        TestPooler::builder(&pg)
+            .setting("pool_mode", "transaction")
+            .setting("auth_type", "trust"),
+    )
+    .await;
+    let mut w = harness::wire::Wire::connect(p.port(), "postgres", "testdb").await;
+    let first = w.step("P test|select 1\nS").await;
+    assert!(first.contains(&"ParseComplete".to_string()), "{first:?}");
+    let again = w.step("P test|select 1\nS").await;
+    assert!(
+        again.iter().any(|l| l.starts_with("Error 42P05")),
+        "{again:?}"
+    );
+    let run = w.step("B |test|\nE \nS").await;
+    assert!(run.contains(&"Row 1".to_string()), "{run:?}");
+    harness::wait_for(
+        "the log line",
+        std::time::Duration::from_secs(5),
+        || async {
+            p.log()
+                .contains("prepared statement 'test' was already prepared")
+        },
+    )
+    .await;
+}
