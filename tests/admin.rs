@@ -807,7 +807,7 @@ async fn kill_client_disconnects_that_client() {
 
 /// SHOW STATS counts named statements as PgBouncer does: the clients' Parses, the Parses
 /// pgcarpool sends to servers (once per server holding the text, whichever client asked),
-/// and the clients' Binds.
+/// and the clients' Binds. SHOW CLIENTS and SERVERS count the statements each holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_stats_counts_parses_and_binds_of_named_statements() {
     let pg = TempPostgres::start();
@@ -842,6 +842,21 @@ async fn show_stats_counts_parses_and_binds_of_named_statements() {
         num(db, "total_bind_count"),
     ];
     assert_eq!(counts, [2, 2, 5], "{db:?}");
+    // `prepared_statements`: each client's own statements, each server's.
+    let clients = rows(&admin, "SHOW CLIENTS").await;
+    let per_client: Vec<u64> = clients
+        .iter()
+        .filter(|r| r["database"].as_deref() == Some("testdb"))
+        .map(|r| num(r, "prepared_statements"))
+        .collect();
+    assert_eq!(per_client, [1, 1], "{clients:?}");
+    let servers = rows(&admin, "SHOW SERVERS").await;
+    let per_server: Vec<u64> = servers
+        .iter()
+        .map(|r| num(r, "prepared_statements"))
+        .collect();
+    assert_eq!(per_server, [1, 1], "{servers:?}");
+    drop((s1, s2));
     p.shutdown().await;
 }
 

@@ -332,7 +332,7 @@ fn client_row(c: &ClientHandle) -> Vec<Cell> {
         0i64.into(),
         "".into(),
         "".into(),
-        0i64.into(),
+        c.prepared().into(),
         c.id.into(),
     ]
 }
@@ -358,6 +358,7 @@ struct ServerRow<'a> {
     last_used: Option<Instant>,
     /// The linked client's `ptr`.
     link: Option<String>,
+    prepared: usize,
 }
 
 fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
@@ -382,7 +383,7 @@ fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
         i64::from(s.pid).into(),
         "".into(),
         "".into(),
-        0i64.into(),
+        s.prepared.into(),
         s.id.into(),
     ]
 }
@@ -414,6 +415,7 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
             created: s.created,
             last_used: None,
             link: Some(client_ptr(&c)),
+            prepared: s.prepared,
         }));
     }
     for p in shared.pools.all() {
@@ -428,6 +430,7 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
                 created: s.created,
                 last_used: Some(s.last_used),
                 link: None,
+                prepared: s.prepared,
             }));
         }
     }

@@ -20,6 +20,8 @@ pub struct ServerLink {
     /// BackendKeyData (pid, secret).
     pub key: (i32, i32),
     pub created: std::time::Instant,
+    /// Statements the server held when it was linked.
+    pub prepared: usize,
 }
 
 /// PgBouncer's client states.
@@ -50,6 +52,8 @@ pub struct ClientHandle {
     server: Mutex<Option<ServerLink>>,
     /// Why the client is pinned to its server, and since when.
     pin: Mutex<Option<(String, SystemTime)>>,
+    /// Named statements in the client's virtual session, after its last transaction.
+    prepared: std::sync::atomic::AtomicUsize,
 }
 
 impl ClientHandle {
@@ -78,6 +82,12 @@ impl ClientHandle {
     }
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+    pub fn set_prepared(&self, n: usize) {
+        self.prepared.store(n, Ordering::Relaxed);
+    }
+    pub fn prepared(&self) -> usize {
+        self.prepared.load(Ordering::Relaxed)
     }
     pub fn set_server(&self, s: Option<ServerLink>) {
         *self.server.lock().unwrap_or_else(|e| e.into_inner()) = s;
@@ -157,6 +167,7 @@ impl Registry {
             kill_reason: Mutex::new(None),
             state: AtomicU8::new(ClientState::Login as u8),
             server: Mutex::new(None),
+            prepared: Default::default(),
             pin: Mutex::new(None),
         });
         map.insert(key, handle.clone());

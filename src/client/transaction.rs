@@ -36,7 +36,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task.
-        match Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await? {
+        let after = Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await?;
+        c.reg.handle.set_prepared(c.session.statements.len());
+        match after {
             After::Next(keep) => held = keep,
             After::Leave => return Ok(()),
         }
@@ -103,6 +105,7 @@ async fn transaction(
         addr: server.addr.clone(),
         key: server.key,
         created: server.created,
+        prepared: server.prepared.len(),
     }));
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();

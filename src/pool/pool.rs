@@ -875,6 +875,7 @@ impl Pool {
                 pid: s.key.0,
                 created: s.created,
                 last_used: s.last_used,
+                prepared: s.prepared.len(),
             })
             .collect()
     }
@@ -982,6 +983,8 @@ pub struct IdleServerInfo {
     pub pid: i32,
     pub created: Instant,
     pub last_used: Instant,
+    /// Statements it holds.
+    pub prepared: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
