@@ -1,7 +1,7 @@
 //! Composition root: `Shared` state, listeners, janitor, reload and shutdown.
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -39,7 +39,6 @@ pub struct Shared {
     /// The accept loops (also in `tracker`): empty once every listener is closed and
     /// the connections queued on it are accepted.
     pub listeners: TaskTracker,
-    pub next_client_id: AtomicU64,
     /// Connected client sockets (for max_client_conn).
     pub client_conns: AtomicUsize,
     /// The connections still logging in (the oldest is dropped when a new one finds the
@@ -252,7 +251,6 @@ impl Shared {
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
             listeners: TaskTracker::new(),
-            next_client_id: AtomicU64::new(1),
             client_conns: AtomicUsize::new(0),
             pending_logins: Default::default(),
             client_counts: Default::default(),
@@ -376,7 +374,7 @@ impl Shared {
 
     pub(crate) fn client_opened(&self) -> u64 {
         self.client_conns.fetch_add(1, Ordering::Relaxed);
-        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+        self.pools.socket_ids.next()
     }
 
     /// A client placed on worker `w` is gone.

@@ -805,6 +805,111 @@ async fn kill_client_disconnects_that_client() {
     p.shutdown().await;
 }
 
+/// SHOW STATS counts named statements as PgBouncer does: the clients' Parses, the Parses
+/// pgcarpool sends to servers (once per server holding the text, whichever client asked),
+/// and the clients' Binds. SHOW CLIENTS and SERVERS count the statements each holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_stats_counts_parses_and_binds_of_named_statements() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let c1 = p.connect("postgres", "testdb").await;
+    let c2 = p.connect("postgres", "testdb").await;
+    // Client 1 prepares on the pool's one server and runs it there three times.
+    let s1 = c1.prepare("select 1").await.unwrap();
+    for _ in 0..3 {
+        c1.query(&s1, &[]).await.unwrap();
+    }
+    // Client 2 holds that server: client 1's next run prepares it on a second server.
+    c2.batch_execute("begin; select 2").await.unwrap();
+    c1.query(&s1, &[]).await.unwrap();
+    // Client 2 prepares the same text: its server holds it already.
+    let s2 = c2.prepare("select 1").await.unwrap();
+    c2.query(&s2, &[]).await.unwrap();
+    c2.batch_execute("commit").await.unwrap();
+    let admin = console(&p).await;
+    let stats = rows(&admin, "SHOW STATS").await;
+    let db = stats
+        .iter()
+        .find(|r| r["database"].as_deref() == Some("testdb"))
+        .expect("a testdb row");
+    let counts = [
+        num(db, "total_client_parse_count"),
+        num(db, "total_server_parse_count"),
+        num(db, "total_bind_count"),
+    ];
+    assert_eq!(counts, [2, 2, 5], "{db:?}");
+    // `prepared_statements`: each client's own statements, each server's.
+    let clients = rows(&admin, "SHOW CLIENTS").await;
+    let per_client: Vec<u64> = clients
+        .iter()
+        .filter(|r| r["database"].as_deref() == Some("testdb"))
+        .map(|r| num(r, "prepared_statements"))
+        .collect();
+    assert_eq!(per_client, [1, 1], "{clients:?}");
+    let servers = rows(&admin, "SHOW SERVERS").await;
+    let per_server: Vec<u64> = servers
+        .iter()
+        .map(|r| num(r, "prepared_statements"))
+        .collect();
+    assert_eq!(per_server, [1, 1], "{servers:?}");
+    drop((s1, s2));
+    p.shutdown().await;
+}
+
+fn ids(rows: &[HashMap<String, Option<String>>]) -> std::collections::BTreeSet<u64> {
+    rows.iter().map(|r| num(r, "id")).collect()
+}
+
+/// Clients and servers draw their `id` from one sequence, as PgBouncer's sockets do; SHOW
+/// SOCKETS lists both (the console's own connection too) with SHOW CLIENTS' columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_and_servers_share_one_id_sequence() {
+    let pg = TempPostgres::start();
+    // Session mode; every server is used once.
+    let p = TestPooler::builder(&pg)
+        .setting("server_lifetime", "0")
+        .start()
+        .await;
+    let c = console(&p).await;
+    let own = rows(&c, "SHOW SOCKETS").await;
+    assert_eq!(own.len(), 1, "{own:?}");
+    let first = num(&own[0], "id");
+    for i in 1..=2u64 {
+        let app = p.connect("postgres", "testdb").await;
+        app.simple_query("select 1").await.unwrap();
+        let sockets = rows(&c, "SHOW SOCKETS").await;
+        assert_eq!(
+            ids(&sockets),
+            [first, first + 2 * i - 1, first + 2 * i].into(),
+            "{sockets:?}"
+        );
+        let server: Vec<_> = sockets
+            .iter()
+            .filter(|r| r["type"].as_deref() == Some("S"))
+            .collect();
+        assert_eq!(server.len(), 1, "{sockets:?}");
+        assert_eq!(server[0]["state"].as_deref(), Some("active"));
+        assert_eq!(num(server[0], "id"), first + 2 * i);
+        assert_eq!(ids(&rows(&c, "SHOW SERVERS").await), [first + 2 * i].into());
+        assert_eq!(
+            ids(&rows(&c, "SHOW CLIENTS").await),
+            [first, first + 2 * i - 1].into()
+        );
+        drop(app);
+        wait_for(
+            "the client and its server gone",
+            Duration::from_secs(5),
+            || async { rows(&c, "SHOW SOCKETS").await.len() == 1 },
+        )
+        .await;
+    }
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_waits_and_resume_lets_queries_run() {
     let pg = TempPostgres::start();

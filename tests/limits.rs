@@ -575,3 +575,42 @@ async fn a_forced_user_database_fills_min_pool_size_before_any_client() {
     assert_eq!(obs.backends_in_db("testdb").await, 2);
     p.shutdown().await;
 }
+
+/// `min_pool_size` above the user's `max_user_connections` (or the database's
+/// `max_db_connections`): the pool opens up to the limit and no further, logs each server
+/// in PgBouncer's words (`new connection to server (from <local addr>)`), and closes none
+/// to make room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_pool_size_stops_at_the_user_and_database_limits() {
+    let pg = TempPostgres::start();
+    for (user_limit, db_limit) in [("2", "0"), ("0", "2")] {
+        let spec = transaction_pooler(&pg)
+            .setting("default_pool_size", "5")
+            .setting("min_pool_size", "5")
+            .setting("max_db_connections", db_limit)
+            .user_entry("md5user", &format!("max_user_connections={user_limit}"));
+        let p = harness::process::PoolerProcess::start(spec).await;
+        let obs = Observer::new(&pg).await;
+        let c = p.connect("md5user").await;
+        c.batch_execute("select 1").await.unwrap();
+        wait_for("two servers open", PROMPTLY, || async {
+            obs.backends("md5user").await == 2
+        })
+        .await;
+        // A few janitor rounds: no third server, none closed and reopened.
+        c.batch_execute("select pg_sleep(1)").await.unwrap();
+        assert_eq!(obs.backends("md5user").await, 2);
+        let log = p.log();
+        let opened = log
+            .matches("new connection to server (from 127.0.0.1:")
+            .count();
+        assert_eq!(opened, 2, "{log}");
+        assert!(!log.contains("evicted"), "{log}");
+        drop(c);
+        drop(p);
+        wait_for("the servers closed", PROMPTLY, || async {
+            obs.backends("md5user").await == 0
+        })
+        .await;
+    }
+}

@@ -601,3 +601,44 @@ async fn a_notification_to_oneself_carries_ones_own_pid() {
     p.shutdown().await;
     p4.shutdown().await;
 }
+
+/// `DEALLOCATE ALL` and `DISCARD ALL` end the client's own statements only, as in its own
+/// PostgreSQL session: a Bind of one afterwards fails with 26000 and the session goes on
+/// (PgBouncer closes the connection there: "prepared statement did not exist"), the other
+/// clients keep theirs, and the name can be parsed again (psycopg does so after the error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocate_all_and_discard_all_forget_the_clients_own_statements() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let forget = |i: usize| match i % 3 {
+        0 => "Q DEALLOCATE ALL",
+        1 => "Q DISCARD ALL",
+        _ => "Q select 1",
+    };
+    let scripts: Vec<Vec<String>> = (0..12)
+        .map(|i| {
+            script(&[
+                format!("P s1|select {i}\nS"),
+                "B |s1|\nE \nS".into(),
+                forget(i).into(),
+                "B |s1|\nE \nS".into(),
+                format!("P s1|select {}\nS", i + 100),
+                "B |s1|\nE \nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        let forgot = i % 3 != 2;
+        assert!(c[1].contains(&format!("Row {i}")), "{:?}", c[1]);
+        assert_eq!(
+            c[3].iter().any(|l| l.starts_with("Error 26000")),
+            forgot,
+            "client {i}: {:?}",
+            c[3]
+        );
+        let now = if forgot { i + 100 } else { i };
+        assert!(c[5].contains(&format!("Row {now}")), "{:?}", c[5]);
+    }
+    p.shutdown().await;
+}

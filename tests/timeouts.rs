@@ -43,6 +43,27 @@ async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
     p.shutdown().await;
 }
 
+/// `server_lifetime = 0`: a server serves one client's turn, then it is closed (PgBouncer:
+/// "used only once").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_lifetime_zero_uses_a_server_once() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("server_lifetime", "0")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let c = p.connect("md5user", "testdb").await;
+    let first = backend_pid(&c).await;
+    let second = backend_pid(&c).await;
+    assert_ne!(first, second, "a server was used twice");
+    wait_for("the used servers closed", PROMPTLY, || async {
+        obs.backends("md5user").await == 0
+    })
+    .await;
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_lifetime_closes_an_old_idle_server() {
     let pg = TempPostgres::start();

@@ -489,3 +489,80 @@ async fn drop_database_is_not_blocked_by_the_pools_idle_servers() {
     }
     p.shutdown().await;
 }
+
+/// `max_prepared_statements` lowered on reload: a server holding more statements closes
+/// its least recently used ones down to the new size at its next Parse, as PgBouncer does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_max_prepared_statements_evicts_down_to_the_new_size() {
+    let pg = TempPostgres::start();
+    let mut p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .setting("max_prepared_statements", "5")
+        .start()
+        .await;
+    let c = p.connect("postgres", "testdb").await;
+    // Counted by a simple query: it makes no statement of its own.
+    let held = async |c: &tokio_postgres::Client| -> Vec<String> {
+        text(
+            &c.simple_query("select count(*) from pg_prepared_statements")
+                .await
+                .unwrap(),
+        )
+    };
+    let mut kept = Vec::new();
+    for i in 0..5 {
+        kept.push(c.prepare(&format!("select {i}")).await.unwrap());
+    }
+    assert_eq!(held(&c).await, ["5"]);
+    p.reload_with(|b| b.setting("max_prepared_statements", "2"))
+        .await;
+    assert_eq!(
+        held(&c).await,
+        ["5"],
+        "nothing is closed before the next Parse"
+    );
+    let s = c.prepare("select 10").await.unwrap();
+    assert_eq!(held(&c).await, ["2"]);
+    // Every statement still runs (prepared again where needed).
+    for (i, stmt) in kept.iter().enumerate() {
+        let v: i32 = c.query_one(stmt, &[]).await.unwrap().get(0);
+        assert_eq!(v, i as i32);
+    }
+    let v: i32 = c.query_one(&s, &[]).await.unwrap().get(0);
+    assert_eq!(v, 10);
+    p.shutdown().await;
+}
+
+/// A Parse of a name the client already has: PostgreSQL's `42P05` and the session goes on
+/// (PgBouncer closes the connection), with PgBouncer's words in the log for those who grep
+/// for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_statement_name_is_refused_and_logged() {
+    let pg = TempPostgres::start();
+    let p = harness::process::PoolerProcess::start(
+        TestPooler::builder(&pg)
+            .setting("pool_mode", "transaction")
+            .setting("auth_type", "trust"),
+    )
+    .await;
+    let mut w = harness::wire::Wire::connect(p.port(), "postgres", "testdb").await;
+    let first = w.step("P test|select 1\nS").await;
+    assert!(first.contains(&"ParseComplete".to_string()), "{first:?}");
+    let again = w.step("P test|select 1\nS").await;
+    assert!(
+        again.iter().any(|l| l.starts_with("Error 42P05")),
+        "{again:?}"
+    );
+    let run = w.step("B |test|\nE \nS").await;
+    assert!(run.contains(&"Row 1".to_string()), "{run:?}");
+    harness::wait_for(
+        "the log line",
+        std::time::Duration::from_secs(5),
+        || async {
+            p.log()
+                .contains("prepared statement 'test' was already prepared")
+        },
+    )
+    .await;
+}

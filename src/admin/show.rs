@@ -311,6 +311,7 @@ fn split_addr(a: &str) -> (String, Option<u16>) {
 fn client_row(c: &ClientHandle) -> Vec<Cell> {
     let (addr, port) = split_addr(&c.addr);
     let t = fmt_time(c.connect_time);
+    let link = c.server().map(|s| server_ptr(s.id));
     vec![
         "C".into(),
         c.user.clone().into(),
@@ -326,13 +327,64 @@ fn client_row(c: &ClientHandle) -> Vec<Cell> {
         0i64.into(),
         0i64.into(),
         0i64.into(),
-        format!("{:#x}", c as *const ClientHandle as usize).into(),
-        Cell::Null,
+        client_ptr(c).into(),
+        link.map_or(Cell::Null, Cell::from),
         0i64.into(),
         "".into(),
         "".into(),
-        0i64.into(),
+        c.prepared().into(),
         c.id.into(),
+    ]
+}
+
+fn client_ptr(c: &ClientHandle) -> String {
+    format!("{:#x}", c as *const ClientHandle as usize)
+}
+
+/// A server's `ptr`: its id (a server has no address others may hold).
+fn server_ptr(id: u64) -> String {
+    format!("{id:#x}")
+}
+
+/// What a SHOW SERVERS row says of one server.
+struct ServerRow<'a> {
+    user: &'a str,
+    db: &'a str,
+    state: &'static str,
+    id: u64,
+    addr: &'a crate::server::ServerAddr,
+    pid: i32,
+    created: Instant,
+    last_used: Option<Instant>,
+    /// The linked client's `ptr`.
+    link: Option<String>,
+    prepared: usize,
+}
+
+fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
+    let (addr, port) = split_addr(&s.addr.to_string());
+    vec![
+        "S".into(),
+        s.user.into(),
+        s.db.into(),
+        "none".into(),
+        s.state.into(),
+        addr.into(),
+        port.into(),
+        Cell::Null,
+        Cell::Null,
+        fmt_instant(s.created).into(),
+        s.last_used.map_or(Cell::Null, |t| fmt_instant(t).into()),
+        0i64.into(),
+        0i64.into(),
+        0i64.into(),
+        server_ptr(s.id).into(),
+        s.link.map_or(Cell::Null, Cell::from),
+        i64::from(s.pid).into(),
+        "".into(),
+        "".into(),
+        s.prepared.into(),
+        s.id.into(),
     ]
 }
 
@@ -344,67 +396,51 @@ pub fn clients(shared: &Shared) -> Table {
     t
 }
 
-/// Servers linked to a client (seen through the client's cancel target: address and
-/// backend pid), then idle servers. A server being opened or reset is in neither.
-pub fn servers(shared: &Shared) -> Table {
+/// Rows of the servers linked to a client (active), then of idle servers. A server being
+/// opened or reset is in neither.
+fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
     let cfg = shared.config.load();
-    let mut t = Table::new(&CONN_COLUMNS);
+    let mut rows = Vec::new();
     for c in shared.clients.all() {
-        let Some((addr, key)) = c.cancel_target() else {
+        let Some(s) = c.server() else {
             continue;
         };
-        let (host, port) = split_addr(&addr.to_string());
-        t.push(vec![
-            "S".into(),
-            cfg.pool_user_for(&c.db, &c.user).into(),
-            c.db.clone().into(),
-            "none".into(),
-            "active".into(),
-            host.into(),
-            port.into(),
-            Cell::Null,
-            Cell::Null,
-            Cell::Null,
-            Cell::Null,
-            0i64.into(),
-            0i64.into(),
-            0i64.into(),
-            Cell::Null,
-            format!("{:#x}", Arc::as_ptr(&c) as usize).into(),
-            i64::from(key.0).into(),
-            "".into(),
-            "".into(),
-            0i64.into(),
-            Cell::Null,
-        ]);
+        rows.push(server_row(ServerRow {
+            user: &cfg.pool_user_for(&c.db, &c.user),
+            db: &c.db,
+            state: "active",
+            id: s.id,
+            addr: &s.addr,
+            pid: s.key.0,
+            created: s.created,
+            last_used: None,
+            link: Some(client_ptr(&c)),
+            prepared: s.prepared,
+        }));
     }
     for p in shared.pools.all() {
         for s in p.idle_servers() {
-            let (addr, port) = split_addr(&s.addr.to_string());
-            t.push(vec![
-                "S".into(),
-                p.user.clone().into(),
-                p.db.clone().into(),
-                "none".into(),
-                "idle".into(),
-                addr.into(),
-                port.into(),
-                Cell::Null,
-                Cell::Null,
-                fmt_instant(s.created).into(),
-                fmt_instant(s.last_used).into(),
-                0i64.into(),
-                0i64.into(),
-                0i64.into(),
-                format!("{:#x}", s.id).into(),
-                Cell::Null,
-                i64::from(s.pid).into(),
-                "".into(),
-                "".into(),
-                0i64.into(),
-                s.id.into(),
-            ]);
+            rows.push(server_row(ServerRow {
+                user: &p.user,
+                db: &p.db,
+                state: "idle",
+                id: s.id,
+                addr: &s.addr,
+                pid: s.pid,
+                created: s.created,
+                last_used: Some(s.last_used),
+                link: None,
+                prepared: s.prepared,
+            }));
         }
+    }
+    rows
+}
+
+pub fn servers(shared: &Shared) -> Table {
+    let mut t = Table::new(&CONN_COLUMNS);
+    for row in server_rows(shared) {
+        t.push(row);
     }
     t
 }
@@ -466,8 +502,8 @@ fn per_database(shared: &Shared) -> BTreeMap<String, (Totals, Period)> {
 }
 
 /// The counters of a SHOW STATS row, in the order PgBouncer 1.25.2 sends them (its
-/// stats.c, which differs from its docs): assignments first; the parse and bind counts
-/// of prepared statements are not counted yet (0).
+/// stats.c, which differs from its docs): assignments first, the parse and bind counts
+/// of prepared statements last.
 fn stat_values(x: &Totals) -> [u64; 11] {
     [
         x.server_assignment_count,
@@ -478,9 +514,9 @@ fn stat_values(x: &Totals) -> [u64; 11] {
         x.xact_time_us,
         x.query_time_us,
         x.wait_time_us,
-        0,
-        0,
-        0,
+        x.client_parse_count,
+        x.server_parse_count,
+        x.bind_count,
     ]
 }
 
@@ -666,19 +702,10 @@ pub fn fds() -> Table {
     ])
 }
 
-/// SHOW SOCKETS / ACTIVE_SOCKETS: the client rows with PgBouncer's buffer columns (zero:
-/// pgcarpool's buffers are not fixed-size packets).
+/// SHOW SOCKETS / ACTIVE_SOCKETS: the rows of SHOW CLIENTS and SHOW SERVERS with
+/// PgBouncer's buffer columns (zero: pgcarpool's buffers are not fixed-size packets).
 pub fn sockets(shared: &Shared, active_only: bool) -> Table {
-    let mut cols: Vec<(&'static str, ColType)> = CONN_COLUMNS
-        .iter()
-        .filter(|c| {
-            !matches!(
-                c.0,
-                "replication" | "application_name" | "prepared_statements" | "id"
-            )
-        })
-        .copied()
-        .collect();
+    let mut cols: Vec<(&'static str, ColType)> = CONN_COLUMNS.to_vec();
     for c in [
         "recv_pos",
         "pkt_pos",
@@ -691,22 +718,16 @@ pub fn sockets(shared: &Shared, active_only: bool) -> Table {
         cols.push((c, Int));
     }
     let mut t = Table::new(&cols);
-    for c in shared.clients.all() {
-        if active_only && c.state() != ClientState::Active {
-            continue;
-        }
-        let full = client_row(&c);
-        let mut row: Vec<Cell> = CONN_COLUMNS
-            .iter()
-            .zip(full)
-            .filter(|(col, _)| {
-                !matches!(
-                    col.0,
-                    "replication" | "application_name" | "prepared_statements" | "id"
-                )
-            })
-            .map(|(_, v)| v)
-            .collect();
+    let clients = shared
+        .clients
+        .all()
+        .into_iter()
+        .filter(|c| !active_only || c.state() == ClientState::Active)
+        .map(|c| client_row(&c));
+    let servers = server_rows(shared)
+        .into_iter()
+        .filter(|r| !active_only || matches!(&r[4], Cell::Text(s) if s == "active"));
+    for mut row in clients.chain(servers) {
         row.extend(std::iter::repeat_n(Cell::Int(0), 7));
         t.push(row);
     }

@@ -73,11 +73,12 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let Some(mut client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
         return;
     };
-    let started = Instant::now();
     let result = transaction::run(&mut client).await;
     client
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
+    // PgBouncer's age: since the connection came.
+    let age = client.reg.handle.connect_time.elapsed().unwrap_or_default();
     // Logged before the client is told (tools read the log once the client has its error).
     if cfg.settings.log_disconnections {
         let reason = match &result {
@@ -86,7 +87,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
         };
         let h = &client.reg.handle;
         tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
-            "closing because: {reason} (age={}s)", started.elapsed().as_secs());
+            "closing because: {reason} (age={}s)", age.as_secs());
     }
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
@@ -96,7 +97,7 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
             id,
             &h.addr,
             !cfg.settings.log_disconnections,
-            started.elapsed(),
+            age,
         )
         .await;
     }
@@ -164,7 +165,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             }
             return None;
         }
-        Ok(Entered::Replication(server, _counted)) => {
+        Ok(Entered::Replication(server, _slot, _counted)) => {
             if cfg.settings.log_connections {
                 tracing::info!(client = id, addr = %peer, "login (replication)");
             }
@@ -276,7 +277,11 @@ enum Entered {
     /// A console user, logged in (and counted on database `pgbouncer`).
     Admin(String, crate::admin::Role, counts::Counted),
     /// A replication connection with its own server.
-    Replication(Box<crate::server::Server>, counts::Counted),
+    Replication(
+        Box<crate::server::Server>,
+        crate::pool::Slot,
+        counts::Counted,
+    ),
     /// Nothing more to do (a cancel request).
     Done,
 }
@@ -350,39 +355,6 @@ async fn login(
     let counted = count_client(shared, cfg, &db, &user)?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
-    if let Some(mode) = replication {
-        // A server of its own, logged in with the client's parameters (replication,
-        // application_name, options…); not pooled.
-        let cred = credential_for(cfg, &entry, &server_user, learned);
-        let settings = crate::app::pool_settings(cfg, &entry, &server_user, cred, shared);
-        let mut target = settings.target;
-        target
-            .startup_params
-            .retain(|(k, _)| !params.iter().any(|(c, _)| c == k));
-        target.startup_params.extend(
-            params
-                .iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "user" | "database" | "replication"))
-                .cloned(),
-        );
-        target.startup_params.push(("replication".into(), mode));
-        let server = crate::server::connect::connect(
-            &target,
-            &db,
-            id,
-            settings.server_connect_timeout,
-        )
-        .await
-        .map_err(|e| {
-            let (code, msg) = e.client_error();
-            tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
-            ClientError::Fatal {
-                code: static_code(&code),
-                message: msg,
-            }
-        })?;
-        return Ok(Entered::Replication(Box::new(server), counted));
-    }
     let pool = shared.pools.get_or_create(&db, &server_user, || {
         if !cfg.databases.contains_key(&db) {
             // PgBouncer's words for a database made from the `*` entry.
@@ -399,7 +371,7 @@ async fn login(
     if shared.admin.is_paused(&db) && !pool.counts().paused {
         pool.pause();
     }
-    if let Some(c) = learned
+    if let Some(c) = learned.clone()
         && entry.user.is_none()
     {
         if cfg.auth.users.contains_key(&user) {
@@ -409,6 +381,50 @@ async fn login(
             pool.replace_credential(c);
         }
     }
+    if let Some(mode) = replication {
+        // A server of its own, logged in with the client's parameters (replication,
+        // application_name, options…); not pooled, but counted in the pool's size.
+        let cred = credential_for(cfg, &entry, &server_user, learned);
+        let settings = crate::app::pool_settings(cfg, &entry, &server_user, cred, shared);
+        let mut target = settings.target;
+        target
+            .startup_params
+            .retain(|(k, _)| !params.iter().any(|(c, _)| c == k));
+        target.startup_params.extend(
+            params
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "user" | "database" | "replication"))
+                .cloned(),
+        );
+        target.startup_params.push(("replication".into(), mode));
+        let deadline = config::enabled(settings.query_wait_timeout).map(|d| Instant::now() + d);
+        let slot = pool
+            .checkout_slot(deadline)
+            .await
+            .map_err(|e| ClientError::fatal("08P01", e.to_string()))?;
+        let server_id = shared.pools.socket_ids.next();
+        let connect = crate::server::connect::connect(
+            &target,
+            &db,
+            server_id,
+            settings.server_connect_timeout,
+        );
+        let server = connect.await.map_err(|e| {
+            let (code, msg) = e.client_error();
+            tracing::warn!(%db, user = %server_user, "replication server login failed: {e}");
+            if matches!(e, crate::server::ServerError::Rejected(_)) {
+                // PgBouncer's words: the client is not told why (the log says, with the
+                // server's `closing because: login failed`).
+                return ClientError::fatal("08P01", "login failed".into());
+            }
+            ClientError::Fatal {
+                code: static_code(&code),
+                message: msg,
+            }
+        })?;
+        return Ok(Entered::Replication(Box::new(server), slot, counted));
+    }
+
     // New clients are told the parameters of a real server: log one in if none did yet.
     let server_params = match pool.server_params() {
         Some(p) => p,

@@ -11,6 +11,19 @@ use crate::server::ServerAddr;
 /// Where a client's cancel requests go: the server's address and BackendKeyData.
 pub type CancelTarget = (Arc<ServerAddr>, (i32, i32));
 
+/// The server a client is linked to (SHOW SERVERS, SOCKETS; cancel requests).
+#[derive(Clone)]
+pub struct ServerLink {
+    /// The server's socket id.
+    pub id: u64,
+    pub addr: Arc<ServerAddr>,
+    /// BackendKeyData (pid, secret).
+    pub key: (i32, i32),
+    pub created: std::time::Instant,
+    /// Statements the server held when it was linked.
+    pub prepared: usize,
+}
+
 /// PgBouncer's client states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -36,9 +49,11 @@ pub struct ClientHandle {
     kill_reason: Mutex<Option<&'static str>>,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
-    cancel_target: Mutex<Option<CancelTarget>>,
+    server: Mutex<Option<ServerLink>>,
     /// Why the client is pinned to its server, and since when.
     pin: Mutex<Option<(String, SystemTime)>>,
+    /// Named statements in the client's virtual session, after its last transaction.
+    prepared: std::sync::atomic::AtomicUsize,
 }
 
 impl ClientHandle {
@@ -68,8 +83,21 @@ impl ClientHandle {
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
     }
-    pub fn set_cancel_target(&self, t: Option<CancelTarget>) {
-        *self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    pub fn set_prepared(&self, n: usize) {
+        self.prepared.store(n, Ordering::Relaxed);
+    }
+    pub fn prepared(&self) -> usize {
+        self.prepared.load(Ordering::Relaxed)
+    }
+    pub fn set_server(&self, s: Option<ServerLink>) {
+        *self.server.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+    /// The server the client is linked to.
+    pub fn server(&self) -> Option<ServerLink> {
+        self.server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     pub fn set_pin(&self, reasons: Option<String>) {
         let mut g = self.pin.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,10 +114,7 @@ impl ClientHandle {
         self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
     pub fn cancel_target(&self) -> Option<CancelTarget> {
-        self.cancel_target
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.server().map(|s| (s.addr, s.key))
     }
 }
 
@@ -148,7 +173,8 @@ impl Registry {
             kill,
             kill_reason: Mutex::new(None),
             state: AtomicU8::new(ClientState::Login as u8),
-            cancel_target: Mutex::new(None),
+            server: Mutex::new(None),
+            prepared: Default::default(),
             pin: Mutex::new(None),
         });
         map.insert(key, handle.clone());

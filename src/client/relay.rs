@@ -91,6 +91,11 @@ pub struct RelayCounts {
     pub bytes_from_client: u64,
     pub bytes_from_server: u64,
     pub query_time_us: u64,
+    /// Named statements: the client's Parses, pgcarpool's Parses on the server, the
+    /// client's Binds (SHOW STATS' parse and bind counts).
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub binds: u64,
 }
 
 pub struct Relay<'a> {

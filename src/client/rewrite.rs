@@ -228,6 +228,7 @@ impl Relay<'_> {
     /// Make a statement usable by a simple Query (EXECUTE) on this server.
     fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
         if !self.server.prepared.touch(stmt.id) {
+            self.counts.server_parses += 1;
             self.server.prepare_apart(stmt);
         }
     }
@@ -253,6 +254,12 @@ impl Relay<'_> {
                     return Ok(());
                 }
                 if self.session.statements.contains_key(name) {
+                    // PgBouncer's words in the log (it closes the connection there); the
+                    // client gets PostgreSQL's error and its session goes on, as directly.
+                    tracing::info!(
+                        "prepared statement '{}' was already prepared",
+                        String::from_utf8_lossy(name)
+                    );
                     let m = format!(
                         "prepared statement \"{}\" already exists",
                         String::from_utf8_lossy(name)
@@ -268,6 +275,7 @@ impl Relay<'_> {
                     self.note_effects(e);
                     self.effects.merge((**e).clone());
                 }
+                self.counts.client_parses += 1;
                 let name = Bytes::copy_from_slice(name);
                 self.session.statements.insert(name.clone(), stmt.clone());
                 self.session.parsed_name(name, self.registry.changes_seen());
@@ -297,6 +305,7 @@ impl Relay<'_> {
                             return Ok(());
                         }
                         Some(stmt) => {
+                            self.counts.binds += 1;
                             // What running it does to the session, every time it runs.
                             if let Some(e) = &stmt.effects {
                                 self.effects.merge((**e).clone());
@@ -495,6 +504,7 @@ impl Relay<'_> {
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
             if self.at_sync_point {
+                self.counts.server_parses += 1;
                 self.server.prepare_apart(stmt);
             }
         } else {
@@ -540,6 +550,7 @@ impl Relay<'_> {
         if let Some(dep) = &stmt.depends {
             self.ensure_for_parse(dep);
         }
+        self.counts.server_parses += 1;
         self.server.prepare(stmt, swallow, self.max_prepared);
     }
 

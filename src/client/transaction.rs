@@ -8,6 +8,7 @@ use std::pin::Pin;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::classify::{self, Effects};
+use super::registry::ServerLink;
 use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
@@ -35,7 +36,9 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task.
-        match Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await? {
+        let after = Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await?;
+        c.reg.handle.set_prepared(c.session.statements.len());
+        match after {
             After::Next(keep) => held = keep,
             After::Leave => return Ok(()),
         }
@@ -96,9 +99,14 @@ async fn transaction(
         idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
-    c.reg
-        .handle
-        .set_cancel_target(Some((server.addr.clone(), server.key)));
+    server.served = true;
+    c.reg.handle.set_server(Some(ServerLink {
+        id: server.id,
+        addr: server.addr.clone(),
+        key: server.key,
+        created: server.created,
+        prepared: server.prepared.len(),
+    }));
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
     let (event, counts, effects) = {
@@ -122,7 +130,7 @@ async fn transaction(
         };
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
-    c.reg.handle.set_cancel_target(None);
+    c.reg.handle.set_server(None);
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however
@@ -300,6 +308,9 @@ fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     PoolStats::add(&s.bytes_received, n.bytes_from_client);
     PoolStats::add(&s.bytes_sent, n.bytes_from_server);
     PoolStats::add(&s.query_time_us, n.query_time_us);
+    PoolStats::add(&s.client_parse_count, n.client_parses);
+    PoolStats::add(&s.server_parse_count, n.server_parses);
+    PoolStats::add(&s.bind_count, n.binds);
     // Per-query times are not kept: each query of the batch counts at the batch's mean.
     if let Some(mean) = n.query_time_us.checked_div(n.queries) {
         s.query_hist.record_n(mean, n.queries);
@@ -451,6 +462,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         )
                     })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
+                PoolStats::add(&c.pool.stats.client_parse_count, 1);
                 let generation = c.shared.statements.changes_seen();
                 c.session.parsed_name(body.slice(..name_len), generation);
                 c.conn.queue_with(backend::parse_complete);

@@ -89,18 +89,18 @@ impl Stream {
         Ok(())
     }
 
+    /// This end's address of a TCP connection, as text; None for Unix sockets.
+    pub fn local(&self) -> Option<String> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok().map(|a| a.to_string()),
+            Stream::Unix(_) => None,
+        }
+    }
+
     /// The peer as text for logs and SHOW CLIENTS ("unix" for Unix sockets).
     pub fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
-            Stream::Unix(_) => "unix".to_string(),
-        }
-    }
-
-    /// This end's address as text for logs ("unix" for Unix sockets).
-    pub fn local(&self) -> String {
-        match self {
-            Stream::Tcp(s) => s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             Stream::Unix(_) => "unix".to_string(),
         }
     }

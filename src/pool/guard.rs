@@ -1,5 +1,6 @@
 //! A checked-out server. Dropping the guard checks the server in: at once when it is clean
 //! and idle, else after a cleanup task (cancel, rollback, reset query) or by closing it.
+//! And room for a server of a client's own ([`Slot`]), given back when dropped.
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -114,4 +115,22 @@ async fn wait_for_cancels(s: &Server, limit: std::time::Duration) -> bool {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     true
+}
+
+/// Room in a pool for a server that is not pooled (a replication connection's own):
+/// counted in the pool's size and its database and user limits until dropped.
+pub struct Slot {
+    pool: Arc<Pool>,
+}
+
+impl Slot {
+    pub(crate) fn new(pool: Arc<Pool>) -> Self {
+        Slot { pool }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pool.release_slot();
+    }
 }

@@ -6,9 +6,10 @@ pub mod login;
 pub mod pool;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use guard::PooledServer;
+pub use guard::{PooledServer, Slot};
 pub use pool::{CheckoutError, Pool, PoolSettings};
 
 /// A shared count of server connections against a limit (max_db_connections per database,
@@ -52,10 +53,23 @@ impl Limit {
     }
 }
 
+/// PgBouncer's socket ids: clients and servers draw from one sequence, from 1 (the `id`
+/// column of SHOW CLIENTS, SERVERS and SOCKETS).
+#[derive(Debug, Default)]
+pub struct SocketIds(AtomicU64);
+
+impl SocketIds {
+    pub fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
 /// All pools, and the limits they share.
 #[derive(Default)]
 pub struct Pools {
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    /// Ids of clients and servers alike.
+    pub socket_ids: Arc<SocketIds>,
     db_limits: Mutex<HashMap<String, Arc<Limit>>>,
     user_limits: Mutex<HashMap<String, Arc<Limit>>>,
 }
@@ -83,7 +97,16 @@ impl Pools {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools
             .entry(key)
-            .or_insert_with(|| Pool::new(db, user, settings, db_limit, user_limit))
+            .or_insert_with(|| {
+                Pool::new(
+                    db,
+                    user,
+                    settings,
+                    db_limit,
+                    user_limit,
+                    self.socket_ids.clone(),
+                )
+            })
             .clone()
     }
 

@@ -1,7 +1,6 @@
 //! One pool: idle servers, FIFO waiters, size limits, pause. The lock is held only for
 //! quick list operations, never across `.await`.
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
 use super::login::{LoginBackoff, LoginFailure};
-use super::{Limit, PooledServer};
+use super::{Limit, PooledServer, Slot};
 use crate::config::PoolMode;
 use crate::net::conn::ConnError;
 use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
@@ -151,7 +150,7 @@ pub struct Pool {
     inner: Mutex<Inner>,
     db_limit: Arc<Limit>,
     user_limit: Arc<Limit>,
-    next_server_id: AtomicU64,
+    socket_ids: Arc<super::SocketIds>,
     pub stats: PoolStats,
     /// Woken when a login fails or succeeds (or is abandoned): waiters look again at when
     /// to retry, or whether to give up.
@@ -202,6 +201,7 @@ impl Pool {
         settings: PoolSettings,
         db_limit: Arc<Limit>,
         user_limit: Arc<Limit>,
+        socket_ids: Arc<super::SocketIds>,
     ) -> Arc<Pool> {
         Arc::new(Pool {
             db: db.to_string(),
@@ -224,7 +224,7 @@ impl Pool {
             }),
             db_limit,
             user_limit,
-            next_server_id: AtomicU64::new(1),
+            socket_ids,
             stats: PoolStats::default(),
             login_changed: Notify::new(),
             fast_close: Notify::new(),
@@ -355,6 +355,46 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Room for a replication connection's own server (PgBouncer 1.23+): it counts against
+    /// the pool's size and limits as any server. With the pool full, an idle server is
+    /// closed to make room ("evicted"); with none idle, the client waits in line with the
+    /// pool's other clients until `deadline`.
+    pub async fn checkout_slot(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Result<Slot, CheckoutError> {
+        let start = Instant::now();
+        let mut reserve_ok = false;
+        {
+            let mut g = self.lock();
+            if !g.paused && g.waiters.is_empty() && self.may_open(&mut g, false) {
+                // The pool's login backoff is for its own logins: this one is not one.
+                g.login.abandoned();
+                return Ok(Slot::new(self.clone()));
+            }
+        }
+        loop {
+            let evicted = match self.step(reserve_ok) {
+                Step::Idle(s) => s,
+                Step::Connect => break,
+                Step::Wait(ticket) => {
+                    match self.wait(ticket, start, deadline, &mut reserve_ok).await? {
+                        Waited::Server(s) => s,
+                        Waited::Open => break,
+                        Waited::Again => continue,
+                    }
+                }
+            };
+            // PgBouncer's words; tools and tests look for them.
+            tracing::info!(server = evicted.id, db = %self.db, user = %self.user,
+                "closing because: evicted (age={}s)", evicted.created.elapsed().as_secs());
+            close_server(evicted);
+            return Ok(Slot::new(self.clone()));
+        }
+        self.lock().login.abandoned();
+        Ok(Slot::new(self.clone()))
     }
 
     /// Keep a place in line until served, timed out, or allowed to open a server itself
@@ -497,7 +537,7 @@ impl Pool {
     /// login ends (its client left), the slot is given back.
     async fn open(self: &Arc<Self>) -> Result<Box<Server>, CheckoutError> {
         let settings = self.settings();
-        let id = self.next_server_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.socket_ids.next();
         let started = Instant::now();
         let opening = Opening(self);
         let result = connect::connect(
@@ -511,6 +551,7 @@ impl Pool {
         std::mem::forget(opening);
         match result {
             Ok(s) => {
+                // `new connection to server` is logged by connect::connect.
                 let failing_since = {
                     let mut g = self.lock();
                     let since = g.login.failing_since();
@@ -647,9 +688,11 @@ impl Pool {
         // Nobody listens on a server in the pool.
         s.notifications.clear();
         let mut g = self.lock();
-        let too_old = crate::config::enabled(g.settings.server_lifetime)
-            .is_some_and(|l| s.created.elapsed() >= l)
-            || g.close_before.is_some_and(|t| s.created < t);
+        // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
+        let too_old = match crate::config::enabled(g.settings.server_lifetime) {
+            Some(l) => s.created.elapsed() >= l,
+            None => s.served,
+        } || g.close_before.is_some_and(|t| s.created < t);
         let counted = g.total.saturating_sub(g.pinned);
         if s.broken || too_old || counted > g.settings.pool_size + g.settings.reserve_pool_size {
             drop(g);
@@ -895,6 +938,7 @@ impl Pool {
                 pid: s.key.0,
                 created: s.created,
                 last_used: s.last_used,
+                prepared: s.prepared.len(),
             })
             .collect()
     }
@@ -1003,6 +1047,8 @@ pub struct IdleServerInfo {
     pub pid: i32,
     pub created: Instant,
     pub last_used: Instant,
+    /// Statements it holds.
+    pub prepared: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1121,6 +1167,7 @@ mod tests {
             settings(port, 1),
             db_limit.clone(),
             Arc::new(Limit::default()),
+            Arc::default(),
         );
         let p = pool.clone();
         let client = tokio::spawn(async move { p.checkout(None).await.map(|_| ()) });

@@ -220,8 +220,9 @@ pub async fn connect(
     };
     match &r {
         Ok(s) if crate::logging::connections() => {
+            let from = s.conn.stream.local().unwrap_or_else(|| "unix".into());
             tracing::info!(server = id, db, user = %target.user, addr = %s.addr,
-                "new connection to server (from {})", s.conn.stream.local());
+                "new connection to server (from {from})");
         }
         Ok(_) => {}
         // Failures of the connect itself are logged per host in `open_stream`.

@@ -97,6 +97,9 @@ pub struct Server {
     pub proto: ProtoState,
     pub created: Instant,
     pub last_used: Instant,
+    /// A client has run work on it (not only a login that read its parameters):
+    /// `server_lifetime = 0` closes it when it comes back.
+    pub served: bool,
     /// Set when the server's state is unknown: it must be closed, not reused.
     pub broken: bool,
     /// Prepared statements this server holds (transaction/statement mode).
@@ -130,6 +133,7 @@ impl Server {
             },
             created: now,
             last_used: now,
+            served: false,
             broken: false,
             prepared: Default::default(),
             owed: Default::default(),

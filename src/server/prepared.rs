@@ -85,10 +85,11 @@ impl PreparedSet {
 
 impl Server {
     /// Prepare `stmt` under its internal name: a Parse (after a Close of the least recently
-    /// used statement when `max` are held), its ParseComplete expected, swallowed or passed
-    /// on to the client.
+    /// used statements when `max` or more are held), its ParseComplete expected, swallowed
+    /// or passed on to the client.
     pub fn prepare(&mut self, stmt: Arc<Stmt>, swallow: bool, max: usize) {
-        if self.prepared.len() >= max
+        // After a reload to a smaller max_prepared_statements, down to the new size.
+        while self.prepared.len() >= max.max(1)
             && let Some(old) = self.prepared.evict_lru()
         {
             self.queue_close(&old);

@@ -23,6 +23,12 @@ pub struct PoolStats {
     pub xact_time_us: AtomicU64,
     pub query_time_us: AtomicU64,
     pub wait_time_us: AtomicU64,
+    /// Parses of named statements from clients (with max_prepared_statements > 0).
+    pub client_parse_count: AtomicU64,
+    /// Parses of statements pgcarpool sent to servers under its internal names.
+    pub server_parse_count: AtomicU64,
+    /// Binds of named statements from clients (with max_prepared_statements > 0).
+    pub bind_count: AtomicU64,
     /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
     pub pinned_clients: AtomicU64,
     /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
@@ -50,6 +56,9 @@ pub struct Totals {
     pub xact_time_us: u64,
     pub query_time_us: u64,
     pub wait_time_us: u64,
+    pub client_parse_count: u64,
+    pub server_parse_count: u64,
+    pub bind_count: u64,
 }
 
 impl Totals {
@@ -62,6 +71,9 @@ impl Totals {
         self.xact_time_us += o.xact_time_us;
         self.query_time_us += o.query_time_us;
         self.wait_time_us += o.wait_time_us;
+        self.client_parse_count += o.client_parse_count;
+        self.server_parse_count += o.server_parse_count;
+        self.bind_count += o.bind_count;
     }
 
     fn minus(&self, o: &Totals) -> Totals {
@@ -76,6 +88,9 @@ impl Totals {
             xact_time_us: self.xact_time_us.saturating_sub(o.xact_time_us),
             query_time_us: self.query_time_us.saturating_sub(o.query_time_us),
             wait_time_us: self.wait_time_us.saturating_sub(o.wait_time_us),
+            client_parse_count: self.client_parse_count.saturating_sub(o.client_parse_count),
+            server_parse_count: self.server_parse_count.saturating_sub(o.server_parse_count),
+            bind_count: self.bind_count.saturating_sub(o.bind_count),
         }
     }
 }
@@ -95,8 +110,8 @@ impl Period {
         self.secs = self.secs.max(o.secs);
     }
 
-    /// PgBouncer's averages: counts and bytes per second; times per transaction, per query
-    /// and per server assignment (microseconds).
+    /// PgBouncer's averages: counts (parses and binds too) and bytes per second; times per
+    /// transaction, per query and per server assignment (microseconds).
     pub fn averages(&self) -> Averages {
         let d = &self.delta;
         let per_sec = |n: u64| {
@@ -116,6 +131,9 @@ impl Period {
             xact_time_us: per(d.xact_time_us, d.xact_count),
             query_time_us: per(d.query_time_us, d.query_count),
             wait_time_us: per(d.wait_time_us, d.server_assignment_count),
+            client_parse_count: per_sec(d.client_parse_count),
+            server_parse_count: per_sec(d.server_parse_count),
+            bind_count: per_sec(d.bind_count),
         }
     }
 }
@@ -144,6 +162,9 @@ impl PoolStats {
             xact_time_us: Self::get(&self.xact_time_us),
             query_time_us: Self::get(&self.query_time_us),
             wait_time_us: Self::get(&self.wait_time_us),
+            client_parse_count: Self::get(&self.client_parse_count),
+            server_parse_count: Self::get(&self.server_parse_count),
+            bind_count: Self::get(&self.bind_count),
         }
     }
 
