@@ -46,6 +46,8 @@ pub struct Shared {
     pub admin: crate::admin::AdminState,
     /// The worker runtimes (set once by `start`).
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
+    /// Online restart: SUSPEND, the listening sockets for SHOW FDS, the client handover.
+    pub restart: crate::takeover::Restart,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -91,6 +93,13 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     let n = crate::workers::count(shared.config.load().settings.workers);
     let _ = shared.workers.set(crate::workers::Workers::start(n)?);
     let workers = shared.workers.get().expect("just set");
+    // A descriptor of each listening socket for SHOW FDS (an online restart takes them).
+    shared.restart.keep_sockets(
+        listeners
+            .iter()
+            .map(listen::Bound::try_clone)
+            .collect::<std::io::Result<_>>()?,
+    );
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
         tracing::info!("listening on {l}");
@@ -233,6 +242,7 @@ impl Shared {
             client_counts: Default::default(),
             admin: crate::admin::AdminState::default(),
             workers: std::sync::OnceLock::new(),
+            restart: Default::default(),
         })
     }
 

@@ -8,7 +8,8 @@
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
-//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
+//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs,
+//!            fdpass.rs (descriptors over a Unix socket, SCM_RIGHTS)
 //! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised)
 //! client/    one task per client:
 //!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
@@ -24,6 +25,9 @@
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
+//! takeover/  online restart without SO_REUSEPORT (`-R` takes the sockets over the console,
+//!            SUSPEND, SHOW FDS) and sessions that move to the new process: mod.rs (both
+//!            sides, HANDOVER), session.rs (a session's versioned wire form)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
 //! workers    thread per core: one single-threaded runtime per worker, placement of clients
 //! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
@@ -42,4 +46,5 @@ pub mod server;
 pub mod service;
 pub mod signals;
 pub mod stats;
+pub mod takeover;
 pub mod workers;

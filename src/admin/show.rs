@@ -35,7 +35,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Totals => totals(shared),
         View::Lists => lists(shared),
         View::Mem => mem(),
-        View::Fds => fds(),
+        View::Fds => crate::takeover::show_fds(shared, false).0,
         View::Sockets => sockets(shared, false),
         View::ActiveSockets => sockets(shared, true),
         View::DnsHosts => Table::new(&[("hostname", Text), ("ttl", Int), ("addrs", Text)]),
@@ -336,10 +336,16 @@ fn client_row(c: &ClientHandle) -> Vec<Cell> {
     ]
 }
 
+/// SHOW CLIENTS: PgBouncer's columns, then `handover` (online restart: "moved in" on the
+/// new process; on the old one whether a client moves when idle or stays, and why).
 pub fn clients(shared: &Shared) -> Table {
-    let mut t = Table::new(&CONN_COLUMNS);
+    let mut columns = CONN_COLUMNS.to_vec();
+    columns.push(("handover", Text));
+    let mut t = Table::new(&columns);
     for c in shared.clients.all() {
-        t.push(client_row(&c));
+        let mut row = client_row(&c);
+        row.push(c.handover().map_or(Cell::Null, Cell::from));
+        t.push(row);
     }
     t
 }
@@ -645,7 +651,8 @@ pub fn mem() -> Table {
     ])
 }
 
-/// SHOW FDS: used by PgBouncer's online restart, which pgcarpool does not do: no rows.
+/// SHOW FDS's columns (PgBouncer's); the rows are the listening sockets
+/// (`takeover::show_fds`).
 pub fn fds() -> Table {
     Table::new(&[
         ("fd", Int),
@@ -725,7 +732,8 @@ pub fn state(shared: &Shared) -> Table {
     let paused = shared.admin.is_paused_all();
     t.push(vec!["active".into(), yn(!paused).into()]);
     t.push(vec!["paused".into(), yn(paused).into()]);
-    t.push(vec!["suspended".into(), "no".into()]);
+    let suspended = shared.restart.phase() == crate::takeover::Phase::Suspended;
+    t.push(vec!["suspended".into(), yn(suspended).into()]);
     t
 }
 

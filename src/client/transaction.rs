@@ -16,9 +16,20 @@ use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
 use crate::stats::PoolStats;
+use crate::takeover::Phase;
 
-/// Serve requests until the client leaves (Ok) or must be told why it is let go (Err).
-pub async fn run(c: &mut Client) -> Result<(), ClientError> {
+/// How a client's transaction loop ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It said goodbye.
+    Left,
+    /// Online restart: it is idle and may move to the new process.
+    Handover,
+}
+
+/// Serve requests until the client leaves or may move (Ok) or must be told why it is let
+/// go (Err).
+pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     // One registration for the client's whole life, polled by every wait below.
     let kill = c.reg.handle.kill.clone().cancelled_owned();
     tokio::pin!(kill);
@@ -29,15 +40,17 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         if held.is_none() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            if !wait_for_request(c, idle_timeout, kill.as_mut()).await? {
-                return Ok(());
+            match wait_for_request(c, idle_timeout, kill.as_mut()).await? {
+                Wait::Request => {}
+                Wait::Terminate => return Ok(Exit::Left),
+                Wait::Handover => return Ok(Exit::Handover),
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task.
         match Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await? {
             After::Next(keep) => held = keep,
-            After::Leave => return Ok(()),
+            After::Leave => return Ok(Exit::Left),
         }
     }
 }
@@ -302,13 +315,25 @@ fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     }
 }
 
-/// Flush what the client is owed and wait for its next request. False: it said Terminate.
+/// What an idle client did next.
+enum Wait {
+    /// It sent a request that needs a server.
+    Request,
+    /// It said Terminate (or closed the connection).
+    Terminate,
+    /// Online restart: it may move to the new process now.
+    Handover,
+}
+
+/// Flush what the client is owed and wait for its next request. While the pooler is
+/// suspended nothing is read; during a handover a client that may move says so.
 async fn wait_for_request(
     c: &mut Client,
     idle_timeout: Option<std::time::Duration>,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
-) -> Result<bool, ClientError> {
+) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
+    let mut phase = c.shared.restart.subscribe();
     loop {
         if c.conn.out_len() > 0 {
             tokio::select! {
@@ -319,12 +344,32 @@ async fn wait_for_request(
         }
         if let Some(&tag) = c.conn.rbuf.first() {
             if tag == frontend::TERMINATE {
-                return Ok(false);
+                return Ok(Wait::Terminate);
             }
             match answer_without_server(c)? {
                 Local::Answered => continue,
-                Local::NeedServer => return Ok(true),
+                Local::NeedServer => return Ok(Wait::Request),
                 Local::Incomplete => {}
+            }
+        }
+        let now = *phase.borrow_and_update();
+        if now == Phase::HandingOver && c.stays.is_none() {
+            match crate::takeover::stays_because(c) {
+                None => return Ok(Wait::Handover),
+                Some(why) => {
+                    c.reg.handle.set_handover(Some(format!("stays: {why}")));
+                    c.stays = Some(why.to_string());
+                }
+            }
+        }
+        if now == Phase::Suspended {
+            // SUSPEND: the client's bytes wait in the socket until RESUME.
+            tokio::select! {
+                _ = phase_changed(&mut phase) => continue,
+                _ = idle_deadline(deadline) => {
+                    return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
+                }
+                _ = kill.as_mut() => return Err(killed(c)),
             }
         }
         if c.conn.rbuf.is_empty() {
@@ -336,19 +381,28 @@ async fn wait_for_request(
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
                 _ = kill.as_mut() => return Err(killed(c)),
+                _ = phase_changed(&mut phase) => continue,
             }
         }
         tokio::select! {
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
-                    return Ok(false);
+                    return Ok(Wait::Terminate);
                 }
             }
             _ = idle_deadline(deadline) => {
                 return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
             }
             _ = kill.as_mut() => return Err(killed(c)),
+            _ = phase_changed(&mut phase) => continue,
         }
+    }
+}
+
+/// Resolves when the online-restart phase changes (never once the sender is gone).
+async fn phase_changed(phase: &mut tokio::sync::watch::Receiver<Phase>) {
+    if phase.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
