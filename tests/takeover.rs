@@ -211,13 +211,17 @@ async fn suspend_holds_new_and_idle_clients_until_resume() {
     let idle = p.connect("md5user").await;
     let console = p.console().await;
     console.simple_query("SUSPEND").await.unwrap();
-    let state = show(p.port(), "SHOW STATE").await;
-    assert!(
-        state
-            .iter()
-            .any(|r| field(r, "key") == Some("suspended") && field(r, "value") == Some("yes")),
-        "{state:?}"
-    );
+    // (Over the same console session: a new one would wait as every new connection does.)
+    let suspended = console
+        .simple_query("SHOW STATE")
+        .await
+        .unwrap()
+        .into_iter()
+        .any(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0) == Some("suspended") && r.get(1) == Some("yes"),
+            _ => false,
+        });
+    assert!(suspended, "SHOW STATE does not say suspended");
     // Neither a new connection nor the idle client's query gets an answer while suspended.
     let connecting = tokio::spawn({
         let dsn = dsn.clone();
@@ -269,8 +273,8 @@ async fn upgrade_under_pgbench_prepared_moves_every_session() {
     for i in 0..HOLDERS {
         let c = old.connect("md5user").await;
         c.simple_query(&format!(
-            "SET application_name = 'holder{i}'; SET statement_timeout = '{}s'",
-            100 + i
+            "SET application_name = 'holder{i}'; SET statement_timeout = '{}ms'",
+            100_001 + 2 * i
         ))
         .await
         .unwrap();
@@ -335,7 +339,7 @@ async fn upgrade_under_pgbench_prepared_moves_every_session() {
         );
         assert_eq!(
             one_text(c, "show statement_timeout").await,
-            format!("{}s", 100 + i)
+            format!("{}ms", 100_001 + 2 * i)
         );
     }
     let out = bench.await.unwrap();
