@@ -164,9 +164,18 @@ async fn a_pinned_client_stays_with_the_old_process_until_it_leaves() {
     idle.simple_query("select 1").await.unwrap();
     let old_port = old.port();
     let mut new = old.start_successor(&["-R"]).await;
-    // The idle one moves; the pinned one stays, and the old process's SHOW CLIENTS says so
-    // (its console is reached through the Unix socket no more: ask over the pinned
-    // client's own process via its log instead, and the new one's SHOW CLIENTS).
+    // The idle one moves; the pinned one stays, and the new process's SHOW CLIENTS says so
+    // (the old one listens no more).
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            show(new.port(), "SHOW CLIENTS").await.iter().any(|r| {
+                field(r, "handover") == Some("with the old process: stays: pinned to its server")
+            })
+        })
+        .await,
+        "the new process does not list the pinned client: {:?}",
+        show(new.port(), "SHOW CLIENTS").await
+    );
     assert!(
         eventually(Duration::from_secs(5), || async {
             show(new.port(), "SHOW CLIENTS")
@@ -191,6 +200,27 @@ async fn a_pinned_client_stays_with_the_old_process_until_it_leaves() {
         "the pinned client lost its temp table"
     );
     idle.simple_query("select 1").await.unwrap();
+    // Its cancel requests reach the new process, which passes them to the old one.
+    let cancel = pinned.cancel_token();
+    let sleeping = tokio::spawn(async move {
+        let r = pinned.simple_query("select pg_sleep(30)").await;
+        (pinned, r)
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+            sleeping.is_finished()
+        })
+        .await,
+        "the pinned client's query was not cancelled through the new process"
+    );
+    let (pinned, r) = sleeping.await.unwrap();
+    let e = r.expect_err("pg_sleep(30) finished");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{e}"
+    );
     drop(pinned);
     let status = old.exited_within(Duration::from_secs(5)).await;
     assert!(

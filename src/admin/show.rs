@@ -347,6 +347,27 @@ pub fn clients(shared: &Shared) -> Table {
         row.push(c.handover().map_or(Cell::Null, Cell::from));
         t.push(row);
     }
+    // After -R: the clients still with the old process (pinned, session mode…).
+    for c in shared.restart.staying() {
+        let (addr, port) = split_addr(&c.addr);
+        let t0 = fmt_time(UNIX_EPOCH + std::time::Duration::from_micros(c.connect_time_us));
+        let mut row: Vec<Cell> = vec![
+            "C".into(),
+            c.user.into(),
+            c.db.into(),
+            "none".into(),
+            "active".into(),
+            addr.into(),
+            port.into(),
+            Cell::Null,
+            Cell::Null,
+            t0.clone().into(),
+            t0.into(),
+        ];
+        row.resize(CONN_COLUMNS.len(), Cell::Null);
+        row.push(format!("with the old process: {}", c.note).into());
+        t.push(row);
+    }
     t
 }
 

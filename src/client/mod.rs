@@ -285,6 +285,10 @@ async fn login(
 ) -> Result<Entered, ClientError> {
     let params = match startup::hello(conn).await? {
         startup::Hello::Cancel(key) => {
+            // Online restart: a client still with the old process is cancelled there.
+            if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
+                return Ok(Entered::Done);
+            }
             cancel::handle(&shared.clients, key).await;
             return Ok(Entered::Done);
         }

@@ -34,7 +34,7 @@ use crate::net::fdpass;
 use crate::net::listen::{Bound, SocketFile};
 use crate::net::{Conn, Stream};
 use crate::server::{Credential, Params};
-use session::{MovedSession, Transport};
+use session::{MovedSession, StayingClient, Transport};
 
 /// Where a pooler is in an online restart (the old process's side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,10 @@ pub struct Restart {
     sockets: Mutex<Vec<Bound>>,
     /// Set at HANDOVER: the connection to the new process takes clients from here.
     outbox: OnceLock<mpsc::Sender<Outgoing>>,
+    /// New process: the clients still with the old one (SHOW CLIENTS lists them).
+    staying: Mutex<Vec<StayingClient>>,
+    /// New process: cancel requests for those clients go to the old one through here.
+    cancels: Mutex<Option<mpsc::UnboundedSender<(i32, i32)>>>,
 }
 
 impl Default for Restart {
@@ -69,6 +73,8 @@ impl Default for Restart {
             phase: watch::Sender::new(Phase::Running),
             sockets: Mutex::new(Vec::new()),
             outbox: OnceLock::new(),
+            staying: Mutex::new(Vec::new()),
+            cancels: Mutex::new(None),
         }
     }
 }
@@ -101,6 +107,30 @@ impl Restart {
             _ => false,
         });
     }
+    /// New process: the clients still with the old process.
+    pub fn staying(&self) -> Vec<StayingClient> {
+        self.staying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// New process: a cancel request for a client still with the old process goes there.
+    /// False: no such client.
+    pub fn forward_cancel(&self, key: (i32, i32)) -> bool {
+        if !self
+            .staying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|c| c.key == key)
+        {
+            return false;
+        }
+        let g = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().is_some_and(|tx| tx.send(key).is_ok())
+    }
+
     /// Keep a descriptor of each listening socket (SHOW FDS passes them).
     pub fn keep_sockets(&self, socks: Vec<Bound>) {
         *self.sockets.lock().unwrap_or_else(|e| e.into_inner()) = socks;
@@ -273,24 +303,50 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let (mut moved, mut refused) = (0u64, 0u64);
     let mut connected = true;
+    let mut inbox = Inbox::default();
+    let mut last_status: Option<Vec<u8>> = None;
     loop {
         tokio::select! {
             Some(out) = rx.recv(), if connected => {
-                match send_client(sock, &out).await {
-                    Ok(taken) => {
+                let sent = async {
+                    send_frame(sock, b'M', &out.session, Some(&out.fd)).await?;
+                    // Cancel requests the new process forwards may come before the answer.
+                    loop {
+                        match inbox.next(sock).await? {
+                            Answer::Taken(t) => return Ok::<bool, io::Error>(t),
+                            Answer::Cancel(key) => cancel(shared, key),
+                        }
+                    }
+                };
+                match tokio::time::timeout(Duration::from_secs(10), sent).await {
+                    Ok(Ok(taken)) => {
                         if taken { moved += 1 } else { refused += 1 }
                         let _ = out.taken.send(taken);
                     }
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         tracing::warn!("online restart: lost the connection to the new process ({e}): the remaining clients stay here");
+                        connected = false;
+                        let _ = out.taken.send(false);
+                    }
+                    Err(_) => {
+                        tracing::warn!("online restart: the new process did not answer: the remaining clients stay here");
                         connected = false;
                         let _ = out.taken.send(false);
                     }
                 }
             }
+            r = inbox.next(sock), if connected => match r {
+                Ok(Answer::Cancel(key)) => cancel(shared, key),
+                Ok(Answer::Taken(_)) | Err(_) => {
+                    tracing::warn!("online restart: the connection to the new process ended: the remaining clients stay here");
+                    connected = false;
+                }
+            },
             _ = tick.tick() => {
-                // This console session is a client too.
-                if shared.client_conns.load(Ordering::Relaxed) <= 1 {
+                // Console sessions (this one among them) do not keep the process: clients do.
+                let clients = shared.clients.all();
+                let consoles = clients.iter().filter(|c| c.db == "pgbouncer").count();
+                if shared.client_conns.load(Ordering::Relaxed) <= consoles {
                     break;
                 }
                 if !connected {
@@ -298,6 +354,16 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
                     while let Ok(out) = rx.try_recv() {
                         let _ = out.taken.send(false);
                     }
+                    continue;
+                }
+                // The new process lists the clients that are still here.
+                let status = session::encode_staying(&staying(&clients));
+                if last_status.as_ref() != Some(&status) {
+                    if let Err(e) = send_frame(sock, b'S', &status, None).await {
+                        tracing::warn!("online restart: lost the connection to the new process ({e})");
+                        connected = false;
+                    }
+                    last_status = Some(status);
                 }
             }
         }
@@ -307,6 +373,83 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
     );
     shared.shutdown_now();
     Ok(())
+}
+
+/// The clients of this process (console sessions aside), as the new process lists them.
+fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<StayingClient> {
+    clients
+        .iter()
+        .filter(|c| c.db != "pgbouncer")
+        .map(|c| StayingClient {
+            user: c.user.clone(),
+            db: c.db.clone(),
+            addr: c.addr.clone(),
+            connect_time_us: c
+                .connect_time
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0),
+            key: c.key,
+            note: c.handover().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// A cancel request the new process forwarded for a client of this one.
+fn cancel(shared: &Arc<Shared>, key: (i32, i32)) {
+    let clients = shared.clients.clone();
+    tokio::spawn(async move { crate::client::cancel::handle(&clients, key).await });
+}
+
+/// What the new process sends back on the handover connection.
+enum Answer {
+    /// `Y` / `N`: whether it took the client just sent.
+    Taken(bool),
+    /// `C` + the key: a cancel request for a client still here.
+    Cancel((i32, i32)),
+}
+
+/// Bytes read from the new process and not yet understood.
+#[derive(Default)]
+struct Inbox {
+    buf: Vec<u8>,
+}
+
+impl Inbox {
+    /// The next answer (cancel-safe: bytes read stay in the buffer).
+    async fn next(&mut self, sock: &tokio::net::UnixStream) -> io::Result<Answer> {
+        loop {
+            match self.buf.first() {
+                Some(b'Y' | b'N') => {
+                    let taken = self.buf.remove(0) == b'Y';
+                    return Ok(Answer::Taken(taken));
+                }
+                Some(b'C') if self.buf.len() >= 9 => {
+                    let k = |i: usize| {
+                        i32::from_be_bytes([
+                            self.buf[i],
+                            self.buf[i + 1],
+                            self.buf[i + 2],
+                            self.buf[i + 3],
+                        ])
+                    };
+                    let key = (k(1), k(5));
+                    self.buf.drain(..9);
+                    return Ok(Answer::Cancel(key));
+                }
+                Some(b'C') | None => {}
+                Some(_) => return Err(io::Error::other("unexpected bytes from the new process")),
+            }
+            sock.readable().await?;
+            let mut chunk = [0u8; 256];
+            match sock.try_read(&mut chunk) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// In SHOW CLIENTS, why each client that cannot move now stays.
@@ -328,21 +471,23 @@ fn annotate_staying(shared: &Shared) {
     }
 }
 
-/// Send one client frame with its socket; the new process's answer (true: taken).
-async fn send_client(sock: &tokio::net::UnixStream, out: &Outgoing) -> io::Result<bool> {
-    let len = u32::try_from(out.session.len() + 4).map_err(io::Error::other)?;
-    let mut frame = Vec::with_capacity(out.session.len() + 5);
-    frame.push(b'M');
+/// Send one frame (`tag`, length, `body`), with `fd` attached to its first byte.
+async fn send_frame(
+    sock: &tokio::net::UnixStream,
+    tag: u8,
+    body: &[u8],
+    fd: Option<&OwnedFd>,
+) -> io::Result<()> {
+    let len = u32::try_from(body.len() + 4).map_err(io::Error::other)?;
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.push(tag);
     frame.extend_from_slice(&len.to_be_bytes());
-    frame.extend_from_slice(&out.session);
+    frame.extend_from_slice(body);
+    let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
     let mut sent = 0;
     while sent < frame.len() {
         sock.writable().await?;
-        let fds: &[i32] = if sent == 0 {
-            &[out.fd.as_raw_fd()]
-        } else {
-            &[]
-        };
+        let fds: &[i32] = if sent == 0 { &raw } else { &[] };
         match sock.try_io(tokio::io::Interest::WRITABLE, || {
             fdpass::send_with_fds(sock, &frame[sent..], fds)
         }) {
@@ -351,21 +496,7 @@ async fn send_client(sock: &tokio::net::UnixStream, out: &Outgoing) -> io::Resul
             Err(e) => return Err(e),
         }
     }
-    let mut answer = [0u8; 1];
-    let read = async {
-        loop {
-            sock.readable().await?;
-            match sock.try_read(&mut answer) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok(_) => return Ok(answer[0] == b'Y'),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .map_err(|_| io::Error::other("no answer from the new process"))?
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -602,6 +733,33 @@ impl Predecessor {
         sock.write_all(&m)?;
         sock.set_nonblocking(true)?;
         let mut sock = tokio::net::UnixStream::from_std(sock)?;
+        let (cancel_tx, mut cancel_rx) = mpsc::unbounded_channel::<(i32, i32)>();
+        *shared
+            .restart
+            .cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(cancel_tx);
+        let result = Self::frames(shared, &mut sock, &mut cancel_rx).await;
+        // The old process is gone: nobody stays with it.
+        shared
+            .restart
+            .staying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        *shared
+            .restart
+            .cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        result
+    }
+
+    async fn frames(
+        shared: &Arc<Shared>,
+        sock: &mut tokio::net::UnixStream,
+        cancels: &mut mpsc::UnboundedReceiver<(i32, i32)>,
+    ) -> io::Result<()> {
         let mut buf: Vec<u8> = Vec::new();
         let mut fds: VecDeque<OwnedFd> = VecDeque::new();
         let mut ready = false;
@@ -647,15 +805,36 @@ impl Predecessor {
                             }
                         };
                         let answer = [if taken { b'Y' } else { b'N' }];
-                        tokio::io::AsyncWriteExt::write_all(&mut sock, &answer).await?;
+                        tokio::io::AsyncWriteExt::write_all(sock, &answer).await?;
                     }
+                    b'S' if ready => match session::decode_staying(&body) {
+                        Ok(list) => {
+                            *shared
+                                .restart
+                                .staying
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner()) = list;
+                        }
+                        Err(e) => tracing::warn!(
+                            "online restart: bad client list from the old process: {e}"
+                        ),
+                    },
                     _ => {}
                 }
             }
-            sock.readable().await?;
+            tokio::select! {
+                r = sock.readable() => r?,
+                Some(key) = cancels.recv() => {
+                    let mut m = vec![b'C'];
+                    m.extend_from_slice(&key.0.to_be_bytes());
+                    m.extend_from_slice(&key.1.to_be_bytes());
+                    tokio::io::AsyncWriteExt::write_all(sock, &m).await?;
+                    continue;
+                }
+            }
             let mut chunk = vec![0u8; 64 * 1024];
             match sock.try_io(tokio::io::Interest::READABLE, || {
-                fdpass::recv_with_fds(&sock, &mut chunk)
+                fdpass::recv_with_fds(&*sock, &mut chunk)
             }) {
                 Ok((0, _)) => break,
                 Ok((n, got)) => {

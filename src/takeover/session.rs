@@ -167,6 +167,70 @@ impl MovedSession {
     }
 }
 
+/// A client that stays with the old process (pinned, session mode…), as the new process
+/// lists it in SHOW CLIENTS and forwards its cancel requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StayingClient {
+    pub user: String,
+    pub db: String,
+    pub addr: String,
+    pub connect_time_us: u64,
+    pub key: (i32, i32),
+    /// Why it stays (or that it moves when its transaction ends).
+    pub note: String,
+}
+
+/// The clients still with the old process: `PGCSTAY\0`, u32 version, u32 count, then each
+/// client's fields in order.
+pub fn encode_staying(list: &[StayingClient]) -> Vec<u8> {
+    let mut w = Vec::with_capacity(64 * list.len() + 16);
+    w.extend_from_slice(STAY_MAGIC);
+    w.extend_from_slice(&VERSION.to_be_bytes());
+    put_count(&mut w, list.len());
+    for c in list {
+        put_bytes(&mut w, c.user.as_bytes());
+        put_bytes(&mut w, c.db.as_bytes());
+        put_bytes(&mut w, c.addr.as_bytes());
+        w.extend_from_slice(&c.connect_time_us.to_be_bytes());
+        w.extend_from_slice(&c.key.0.to_be_bytes());
+        w.extend_from_slice(&c.key.1.to_be_bytes());
+        put_bytes(&mut w, c.note.as_bytes());
+    }
+    w
+}
+
+pub fn decode_staying(data: &[u8]) -> Result<Vec<StayingClient>, DecodeError> {
+    if data.len() > MAX_LEN {
+        return Err(DecodeError::TooLong);
+    }
+    let mut r = Reader { data, at: 0 };
+    if r.take(STAY_MAGIC.len())? != STAY_MAGIC {
+        return Err(DecodeError::Magic);
+    }
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let n = r.count()?;
+    let mut out = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        out.push(StayingClient {
+            user: r.string()?,
+            db: r.string()?,
+            addr: r.string()?,
+            connect_time_us: u64::from_be_bytes(r.array()?),
+            key: (r.u32()? as i32, r.u32()? as i32),
+            note: r.string()?,
+        });
+    }
+    if r.at != data.len() {
+        return Err(DecodeError::Invalid("trailing bytes"));
+    }
+    Ok(out)
+}
+
+const STAY_MAGIC: &[u8; 8] = b"PGCSTAY\0";
+
 fn put_count(w: &mut Vec<u8>, n: usize) {
     w.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
 }
@@ -289,6 +353,39 @@ mod tests {
         let mut long = b.clone();
         long.push(0);
         assert!(MovedSession::decode(&long).is_err());
+    }
+
+    #[test]
+    fn the_staying_list_comes_back_as_it_went() {
+        let list = vec![
+            StayingClient {
+                user: "app".into(),
+                db: "shop".into(),
+                addr: "unix".into(),
+                connect_time_us: 5,
+                key: (1, -2),
+                note: "pinned to its server".into(),
+            },
+            StayingClient {
+                user: String::new(),
+                db: "d".into(),
+                addr: "127.0.0.1:5".into(),
+                connect_time_us: u64::MAX,
+                key: (i32::MAX, i32::MIN),
+                note: String::new(),
+            },
+        ];
+        let b = encode_staying(&list);
+        assert_eq!(decode_staying(&b).unwrap(), list);
+        assert_eq!(decode_staying(&encode_staying(&[])).unwrap(), vec![]);
+        for cut in 0..b.len() {
+            assert!(decode_staying(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        assert_eq!(
+            MovedSession::decode(&b),
+            Err(DecodeError::Magic),
+            "a list is not a session"
+        );
     }
 
     #[test]
