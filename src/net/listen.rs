@@ -361,6 +361,9 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
             biased;
             _ = phase.changed() => continue,
             _ = stop.cancelled() => {
+                // The descriptors kept for SHOW FDS go too: the socket must close (new
+                // connections refused), not linger with nobody accepting.
+                shared.restart.keep_sockets(Vec::new());
                 if shared.restart.phase() == Phase::HandingOver {
                     return handed_over(l);
                 }

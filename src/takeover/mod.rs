@@ -973,7 +973,7 @@ mod tests {
         body.extend_from_slice(&(-1i32).to_be_bytes());
         assert_eq!(data_row(&body), vec![Some("1".to_string()), None]);
         // A truncated row does not panic.
-        assert_eq!(data_row(&body[..5]), vec![Some(String::new())]);
+        assert_eq!(data_row(&body[..6]), vec![Some(String::new())]);
     }
 
     #[test]
