@@ -392,3 +392,44 @@ async fn upgrade_under_pgbench_prepared_moves_every_session() {
     new.signal(libc::SIGQUIT);
     assert!(new.exited_within(Duration::from_secs(5)).await.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_that_fails_after_taking_the_sockets_leaves_the_old_one_running() {
+    let pg = TempPostgres::start();
+    let mut old = start_first(TestPooler::builder(&pg).setting("pool_mode", "transaction")).await;
+    let idle = old.connect("md5user").await;
+    // The successor takes the sockets, then cannot start its metrics listener.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().port().to_string();
+    let mut dir = old.successor_dir();
+    dir.rewrite(|b| {
+        b.setting("prometheus_port", &busy)
+            .setting("prometheus_addr", "127.0.0.1")
+    });
+    let out = dir.run(&["-R"]);
+    assert!(
+        !out.status.success(),
+        "the successor started although its metrics port is taken: {}",
+        output_text(&out)
+    );
+    assert!(
+        old.log().contains("listening socket(s) passed"),
+        "the successor did not take the sockets first:\n{}",
+        old.log()
+    );
+    // The old one resumed: its idle client and new clients are served.
+    assert!(old.running(), "the old pgcarpool stopped:\n{}", old.log());
+    tokio::time::timeout(Duration::from_secs(5), idle.simple_query("select 1"))
+        .await
+        .unwrap_or_else(|_| panic!("the old pgcarpool stayed suspended:\n{}", old.log()))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old.connect("md5user"))
+        .await
+        .unwrap_or_else(|_| panic!("the old pgcarpool accepts nothing:\n{}", old.log()))
+        .simple_query("select 1")
+        .await
+        .unwrap();
+    drop(taken);
+    old.signal(libc::SIGQUIT);
+    assert!(old.exited_within(Duration::from_secs(5)).await.is_some());
+}

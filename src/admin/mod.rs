@@ -148,6 +148,12 @@ pub async fn run(
     conn.flush().await?;
     let mut session = Session::default();
     let stop = shared.stop_clients.clone();
+    // A process that took the listening sockets (SHOW FDS) and went away without HANDOVER
+    // leaves this one suspended: it resumes.
+    let _resume = ResumeIfAbandoned {
+        shared: shared.clone(),
+        armed: std::cell::Cell::new(false),
+    };
     loop {
         let h = tokio::select! {
             r = conn.read_message(MAX_MESSAGE_LEN) => match r {
@@ -179,6 +185,7 @@ pub async fn run(
                 backend::ready_for_query(&mut out, b'I');
                 conn.flush().await?;
                 send_with_fds(conn, &out, &fds).await?;
+                _resume.armed.set(!fds.is_empty());
                 if !fds.is_empty() {
                     tracing::info!(
                         "online restart: {} listening socket(s) passed (SHOW FDS)",
@@ -194,6 +201,7 @@ pub async fn run(
                 backend::ready_for_query(&mut out, b'I');
                 conn.queue(out.freeze());
                 conn.flush().await?;
+                _resume.armed.set(false);
                 crate::takeover::serve_handover(shared, conn).await?;
                 return Ok(());
             }
@@ -240,6 +248,24 @@ pub async fn run(
         conn.flush().await?;
         if close {
             return Ok(());
+        }
+    }
+}
+
+/// Resumes a pooler left suspended by a console session that took its sockets (SHOW FDS)
+/// and ended without HANDOVER (the new process failed to start).
+struct ResumeIfAbandoned {
+    shared: Arc<Shared>,
+    armed: std::cell::Cell<bool>,
+}
+
+impl Drop for ResumeIfAbandoned {
+    fn drop(&mut self) {
+        if self.armed.get() && self.shared.restart.phase() == crate::takeover::Phase::Suspended {
+            tracing::warn!(
+                "online restart: the process that took the sockets left without taking over: resuming"
+            );
+            self.shared.restart.resume();
         }
     }
 }
