@@ -514,6 +514,9 @@ struct Console {
     fds: VecDeque<OwnedFd>,
 }
 
+/// One console row: each column's text, None for NULL.
+type Row = Vec<Option<String>>;
+
 /// Most bytes one console message may take here.
 const MAX_CONSOLE_MESSAGE: usize = 1 << 20;
 
@@ -553,7 +556,7 @@ impl Console {
     }
 
     /// Read to ReadyForQuery; the DataRows, or the ErrorResponse's message as the error.
-    fn until_ready(&mut self) -> io::Result<(Vec<String>, Vec<Vec<Option<String>>>)> {
+    fn until_ready(&mut self) -> io::Result<(Vec<String>, Vec<Row>)> {
         let mut columns = Vec::new();
         let mut rows = Vec::new();
         let mut error = None;
@@ -768,7 +771,7 @@ impl Predecessor {
             // Whole messages first.
             while buf.len() >= 5 {
                 let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-                if len < 4 || len > session::MAX_LEN + 4 {
+                if !(4..=session::MAX_LEN + 4).contains(&len) {
                     return Err(io::Error::other("bad frame from the old process"));
                 }
                 if buf.len() <= len {
