@@ -16,7 +16,7 @@ use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
 use crate::stats::PoolStats;
-use crate::takeover::Phase;
+use crate::takeover::{Phase, PhaseWatch};
 
 /// How a client's transaction loop ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     // One registration for the client's whole life, polled by every wait below.
     let kill = c.reg.handle.kill.clone().cancelled_owned();
     tokio::pin!(kill);
+    // Online restart (SUSPEND, HANDOVER), watched for the client's whole life.
+    let mut phase = c.shared.restart.watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
     loop {
@@ -40,7 +42,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         if held.is_none() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            match wait_for_request(c, idle_timeout, kill.as_mut()).await? {
+            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase).await? {
                 Wait::Request => {}
                 Wait::Terminate => return Ok(Exit::Left),
                 Wait::Handover => return Ok(Exit::Handover),
@@ -331,9 +333,9 @@ async fn wait_for_request(
     c: &mut Client,
     idle_timeout: Option<std::time::Duration>,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    phase: &mut PhaseWatch,
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
-    let mut phase = c.shared.restart.subscribe();
     loop {
         if c.conn.out_len() > 0 {
             tokio::select! {
@@ -352,7 +354,7 @@ async fn wait_for_request(
                 Local::Incomplete => {}
             }
         }
-        let now = *phase.borrow_and_update();
+        let now = phase.current();
         if now == Phase::HandingOver && c.stays.is_none() {
             match crate::takeover::stays_because(c) {
                 None => return Ok(Wait::Handover),
@@ -365,7 +367,7 @@ async fn wait_for_request(
         if now == Phase::Suspended {
             // SUSPEND: the client's bytes wait in the socket until RESUME.
             tokio::select! {
-                _ = phase_changed(&mut phase) => continue,
+                _ = phase.changed() => continue,
                 _ = idle_deadline(deadline) => {
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
@@ -381,7 +383,7 @@ async fn wait_for_request(
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
                 _ = kill.as_mut() => return Err(killed(c)),
-                _ = phase_changed(&mut phase) => continue,
+                _ = phase.changed() => continue,
             }
         }
         tokio::select! {
@@ -394,15 +396,8 @@ async fn wait_for_request(
                 return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
             }
             _ = kill.as_mut() => return Err(killed(c)),
-            _ = phase_changed(&mut phase) => continue,
+            _ = phase.changed() => continue,
         }
-    }
-}
-
-/// Resolves when the online-restart phase changes (never once the sender is gone).
-async fn phase_changed(phase: &mut tokio::sync::watch::Receiver<Phase>) {
-    if phase.changed().await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 

@@ -46,6 +46,31 @@ pub enum Phase {
     HandingOver,
 }
 
+/// The online-restart phase as an idle client sees it: one receiver for the client's whole
+/// life, read only when it changed (an atomic load per wait, no lock).
+pub struct PhaseWatch {
+    rx: watch::Receiver<Phase>,
+    now: Phase,
+}
+
+impl PhaseWatch {
+    pub fn current(&mut self) -> Phase {
+        if self.rx.has_changed().unwrap_or(false) {
+            self.now = *self.rx.borrow_and_update();
+        }
+        self.now
+    }
+
+    /// Resolves when the phase changes (never once the sender is gone).
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        // `changed` marked the value seen: `current` would not see it change.
+        self.now = *self.rx.borrow_and_update();
+    }
+}
+
 /// A client on its way to the new process: its session, its socket, and where to say
 /// whether the new process took it.
 struct Outgoing {
@@ -85,6 +110,11 @@ impl Restart {
     }
     pub fn subscribe(&self) -> watch::Receiver<Phase> {
         self.phase.subscribe()
+    }
+    pub fn watch(&self) -> PhaseWatch {
+        let mut rx = self.phase.subscribe();
+        let now = *rx.borrow_and_update();
+        PhaseWatch { rx, now }
     }
     /// SUSPEND: false when a handover has begun (nothing to suspend any more).
     pub fn suspend(&self) -> bool {
@@ -198,6 +228,8 @@ pub fn stays_because(c: &Client) -> Option<&'static str> {
     if c.session.statements.values().any(|s| s.depends.is_some()) {
         return Some("a prepared statement runs another");
     }
+    // Exhaustive on purpose: a new transport (TLS) must say whether it can move. A TLS
+    // client's session keys cannot be carried yet: it stays (README, "Online restart").
     match &c.conn.stream {
         Stream::Tcp(_) | Stream::Unix(_) => {}
     }
@@ -977,6 +1009,20 @@ mod tests {
         assert_eq!(data_row(&body), vec![Some("1".to_string()), None]);
         // A truncated row does not panic.
         assert_eq!(data_row(&body[..6]), vec![Some(String::new())]);
+    }
+
+    #[tokio::test]
+    async fn a_watch_sees_every_change_whether_waited_for_or_not() {
+        let r = Restart::default();
+        let mut w = r.watch();
+        assert_eq!(w.current(), Phase::Running);
+        r.suspend();
+        assert_eq!(w.current(), Phase::Suspended);
+        r.resume();
+        w.changed().await;
+        assert_eq!(w.current(), Phase::Running);
+        r.suspend();
+        assert_eq!(w.current(), Phase::Suspended);
     }
 
     #[test]
