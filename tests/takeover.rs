@@ -433,3 +433,65 @@ async fn a_new_process_that_fails_after_taking_the_sockets_leaves_the_old_one_ru
     old.signal(libc::SIGQUIT);
     assert!(old.exited_within(Duration::from_secs(5)).await.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_in_a_transaction_moves_when_it_ends_and_unix_clients_move_too() {
+    let pg = TempPostgres::start();
+    let mut old = start_first(TestPooler::builder(&pg).setting("pool_mode", "transaction")).await;
+    let sockdir = old.dir.path().to_string_lossy().into_owned();
+    let unix_dsn = format!(
+        "host={sockdir} port={} user=md5user password=md5pass dbname=testdb",
+        old.port()
+    );
+    let over_unix = try_connect(&unix_dsn).await.expect("Unix socket");
+    over_unix
+        .simple_query("SET application_name = 'over-unix'")
+        .await
+        .unwrap();
+    let in_xact = old.connect("md5user").await;
+    in_xact
+        .simple_query("create table moved_t(x int)")
+        .await
+        .unwrap();
+    in_xact
+        .simple_query("begin; insert into moved_t values (1)")
+        .await
+        .unwrap();
+    let mut new = old.start_successor(&["-R"]).await;
+    // The Unix client moves; the one in a transaction waits with the old process.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let rows = show(new.port(), "SHOW CLIENTS").await;
+            rows.iter().any(|r| {
+                field(r, "addr") == Some("unix") && field(r, "handover") == Some("moved in")
+            }) && rows
+                .iter()
+                .any(|r| field(r, "handover") == Some("with the old process: moves when idle"))
+        })
+        .await,
+        "{:?}\n{}",
+        show(new.port(), "SHOW CLIENTS").await,
+        old.log()
+    );
+    assert!(
+        old.running(),
+        "the old pgcarpool left a client in a transaction"
+    );
+    in_xact
+        .simple_query("insert into moved_t values (2); commit")
+        .await
+        .unwrap();
+    let status = old.exited_within(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the old pgcarpool did not exit once the transaction ended: {status:?}\n{}",
+        old.log()
+    );
+    assert_eq!(one_text(&in_xact, "select sum(x) from moved_t").await, "3");
+    assert_eq!(
+        one_text(&over_unix, "show application_name").await,
+        "over-unix"
+    );
+    new.signal(libc::SIGQUIT);
+    assert!(new.exited_within(Duration::from_secs(5)).await.is_some());
+}
