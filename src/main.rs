@@ -69,6 +69,13 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
     } else {
         None
     };
+    // -R with SO_REUSEPORT: the running process's console, reached before its Unix socket
+    // is renamed over, to take its clients once this process listens.
+    let clients_from = if cli.reboot && !pass_sockets {
+        pgcarpool::takeover::console_for_clients(&config.settings)
+    } else {
+        None
+    };
     // Everything that can fail is checked before -d forks, so the error reaches the
     // terminal and the exit code: the pidfile (another instance running?), then the
     // listening sockets (or those systemd passed).
@@ -79,6 +86,10 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
     };
     let (listeners, taken_from) = match taken {
         Some((from, listeners)) => (listeners, Some(from)),
+        None if clients_from.is_some() => (
+            pgcarpool::net::listen::bind(&config.settings, true)?,
+            clients_from,
+        ),
         None => match pgcarpool::net::listen::from_systemd()? {
             Some(passed) => {
                 tracing::info!(

@@ -495,3 +495,46 @@ async fn a_client_in_a_transaction_moves_when_it_ends_and_unix_clients_move_too(
     new.signal(libc::SIGQUIT);
     assert!(new.exited_within(Duration::from_secs(5)).await.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_so_reuseport_idle_clients_move_too() {
+    let pg = TempPostgres::start();
+    let mut dir = ProcessDir::with_pidfile(
+        TestPooler::builder(&pg)
+            .setting("pool_mode", "transaction")
+            .setting("so_reuseport", "1"),
+    );
+    let sockdir = dir.path().to_string_lossy().into_owned();
+    dir.rewrite(|b| b.setting("unix_socket_dir", &sockdir));
+    let mut old = PoolerProcess::start_in(dir, &[]).await;
+    let before = old.connect("md5user").await;
+    before
+        .simple_query("SET application_name = 'reuseport-client'")
+        .await
+        .unwrap();
+    let stmt = before.prepare("select $1::int * 2").await.unwrap();
+    let mut new = old.start_successor(&["-R"]).await;
+    let status = old.exited_within(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the old pgcarpool did not exit: {status:?}\n--- old\n{}\n--- new\n{}",
+        old.log(),
+        new.log()
+    );
+    assert!(
+        !old.log().contains("SIGTERM"),
+        "the old pgcarpool was signalled instead of handing over:\n{}",
+        old.log()
+    );
+    let row = before
+        .query_one(&stmt, &[&21i32])
+        .await
+        .unwrap_or_else(|e| panic!("the moved client's statement: {e}\n{}", new.log()));
+    assert_eq!(row.get::<_, i32>(0), 42);
+    assert_eq!(
+        one_text(&before, "show application_name").await,
+        "reuseport-client"
+    );
+    new.signal(libc::SIGQUIT);
+    assert!(new.exited_within(Duration::from_secs(5)).await.is_some());
+}

@@ -195,7 +195,7 @@ pub async fn run(
                 continue;
             }
             Some(Command::Handover)
-                if shared.restart.phase() == crate::takeover::Phase::Suspended =>
+                if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
             {
                 backend::command_complete(&mut out, "HANDOVER");
                 backend::ready_for_query(&mut out, b'I');

@@ -355,7 +355,11 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
     loop {
         let now = *phase.borrow_and_update();
         if now == Phase::HandingOver {
-            return handed_over(l);
+            shared.restart.keep_sockets(Vec::new());
+            if shared.restart.sockets_passed() {
+                return handed_over(l);
+            }
+            return drain(l, &shared);
         }
         let accepted = tokio::select! {
             biased;
@@ -364,7 +368,7 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
                 // The descriptors kept for SHOW FDS go too: the socket must close (new
                 // connections refused), not linger with nobody accepting.
                 shared.restart.keep_sockets(Vec::new());
-                if shared.restart.phase() == Phase::HandingOver {
+                if shared.restart.phase() == Phase::HandingOver && shared.restart.sockets_passed() {
                     return handed_over(l);
                 }
                 return drain(l, &shared);

@@ -86,6 +86,10 @@ pub struct Restart {
     sockets: Mutex<Vec<Bound>>,
     /// Set at HANDOVER: the connection to the new process takes clients from here.
     outbox: OnceLock<mpsc::Sender<Outgoing>>,
+    /// Set at HANDOVER: the new process has these very listening sockets (SHOW FDS), so
+    /// they close here without accepting what is queued; otherwise (SO_REUSEPORT) this
+    /// process's own sockets accept their queue first, as on SIGTERM.
+    sockets_passed: std::sync::atomic::AtomicBool,
     /// New process: the clients still with the old one (SHOW CLIENTS lists them).
     staying: Mutex<Vec<StayingClient>>,
     /// New process: cancel requests for those clients go to the old one through here.
@@ -98,6 +102,7 @@ impl Default for Restart {
             phase: watch::Sender::new(Phase::Running),
             sockets: Mutex::new(Vec::new()),
             outbox: OnceLock::new(),
+            sockets_passed: Default::default(),
             staying: Mutex::new(Vec::new()),
             cancels: Mutex::new(None),
         }
@@ -137,6 +142,11 @@ impl Restart {
             _ => false,
         });
     }
+    /// HANDOVER came after SHOW FDS: the listening sockets are the new process's too.
+    pub fn sockets_passed(&self) -> bool {
+        self.sockets_passed.load(Ordering::Relaxed)
+    }
+
     /// New process: the clients still with the old process.
     pub fn staying(&self) -> Vec<StayingClient> {
         self.staying
@@ -323,11 +333,14 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
     if shared.restart.outbox.set(tx).is_err() {
         return Err(io::Error::other("a handover is under way already"));
     }
-    tracing::info!(
-        "online restart: the listening sockets are the new process's; handing over idle clients"
-    );
+    tracing::info!("online restart: the new process listens; handing over idle clients");
     crate::service::stopping("handing clients over to the new process");
     annotate_staying(shared);
+    let passed = shared.restart.phase() == Phase::Suspended;
+    shared
+        .restart
+        .sockets_passed
+        .store(passed, Ordering::Relaxed);
     shared.restart.phase.send_replace(Phase::HandingOver);
     // Closes the TCP listeners (without accepting what is queued: see accept_loop).
     shared.stop_accepting.cancel();
@@ -650,37 +663,9 @@ pub fn take_listeners(s: &Settings) -> anyhow::Result<Option<(Predecessor, Vec<B
             "-R without so_reuseport needs unix_socket_dir: the sockets are taken over the running process's Unix socket"
         );
     }
-    let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, s.listen_port));
-    let sock = match UnixStream::connect(&path) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::info!(
-                "-R: no running process answers on {} ({e}): starting as usual",
-                path.display()
-            );
-            return Ok(None);
-        }
+    let Some(mut c) = login_console(s)? else {
+        return Ok(None);
     };
-    sock.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut c = Console {
-        sock,
-        buf: Vec::new(),
-        fds: VecDeque::new(),
-    };
-    // StartupMessage: protocol 3.0, user and database pgbouncer.
-    let mut body = 196608u32.to_be_bytes().to_vec();
-    for (k, v) in [("user", "pgbouncer"), ("database", "pgbouncer")] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut m = u32::try_from(body.len() + 4)?.to_be_bytes().to_vec();
-    m.extend_from_slice(&body);
-    c.sock.write_all(&m)?;
-    c.until_ready()
-        .map_err(|e| anyhow::anyhow!("-R: login to the running process's console failed: {e}"))?;
     tracing::info!("-R: logged in to the running process, sending SUSPEND");
     c.send_query("SUSPEND;")?;
     c.until_ready()
@@ -719,6 +704,60 @@ pub fn take_listeners(s: &Settings) -> anyhow::Result<Option<(Predecessor, Vec<B
             Err(anyhow::anyhow!("-R: taking the sockets failed: {e}"))
         }
     }
+}
+
+/// `-R` with SO_REUSEPORT: the running process's console, logged in before this process
+/// binds (its Unix socket is about to be renamed over), to ask it for its clients once this
+/// one listens. None: no Unix socket or nobody answers there (it is sent SIGTERM instead).
+pub fn console_for_clients(s: &Settings) -> Option<Predecessor> {
+    if s.unix_socket_dir.is_empty() {
+        return None;
+    }
+    match login_console(s) {
+        Ok(Some(c)) => {
+            let _ = c.sock.set_read_timeout(None);
+            Some(Predecessor { sock: c.sock })
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("{e}: its clients will not move");
+            None
+        }
+    }
+}
+
+/// Log in to the console of the pgcarpool running on this config's Unix socket as user
+/// `pgbouncer`. None: nobody answers there.
+fn login_console(s: &Settings) -> anyhow::Result<Option<Console>> {
+    let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, s.listen_port));
+    let sock = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!("-R: no running process answers on {} ({e})", path.display());
+            return Ok(None);
+        }
+    };
+    sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut c = Console {
+        sock,
+        buf: Vec::new(),
+        fds: VecDeque::new(),
+    };
+    // StartupMessage: protocol 3.0, user and database pgbouncer.
+    let mut body = 196608u32.to_be_bytes().to_vec();
+    for (k, v) in [("user", "pgbouncer"), ("database", "pgbouncer")] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut m = u32::try_from(body.len() + 4)?.to_be_bytes().to_vec();
+    m.extend_from_slice(&body);
+    c.sock.write_all(&m)?;
+    c.until_ready()
+        .map_err(|e| anyhow::anyhow!("-R: login to the running process's console failed: {e}"))?;
+    Ok(Some(c))
 }
 
 /// A listening socket received from the old process.
