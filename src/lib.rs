@@ -25,9 +25,11 @@
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
-//! takeover/  online restart without SO_REUSEPORT (`-R` takes the sockets over the console,
-//!            SUSPEND, SHOW FDS) and sessions that move to the new process: mod.rs (both
-//!            sides, HANDOVER), session.rs (a session's versioned wire form)
+//! takeover/  online restart (`-R`) and sessions that move to the new process: mod.rs
+//!            (SUSPEND / HANDOVER phase), outgoing.rs (old process: SHOW FDS passes the
+//!            sockets, HANDOVER sends idle clients), incoming.rs (new process: takes the
+//!            sockets over the console, runs the clients sent), session.rs (versioned
+//!            wire form of a session)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
 //! workers    thread per core: one single-threaded runtime per worker, placement of clients
 //! stats/     per-pool atomics and stats_period averages, histogram.rs, metrics.rs (/metrics)
