@@ -52,6 +52,8 @@ pub struct Shared {
     pub peers: crate::peers::Peers,
     /// The worker runtimes (set once by `start`).
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
+    /// Online restart: SUSPEND, the listening sockets for SHOW FDS, the client handover.
+    pub restart: crate::takeover::Restart,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -108,6 +110,13 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     let n = crate::workers::count(shared.config.load().settings.workers);
     let _ = shared.workers.set(crate::workers::Workers::start(n)?);
     let workers = shared.workers.get().expect("just set");
+    // A descriptor of each listening socket for SHOW FDS (an online restart takes them).
+    shared.restart.keep_sockets(
+        listeners
+            .iter()
+            .map(listen::Bound::try_clone)
+            .collect::<std::io::Result<_>>()?,
+    );
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
         tracing::info!("listening on {l}");
@@ -257,6 +266,7 @@ impl Shared {
             admin: crate::admin::AdminState::default(),
             peers: Default::default(),
             workers: std::sync::OnceLock::new(),
+            restart: Default::default(),
         })
     }
 

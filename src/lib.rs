@@ -9,7 +9,8 @@
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs,
 //!            hba.rs (auth_hba_file rules), ident.rs (auth_ident_file maps)
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
-//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
+//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs,
+//!            fdpass.rs (descriptors over a Unix socket, SCM_RIGHTS)
 //! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised),
 //!            peer.rs (OS user of a Unix peer), cert.rs (client certificate name),
 //!            dynamic.rs (the secrets auth_query found, kept auth_query_cache_ttl)
@@ -28,6 +29,11 @@
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
+//! takeover/  online restart (`-R`) and sessions that move to the new process: mod.rs
+//!            (SUSPEND / HANDOVER phase), outgoing.rs (old process: SHOW FDS passes the
+//!            sockets, HANDOVER sends idle clients), incoming.rs (new process: takes the
+//!            sockets over the console, runs the clients sent), session.rs (versioned
+//!            wire form of a session)
 //! admin/     command.rs (enum of commands), show.rs (one fn per view → Table), table.rs
 //! peers/     peering: key.rs (cancel keys naming their instance), dns.rs (peers by one DNS
 //!            name, ids from addresses), mod.rs (peer table, forwarding cancels, SHOW PEERS)
@@ -51,4 +57,5 @@ pub mod server;
 pub mod service;
 pub mod signals;
 pub mod stats;
+pub mod takeover;
 pub mod workers;

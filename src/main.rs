@@ -32,7 +32,10 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
     let config_path = std::fs::canonicalize(config).unwrap_or(config.clone());
     let mut config =
         pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if cli.reboot {
+    // -R: with so_reuseport the new process shares the port; without, it takes the
+    // sockets from the running one over its Unix socket (PgBouncer's way).
+    let pass_sockets = cli.reboot && !config.settings.so_reuseport;
+    if cli.reboot && !pass_sockets {
         config.settings.so_reuseport = true;
     }
     let verbose = cli.verbose.max(config.settings.verbose);
@@ -59,23 +62,47 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
         (Some(pidfile), true) => running_pgcarpool(pidfile),
         _ => None,
     };
+    // -R without so_reuseport: the running process's listening sockets, passed over its
+    // console (it is suspended until this process asks for its clients).
+    let taken = if pass_sockets {
+        pgcarpool::takeover::take_listeners(&config.settings)?
+    } else {
+        None
+    };
+    // -R with SO_REUSEPORT: the running process's console, reached before its Unix socket
+    // is renamed over, to take its clients once this process listens.
+    let clients_from = if cli.reboot && !pass_sockets {
+        pgcarpool::takeover::console_for_clients(&config.settings)
+    } else {
+        None
+    };
     // Everything that can fail is checked before -d forks, so the error reaches the
     // terminal and the exit code: the pidfile (another instance running?), then the
     // listening sockets (or those systemd passed).
     let pidfile = match &config.settings.pidfile {
-        Some(p) if predecessor.is_none() => Some(Pidfile::claim(p)?),
+        Some(p) if predecessor.is_none() && taken.is_none() => Some(Pidfile::claim(p)?),
         Some(p) => Some(Pidfile::take_over(p)),
         None => None,
     };
-    let listeners = match pgcarpool::net::listen::from_systemd()? {
-        Some(passed) => {
-            tracing::info!(
-                "{} socket(s) passed by the service manager: listen_addr and unix_socket_dir are not used",
-                passed.len()
-            );
-            passed
-        }
-        None => pgcarpool::net::listen::bind(&config.settings, cli.reboot)?,
+    let (listeners, taken_from) = match taken {
+        Some((from, listeners)) => (listeners, Some(from)),
+        None if clients_from.is_some() => (
+            pgcarpool::net::listen::bind(&config.settings, true)?,
+            clients_from,
+        ),
+        None => match pgcarpool::net::listen::from_systemd()? {
+            Some(passed) => {
+                tracing::info!(
+                    "{} socket(s) passed by the service manager: listen_addr and unix_socket_dir are not used",
+                    passed.len()
+                );
+                (passed, None)
+            }
+            None => (
+                pgcarpool::net::listen::bind(&config.settings, cli.reboot)?,
+                None,
+            ),
+        },
     };
     if cli.daemon {
         daemonize()?;
@@ -106,7 +133,14 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
             env!("CARGO_PKG_VERSION")
         );
         pgcarpool::service::ready(&status);
-        if let Some(pid) = predecessor {
+        if let Some(from) = taken_from {
+            // The old process sends its idle clients, then exits; no signal needed.
+            let shared = handle.shared.clone();
+            handle
+                .shared
+                .tracker
+                .spawn(async move { from.take_clients(shared).await });
+        } else if let Some(pid) = predecessor {
             tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
             // SAFETY: kill(2) on the PID of the pgcarpool our pidfile named, checked just before.
             if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {

@@ -113,6 +113,8 @@ const DOCUMENTED: &[(&str, &[&str])] = &[
             "application_name",
             "prepared_statements",
             "id",
+            // pgcarpool's own, after PgBouncer's: online restart (README).
+            "handover",
         ],
     ),
     (
@@ -329,6 +331,7 @@ async fn every_command_answers() {
         "DISABLE testdb",
         "ENABLE testdb",
         "KILL testdb",
+        "SUSPEND",
         "RESUME",
     ] {
         c.simple_query(cmd)
@@ -336,7 +339,8 @@ async fn every_command_answers() {
             .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     }
     for (cmd, code) in [
-        ("SUSPEND", "0A000"),
+        // Only for a new pgcarpool taking over (-R), over the Unix socket.
+        ("HANDOVER", "08P01"),
         ("KILL_CLIENT 999999", "08P01"),
         ("KILL_CLIENT not_a_number", "08P01"),
         ("KILL nosuchdb", "08P01"),

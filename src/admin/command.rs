@@ -88,6 +88,9 @@ pub enum Command {
     Kill(Option<String>),
     KillClient(u64),
     Suspend,
+    /// Online restart, sent by the new process after SHOW FDS: the console connection
+    /// becomes the channel the clients move through (pgcarpool's own command).
+    Handover,
     Shutdown(ShutdownMode),
     WaitClose(Option<String>),
     Enable(String),
@@ -117,6 +120,7 @@ impl Command {
             Command::Kill(_) => "KILL",
             Command::KillClient(_) => "KILL_CLIENT",
             Command::Suspend => "SUSPEND",
+            Command::Handover => "HANDOVER",
             Command::Shutdown(_) => "SHUTDOWN",
             Command::WaitClose(_) => "WAIT_CLOSE",
             Command::Enable(_) => "ENABLE",
@@ -183,6 +187,7 @@ impl Command {
                 _ => return Err(ParseError("KILL_CLIENT needs a client id".into())),
             },
             "suspend" if args.is_empty() => Command::Suspend,
+            "handover" if args.is_empty() => Command::Handover,
             "shutdown" => match args
                 .iter()
                 .map(|a| a.to_ascii_lowercase())

@@ -148,6 +148,12 @@ pub async fn run(
     conn.flush().await?;
     let mut session = Session::default();
     let stop = shared.stop_clients.clone();
+    // A process that took the listening sockets (SHOW FDS) and went away without HANDOVER
+    // leaves this one suspended: it resumes.
+    let _resume = ResumeIfAbandoned {
+        shared: shared.clone(),
+        armed: std::cell::Cell::new(false),
+    };
     loop {
         let h = tokio::select! {
             r = conn.read_message(MAX_MESSAGE_LEN) => match r {
@@ -161,6 +167,46 @@ pub async fn run(
         let body = conn.rbuf[5..h.total].to_vec();
         conn.consume(h.total);
         let mut out = BytesMut::new();
+        // Online restart: the new process takes the sockets (SHOW FDS) and the clients
+        // (HANDOVER) over this connection.
+        let may_pass_fds = tag == frontend::QUERY
+            && role == Role::Admin
+            && user == "pgbouncer"
+            && conn.stream.peer_is_same_os_user();
+        let special = if may_pass_fds {
+            single_command(&body)
+        } else {
+            None
+        };
+        match special {
+            Some(Command::Show(View::Fds)) => {
+                let (table, fds) = crate::takeover::show_fds(shared, true);
+                table.write_all(&mut out);
+                backend::ready_for_query(&mut out, b'I');
+                conn.flush().await?;
+                send_with_fds(conn, &out, &fds).await?;
+                _resume.armed.set(!fds.is_empty());
+                if !fds.is_empty() {
+                    tracing::info!(
+                        "online restart: {} listening socket(s) passed (SHOW FDS)",
+                        fds.len()
+                    );
+                }
+                continue;
+            }
+            Some(Command::Handover)
+                if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
+            {
+                backend::command_complete(&mut out, "HANDOVER");
+                backend::ready_for_query(&mut out, b'I');
+                conn.queue(out.freeze());
+                conn.flush().await?;
+                _resume.armed.set(false);
+                crate::takeover::serve_handover(shared, conn).await?;
+                return Ok(());
+            }
+            _ => {}
+        }
         let close = match tag {
             frontend::TERMINATE => return Ok(()),
             frontend::QUERY => simple_query(shared, role, &body, &mut out).await?,
@@ -204,6 +250,63 @@ pub async fn run(
             return Ok(());
         }
     }
+}
+
+/// Resumes a pooler left suspended by a console session that took its sockets (SHOW FDS)
+/// and ended without HANDOVER (the new process failed to start).
+struct ResumeIfAbandoned {
+    shared: Arc<Shared>,
+    armed: std::cell::Cell<bool>,
+}
+
+impl Drop for ResumeIfAbandoned {
+    fn drop(&mut self) {
+        if self.armed.get() && self.shared.restart.phase() == crate::takeover::Phase::Suspended {
+            tracing::warn!(
+                "online restart: the process that took the sockets left without taking over: resuming"
+            );
+            self.shared.restart.resume();
+        }
+    }
+}
+
+/// The one command a simple Query holds, if it holds exactly one that parses.
+fn single_command(body: &[u8]) -> Option<Command> {
+    let sql = frontend::parse_query(body).ok()?;
+    let sql = String::from_utf8_lossy(sql);
+    match command::split_statements(&sql)[..] {
+        [one] => Command::parse(one).ok(),
+        _ => None,
+    }
+}
+
+/// Write `bytes` to the console's Unix socket with `fds` attached to the first byte.
+async fn send_with_fds(
+    conn: &mut Conn,
+    bytes: &[u8],
+    fds: &[std::os::fd::OwnedFd],
+) -> Result<(), ClientError> {
+    use std::os::fd::AsRawFd;
+    let crate::net::Stream::Unix(sock) = &conn.stream else {
+        return Err(ClientError::fatal(
+            "08P01",
+            "descriptors need the Unix socket".into(),
+        ));
+    };
+    let raw: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let mut sent = 0;
+    while sent < bytes.len() {
+        sock.writable().await?;
+        let attach: &[i32] = if sent == 0 { &raw } else { &[] };
+        match sock.try_io(tokio::io::Interest::WRITABLE, || {
+            crate::net::fdpass::send_with_fds(sock, &bytes[sent..], attach)
+        }) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// AuthenticationOk, the parameters clients expect, BackendKeyData, ReadyForQuery.
@@ -381,6 +484,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Err(AdminError::new("08P01", "pooler is shutting down"))
         }
         Command::Resume(None) => {
+            shared.restart.resume();
             shared.resume_all();
             Ok(Reply::Done(tag))
         }
@@ -431,9 +535,17 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             c.kill_with("admin forced disconnect");
             Ok(Reply::Done(tag))
         }
-        Command::Suspend => Err(AdminError::new(
-            "0A000",
-            "SUSPEND is not supported: for an online restart, start the new pgcarpool with -R (so_reuseport = 1); it takes the sockets over and stops this one",
+        Command::Suspend => {
+            if shared.restart.suspend() {
+                tracing::info!("SUSPEND: not accepting, idle clients not read until RESUME");
+                Ok(Reply::Done(tag))
+            } else {
+                Err(AdminError::new("08P01", "an online restart is under way"))
+            }
+        }
+        Command::Handover => Err(AdminError::new(
+            "08P01",
+            "HANDOVER is sent by a new pgcarpool started with -R, as user pgbouncer over the Unix socket, after SUSPEND",
         )),
         Command::Shutdown(mode) => {
             let s = shared.clone();

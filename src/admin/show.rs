@@ -35,7 +35,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Totals => totals(shared),
         View::Lists => lists(shared),
         View::Mem => mem(),
-        View::Fds => fds(),
+        View::Fds => crate::takeover::show_fds(shared, false).0,
         View::Sockets => sockets(shared, false),
         View::ActiveSockets => sockets(shared, true),
         View::DnsHosts => Table::new(&[("hostname", Text), ("ttl", Int), ("addrs", Text)]),
@@ -388,10 +388,37 @@ fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
     ]
 }
 
+/// SHOW CLIENTS: PgBouncer's columns, then `handover` (online restart: "moved in" on the
+/// new process; on the old one whether a client moves when idle or stays, and why).
 pub fn clients(shared: &Shared) -> Table {
-    let mut t = Table::new(&CONN_COLUMNS);
+    let mut columns = CONN_COLUMNS.to_vec();
+    columns.push(("handover", Text));
+    let mut t = Table::new(&columns);
     for c in shared.clients.all() {
-        t.push(client_row(&c));
+        let mut row = client_row(&c);
+        row.push(c.handover().map_or(Cell::Null, Cell::from));
+        t.push(row);
+    }
+    // After -R: the clients still with the old process (pinned, session mode…).
+    for c in shared.restart.staying() {
+        let (addr, port) = split_addr(&c.addr);
+        let t0 = fmt_time(UNIX_EPOCH + std::time::Duration::from_micros(c.connect_time_us));
+        let mut row: Vec<Cell> = vec![
+            "C".into(),
+            c.user.into(),
+            c.db.into(),
+            "none".into(),
+            "active".into(),
+            addr.into(),
+            port.into(),
+            Cell::Null,
+            Cell::Null,
+            t0.clone().into(),
+            t0.into(),
+        ];
+        row.resize(CONN_COLUMNS.len(), Cell::Null);
+        row.push(format!("with the old process: {}", c.note).into());
+        t.push(row);
     }
     t
 }
@@ -681,7 +708,8 @@ pub fn mem() -> Table {
     ])
 }
 
-/// SHOW FDS: used by PgBouncer's online restart, which pgcarpool does not do: no rows.
+/// SHOW FDS's columns (PgBouncer's); the rows are the listening sockets
+/// (`takeover::show_fds`).
 pub fn fds() -> Table {
     Table::new(&[
         ("fd", Int),
@@ -746,7 +774,8 @@ pub fn state(shared: &Shared) -> Table {
     let paused = shared.admin.is_paused_all();
     t.push(vec!["active".into(), yn(!paused).into()]);
     t.push(vec!["paused".into(), yn(paused).into()]);
-    t.push(vec!["suspended".into(), "no".into()]);
+    let suspended = shared.restart.phase() == crate::takeover::Phase::Suspended;
+    t.push(vec!["suspended".into(), yn(suspended).into()]);
     t
 }
 

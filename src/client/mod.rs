@@ -63,6 +63,8 @@ pub struct Client {
     pub reg: Registration,
     /// Counted in its database and user (client connection limits) while it lives.
     pub counted: counts::Counted,
+    /// Online restart: why this client stays with this process (None: it moves when idle).
+    pub stays: Option<String>,
 }
 
 /// Serve one client connection from its first byte to its last.
@@ -70,10 +72,42 @@ pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let cfg = shared.config.load_full();
     // Boxed: the login's state is gone once the client is in, and is not part of the task
     // every idle client keeps.
-    let Some(mut client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
+    let Some(client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
         return;
     };
-    let result = transaction::run(&mut client).await;
+    serve(client).await;
+}
+
+/// Serve a logged-in client (or one that moved in from the process this one took over
+/// from) until it leaves, or moves on to the process that takes over from this one.
+pub async fn serve(mut client: Client) {
+    let result = loop {
+        match transaction::run(&mut client).await {
+            Ok(transaction::Exit::Handover) => {
+                match crate::takeover::hand_over(&mut client).await {
+                    Ok(()) => {
+                        tracing::debug!(
+                            client = client.reg.handle.id,
+                            "handed over to the new process"
+                        );
+                        return;
+                    }
+                    Err(why) => {
+                        tracing::info!(client = client.reg.handle.id, "client stays: {why}");
+                        client
+                            .reg
+                            .handle
+                            .set_handover(Some(format!("stays: {why}")));
+                        client.stays = Some(why);
+                    }
+                }
+            }
+            Ok(transaction::Exit::Left) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let cfg = client.shared.config.load_full();
+    let id = client.reg.handle.id;
     client
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
@@ -200,6 +234,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         session,
         reg,
         counted,
+        stays: None,
     })
 }
 
@@ -295,6 +330,10 @@ async fn login(
 ) -> Result<Entered, ClientError> {
     let params = match startup::hello(conn).await? {
         startup::Hello::Cancel(key) => {
+            // Online restart: a client still with the old process is cancelled there.
+            if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
+                return Ok(Entered::Done);
+            }
             cancel::handle(shared, key).await;
             return Ok(Entered::Done);
         }

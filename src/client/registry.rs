@@ -54,9 +54,37 @@ pub struct ClientHandle {
     pin: Mutex<Option<(String, SystemTime)>>,
     /// Named statements in the client's virtual session, after its last transaction.
     prepared: std::sync::atomic::AtomicUsize,
+    /// Online restart: whether it moved in, will move, or stays (SHOW CLIENTS).
+    handover: Mutex<Option<String>>,
 }
 
 impl ClientHandle {
+    fn new(
+        id: u64,
+        key: (i32, i32),
+        addr: String,
+        user: String,
+        db: String,
+        kill: CancellationToken,
+        connect_time: SystemTime,
+    ) -> Arc<ClientHandle> {
+        Arc::new(ClientHandle {
+            id,
+            key,
+            addr,
+            user,
+            db,
+            connect_time,
+            kill,
+            kill_reason: Mutex::new(None),
+            state: AtomicU8::new(ClientState::Login as u8),
+            server: Mutex::new(None),
+            prepared: Default::default(),
+            pin: Mutex::new(None),
+            handover: Mutex::new(None),
+        })
+    }
+
     /// Make the client leave, telling it `reason` (PgBouncer's words).
     pub fn kill_with(&self, reason: &'static str) {
         *self.kill_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
@@ -113,6 +141,15 @@ impl ClientHandle {
     pub fn pin(&self) -> Option<(String, SystemTime)> {
         self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+    pub fn set_handover(&self, note: Option<String>) {
+        *self.handover.lock().unwrap_or_else(|e| e.into_inner()) = note;
+    }
+    pub fn handover(&self) -> Option<String> {
+        self.handover
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
     pub fn cancel_target(&self) -> Option<CancelTarget> {
         self.server().map(|s| (s.addr, s.key))
     }
@@ -163,25 +200,37 @@ impl Registry {
                 break k;
             }
         };
-        let handle = Arc::new(ClientHandle {
-            id,
-            key,
-            addr,
-            user,
-            db,
-            connect_time: SystemTime::now(),
-            kill,
-            kill_reason: Mutex::new(None),
-            state: AtomicU8::new(ClientState::Login as u8),
-            server: Mutex::new(None),
-            prepared: Default::default(),
-            pin: Mutex::new(None),
-        });
+        let handle = ClientHandle::new(id, key, addr, user, db, kill, SystemTime::now());
         map.insert(key, handle.clone());
         Registration {
             registry: self.clone(),
             handle,
         }
+    }
+
+    /// Register a client that moved in from the process this one took over from, under
+    /// the cancel key it was given there. None: a client here has that key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_moved(
+        self: &Arc<Self>,
+        id: u64,
+        key: (i32, i32),
+        addr: String,
+        user: String,
+        db: String,
+        kill: CancellationToken,
+        connect_time: SystemTime,
+    ) -> Option<Registration> {
+        let mut map = self.lock();
+        if map.contains_key(&key) {
+            return None;
+        }
+        let handle = ClientHandle::new(id, key, addr, user, db, kill, connect_time);
+        map.insert(key, handle.clone());
+        Some(Registration {
+            registry: self.clone(),
+            handle,
+        })
     }
 
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {

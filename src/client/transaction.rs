@@ -17,12 +17,25 @@ use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
 use crate::stats::PoolStats;
+use crate::takeover::{Phase, PhaseWatch};
 
-/// Serve requests until the client leaves (Ok) or must be told why it is let go (Err).
-pub async fn run(c: &mut Client) -> Result<(), ClientError> {
+/// How a client's transaction loop ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It said goodbye.
+    Left,
+    /// Online restart: it is idle and may move to the new process.
+    Handover,
+}
+
+/// Serve requests until the client leaves or may move (Ok) or must be told why it is let
+/// go (Err).
+pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     // One registration for the client's whole life, polled by every wait below.
     let kill = c.reg.handle.kill.clone().cancelled_owned();
     tokio::pin!(kill);
+    // Online restart (SUSPEND, HANDOVER), watched for the client's whole life.
+    let mut phase = c.shared.restart.watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
     loop {
@@ -30,8 +43,10 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         if held.is_none() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            if !wait_for_request(c, idle_timeout, kill.as_mut()).await? {
-                return Ok(());
+            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase).await? {
+                Wait::Request => {}
+                Wait::Terminate => return Ok(Exit::Left),
+                Wait::Handover => return Ok(Exit::Handover),
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
@@ -40,7 +55,7 @@ pub async fn run(c: &mut Client) -> Result<(), ClientError> {
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
-            After::Leave => return Ok(()),
+            After::Leave => return Ok(Exit::Left),
         }
     }
 }
@@ -321,12 +336,24 @@ fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     }
 }
 
-/// Flush what the client is owed and wait for its next request. False: it said Terminate.
+/// What an idle client did next.
+enum Wait {
+    /// It sent a request that needs a server.
+    Request,
+    /// It said Terminate (or closed the connection).
+    Terminate,
+    /// Online restart: it may move to the new process now.
+    Handover,
+}
+
+/// Flush what the client is owed and wait for its next request. While the pooler is
+/// suspended nothing is read; during a handover a client that may move says so.
 async fn wait_for_request(
     c: &mut Client,
     idle_timeout: Option<std::time::Duration>,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
-) -> Result<bool, ClientError> {
+    phase: &mut PhaseWatch,
+) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
         if c.conn.out_len() > 0 {
@@ -338,12 +365,32 @@ async fn wait_for_request(
         }
         if let Some(&tag) = c.conn.rbuf.first() {
             if tag == frontend::TERMINATE {
-                return Ok(false);
+                return Ok(Wait::Terminate);
             }
             match answer_without_server(c)? {
                 Local::Answered => continue,
-                Local::NeedServer => return Ok(true),
+                Local::NeedServer => return Ok(Wait::Request),
                 Local::Incomplete => {}
+            }
+        }
+        let now = phase.current();
+        if now == Phase::HandingOver && c.stays.is_none() {
+            match crate::takeover::stays_because(c) {
+                None => return Ok(Wait::Handover),
+                Some(why) => {
+                    c.reg.handle.set_handover(Some(format!("stays: {why}")));
+                    c.stays = Some(why.to_string());
+                }
+            }
+        }
+        if now == Phase::Suspended {
+            // SUSPEND: the client's bytes wait in the socket until RESUME.
+            tokio::select! {
+                _ = phase.changed() => continue,
+                _ = idle_deadline(deadline) => {
+                    return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
+                }
+                _ = kill.as_mut() => return Err(killed(c)),
             }
         }
         if c.conn.rbuf.is_empty() {
@@ -355,18 +402,20 @@ async fn wait_for_request(
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
                 }
                 _ = kill.as_mut() => return Err(killed(c)),
+                _ = phase.changed() => continue,
             }
         }
         tokio::select! {
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
-                    return Ok(false);
+                    return Ok(Wait::Terminate);
                 }
             }
             _ = idle_deadline(deadline) => {
                 return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
             }
             _ = kill.as_mut() => return Err(killed(c)),
+            _ = phase.changed() => continue,
         }
     }
 }

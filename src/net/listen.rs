@@ -21,6 +21,7 @@ use super::{Conn, Stream};
 use crate::app::Shared;
 use crate::config::Settings;
 use crate::proto::backend;
+use crate::takeover::Phase;
 
 pub enum Listener {
     Tcp(TcpListener),
@@ -87,6 +88,14 @@ impl std::fmt::Display for Bound {
 pub struct SocketFile {
     path: PathBuf,
     ino: u64,
+}
+
+impl SocketFile {
+    /// The socket file at `path`, bound with inode `ino` (a socket received from the
+    /// process `-R` took over: its file is ours to remove at exit now).
+    pub fn new(path: PathBuf, ino: u64) -> SocketFile {
+        SocketFile { path, ino }
+    }
 }
 
 impl Listener {
@@ -341,10 +350,30 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
         Listener::Tcp(_) => shared.stop_accepting.clone(),
         Listener::Unix(..) => shared.stop_clients.clone(),
     };
+    // Online restart: SUSPEND stops accepting, HANDOVER gives the socket away.
+    let mut phase = shared.restart.subscribe();
     loop {
+        let now = *phase.borrow_and_update();
+        if now == Phase::HandingOver {
+            shared.restart.keep_sockets(Vec::new());
+            if shared.restart.sockets_passed() {
+                return handed_over(l);
+            }
+            return drain(l, &shared);
+        }
         let accepted = tokio::select! {
-            _ = stop.cancelled() => return drain(l, &shared),
-            r = accept(&l) => r,
+            biased;
+            _ = phase.changed() => continue,
+            _ = stop.cancelled() => {
+                // The descriptors kept for SHOW FDS go too: the socket must close (new
+                // connections refused), not linger with nobody accepting.
+                shared.restart.keep_sockets(Vec::new());
+                if shared.restart.phase() == Phase::HandingOver && shared.restart.sockets_passed() {
+                    return handed_over(l);
+                }
+                return drain(l, &shared);
+            }
+            r = accept(&l), if now == Phase::Running => r,
         };
         let stream = match accepted {
             Ok(s) => s,
@@ -355,6 +384,17 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
             }
         };
         serve(stream, &shared);
+    }
+}
+
+/// The listening socket belongs to the new process now: close this process's descriptor
+/// without accepting what is queued (the new process will) and leave the socket file.
+fn handed_over(l: Listener) {
+    if let Listener::Unix(_, file) = l
+        && let Some(f) = file
+    {
+        // Not removed on drop: the new process serves it.
+        std::mem::forget(f);
     }
 }
 

@@ -1,5 +1,6 @@
 //! Sockets: the stream enum, buffered message framing, listeners.
 pub mod conn;
+pub mod fdpass;
 pub mod listen;
 pub mod stream;
 

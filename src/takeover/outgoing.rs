@@ -1,0 +1,348 @@
+//! The old process's side of an online restart: SHOW FDS, which clients may move, and
+//! HANDOVER (each idle client's session and socket sent to the new process).
+use super::*;
+
+/// SHOW FDS: one row per listening socket (task `pooler`), with PgBouncer's columns; the
+/// descriptors to pass with the rows when the caller may have them (and the pooler is
+/// suspended), else none.
+pub fn show_fds(shared: &Shared, pass: bool) -> (crate::admin::Table, Vec<OwnedFd>) {
+    use crate::admin::table::Cell;
+    let mut t = crate::admin::show::fds();
+    let mut fds = Vec::new();
+    let pass = pass && shared.restart.phase() == Phase::Suspended;
+    for (fd, addr, port) in shared.restart.listening() {
+        let mut row: Vec<Cell> = vec![
+            i64::from(fd.as_raw_fd()).into(),
+            "pooler".into(),
+            Cell::Null,
+            Cell::Null,
+            addr.into(),
+            port.into(),
+            0i64.into(),
+            0i64.into(),
+        ];
+        row.resize(t.columns.len(), Cell::Null);
+        t.push(row);
+        if pass {
+            fds.push(fd);
+        }
+    }
+    (t, fds)
+}
+
+/// Why a client cannot move to the new process now (None: it can).
+pub fn stays_because(c: &Client) -> Option<&'static str> {
+    if c.pool.settings().mode == PoolMode::Session {
+        return Some("session pooling mode");
+    }
+    if c.session.pin.is_some() {
+        return Some("pinned to its server");
+    }
+    if c.session.statements.values().any(|s| s.depends.is_some()) {
+        return Some("a prepared statement runs another");
+    }
+    // Exhaustive on purpose: a new transport (TLS) must say whether it can move. A TLS
+    // client's session keys cannot be carried yet: it stays (README, "Online restart").
+    match &c.conn.stream {
+        Stream::Tcp(_) | Stream::Unix(_) => {}
+    }
+    None
+}
+
+/// Move an idle client to the new process. Ok: it runs there now (this task ends without a
+/// word to the client); Err: it stays here (the reason).
+pub async fn hand_over(c: &mut Client) -> Result<(), String> {
+    let outbox = c
+        .shared
+        .restart
+        .outbox
+        .get()
+        .ok_or("no handover under way")?
+        .clone();
+    if c.conn.out_len() > 0 {
+        c.conn.flush().await.map_err(|e| e.to_string())?;
+    }
+    let (fd, transport) = match &c.conn.stream {
+        Stream::Tcp(s) => (
+            socket2::SockRef::from(s).try_clone().map(OwnedFd::from),
+            Transport::Tcp,
+        ),
+        Stream::Unix(s) => (
+            socket2::SockRef::from(s).try_clone().map(OwnedFd::from),
+            Transport::Unix,
+        ),
+    };
+    let fd = fd.map_err(|e| format!("could not duplicate the socket: {e}"))?;
+    let session = describe(c, transport).encode();
+    let (taken, answer) = oneshot::channel();
+    outbox
+        .send(Outgoing { session, fd, taken })
+        .await
+        .map_err(|_| "the connection to the new process is gone".to_string())?;
+    match answer.await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("refused by the new process".into()),
+        Err(_) => Err("the connection to the new process is gone".into()),
+    }
+}
+
+/// The client's session as it moves.
+fn describe(c: &Client, transport: Transport) -> MovedSession {
+    let h = &c.reg.handle;
+    let pairs = |p: &Params| {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let scram_keys = match &c.pool.settings().target.credential {
+        Credential::ScramKeys {
+            client_key,
+            server_key,
+        } => Some((*client_key, *server_key)),
+        _ => None,
+    };
+    MovedSession {
+        transport,
+        user: h.user.clone(),
+        db: h.db.clone(),
+        addr: h.addr.clone(),
+        connect_time_us: h
+            .connect_time
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0),
+        key: h.key,
+        params: pairs(&c.session.params),
+        startup: pairs(&c.session.startup),
+        statements: c
+            .session
+            .statements
+            .iter()
+            .map(|(name, s)| (name.clone(), s.parse_rest.clone()))
+            .collect(),
+        unnamed: c.session.unnamed.clone(),
+        scram_keys,
+        pending_input: Bytes::copy_from_slice(&c.conn.rbuf),
+    }
+}
+
+/// HANDOVER on the console (old process): the listeners are the new process's; send it
+/// every client that becomes idle, until no client of this process is left; then stop.
+pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result<()> {
+    let Stream::Unix(sock) = &conn.stream else {
+        return Err(io::Error::other("HANDOVER needs the Unix socket"));
+    };
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(64);
+    if shared.restart.outbox.set(tx).is_err() {
+        return Err(io::Error::other("a handover is under way already"));
+    }
+    tracing::info!("online restart: the new process listens; handing over idle clients");
+    crate::service::stopping("handing clients over to the new process");
+    annotate_staying(shared);
+    let passed = shared.restart.phase() == Phase::Suspended;
+    shared
+        .restart
+        .sockets_passed
+        .store(passed, Ordering::Relaxed);
+    shared.restart.phase.send_replace(Phase::HandingOver);
+    // Closes the TCP listeners (without accepting what is queued: see accept_loop).
+    shared.stop_accepting.cancel();
+    shared.restart.keep_sockets(Vec::new());
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let (mut moved, mut refused) = (0u64, 0u64);
+    let mut connected = true;
+    let mut inbox = Inbox::default();
+    let mut last_status: Option<Vec<u8>> = None;
+    loop {
+        tokio::select! {
+            Some(out) = rx.recv(), if connected => {
+                let sent = async {
+                    send_frame(sock, b'M', &out.session, Some(&out.fd)).await?;
+                    // Cancel requests the new process forwards may come before the answer.
+                    loop {
+                        match inbox.next(sock).await? {
+                            Answer::Taken(t) => return Ok::<bool, io::Error>(t),
+                            Answer::Cancel(key) => cancel(shared, key),
+                        }
+                    }
+                };
+                match tokio::time::timeout(Duration::from_secs(10), sent).await {
+                    Ok(Ok(taken)) => {
+                        if taken { moved += 1 } else { refused += 1 }
+                        let _ = out.taken.send(taken);
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!("online restart: lost the connection to the new process ({e}): the remaining clients stay here");
+                        connected = false;
+                        let _ = out.taken.send(false);
+                    }
+                    Err(_) => {
+                        tracing::warn!("online restart: the new process did not answer: the remaining clients stay here");
+                        connected = false;
+                        let _ = out.taken.send(false);
+                    }
+                }
+            }
+            r = inbox.next(sock), if connected => match r {
+                Ok(Answer::Cancel(key)) => cancel(shared, key),
+                Ok(Answer::Taken(_)) | Err(_) => {
+                    tracing::warn!("online restart: the connection to the new process ended: the remaining clients stay here");
+                    connected = false;
+                }
+            },
+            _ = tick.tick() => {
+                // Console sessions (this one among them) do not keep the process: clients do.
+                let clients = shared.clients.all();
+                let consoles = clients.iter().filter(|c| c.db == "pgbouncer").count();
+                if shared.client_conns.load(Ordering::Relaxed) <= consoles {
+                    break;
+                }
+                if !connected {
+                    // Clients waiting to move are told no.
+                    while let Ok(out) = rx.try_recv() {
+                        let _ = out.taken.send(false);
+                    }
+                    continue;
+                }
+                // The new process lists the clients that are still here.
+                let status = session::encode_staying(&staying(&clients));
+                if last_status.as_ref() != Some(&status) {
+                    if let Err(e) = send_frame(sock, b'S', &status, None).await {
+                        tracing::warn!("online restart: lost the connection to the new process ({e})");
+                        connected = false;
+                    }
+                    last_status = Some(status);
+                }
+            }
+        }
+    }
+    tracing::info!(
+        "online restart: {moved} client(s) handed over, {refused} refused; no client left, stopping"
+    );
+    shared.shutdown_now();
+    Ok(())
+}
+
+/// The clients of this process (console sessions aside), as the new process lists them.
+fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<StayingClient> {
+    clients
+        .iter()
+        .filter(|c| c.db != "pgbouncer")
+        .map(|c| StayingClient {
+            user: c.user.clone(),
+            db: c.db.clone(),
+            addr: c.addr.clone(),
+            connect_time_us: c
+                .connect_time
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0),
+            key: c.key,
+            note: c.handover().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// A cancel request the new process forwarded for a client of this one.
+fn cancel(shared: &Arc<Shared>, key: (i32, i32)) {
+    let shared = shared.clone();
+    tokio::spawn(async move { crate::client::cancel::handle(&shared, key).await });
+}
+
+/// What the new process sends back on the handover connection.
+enum Answer {
+    /// `Y` / `N`: whether it took the client just sent.
+    Taken(bool),
+    /// `C` + the key: a cancel request for a client still here.
+    Cancel((i32, i32)),
+}
+
+/// Bytes read from the new process and not yet understood.
+#[derive(Default)]
+struct Inbox {
+    buf: Vec<u8>,
+}
+
+impl Inbox {
+    /// The next answer (cancel-safe: bytes read stay in the buffer).
+    async fn next(&mut self, sock: &tokio::net::UnixStream) -> io::Result<Answer> {
+        loop {
+            match self.buf.first() {
+                Some(b'Y' | b'N') => {
+                    let taken = self.buf.remove(0) == b'Y';
+                    return Ok(Answer::Taken(taken));
+                }
+                Some(b'C') if self.buf.len() >= 9 => {
+                    let k = |i: usize| {
+                        i32::from_be_bytes([
+                            self.buf[i],
+                            self.buf[i + 1],
+                            self.buf[i + 2],
+                            self.buf[i + 3],
+                        ])
+                    };
+                    let key = (k(1), k(5));
+                    self.buf.drain(..9);
+                    return Ok(Answer::Cancel(key));
+                }
+                Some(b'C') | None => {}
+                Some(_) => return Err(io::Error::other("unexpected bytes from the new process")),
+            }
+            sock.readable().await?;
+            let mut chunk = [0u8; 256];
+            match sock.try_read(&mut chunk) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// In SHOW CLIENTS, why each client that cannot move now stays.
+fn annotate_staying(shared: &Shared) {
+    let cfg = shared.config.load();
+    for c in shared.clients.all() {
+        if c.db == "pgbouncer" {
+            continue;
+        }
+        let why = if c.pin().is_some() {
+            "stays: pinned to its server"
+        } else if cfg.pool_mode_for(&c.db, &cfg.pool_user_for(&c.db, &c.user)) == PoolMode::Session
+        {
+            "stays: session pooling mode"
+        } else {
+            "moves when idle"
+        };
+        c.set_handover(Some(why.to_string()));
+    }
+}
+
+/// Send one frame (`tag`, length, `body`), with `fd` attached to its first byte.
+async fn send_frame(
+    sock: &tokio::net::UnixStream,
+    tag: u8,
+    body: &[u8],
+    fd: Option<&OwnedFd>,
+) -> io::Result<()> {
+    let len = u32::try_from(body.len() + 4).map_err(io::Error::other)?;
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.push(tag);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(body);
+    let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    let mut sent = 0;
+    while sent < frame.len() {
+        sock.writable().await?;
+        let fds: &[i32] = if sent == 0 { &raw } else { &[] };
+        match sock.try_io(tokio::io::Interest::WRITABLE, || {
+            fdpass::send_with_fds(sock, &frame[sent..], fds)
+        }) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
