@@ -46,6 +46,8 @@ pub struct Shared {
     pub admin: crate::admin::AdminState,
     /// The worker runtimes (set once by `start`).
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
+    /// TLS towards clients and servers, as built from the config in force.
+    pub tls: ArcSwap<crate::net::tls::Tls>,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -82,7 +84,11 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     for name in config.settings.unimplemented_in_use() {
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
+    // As PgBouncer: a TLS configuration that cannot be used stops the start.
+    let tls = crate::net::tls::Tls::build(&config.settings, None)
+        .map_err(|e| std::io::Error::other(format!("TLS setup failed: {e}")))?;
     let shared = Shared::new(config);
+    shared.tls.store(Arc::new(tls));
     shared.create_forced_user_pools();
     let addr = listeners
         .iter()
@@ -206,6 +212,7 @@ pub fn pool_settings(
             startup_params,
             connect_query: entry.connect_query.clone(),
             scram_cache: Some(shared.scram.clone()),
+            tls: shared.tls.load().connect.clone(),
         },
     }
 }
@@ -233,6 +240,7 @@ impl Shared {
             client_counts: Default::default(),
             admin: crate::admin::AdminState::default(),
             workers: std::sync::OnceLock::new(),
+            tls: ArcSwap::from_pointee(crate::net::tls::Tls::default()),
         })
     }
 
@@ -287,6 +295,14 @@ impl Shared {
         let new = Arc::new(new);
         self.config.store(new.clone());
         crate::logging::reopen(&new.settings);
+        // TLS is rebuilt when a setting or a file it names changed; a side that fails to
+        // build keeps its old configuration (PgBouncer's words).
+        match crate::net::tls::Tls::build(&new.settings, Some(&self.tls.load())) {
+            Ok(tls) => self.tls.store(Arc::new(tls)),
+            Err(e) => tracing::error!(
+                "TLS configuration could not be reloaded, keeping old configuration: {e}"
+            ),
+        }
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {

@@ -132,6 +132,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 "pgbouncer".into(),
                 kill.clone(),
             );
+            if let Some(tls) = conn.stream.tls_info() {
+                reg.handle.set_tls(tls);
+            }
             reg.handle.set_state(ClientState::Active);
             // The console session runs without the login's deadline.
             let session = crate::admin::run(&shared, &mut conn, &user, role);
@@ -160,7 +163,10 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
     };
     if cfg.settings.log_connections {
-        tracing::info!(client = id, %user, %db, addr = %peer, "login");
+        // PgBouncer's `tls=` field (tests and tools grep it).
+        let tls = conn.stream.tls_info();
+        let tls = tls.as_deref().unwrap_or("no");
+        tracing::info!(client = id, %user, %db, addr = %peer, tls = %tls, "login");
     }
     Some(Client {
         shared,
@@ -249,7 +255,8 @@ async fn login(
     id: u64,
     cfg: &Config,
 ) -> Result<Entered, ClientError> {
-    let params = match startup::hello(conn).await? {
+    let tls = shared.tls.load().accept.clone();
+    let params = match startup::hello(conn, tls.as_deref()).await? {
         startup::Hello::Cancel(key) => {
             cancel::handle(&shared.clients, key).await;
             return Ok(Entered::Done);
@@ -405,6 +412,9 @@ async fn login(
         backend::ready_for_query(b, b'I');
     });
     conn.flush().await?;
+    if let Some(tls) = conn.stream.tls_info() {
+        reg.handle.set_tls(tls);
+    }
     reg.handle.set_state(ClientState::Idle);
     Ok(Entered::Client(Box::new((
         user, db, pool, session, reg, counted,

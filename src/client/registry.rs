@@ -39,6 +39,8 @@ pub struct ClientHandle {
     cancel_target: Mutex<Option<CancelTarget>>,
     /// Why the client is pinned to its server, and since when.
     pin: Mutex<Option<(String, SystemTime)>>,
+    /// The TLS session as SHOW CLIENTS prints it (unset: plain).
+    tls: std::sync::OnceLock<String>,
 }
 
 impl ClientHandle {
@@ -67,6 +69,14 @@ impl ClientHandle {
     }
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+    /// Record the client's TLS session (once, at login).
+    pub fn set_tls(&self, info: String) {
+        let _ = self.tls.set(info);
+    }
+    /// The client's TLS session, "" without TLS (SHOW CLIENTS).
+    pub fn tls(&self) -> &str {
+        self.tls.get().map_or("", String::as_str)
     }
     pub fn set_cancel_target(&self, t: Option<CancelTarget>) {
         *self.cancel_target.lock().unwrap_or_else(|e| e.into_inner()) = t;
@@ -143,6 +153,7 @@ impl Registry {
             state: AtomicU8::new(ClientState::Login as u8),
             cancel_target: Mutex::new(None),
             pin: Mutex::new(None),
+            tls: Default::default(),
         });
         map.insert(key, handle.clone());
         Registration {

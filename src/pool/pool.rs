@@ -246,9 +246,16 @@ impl Pool {
                 || old.hosts != s.target.hosts
                 || old.dbname != s.target.dbname
                 || old.user != s.target.user
+                || old.tls.as_ref().map(|t| t.fingerprint)
+                    != s.target.tls.as_ref().map(|t| t.fingerprint)
         };
         g.settings = Arc::new(s);
         if target_changed {
+            tracing::info!(
+                "{}/{}: database configuration changed, closing obsolete connections",
+                self.db,
+                self.user
+            );
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
@@ -820,6 +827,7 @@ impl Pool {
                 pid: s.key.0,
                 created: s.created,
                 last_used: s.last_used,
+                tls: s.tls.clone(),
             })
             .collect()
     }
@@ -927,6 +935,7 @@ pub struct IdleServerInfo {
     pub pid: i32,
     pub created: Instant,
     pub last_used: Instant,
+    pub tls: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1029,6 +1038,7 @@ mod tests {
                 startup_params: Vec::new(),
                 connect_query: None,
                 scram_cache: None,
+                tls: None,
             },
         }
     }
