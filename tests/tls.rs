@@ -542,3 +542,152 @@ async fn a_bad_tls_setting_keeps_the_old_configuration() {
     );
     assert_eq!(psql(&conn, "SELECT 1").unwrap(), "1");
 }
+
+/// Run openssl with `args` in `dir`; panics on failure.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An X.509 v1 certificate `<name>.crt`/`<name>.key` for `cn`, signed by `v1ca` (as
+/// `openssl x509 -req` and PgBouncer's test CA make them; webpki refuses v1).
+fn v1_leaf(pki: &Pki, name: &str, cn: &str) {
+    let dir = pki.dir.path();
+    let key = format!("{name}.key");
+    openssl(
+        dir,
+        &["ecparam", "-genkey", "-name", "prime256v1", "-out", &key],
+    );
+    let csr = format!("{name}.csr");
+    let subj = format!("/CN={cn}");
+    openssl(
+        dir,
+        &["req", "-new", "-key", &key, "-subj", &subj, "-out", &csr],
+    );
+    let crt = format!("{name}.crt");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "v1ca.crt",
+            "-CAkey",
+            "v1ca.key",
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-out",
+            &crt,
+        ],
+    );
+    let text = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", &crt])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"));
+    use std::os::unix::fs::PermissionsExt;
+    let key_path = pki.path(&key);
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if let Some((uid, gid)) = harness::process::pooler_os_user() {
+        std::os::unix::fs::chown(&key_path, Some(uid), Some(gid)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x509_v1_certificates_work_as_with_openssl() {
+    let pki = Pki::new();
+    let dir = pki.dir.path();
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-genkey",
+            "-name",
+            "prime256v1",
+            "-out",
+            "v1ca.key",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "v1ca.key",
+            "-subj",
+            "/CN=v1 test CA",
+            "-days",
+            "30",
+            "-out",
+            "v1ca.crt",
+        ],
+    );
+    v1_leaf(&pki, "server", "localhost");
+    v1_leaf(&pki, "client", "md5user");
+    v1_leaf(&pki, "pg", "127.0.0.1");
+    let pg = TempPostgres::start_with(&[
+        ("ssl", "on"),
+        ("ssl_cert_file", &pki.p("pg.crt")),
+        ("ssl_key_file", &pki.p("pg.key")),
+    ]);
+    // Clients: our v1 certificate served, theirs checked (cert auth), both ways verify-full.
+    let p = TestPooler::builder(&pg)
+        .setting("client_tls_sslmode", "verify-full")
+        .setting("client_tls_key_file", &pki.p("server.key"))
+        .setting("client_tls_cert_file", &pki.p("server.crt"))
+        .setting("client_tls_ca_file", &pki.p("v1ca.crt"))
+        .setting("auth_type", "cert")
+        .setting("server_tls_sslmode", "verify-full")
+        .setting("server_tls_ca_file", &pki.p("v1ca.crt"))
+        .start()
+        .await;
+    let conn = format!(
+        "host=localhost port={} user=md5user dbname=testdb sslmode=verify-full sslrootcert={} \
+         sslcert={} sslkey={}",
+        p.port(),
+        pki.p("v1ca.crt"),
+        pki.p("client.crt"),
+        pki.p("client.key"),
+    );
+    // The server's name (127.0.0.1) is only in its common name.
+    assert_eq!(
+        psql(
+            &conn,
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+        )
+        .unwrap(),
+        "t"
+    );
+    p.shutdown().await;
+    // The same server reached as localhost: its name does not match.
+    let p = TestPooler::builder(&pg)
+        .database(
+            "testdb",
+            &format!("host=localhost port={} dbname=testdb", pg.port()),
+        )
+        .setting("server_tls_sslmode", "verify-full")
+        .setting("server_tls_ca_file", &pki.p("v1ca.crt"))
+        .setting("server_login_retry", "0")
+        .start()
+        .await;
+    assert!(
+        harness::try_connect(&p.dsn("md5user", "testdb"))
+            .await
+            .is_err()
+    );
+    p.shutdown().await;
+}

@@ -179,31 +179,40 @@ fn build_accept(s: &Settings, mode: SslMode) -> Result<Accept, TlsError> {
     }
     let provider = Arc::new(crypto_provider(s, "client_tls")?);
     let versions = protocol_versions(&get(s, "client_tls_protocols"), "client_tls")?;
-    let certs = load_certs(&cert_file, "client_tls_cert_file")?;
-    let key = PrivateKeyDer::from_pem_file(&key_file)
-        .map_err(|e| err(format!("invalid client_tls_key_file: {key_file}: {e}")))?;
+    let key = certified_key(&provider, &cert_file, &key_file, "client_tls")?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
         .map_err(|e| err(format!("invalid client_tls_protocols: {e}")))?;
-    let verifier = if ca_file.is_empty() {
+    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = if ca_file.is_empty() {
         rustls::server::WebPkiClientVerifier::no_client_auth()
     } else {
-        let roots = Arc::new(load_roots(&ca_file, "client_tls_ca_file")?);
-        let b = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider);
+        let roots = load_certs(&ca_file, "client_tls_ca_file")?;
+        let store = Arc::new(load_roots(&ca_file, "client_tls_ca_file")?);
+        let b =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(store, provider.clone());
         // allow/prefer/require: a certificate is not asked for (one given is checked).
         let b = if mode >= SslMode::VerifyCa {
             b
         } else {
             b.allow_unauthenticated()
         };
-        b.build()
-            .map_err(|e| err(format!("invalid client_tls_ca_file: {ca_file}: {e}")))?
+        let webpki = b
+            .build()
+            .map_err(|e| err(format!("invalid client_tls_ca_file: {ca_file}: {e}")))?;
+        Arc::new(ClientVerifier {
+            webpki,
+            roots,
+            algs: provider.signature_verification_algorithms,
+        })
     };
-    let end_point = certs.first().and_then(|c| end_point_hash(c)).map(Arc::from);
+    let end_point = key
+        .cert
+        .first()
+        .and_then(|c| end_point_hash(c))
+        .map(Arc::from);
     let mut config = builder
         .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .map_err(|e| err(format!("TLS setup failed: {e}")))?;
+        .with_cert_resolver(Arc::new(OneCert(key)));
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     match get(s, "client_tls_dheparams").to_ascii_lowercase().as_str() {
         "auto" | "none" | "" => {}
@@ -225,41 +234,37 @@ fn build_connect(s: &Settings, mode: SslMode, fingerprint: [u8; 32]) -> Result<C
         .with_protocol_versions(&versions)
         .map_err(|e| err(format!("invalid server_tls_protocols: {e}")))?;
     let ca_file = get(s, "server_tls_ca_file");
-    let builder = if mode >= SslMode::VerifyCa {
+    let (webpki, roots) = if mode >= SslMode::VerifyCa {
         let path = if ca_file.is_empty() {
             SYSTEM_CA_FILE
         } else {
             &ca_file
         };
-        let roots = Arc::new(load_roots(path, "server_tls_ca_file")?);
-        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
-            .build()
-            .map_err(|e| err(format!("invalid server_tls_ca_file: {ca_file}: {e}")))?;
-        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> =
-            if mode == SslMode::VerifyFull {
-                webpki
-            } else {
-                Arc::new(ChainOnly(webpki))
-            };
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(verifier)
+        let roots = load_certs(path, "server_tls_ca_file")?;
+        let store = Arc::new(load_roots(path, "server_tls_ca_file")?);
+        let webpki =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(store, provider.clone())
+                .build()
+                .map_err(|e| err(format!("invalid server_tls_ca_file: {ca_file}: {e}")))?;
+        (Some(webpki), roots)
     } else {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
+        (None, Vec::new())
     };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ServerVerifier {
+            mode,
+            webpki,
+            roots,
+            algs: provider.signature_verification_algorithms,
+        }));
     let (key_file, cert_file) = (
         get(s, "server_tls_key_file"),
         get(s, "server_tls_cert_file"),
     );
     let config = if !key_file.is_empty() && !cert_file.is_empty() {
-        let certs = load_certs(&cert_file, "server_tls_cert_file")?;
-        let key = PrivateKeyDer::from_pem_file(&key_file)
-            .map_err(|e| err(format!("invalid server_tls_key_file: {key_file}: {e}")))?;
-        builder
-            .with_client_auth_cert(certs, key)
-            .map_err(|e| err(format!("invalid server_tls_cert_file: {e}")))?
+        let key = certified_key(&provider, &cert_file, &key_file, "server_tls")?;
+        builder.with_client_cert_resolver(Arc::new(OneCert(key)))
     } else {
         builder.with_no_client_auth()
     };
@@ -446,11 +451,20 @@ fn crypto_provider(s: &Settings, pfx: &str) -> Result<CryptoProvider, TlsError> 
     Ok(p)
 }
 
-/// verify-ca: the chain must lead to a trusted root; the name is not checked.
+/// How a server's certificate is checked: not at all below verify-ca (PgBouncer's
+/// semantics; the handshake's signatures still are), the chain (verify-ca), the chain and
+/// the name (verify-full). webpki does the checking; certificates it refuses but OpenSSL
+/// (PgBouncer, libpq) takes are checked by [`verify_legacy`]: X.509 v1, and a name only in
+/// the common name.
 #[derive(Debug)]
-struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+struct ServerVerifier {
+    mode: SslMode,
+    webpki: Option<Arc<rustls::client::WebPkiServerVerifier>>,
+    roots: Vec<CertificateDer<'static>>,
+    algs: rustls::crypto::WebPkiSupportedAlgorithms,
+}
 
-impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+impl rustls::client::danger::ServerCertVerifier for ServerVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -460,13 +474,81 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
         now: UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         use rustls::CertificateError as E;
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        use rustls::client::danger::ServerCertVerified;
+        let Some(webpki) = self
+            .webpki
+            .as_ref()
+            .filter(|_| self.mode >= SslMode::VerifyCa)
+        else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        let name = (self.mode == SslMode::VerifyFull).then(|| server_name.to_str().into_owned());
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
         {
+            Ok(v) => Ok(v),
             Err(rustls::Error::InvalidCertificate(
                 E::NotValidForName | E::NotValidForNameContext { .. },
-            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+            )) if name.is_none() => Ok(ServerCertVerified::assertion()),
+            Err(e) if needs_legacy(end_entity, &e) => {
+                verify_legacy(end_entity, &self.roots, name.as_deref(), now).map_err(|_| e)?;
+                Ok(ServerCertVerified::assertion())
+            }
+            Err(e) => Err(e),
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        verify_signature(message, cert, dss, &self.algs, false)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        verify_signature(message, cert, dss, &self.algs, true)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algs.supported_schemes()
+    }
+}
+
+/// Client certificates: webpki, with [`verify_legacy`] for X.509 v1 certificates.
+#[derive(Debug)]
+struct ClientVerifier {
+    webpki: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    roots: Vec<CertificateDer<'static>>,
+    algs: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::server::danger::ClientCertVerifier for ClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.webpki.offer_client_auth()
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        self.webpki.client_auth_mandatory()
+    }
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.webpki.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        match self
+            .webpki
+            .verify_client_cert(end_entity, intermediates, now)
+        {
+            Err(e) if needs_legacy(end_entity, &e) => {
+                verify_legacy(end_entity, &self.roots, None, now).map_err(|_| e)?;
+                Ok(rustls::server::danger::ClientCertVerified::assertion())
+            }
             r => r,
         }
     }
@@ -476,7 +558,7 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        verify_signature(message, cert, dss, &self.algs, false)
     }
     fn verify_tls13_signature(
         &self,
@@ -484,58 +566,188 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        verify_signature(message, cert, dss, &self.algs, true)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algs.supported_schemes()
     }
 }
 
-/// allow/prefer/require: the server's certificate is not checked (PgBouncer's semantics);
-/// the handshake's signatures still are.
-#[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
+fn parse_cert(der: &[u8]) -> Option<x509_parser::certificate::X509Certificate<'_>> {
+    use x509_parser::prelude::FromDer;
+    x509_parser::certificate::X509Certificate::from_der(der)
+        .ok()
+        .map(|(_, c)| c)
+}
 
-impl rustls::client::danger::ServerCertVerifier for Unverified {
-    fn verify_server_cert(
+/// webpki refused `cert` for a reason OpenSSL does not have: an X.509 v1 certificate, or
+/// a name check on a certificate that names its host only in the common name.
+fn needs_legacy(cert: &[u8], e: &rustls::Error) -> bool {
+    use rustls::CertificateError as E;
+    let Some(c) = parse_cert(cert) else {
+        return false;
+    };
+    let no_san = c.subject_alternative_name().ok().flatten().is_none();
+    c.version() == x509_parser::x509::X509Version::V1
+        || (no_san
+            && matches!(
+                e,
+                rustls::Error::InvalidCertificate(
+                    E::NotValidForName | E::NotValidForNameContext { .. }
+                )
+            ))
+}
+
+/// OpenSSL's checks, for the certificates of [`needs_legacy`]: issued and signed directly
+/// by a certificate of the CA file, valid now, and (`name`) issued to that host: its DNS
+/// names or IP addresses, else its common name (as libpq checks it).
+fn verify_legacy(
+    cert: &[u8],
+    roots: &[CertificateDer<'static>],
+    name: Option<&str>,
+    now: UnixTime,
+) -> Result<(), ()> {
+    use x509_parser::extensions::GeneralName;
+    let c = parse_cert(cert).ok_or(())?;
+    let now =
+        x509_parser::time::ASN1Time::from_timestamp(i64::try_from(now.as_secs()).map_err(|_| ())?)
+            .map_err(|_| ())?;
+    if !c.validity().is_valid_at(now) {
+        return Err(());
+    }
+    let signed = roots.iter().filter_map(|r| parse_cert(r)).any(|r| {
+        r.subject() == c.issuer()
+            && r.validity().is_valid_at(now)
+            && c.verify_signature(Some(r.public_key())).is_ok()
+    });
+    if !signed {
+        return Err(());
+    }
+    let Some(name) = name else { return Ok(()) };
+    let ip: Option<std::net::IpAddr> = name.parse().ok();
+    let sans: Vec<GeneralName<'_>> = c
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|s| s.value.general_names.clone())
+        .unwrap_or_default();
+    let matches_dns = |pattern: &str| match pattern.strip_prefix("*.") {
+        Some(rest) => name
+            .split_once('.')
+            .is_some_and(|(first, tail)| !first.is_empty() && tail.eq_ignore_ascii_case(rest)),
+        None => pattern.eq_ignore_ascii_case(name),
+    };
+    let listed: Vec<&GeneralName<'_>> = sans
+        .iter()
+        .filter(|n| matches!(n, GeneralName::DNSName(_) | GeneralName::IPAddress(_)))
+        .collect();
+    let ok = if listed.is_empty() {
+        c.subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok())
+            .any(|cn| ip.map_or(matches_dns(cn), |ip| cn == ip.to_string()))
+    } else {
+        listed.iter().any(|n| match (n, ip) {
+            (GeneralName::DNSName(d), None) => matches_dns(d),
+            (GeneralName::IPAddress(b), Some(std::net::IpAddr::V4(v4))) => *b == v4.octets(),
+            (GeneralName::IPAddress(b), Some(std::net::IpAddr::V6(v6))) => *b == v6.octets(),
+            _ => false,
+        })
+    };
+    if ok { Ok(()) } else { Err(()) }
+}
+
+/// A handshake signature made with `cert`'s key. webpki reads the key of the certificates
+/// it takes; for an X.509 v1 certificate the key is read here and each algorithm rustls
+/// maps the scheme to is tried.
+fn verify_signature(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &rustls::DigitallySignedStruct,
+    algs: &rustls::crypto::WebPkiSupportedAlgorithms,
+    tls13: bool,
+) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    let r = if tls13 {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
+    } else {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
+    };
+    use rustls::SignatureScheme as S;
+    // TLS 1.3 allows neither PKCS#1 v1.5 nor SHA-1 signatures.
+    let tls13_scheme = matches!(
+        dss.scheme,
+        S::ECDSA_NISTP256_SHA256
+            | S::ECDSA_NISTP384_SHA384
+            | S::ECDSA_NISTP521_SHA512
+            | S::RSA_PSS_SHA256
+            | S::RSA_PSS_SHA384
+            | S::RSA_PSS_SHA512
+            | S::ED25519
+            | S::ED448
+    );
+    if r.is_ok() || (tls13 && !tls13_scheme) {
+        return r;
+    }
+    let Some(c) = parse_cert(cert).filter(|c| c.version() == x509_parser::x509::X509Version::V1)
+    else {
+        return r;
+    };
+    let key = &c.public_key().subject_public_key.data;
+    let valid = algs
+        .mapping
+        .iter()
+        .filter(|(scheme, _)| *scheme == dss.scheme)
+        .flat_map(|(_, candidates)| candidates.iter())
+        .any(|alg| alg.verify_signature(key, message, dss.signature()).is_ok());
+    if valid {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    } else {
+        r
+    }
+}
+
+/// Our certificate and key, served whatever the client asks (rustls's own single-cert
+/// setup refuses X.509 v1 certificates, which OpenSSL serves).
+#[derive(Debug)]
+struct OneCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for OneCert {
+    fn resolve(
         &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
     }
-    fn verify_tls12_signature(
+}
+
+impl rustls::client::ResolvesClientCert for OneCert {
+    fn resolve(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
     }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+    fn has_certs(&self) -> bool {
+        true
     }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+}
+
+/// Certificate chain and key from PEM files, as rustls signs with them.
+fn certified_key(
+    provider: &CryptoProvider,
+    cert_file: &str,
+    key_file: &str,
+    pfx: &str,
+) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+    let certs = load_certs(cert_file, &format!("{pfx}_cert_file"))?;
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| err(format!("invalid {pfx}_key_file: {key_file}: {e}")))?;
+    let key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| err(format!("invalid {pfx}_key_file: {key_file}: {e}")))?;
+    Ok(Arc::new(rustls::sign::CertifiedKey::new(certs, key)))
 }
 
 /// The server name to check a server's certificate against (verify-full).
