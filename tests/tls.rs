@@ -691,3 +691,29 @@ async fn x509_v1_certificates_work_as_with_openssl() {
     );
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_server_tls_setting_ends_the_cached_login_failure() {
+    // PostgreSQL without TLS; server_tls_sslmode = require cannot log in.
+    let pg = TempPostgres::start();
+    let mut p = TestPooler::builder(&pg)
+        .setting("server_tls_sslmode", "require")
+        .setting("server_login_retry", "60")
+        .start()
+        .await;
+    let e = harness::try_connect(&p.dsn("md5user", "testdb"))
+        .await
+        .err()
+        .expect("no TLS on the server");
+    let msg = e
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_default();
+    assert!(msg.contains("server refused SSL"), "{e:?}");
+    // Within server_login_retry the error is cached, until the TLS settings change.
+    p.reload_with(|c| c.setting("server_tls_sslmode", "prefer"))
+        .await;
+    let c = p.connect("md5user", "testdb").await;
+    c.simple_query("SELECT 1").await.unwrap();
+    p.shutdown().await;
+}

@@ -256,6 +256,9 @@ impl Pool {
                 self.db,
                 self.user
             );
+            // Failed logins were to the old target: the next client tries the new one.
+            g.login = LoginBackoff::default();
+            g.last_login_error = None;
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
