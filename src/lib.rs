@@ -8,8 +8,11 @@
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
-//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs
-//! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised)
+//! net/       stream.rs (Tcp|Unix|TLS either way), conn.rs (framing, zero-copy output queue),
+//!            listen.rs, tls.rs (client_tls_*/server_tls_* → rustls acceptor and connector,
+//!            certificate checks, channel binding hash, session description)
+//! auth/      md5.rs, scram.rs (server and client side, -PLUS channel binding),
+//!            cache.rs (PBKDF2 off the reactor, memoised)
 //! client/    one task per client:
 //!            startup.rs (first packets, auth), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
