@@ -716,3 +716,78 @@ async fn a_changed_server_tls_setting_ends_the_cached_login_failure() {
     c.simple_query("SELECT 1").await.unwrap();
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_results_and_copy_flow_through_tls_on_both_sides() {
+    // Many megabytes each way, TLS on both sides: records TLS holds when a socket is full
+    // must still go out (a stall would show as psql's timeout).
+    let (pki, ca1, _ca2) = pki_with_server_cert();
+    let pg = tls_postgres(&pki, &ca1);
+    let p = tls_pooler(&pg, &pki, "require")
+        .setting("server_tls_sslmode", "require")
+        .start()
+        .await;
+    let conn = format!(
+        "host=localhost port={} user=md5user password=md5pass dbname=testdb sslmode=require",
+        p.port()
+    );
+    let sql = "SELECT sum(length(x)) FROM (SELECT repeat('x', 1000) || g AS x \
+               FROM generate_series(1, 30000) g) s; \
+               SELECT repeat('y', 1000) FROM generate_series(1, 30000)";
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(pg_bin("psql"))
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", &conn, "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 30,000 rows of 1,000 bytes after the sum.
+    assert_eq!(out.stdout.len(), "30138894\n".len() + 30_000 * 1001);
+    // COPY in: 30 MB from the client.
+    let data: String = (0..30_000)
+        .map(|i| format!("{i}\t{}\n", "z".repeat(1000)))
+        .collect();
+    let mut child = Command::new("timeout")
+        .arg("60")
+        .arg(pg_bin("psql"))
+        .args([
+            "-X",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &conn,
+            "-c",
+            "CREATE TEMP TABLE t (i int, s text)",
+            "-c",
+            "COPY t FROM STDIN",
+            "-c",
+            "SELECT count(*), sum(length(s)) FROM t",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(data.as_bytes()).unwrap();
+        stdin.write_all(b"\\.\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "CREATE TABLE\nCOPY 30000\n30000|30000000"
+    );
+    p.shutdown().await;
+}

@@ -46,6 +46,16 @@ impl Stream {
         }
     }
 
+    /// TLS records written into the session and not yet onto the socket.
+    #[inline]
+    pub fn wants_write(&self) -> bool {
+        match self {
+            Stream::TlsIn(t) => t.tls.get_ref().1.wants_write(),
+            Stream::TlsOut(t) => t.get_ref().1.wants_write(),
+            _ => false,
+        }
+    }
+
     /// Over TLS (either way).
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::TlsIn(_) | Stream::TlsOut(_))
