@@ -310,7 +310,7 @@ async fn wait_for_request(
 ) -> Result<bool, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
-        if c.conn.out_len() > 0 {
+        if c.conn.out_pending() {
             tokio::select! {
                 biased;
                 _ = kill.as_mut() => return Err(killed(c)),
