@@ -9,8 +9,8 @@
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
 //! net/       stream.rs (Tcp|Unix|TLS either way), conn.rs (framing, zero-copy output queue),
-//!            listen.rs, tls.rs (client_tls_*/server_tls_* → rustls acceptor and connector,
-//!            certificate checks, channel binding hash, session description)
+//!            listen.rs, tls/ (client_tls_*/server_tls_* → rustls acceptor and connector,
+//!            verify.rs certificate checks, channel binding hash, session description)
 //! auth/      md5.rs, scram.rs (server and client side, -PLUS channel binding),
 //!            cache.rs (PBKDF2 off the reactor, memoised)
 //! client/    one task per client:
