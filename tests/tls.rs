@@ -240,6 +240,22 @@ async fn servers_are_reached_over_tls_and_verified() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(tls.starts_with("TLSv1.3/TLS_"), "{tls}");
+    // A server in use (a client inside a transaction) shows its session too.
+    let c = p.connect("md5user", "testdb").await;
+    c.simple_query("BEGIN; SELECT 1").await.unwrap();
+    let rows = admin.simple_query("SHOW SERVERS").await.unwrap();
+    let active: Vec<String> = rows
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("state") == Some("active") => {
+                Some(r.get("tls").unwrap_or("").to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(active.len(), 1, "{active:?}");
+    assert!(active[0].starts_with("TLSv1.3/TLS_"), "{active:?}");
+    drop(c);
     p.shutdown().await;
 
     // The wrong CA: no login (verify-full checks the chain).

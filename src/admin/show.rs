@@ -372,7 +372,7 @@ pub fn servers(shared: &Shared) -> Table {
             Cell::Null,
             format!("{:#x}", Arc::as_ptr(&c) as usize).into(),
             i64::from(key.0).into(),
-            "".into(),
+            c.server_tls().as_deref().unwrap_or("").to_string().into(),
             "".into(),
             0i64.into(),
             Cell::Null,

@@ -41,6 +41,9 @@ pub struct ClientHandle {
     pin: Mutex<Option<(String, SystemTime)>>,
     /// The TLS session as SHOW CLIENTS prints it (unset: plain).
     tls: std::sync::OnceLock<String>,
+    /// The TLS session of the server running this client's work (SHOW SERVERS); only
+    /// touched for TLS servers.
+    server_tls: Mutex<Option<Arc<str>>>,
 }
 
 impl ClientHandle {
@@ -69,6 +72,16 @@ impl ClientHandle {
     }
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+    /// The TLS session of the server it holds, for SHOW SERVERS (None: released).
+    pub fn set_server_tls(&self, tls: Option<Arc<str>>) {
+        *self.server_tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+    pub fn server_tls(&self) -> Option<Arc<str>> {
+        self.server_tls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     /// Record the client's TLS session (once, at login).
     pub fn set_tls(&self, info: String) {
@@ -154,6 +167,7 @@ impl Registry {
             cancel_target: Mutex::new(None),
             pin: Mutex::new(None),
             tls: Default::default(),
+            server_tls: Mutex::new(None),
         });
         map.insert(key, handle.clone());
         Registration {

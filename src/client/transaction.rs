@@ -99,6 +99,9 @@ async fn transaction(
     c.reg
         .handle
         .set_cancel_target(Some((server.addr.clone(), server.key)));
+    if server.tls.is_some() {
+        c.reg.handle.set_server_tls(server.tls.clone());
+    }
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
     let (event, counts, effects) = {
@@ -120,6 +123,9 @@ async fn transaction(
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
     c.reg.handle.set_cancel_target(None);
+    if server.tls.is_some() {
+        c.reg.handle.set_server_tls(None);
+    }
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however
