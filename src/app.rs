@@ -54,6 +54,8 @@ pub struct Shared {
     pub workers: std::sync::OnceLock<crate::workers::Workers>,
     /// Online restart: SUSPEND, the listening sockets for SHOW FDS, the client handover.
     pub restart: crate::takeover::Restart,
+    /// TLS towards clients and servers, as built from the config in force.
+    pub tls: ArcSwap<crate::net::tls::Tls>,
 }
 
 /// A running pooler (in-process: tests start one per test on port 0).
@@ -91,7 +93,11 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
     }
     config.log_hba_warnings();
+    // As PgBouncer: a TLS configuration that cannot be used stops the start.
+    let tls = crate::net::tls::Tls::build(&config.settings, None)
+        .map_err(|e| std::io::Error::other(format!("TLS setup failed: {e}")))?;
     let shared = Shared::new(config);
+    shared.tls.store(Arc::new(tls));
     shared.create_forced_user_pools();
     shared.apply_peers();
     // peers_dns: the first members (and this instance's id) before any client gets a key.
@@ -237,6 +243,7 @@ pub fn pool_settings(
             startup_params,
             connect_query: entry.connect_query.clone(),
             scram_cache: Some(shared.scram.clone()),
+            tls: shared.tls.load().connect.clone(),
         },
     }
 }
@@ -267,6 +274,7 @@ impl Shared {
             peers: Default::default(),
             workers: std::sync::OnceLock::new(),
             restart: Default::default(),
+            tls: ArcSwap::from_pointee(crate::net::tls::Tls::default()),
         })
     }
 
@@ -324,6 +332,14 @@ impl Shared {
         // auth_query, auth_user or auth_dbname may have changed: ask again.
         self.dynamic_users.clear();
         crate::logging::reopen(&new.settings);
+        // TLS is rebuilt when a setting or a file it names changed; a side that fails to
+        // build keeps its old configuration (PgBouncer's words).
+        match crate::net::tls::Tls::build(&new.settings, Some(&self.tls.load())) {
+            Ok(tls) => self.tls.store(Arc::new(tls)),
+            Err(e) => tracing::error!(
+                "TLS configuration could not be reloaded, keeping old configuration: {e}"
+            ),
+        }
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {

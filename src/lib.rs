@@ -9,11 +9,14 @@
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs,
 //!            hba.rs (auth_hba_file rules), ident.rs (auth_ident_file maps)
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
-//! net/       stream.rs (Tcp|Unix), conn.rs (framing, zero-copy output queue), listen.rs,
-//!            fdpass.rs (descriptors over a Unix socket, SCM_RIGHTS)
-//! auth/      md5.rs, scram.rs (server and client side), cache.rs (PBKDF2 off the reactor, memoised),
-//!            peer.rs (OS user of a Unix peer), cert.rs (client certificate name),
-//!            dynamic.rs (the secrets auth_query found, kept auth_query_cache_ttl)
+//! net/       stream.rs (Tcp|Unix|TLS either way), conn.rs (framing, zero-copy output queue),
+//!            listen.rs, fdpass.rs (descriptors over a Unix socket, SCM_RIGHTS), tls/
+//!            (client_tls_*/server_tls_* → rustls acceptor and connector, verify.rs
+//!            certificate checks, channel binding hash, session description)
+//! auth/      md5.rs, scram.rs (server and client side, -PLUS channel binding),
+//!            cache.rs (PBKDF2 off the reactor, memoised), peer.rs (OS user of a Unix peer),
+//!            cert.rs (client certificate name), dynamic.rs (the secrets auth_query found,
+//!            kept auth_query_cache_ttl)
 //! client/    one task per client:
 //!            startup.rs (first packets, auth), auth_query.rs (a user's secret asked of
 //!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding

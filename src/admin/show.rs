@@ -330,7 +330,7 @@ fn client_row(c: &ClientHandle) -> Vec<Cell> {
         client_ptr(c).into(),
         link.map_or(Cell::Null, Cell::from),
         0i64.into(),
-        "".into(),
+        c.tls().to_string().into(),
         "".into(),
         c.prepared().into(),
         c.id.into(),
@@ -359,6 +359,8 @@ struct ServerRow<'a> {
     /// The linked client's `ptr`.
     link: Option<String>,
     prepared: usize,
+    /// The TLS session as PgBouncer prints it ("" for plain).
+    tls: String,
 }
 
 fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
@@ -381,7 +383,7 @@ fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
         server_ptr(s.id).into(),
         s.link.map_or(Cell::Null, Cell::from),
         i64::from(s.pid).into(),
-        "".into(),
+        s.tls.into(),
         "".into(),
         s.prepared.into(),
         s.id.into(),
@@ -443,6 +445,7 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
             last_used: None,
             link: Some(client_ptr(&c)),
             prepared: s.prepared,
+            tls: c.server_tls().as_deref().unwrap_or("").to_string(),
         }));
     }
     for p in shared.pools.all() {
@@ -458,6 +461,7 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
                 last_used: Some(s.last_used),
                 link: None,
                 prepared: s.prepared,
+                tls: s.tls.as_deref().unwrap_or("").to_string(),
             }));
         }
     }

@@ -1,6 +1,6 @@
-//! The `cert` method: a TLS client certificate whose CommonName is the user logging in, or
-//! is mapped to it by the rule's ident map. The name comes from
-//! [`Stream::client_cert_common_name`], which only TLS connections answer.
+//! The `cert` method: a TLS client certificate issued to the user logging in (one of its
+//! names: DNS names, else the CommonName), or to a name the rule's ident map maps to it.
+//! The names come from [`Stream::client_cert_names`], which only TLS connections answer.
 use crate::config::ident::Ident;
 use crate::net::Stream;
 
@@ -15,10 +15,17 @@ pub fn allows(
     if !stream.is_tls() {
         return Err("TLS connection required".into());
     }
-    let Some(name) = stream.client_cert_common_name() else {
+    let Some(names) = stream.client_cert_names() else {
         return Err("TLS client certificate required".into());
     };
-    name_allows(&name, user, map, ident)
+    let mut why = Err("TLS certificate name mismatch".into());
+    for name in &names {
+        why = name_allows(name, user, map, ident);
+        if why.is_ok() {
+            break;
+        }
+    }
+    why
 }
 
 /// The check on the certificate's name alone.

@@ -1,4 +1,5 @@
-//! SCRAM-SHA-256 (RFC 5802 / RFC 7677) as PostgreSQL uses it, without channel binding.
+//! SCRAM-SHA-256 (RFC 5802 / RFC 7677) as PostgreSQL uses it, and SCRAM-SHA-256-PLUS
+//! with `tls-server-end-point` channel binding (RFC 5929) over TLS.
 //!
 //! Both sides of the exchange, named after RFC 5802's messages: [`ScramServer`] checks a client
 //! against a stored [`ScramVerifier`]; [`ScramClient`] logs in to PostgreSQL with a password or with
@@ -14,8 +15,12 @@ use subtle::ConstantTimeEq;
 
 use crate::config::auth_file::ScramVerifier;
 
-/// The SASL mechanism name we advertise (never `SCRAM-SHA-256-PLUS`).
+/// The SASL mechanism name without channel binding.
 pub const MECHANISM: &str = "SCRAM-SHA-256";
+/// The SASL mechanism with channel binding (offered over TLS, first, as PostgreSQL does).
+pub const MECHANISM_PLUS: &str = "SCRAM-SHA-256-PLUS";
+/// The only channel binding type PostgreSQL (and we) support.
+const CBIND_TYPE: &str = "tls-server-end-point";
 /// Longest SCRAM message we accept from either side. PostgreSQL's own messages are ~100–200 bytes.
 pub const MAX_SCRAM_MESSAGE_LEN: usize = 4096;
 /// Highest iteration count a ScramClient derives keys for from a password: one login must not
@@ -181,6 +186,11 @@ pub struct ScramServer {
     /// Our half of the nonce; random unless injected by a test.
     server_nonce: Option<String>,
     state: ServerState,
+    /// `tls-server-end-point` data of the TLS connection (None: no TLS, or no hash for
+    /// our certificate): SCRAM-SHA-256-PLUS is offered when set.
+    channel_binding: Option<Vec<u8>>,
+    /// The client chose SCRAM-SHA-256-PLUS.
+    plus: bool,
 }
 
 impl ScramServer {
@@ -189,7 +199,34 @@ impl ScramServer {
             verifier,
             server_nonce: None,
             state: ServerState::Initial,
+            channel_binding: None,
+            plus: false,
         }
+    }
+
+    /// Over TLS: offer SCRAM-SHA-256-PLUS bound to this `tls-server-end-point` data.
+    pub fn with_channel_binding(mut self, data: Option<Vec<u8>>) -> Self {
+        self.channel_binding = data;
+        self
+    }
+
+    /// The mechanisms to advertise in AuthenticationSASL, PostgreSQL's order.
+    pub fn mechanisms(&self) -> &'static [&'static str] {
+        if self.channel_binding.is_some() {
+            &[MECHANISM_PLUS, MECHANISM]
+        } else {
+            &[MECHANISM]
+        }
+    }
+
+    /// The mechanism the client chose in SASLInitialResponse; one not advertised is an
+    /// error.
+    pub fn select(&mut self, mechanism: &str) -> Result<(), ScramError> {
+        if !self.mechanisms().contains(&mechanism) {
+            return Err(ScramError::Malformed("unsupported SASL mechanism"));
+        }
+        self.plus = mechanism == MECHANISM_PLUS;
+        Ok(())
     }
 
     /// With a fixed server nonce (tests: RFC vectors).
@@ -213,11 +250,31 @@ impl ScramServer {
 
         // gs2-header = gs2-cbind-flag "," [ authzid ] ","
         let mut parts = msg.splitn(3, ',');
+        // PostgreSQL's rules: -PLUS needs `p=tls-server-end-point`; without it, `p` is an
+        // error, and `y` (the client could bind but thinks we cannot) too when we can: a
+        // downgrade by someone in the middle.
         match parts.next() {
-            Some("n") | Some("y") => {}
+            Some("n") if !self.plus => {}
+            Some("y") if !self.plus && self.channel_binding.is_none() => {}
+            Some("y") if !self.plus => {
+                return Err(ScramError::Malformed(
+                    "SCRAM channel binding negotiation error",
+                ));
+            }
+            Some(f) if self.plus && f.strip_prefix("p=") == Some(CBIND_TYPE) => {}
+            Some(f) if f.starts_with("p=") && self.plus => {
+                return Err(ScramError::Malformed(
+                    "unsupported SCRAM channel-binding type",
+                ));
+            }
             Some(f) if f.starts_with("p=") => {
                 return Err(ScramError::Malformed(
-                    "channel binding is not supported (SCRAM-SHA-256-PLUS not offered)",
+                    "channel binding is not supported (SCRAM-SHA-256-PLUS not chosen)",
+                ));
+            }
+            Some("n") | Some("y") => {
+                return Err(ScramError::Malformed(
+                    "SCRAM-SHA-256-PLUS chosen without channel binding",
                 ));
             }
             _ => return Err(ScramError::Malformed("bad gs2 channel binding flag")),
@@ -293,7 +350,11 @@ impl ScramServer {
         let cbind = B64
             .decode(cbind)
             .map_err(|_| ScramError::Malformed("bad base64 in c="))?;
-        if cbind != gs2_header.as_bytes() {
+        let mut expected = gs2_header.as_bytes().to_vec();
+        if self.plus {
+            expected.extend_from_slice(self.channel_binding.as_deref().unwrap_or_default());
+        }
+        if !bool::from(cbind.ct_eq(&expected)) {
             return Err(ScramError::Malformed(
                 "channel binding does not match gs2 header",
             ));
@@ -420,6 +481,18 @@ enum ClientState {
     Failed,
 }
 
+/// What the client side of SCRAM does about channel binding.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ChannelBinding {
+    /// No TLS: `n`.
+    #[default]
+    None,
+    /// TLS, but the server did not offer -PLUS: `y`.
+    NotOffered,
+    /// SCRAM-SHA-256-PLUS bound to this `tls-server-end-point` data: `p=…`.
+    EndPoint(Vec<u8>),
+}
+
 /// Client side of one SCRAM exchange (pgcarpool logging in to PostgreSQL).
 pub struct ScramClient {
     cred: ClientCredential,
@@ -428,6 +501,7 @@ pub struct ScramClient {
     /// The SCRAM user name: empty, as libpq sends it (PostgreSQL uses the startup packet's).
     user: String,
     state: ClientState,
+    channel_binding: ChannelBinding,
 }
 
 impl ScramClient {
@@ -437,7 +511,39 @@ impl ScramClient {
             nonce: None,
             user: String::new(),
             state: ClientState::Initial,
+            channel_binding: ChannelBinding::None,
         }
+    }
+
+    /// Bind the exchange to the TLS connection (or say why not).
+    pub fn with_channel_binding(mut self, cb: ChannelBinding) -> Self {
+        self.channel_binding = cb;
+        self
+    }
+
+    /// The mechanism to name in SASLInitialResponse.
+    pub fn mechanism(&self) -> &'static str {
+        match self.channel_binding {
+            ChannelBinding::EndPoint(_) => MECHANISM_PLUS,
+            _ => MECHANISM,
+        }
+    }
+
+    fn gs2_header(&self) -> String {
+        match self.channel_binding {
+            ChannelBinding::None => GS2_HEADER_N.to_string(),
+            ChannelBinding::NotOffered => "y,,".to_string(),
+            ChannelBinding::EndPoint(_) => format!("p={CBIND_TYPE},,"),
+        }
+    }
+
+    /// The `c=` attribute: gs2 header, then the channel binding data if bound.
+    fn cbind_input(&self) -> String {
+        let mut b = self.gs2_header().into_bytes();
+        if let ChannelBinding::EndPoint(d) = &self.channel_binding {
+            b.extend_from_slice(d);
+        }
+        B64.encode(b)
     }
 
     /// With a fixed nonce and SCRAM user name (tests: RFC vectors use `n=user`).
@@ -455,7 +561,7 @@ impl ScramClient {
     pub fn client_first(&mut self) -> Vec<u8> {
         let nonce = self.nonce.clone().unwrap_or_else(random_nonce);
         let client_first_bare = format!("n={},r={nonce}", self.user);
-        let out = format!("{GS2_HEADER_N}{client_first_bare}").into_bytes();
+        let out = format!("{}{client_first_bare}", self.gs2_header()).into_bytes();
         self.state = ClientState::FirstSent {
             client_first_bare,
             nonce,
@@ -514,7 +620,7 @@ impl ScramClient {
             }
         };
 
-        let without_proof = format!("c={},r={}", B64.encode(GS2_HEADER_N), sf.nonce);
+        let without_proof = format!("c={},r={}", self.cbind_input(), sf.nonce);
         let auth_message = format!("{client_first_bare},{msg},{without_proof}");
         let stored_key = sha256(&client_key);
         let client_signature = hmac(&stored_key, auth_message.as_bytes());

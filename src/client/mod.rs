@@ -179,6 +179,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 "pgbouncer".into(),
                 kill.clone(),
             );
+            if let Some(tls) = conn.stream.tls_info() {
+                reg.handle.set_tls(tls);
+            }
             reg.handle.set_state(ClientState::Active);
             // The console session runs without the login's deadline.
             let session = crate::admin::run(&shared, &mut conn, &user, role);
@@ -223,9 +226,11 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
     };
     if cfg.settings.log_connections {
-        // PgBouncer's words; pgbadger counts sessions by them.
+        // PgBouncer's words and `tls=` field; pgbadger counts sessions by them.
+        let tls = conn.stream.tls_info();
+        let tls = tls.as_deref().unwrap_or("no");
         tracing::info!(client = id, %db, %user, addr = %peer,
-            "login attempt: db={db} user={user} tls=no replication=no");
+            "login attempt: db={db} user={user} tls={tls} replication=no");
     }
     Some(Client {
         shared,
@@ -328,7 +333,8 @@ async fn login(
     id: u64,
     cfg: &Config,
 ) -> Result<Entered, ClientError> {
-    let params = match startup::hello(conn).await? {
+    let tls = shared.tls.load().accept.clone();
+    let params = match startup::hello(conn, tls.as_deref()).await? {
         startup::Hello::Cancel(key) => {
             // Online restart: a client still with the old process is cancelled there.
             if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
@@ -518,6 +524,9 @@ async fn login(
         backend::ready_for_query(b, b'I');
     });
     conn.flush().await?;
+    if let Some(tls) = conn.stream.tls_info() {
+        reg.handle.set_tls(tls);
+    }
     reg.handle.set_state(ClientState::Idle);
     Ok(Entered::Client(Box::new((
         user, db, pool, session, reg, counted,

@@ -56,6 +56,11 @@ pub struct ClientHandle {
     prepared: std::sync::atomic::AtomicUsize,
     /// Online restart: whether it moved in, will move, or stays (SHOW CLIENTS).
     handover: Mutex<Option<String>>,
+    /// The TLS session as SHOW CLIENTS prints it (unset: plain).
+    tls: std::sync::OnceLock<String>,
+    /// The TLS session of the server running this client's work (SHOW SERVERS); only
+    /// touched for TLS servers.
+    server_tls: Mutex<Option<Arc<str>>>,
 }
 
 impl ClientHandle {
@@ -82,6 +87,8 @@ impl ClientHandle {
             prepared: Default::default(),
             pin: Mutex::new(None),
             handover: Mutex::new(None),
+            tls: Default::default(),
+            server_tls: Mutex::new(None),
         })
     }
 
@@ -110,6 +117,24 @@ impl ClientHandle {
     }
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+    /// The TLS session of the server it holds, for SHOW SERVERS (None: released).
+    pub fn set_server_tls(&self, tls: Option<Arc<str>>) {
+        *self.server_tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+    pub fn server_tls(&self) -> Option<Arc<str>> {
+        self.server_tls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    /// Record the client's TLS session (once, at login).
+    pub fn set_tls(&self, info: String) {
+        let _ = self.tls.set(info);
+    }
+    /// The client's TLS session, "" without TLS (SHOW CLIENTS).
+    pub fn tls(&self) -> &str {
+        self.tls.get().map_or("", String::as_str)
     }
     pub fn set_prepared(&self, n: usize) {
         self.prepared.store(n, Ordering::Relaxed);

@@ -288,14 +288,14 @@ impl<'a> Relay<'a> {
             let mut progress = false;
             // Writes first: they free room for reads.
             let before = self.server.conn.out_len();
-            if before > 0 {
+            if self.server.conn.out_pending() {
                 if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
                     return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                 }
                 progress |= self.server.conn.out_len() < before;
             }
             let before = self.client.out_len();
-            if before > 0 {
+            if self.client.out_pending() {
                 if let Poll::Ready(Err(_)) = self.client.poll_write_out(cx) {
                     return Poll::Ready(RelayEvent::ClientGone);
                 }

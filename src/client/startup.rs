@@ -1,5 +1,6 @@
-//! A client's first packets: SSL/GSS negotiation (refused), CancelRequest, StartupMessage,
-//! then authentication against auth_file or what auth_query finds.
+//! A client's first packets: TLS (SSLRequest or PostgreSQL 17's direct TLS; GSS refused),
+//! CancelRequest, StartupMessage, then authentication against auth_file or what
+//! auth_query finds.
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -9,7 +10,10 @@ use super::ClientError;
 use crate::app::Shared;
 use crate::auth::{md5, scram};
 use crate::config::{AuthType, Secret};
-use crate::net::Conn;
+use crate::net::conn::ConnError;
+use crate::net::stream::TlsIn;
+use crate::net::tls::{Accept, SslMode};
+use crate::net::{Conn, Stream};
 use crate::proto::{backend, frontend, startup};
 use crate::server::Credential;
 
@@ -22,8 +26,21 @@ pub enum Hello {
     Cancel((i32, i32)),
 }
 
-/// Read packets until a StartupMessage or a CancelRequest.
-pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
+/// Read packets until a StartupMessage or a CancelRequest. With `tls` (client_tls_sslmode
+/// not disable), TCP clients may start TLS; under require or stricter they must.
+pub async fn hello(conn: &mut Conn, tls: Option<&Accept>) -> Result<Hello, ClientError> {
+    // As PgBouncer: never TLS over a Unix socket.
+    let tls = tls.filter(|_| matches!(conn.stream, Stream::Tcp(_)));
+    if let Some(t) = tls
+        && let Stream::Tcp(s) = &conn.stream
+    {
+        // PostgreSQL 17's direct TLS: a TLS handshake record (0x16) instead of a packet
+        // length (which would be a startup packet hundreds of megabytes long).
+        let mut first = [0u8; 1];
+        if s.peek(&mut first).await? == 1 && first[0] == TLS_HANDSHAKE {
+            accept_tls(conn, t, true).await?;
+        }
+    }
     loop {
         conn.fill(4).await?;
         let packet = loop {
@@ -39,9 +56,31 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
             }
         };
         match packet {
+            startup::StartupPacket::SslRequest if conn.stream.is_tls() => {
+                return Err(ClientError::fatal("08P01", "SSL req inside SSL".into()));
+            }
+            startup::StartupPacket::SslRequest if tls.is_some() => {
+                // Bytes after the request came before the handshake: unencrypted, and
+                // perhaps injected (CVE-2021-23214).
+                if !conn.rbuf.is_empty() {
+                    return Err(ClientError::fatal(
+                        "08P01",
+                        "received unencrypted data after SSL request".into(),
+                    ));
+                }
+                conn.queue(bytes::Bytes::from_static(b"S"));
+                conn.flush().await?;
+                accept_tls(conn, tls.expect("checked"), false).await?;
+            }
             startup::StartupPacket::SslRequest | startup::StartupPacket::GssEncRequest => {
                 conn.queue(bytes::Bytes::from_static(b"N"));
                 conn.flush().await?;
+            }
+            startup::StartupPacket::Startup { .. }
+                if tls.is_some_and(|t| t.mode >= SslMode::Require) && !conn.stream.is_tls() =>
+            {
+                // PgBouncer's words.
+                return Err(ClientError::fatal("08P01", "SSL required".into()));
             }
             startup::StartupPacket::Cancel { pid, secret } => {
                 return Ok(Hello::Cancel((pid, secret)));
@@ -62,6 +101,38 @@ pub async fn hello(conn: &mut Conn) -> Result<Hello, ClientError> {
             }
         }
     }
+}
+
+/// First byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The TLS handshake with a client, on the TCP socket of `conn`. `direct`: PostgreSQL 17's
+/// direct TLS, which must negotiate ALPN `postgresql` (as PostgreSQL requires).
+async fn accept_tls(conn: &mut Conn, tls: &Accept, direct: bool) -> Result<(), ClientError> {
+    let Stream::Tcp(tcp) = std::mem::replace(&mut conn.stream, Stream::Gone) else {
+        return Err(ClientError::fatal(
+            "08P01",
+            "TLS over a non-TCP socket".into(),
+        ));
+    };
+    let stream = tls.acceptor.accept(tcp).await.map_err(|e| {
+        tracing::debug!("TLS handshake with a client failed: {e}");
+        ClientError::Conn(ConnError::Io(e))
+    })?;
+    let alpn_ok = stream.get_ref().1.alpn_protocol() == Some(crate::net::tls::ALPN_POSTGRESQL);
+    conn.stream = Stream::TlsIn(Box::new(TlsIn {
+        tls: stream,
+        end_point: tls.end_point.clone(),
+    }));
+    if direct && !alpn_ok {
+        // PostgreSQL's words.
+        return Err(ClientError::fatal(
+            "08P01",
+            "received direct SSL connection request without ALPN protocol negotiation extension"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Authenticate `user` per `auth_type`. Its secret is auth_file's, else what auth_query
@@ -361,12 +432,15 @@ async fn scram_exchange(
     verifier: crate::config::auth_file::ScramVerifier,
     fail: &impl Fn() -> ClientError,
 ) -> Result<Option<Credential>, ClientError> {
-    let mut server = scram::ScramServer::new(verifier);
-    conn.queue_with(|b| backend::authentication_sasl(b, &[scram::MECHANISM]));
+    // Over TLS, SCRAM-SHA-256-PLUS is offered too (bound to our certificate).
+    let mut server =
+        scram::ScramServer::new(verifier).with_channel_binding(conn.stream.tls_end_point());
+    let mechanisms = server.mechanisms();
+    conn.queue_with(|b| backend::authentication_sasl(b, mechanisms));
     conn.flush().await?;
     let h = expect_password_message(conn).await?;
     let (mech, data) = frontend::parse_sasl_initial(&conn.rbuf[5..h.total])?;
-    if mech != scram::MECHANISM {
+    if server.select(mech).is_err() {
         return Err(ClientError::fatal(
             "28000",
             format!("unsupported SASL mechanism {mech}"),

@@ -122,6 +122,9 @@ async fn transaction(
         created: server.created,
         prepared: server.prepared.len(),
     }));
+    if server.tls.is_some() {
+        c.reg.handle.set_server_tls(server.tls.clone());
+    }
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
     let (event, counts, effects) = {
@@ -146,6 +149,9 @@ async fn transaction(
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
     c.reg.handle.set_server(None);
+    if server.tls.is_some() {
+        c.reg.handle.set_server_tls(None);
+    }
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however
@@ -356,7 +362,7 @@ async fn wait_for_request(
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
-        if c.conn.out_len() > 0 {
+        if c.conn.out_pending() {
             tokio::select! {
                 biased;
                 _ = kill.as_mut() => return Err(killed(c)),

@@ -509,11 +509,14 @@ macro_rules! typed {
 /// A documented setting pgcarpool does not act on: checked, kept as text in `other`.
 macro_rules! other {
     ($name:ident, $default:expr, reload: $r:expr, $check:expr) => {
+        other!($name, $default, reload: $r, $check, implemented: false)
+    };
+    ($name:ident, $default:expr, reload: $r:expr, $check:expr, implemented: $i:expr) => {
         SettingDef {
             name: stringify!($name),
             default: $default,
             reloadable: $r,
-            implemented: false,
+            implemented: $i,
             set: |s: &mut Settings, v: &str| {
                 let check: fn(&str) -> Result<(), String> = $check;
                 check(v)?;
@@ -550,15 +553,15 @@ pub static TABLE: &[SettingDef] = &[
     typed!(cancel_wait_timeout, "10", reload: true, implemented: true),
     typed!(client_idle_timeout, "0", reload: true, implemented: true),
     typed!(client_login_timeout, "60", reload: true, implemented: true),
-    other!(client_tls13_ciphers, "", reload: true, check_str),
-    other!(client_tls_ca_file, "", reload: true, check_str),
-    other!(client_tls_cert_file, "", reload: true, check_str),
-    other!(client_tls_ciphers, "default", reload: true, check_str),
-    other!(client_tls_dheparams, "auto", reload: true, check_str),
-    other!(client_tls_ecdhcurve, "auto", reload: true, check_str),
-    other!(client_tls_key_file, "", reload: true, check_str),
-    other!(client_tls_protocols, "secure", reload: true, check_str),
-    other!(client_tls_sslmode, "disable", reload: true, check_sslmode),
+    other!(client_tls13_ciphers, "", reload: true, check_str, implemented: true),
+    other!(client_tls_ca_file, "", reload: true, check_str, implemented: true),
+    other!(client_tls_cert_file, "", reload: true, check_str, implemented: true),
+    other!(client_tls_ciphers, "default", reload: true, check_str, implemented: true),
+    other!(client_tls_dheparams, "auto", reload: true, check_str, implemented: true),
+    other!(client_tls_ecdhcurve, "auto", reload: true, check_str, implemented: true),
+    other!(client_tls_key_file, "", reload: true, check_str, implemented: true),
+    other!(client_tls_protocols, "secure", reload: true, check_str, implemented: true),
+    other!(client_tls_sslmode, "disable", reload: true, check_sslmode, implemented: true),
     other!(conffile, "", reload: true, check_str),
     typed!(default_pool_size, "20", reload: true, implemented: true),
     typed!(disable_pqexec, "0", reload: false, implemented: false),
@@ -608,13 +611,13 @@ pub static TABLE: &[SettingDef] = &[
     typed!(server_reset_query, "DISCARD ALL", reload: true, implemented: true),
     typed!(server_reset_query_always, "0", reload: true, implemented: true),
     typed!(server_round_robin, "0", reload: true, implemented: true),
-    other!(server_tls13_ciphers, "", reload: true, check_str),
-    other!(server_tls_ca_file, "", reload: true, check_str),
-    other!(server_tls_cert_file, "", reload: true, check_str),
-    other!(server_tls_ciphers, "default", reload: true, check_str),
-    other!(server_tls_key_file, "", reload: true, check_str),
-    other!(server_tls_protocols, "secure", reload: true, check_str),
-    other!(server_tls_sslmode, "prefer", reload: true, check_sslmode),
+    other!(server_tls13_ciphers, "", reload: true, check_str, implemented: true),
+    other!(server_tls_ca_file, "", reload: true, check_str, implemented: true),
+    other!(server_tls_cert_file, "", reload: true, check_str, implemented: true),
+    other!(server_tls_ciphers, "default", reload: true, check_str, implemented: true),
+    other!(server_tls_key_file, "", reload: true, check_str, implemented: true),
+    other!(server_tls_protocols, "secure", reload: true, check_str, implemented: true),
+    other!(server_tls_sslmode, "prefer", reload: true, check_sslmode, implemented: true),
     SettingDef {
         // Alias of job_name (win32 service name in PgBouncer).
         name: "service_name",
@@ -849,16 +852,11 @@ impl Settings {
     /// (the app logs a warning for each).
     pub fn unimplemented_in_use(&self) -> Vec<&'static str> {
         let defaults = Settings::default();
-        let mut out: Vec<&'static str> = TABLE
+        TABLE
             .iter()
             .filter(|d| !d.implemented && (d.show)(self) != (d.show)(&defaults))
             .map(|d| d.name)
-            .collect();
-        // The cert method needs client TLS, which pgcarpool does not have yet.
-        if self.auth_type == AuthType::Cert {
-            out.push("auth_type = cert");
-        }
-        out
+            .collect()
     }
 
     /// The server check: None = disabled (empty setting), Some("") = send an empty query
@@ -905,9 +903,7 @@ impl Settings {
 
     /// A setting kept as text in `other` (or its default), e.g. `client_tls_sslmode`.
     pub fn other_value(&self, name: &str) -> Option<String> {
-        lookup(name)
-            .filter(|d| !d.implemented)
-            .map(|d| (d.show)(self))
+        lookup(name).map(|d| (d.show)(self))
     }
 }
 
@@ -1287,15 +1283,10 @@ mod tests {
         s.load_value("pkt_buf", "8192").unwrap();
         s.load_value("client_tls_sslmode", "require").unwrap();
         s.load_value("default_pool_size", "3").unwrap();
-        assert_eq!(
-            s.unimplemented_in_use(),
-            vec!["client_tls_sslmode", "pkt_buf"]
-        );
+        // client TLS is implemented now.
+        assert_eq!(s.unimplemented_in_use(), vec!["pkt_buf"]);
         s.load_value("auth_type", "cert").unwrap();
-        assert_eq!(
-            s.unimplemented_in_use(),
-            vec!["client_tls_sslmode", "pkt_buf", "auth_type = cert"]
-        );
+        assert_eq!(s.unimplemented_in_use(), vec!["pkt_buf"]);
     }
 
     #[test]

@@ -114,7 +114,18 @@ impl Conn {
             }
             self.advance_out(n);
         }
+        // TLS takes the bytes into its session and may hold records the socket had no room
+        // for: they must go out too before the queue counts as written.
+        if self.stream.wants_write() {
+            ready!(Pin::new(&mut self.stream).poll_flush(cx))?;
+        }
         Poll::Ready(Ok(()))
+    }
+
+    /// Output not yet on the socket: queued here, or (TLS) encrypted and held by the session.
+    #[inline]
+    pub fn out_pending(&self) -> bool {
+        self.out_len > 0 || self.stream.wants_write()
     }
 
     fn advance_out(&mut self, mut n: usize) {

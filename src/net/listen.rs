@@ -492,7 +492,7 @@ async fn refuse(stream: Stream, why: &str) {
     let mut conn = Conn::new(stream);
     // Answer the startup packet with the error, after an SSL or GSS request if one comes
     // first (refused with 'N': an error there reads as a failed SSL exchange to libpq).
-    let first = crate::client::startup::hello(&mut conn);
+    let first = crate::client::startup::hello(&mut conn, None);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;

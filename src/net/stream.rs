@@ -1,14 +1,37 @@
-//! One stream type for every transport (TCP, Unix socket).
+//! One stream type for every transport (TCP, Unix socket, TLS over TCP either way).
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::tls;
+
 pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A client speaking TLS to us (boxed: a TLS session is large).
+    TlsIn(Box<TlsIn>),
+    /// Us speaking TLS to a server.
+    TlsOut(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// Nothing: the moment a stream is being upgraded to TLS. Every operation fails.
+    Gone,
+}
+
+/// A client's TLS session and what we served it with.
+pub struct TlsIn {
+    pub tls: tokio_rustls::server::TlsStream<TcpStream>,
+    /// `tls-server-end-point` channel binding data of the certificate we presented.
+    pub end_point: Option<Arc<[u8]>>,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "stream taken for a TLS handshake",
+    )
 }
 
 impl Stream {
@@ -19,7 +42,80 @@ impl Stream {
                 .peer_cred()
                 // SAFETY: geteuid has no preconditions and cannot fail.
                 .is_ok_and(|c| c.uid() == unsafe { libc::geteuid() }),
-            Stream::Tcp(_) => false,
+            _ => false,
+        }
+    }
+
+    /// TLS records written into the session and not yet onto the socket.
+    #[inline]
+    pub fn wants_write(&self) -> bool {
+        match self {
+            Stream::TlsIn(t) => t.tls.get_ref().1.wants_write(),
+            Stream::TlsOut(t) => t.get_ref().1.wants_write(),
+            _ => false,
+        }
+    }
+
+    /// Over TLS (either way).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::TlsIn(_) | Stream::TlsOut(_))
+    }
+
+    /// The TLS session as SHOW CLIENTS/SERVERS and logs print it (PgBouncer's format,
+    /// `TLSv1.3/TLS_AES_256_GCM_SHA384/ECDH=X25519`); None without TLS.
+    pub fn tls_info(&self) -> Option<String> {
+        match self {
+            Stream::TlsIn(t) => Some(tls::describe(t.tls.get_ref().1)),
+            Stream::TlsOut(t) => Some(tls::describe(t.get_ref().1)),
+            _ => None,
+        }
+    }
+
+    /// `tls-server-end-point` channel binding data for SCRAM-SHA-256-PLUS: of the
+    /// certificate we presented (client side) or the server presented to us.
+    pub fn tls_end_point(&self) -> Option<Vec<u8>> {
+        match self {
+            Stream::TlsIn(t) => t.end_point.as_deref().map(<[u8]>::to_vec),
+            Stream::TlsOut(t) => t
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| tls::end_point_hash(c)),
+            _ => None,
+        }
+    }
+
+    /// The client's certificate (verified against `client_tls_ca_file` during the
+    /// handshake: rustls only asks for one when a CA file is set), DER.
+    pub fn tls_peer_cert(&self) -> Option<&[u8]> {
+        match self {
+            Stream::TlsIn(t) => t
+                .tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| c.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// auth_type = cert (and hba's `cert`): the client presented a verified certificate
+    /// issued to `name` (its DNS names, else its common name, as PgBouncer's
+    /// `tls_peer_cert_contains_name`).
+    pub fn tls_peer_cert_contains_name(&self, name: &str) -> bool {
+        self.tls_peer_cert()
+            .is_some_and(|c| tls::cert_names(c).iter().any(|n| n == name))
+    }
+
+    /// The TCP socket under this stream (plain or TLS).
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Stream::Tcp(s) => Some(s),
+            Stream::TlsIn(t) => Some(t.tls.get_ref().0),
+            Stream::TlsOut(t) => Some(t.get_ref().0),
+            _ => None,
         }
     }
 
@@ -28,32 +124,20 @@ impl Stream {
     pub fn peer_uid(&self) -> Option<u32> {
         match self {
             Stream::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),
-            Stream::Tcp(_) => None,
+            _ => None,
         }
     }
 
     /// The peer's IP address (None for a Unix socket).
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
-        match self {
-            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
-            Stream::Unix(_) => None,
-        }
+        self.tcp().and_then(|s| s.peer_addr().ok()).map(|a| a.ip())
     }
 
-    /// Whether the connection is encrypted with TLS (hba `hostssl` / `hostnossl`). The
-    /// TLS variants answer true; the plain TCP and Unix ones false.
-    pub fn is_tls(&self) -> bool {
-        match self {
-            Stream::Tcp(_) | Stream::Unix(_) => false,
-        }
-    }
-
-    /// The CommonName of the client certificate of a TLS connection, if one was presented
-    /// and verified (the `cert` auth method). None without TLS.
-    pub fn client_cert_common_name(&self) -> Option<String> {
-        match self {
-            Stream::Tcp(_) | Stream::Unix(_) => None,
-        }
+    /// The names the client certificate of a TLS connection was issued to (its DNS names,
+    /// else its CommonName), if one was presented and verified (the `cert` auth method).
+    /// None without TLS or without a certificate.
+    pub fn client_cert_names(&self) -> Option<Vec<String>> {
+        self.tls_peer_cert().map(tls::cert_names)
     }
 
     /// Wait until the socket has bytes (or EOF) to read, without reading.
@@ -61,26 +145,45 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.readable().await,
             Stream::Unix(s) => s.readable().await,
+            // Decrypted bytes may wait inside the session with nothing on the socket.
+            Stream::TlsIn(t) if !t.tls.get_ref().1.wants_read() => Ok(()),
+            Stream::TlsIn(t) => t.tls.get_ref().0.readable().await,
+            Stream::TlsOut(t) if !t.get_ref().1.wants_read() => Ok(()),
+            Stream::TlsOut(t) => t.get_ref().0.readable().await,
+            Stream::Gone => Err(gone()),
         }
     }
 
     /// Leave this thread's runtime, to be [`Detached::attach`]ed on another worker's.
+    /// Only plain sockets move this way (clients are placed before any TLS handshake).
     pub fn detach(self) -> io::Result<Detached> {
         Ok(match self {
             Stream::Tcp(s) => Detached::Tcp(s.into_std()?),
             Stream::Unix(s) => Detached::Unix(s.into_std()?),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a TLS stream cannot be detached",
+                ));
+            }
         })
     }
 
     /// Be driven by the current thread's runtime from now on (a server moving to the
     /// worker of the client that checked it out): the socket is registered here under a
     /// duplicate descriptor and the old registration is dropped. On error nothing changed.
+    /// A TLS session stays as it is: only the socket under it is registered anew.
     pub fn rehome(&mut self) -> io::Result<()> {
+        fn tcp(s: &mut TcpStream) -> io::Result<()> {
+            let dup = socket2::SockRef::from(&*s).try_clone()?;
+            *s = TcpStream::from_std(dup.into())?;
+            Ok(())
+        }
         match self {
-            Stream::Tcp(s) => {
-                let dup = socket2::SockRef::from(&*s).try_clone()?;
-                *s = TcpStream::from_std(dup.into())?;
-            }
+            Stream::Tcp(s) => tcp(s)?,
+            Stream::TlsOut(t) => tcp(t.get_mut().0)?,
+            Stream::TlsIn(t) => tcp(t.tls.get_mut().0)?,
+            Stream::Gone => return Err(gone()),
             Stream::Unix(s) => {
                 let dup = socket2::SockRef::from(&*s).try_clone()?;
                 *s = UnixStream::from_std(std::os::fd::OwnedFd::from(dup).into())?;
@@ -91,17 +194,20 @@ impl Stream {
 
     /// This end's address of a TCP connection, as text; None for Unix sockets.
     pub fn local(&self) -> Option<String> {
-        match self {
-            Stream::Tcp(s) => s.local_addr().ok().map(|a| a.to_string()),
-            Stream::Unix(_) => None,
-        }
+        self.tcp()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.to_string())
     }
 
     /// The peer as text for logs and SHOW CLIENTS ("unix" for Unix sockets).
     pub fn peer(&self) -> String {
         match self {
-            Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
             Stream::Unix(_) => "unix".to_string(),
+            s => s
+                .tcp()
+                .and_then(|t| t.peer_addr().ok())
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
         }
     }
 }
@@ -131,6 +237,9 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::TlsIn(t) => Pin::new(&mut t.tls).poll_read(cx, buf),
+            Stream::TlsOut(t) => Pin::new(&mut **t).poll_read(cx, buf),
+            Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
 }
@@ -144,6 +253,9 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::TlsIn(t) => Pin::new(&mut t.tls).poll_write(cx, buf),
+            Stream::TlsOut(t) => Pin::new(&mut **t).poll_write(cx, buf),
+            Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
     fn poll_write_vectored(
@@ -154,6 +266,9 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::TlsIn(t) => Pin::new(&mut t.tls).poll_write_vectored(cx, bufs),
+            Stream::TlsOut(t) => Pin::new(&mut **t).poll_write_vectored(cx, bufs),
+            Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
     fn is_write_vectored(&self) -> bool {
@@ -163,12 +278,18 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
             Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+            Stream::TlsIn(t) => Pin::new(&mut t.tls).poll_flush(cx),
+            Stream::TlsOut(t) => Pin::new(&mut **t).poll_flush(cx),
+            Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::TlsIn(t) => Pin::new(&mut t.tls).poll_shutdown(cx),
+            Stream::TlsOut(t) => Pin::new(&mut **t).poll_shutdown(cx),
+            Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
 }

@@ -249,9 +249,19 @@ impl Pool {
                 || old.hosts != s.target.hosts
                 || old.dbname != s.target.dbname
                 || old.user != s.target.user
+                || old.tls.as_ref().map(|t| t.fingerprint)
+                    != s.target.tls.as_ref().map(|t| t.fingerprint)
         };
         g.settings = Arc::new(s);
         if target_changed {
+            tracing::info!(
+                "{}/{}: database configuration changed, closing obsolete connections",
+                self.db,
+                self.user
+            );
+            // Failed logins were to the old target: the next client tries the new one.
+            g.login = LoginBackoff::default();
+            g.last_login_error = None;
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
@@ -939,6 +949,7 @@ impl Pool {
                 created: s.created,
                 last_used: s.last_used,
                 prepared: s.prepared.len(),
+                tls: s.tls.clone(),
             })
             .collect()
     }
@@ -1049,6 +1060,7 @@ pub struct IdleServerInfo {
     pub last_used: Instant,
     /// Statements it holds.
     pub prepared: usize,
+    pub tls: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1151,6 +1163,7 @@ mod tests {
                 startup_params: Vec::new(),
                 connect_query: None,
                 scram_cache: None,
+                tls: None,
             },
         }
     }

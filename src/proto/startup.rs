@@ -9,6 +9,8 @@ pub const MAX_STARTUP_LEN: usize = 10_000;
 pub const PROTOCOL_3_0: i32 = 196_608;
 const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 const SSL_REQUEST_CODE: i32 = 80_877_103;
+/// An SSLRequest packet, as sent to a server.
+pub const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 const GSSENC_REQUEST_CODE: i32 = 80_877_104;
 
 /// The first packet a client sends.

@@ -141,6 +141,8 @@ pub struct ServerTarget {
     pub connect_query: Option<String>,
     /// Memo of SCRAM key derivations (PBKDF2 once per password and salt).
     pub scram_cache: Option<std::sync::Arc<crate::auth::cache::ScramCache>>,
+    /// TLS towards the server (server_tls_*); None: server_tls_sslmode = disable.
+    pub tls: Option<std::sync::Arc<crate::net::tls::Connect>>,
 }
 
 /// The hosts of a `host=a,b,…` list and the choice among them (`load_balance_hosts`):
@@ -318,6 +320,9 @@ async fn login(
     let (stream, addr) = open_stream(target, db, id, tried).await?;
     let addr = &addr;
     let mut conn = Conn::new(stream);
+    if let (Some(tls), ServerAddr::Tcp { host, .. }) = (&target.tls, addr) {
+        start_tls(&mut conn, tls, host, id).await?;
+    }
     let mut params: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.dbname)];
     for (k, v) in &target.startup_params {
         params.push((k, v));
@@ -365,7 +370,9 @@ async fn login(
                         frontend::password(&mut out, md5::salted_response(&hash, salt).as_bytes());
                     }
                     AuthRequest::Sasl(mechs) => {
-                        if !mechs.contains(&"SCRAM-SHA-256") {
+                        if !mechs.contains(&scram::MECHANISM)
+                            && !mechs.contains(&scram::MECHANISM_PLUS)
+                        {
                             return Err(ServerError::Login(
                                 "server offers no SASL mechanism we support".into(),
                             ));
@@ -390,9 +397,20 @@ async fn login(
                                 ));
                             }
                         };
-                        let mut c = scram::ScramClient::new(cred);
+                        // Over TLS, bind the login to the connection when the server
+                        // offers SCRAM-SHA-256-PLUS (libpq's channel_binding=prefer).
+                        let cb = match conn.stream.tls_end_point() {
+                            Some(d) if mechs.contains(&scram::MECHANISM_PLUS) => {
+                                scram::ChannelBinding::EndPoint(d)
+                            }
+                            _ if conn.stream.is_tls() => scram::ChannelBinding::NotOffered,
+                            _ => scram::ChannelBinding::None,
+                        };
+                        let mut c = scram::ScramClient::new(cred).with_channel_binding(cb);
                         let first = c.client_first();
-                        frontend::sasl_initial_response(&mut out, "SCRAM-SHA-256", &first);
+                        let mech = c.mechanism();
+                        tracing::debug!(server = id, "SASL login with {mech}");
+                        frontend::sasl_initial_response(&mut out, mech, &first);
                         scram = Some(c);
                     }
                     AuthRequest::SaslContinue(data) => {
@@ -454,7 +472,9 @@ async fn login(
             server_params.set(k, v);
         }
     }
+    let tls = conn.stream.tls_info().map(std::sync::Arc::from);
     let mut server = Server::new(id, conn, addr.clone(), key, server_params);
+    server.tls = tls;
     if let Some(q) = &target.connect_query {
         if let Some(e) = super::query::simple_query(&mut server, q).await? {
             return Err(ServerError::Rejected(e));
@@ -462,6 +482,58 @@ async fn login(
         server.login_params = server.params.clone();
     }
     Ok(server)
+}
+
+/// SSLRequest, and the TLS handshake if the server agrees ('S'); a server that refuses
+/// ('N') gets plain TCP unless server_tls_sslmode is require or stricter.
+async fn start_tls(
+    conn: &mut Conn,
+    tls: &crate::net::tls::Connect,
+    host: &str,
+    id: u64,
+) -> Result<(), ServerError> {
+    use crate::net::tls::SslMode;
+    conn.queue(bytes::Bytes::from_static(&startup::SSL_REQUEST));
+    conn.flush()
+        .await
+        .map_err(|e| ServerError::Conn(e.into()))?;
+    conn.fill(1).await?;
+    let answer = conn.rbuf[0];
+    // Anything after the answer came before the handshake: unencrypted, maybe injected.
+    if conn.rbuf.len() > 1 {
+        return Err(ServerError::Login(
+            "received unencrypted data after SSL response".into(),
+        ));
+    }
+    conn.consume(1);
+    match answer {
+        b'S' => {}
+        b'N' if tls.mode >= SslMode::Require => {
+            return Err(ServerError::Login("server refused SSL".into()));
+        }
+        b'N' => return Ok(()),
+        _ => return Err(ServerError::Login("bad sslreq answer".into())),
+    }
+    let name = crate::net::tls::server_name(host).map_err(|e| ServerError::Login(e.0))?;
+    let Stream::Tcp(tcp) = std::mem::replace(&mut conn.stream, Stream::Gone) else {
+        return Err(ServerError::Login("TLS over a non-TCP socket".into()));
+    };
+    let stream = tls.connector.connect(name, tcp).await.map_err(|e| {
+        let why = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            // OpenSSL's words, which PgBouncer logs (and its tests look for).
+            Some(rustls::Error::InvalidCertificate(c)) => {
+                format!("certificate verify failed: {c:?}")
+            }
+            _ => e.to_string(),
+        };
+        tracing::warn!(server = id, %host, "TLS handshake with the server failed: {why}");
+        ServerError::Login(format!("TLS handshake failed: {why}"))
+    })?;
+    conn.stream = Stream::TlsOut(Box::new(stream));
+    if let Some(info) = conn.stream.tls_info() {
+        tracing::debug!(server = id, %host, "SSL established: {info}");
+    }
+    Ok(())
 }
 
 /// Send a CancelRequest for `key` to the server at `addr`.

@@ -114,6 +114,8 @@ pub struct Server {
     /// NotificationResponses that came while pgcarpool ran its own queries: they belong to
     /// the client holding the server (`take_notifications`).
     pub notifications: bytes::BytesMut,
+    /// The TLS session as SHOW SERVERS prints it (None: plain).
+    pub tls: Option<std::sync::Arc<str>>,
 }
 
 impl Server {
@@ -140,6 +142,7 @@ impl Server {
             home: crate::workers::current(),
             unnamed: 0,
             notifications: bytes::BytesMut::new(),
+            tls: None,
         }
     }
 

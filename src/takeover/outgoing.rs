@@ -44,9 +44,10 @@ pub fn stays_because(c: &Client) -> Option<&'static str> {
     // Exhaustive on purpose: a new transport (TLS) must say whether it can move. A TLS
     // client's session keys cannot be carried yet: it stays (README, "Online restart").
     match &c.conn.stream {
-        Stream::Tcp(_) | Stream::Unix(_) => {}
+        Stream::Tcp(_) | Stream::Unix(_) => None,
+        Stream::TlsIn(_) | Stream::TlsOut(_) => Some("TLS"),
+        Stream::Gone => Some("no socket"),
     }
-    None
 }
 
 /// Move an idle client to the new process. Ok: it runs there now (this task ends without a
@@ -71,6 +72,10 @@ pub async fn hand_over(c: &mut Client) -> Result<(), String> {
             socket2::SockRef::from(s).try_clone().map(OwnedFd::from),
             Transport::Unix,
         ),
+        // `stays_because` keeps them here.
+        Stream::TlsIn(_) | Stream::TlsOut(_) | Stream::Gone => {
+            return Err("TLS clients stay with the old process".into());
+        }
     };
     let fd = fd.map_err(|e| format!("could not duplicate the socket: {e}"))?;
     let session = describe(c, transport).encode();

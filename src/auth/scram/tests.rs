@@ -337,13 +337,86 @@ fn channel_binding_is_refused_by_name() {
     assert!(matches!(
         ScramServer::new(v.clone()).client_first(b"p=tls-server-end-point,,n=,r=abc"),
         Err(ScramError::Malformed(
-            "channel binding is not supported (SCRAM-SHA-256-PLUS not offered)"
+            "channel binding is not supported (SCRAM-SHA-256-PLUS not chosen)"
         ))
     ));
     assert!(matches!(
         ScramServer::new(v).client_first(b"x,,n=,r=abc"),
         Err(ScramError::Malformed("bad gs2 channel binding flag"))
     ));
+}
+
+/// A whole exchange with SCRAM-SHA-256-PLUS: the client binds to `client_cb`, the server
+/// checks against `server_cb`.
+fn plus_exchange(client_cb: &[u8], server_cb: &[u8]) -> Result<(), ScramError> {
+    let v = small_verifier("pw");
+    let mut server = ScramServer::new(v).with_channel_binding(Some(server_cb.to_vec()));
+    assert_eq!(server.mechanisms(), &[MECHANISM_PLUS, MECHANISM]);
+    let mut client = ScramClient::new(ClientCredential::Password("pw".into()))
+        .with_channel_binding(ChannelBinding::EndPoint(client_cb.to_vec()));
+    assert_eq!(client.mechanism(), MECHANISM_PLUS);
+    server.select(client.mechanism())?;
+    let first = client.client_first();
+    assert!(first.starts_with(b"p=tls-server-end-point,,n=,r="));
+    let sf = server.client_first(&first)?;
+    let cf = client.server_first(&sf)?;
+    let fin = server.client_final(&cf)?;
+    client.server_final(&fin)
+}
+
+#[test]
+fn channel_binding_plus_round_trip() {
+    plus_exchange(b"cert hash", b"cert hash").unwrap();
+}
+
+#[test]
+fn channel_binding_to_another_certificate_fails() {
+    // A man in the middle terminates TLS with its own certificate: the hashes differ.
+    assert!(matches!(
+        plus_exchange(b"mitm cert hash", b"cert hash"),
+        Err(ScramError::Malformed(
+            "channel binding does not match gs2 header"
+        ))
+    ));
+}
+
+#[test]
+fn channel_binding_downgrade_is_refused() {
+    let v = small_verifier("pw");
+    // The client could bind but thinks we cannot ("y"), while we offered -PLUS.
+    let mut server = ScramServer::new(v.clone()).with_channel_binding(Some(b"h".to_vec()));
+    server.select(MECHANISM).unwrap();
+    assert!(matches!(
+        server.client_first(b"y,,n=,r=abc"),
+        Err(ScramError::Malformed(
+            "SCRAM channel binding negotiation error"
+        ))
+    ));
+    // -PLUS chosen with "n": refused; -PLUS without TLS: not advertised, not selectable.
+    let mut server = ScramServer::new(v.clone()).with_channel_binding(Some(b"h".to_vec()));
+    server.select(MECHANISM_PLUS).unwrap();
+    assert!(server.client_first(b"n,,n=,r=abc").is_err());
+    let mut server = ScramServer::new(v.clone()).with_channel_binding(Some(b"h".to_vec()));
+    server.select(MECHANISM_PLUS).unwrap();
+    assert!(server.client_first(b"p=tls-unique,,n=,r=abc").is_err());
+    assert!(ScramServer::new(v).select(MECHANISM_PLUS).is_err());
+}
+
+#[test]
+fn channel_binding_y_from_our_client_side() {
+    // Over TLS with a server offering no -PLUS: "y", and c= binds the "y,," header.
+    let v = small_verifier("pw");
+    let mut server = ScramServer::new(v);
+    let mut client = ScramClient::new(ClientCredential::Password("pw".into()))
+        .with_channel_binding(ChannelBinding::NotOffered);
+    server.select(client.mechanism()).unwrap();
+    let first = client.client_first();
+    assert!(first.starts_with(b"y,,"));
+    let sf = server.client_first(&first).unwrap();
+    let cf = client.server_first(&sf).unwrap();
+    assert!(cf.starts_with(b"c=eSws,"), "base64 of y,,");
+    let fin = server.client_final(&cf).unwrap();
+    client.server_final(&fin).unwrap();
 }
 
 #[test]
