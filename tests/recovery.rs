@@ -516,3 +516,53 @@ async fn a_first_client_waits_for_a_postgresql_that_is_starting() {
     assert_eq!(answer, 42);
     pooler.shutdown().await;
 }
+
+/// The server refuses the pool's password (it was changed in PostgreSQL): the clients
+/// already waiting for a server fail at once with the server's own error, as PgBouncer's
+/// kill_pool_logins, instead of one per login attempt; PostgreSQL sees one failed login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_server_password_fails_every_waiting_client_at_once() {
+    let pg = TempPostgres::start();
+    let entry = format!("{} user=md5user password=md5pass", pg.db_entry("testdb"));
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .database("forced", &entry)
+        .start()
+        .await;
+    let holder = p.connect("md5user", "forced").await;
+    holder.simple_query("begin").await.unwrap();
+    pg.psql("ALTER USER md5user PASSWORD 'changed'");
+    // Two clients wait for the pool's only server.
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let c = p.connect("md5user", "forced").await;
+        waiting.push(tokio::spawn(
+            async move { c.simple_query("select 1").await },
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Room for a new server: its login is refused.
+    let admin = try_connect(&harness::dsn_for(p.port(), "postgres", "pgbouncer"))
+        .await
+        .unwrap();
+    admin
+        .simple_query("SET default_pool_size = 2")
+        .await
+        .unwrap();
+    for w in waiting {
+        let r = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .expect("a waiting client still waits after the server refused the password")
+            .unwrap();
+        let e = r.expect_err("served with a refused password");
+        let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+        assert_eq!(db.code().code(), "28P01", "{db:?}");
+        assert!(
+            db.message().contains("password authentication failed"),
+            "{db:?}"
+        );
+    }
+    holder.simple_query("commit").await.unwrap();
+    pg.psql("ALTER USER md5user PASSWORD 'md5pass'");
+}

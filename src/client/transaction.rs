@@ -657,6 +657,10 @@ async fn wait_for_server(
             r = &mut fut => {
                 return r.map_err(|e| match e {
                     CheckoutError::WaitTimeout => ClientError::fatal("08P01", timeout_text.into()),
+                    // The server's own refusal (its SQLSTATE and words), as PgBouncer passes it on.
+                    CheckoutError::Server(crate::server::ServerError::Rejected(f)) => {
+                        ClientError::Fatal { code: super::static_code(&f.code), message: f.message }
+                    }
                     CheckoutError::Server(se) => {
                         let (_, msg) = se.client_error();
                         ClientError::fatal("08006", format!("could not connect to server: {msg}"))

@@ -139,6 +139,10 @@ struct Inner {
     /// Failed logins since the last successful one: when to try again, who waits.
     login: LoginBackoff,
     last_login_error: Option<String>,
+    /// The server refused the pool's credentials (28xxx), and when: clients already
+    /// waiting then fail with the server's error at once, as PgBouncer's kill_pool_logins
+    /// (retrying cannot help them). Cleared by a successful login.
+    refused: Option<(Instant, crate::proto::backend::ErrorFields)>,
     /// RECONNECT: servers created before this are closed when they come back.
     close_before: Option<Instant>,
 }
@@ -220,6 +224,7 @@ impl Pool {
                 startup_template: None,
                 login: LoginBackoff::default(),
                 last_login_error: None,
+                refused: None,
                 close_before: None,
             }),
             db_limit,
@@ -429,6 +434,11 @@ impl Pool {
                     let why = g.last_login_error.clone().unwrap_or_default();
                     return Err(ServerError::LoginFailing(why).into());
                 }
+                if let Some((at, f)) = &g.refused
+                    && *at >= start
+                {
+                    return Err(ServerError::Rejected(f.clone()).into());
+                }
                 // A retry time already past wakes nobody: waking on it would spin.
                 g.login.retry_at().filter(|t| *t > Instant::now())
             };
@@ -567,6 +577,7 @@ impl Pool {
                     let since = g.login.failing_since();
                     g.login.succeeded();
                     g.last_login_error = None;
+                    g.refused = None;
                     if g.server_params.is_none() {
                         g.server_params = Some(s.login_params.clone());
                     }
@@ -593,6 +604,11 @@ impl Pool {
                     g.login
                         .failed(kind, started, Instant::now(), settings.server_login_retry);
                     g.last_login_error = Some(e.to_string());
+                    if let ServerError::Rejected(f) = &e
+                        && f.code.starts_with("28")
+                    {
+                        g.refused = Some((Instant::now(), f.clone()));
+                    }
                     was_failing
                 };
                 // Retries while the server is unavailable are frequent: one warning.
