@@ -259,14 +259,12 @@ impl Pool {
         };
         g.settings = Arc::new(s);
         if target_changed {
-            tracing::info!(
-                "{}/{}: database configuration changed, closing obsolete connections",
-                self.db,
-                self.user
-            );
+            // Each server closed says so (`closing because: database configuration changed`).
+            tracing::debug!(db = %self.db, user = %self.user, "server target changed");
             // Failed logins were to the old target: the next client tries the new one.
             g.login = LoginBackoff::default();
             g.last_login_error = None;
+            g.refused = None;
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();

@@ -84,18 +84,18 @@ impl std::error::Error for DnsFailed {}
 
 /// Why a server connection that never got to serve is closed, in PgBouncer's words
 /// (logged as `closing because: …`; operators and tests grep them).
-pub fn close_reason(e: &ServerError) -> &'static str {
+pub fn close_reason(e: &ServerError) -> std::borrow::Cow<'static, str> {
     match e {
         ServerError::Connect(e) if e.get_ref().is_some_and(|r| r.is::<DnsFailed>()) => {
-            "server DNS lookup failed"
+            "server DNS lookup failed".into()
         }
-        ServerError::Connect(_) => "connect failed",
-        ServerError::Timeout => "connect timeout",
-        ServerError::Conn(_) => "server conn crashed?",
-        ServerError::Proto(_) => "server sent an invalid message",
-        ServerError::Rejected(_) | ServerError::Login(_) | ServerError::LoginFailing(_) => {
-            "login failed"
-        }
+        ServerError::Connect(_) => "connect failed".into(),
+        ServerError::Timeout => "connect timeout".into(),
+        ServerError::Conn(_) => "server conn crashed?".into(),
+        ServerError::Proto(_) => "server sent an invalid message".into(),
+        // The server's own words ("password authentication failed for user …").
+        ServerError::Rejected(f) => f.message.clone().into(),
+        ServerError::Login(_) | ServerError::LoginFailing(_) => "login failed".into(),
     }
 }
 
@@ -235,8 +235,18 @@ pub async fn connect(
                 .ok()
                 .flatten()
                 .unwrap_or_else(|| target.addr.clone());
+            // As PgBouncer: a refused replication login says only "login failed" (its
+            // reason is often a missing privilege of that kind of connection alone).
+            let replication = target
+                .startup_params
+                .iter()
+                .any(|(k, _)| k == "replication");
+            let why = match e {
+                ServerError::Rejected(_) if replication => "login failed".into(),
+                e => close_reason(e),
+            };
             tracing::info!(server = id, db, user = %target.user, %addr,
-                "closing because: {} (age=0s)", close_reason(e));
+                "closing because: {why} (age=0s)");
         }
         Err(_) => {}
     }
