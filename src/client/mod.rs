@@ -166,8 +166,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     };
     let entered = login.await;
     drop(ticket);
-    let (user, db, pool, session, reg, counted) = match entered {
-        Ok(Entered::Client(l)) => *l,
+    let entered = match entered {
         Ok(Entered::Admin(user, role, _counted)) => {
             // Listed in SHOW CLIENTS as PgBouncer lists console connections (database
             // pgbouncer, active), and KILL_CLIENT / shutdown end it like any client.
@@ -189,19 +188,16 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 r = session => r,
                 _ = kill.cancelled() => Ok(()),
             };
-            if let Err(e) = result {
-                report(
-                    &mut conn,
-                    &e,
-                    id,
-                    peer,
-                    cfg.settings.log_connections,
-                    born.elapsed(),
-                )
-                .await;
+            // A console error is reported below, as a failed login is.
+            match result {
+                Ok(()) => return None,
+                Err(e) => Err(e),
             }
-            return None;
         }
+        other => other,
+    };
+    let (user, db, pool, session, reg, counted) = match entered {
+        Ok(Entered::Client(l)) => *l,
         Ok(Entered::Replication(server, _slot, _counted)) => {
             if cfg.settings.log_connections {
                 tracing::info!(client = id, addr = %peer, "login (replication)");
@@ -211,7 +207,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             }
             return None;
         }
-        Ok(Entered::Done) => return None,
+        Ok(Entered::Done | Entered::Admin(..)) => return None,
         Err(e) => {
             report(
                 &mut conn,
