@@ -244,6 +244,8 @@ pub fn pool_settings(
             connect_query: entry.connect_query.clone(),
             scram_cache: Some(shared.scram.clone()),
             tls: shared.tls.load().connect.clone(),
+            tcp: crate::net::sockopt::TcpTuning::from_settings(s),
+            dns_nxdomain_ttl: s.dns_nxdomain_ttl,
         },
     }
 }
@@ -339,6 +341,10 @@ impl Shared {
             Err(e) => tracing::error!(
                 "TLS configuration could not be reloaded, keeping old configuration: {e}"
             ),
+        }
+        if (old.settings.tcp_defer_accept != 0) != (new.settings.tcp_defer_accept != 0) {
+            self.restart
+                .set_defer_accept(new.settings.tcp_defer_accept != 0);
         }
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);

@@ -1178,6 +1178,8 @@ mod tests {
                 connect_query: None,
                 scram_cache: None,
                 tls: None,
+                tcp: Default::default(),
+                dns_nxdomain_ttl: Duration::from_secs(15),
             },
         }
     }

@@ -143,6 +143,10 @@ pub struct ServerTarget {
     pub scram_cache: Option<std::sync::Arc<crate::auth::cache::ScramCache>>,
     /// TLS towards the server (server_tls_*); None: server_tls_sslmode = disable.
     pub tls: Option<std::sync::Arc<crate::net::tls::Connect>>,
+    /// Socket options of server connections (tcp_keepalive, tcp_user_timeout…).
+    pub tcp: crate::net::sockopt::TcpTuning,
+    /// How long a host name that did not resolve is not looked up again (dns_nxdomain_ttl).
+    pub dns_nxdomain_ttl: Duration,
 }
 
 /// The hosts of a `host=a,b,…` list and the choice among them (`load_balance_hosts`):
@@ -153,14 +157,11 @@ pub struct HostList {
     pub addrs: Vec<ServerAddr>,
     pub round_robin: bool,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// Host names that did not resolve, and when: skipped for [`NXDOMAIN_TTL`] (PgBouncer's
-    /// dns_nxdomain_ttl default). Lookups of the list's hosts take turns, so connections
+    /// Host names that did not resolve, and when: skipped for `dns_nxdomain_ttl`
+    /// ([`ServerTarget::dns_nxdomain_ttl`]). Lookups of the list's hosts take turns, so connections
     /// opened together look a failing name up once.
     dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
 }
-
-/// How long a host name that did not resolve is skipped in a host list.
-pub const NXDOMAIN_TTL: Duration = Duration::from_secs(15);
 
 impl PartialEq for HostList {
     fn eq(&self, other: &Self) -> bool {
@@ -284,7 +285,7 @@ async fn open_stream(
         let resolved = match host {
             Some(i) => {
                 let mut failed = target.hosts.dns.lock().await;
-                failed.retain(|(_, at)| at.elapsed() < NXDOMAIN_TTL);
+                failed.retain(|(_, at)| at.elapsed() < target.dns_nxdomain_ttl);
                 if failed.iter().any(|(h, _)| *h == i) {
                     // Looked up and failed a moment ago (logged then).
                     target.hosts.failed(i);
@@ -302,6 +303,9 @@ async fn open_stream(
             Ok(addrs) => addr.connect_to(addrs).await,
             Err(e) => Err(e),
         };
+        if let Ok(Stream::Tcp(t)) = &connected {
+            target.tcp.apply_or_warn(socket2::SockRef::from(t));
+        }
         match connected {
             Ok(s) => return Ok((s, addr.clone())),
             Err(e) => {
