@@ -153,9 +153,11 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         shared.tracker.spawn(accept);
     }
     shared.listeners.close();
+    let weak = Arc::downgrade(&shared);
     shared.tracker.spawn(janitor::run(
         shared.pools.clone(),
         shared.stop_background.clone(),
+        move |db| weak.upgrade()?.config.load().pool_idle_timeout_for(db),
     ));
     shared
         .tracker

@@ -379,6 +379,16 @@ impl Config {
     }
 
     /// `client_idle_timeout` for `user`: `[users]` > global.
+    /// How long an unused pool of `db` is kept: autodb_idle_timeout for a database made
+    /// from the `*` entry, pool_idle_timeout for the others (None: kept).
+    pub fn pool_idle_timeout_for(&self, db: &str) -> Option<Duration> {
+        if !self.databases.contains_key(db) && self.fallback.is_some() {
+            enabled(self.settings.autodb_idle_timeout)
+        } else {
+            enabled(self.settings.pool_idle_timeout)
+        }
+    }
+
     pub fn client_idle_timeout_for(&self, user: &str) -> Duration {
         self.users
             .get(user)

@@ -1,0 +1,123 @@
+//! Settings that change what clients see or how long pgcarpool keeps things, each as
+//! PgBouncer documents it: disable_pqexec, autodb_idle_timeout, pool_idle_timeout,
+//! track_extra_parameters, login_notify_message, scram_iterations, conffile.
+mod harness;
+
+use std::time::Duration;
+
+use harness::{TempPostgres, TestPooler, console_value, output_text, pg_bin, sqlstate, wait_for};
+use tokio_postgres::error::DbError;
+
+/// Bound on anything the janitor (every 250 ms) should do promptly.
+const PROMPTLY: Duration = Duration::from_secs(10);
+
+fn db_error(e: &tokio_postgres::Error) -> &DbError {
+    e.as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {e:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_pqexec_refuses_simple_queries_and_serves_extended_ones() {
+    let pg = TempPostgres::start();
+    let p = harness::transaction_pooler(&pg)
+        .setting("disable_pqexec", "1")
+        .start()
+        .await;
+    // The extended protocol is served, in and out of a transaction.
+    // (Statements kept: dropping one makes tokio-postgres send a Close, whose answer
+    // would be pending when the Query is refused.)
+    let c = p.connect("md5user", "testdb").await;
+    let add = c.prepare("select $1::int + 1").await.unwrap();
+    let row = c.query_one(&add, &[&41i32]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+    let begin = c.prepare("begin").await.unwrap();
+    c.execute(&begin, &[]).await.unwrap();
+    c.query_one(&add, &[&1i32]).await.unwrap();
+    // A simple Query inside the transaction (a server is held): PgBouncer's FATAL.
+    let e = c.batch_execute("select 1; select 2").await.unwrap_err();
+    assert_eq!(db_error(&e).message(), "PQexec disallowed");
+    assert_eq!(db_error(&e).severity(), "FATAL");
+    assert_eq!(sqlstate(&e), Some("08P01"));
+    assert!(c.is_closed() || c.query_one("select 1", &[]).await.is_err());
+
+    // As a client's first message (no server held): psql -c sends a simple Query.
+    let out = std::process::Command::new(pg_bin("psql"))
+        .args([&p.dsn("md5user", "testdb"), "-c", "select 1"])
+        .output()
+        .expect("run psql");
+    let text = output_text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("FATAL:  PQexec disallowed"), "{text}");
+
+    // The console is not a database: its simple queries are served.
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let v = console_value(&admin, "CONFIG", &[("key", "disable_pqexec")], "value").await;
+    assert_eq!(v.as_deref(), Some("1"));
+    p.shutdown().await;
+}
+
+/// Whether SHOW POOLS lists (db, user).
+async fn has_pool(admin: &tokio_postgres::Client, db: &str, user: &str) -> bool {
+    console_value(
+        admin,
+        "POOLS",
+        &[("database", db), ("user", user)],
+        "database",
+    )
+    .await
+    .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_pools_are_freed_after_autodb_and_pool_idle_timeouts() {
+    let pg = TempPostgres::start();
+    let mut p = TestPooler::builder(&pg)
+        .database("*", &format!("host=127.0.0.1 port={}", pg.port()))
+        .database("app", &pg.db_entry("testdb"))
+        .settings(&[
+            ("pool_mode", "transaction"),
+            ("server_idle_timeout", "0.2"),
+            ("autodb_idle_timeout", "1"),
+            ("pool_idle_timeout", "0"),
+        ])
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    for db in ["testdb", "app"] {
+        let c = p.connect("md5user", db).await;
+        c.query_one("select 1", &[]).await.unwrap();
+        assert!(has_pool(&admin, db, "md5user").await, "{db} pool made");
+    }
+    // Clients gone, servers closed by server_idle_timeout: the auto-database's pool goes
+    // after autodb_idle_timeout; the named one stays (pool_idle_timeout = 0).
+    wait_for("the auto-database's pool freed", PROMPTLY, || async {
+        !has_pool(&admin, "testdb", "md5user").await
+    })
+    .await;
+    assert!(has_pool(&admin, "app", "md5user").await, "named pool kept");
+
+    // A client holding the pool keeps it (it is in use, even with no server).
+    p.reload_with(|c| c.setting("pool_idle_timeout", "1")).await;
+    let held = p.connect("md5user", "app").await;
+    let c = p.connect("md5user", "testdb").await;
+    c.query_one("select 1", &[]).await.unwrap();
+    drop(c);
+    // `held` is idle between transactions: its pool must not be freed under it.
+    wait_for("the auto-database's pool freed again", PROMPTLY, || async {
+        !has_pool(&admin, "testdb", "md5user").await
+    })
+    .await;
+    assert!(has_pool(&admin, "app", "md5user").await, "held pool kept");
+    held.query_one("select 1", &[]).await.unwrap();
+    drop(held);
+    wait_for(
+        "the named pool freed after pool_idle_timeout",
+        PROMPTLY,
+        || async { !has_pool(&admin, "app", "md5user").await },
+    )
+    .await;
+    // And made again by the next client.
+    let c = p.connect("md5user", "app").await;
+    c.query_one("select 1", &[]).await.unwrap();
+    p.shutdown().await;
+}
