@@ -98,6 +98,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         .map_err(|e| std::io::Error::other(format!("TLS setup failed: {e}")))?;
     let shared = Shared::new(config);
     shared.tls.store(Arc::new(tls));
+    shared
+        .scram
+        .set_iterations(shared.config.load().settings.scram_iterations);
     shared.create_forced_user_pools();
     shared.apply_peers();
     // peers_dns: the first members (and this instance's id) before any client gets a key.
@@ -348,6 +351,7 @@ impl Shared {
             self.restart
                 .set_defer_accept(new.settings.tcp_defer_accept != 0);
         }
+        self.scram.set_iterations(new.settings.scram_iterations);
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {

@@ -121,3 +121,75 @@ async fn unused_pools_are_freed_after_autodb_and_pool_idle_timeouts() {
     c.query_one("select 1", &[]).await.unwrap();
     p.shutdown().await;
 }
+
+/// One backend message (tag, body) from a raw socket.
+async fn read_msg(s: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).await.unwrap();
+    let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len - 4];
+    s.read_exact(&mut body).await.unwrap();
+    (head[0], body)
+}
+
+/// The iteration count (`i=`) of the server-first-message pgcarpool sends `user` in a
+/// SCRAM-SHA-256 login (the login goes no further).
+async fn scram_iterations_offered(port: u16, user: &str) -> u32 {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let startup = harness::wire::startup_message(&[("user", user), ("database", "testdb")]);
+    s.write_all(&startup).await.unwrap();
+    let (tag, body) = read_msg(&mut s).await;
+    assert_eq!(
+        (tag, &body[..4]),
+        (b'R', &10u32.to_be_bytes()[..]),
+        "AuthenticationSASL"
+    );
+    let first = b"n,,n=,r=abcdefghijklmnopqrstuvwx";
+    let mut sasl = b"SCRAM-SHA-256\0".to_vec();
+    sasl.extend_from_slice(&(first.len() as u32).to_be_bytes());
+    sasl.extend_from_slice(first);
+    s.write_all(&harness::wire::message(b'p', &sasl))
+        .await
+        .unwrap();
+    let (tag, body) = read_msg(&mut s).await;
+    assert_eq!(
+        (tag, &body[..4]),
+        (b'R', &11u32.to_be_bytes()[..]),
+        "SASLContinue"
+    );
+    let text = String::from_utf8_lossy(&body[4..]).to_string();
+    text.split(',')
+        .find_map(|f| f.strip_prefix("i="))
+        .and_then(|i| i.parse().ok())
+        .unwrap_or_else(|| panic!("server-first-message: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_iterations_sets_the_iterations_of_secrets_made_from_plain_passwords() {
+    let pg = TempPostgres::start();
+    let mut p = TestPooler::builder(&pg)
+        .settings(&[("auth_type", "scram-sha-256"), ("scram_iterations", "5000")])
+        .start()
+        .await;
+    // trustuser's auth_file secret is plain text: pgcarpool makes its SCRAM secret.
+    assert_eq!(scram_iterations_offered(p.port(), "trustuser").await, 5000);
+    // A user that does not exist looks the same.
+    assert_eq!(
+        scram_iterations_offered(p.port(), "nobody_here").await,
+        5000
+    );
+    // And the login works with it.
+    let c = p.connect("trustuser", "testdb").await;
+    c.query_one("select 1", &[]).await.unwrap();
+    // A reload changes the secrets made after it.
+    p.reload_with(|c| c.setting("scram_iterations", "4100"))
+        .await;
+    assert_eq!(scram_iterations_offered(p.port(), "trustuser").await, 4100);
+    let c = p.connect("trustuser", "testdb").await;
+    c.query_one("select 1", &[]).await.unwrap();
+    p.shutdown().await;
+}

@@ -134,6 +134,8 @@ pub struct Settings {
     /// How long a user's secret found by auth_query is reused before it is asked again
     /// (0: asked at every login, as PgBouncer). A failed login forgets it at once.
     pub auth_query_cache_ttl: Duration,
+    /// PBKDF2 iterations of the SCRAM secrets pgcarpool makes from plain-text passwords.
+    pub scram_iterations: u32,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -458,9 +460,6 @@ fn parse_facility(v: &str) -> Result<String, String> {
 fn check_str(_: &str) -> Result<(), String> {
     Ok(())
 }
-fn check_uint(v: &str) -> Result<(), String> {
-    parse_uint::<u64>(v).map(|_| ())
-}
 fn check_time(v: &str) -> Result<(), String> {
     parse_seconds(v).map(|_| ())
 }
@@ -610,7 +609,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(reserve_pool_timeout, "5", reload: true, implemented: true),
     other!(resolv_conf, "", reload: false, check_str),
     typed!(sbuf_loopcnt, "5", reload: true, implemented: false),
-    other!(scram_iterations, "4096", reload: true, check_uint),
+    typed!(scram_iterations, "4096", reload: true, implemented: true, parse_iterations, Value::show),
     typed!(server_check_delay, "30", reload: true, implemented: true),
     typed!(server_check_query, "<empty>", reload: true, implemented: true),
     typed!(server_connect_timeout, "15", reload: true, implemented: true),
@@ -693,6 +692,16 @@ fn parse_peers_dns(v: &str) -> Result<String, String> {
         crate::peers::dns::parse_target(v)?;
     }
     Ok(v.trim().to_string())
+}
+
+/// At least one iteration (PostgreSQL's scram_iterations has the same floor).
+fn parse_iterations(v: &str) -> Result<u32, String> {
+    match parse_uint::<u32>(v)? {
+        0 => Err(format!(
+            "invalid value \"{v}\": scram_iterations must be at least 1"
+        )),
+        n => Ok(n),
+    }
 }
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
@@ -828,6 +837,7 @@ impl Settings {
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
             auth_query_cache_ttl: Duration::ZERO,
+            scram_iterations: 0,
             other: BTreeMap::new(),
         }
     }
