@@ -193,3 +193,100 @@ async fn scram_iterations_sets_the_iterations_of_secrets_made_from_plain_passwor
     c.query_one("select 1", &[]).await.unwrap();
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_notify_message_is_a_notice_at_login() {
+    let pg = TempPostgres::start();
+    let mut p = harness::transaction_pooler(&pg)
+        .setting("login_notify_message", "maintenance at 22:00 UTC")
+        .start()
+        .await;
+    let psql = |dsn: String| {
+        let out = std::process::Command::new(pg_bin("psql"))
+            .args([&dsn, "-Atc", "select 41 + 1"])
+            .output()
+            .expect("run psql");
+        assert!(out.status.success(), "{}", output_text(&out));
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (rows, notices) = psql(p.dsn("md5user", "testdb"));
+    assert_eq!(rows.trim(), "42");
+    assert_eq!(notices.trim(), "NOTICE:  maintenance at 22:00 UTC");
+    // Off again on reload: no notice.
+    p.reload_with(|c| c.setting("login_notify_message", ""))
+        .await;
+    let (_, notices) = psql(p.dsn("md5user", "testdb"));
+    assert_eq!(notices.trim(), "");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn track_extra_parameters_keeps_each_clients_startup_value_on_a_shared_server() {
+    // PgBouncer restores the tracked parameters (IntervalStyle by default, and those
+    // listed) on the server a client gets; pgcarpool does it for every parameter, listed
+    // or not. Two clients with different values share one server (pool size 1).
+    let pg = TempPostgres::start();
+    let p = harness::transaction_pooler(&pg)
+        .settings(&[
+            ("default_pool_size", "1"),
+            (
+                "track_extra_parameters",
+                "IntervalStyle, default_transaction_read_only",
+            ),
+        ])
+        .start()
+        .await;
+    let dsn = |style: &str, ro: &str| {
+        format!(
+            "{} options='-c IntervalStyle={style} -c default_transaction_read_only={ro}'",
+            p.dsn("md5user", "testdb")
+        )
+    };
+    let a = harness::try_connect(&dsn("iso_8601", "on")).await.unwrap();
+    let b = harness::try_connect(&dsn("sql_standard", "off"))
+        .await
+        .unwrap();
+    let show = async |c: &tokio_postgres::Client| {
+        let r = c
+            .query_one(
+                "select current_setting('IntervalStyle'), \
+                 current_setting('default_transaction_read_only'), \
+                 pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        (
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, i32>(2),
+        )
+    };
+    for _ in 0..3 {
+        let (style_a, ro_a, pid_a) = show(&a).await;
+        let (style_b, ro_b, pid_b) = show(&b).await;
+        assert_eq!(pid_a, pid_b, "one server for both");
+        assert_eq!((style_a.as_str(), ro_a.as_str()), ("iso_8601", "on"));
+        assert_eq!((style_b.as_str(), ro_b.as_str()), ("sql_standard", "off"));
+    }
+    // What PostgreSQL itself says for such a client.
+    let direct = harness::try_connect(&format!(
+        "{} options='-c IntervalStyle=iso_8601'",
+        pg.dsn("md5user", "testdb")
+    ))
+    .await
+    .unwrap();
+    let r = direct
+        .query_one("select (interval '1 day')::text", &[])
+        .await
+        .unwrap();
+    let through = a
+        .query_one("select (interval '1 day')::text", &[])
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), through.get::<_, String>(0));
+    p.shutdown().await;
+}

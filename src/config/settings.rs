@@ -136,6 +136,8 @@ pub struct Settings {
     pub auth_query_cache_ttl: Duration,
     /// PBKDF2 iterations of the SCRAM secrets pgcarpool makes from plain-text passwords.
     pub scram_iterations: u32,
+    /// A NOTICE sent to every client at login (None: none).
+    pub login_notify_message: Option<String>,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -588,7 +590,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(log_pooler_errors, "1", reload: true, implemented: true),
     typed!(log_stats, "1", reload: true, implemented: true),
     typed!(logfile, "", reload: true, implemented: true),
-    other!(login_notify_message, "", reload: true, check_str),
+    typed!(login_notify_message, "", reload: true, implemented: true),
     typed!(max_client_conn, "100", reload: true, implemented: true),
     typed!(max_db_client_connections, "0", reload: true, implemented: true),
     typed!(max_db_connections, "0", reload: true, implemented: true),
@@ -653,7 +655,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(tcp_keepintvl, "0", reload: true, implemented: true),
     typed!(tcp_socket_buffer, "0", reload: true, implemented: true),
     typed!(tcp_user_timeout, "0", reload: true, implemented: true, parse_millis, show_millis),
-    typed!(track_extra_parameters, "IntervalStyle", reload: true, implemented: false),
+    typed!(track_extra_parameters, "IntervalStyle", reload: false, implemented: true),
     typed!(transaction_timeout, "0", reload: true, implemented: true),
     typed!(unix_socket_dir, "/tmp", reload: false, implemented: true),
     other!(unix_socket_group, "", reload: false, check_str),
@@ -838,6 +840,7 @@ impl Settings {
             peers_hosts_file: String::new(),
             auth_query_cache_ttl: Duration::ZERO,
             scram_iterations: 0,
+            login_notify_message: None,
             other: BTreeMap::new(),
         }
     }
