@@ -90,7 +90,8 @@ pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle
 /// (bound by `listen::bind` before a fork, or passed by systemd).
 pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io::Result<AppHandle> {
     for name in config.settings.unimplemented_in_use() {
-        tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
+        let why = crate::config::settings::no_effect_reason(name).unwrap_or("");
+        tracing::warn!("setting {name} has no effect in pgcarpool: {why}");
     }
     config.log_hba_warnings();
     // As PgBouncer: a TLS configuration that cannot be used stops the start.
@@ -293,7 +294,13 @@ impl Shared {
     pub fn reload_from_file(&self) -> Result<Vec<SettingChange>, String> {
         crate::service::reloading();
         let old = self.config.load_full();
-        let result = match crate::config::load(&old.path) {
+        // conffile: another file for this reload when the running config names one.
+        let path = old
+            .settings
+            .conffile
+            .clone()
+            .unwrap_or_else(|| old.path.clone());
+        let result = match crate::config::load(&path) {
             Ok(c)
                 if c.databases.is_empty()
                     && c.fallback.is_none()
@@ -301,7 +308,7 @@ impl Shared {
             {
                 Err(format!(
                     "{} defines no databases (empty or half-written?)",
-                    old.path.display()
+                    path.display()
                 ))
             }
             Ok(c) => Ok(self.reload(c)),

@@ -290,3 +290,38 @@ async fn track_extra_parameters_keeps_each_clients_startup_value_on_a_shared_ser
     assert_eq!(r.get::<_, String>(0), through.get::<_, String>(0));
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conffile_shows_the_file_and_names_the_one_the_next_reload_reads() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg).start().await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let config = async |key: &str| {
+        console_value(&admin, "CONFIG", &[("key", key)], "value")
+            .await
+            .unwrap_or_else(|| panic!("SHOW CONFIG has {key}"))
+    };
+    let ini = p.dir().join("pgbouncer.ini");
+    assert_eq!(config("conffile").await, ini.to_string_lossy());
+    // Another file, named by SET conffile: RELOAD reads it.
+    let other = p.dir().join("other.ini");
+    let text = p
+        .config_text()
+        .replace("[pgbouncer]\n", "[pgbouncer]\ndefault_pool_size = 7\n");
+    std::fs::write(&other, text).unwrap();
+    assert_eq!(config("default_pool_size").await, "20");
+    admin
+        .simple_query(&format!("SET conffile = '{}'", other.display()))
+        .await
+        .unwrap();
+    assert_eq!(config("conffile").await, other.to_string_lossy());
+    assert_eq!(
+        config("default_pool_size").await,
+        "20",
+        "not read before RELOAD"
+    );
+    admin.simple_query("RELOAD").await.unwrap();
+    assert_eq!(config("default_pool_size").await, "7");
+    assert_eq!(config("conffile").await, other.to_string_lossy());
+    p.shutdown().await;
+}

@@ -106,7 +106,11 @@ impl Config {
                 });
             }
         }
-        let mut settings = Settings::default();
+        // conffile: the file read, unless the file names another for the next reload.
+        let mut settings = Settings {
+            conffile: Some(path.clone()),
+            ..Settings::default()
+        };
         let mut databases = BTreeMap::new();
         let mut fallback = None;
         let mut users = BTreeMap::new();
@@ -567,11 +571,8 @@ job_name = pgbouncer
             Some("testserver")
         );
         assert_eq!(c.users["user1"].max_user_client_connections, Some(20));
-        // These differ from the defaults and are not implemented.
-        assert_eq!(
-            s.unimplemented_in_use(),
-            vec!["resolv_conf", "tcp_defer_accept", "track_extra_parameters"]
-        );
+        // These differ from the defaults and have no effect in pgcarpool.
+        assert_eq!(s.unimplemented_in_use(), vec!["resolv_conf"]);
     }
 
     #[test]

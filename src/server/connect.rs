@@ -606,4 +606,55 @@ mod tests {
         let one = HostList::new(vec![ServerAddr::new(Some("x"), 1)], false);
         assert!(one.pick().is_none(), "a single host is no list");
     }
+
+    /// A round-robin list of a listening socket and a name that does not resolve.
+    fn nxdomain_target(port: u16, ttl: Duration) -> ServerTarget {
+        let hosts = vec![
+            ServerAddr::new(Some("127.0.0.1"), port),
+            ServerAddr::new(Some("nxdomain.invalid"), port),
+        ];
+        ServerTarget {
+            addr: hosts[0].clone(),
+            hosts: HostList::new(hosts, true),
+            dbname: "db".into(),
+            user: "user".into(),
+            credential: Credential::None,
+            startup_params: Vec::new(),
+            connect_query: None,
+            scram_cache: None,
+            tls: None,
+            tcp: Default::default(),
+            dns_nxdomain_ttl: ttl,
+        }
+    }
+
+    /// When the failed lookup of the name was recorded, after the list was gone round
+    /// once (the name looked up, failing, then 127.0.0.1) and after a second round (the
+    /// name picked again); None: forgotten.
+    async fn failed_lookup_after_two_rounds(ttl: Duration) -> (Option<Instant>, Option<Instant>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let t = nxdomain_target(l.local_addr().unwrap().port(), ttl);
+        let tried = std::sync::Mutex::new(None);
+        let at = |t: &ServerTarget| t.hosts.dns.try_lock().unwrap().first().map(|e| e.1);
+        for id in 0..2 {
+            open_stream(&t, "db", id, &tried).await.unwrap();
+        }
+        let first = at(&t);
+        for id in 2..4 {
+            open_stream(&t, "db", id, &tried).await.unwrap();
+        }
+        (first, at(&t))
+    }
+
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn dns_nxdomain_ttl_skips_a_name_that_did_not_resolve() {
+        let (first, now) = failed_lookup_after_two_rounds(Duration::from_secs(60)).await;
+        assert!(first.is_some(), "the failure is kept");
+        assert_eq!(first, now, "not looked up again within dns_nxdomain_ttl");
+        // dns_nxdomain_ttl = 0: forgotten at the next lookup of any host.
+        let (first, now) = failed_lookup_after_two_rounds(Duration::ZERO).await;
+        assert_eq!((first, now), (None, None));
+    }
 }
