@@ -422,7 +422,7 @@ async fn cut_network(pg: &TempPostgres) {
 
 /// SIGHUP with the pool size changed (8 ↔ 6).
 fn reload(p: &mut PoolerProcess, round: usize) {
-    let size = if round % 2 == 0 { "6" } else { "8" };
+    let size = if round.is_multiple_of(2) { "6" } else { "8" };
     p.dir.rewrite(|b| b.setting("default_pool_size", size));
     p.signal(libc::SIGHUP);
 }
