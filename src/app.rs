@@ -90,7 +90,8 @@ pub async fn start_with(config: Config, how: Start) -> std::io::Result<AppHandle
 /// (bound by `listen::bind` before a fork, or passed by systemd).
 pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io::Result<AppHandle> {
     for name in config.settings.unimplemented_in_use() {
-        tracing::warn!("setting {name} is parsed but not implemented yet: it has no effect");
+        let why = crate::config::settings::no_effect_reason(name).unwrap_or("");
+        tracing::warn!("setting {name} has no effect in pgcarpool: {why}");
     }
     config.log_hba_warnings();
     // As PgBouncer: a TLS configuration that cannot be used stops the start.
@@ -98,6 +99,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         .map_err(|e| std::io::Error::other(format!("TLS setup failed: {e}")))?;
     let shared = Shared::new(config);
     shared.tls.store(Arc::new(tls));
+    shared
+        .scram
+        .set_iterations(shared.config.load().settings.scram_iterations);
     shared.create_forced_user_pools();
     shared.apply_peers();
     // peers_dns: the first members (and this instance's id) before any client gets a key.
@@ -153,9 +157,11 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         shared.tracker.spawn(accept);
     }
     shared.listeners.close();
+    let weak = Arc::downgrade(&shared);
     shared.tracker.spawn(janitor::run(
         shared.pools.clone(),
         shared.stop_background.clone(),
+        move |db| weak.upgrade()?.config.load().pool_idle_timeout_for(db),
     ));
     shared
         .tracker
@@ -244,6 +250,8 @@ pub fn pool_settings(
             connect_query: entry.connect_query.clone(),
             scram_cache: Some(shared.scram.clone()),
             tls: shared.tls.load().connect.clone(),
+            tcp: crate::net::sockopt::TcpTuning::from_settings(s),
+            dns_nxdomain_ttl: s.dns_nxdomain_ttl,
         },
     }
 }
@@ -286,7 +294,13 @@ impl Shared {
     pub fn reload_from_file(&self) -> Result<Vec<SettingChange>, String> {
         crate::service::reloading();
         let old = self.config.load_full();
-        let result = match crate::config::load(&old.path) {
+        // conffile: another file for this reload when the running config names one.
+        let path = old
+            .settings
+            .conffile
+            .clone()
+            .unwrap_or_else(|| old.path.clone());
+        let result = match crate::config::load(&path) {
             Ok(c)
                 if c.databases.is_empty()
                     && c.fallback.is_none()
@@ -294,7 +308,7 @@ impl Shared {
             {
                 Err(format!(
                     "{} defines no databases (empty or half-written?)",
-                    old.path.display()
+                    path.display()
                 ))
             }
             Ok(c) => Ok(self.reload(c)),
@@ -340,6 +354,11 @@ impl Shared {
                 "TLS configuration could not be reloaded, keeping old configuration: {e}"
             ),
         }
+        if (old.settings.tcp_defer_accept != 0) != (new.settings.tcp_defer_accept != 0) {
+            self.restart
+                .set_defer_accept(new.settings.tcp_defer_accept != 0);
+        }
+        self.scram.set_iterations(new.settings.scram_iterations);
         self.statements
             .set_max_bytes(new.settings.statement_registry_size);
         self.pools.reconcile(|p| {

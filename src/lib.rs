@@ -10,7 +10,8 @@
 //!            hba.rs (auth_hba_file rules), ident.rs (auth_ident_file maps)
 //! proto/     pure wire format: startup.rs, frontend.rs, backend.rs
 //! net/       stream.rs (Tcp|Unix|TLS either way), conn.rs (framing, zero-copy output queue),
-//!            listen.rs, fdpass.rs (descriptors over a Unix socket, SCM_RIGHTS), tls/
+//!            listen.rs, sockopt.rs (tcp_* settings on sockets), fdpass.rs (descriptors over
+//!            a Unix socket, SCM_RIGHTS), tls/
 //!            (client_tls_*/server_tls_* → rustls acceptor and connector, verify.rs
 //!            certificate checks, channel binding hash, session description)
 //! auth/      md5.rs, scram.rs (server and client side, -PLUS channel binding),

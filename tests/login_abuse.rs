@@ -132,8 +132,11 @@ async fn a_reload_from_an_empty_file_keeps_the_running_config() {
 async fn sockets_that_never_log_in_cannot_lock_users_out() {
     use tokio::io::AsyncWriteExt;
     let pg = TempPostgres::start();
+    // TCP_DEFER_ACCEPT (tcp_defer_accept, on by default as in PgBouncer) keeps silent
+    // sockets in the kernel for a while: off here, so that they all reach the pooler.
     let p = TestPooler::builder(&pg)
         .setting("max_client_conn", "10")
+        .setting("tcp_defer_accept", "0")
         .start()
         .await;
     // Twelve sockets that never finish a login: silent, or half a length word.

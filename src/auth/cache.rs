@@ -32,6 +32,8 @@ pub struct ScramCache {
     capacity: usize,
     keys: Mutex<HashMap<Key32, ClientKeys>>,
     verifiers: Mutex<HashMap<Key32, ScramVerifier>>,
+    /// Iterations of the verifiers made here (scram_iterations; set at start and reload).
+    iterations: std::sync::atomic::AtomicU32,
 }
 
 impl Default for ScramCache {
@@ -85,7 +87,18 @@ impl ScramCache {
             capacity: capacity.max(1),
             keys: Mutex::new(HashMap::new()),
             verifiers: Mutex::new(HashMap::new()),
+            iterations: std::sync::atomic::AtomicU32::new(DEFAULT_ITERATIONS),
         }
+    }
+
+    /// scram_iterations: the iteration count of the verifiers made from now on (at least 1).
+    pub fn set_iterations(&self, n: u32) {
+        self.iterations
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn iterations(&self) -> u32 {
+        self.iterations.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Number of cached `(ClientKey, ServerKey)` pairs and verifiers.
@@ -114,7 +127,7 @@ impl ScramCache {
         rand::fill(&mut stored_key[..]);
         rand::fill(&mut server_key[..]);
         ScramVerifier {
-            iterations: crate::auth::scram::DEFAULT_ITERATIONS,
+            iterations: self.iterations(),
             salt: salt[..16].to_vec(),
             stored_key,
             server_key,
@@ -141,7 +154,8 @@ impl ScramCache {
     }
 
     fn verifier_key(&self, user: &str, password: &str) -> Key32 {
-        self.map_key(b"verifier", &[user.as_bytes(), password.as_bytes()])
+        let n = self.iterations().to_be_bytes();
+        self.map_key(b"verifier", &[user.as_bytes(), password.as_bytes(), &n])
     }
 
     /// A cached `(ClientKey, ServerKey)`, without computing.
@@ -175,7 +189,7 @@ impl ScramCache {
     }
 
     /// A SCRAM verifier for a user whose stored secret is the plain-text `password`: random
-    /// 16-byte salt, 4096 iterations, made on the first call and reused while cached (a changed
+    /// 16-byte salt, scram_iterations iterations (4096 by default), made on the first call and reused while cached (a changed
     /// password is a different entry). A miss runs PBKDF2 on the calling thread: from async code
     /// use [`Self::verifier_for_plain_async`].
     pub fn verifier_for_plain(&self, user: &str, password: &str) -> ScramVerifier {
@@ -183,7 +197,7 @@ impl ScramCache {
         if let Some(v) = lock(&self.verifiers).get(&k).cloned() {
             return v;
         }
-        let v = scram::verifier_with_random_salt(password, DEFAULT_ITERATIONS);
+        let v = scram::verifier_with_random_salt(password, self.iterations());
         insert_bounded(&mut lock(&self.verifiers), self.capacity, k, v)
     }
 

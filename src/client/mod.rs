@@ -517,6 +517,10 @@ async fn login(
             backend::parameter_status(b, k, v);
         }
         backend::backend_key_data(b, reg.handle.key.0, reg.handle.key.1);
+        // login_notify_message: a NOTICE every client gets at login.
+        if let Some(text) = &cfg.settings.login_notify_message {
+            backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);
+        }
         backend::ready_for_query(b, b'I');
     });
     conn.flush().await?;

@@ -49,6 +49,8 @@ pub enum RelayEvent {
     /// server_fast_close: the server's database was reconfigured (RECONNECT, reload) and
     /// the server went idle.
     ConfigChanged,
+    /// disable_pqexec: the client sent a simple Query.
+    PqexecDisallowed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +136,8 @@ pub struct Relay<'a> {
     /// idle (between transactions) instead of at the client's exit.
     /// (read when the mark comes: the setting may change while a session lasts).
     pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
+    /// disable_pqexec: a simple Query ends the client (PgBouncer's "PQexec disallowed").
+    pub disable_pqexec: bool,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -189,6 +193,7 @@ impl<'a> Relay<'a> {
             rescan_client: false,
             pools: None,
             fast_close: None,
+            disable_pqexec: false,
         }
     }
 
@@ -394,6 +399,10 @@ impl<'a> Relay<'a> {
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
+                    break;
+                }
+                frontend::QUERY if self.disable_pqexec => {
+                    event = Some(RelayEvent::PqexecDisallowed);
                     break;
                 }
                 frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE

@@ -138,6 +138,7 @@ async fn transaction(
         );
         relay.max_client_statements = cfg.settings.client_max_statements;
         relay.pools = Some(&c.shared.pools);
+        relay.disable_pqexec = cfg.settings.disable_pqexec;
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
         }
@@ -216,7 +217,14 @@ async fn transaction(
         }
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
+        RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
     }
+}
+
+/// disable_pqexec: a simple Query closes the client, in PgBouncer's words.
+fn pqexec_disallowed() -> ClientError {
+    tracing::error!("client used \"Query\" packet type");
+    ClientError::fatal("08P01", "PQexec disallowed".into())
 }
 
 /// After a transaction whose statements touched the session: read back the settings it
@@ -372,6 +380,9 @@ async fn wait_for_request(
         if let Some(&tag) = c.conn.rbuf.first() {
             if tag == frontend::TERMINATE {
                 return Ok(Wait::Terminate);
+            }
+            if tag == frontend::QUERY && c.shared.config.load().settings.disable_pqexec {
+                return Err(pqexec_disallowed());
             }
             match answer_without_server(c)? {
                 Local::Answered => continue,

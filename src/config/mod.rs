@@ -106,7 +106,11 @@ impl Config {
                 });
             }
         }
-        let mut settings = Settings::default();
+        // conffile: the file read, unless the file names another for the next reload.
+        let mut settings = Settings {
+            conffile: Some(path.clone()),
+            ..Settings::default()
+        };
         let mut databases = BTreeMap::new();
         let mut fallback = None;
         let mut users = BTreeMap::new();
@@ -379,6 +383,16 @@ impl Config {
     }
 
     /// `client_idle_timeout` for `user`: `[users]` > global.
+    /// How long an unused pool of `db` is kept: autodb_idle_timeout for a database made
+    /// from the `*` entry, pool_idle_timeout for the others (None: kept).
+    pub fn pool_idle_timeout_for(&self, db: &str) -> Option<Duration> {
+        if !self.databases.contains_key(db) && self.fallback.is_some() {
+            enabled(self.settings.autodb_idle_timeout)
+        } else {
+            enabled(self.settings.pool_idle_timeout)
+        }
+    }
+
     pub fn client_idle_timeout_for(&self, user: &str) -> Duration {
         self.users
             .get(user)
@@ -557,11 +571,8 @@ job_name = pgbouncer
             Some("testserver")
         );
         assert_eq!(c.users["user1"].max_user_client_connections, Some(20));
-        // These differ from the defaults and are not implemented.
-        assert_eq!(
-            s.unimplemented_in_use(),
-            vec!["resolv_conf", "tcp_defer_accept", "track_extra_parameters"]
-        );
+        // These differ from the defaults and have no effect in pgcarpool.
+        assert_eq!(s.unimplemented_in_use(), vec!["resolv_conf"]);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Every documented PgBouncer setting has a row in [`TABLE`]. Settings pgcarpool acts on are
 //! typed fields of [`Settings`]; the others are checked for their type and kept as text in
-//! [`Settings::other`] (their rows say `implemented: false`).
+//! [`Settings::other`]. Rows with `implemented: false` have no effect in pgcarpool's
+//! design; [`NO_EFFECT`] says why and what plays their part.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -81,6 +82,12 @@ pub struct Settings {
     /// Milliseconds in the ini file, as PgBouncer.
     pub tcp_user_timeout: Duration,
     pub so_reuseport: bool,
+    /// The backlog of TCP and Unix listening sockets (`listen()`).
+    pub listen_backlog: u32,
+    /// `TCP_DEFER_ACCEPT` on TCP listeners (0: off; any other value: on, as PgBouncer).
+    pub tcp_defer_accept: u32,
+    /// `SO_SNDBUF` and `SO_RCVBUF` of TCP sockets (0: the system's).
+    pub tcp_socket_buffer: usize,
     pub pkt_buf: usize,
     pub max_packet_size: usize,
     pub sbuf_loopcnt: usize,
@@ -88,7 +95,11 @@ pub struct Settings {
     pub track_extra_parameters: Vec<String>,
     pub server_fast_close: bool,
     pub autodb_idle_timeout: Duration,
+    /// How long a pool of a `[databases]` entry with no client and no server is kept (0: for ever).
+    pub pool_idle_timeout: Duration,
     pub dns_max_ttl: Duration,
+    /// How long a server host name that did not resolve is not looked up again.
+    pub dns_nxdomain_ttl: Duration,
     pub user: Option<String>,
     pub job_name: String,
     /// pgcarpool extension: Prometheus endpoint (0 = off).
@@ -124,6 +135,13 @@ pub struct Settings {
     /// How long a user's secret found by auth_query is reused before it is asked again
     /// (0: asked at every login, as PgBouncer). A failed login forgets it at once.
     pub auth_query_cache_ttl: Duration,
+    /// PBKDF2 iterations of the SCRAM secrets pgcarpool makes from plain-text passwords.
+    pub scram_iterations: u32,
+    /// A NOTICE sent to every client at login (None: none).
+    pub login_notify_message: Option<String>,
+    /// The file RELOAD and SIGHUP read (the one given on the command line unless the
+    /// file or `SET conffile` names another).
+    pub conffile: Option<PathBuf>,
     /// Documented PgBouncer settings pgcarpool parses but does not act on yet
     /// (TLS, syslog, peering, DNS tuning…), by name, as given (type-checked).
     pub other: BTreeMap<String, String>,
@@ -138,7 +156,8 @@ pub struct SettingDef {
     pub default: &'static str,
     /// Can change on RELOAD / admin `SET` (PgBouncer's "changeable").
     pub reloadable: bool,
-    /// pgcarpool acts on it (false: parsed, not implemented yet).
+    /// pgcarpool acts on it (false: accepted, no effect in pgcarpool's design; the reason
+    /// is in [`NO_EFFECT`] and docs/settings.md's notes).
     pub implemented: bool,
     /// Parse `value` and store it.
     pub set: fn(&mut Settings, &str) -> Result<(), String>,
@@ -448,9 +467,6 @@ fn parse_facility(v: &str) -> Result<String, String> {
 fn check_str(_: &str) -> Result<(), String> {
     Ok(())
 }
-fn check_uint(v: &str) -> Result<(), String> {
-    parse_uint::<u64>(v).map(|_| ())
-}
 fn check_time(v: &str) -> Result<(), String> {
     parse_seconds(v).map(|_| ())
 }
@@ -549,7 +565,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(auth_query, DEFAULT_AUTH_QUERY, reload: true, implemented: true),
     typed!(auth_type, "md5", reload: true, implemented: true),
     typed!(auth_user, "", reload: true, implemented: true),
-    typed!(autodb_idle_timeout, "3600", reload: true, implemented: false),
+    typed!(autodb_idle_timeout, "3600", reload: true, implemented: true),
     typed!(cancel_wait_timeout, "10", reload: true, implemented: true),
     typed!(client_idle_timeout, "0", reload: true, implemented: true),
     typed!(client_login_timeout, "60", reload: true, implemented: true),
@@ -562,24 +578,24 @@ pub static TABLE: &[SettingDef] = &[
     other!(client_tls_key_file, "", reload: true, check_str, implemented: true),
     other!(client_tls_protocols, "secure", reload: true, check_str, implemented: true),
     other!(client_tls_sslmode, "disable", reload: true, check_sslmode, implemented: true),
-    other!(conffile, "", reload: true, check_str),
+    typed!(conffile, "", reload: true, implemented: true),
     typed!(default_pool_size, "20", reload: true, implemented: true),
-    typed!(disable_pqexec, "0", reload: false, implemented: false),
+    typed!(disable_pqexec, "0", reload: false, implemented: true),
     typed!(dns_max_ttl, "15", reload: true, implemented: true),
-    other!(dns_nxdomain_ttl, "15", reload: true, check_time),
+    typed!(dns_nxdomain_ttl, "15", reload: true, implemented: true),
     other!(dns_zone_check_period, "0", reload: true, check_time),
     typed!(idle_transaction_timeout, "0", reload: true, implemented: true),
     typed!(ignore_startup_parameters, "", reload: true, implemented: true),
     typed!(job_name, "pgbouncer", reload: false, implemented: true),
     typed!(listen_addr, "", reload: false, implemented: true),
-    other!(listen_backlog, "128", reload: false, check_uint),
+    typed!(listen_backlog, "128", reload: false, implemented: true),
     typed!(listen_port, "6432", reload: false, implemented: true),
     typed!(log_connections, "1", reload: true, implemented: true),
     typed!(log_disconnections, "1", reload: true, implemented: true),
     typed!(log_pooler_errors, "1", reload: true, implemented: true),
     typed!(log_stats, "1", reload: true, implemented: true),
     typed!(logfile, "", reload: true, implemented: true),
-    other!(login_notify_message, "", reload: true, check_str),
+    typed!(login_notify_message, "", reload: true, implemented: true),
     typed!(max_client_conn, "100", reload: true, implemented: true),
     typed!(max_db_client_connections, "0", reload: true, implemented: true),
     typed!(max_db_connections, "0", reload: true, implemented: true),
@@ -591,7 +607,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(peer_id, "0", reload: true, implemented: true, parse_peer_id, Value::show),
     typed!(pidfile, "", reload: false, implemented: true),
     typed!(pkt_buf, "4096", reload: false, implemented: false),
-    other!(pool_idle_timeout, "0", reload: true, check_time),
+    typed!(pool_idle_timeout, "0", reload: true, implemented: true),
     typed!(pool_mode, "session", reload: true, implemented: true),
     typed!(query_timeout, "0", reload: true, implemented: true),
     typed!(query_wait_notify, "5", reload: true, implemented: true),
@@ -600,7 +616,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(reserve_pool_timeout, "5", reload: true, implemented: true),
     other!(resolv_conf, "", reload: false, check_str),
     typed!(sbuf_loopcnt, "5", reload: true, implemented: false),
-    other!(scram_iterations, "4096", reload: true, check_uint),
+    typed!(scram_iterations, "4096", reload: true, implemented: true, parse_iterations, Value::show),
     typed!(server_check_delay, "30", reload: true, implemented: true),
     typed!(server_check_query, "<empty>", reload: true, implemented: true),
     typed!(server_connect_timeout, "15", reload: true, implemented: true),
@@ -637,17 +653,17 @@ pub static TABLE: &[SettingDef] = &[
     typed!(syslog, "0", reload: true, implemented: true),
     typed!(syslog_facility, "daemon", reload: true, implemented: true, parse_facility, Value::show),
     typed!(syslog_ident, "pgbouncer", reload: true, implemented: true),
-    other!(tcp_defer_accept, "1", reload: true, check_uint),
+    typed!(tcp_defer_accept, "1", reload: true, implemented: true),
     typed!(tcp_keepalive, "1", reload: true, implemented: true),
-    typed!(tcp_keepcnt, "0", reload: true, implemented: false),
-    typed!(tcp_keepidle, "0", reload: true, implemented: false),
-    typed!(tcp_keepintvl, "0", reload: true, implemented: false),
-    other!(tcp_socket_buffer, "0", reload: true, check_uint),
-    typed!(tcp_user_timeout, "0", reload: true, implemented: false, parse_millis, show_millis),
-    typed!(track_extra_parameters, "IntervalStyle", reload: true, implemented: false),
+    typed!(tcp_keepcnt, "0", reload: true, implemented: true),
+    typed!(tcp_keepidle, "0", reload: true, implemented: true),
+    typed!(tcp_keepintvl, "0", reload: true, implemented: true),
+    typed!(tcp_socket_buffer, "0", reload: true, implemented: true),
+    typed!(tcp_user_timeout, "0", reload: true, implemented: true, parse_millis, show_millis),
+    typed!(track_extra_parameters, "IntervalStyle", reload: false, implemented: true),
     typed!(transaction_timeout, "0", reload: true, implemented: true),
     typed!(unix_socket_dir, "/tmp", reload: false, implemented: true),
-    other!(unix_socket_group, "", reload: false, check_str),
+    other!(unix_socket_group, "", reload: false, check_str, implemented: true),
     typed!(unix_socket_mode, "0777", reload: false, implemented: true, parse_octal, show_octal),
     typed!(user, "", reload: false, implemented: true),
     typed!(verbose, "0", reload: true, implemented: true),
@@ -683,6 +699,16 @@ fn parse_peers_dns(v: &str) -> Result<String, String> {
         crate::peers::dns::parse_target(v)?;
     }
     Ok(v.trim().to_string())
+}
+
+/// At least one iteration (PostgreSQL's scram_iterations has the same floor).
+fn parse_iterations(v: &str) -> Result<u32, String> {
+    match parse_uint::<u32>(v)? {
+        0 => Err(format!(
+            "invalid value \"{v}\": scram_iterations must be at least 1"
+        )),
+        n => Ok(n),
+    }
 }
 
 fn parse_pin_mode(v: &str) -> Result<String, String> {
@@ -789,6 +815,9 @@ impl Settings {
             tcp_keepcnt: 0,
             tcp_user_timeout: Duration::ZERO,
             so_reuseport: false,
+            listen_backlog: 0,
+            tcp_defer_accept: 0,
+            tcp_socket_buffer: 0,
             pkt_buf: 0,
             max_packet_size: 0,
             sbuf_loopcnt: 0,
@@ -796,7 +825,9 @@ impl Settings {
             track_extra_parameters: Vec::new(),
             server_fast_close: false,
             autodb_idle_timeout: Duration::ZERO,
+            pool_idle_timeout: Duration::ZERO,
             dns_max_ttl: Duration::ZERO,
+            dns_nxdomain_ttl: Duration::ZERO,
             user: None,
             job_name: String::new(),
             prometheus_port: 0,
@@ -813,6 +844,9 @@ impl Settings {
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
             auth_query_cache_ttl: Duration::ZERO,
+            scram_iterations: 0,
+            login_notify_message: None,
+            conffile: None,
             other: BTreeMap::new(),
         }
     }
@@ -848,8 +882,8 @@ impl Settings {
         })
     }
 
-    /// Settings pgcarpool does not implement yet that are set to a non-default value
-    /// (the app logs a warning for each).
+    /// Settings that have no effect in pgcarpool set to a non-default value (the app logs
+    /// a warning for each, with [`no_effect_reason`]).
     pub fn unimplemented_in_use(&self) -> Vec<&'static str> {
         let defaults = Settings::default();
         TABLE
@@ -933,7 +967,7 @@ pub fn markdown_table() -> String {
             if d.implemented {
                 "yes"
             } else {
-                "parsed, not implemented yet"
+                "no effect (see notes)"
             }
         ));
     }
@@ -941,10 +975,125 @@ pub fn markdown_table() -> String {
     out
 }
 
+/// Settings accepted with no effect, and why (what plays their part in pgcarpool).
+pub const NO_EFFECT: &[(&str, &str)] = &[
+    (
+        "auth_ldap_options",
+        "auth_type = ldap is refused at load (pgcarpool is not built with LDAP), as by a \
+         PgBouncer built without it",
+    ),
+    (
+        "auth_pam_confdir",
+        "auth_type = pam is refused at load (pgcarpool is not built with PAM)",
+    ),
+    (
+        "dns_zone_check_period",
+        "as in a PgBouncer built without c-ares (where it is always 0): server host names \
+         are looked up at every new connection, so a changed address is used by the next \
+         one; server_lifetime bounds how long a connection to an old address lives",
+    ),
+    (
+        "pkt_buf",
+        "no fixed packet buffer: each connection's buffers grow to the message at hand \
+         (bounded by max_packet_size) and are released while the connection is idle; large \
+         results stream through without being buffered whole",
+    ),
+    (
+        "resolv_conf",
+        "server host names are resolved by the system's resolver (getaddrinfo, with \
+         /etc/hosts and nsswitch), which reads /etc/resolv.conf only: put the DNS servers \
+         there (or in the service's own mount namespace)",
+    ),
+    (
+        "sbuf_loopcnt",
+        "each connection is its own task on a worker thread, and tokio's cooperative \
+         budget makes a busy one yield to the others; workers sets how many threads share \
+         the connections",
+    ),
+];
+
+/// Why setting `name` has no effect in pgcarpool (None: it has one).
+pub fn no_effect_reason(name: &str) -> Option<&'static str> {
+    NO_EFFECT
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, why)| *why)
+}
+
 /// What docs/settings.md says after the table: where pgcarpool acts differently from
 /// PgBouncer's documentation of a setting.
 const NOTES: &str = "
 ## Notes
+
+**Settings with no effect.** Every row above says `yes` but six, accepted and
+type-checked, logged at startup with the reason when set to a non-default value:
+
+- `auth_ldap_options`, `auth_pam_confdir`: `auth_type = ldap` and `pam` are refused at
+  load (pgcarpool is not built with LDAP or PAM), as by a PgBouncer built without them.
+- `dns_zone_check_period`: as in a PgBouncer built without c-ares (where it is always 0).
+  Server host names are looked up at every new connection, so a changed address is used
+  by the next one; `server_lifetime` bounds how long a connection to an old address lives.
+- `resolv_conf`: server host names are resolved by the system's resolver (getaddrinfo,
+  with /etc/hosts and nsswitch, as PgBouncer's libc backend, which refuses the setting),
+  and it reads /etc/resolv.conf only: put the DNS servers there, or in the service's own
+  mount namespace. The setting is accepted so that a config written for a PgBouncer built
+  with c-ares still loads.
+- `pkt_buf`: there is no fixed packet buffer. Each connection's buffers grow to the message
+  at hand (bounded by `max_packet_size`) and are released while it is idle; large results
+  stream through without being buffered whole.
+- `sbuf_loopcnt`: each connection is its own task on a worker thread, and tokio's
+  cooperative budget makes a busy one yield to the others; `workers` sets how many threads
+  share the connections.
+
+**tcp_keepalive, tcp_keepidle, tcp_keepintvl, tcp_keepcnt, tcp_user_timeout,
+tcp_socket_buffer.** Set as PgBouncer's `tune_socket` sets them, on every client socket
+accepted over TCP and every TCP socket to a server (Unix sockets get none): keepalive on
+or off, its timers when not 0, `TCP_USER_TIMEOUT` (milliseconds) when not 0, `SO_SNDBUF`
+and `SO_RCVBUF` when not 0, and `TCP_NODELAY`. A failure is logged
+(`setsockopt/TCP_USER_TIMEOUT(fd) failed: …`) and the connection goes on. A reload
+applies to sockets opened after it.
+
+**listen_backlog, tcp_defer_accept, unix_socket_group.** `listen_backlog` is the
+backlog of every listening socket, TCP and Unix. `tcp_defer_accept` sets
+`TCP_DEFER_ACCEPT` (1 s; PgBouncer's value) on TCP listeners, and a reload that turns it
+on or off changes the listening sockets at once. `unix_socket_group` (a group name or
+number) is given to the Unix socket file with `unix_socket_mode`; a group that does not
+exist stops the start (`could not find group '…'`).
+
+**disable_pqexec.** A simple Query from a client (any `Query` message, not only one
+with several statements, as PgBouncer) ends it with `FATAL: PQexec disallowed` (08P01),
+and the log says `client used \"Query\" packet type`. The extended protocol is served; the
+admin console is not affected.
+
+**autodb_idle_timeout, pool_idle_timeout.** The janitor frees a pool (database, user)
+that has had no client, no server and no waiting client for this long; its statistics go
+with it. `autodb_idle_timeout` applies to databases made from the `*` entry (PgBouncer's
+auto-databases; the log says `dropping database '…' as it does not exist anymore or
+inactive auto-database` when a database's last pool goes), `pool_idle_timeout` (not a
+PgBouncer 1.25.2 setting; default 0, never) to the `[databases]` entries. Servers close
+first by `server_idle_timeout`. A pool a connected client belongs to is never freed.
+
+**dns_nxdomain_ttl.** A host of a host list (`host=a,b,…`) whose name did not resolve
+is skipped for this long. A single host that does not resolve fails the server login,
+which is tried again after `server_login_retry` as any failed login.
+
+**scram_iterations.** The PBKDF2 iterations of the SCRAM secrets pgcarpool makes: for a
+client logging in with SCRAM whose `auth_file` secret is plain text, and for a user that
+does not exist (so that its exchange looks the same). Secrets stored as SCRAM keep their
+own count. A reload applies to the secrets made after it.
+
+**track_extra_parameters.** Not reloadable, as PgBouncer. pgcarpool tracks every
+parameter a client sets (startup packet, `options`, `SET`) in its virtual session and
+restores it on the server the client gets, so the parameters listed here are tracked as
+PgBouncer documents, and so are the others (PgBouncer refuses an unlisted startup
+parameter instead; see docs/compatibility.md).
+
+**login_notify_message.** Not a PgBouncer 1.25.2 setting: when set, every client (not the
+admin console) gets it as a NOTICE (SQLSTATE 00000) at login, before its first
+ReadyForQuery.
+
+**conffile.** Shows the file the configuration was read from. Set (in the file, or with
+the console's `SET conffile = '…'`), it names the file the next RELOAD or SIGHUP reads.
 
 **peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
 1.19+ (cancel requests passed to the instance that owns the key; see
@@ -1275,6 +1424,20 @@ mod tests {
         assert_eq!(port.value, "6432");
         assert_eq!(port.default, "6432");
         assert!(!port.changeable);
+    }
+
+    #[test]
+    fn every_setting_with_no_effect_says_why() {
+        for d in TABLE {
+            assert_eq!(
+                !d.implemented,
+                no_effect_reason(d.name).is_some(),
+                "{}: implemented = {}, reason given = {:?}",
+                d.name,
+                d.implemented,
+                no_effect_reason(d.name)
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
 use super::{Conn, Stream};
@@ -149,7 +149,7 @@ pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Bound>> {
             (addr.as_str(), port).to_socket_addrs()?.collect()
         };
         for a in addrs {
-            let l = bind_tcp(a, s.so_reuseport || takeover, takeover)
+            let l = bind_tcp(a, s, s.so_reuseport || takeover, takeover)
                 .map_err(|e| context(e, format!("could not listen on {a}")))?;
             // listen_port = 0 (tests): every address shares the first port picked.
             if port == 0 {
@@ -160,7 +160,7 @@ pub fn bind(s: &Settings, takeover: bool) -> std::io::Result<Vec<Bound>> {
     }
     if !s.unix_socket_dir.is_empty() {
         let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, port));
-        let l = bind_unix(path.clone(), s.unix_socket_mode, takeover)
+        let l = bind_unix(path.clone(), s, takeover)
             .map_err(|e| context(e, format!("could not listen on unix:{}", path.display())))?;
         out.push(l);
     }
@@ -208,7 +208,7 @@ pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
     Ok(Some(out))
 }
 
-fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Bound> {
+fn bind_unix(path: PathBuf, s: &Settings, takeover: bool) -> std::io::Result<Bound> {
     let live = path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok();
     if path.exists() && !live {
         let _ = std::fs::remove_file(&path); // stale socket from a dead process
@@ -224,11 +224,19 @@ fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Bound>
     } else {
         path.clone()
     };
-    let l = std::os::unix::net::UnixListener::bind(&bind_path)?;
-    l.set_nonblocking(true)?;
+    let sock = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    sock.bind(&socket2::SockAddr::unix(&bind_path)?)?;
+    sock.listen(backlog(s))?;
+    sock.set_nonblocking(true)?;
+    let l = std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(sock));
+    if let Err(e) = chown_group(&bind_path, s.other_value("unix_socket_group").as_deref()) {
+        let _ = std::fs::remove_file(&bind_path);
+        return Err(e);
+    }
     {
         use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&bind_path, std::fs::Permissions::from_mode(mode));
+        let mode = std::fs::Permissions::from_mode(s.unix_socket_mode);
+        let _ = std::fs::set_permissions(&bind_path, mode);
     }
     let ino = std::fs::metadata(&bind_path)?.ino();
     if bind_path != path {
@@ -241,8 +249,41 @@ fn bind_unix(path: PathBuf, mode: u32, takeover: bool) -> std::io::Result<Bound>
     Ok(Bound::Unix(l, Some(SocketFile { path, ino })))
 }
 
+/// `listen_backlog` as listen(2) takes it.
+fn backlog(s: &Settings) -> i32 {
+    i32::try_from(s.listen_backlog).unwrap_or(i32::MAX)
+}
+
+/// `unix_socket_group`: give the socket file to that group (a name or a number), as
+/// PgBouncer; a group that does not exist or a chown refused stops the start.
+fn chown_group(path: &Path, group: Option<&str>) -> std::io::Result<()> {
+    let Some(group) = group.map(str::trim).filter(|g| !g.is_empty()) else {
+        return Ok(());
+    };
+    let gid = match group.parse::<u32>() {
+        Ok(gid) => nix::unistd::Gid::from_raw(gid),
+        Err(_) => match nix::unistd::Group::from_name(group) {
+            Ok(Some(g)) => g.gid,
+            Ok(None) => {
+                return Err(std::io::Error::other(format!(
+                    "could not find group '{group}'"
+                )));
+            }
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "could not find group '{group}': {e}"
+                )));
+            }
+        },
+    };
+    nix::unistd::chown(path, None, Some(gid)).map_err(|e| {
+        std::io::Error::other(format!("chown({}, -1, {gid}) failed: {e}", path.display()))
+    })
+}
+
 fn bind_tcp(
     addr: SocketAddr,
+    s: &Settings,
     reuseport: bool,
     takeover: bool,
 ) -> std::io::Result<std::net::TcpListener> {
@@ -253,7 +294,8 @@ fn bind_tcp(
     }
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
-    sock.listen(1024)?;
+    sock.listen(backlog(s))?;
+    super::sockopt::set_defer_accept(SockRef::from(&sock), s.tcp_defer_accept != 0);
     if takeover {
         let bound = sock.local_addr()?.as_socket().unwrap_or(addr);
         match reuseport_index(bound) {
@@ -425,10 +467,7 @@ fn drain(l: Listener, shared: &Arc<Shared>) {
 fn serve(stream: Stream, shared: &Arc<Shared>) {
     let cfg = shared.config.load();
     if let Stream::Tcp(t) = &stream {
-        let _ = t.set_nodelay(true);
-        if cfg.settings.tcp_keepalive {
-            let _ = SockRef::from(t).set_tcp_keepalive(&TcpKeepalive::new());
-        }
+        super::sockopt::TcpTuning::from_settings(&cfg.settings).apply_or_warn(SockRef::from(t));
     }
     let max = cfg.settings.max_client_conn;
     if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
@@ -531,14 +570,20 @@ mod tests {
 
     #[tokio::test]
     async fn each_socket_of_a_reuseport_group_finds_its_index() {
-        let first = bind_tcp("127.0.0.1:0".parse().unwrap(), true, false).unwrap();
+        let first = bind_tcp(
+            "127.0.0.1:0".parse().unwrap(),
+            &Settings::default(),
+            true,
+            false,
+        )
+        .unwrap();
         let addr = first.local_addr().unwrap();
         // /proc may be unreadable in some sandboxes: then nothing to check.
         let Some(index) = reuseport_index(addr) else {
             return;
         };
         assert_eq!(index, 0);
-        let _second = bind_tcp(addr, true, true).unwrap();
+        let _second = bind_tcp(addr, &Settings::default(), true, true).unwrap();
         assert_eq!(reuseport_index(addr), Some(1));
     }
 }

@@ -2,6 +2,7 @@
 pub mod conn;
 pub mod fdpass;
 pub mod listen;
+pub mod sockopt;
 pub mod stream;
 pub mod tls;
 

@@ -165,6 +165,31 @@ impl Pools {
         }
     }
 
+    /// Forget the pools nobody has used for their idle timeout (`idle_for(db)`: None =
+    /// kept however long): no client holds them (the map's reference is the only one, and
+    /// it is taken under the map's lock), no server, no waiter. Their statistics go with
+    /// them, as PgBouncer's dropped auto-databases'. Returns the pools freed.
+    pub fn free_unused(
+        &self,
+        idle_for: impl Fn(&str) -> Option<std::time::Duration>,
+    ) -> Vec<(String, String)> {
+        let now = std::time::Instant::now();
+        let mut freed = Vec::new();
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|key, p| {
+            let held = Arc::strong_count(p) > 1;
+            let keep = match (p.unused_for(held, now), idle_for(&key.0)) {
+                (Some(unused), Some(limit)) => unused < limit,
+                _ => true,
+            };
+            if !keep {
+                freed.push(key.clone());
+            }
+            keep
+        });
+        freed
+    }
+
     /// Apply new settings (reload): `f` gives the settings for a pool, None = keep.
     pub fn reconcile(&self, f: impl Fn(&Pool) -> Option<PoolSettings>) {
         for p in self.all() {

@@ -145,6 +145,9 @@ struct Inner {
     refused: Option<(Instant, crate::proto::backend::ErrorFields)>,
     /// RECONNECT: servers created before this are closed when they come back.
     close_before: Option<Instant>,
+    /// Since when the pool has had no client, server or waiter (autodb_idle_timeout,
+    /// pool_idle_timeout); None while it is in use.
+    unused_since: Option<Instant>,
 }
 
 /// A pool of server connections for one (database, user).
@@ -226,6 +229,7 @@ impl Pool {
                 last_login_error: None,
                 refused: None,
                 close_before: None,
+                unused_since: None,
             }),
             db_limit,
             user_limit,
@@ -333,6 +337,18 @@ impl Pool {
             waiting: g.waiters.len(),
             paused: g.paused,
         }
+    }
+
+    /// How long the pool has been unused, given whether anyone holds it (`held`: a
+    /// client or a task has it): no server, no waiter, not paused, not held. The janitor
+    /// frees it past autodb_idle_timeout / pool_idle_timeout.
+    pub fn unused_for(&self, held: bool, now: Instant) -> Option<Duration> {
+        let mut g = self.lock();
+        if held || g.total > 0 || !g.waiters.is_empty() || g.paused {
+            g.unused_since = None;
+            return None;
+        }
+        Some(now.duration_since(*g.unused_since.get_or_insert(now)))
     }
 
     /// Get a server: an idle one, a new one, or wait in line (FIFO) until `deadline`.
@@ -1178,6 +1194,8 @@ mod tests {
                 connect_query: None,
                 scram_cache: None,
                 tls: None,
+                tcp: Default::default(),
+                dns_nxdomain_ttl: Duration::from_secs(15),
             },
         }
     }

@@ -143,6 +143,10 @@ pub struct ServerTarget {
     pub scram_cache: Option<std::sync::Arc<crate::auth::cache::ScramCache>>,
     /// TLS towards the server (server_tls_*); None: server_tls_sslmode = disable.
     pub tls: Option<std::sync::Arc<crate::net::tls::Connect>>,
+    /// Socket options of server connections (tcp_keepalive, tcp_user_timeout…).
+    pub tcp: crate::net::sockopt::TcpTuning,
+    /// How long a host name that did not resolve is not looked up again (dns_nxdomain_ttl).
+    pub dns_nxdomain_ttl: Duration,
 }
 
 /// The hosts of a `host=a,b,…` list and the choice among them (`load_balance_hosts`):
@@ -153,14 +157,11 @@ pub struct HostList {
     pub addrs: Vec<ServerAddr>,
     pub round_robin: bool,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// Host names that did not resolve, and when: skipped for [`NXDOMAIN_TTL`] (PgBouncer's
-    /// dns_nxdomain_ttl default). Lookups of the list's hosts take turns, so connections
+    /// Host names that did not resolve, and when: skipped for `dns_nxdomain_ttl`
+    /// ([`ServerTarget::dns_nxdomain_ttl`]). Lookups of the list's hosts take turns, so connections
     /// opened together look a failing name up once.
     dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
 }
-
-/// How long a host name that did not resolve is skipped in a host list.
-pub const NXDOMAIN_TTL: Duration = Duration::from_secs(15);
 
 impl PartialEq for HostList {
     fn eq(&self, other: &Self) -> bool {
@@ -284,7 +285,7 @@ async fn open_stream(
         let resolved = match host {
             Some(i) => {
                 let mut failed = target.hosts.dns.lock().await;
-                failed.retain(|(_, at)| at.elapsed() < NXDOMAIN_TTL);
+                failed.retain(|(_, at)| at.elapsed() < target.dns_nxdomain_ttl);
                 if failed.iter().any(|(h, _)| *h == i) {
                     // Looked up and failed a moment ago (logged then).
                     target.hosts.failed(i);
@@ -302,6 +303,9 @@ async fn open_stream(
             Ok(addrs) => addr.connect_to(addrs).await,
             Err(e) => Err(e),
         };
+        if let Ok(Stream::Tcp(t)) = &connected {
+            target.tcp.apply_or_warn(socket2::SockRef::from(t));
+        }
         match connected {
             Ok(s) => return Ok((s, addr.clone())),
             Err(e) => {
@@ -601,5 +605,56 @@ mod tests {
         assert_eq!(h.pick().unwrap().1, 0, "wraps around");
         let one = HostList::new(vec![ServerAddr::new(Some("x"), 1)], false);
         assert!(one.pick().is_none(), "a single host is no list");
+    }
+
+    /// A round-robin list of a listening socket and a name that does not resolve.
+    fn nxdomain_target(port: u16, ttl: Duration) -> ServerTarget {
+        let hosts = vec![
+            ServerAddr::new(Some("127.0.0.1"), port),
+            ServerAddr::new(Some("nxdomain.invalid"), port),
+        ];
+        ServerTarget {
+            addr: hosts[0].clone(),
+            hosts: HostList::new(hosts, true),
+            dbname: "db".into(),
+            user: "user".into(),
+            credential: Credential::None,
+            startup_params: Vec::new(),
+            connect_query: None,
+            scram_cache: None,
+            tls: None,
+            tcp: Default::default(),
+            dns_nxdomain_ttl: ttl,
+        }
+    }
+
+    /// When the failed lookup of the name was recorded, after the list was gone round
+    /// once (the name looked up, failing, then 127.0.0.1) and after a second round (the
+    /// name picked again); None: forgotten.
+    async fn failed_lookup_after_two_rounds(ttl: Duration) -> (Option<Instant>, Option<Instant>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let t = nxdomain_target(l.local_addr().unwrap().port(), ttl);
+        let tried = std::sync::Mutex::new(None);
+        let at = |t: &ServerTarget| t.hosts.dns.try_lock().unwrap().first().map(|e| e.1);
+        for id in 0..2 {
+            open_stream(&t, "db", id, &tried).await.unwrap();
+        }
+        let first = at(&t);
+        for id in 2..4 {
+            open_stream(&t, "db", id, &tried).await.unwrap();
+        }
+        (first, at(&t))
+    }
+
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn dns_nxdomain_ttl_skips_a_name_that_did_not_resolve() {
+        let (first, now) = failed_lookup_after_two_rounds(Duration::from_secs(60)).await;
+        assert!(first.is_some(), "the failure is kept");
+        assert_eq!(first, now, "not looked up again within dns_nxdomain_ttl");
+        // dns_nxdomain_ttl = 0: forgotten at the next lookup of any host.
+        let (first, now) = failed_lookup_after_two_rounds(Duration::ZERO).await;
+        assert_eq!((first, now), (None, None));
     }
 }

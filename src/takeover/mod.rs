@@ -180,6 +180,15 @@ impl Restart {
     pub fn keep_sockets(&self, socks: Vec<Bound>) {
         *self.sockets.lock().unwrap_or_else(|e| e.into_inner()) = socks;
     }
+    /// `tcp_defer_accept` changed on a reload: set it on every TCP listening socket.
+    pub fn set_defer_accept(&self, on: bool) {
+        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        for b in g.iter() {
+            if let Bound::Tcp(l) = b {
+                crate::net::sockopt::set_defer_accept(socket2::SockRef::from(l), on);
+            }
+        }
+    }
     /// The listening sockets: (duplicate descriptor, addr text, port).
     fn listening(&self) -> Vec<(OwnedFd, String, Option<u16>)> {
         let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
