@@ -126,7 +126,8 @@ impl Server {
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
     /// by SQL PREPARE when a client made it so, else Parse and Sync.
     pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>) {
-        if stmt.is_sql_prepared() {
+        let sql = stmt.is_sql_prepared();
+        if sql {
             let prep = stmt.sql_prepare_text();
             self.conn.queue_with(|b| frontend::query(b, &prep));
             self.unnamed = 0;
@@ -134,7 +135,7 @@ impl Server {
             self.queue_parse(stmt);
             self.conn.queue_with(frontend::sync);
         }
-        self.proto.expected_rfq += 1;
+        self.proto.owe_ready(sql);
         self.owed.push(Pending::Swallow);
         self.prepared.insert(stmt.clone());
     }

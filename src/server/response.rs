@@ -114,6 +114,20 @@ impl Owed {
         }
     }
 
+    /// `n` Syncs sent after the front entry turned out to owe nothing (the server read
+    /// them while copying in): their ReadyForQuery entries go.
+    pub fn void_readies(&mut self, mut n: u32) {
+        let mut i = 1;
+        while n > 0 && i < self.queue.len() {
+            if matches!(self.queue[i], Pending::Ready(None)) {
+                self.queue.remove(i);
+                n -= 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// After `Verdict::Stale` was handled by sending the client's messages again: the
     /// ReadyForQuery the failed round still owes is dropped, not passed on.
     pub fn swallow_to_sync(&mut self) {
@@ -271,7 +285,7 @@ impl Server {
     pub fn probe(&mut self, code: &'static str, message: String, query: bool) {
         if query {
             self.conn.queue_with(|b| frontend::query(b, PROBE_SQL));
-            self.proto.expected_rfq += 1;
+            self.proto.owe_ready(true);
             self.unnamed = 0;
             self.owed.push(Pending::Fail(Box::new((code, message))));
             self.owed.push(Pending::Ready(None));
@@ -295,7 +309,7 @@ impl Server {
     /// PREPARE of this statement under this client name.
     pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.conn.queue(msg);
-        self.proto.expected_rfq += 1;
+        self.proto.owe_ready(true);
         self.owed.push(Pending::Ready(prepares));
     }
 }

@@ -1,0 +1,490 @@
+//! Oracle tests for three session bugs real applications hit (issue 19): a COPY streamed
+//! without waiting for CopyInResponse, `RESET name` and `SET name TO DEFAULT` returning to
+//! the client's startup value, and pgcarpool's own statement names under churn. Each script
+//! runs as raw bytes straight to PostgreSQL and through pgcarpool over a pool of one or
+//! two servers; every message the client receives must be the same.
+mod harness;
+
+use std::time::Duration;
+
+use harness::wire::{message, startup_message};
+use harness::{TempPostgres, TestPooler, console_value, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A raw protocol client: sends bytes as given, reads whole messages.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+type Msgs = Vec<(u8, Vec<u8>)>;
+
+impl Raw {
+    /// Log in (trust) with extra startup parameters; returns what came up to the first
+    /// ReadyForQuery, BackendKeyData left out.
+    async fn connect(port: u16, user: &str, db: &str, params: &[(&str, &str)]) -> (Raw, Msgs) {
+        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut r = Raw { s, buf: Vec::new() };
+        let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
+            .into_iter()
+            .chain(params.iter().copied())
+            .collect();
+        r.send(&startup_message(&all)).await;
+        let mut got = r.until_ready(1).await;
+        assert!(
+            !got.iter().any(|(t, _)| *t == b'E'),
+            "login failed: {got:?}"
+        );
+        got.retain(|(t, _)| !matches!(*t, b'K' | b'R'));
+        (r, got)
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.unwrap();
+    }
+
+    /// Every message up to and including the `n`th ReadyForQuery; panics after 20 s
+    /// without a message.
+    async fn until_ready(&mut self, mut n: usize) -> Msgs {
+        let mut out = Vec::new();
+        while n > 0 {
+            let (tag, body) = self.next().await;
+            if tag == b'Z' {
+                n -= 1;
+            }
+            out.push((tag, body));
+        }
+        out
+    }
+
+    async fn next(&mut self) -> (u8, Vec<u8>) {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..1 + len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..1 + len);
+                    return (tag, body);
+                }
+            }
+            let mut chunk = vec![0u8; 64 * 1024];
+            let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
+                .await
+                .expect("raw client: no reply within 20 s")
+                .unwrap();
+            assert!(n > 0, "raw client: connection closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn cstr(b: &mut Vec<u8>, s: &str) {
+    b.extend_from_slice(s.as_bytes());
+    b.push(0);
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, sql);
+    message(b'Q', &b)
+}
+
+/// Parse (unnamed, or `name`), Bind without parameters, Execute: no Sync.
+fn extended(name: &str, sql: &str) -> Vec<u8> {
+    let mut p = Vec::new();
+    cstr(&mut p, name);
+    cstr(&mut p, sql);
+    p.extend_from_slice(&0i16.to_be_bytes());
+    let mut b = Vec::new();
+    cstr(&mut b, "");
+    cstr(&mut b, name);
+    b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut e = Vec::new();
+    cstr(&mut e, "");
+    e.extend_from_slice(&0i32.to_be_bytes());
+    [message(b'P', &p), message(b'B', &b), message(b'E', &e)].concat()
+}
+
+fn sync() -> Vec<u8> {
+    message(b'S', &[])
+}
+
+fn copy_data(data: &[u8]) -> Vec<u8> {
+    message(b'd', data)
+}
+
+fn copy_done() -> Vec<u8> {
+    message(b'c', &[])
+}
+
+fn copy_fail(why: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, why);
+    message(b'f', &b)
+}
+
+/// `rows` text rows (`v`, `t`) in CopyData messages of about `chunk` bytes each.
+fn text_rows(rows: usize, chunk: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    for i in 0..rows {
+        cur.extend_from_slice(format!("{i}\trow-{i}-{}\n", "x".repeat(i % 50)).as_bytes());
+        if cur.len() >= chunk {
+            out.extend(copy_data(&cur));
+            cur.clear();
+        }
+    }
+    if !cur.is_empty() {
+        out.extend(copy_data(&cur));
+    }
+    out
+}
+
+/// The same rows in COPY's binary format, one CopyData per row (header and trailer in
+/// their own).
+fn binary_rows(rows: usize) -> Vec<u8> {
+    let mut out = copy_data(&[b"PGCOPY\n\xff\r\n\0".as_slice(), &[0; 8]].concat());
+    for i in 0..rows {
+        let t = format!("bin-{i}");
+        let mut r = 2i16.to_be_bytes().to_vec();
+        r.extend_from_slice(&4i32.to_be_bytes());
+        r.extend_from_slice(&(i as i32).to_be_bytes());
+        r.extend_from_slice(&(t.len() as i32).to_be_bytes());
+        r.extend_from_slice(t.as_bytes());
+        out.extend(copy_data(&r));
+    }
+    out.extend(copy_data(&(-1i16).to_be_bytes()));
+    out
+}
+
+async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .start()
+        .await
+}
+
+/// SHOW POOLS' sv_active and sv_idle of postgres@testdb.
+async fn servers(admin: &tokio_postgres::Client) -> (String, String) {
+    let keys = [("database", "testdb"), ("user", "postgres")];
+    let active = console_value(admin, "POOLS", &keys, "sv_active").await;
+    let idle = console_value(admin, "POOLS", &keys, "sv_idle").await;
+    (active.unwrap_or_default(), idle.unwrap_or_default())
+}
+
+/// One COPY case: steps of bytes, each with the ReadyForQuery messages it ends with.
+struct Case {
+    name: &'static str,
+    steps: Vec<(Vec<u8>, usize)>,
+}
+
+fn copy_cases() -> Vec<Case> {
+    let q = |s: &str| query(s);
+    let copy_in = "copy copied from stdin";
+    let copy_in_bin = "copy copied from stdin (format binary)";
+    let mut cases = vec![
+        Case {
+            name: "small text COPY IN",
+            steps: vec![([q(copy_in), text_rows(10, 1), copy_done()].concat(), 1)],
+        },
+        Case {
+            name: "large text COPY IN",
+            steps: vec![(
+                [q(copy_in), text_rows(60_000, 8 * 1024), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "small binary COPY IN",
+            steps: vec![([q(copy_in_bin), binary_rows(10), copy_done()].concat(), 1)],
+        },
+        Case {
+            name: "large binary COPY IN",
+            steps: vec![(
+                [q(copy_in_bin), binary_rows(40_000), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [q("begin"), q(copy_in), text_rows(10, 1), copy_done()].concat(),
+                    2,
+                ),
+                (q("commit"), 1),
+            ],
+        },
+        Case {
+            name: "bad row in the middle of a COPY IN",
+            steps: vec![(
+                [
+                    q(copy_in),
+                    text_rows(5, 1),
+                    copy_data(b"bad\tbad\n"),
+                    text_rows(5, 1),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row early in a large COPY IN",
+            steps: vec![(
+                [
+                    q(copy_in),
+                    copy_data(b"bad\tbad\n"),
+                    text_rows(60_000, 8 * 1024),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row in a COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [
+                        q("begin"),
+                        q(copy_in),
+                        copy_data(b"1\tone\nbad\tbad\n"),
+                        copy_done(),
+                        q("select 1"),
+                    ]
+                    .concat(),
+                    3,
+                ),
+                (q("rollback"), 1),
+            ],
+        },
+        Case {
+            name: "CopyFail",
+            steps: vec![(
+                [q(copy_in), text_rows(10, 1), copy_fail("client gave up")].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN of a table that does not exist",
+            steps: vec![(
+                [q("copy nosuch from stdin"), text_rows(3, 1), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN among other statements of one query",
+            steps: vec![(
+                [
+                    q("select 1; copy copied from stdin; select 2"),
+                    text_rows(3, 1),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            // libpq's way: the Sync sent with the Execute is ignored while the server
+            // copies; another follows CopyDone.
+            name: "extended-protocol COPY IN",
+            steps: vec![(
+                [
+                    extended("", copy_in),
+                    sync(),
+                    text_rows(10, 1),
+                    copy_done(),
+                    sync(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row in an extended-protocol COPY IN",
+            steps: vec![(
+                [
+                    extended("", copy_in),
+                    sync(),
+                    copy_data(b"1\tone\nbad\tbad\n"),
+                    copy_done(),
+                    sync(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "extended-protocol COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [
+                        q("begin"),
+                        extended("", copy_in_bin),
+                        sync(),
+                        binary_rows(10),
+                        copy_done(),
+                        sync(),
+                    ]
+                    .concat(),
+                    2,
+                ),
+                (q("commit"), 1),
+            ],
+        },
+    ];
+    for (name, sql) in [
+        (
+            "small text COPY OUT",
+            "copy (select g, 'r' || g from generate_series(1, 10) g) to stdout",
+        ),
+        (
+            "large text COPY OUT",
+            "copy (select g, repeat('y', 100) from generate_series(1, 40000) g) to stdout",
+        ),
+        (
+            "large binary COPY OUT",
+            "copy (select g, repeat('y', 100) from generate_series(1, 40000) g) to stdout (format binary)",
+        ),
+        (
+            "COPY OUT failing in the middle",
+            "copy (select 10 / (5000 - g) from generate_series(1, 10000) g) to stdout",
+        ),
+    ] {
+        cases.push(Case {
+            name,
+            steps: vec![([q(sql), q("select 'after'")].concat(), 2)],
+        });
+    }
+    cases.push(Case {
+        name: "COPY OUT inside a transaction block",
+        steps: vec![
+            (
+                [
+                    q("begin"),
+                    q("copy (select g from generate_series(1, 10) g) to stdout"),
+                ]
+                .concat(),
+                2,
+            ),
+            (q("commit"), 1),
+        ],
+    });
+    cases
+}
+
+/// Every COPY case, written in one go before anything is read, gives the client what
+/// PostgreSQL gives it; its server is held while the client is in a transaction block and
+/// given back when PostgreSQL reports ReadyForQuery 'I' (a pool of one then serves
+/// another client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_streamed_without_waiting_gives_the_server_back_at_ready_for_query() {
+    let pg = TempPostgres::start();
+    pg.psql_in(
+        "testdb",
+        "create table copied (v int, t text); grant all on copied to public",
+    );
+    let p = pool_of(&pg, 1).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    for case in copy_cases() {
+        let mut want = Vec::new();
+        let (mut direct, _) = Raw::connect(pg.port(), "postgres", "testdb", &[]).await;
+        for (bytes, ready) in &case.steps {
+            direct.send(bytes).await;
+            want.push(direct.until_ready(*ready).await);
+        }
+        let (mut c, _) = Raw::connect(p.port(), "postgres", "testdb", &[]).await;
+        for (k, (bytes, ready)) in case.steps.iter().enumerate() {
+            c.send(bytes).await;
+            let got = c.until_ready(*ready).await;
+            assert!(
+                got == want[k],
+                "{}: step {k} differs from PostgreSQL's\n--- PostgreSQL\n{:?}\n--- pgcarpool\n{:?}",
+                case.name,
+                want[k].iter().map(|m| m.0 as char).collect::<String>(),
+                got.iter().map(|m| m.0 as char).collect::<String>(),
+            );
+            let status = got.last().unwrap().1[0];
+            if status == b'I' {
+                // Given back at once; another client of the pool of one is served.
+                let released = eventually(Duration::from_secs(10), || async {
+                    servers(&admin).await == ("0".into(), "1".into())
+                })
+                .await;
+                assert!(
+                    released,
+                    "{}: step {k}: the client is idle but its server is not: {:?}",
+                    case.name,
+                    servers(&admin).await
+                );
+                let other = p.connect("postgres", "testdb").await;
+                let row = other.query_one("select 42", &[]).await.unwrap();
+                assert_eq!(row.get::<_, i32>(0), 42, "{}", case.name);
+            } else {
+                assert_eq!(
+                    servers(&admin).await.0,
+                    "1",
+                    "{}: step {k}: in a transaction block the server stays with the client",
+                    case.name
+                );
+            }
+        }
+    }
+    p.shutdown().await;
+}
+
+/// SHOW STATS' total_received of testdb (bytes from its clients, counted when a server
+/// goes back).
+async fn received(admin: &tokio_postgres::Client) -> u64 {
+    console_value(admin, "STATS", &[("database", "testdb")], "total_received")
+        .await
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// CopyData and CopyDone that come after the COPY failed (the client streamed them
+/// before it read the error) owe nothing: PostgreSQL ignores them, and the server they
+/// went to is given back as soon as they are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_messages_after_the_copy_ended_do_not_hold_a_server() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let stray = [text_rows(3, 1), copy_done(), copy_fail("late")].concat();
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    for port in [pg.port(), p.port()] {
+        let (mut c, _) = Raw::connect(port, "postgres", "testdb", &[]).await;
+        c.send(&query("copy nosuch from stdin")).await;
+        let mut t = c.until_ready(1).await;
+        let before = received(&admin).await;
+        c.send(&stray).await;
+        if port == p.port() {
+            // Counted once the server is back.
+            let counted = eventually(Duration::from_secs(10), || async {
+                received(&admin).await >= before + stray.len() as u64
+            })
+            .await;
+            assert!(
+                counted,
+                "the server that got the stray messages was not given back: {:?}",
+                servers(&admin).await
+            );
+            assert_eq!(servers(&admin).await, ("0".into(), "1".into()));
+        }
+        c.send(&query("select 1")).await;
+        t.extend(c.until_ready(1).await);
+        if port == p.port() {
+            got = t;
+        } else {
+            want = t;
+        }
+    }
+    assert_eq!(want, got);
+    p.shutdown().await;
+}
