@@ -488,3 +488,227 @@ async fn copy_messages_after_the_copy_ended_do_not_hold_a_server() {
     assert_eq!(want, got);
     p.shutdown().await;
 }
+
+async fn pool_with(pg: &TempPostgres, size: usize, max_prepared: usize) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .setting("max_prepared_statements", &max_prepared.to_string())
+        .start()
+        .await
+}
+
+/// No step of any client's transcript has an error.
+fn no_errors(t: &[Vec<Vec<String>>]) {
+    for (i, c) in t.iter().enumerate() {
+        for (k, s) in c.iter().enumerate() {
+            assert!(
+                !s.iter().any(|l| l.starts_with("Error")),
+                "client {i} step {k}: {s:?}"
+            );
+        }
+    }
+}
+
+fn run(name: &str, sql: &str) -> String {
+    format!("P {name}|{sql}\nB |{name}|\nE \nS")
+}
+
+/// pgcarpool's record of the statements a server holds follows what the server did, in
+/// the order it did it: statements parsed after a DEALLOCATE ALL in the same transaction
+/// stay; a DEALLOCATE ALL the server refused (failed transaction block) drops nothing; a
+/// Close pgcarpool sent to make room that the server skipped (an error earlier in the
+/// same pipeline) leaves the statement there. Its names never collide (42P05) where
+/// PostgreSQL's would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_statement_names_follow_what_the_server_holds() {
+    let pg = TempPostgres::start();
+    for size in [1, 2] {
+        let p = pool_with(&pg, size, 2).await;
+        let scripts: Vec<Vec<String>> = (0..4)
+            .map(|i| {
+                vec![
+                    // Parsed after DEALLOCATE ALL within one transaction.
+                    format!(
+                        "Q begin\nQ deallocate all\n{}\nQ commit",
+                        run("a", "select 1")
+                    ),
+                    run("a2", "select 1"),
+                    // Closes to make room, skipped after an error in the pipeline.
+                    run("c", "select 3"),
+                    format!(
+                        "P d|select 1/0\nB |d|\nE \nP e|select 4, {i}\nB |e|\nE \nP f|select 5\nB |f|\nE \nS"
+                    ),
+                    run("c2", "select 3"),
+                    run("a3", "select 1"),
+                    // DEALLOCATE ALL as a prepared statement of its own, then more.
+                    format!(
+                        "Q begin\n{}\n{}\nQ commit",
+                        run("g", "deallocate all"),
+                        run("h", "select 6")
+                    ),
+                    run("h2", "select 6"),
+                    run("c3", "select 3"),
+                    "B |a2|\nE \nS".into(),
+                    run("a4", "select 1"),
+                ]
+            })
+            .collect();
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+        for c in &t {
+            assert!(
+                c[3].iter().any(|l| l.starts_with("Error 22012")),
+                "{:?}",
+                c[3]
+            );
+            assert!(
+                c[9].iter().any(|l| l.starts_with("Error 26000")),
+                "{:?}",
+                c[9]
+            );
+            let clean: Vec<_> = [0, 1, 2, 4, 5, 6, 7, 8, 10]
+                .iter()
+                .map(|&k| vec![c[k].clone()])
+                .collect();
+            no_errors(&clean);
+        }
+        // A DEALLOCATE ALL the server refuses (failed transaction block) drops nothing.
+        let steps: Vec<String> = vec![
+            "Q begin".into(),
+            run("b", "select 2"),
+            "Q select 1/0".into(),
+            "Q deallocate all".into(),
+            "Q rollback".into(),
+            "B |b|\nE \nS".into(),
+            run("b2", "select 2"),
+        ];
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+        assert!(
+            t[0][3].iter().any(|l| l.starts_with("Error 25P02")),
+            "{:?}",
+            t[0][3]
+        );
+        no_errors(&[vec![t[0][5].clone(), t[0][6].clone()]]);
+        p.shutdown().await;
+    }
+}
+
+fn db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    }
+}
+
+/// One churning client (tokio-postgres): transactions of server-prepared statements from
+/// 80 texts (60 shared by every client), its own cache of at most 40 (the ones it drops
+/// are closed), DEALLOCATE ALL inside a transaction every 37 statements,
+/// every tenth transaction rolled back. Returns the errors it got.
+async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
+    let (mut c, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut rng = client
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    let mut cache: Vec<(u64, tokio_postgres::Statement)> = Vec::new();
+    let mut errors = Vec::new();
+    let mut statements = 0;
+    for x in 0..transactions {
+        let tx = c.transaction().await.unwrap();
+        for _ in 0..5 {
+            statements += 1;
+            if statements % 37 == 0 {
+                if let Err(e) = tx.batch_execute("DEALLOCATE ALL").await {
+                    errors.push(db_error(&e));
+                }
+                cache.clear();
+                continue;
+            }
+            let k = next(80);
+            let stmt = match cache.iter().position(|(key, _)| *key == k) {
+                Some(i) => cache.remove(i).1,
+                None => {
+                    let params = 1 + (k % 7) as usize;
+                    let list: Vec<String> = (1..=params).map(|i| format!("${i}::int")).collect();
+                    let who = if k < 60 { 0 } else { client };
+                    let sql = format!(
+                        "select {k} + {who}, x from unnest(array[{}]) x order by {}",
+                        list.join(", "),
+                        if k % 2 == 0 { "x" } else { "x desc" }
+                    );
+                    match tx.prepare(&sql).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            errors.push(db_error(&e));
+                            break;
+                        }
+                    }
+                }
+            };
+            let n = stmt.params().len() as i32;
+            let values: Vec<i32> = (0..n).collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+                .iter()
+                .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            match tx.query(&stmt, &refs).await {
+                Ok(rows) => assert_eq!(rows.len(), n as usize),
+                Err(e) => {
+                    errors.push(db_error(&e));
+                    break;
+                }
+            }
+            cache.push((k, stmt));
+            if cache.len() > 40 {
+                cache.remove(0);
+            }
+        }
+        let done = if x % 10 == 9 {
+            tx.rollback().await
+        } else {
+            tx.commit().await
+        };
+        if let Err(e) = done {
+            errors.push(db_error(&e));
+        }
+    }
+    errors
+}
+
+/// The report's shape, bounded: 16 clients churning over a pool of two with a small
+/// max_prepared_statements (evictions). Straight to PostgreSQL nobody gets an error;
+/// through pgcarpool nobody may either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_churn_gives_no_error_postgresql_would_not() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 2, 30).await;
+    for (what, dsn) in [
+        ("PostgreSQL", pg.dsn("postgres", "testdb")),
+        ("pgcarpool", p.dsn("postgres", "testdb")),
+    ] {
+        let runs: Vec<_> = (0..16)
+            .map(|i| tokio::spawn(churn(dsn.clone(), i, 60)))
+            .collect();
+        let mut errors = Vec::new();
+        for r in runs {
+            errors.extend(r.await.unwrap());
+        }
+        assert!(
+            errors.is_empty(),
+            "{what}: {} errors: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
+    }
+    p.shutdown().await;
+}

@@ -556,6 +556,8 @@ impl<'a> Relay<'a> {
                         .get(fwd + 5)
                         .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                     self.server.proto.on_ready(status);
+                    let s = &mut *self.server;
+                    s.prepared.rounds_over(s.proto.answered);
                 } else {
                     self.proto_reply(h.tag);
                 }
@@ -656,6 +658,18 @@ impl<'a> Relay<'a> {
                     }
                 }
                 tag => {
+                    if self.virt && tag == backend::COMMAND_COMPLETE {
+                        if h.total > MAX_INSPECTED {
+                            return Err(ProtoError::TooLong(h.total));
+                        }
+                        if avail < h.total {
+                            break;
+                        }
+                        let body = &buf[fwd + 5..fwd + h.total];
+                        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
+                            self.server.prepared.deallocated();
+                        }
+                    }
                     self.proto_reply(tag);
                     if self.virt && self.on_reply(tag, None) == Verdict::Swallow {
                         // A response to a message we added: the client never sees it.
@@ -685,6 +699,9 @@ impl<'a> Relay<'a> {
         let now = Instant::now();
         let p = &mut self.server.proto;
         p.on_ready(status);
+        let answered = p.answered;
+        self.server.prepared.rounds_over(answered);
+        let p = &mut self.server.proto;
         self.counts.queries += 1;
         if p.expected_rfq == 0 {
             if let Some(s) = self.query_started.take() {

@@ -66,7 +66,10 @@ pub(super) fn passes_through(
             if r.u8()? == b'S' {
                 return Ok(false);
             }
-            Pending::Close { swallow: false }
+            Pending::Close {
+                swallow: false,
+                evicted: None,
+            }
         }
     };
     server.owed.push(entry);
@@ -103,10 +106,12 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all {
-            // The server drops every statement, the ones other clients use included.
+        if e.deallocate_all && self.server.proto.tx_status != b'E' {
+            // The client's names go, and the server's statements unless it refuses it
+            // (a failed transaction block refuses it at once).
             self.session.statements.clear();
-            self.server.prepared.clear();
+            let round = self.server.proto.round();
+            self.server.prepared.deallocating(round);
         }
         self.effects.merge(e);
         if let Some(name) = dealloc {
@@ -308,6 +313,12 @@ impl Relay<'_> {
                             self.counts.binds += 1;
                             // What running it does to the session, every time it runs.
                             if let Some(e) = &stmt.effects {
+                                if e.deallocate_all && self.server.proto.tx_status != b'E' {
+                                    // Its own name goes too.
+                                    self.session.statements.clear();
+                                    let round = self.server.proto.round();
+                                    self.server.prepared.deallocating(round);
+                                }
                                 self.effects.merge((**e).clone());
                             }
                             let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
@@ -380,7 +391,10 @@ impl Relay<'_> {
                     self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
-                    self.server.owed.push(Pending::Close { swallow: false });
+                    self.server.owed.push(Pending::Close {
+                        swallow: false,
+                        evicted: None,
+                    });
                 }
             }
             _ => unreachable!("only extended-protocol messages come here"),
@@ -450,9 +464,10 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
-                    if e.deallocate_all {
+                    if e.deallocate_all && self.server.proto.tx_status != b'E' {
                         self.session.statements.clear();
-                        self.server.prepared.clear();
+                        let round = self.server.proto.round();
+                        self.server.prepared.deallocating(round);
                     }
                 }
             }

@@ -70,6 +70,9 @@ pub struct ProtoState {
     pub copy_in: bool,
     /// Transaction status from the last ReadyForQuery: b'I', b'T' or b'E'.
     pub tx_status: u8,
+    /// Messages owing a ReadyForQuery answered (or found to owe none) since login: the
+    /// next message sent that owes one is number `answered + expected_rfq`.
+    pub answered: u64,
     /// The messages sent that start a COPY, end one or owe a ReadyForQuery, oldest first,
     /// while the server has not finished with them: where a COPY starts and ends in what
     /// was sent (the Syncs between are ignored by the server).
@@ -98,6 +101,12 @@ impl ProtoState {
     /// Nothing owed (the transaction status aside).
     pub fn is_idle_but_status(&self) -> bool {
         self.expected_rfq == 0 && !self.unsynced && self.partial == 0 && !self.copy_in
+    }
+
+    /// The round (number of the message owing a ReadyForQuery) a message sent now is part
+    /// of: a Query's own, or the next Sync's.
+    pub fn round(&self) -> u64 {
+        self.answered + u64::from(self.expected_rfq)
     }
 
     /// A message that owes a ReadyForQuery was sent: a simple Query (`query`), or a Sync
@@ -131,6 +140,7 @@ impl ProtoState {
     pub fn on_ready(&mut self, status: u8) {
         self.tx_status = status;
         self.expected_rfq = self.expected_rfq.saturating_sub(1);
+        self.answered += 1;
         // The server never reports ReadyForQuery while it copies in.
         self.copy_in = false;
         while let Some(m) = self.marks.pop_front() {
@@ -197,6 +207,7 @@ impl ProtoState {
             }
         }
         self.expected_rfq = self.expected_rfq.saturating_sub(voided);
+        self.answered += u64::from(voided);
         if self.marks.front() == Some(&Mark::Execute)
             && !self
                 .marks

@@ -130,6 +130,7 @@ async fn read_replies(
                     .first()
                     .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
                 server.proto.on_ready(status);
+                server.prepared.rounds_over(server.proto.answered);
             }
             backend::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status(body)?;

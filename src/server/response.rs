@@ -32,6 +32,9 @@ pub enum Pending {
     Execute,
     Close {
         swallow: bool,
+        /// A Close pgcarpool added to make room: the statement it closes (its id), which
+        /// the server still holds if it skips the Close.
+        evicted: Option<(u64, std::sync::Weak<Stmt>)>,
     },
     /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
     /// carries its statement and the client's name for it: the name goes again if the
@@ -215,7 +218,7 @@ impl Owed {
                 (true, *swallow)
             }
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
-            (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
+            (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
             (
                 backend::COMMAND_COMPLETE
@@ -254,6 +257,11 @@ impl Owed {
             }
             match self.queue.pop_front() {
                 Some(Pending::Parse { stmt: Some(s), .. }) => prepared.remove(s.id),
+                // Skipped: the server keeps the statement it was to close.
+                Some(Pending::Close {
+                    evicted: Some((id, s)),
+                    ..
+                }) => prepared.restore(id, s),
                 Some(Pending::Parse {
                     stmt: None,
                     swallow,
@@ -570,8 +578,14 @@ mod tests {
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
         assert!(o.is_empty());
-        o.push(Pending::Close { swallow: true });
-        o.push(Pending::Close { swallow: false });
+        o.push(Pending::Close {
+            swallow: true,
+            evicted: None,
+        });
+        o.push(Pending::Close {
+            swallow: false,
+            evicted: None,
+        });
         o.push(Pending::Describe);
         o.push(Pending::Answer(Answer::ParseComplete));
         o.push(Pending::Describe);
@@ -620,7 +634,10 @@ mod tests {
             stmt: None,
         });
         o.push(Pending::Describe);
-        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Close {
+            swallow: true,
+            evicted: None,
+        });
         o.push(Pending::Answer(Answer::CloseComplete));
         assert!(o.before_first_bind());
         o.push(Pending::Bind);
