@@ -712,3 +712,125 @@ async fn statement_churn_gives_no_error_postgresql_would_not() {
     }
     p.shutdown().await;
 }
+
+/// Every way back to a setting's default gives the value the client's startup packet set,
+/// as PostgreSQL does: RESET, SET … TO DEFAULT / = DEFAULT, SET SESSION, SET LOCAL in a
+/// transaction block, RESET in a rolled back block, by simple Query and by Parse (unnamed
+/// and named), with other clients' startup values on the same servers in between. The
+/// client gets the same messages, ParameterStatus included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_returns_to_the_startup_value() {
+    let pg = TempPostgres::start();
+    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
+        (
+            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+            sqls.len(),
+        )
+    };
+    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
+    let steps: Vec<(Vec<u8>, usize)> = vec![
+        q(&[
+            "SET statement_timeout = 5",
+            "RESET statement_timeout",
+            "SHOW statement_timeout",
+        ]),
+        q(&[
+            "SET application_name = 'other'",
+            "RESET application_name",
+            "SHOW application_name",
+        ]),
+        q(&[
+            "SET search_path = pg_catalog",
+            "SET search_path TO DEFAULT",
+            "SHOW search_path",
+        ]),
+        q(&[
+            "SET SESSION statement_timeout = 7",
+            "SET SESSION statement_timeout = DEFAULT",
+            "SHOW statement_timeout",
+        ]),
+        q(&[
+            "SET statement_timeout = 9",
+            "SET application_name = 'nine'",
+            "BEGIN",
+            "SET LOCAL statement_timeout TO DEFAULT",
+            "SET LOCAL application_name TO DEFAULT",
+            "SHOW statement_timeout",
+            "COMMIT",
+            "SHOW statement_timeout",
+            "RESET statement_timeout; RESET application_name",
+            "SHOW application_name",
+        ]),
+        q(&[
+            "SET statement_timeout = 11",
+            "BEGIN",
+            "RESET statement_timeout",
+            "SHOW statement_timeout",
+            "ROLLBACK",
+            "SHOW statement_timeout",
+            "RESET statement_timeout",
+        ]),
+        (
+            [
+                query("SET application_name = 'ext'"),
+                ext("", "RESET application_name"),
+                ext("", "SHOW application_name"),
+                query("SET statement_timeout = 13"),
+                ext("to_default", "SET statement_timeout TO DEFAULT"),
+                ext("", "SHOW statement_timeout"),
+                query("SET statement_timeout = 14"),
+                ext("reset", "RESET statement_timeout"),
+                ext("", "SHOW statement_timeout"),
+            ]
+            .concat(),
+            9,
+        ),
+        q(&[
+            "SHOW statement_timeout",
+            "SHOW application_name",
+            "SHOW search_path",
+        ]),
+    ];
+    for size in [1, 2] {
+        let p = pool_of(&pg, size).await;
+        let mut results = Vec::new();
+        for port in [pg.port(), p.port()] {
+            let mut clients = Vec::new();
+            for i in 0..4 {
+                let app = format!("app-{i}");
+                let options =
+                    format!("-c statement_timeout=25{i}7 -c search_path=public,\\ pg_catalog");
+                let params = [
+                    ("application_name", app.as_str()),
+                    ("options", options.as_str()),
+                ];
+                clients.push(Raw::connect(port, "postgres", "testdb", &params).await.0);
+            }
+            let mut got = vec![Vec::new(); clients.len()];
+            for (bytes, ready) in &steps {
+                for (i, c) in clients.iter_mut().enumerate() {
+                    c.send(bytes).await;
+                    got[i].push(c.until_ready(*ready).await);
+                }
+            }
+            results.push(got);
+        }
+        for (i, (want, got)) in results[0].iter().zip(&results[1]).enumerate() {
+            for (k, (w, g)) in want.iter().zip(got).enumerate() {
+                let show = |m: &Msgs| -> Vec<String> {
+                    m.iter()
+                        .map(|(t, b)| format!("{} {}", *t as char, String::from_utf8_lossy(b)))
+                        .collect()
+                };
+                assert_eq!(show(w), show(g), "pool of {size}, client {i}, step {k}");
+            }
+            assert!(
+                want[0].iter().any(|(t, b)| *t == b'D'
+                    && String::from_utf8_lossy(b).contains(&format!("25{i}7ms"))),
+                "the script tests nothing: {:?}",
+                want[0]
+            );
+        }
+        p.shutdown().await;
+    }
+}

@@ -471,6 +471,10 @@ impl<'a> Relay<'a> {
                 frontend::EXECUTE => {
                     p.unsynced = true;
                     p.sent_execute();
+                    if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
+                        // The unnamed portal runs a RESET sent as a SET.
+                        self.server.owed.push(Pending::Retag(true));
+                    }
                     if self.virt {
                         self.server.owed.push(Pending::Execute);
                     }
@@ -654,7 +658,7 @@ impl<'a> Relay<'a> {
                         }
                         Verdict::Stale => fwd += h.total,
                         // (An error is never swallowed outside an added query.)
-                        Verdict::Forward | Verdict::Swallow => fwd += h.total,
+                        Verdict::Forward | Verdict::Swallow | Verdict::Retag => fwd += h.total,
                     }
                 }
                 tag => {
@@ -671,7 +675,21 @@ impl<'a> Relay<'a> {
                         }
                     }
                     self.proto_reply(tag);
-                    if self.virt && self.on_reply(tag, None) == Verdict::Swallow {
+                    let verdict = if self.virt {
+                        self.on_reply(tag, None)
+                    } else {
+                        Verdict::Forward
+                    };
+                    if verdict == Verdict::Retag {
+                        // (A whole CommandComplete: see above.)
+                        self.forward_server_run(fwd);
+                        fwd = 0;
+                        self.server.conn.consume(h.total);
+                        self.client
+                            .queue_with(|b| backend::command_complete(b, "RESET"));
+                        continue;
+                    }
+                    if verdict == Verdict::Swallow {
                         // A response to a message we added: the client never sees it.
                         self.forward_server_run(fwd);
                         fwd = 0;

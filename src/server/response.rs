@@ -48,6 +48,10 @@ pub enum Pending {
     Fail(Box<(&'static str, String)>),
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
+    /// One statement of the Execute or Query behind: its CommandComplete says RESET to
+    /// the client when true (pgcarpool sent the client's RESET as a SET of its startup
+    /// value), as the server wrote it when false. An error ends them all.
+    Retag(bool),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +67,8 @@ pub enum Answer {
 pub enum Verdict {
     /// Pass it to the client.
     Forward,
+    /// A CommandComplete the client gets as `RESET` (see `Pending::Retag`).
+    Retag,
     /// It answers a message pgcarpool added: the client never sees it.
     Swallow,
     /// The server refused pgcarpool's probe: the client gets this error (SQLSTATE,
@@ -174,6 +180,28 @@ impl Owed {
         prepared: &mut PreparedSet,
         unnamed: &mut u64,
     ) -> (Verdict, Lost) {
+        if let Some(&Pending::Retag(reset)) = self.queue.front()
+            && matches!(
+                tag,
+                backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
+            )
+        {
+            self.queue.pop_front();
+            if tag != backend::ERROR_RESPONSE {
+                let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
+                return match (next, reset && tag == backend::COMMAND_COMPLETE) {
+                    // More statements follow.
+                    (true, true) => (Verdict::Retag, Lost::Nothing),
+                    (true, false) => (Verdict::Forward, Lost::Nothing),
+                    (false, r) => {
+                        let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
+                        let r = r && v == Verdict::Forward;
+                        (if r { Verdict::Retag } else { v }, lost)
+                    }
+                };
+            }
+            return self.on_reply(tag, code, prepared, unnamed);
+        }
         let Some(front) = self.queue.front_mut() else {
             return (Verdict::Forward, Lost::Nothing);
         };
@@ -571,6 +599,66 @@ mod tests {
             );
         }
         assert!(server.owed.is_empty());
+    }
+
+    #[test]
+    fn statements_sent_as_sets_of_startup_values_say_reset() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // `RESET a; select 1; RESET b`, the RESETs sent as SETs.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Retag(false));
+        o.push(Pending::Retag(true));
+        o.push(Pending::Ready(None));
+        use backend::*;
+        assert_eq!(
+            reply(&mut o, &mut p, PARAMETER_STATUS, None),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(reply(&mut o, &mut p, DATA_ROW, None), Verdict::Forward);
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+        // An error ends the query: its other statements say nothing.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Retag(true));
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, ERROR_RESPONSE, Some(b"25P02")),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+        // A RESET bound and executed: its Execute ends with the CommandComplete.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Execute);
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
     }
 
     #[test]
