@@ -669,10 +669,7 @@ impl<'a> Relay<'a> {
                         if avail < h.total {
                             break;
                         }
-                        let body = &buf[fwd + 5..fwd + h.total];
-                        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
-                            self.server.prepared.deallocated();
-                        }
+                        self.on_command_complete(fwd, h.total);
                     }
                     self.proto_reply(tag);
                     let verdict = if self.virt {
@@ -681,12 +678,8 @@ impl<'a> Relay<'a> {
                         Verdict::Forward
                     };
                     if verdict == Verdict::Retag {
-                        // (A whole CommandComplete: see above.)
-                        self.forward_server_run(fwd);
+                        self.say_reset(fwd, h.total);
                         fwd = 0;
-                        self.server.conn.consume(h.total);
-                        self.client
-                            .queue_with(|b| backend::command_complete(b, "RESET"));
                         continue;
                     }
                     if verdict == Verdict::Swallow {
@@ -752,6 +745,24 @@ impl<'a> Relay<'a> {
 }
 
 impl Relay<'_> {
+    /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
+    /// ALL or DISCARD ALL the server ran drops the statements it held.
+    fn on_command_complete(&mut self, at: usize, total: usize) {
+        let body = &self.server.conn.rbuf[at + 5..at + total];
+        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
+            self.server.prepared.deallocated();
+        }
+    }
+
+    /// The whole CommandComplete after the run of `fwd` bytes answers a RESET pgcarpool
+    /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
+    fn say_reset(&mut self, fwd: usize, total: usize) {
+        self.forward_server_run(fwd);
+        self.server.conn.consume(total);
+        self.client
+            .queue_with(|b| backend::command_complete(b, "RESET"));
+    }
+
     /// A reply other than ReadyForQuery came: the server's protocol position follows it,
     /// and the ReadyForQuery owed for Syncs the server ignored (read while it copied in)
     /// leave the ledger too.

@@ -10,6 +10,9 @@ use crate::client::prepared::Stmt;
 use crate::proto::frontend;
 use bytes::BufMut;
 
+/// A statement a server holds: its id, and the statement while a client names it.
+type Held = (u64, Weak<Stmt>);
+
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.
 /// It does not keep them alive: a statement no client names any more leaves the registry,
 /// and its server copy stays until evicted (a later Parse of the text gets a new id).
@@ -20,7 +23,7 @@ pub struct PreparedSet {
     /// DEALLOCATE ALL (or DISCARD ALL) sent whose outcome has not come, oldest first: the
     /// round whose ReadyForQuery ends it (`ProtoState::answered`), and the statements the
     /// set dropped when it was sent (held again if it fails).
-    deallocs: std::collections::VecDeque<(u64, Vec<(u64, Weak<Stmt>)>)>,
+    deallocs: std::collections::VecDeque<(u64, Vec<Held>)>,
 }
 
 impl PreparedSet {
