@@ -400,6 +400,88 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
 /// The prefix of the names servers know shared statements by; clients cannot reach them.
 pub const INTERNAL_PREFIX: &str = "PGCARPOOL_";
 
+/// A query that is one statement returning a setting to its default: `RESET name`, or
+/// `SET [SESSION | LOCAL] name {TO | =} DEFAULT` (`TIME ZONE` for `timezone`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ToDefault {
+    /// The setting's name (lower case unless quoted).
+    pub name: String,
+    /// SET LOCAL.
+    pub local: bool,
+    /// Written as RESET (its CommandComplete says RESET, not SET).
+    pub reset: bool,
+}
+
+/// The setting a one-statement query returns to its default, if that is all it does.
+pub fn to_default(sql: &[u8]) -> Option<ToDefault> {
+    let stmts = split(sql);
+    let [(a, b)] = stmts[..] else {
+        return None;
+    };
+    let s = strip_leading(&sql[a..b]);
+    let text = std::str::from_utf8(s).ok()?.trim_end();
+    let text = text.strip_suffix(';').unwrap_or(text);
+    if text.contains("--") || text.contains("/*") {
+        return None;
+    }
+    let toks: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '=')
+        .filter(|t| !t.is_empty())
+        .collect();
+    let up = |i: usize| {
+        toks.get(i)
+            .map(|t| t.to_ascii_uppercase())
+            .unwrap_or_default()
+    };
+    let name_at = |i: usize, rest: usize| -> Option<String> {
+        if up(i) == "TIME" && up(i + 1) == "ZONE" {
+            return (toks.len() == i + 2 + rest).then(|| "timezone".to_string());
+        }
+        (toks.len() == i + 1 + rest).then(|| nth_token(text.as_bytes(), i))?
+    };
+    match up(0).as_str() {
+        "RESET" => {
+            if matches!(up(1).as_str(), "ALL" | "SESSION" | "ROLE") {
+                return None;
+            }
+            let name = name_at(1, 0)?;
+            Some(ToDefault {
+                name,
+                local: false,
+                reset: true,
+            })
+        }
+        "SET" => {
+            let (local, i) = match up(1).as_str() {
+                "LOCAL" => (true, 2),
+                "SESSION" => (false, 2),
+                _ => (false, 1),
+            };
+            if matches!(
+                up(i).as_str(),
+                "ROLE" | "TRANSACTION" | "CHARACTERISTICS" | "AUTHORIZATION" | "NAMES" | "SCHEMA"
+            ) {
+                return None;
+            }
+            let zone = up(i) == "TIME";
+            let value_at = toks.len().checked_sub(1)?;
+            let value = up(value_at);
+            let to = up(value_at.checked_sub(1)?) == "TO";
+            let rest = if to { 2 } else { 1 };
+            if !(value == "DEFAULT" || (zone && value == "LOCAL")) {
+                return None;
+            }
+            let name = name_at(i, rest)?;
+            Some(ToDefault {
+                name,
+                local,
+                reset: false,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// A statement name in PREPARE/EXECUTE/DEALLOCATE: one with pgcarpool's prefix is noted, and
 /// outside a lone statement (which pgcarpool maps itself) the statement is passed to the
 /// server as written: the client may then hold a server-side name of its own (a pin).
@@ -1096,6 +1178,50 @@ mod tests {
         assert_eq!(block_comment_len(b"/**/x"), 4);
         assert_eq!(block_comment_len(b"/* /* */ x"), 10);
         assert!(classify(b"/* /* */ SET x = 1").is_empty(), "all comment");
+    }
+
+    #[test]
+    fn returning_a_setting_to_its_default_is_recognised() {
+        let d = |name: &str, local, reset| {
+            Some(ToDefault {
+                name: name.into(),
+                local,
+                reset,
+            })
+        };
+        assert_eq!(
+            to_default(b"RESET statement_timeout"),
+            d("statement_timeout", false, true)
+        );
+        assert_eq!(
+            to_default(b" reset Application_Name;"),
+            d("application_name", false, true)
+        );
+        assert_eq!(to_default(b"RESET TIME ZONE"), d("timezone", false, true));
+        assert_eq!(
+            to_default(b"set search_path to default"),
+            d("search_path", false, false)
+        );
+        assert_eq!(to_default(b"SET x.y=DEFAULT"), d("x.y", false, false));
+        assert_eq!(to_default(b"SET SESSION a = DEFAULT"), d("a", false, false));
+        assert_eq!(to_default(b"SET LOCAL a TO DEFAULT"), d("a", true, false));
+        assert_eq!(
+            to_default(b"SET TIME ZONE LOCAL"),
+            d("timezone", false, false)
+        );
+        for no in [
+            &b"RESET ALL"[..],
+            b"RESET a; select 1",
+            b"SET a TO 5",
+            b"SET a TO 'default'",
+            b"SET ROLE DEFAULT",
+            b"SET a TO DEFAULT, b",
+            b"RESET a b",
+            b"SET SESSION AUTHORIZATION DEFAULT",
+            b"RESET /* c */ a",
+        ] {
+            assert_eq!(to_default(no), None, "{}", String::from_utf8_lossy(no));
+        }
     }
 
     #[test]

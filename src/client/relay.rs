@@ -129,6 +129,10 @@ pub struct Relay<'a> {
     pub(super) replay: Option<Replay>,
     /// Replayed messages wait in the client's buffer: scan it again.
     pub(super) rescan_client: bool,
+    /// The client sent only messages an idle server ignores (CopyData, CopyDone or
+    /// CopyFail after its COPY ended, Flush): the server owes nothing and goes back once
+    /// they are written.
+    owes_nothing: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
     /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
@@ -191,6 +195,7 @@ impl<'a> Relay<'a> {
             limit: None,
             replay: None,
             rescan_client: false,
+            owes_nothing: false,
             pools: None,
             fast_close: None,
             disable_pqexec: false,
@@ -220,13 +225,18 @@ impl<'a> Relay<'a> {
             if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
                 return RelayEvent::ConfigChanged;
             }
+            if self.owes_nothing && self.server_idle() {
+                return RelayEvent::Release;
+            }
             let deadline = self.next_deadline(&t);
             // A message relayed can start or stop a timer (a query sent, a transaction gone
             // idle): then come round again to wait for the new deadline (or to close).
             let relayed = poll_fn(|cx| match self.poll(cx) {
                 Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
                 Poll::Pending
-                    if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() =>
+                    if (self.owes_nothing
+                        || closing.load(std::sync::atomic::Ordering::Relaxed))
+                        && self.server_idle() =>
                 {
                     Poll::Ready(None)
                 }
@@ -461,7 +471,7 @@ impl<'a> Relay<'a> {
                     if p.expected_rfq == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    p.expected_rfq += 1;
+                    p.owe_ready(h.tag == frontend::QUERY);
                     p.unsynced = false;
                     if self.virt {
                         self.server.owed.push(Pending::Ready(None));
@@ -469,11 +479,16 @@ impl<'a> Relay<'a> {
                 }
                 frontend::EXECUTE => {
                     p.unsynced = true;
+                    p.sent_execute();
+                    if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
+                        // The unnamed portal runs a RESET sent as a SET.
+                        self.server.owed.push(Pending::Retag(true));
+                    }
                     if self.virt {
                         self.server.owed.push(Pending::Execute);
                     }
                 }
-                frontend::COPY_DONE | frontend::COPY_FAIL => p.copy_in = false,
+                frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
                 frontend::COPY_DATA | frontend::FLUSH => {}
                 _ => p.unsynced = true,
             }
@@ -485,7 +500,12 @@ impl<'a> Relay<'a> {
             }
             fwd += h.total;
         }
+        let forwarded = fwd > 0;
         self.forward_client_run(fwd);
+        if forwarded && event.is_none() && self.mode != PoolMode::Session {
+            let p = &self.server.proto;
+            self.owes_nothing = p.is_idle() && self.server.owed.is_empty();
+        }
         if self.virt && self.answer_front() && event.is_none() {
             // pgcarpool answered a whole query itself: the server may be free again.
             let p = &self.server.proto;
@@ -548,9 +568,11 @@ impl<'a> Relay<'a> {
                     let status = *buf
                         .get(fwd + 5)
                         .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                    let p = &mut self.server.proto;
-                    p.tx_status = status;
-                    p.expected_rfq = p.expected_rfq.saturating_sub(1);
+                    self.server.proto.on_ready(status);
+                    let s = &mut *self.server;
+                    s.prepared.rounds_over(s.proto.answered);
+                } else {
+                    self.proto_reply(h.tag);
                 }
                 self.on_reply(h.tag, None);
                 self.forward_server_run(fwd);
@@ -609,7 +631,9 @@ impl<'a> Relay<'a> {
                             self.server.params.set(k, v);
                             self.session.observe_parameter(k, v);
                         }
-                        _ => self.server.proto.copy_in = true,
+                        _ => {
+                            self.proto_reply(h.tag);
+                        }
                     }
                 }
                 backend::ERROR_RESPONSE if self.virt => {
@@ -620,6 +644,7 @@ impl<'a> Relay<'a> {
                         break;
                     }
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    self.proto_reply(h.tag);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
                         // Perhaps a statement parsed before a schema change ("cached plan
                         // must not change result type", "cache lookup failed"): later
@@ -642,11 +667,31 @@ impl<'a> Relay<'a> {
                         }
                         Verdict::Stale => fwd += h.total,
                         // (An error is never swallowed outside an added query.)
-                        Verdict::Forward | Verdict::Swallow => fwd += h.total,
+                        Verdict::Forward | Verdict::Swallow | Verdict::Retag => fwd += h.total,
                     }
                 }
                 tag => {
-                    if self.virt && self.on_reply(tag, None) == Verdict::Swallow {
+                    if self.virt && tag == backend::COMMAND_COMPLETE {
+                        if h.total > MAX_INSPECTED {
+                            return Err(ProtoError::TooLong(h.total));
+                        }
+                        if avail < h.total {
+                            break;
+                        }
+                        self.on_command_complete(fwd, h.total);
+                    }
+                    self.proto_reply(tag);
+                    let verdict = if self.virt {
+                        self.on_reply(tag, None)
+                    } else {
+                        Verdict::Forward
+                    };
+                    if verdict == Verdict::Retag {
+                        self.say_reset(fwd, h.total);
+                        fwd = 0;
+                        continue;
+                    }
+                    if verdict == Verdict::Swallow {
                         // A response to a message we added: the client never sees it.
                         self.forward_server_run(fwd);
                         fwd = 0;
@@ -673,8 +718,10 @@ impl<'a> Relay<'a> {
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
         let now = Instant::now();
         let p = &mut self.server.proto;
-        p.tx_status = status;
-        p.expected_rfq = p.expected_rfq.saturating_sub(1);
+        p.on_ready(status);
+        let answered = p.answered;
+        self.server.prepared.rounds_over(answered);
+        let p = &mut self.server.proto;
         self.counts.queries += 1;
         if p.expected_rfq == 0 {
             if let Some(s) = self.query_started.take() {
@@ -702,6 +749,36 @@ impl<'a> Relay<'a> {
             (_, b'I') => Some(RelayEvent::Release),
             (PoolMode::Statement, _) => Some(RelayEvent::StatementModeTransaction),
             (PoolMode::Transaction, _) => None,
+        }
+    }
+}
+
+impl Relay<'_> {
+    /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
+    /// ALL or DISCARD ALL the server ran drops the statements it held.
+    fn on_command_complete(&mut self, at: usize, total: usize) {
+        let body = &self.server.conn.rbuf[at + 5..at + total];
+        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
+            self.server.prepared.deallocated();
+        }
+    }
+
+    /// The whole CommandComplete after the run of `fwd` bytes answers a RESET pgcarpool
+    /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
+    fn say_reset(&mut self, fwd: usize, total: usize) {
+        self.forward_server_run(fwd);
+        self.server.conn.consume(total);
+        self.client
+            .queue_with(|b| backend::command_complete(b, "RESET"));
+    }
+
+    /// A reply other than ReadyForQuery came: the server's protocol position follows it,
+    /// and the ReadyForQuery owed for Syncs the server ignored (read while it copied in)
+    /// leave the ledger too.
+    fn proto_reply(&mut self, tag: u8) {
+        let voided = self.server.proto.on_reply(tag);
+        if voided > 0 && self.virt {
+            self.server.owed.void_readies(voided);
         }
     }
 }

@@ -32,7 +32,9 @@ pub(super) fn passes_through(
             }
             let sql = r.cstr_bytes()?;
             if classify::may_matter(sql) {
-                if classify::named_statement(sql).is_some() {
+                if classify::named_statement(sql).is_some()
+                    || to_startup_value(session, sql).is_some()
+                {
                     return Ok(false);
                 }
                 let e = classify::classify(sql);
@@ -48,9 +50,15 @@ pub(super) fn passes_through(
             }
         }
         frontend::BIND => {
-            r.cstr_bytes()?;
+            let portal = r.cstr_bytes()?;
             if !r.cstr_bytes()?.is_empty() || !unnamed_here {
                 return Ok(false);
+            }
+            if portal.is_empty() {
+                session.retag_portal = session
+                    .unnamed
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with(RESET_MARK));
             }
             Pending::Bind
         }
@@ -66,7 +74,10 @@ pub(super) fn passes_through(
             if r.u8()? == b'S' {
                 return Ok(false);
             }
-            Pending::Close { swallow: false }
+            Pending::Close {
+                swallow: false,
+                evicted: None,
+            }
         }
     };
     server.owed.push(entry);
@@ -86,6 +97,12 @@ impl Relay<'_> {
         }
         let e = classify::classify(sql);
         self.note_effects(&e);
+        if let Some(sql) = self.startup_values_query(sql) {
+            // Back to the values the client's startup packet gave, as PostgreSQL's would be.
+            self.effects.merge(e);
+            self.server.send_query(query_message(&sql), None);
+            return Ok(());
+        }
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
         if self.server.proto.tx_status == b'E' && (named.is_some() || dealloc.is_some()) {
@@ -103,10 +120,12 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all {
-            // The server drops every statement, the ones other clients use included.
+        if e.deallocate_all && self.server.proto.tx_status != b'E' {
+            // The client's names go, and the server's statements unless it refuses it
+            // (a failed transaction block refuses it at once).
             self.session.statements.clear();
-            self.server.prepared.clear();
+            let round = self.server.proto.round();
+            self.server.prepared.deallocating(round);
         }
         self.effects.merge(e);
         if let Some(name) = dealloc {
@@ -163,6 +182,37 @@ impl Relay<'_> {
             None => self.server.send_query(msg, None),
         }
         Ok(())
+    }
+
+    /// A query whose statements return to their defaults settings the client's startup
+    /// packet gave, with those statements made SETs of the startup values (see
+    /// `to_startup_value`) and what their CommandCompletes say noted; None when it has
+    /// none.
+    fn startup_values_query(&mut self, sql: &[u8]) -> Option<String> {
+        if self.session.startup.is_empty() {
+            return None;
+        }
+        let stmts = classify::split(sql);
+        let made: Vec<Option<(String, bool)>> = stmts
+            .iter()
+            .map(|&(a, b)| to_startup_value(self.session, &sql[a..b]))
+            .collect();
+        if made.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut out = String::new();
+        for (&(a, b), m) in stmts.iter().zip(&made) {
+            if !out.is_empty() {
+                out.push(';');
+            }
+            match m {
+                Some((set, _)) => out.push_str(set),
+                None => out.push_str(&String::from_utf8_lossy(&sql[a..b])),
+            }
+            let reset = m.as_ref().is_some_and(|m| m.1);
+            self.server.owed.push(Pending::Retag(reset));
+        }
+        Some(out)
     }
 
     /// The client named a statement it has not prepared (in EXECUTE, DEALLOCATE, Bind or
@@ -268,6 +318,7 @@ impl Relay<'_> {
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
+                let rest = startup_value_rest(self.session, rest)?;
                 let Some(stmt) = self.intern(rest, depends) else {
                     return Ok(());
                 };
@@ -306,8 +357,17 @@ impl Relay<'_> {
                         }
                         Some(stmt) => {
                             self.counts.binds += 1;
+                            if portal.is_empty() {
+                                self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
+                            }
                             // What running it does to the session, every time it runs.
                             if let Some(e) = &stmt.effects {
+                                if e.deallocate_all && self.server.proto.tx_status != b'E' {
+                                    // Its own name goes too.
+                                    self.session.statements.clear();
+                                    let round = self.server.proto.round();
+                                    self.server.prepared.deallocating(round);
+                                }
                                 self.effects.merge((**e).clone());
                             }
                             let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
@@ -380,7 +440,10 @@ impl Relay<'_> {
                     self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
-                    self.server.owed.push(Pending::Close { swallow: false });
+                    self.server.owed.push(Pending::Close {
+                        swallow: false,
+                        evicted: None,
+                    });
                 }
             }
             _ => unreachable!("only extended-protocol messages come here"),
@@ -398,7 +461,15 @@ impl Relay<'_> {
         let sql = r.cstr_bytes()?;
         let types_at = 5 + 1 + sql.len() + 1;
         let mut out = msg.clone();
-        if classify::may_matter(sql) {
+        if let Some((set, reset)) = to_startup_value(self.session, sql) {
+            self.effects.merge(classify::classify(sql));
+            let set = if reset {
+                format!("{}{set}", String::from_utf8_lossy(RESET_MARK))
+            } else {
+                set
+            };
+            out = parse_message(set.as_bytes(), &msg[types_at..]);
+        } else if classify::may_matter(sql) {
             let mut e = classify::classify(sql);
             self.note_effects(&e);
             let named = classify::named_statement(sql);
@@ -450,9 +521,10 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
-                    if e.deallocate_all {
+                    if e.deallocate_all && self.server.proto.tx_status != b'E' {
                         self.session.statements.clear();
-                        self.server.prepared.clear();
+                        let round = self.server.proto.round();
+                        self.server.prepared.deallocating(round);
                     }
                 }
             }
@@ -661,6 +733,61 @@ impl Relay<'_> {
 }
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// Starts the text of a statement pgcarpool made of a client's RESET (see
+/// `to_startup_value`): its CommandComplete is given to the client as RESET.
+pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
+
+/// A one-statement query returning to its default a setting the client's startup packet
+/// gave: the SET of that value PostgreSQL's RESET would have returned to (the servers'
+/// defaults are their own), and whether it was written as RESET.
+pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(String, bool)> {
+    let d = classify::to_default(sql)?;
+    let value = session.startup.get(&d.name)?;
+    let list = matches!(
+        d.name.as_str(),
+        "search_path"
+            | "temp_tablespaces"
+            | "session_preload_libraries"
+            | "local_preload_libraries"
+            | "shared_preload_libraries"
+    );
+    let literal = if list {
+        // A list of identifiers, as written: only when it is nothing else, and written as
+        // PostgreSQL shows a list SET (`a, b`), which SHOW then gives as the startup value.
+        let plain = |c: char| c.is_alphanumeric() || "_$,. \"".contains(c);
+        let canonical: Vec<&str> = value.split(',').map(str::trim).collect();
+        if value.trim().is_empty() || !value.chars().all(plain) || canonical.join(", ") != value {
+            return None;
+        }
+        value.to_string()
+    } else if value.contains('\\') {
+        return None;
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    };
+    let name: Vec<String> = d.name.split('.').map(|p| quoted(p.as_bytes())).collect();
+    let local = if d.local { "LOCAL " } else { "" };
+    Some((
+        format!("SET {local}{} TO {literal}", name.join(".")),
+        d.reset,
+    ))
+}
+
+/// A named Parse's text and types (`rest`) with `to_startup_value` applied.
+fn startup_value_rest(session: &VirtualSession, rest: Bytes) -> Result<Bytes, ProtoError> {
+    let sql = Reader::new(&rest, "Parse").cstr_bytes()?;
+    let Some((set, reset)) = to_startup_value(session, sql) else {
+        return Ok(rest);
+    };
+    let mut b = bytes::BytesMut::new();
+    if reset {
+        b.put_slice(RESET_MARK);
+    }
+    b.put_slice(set.as_bytes());
+    b.put_slice(&rest[sql.len()..]);
+    Ok(b.freeze())
+}
 
 /// A Parse of the unnamed statement with this text and the parameter types `types` (the
 /// original message's bytes after its text).

@@ -37,6 +37,9 @@ pub struct VirtualSession {
     /// then is not theirs to see (a stale server copy is prepared anew, see
     /// `Relay::replay_stale`).
     pub unbound: std::collections::HashMap<Bytes, u64>,
+    /// The unnamed portal runs a RESET pgcarpool sent as a SET of the startup value
+    /// (its CommandComplete says RESET).
+    pub retag_portal: bool,
 }
 
 impl VirtualSession {

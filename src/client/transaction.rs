@@ -246,9 +246,6 @@ async fn after_transaction(
     if effects.discard_all {
         c.session.statements.clear();
     }
-    if effects.deallocate_all {
-        server.prepared.clear();
-    }
     // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
     // reset anything: every setting the session has is read back.
     let hidden = effects.gucs_unknown

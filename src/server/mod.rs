@@ -55,18 +55,41 @@ impl Params {
 }
 
 /// Protocol position of a server connection, kept by the relay: what is still owed.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ProtoState {
-    /// ReadyForQuery messages still to come (one per Query, Sync and FunctionCall sent).
+    /// ReadyForQuery messages still to come (one per Query, Sync and FunctionCall sent,
+    /// but for a Sync the server reads while it copies in, which it ignores).
     pub expected_rfq: u32,
     /// Extended-protocol messages sent since the last Sync.
     pub unsynced: bool,
     /// Bytes of a client message still to be forwarded (a message was sent in part).
     pub partial: usize,
-    /// In COPY FROM STDIN (the server waits for CopyData/CopyDone/CopyFail).
+    /// In COPY FROM STDIN as the server's replies tell: CopyInResponse came, and the
+    /// CommandComplete or ErrorResponse that ends the copy has not (the client may have
+    /// sent its CopyDone already: it may stream a whole COPY without waiting).
     pub copy_in: bool,
     /// Transaction status from the last ReadyForQuery: b'I', b'T' or b'E'.
     pub tx_status: u8,
+    /// Messages owing a ReadyForQuery answered (or found to owe none) since login: the
+    /// next message sent that owes one is number `answered + expected_rfq`.
+    pub answered: u64,
+    /// The messages sent that start a COPY, end one or owe a ReadyForQuery, oldest first,
+    /// while the server has not finished with them: where a COPY starts and ends in what
+    /// was sent (the Syncs between are ignored by the server).
+    marks: std::collections::VecDeque<Mark>,
+}
+
+/// A message sent, as far as COPY FROM STDIN and ReadyForQuery are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// A simple Query: owes a ReadyForQuery, may copy.
+    Query,
+    /// An Execute: may copy.
+    Execute,
+    /// Sync or FunctionCall: owes a ReadyForQuery.
+    Sync,
+    /// CopyDone or CopyFail.
+    CopyEnd,
 }
 
 impl ProtoState {
@@ -78,6 +101,130 @@ impl ProtoState {
     /// Nothing owed (the transaction status aside).
     pub fn is_idle_but_status(&self) -> bool {
         self.expected_rfq == 0 && !self.unsynced && self.partial == 0 && !self.copy_in
+    }
+
+    /// The round (number of the message owing a ReadyForQuery) a message sent now is part
+    /// of: a Query's own, or the next Sync's.
+    pub fn round(&self) -> u64 {
+        self.answered + u64::from(self.expected_rfq)
+    }
+
+    /// A message that owes a ReadyForQuery was sent: a simple Query (`query`), or a Sync
+    /// or FunctionCall.
+    pub fn owe_ready(&mut self, query: bool) {
+        self.expected_rfq += 1;
+        self.marks
+            .push_back(if query { Mark::Query } else { Mark::Sync });
+    }
+
+    /// An Execute was sent.
+    pub fn sent_execute(&mut self) {
+        self.marks.push_back(Mark::Execute);
+    }
+
+    /// A CopyDone or CopyFail was sent.
+    pub fn sent_copy_end(&mut self) {
+        // With nothing sent that could start a COPY, the server ignores it.
+        if self.copy_in
+            || self
+                .marks
+                .iter()
+                .any(|m| matches!(m, Mark::Query | Mark::Execute))
+        {
+            self.marks.push_back(Mark::CopyEnd);
+        }
+    }
+
+    /// A ReadyForQuery came with this transaction status: the oldest message owing one
+    /// is answered, and everything sent before it is done with.
+    pub fn on_ready(&mut self, status: u8) {
+        self.tx_status = status;
+        self.expected_rfq = self.expected_rfq.saturating_sub(1);
+        self.answered += 1;
+        // The server never reports ReadyForQuery while it copies in.
+        self.copy_in = false;
+        while let Some(m) = self.marks.pop_front() {
+            if matches!(m, Mark::Query | Mark::Sync) {
+                break;
+            }
+        }
+    }
+
+    /// Another reply came (its tag): returns how many Syncs sent turn out to owe nothing
+    /// (the server read them while copying in), which the caller's own ledger drops too.
+    pub fn on_reply(&mut self, tag: u8) -> u32 {
+        use crate::proto::backend;
+        match tag {
+            backend::COPY_IN_RESPONSE => {
+                self.drop_stale_copy_ends();
+                self.copy_in = true;
+                0
+            }
+            backend::COMMAND_COMPLETE
+            | backend::EMPTY_QUERY_RESPONSE
+            | backend::PORTAL_SUSPENDED
+            | backend::ERROR_RESPONSE => {
+                let error = tag == backend::ERROR_RESPONSE;
+                let voided = if std::mem::take(&mut self.copy_in) {
+                    self.end_copy()
+                } else {
+                    0
+                };
+                self.drop_stale_copy_ends();
+                if self.marks.front() == Some(&Mark::Execute) {
+                    self.marks.pop_front();
+                    if error {
+                        // The server skips to the next Sync: no later Execute runs.
+                        while let Some(Mark::Execute | Mark::CopyEnd) = self.marks.front() {
+                            self.marks.pop_front();
+                        }
+                    }
+                }
+                voided
+            }
+            _ => 0,
+        }
+    }
+
+    /// The COPY the first mark started is over: the Syncs sent after it up to the
+    /// client's CopyDone or CopyFail (all sent so far if none came yet) were read by the
+    /// server while copying in, and ignored. An Execute's copy left with no Sync sent
+    /// after it: the server still wants one.
+    fn end_copy(&mut self) -> u32 {
+        let mut voided = 0;
+        let mut i = 1;
+        while i < self.marks.len() {
+            match self.marks[i] {
+                Mark::CopyEnd => {
+                    self.marks.remove(i);
+                    break;
+                }
+                Mark::Sync => {
+                    self.marks.remove(i);
+                    voided += 1;
+                }
+                Mark::Query | Mark::Execute => i += 1,
+            }
+        }
+        self.expected_rfq = self.expected_rfq.saturating_sub(voided);
+        self.answered += u64::from(voided);
+        if self.marks.front() == Some(&Mark::Execute)
+            && !self
+                .marks
+                .iter()
+                .any(|m| matches!(m, Mark::Query | Mark::Sync))
+        {
+            self.unsynced = true;
+        }
+        voided
+    }
+
+    /// A CopyDone or CopyFail sent before every message that could still start a COPY
+    /// reached a server that was not copying: it ignored it.
+    fn drop_stale_copy_ends(&mut self) {
+        while self.marks.front() == Some(&Mark::CopyEnd) {
+            self.marks.pop_front();
+        }
     }
 }
 
@@ -264,6 +411,91 @@ mod tests {
             code: code.into(),
             message: String::new(),
         })
+    }
+
+    use crate::proto::backend::{
+        COMMAND_COMPLETE, COPY_IN_RESPONSE, ERROR_RESPONSE as ERROR, READY_FOR_QUERY,
+    };
+
+    fn idle() -> ProtoState {
+        ProtoState {
+            tx_status: b'I',
+            ..Default::default()
+        }
+    }
+
+    /// Feed server replies; returns the Syncs voided.
+    fn replies(p: &mut ProtoState, tags: &[u8]) -> u32 {
+        let mut voided = 0;
+        for &t in tags {
+            if t == READY_FOR_QUERY {
+                p.on_ready(b'I');
+            } else {
+                voided += p.on_reply(t);
+            }
+        }
+        voided
+    }
+
+    #[test]
+    fn a_copy_streamed_before_its_copy_in_response_ends_idle() {
+        let mut p = idle();
+        p.owe_ready(true);
+        p.sent_copy_end();
+        assert!(!p.is_idle());
+        assert_eq!(replies(&mut p, &[COPY_IN_RESPONSE]), 0);
+        assert!(p.copy_in);
+        replies(&mut p, &[COMMAND_COMPLETE, READY_FOR_QUERY]);
+        assert!(p.is_idle(), "{p:?}");
+        assert!(p.marks.is_empty());
+    }
+
+    #[test]
+    fn syncs_read_while_copying_in_owe_nothing() {
+        // libpq: Execute, Sync, CopyData…, CopyDone, Sync; one ReadyForQuery comes.
+        let mut p = idle();
+        p.sent_execute();
+        p.owe_ready(false);
+        p.sent_copy_end();
+        p.owe_ready(false);
+        assert_eq!(p.expected_rfq, 2);
+        assert_eq!(replies(&mut p, &[COPY_IN_RESPONSE, COMMAND_COMPLETE]), 1);
+        assert_eq!(p.expected_rfq, 1);
+        replies(&mut p, &[READY_FOR_QUERY]);
+        assert!(p.is_idle(), "{p:?}");
+        // The copy fails before the client's end: the Sync it read is void, the server
+        // skips to the next Sync, which the client has not sent yet.
+        p.sent_execute();
+        p.owe_ready(false);
+        assert_eq!(replies(&mut p, &[COPY_IN_RESPONSE, ERROR]), 1);
+        assert!(p.unsynced && p.expected_rfq == 0);
+        p.sent_copy_end();
+        p.owe_ready(false);
+        p.unsynced = false;
+        replies(&mut p, &[READY_FOR_QUERY]);
+        assert!(p.is_idle(), "{p:?}");
+        assert!(p.marks.is_empty());
+    }
+
+    #[test]
+    fn copy_ends_a_server_ignored_do_not_end_a_later_copy() {
+        // A COPY that failed before it started, its CopyDone sent after it anyway.
+        let mut p = idle();
+        p.owe_ready(true);
+        replies(&mut p, &[ERROR, READY_FOR_QUERY]);
+        p.sent_copy_end();
+        assert!(p.marks.is_empty(), "nothing can copy: ignored");
+        p.owe_ready(true);
+        p.sent_copy_end();
+        p.sent_execute();
+        p.owe_ready(false);
+        p.sent_copy_end();
+        p.owe_ready(false);
+        // The query fails before copying: the CopyDone after it is ignored too.
+        replies(&mut p, &[ERROR, READY_FOR_QUERY]);
+        assert_eq!(replies(&mut p, &[COPY_IN_RESPONSE, COMMAND_COMPLETE]), 1);
+        replies(&mut p, &[READY_FOR_QUERY]);
+        assert!(p.is_idle(), "{p:?}");
     }
 
     #[test]

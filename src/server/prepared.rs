@@ -10,6 +10,9 @@ use crate::client::prepared::Stmt;
 use crate::proto::frontend;
 use bytes::BufMut;
 
+/// A statement a server holds: its id, and the statement while a client names it.
+type Held = (u64, Weak<Stmt>);
+
 /// The statements one server holds, by statement id, with a use tick for LRU eviction.
 /// It does not keep them alive: a statement no client names any more leaves the registry,
 /// and its server copy stays until evicted (a later Parse of the text gets a new id).
@@ -17,6 +20,10 @@ use bytes::BufMut;
 pub struct PreparedSet {
     held: HashMap<u64, (u64, Weak<Stmt>)>,
     tick: u64,
+    /// DEALLOCATE ALL (or DISCARD ALL) sent whose outcome has not come, oldest first: the
+    /// round whose ReadyForQuery ends it (`ProtoState::answered`), and the statements the
+    /// set dropped when it was sent (held again if it fails).
+    deallocs: std::collections::VecDeque<(u64, Vec<Held>)>,
 }
 
 impl PreparedSet {
@@ -41,19 +48,28 @@ impl PreparedSet {
         self.held.remove(&id);
     }
 
+    /// A statement the set dropped is held after all (the server skipped its Close).
+    pub fn restore(&mut self, id: u64, s: Weak<Stmt>) {
+        self.tick += 1;
+        self.held.entry(id).or_insert((self.tick, s));
+    }
+
+    /// Keep only the statements whose id passes `keep`.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        self.held.retain(|id, _| keep(*id));
+    }
+
     /// The server name of the least recently used statement, dropped from the set, to close
-    /// when the set is full.
-    pub fn evict_lru(&mut self) -> Option<Bytes> {
+    /// when the set is full (with its id and the statement).
+    pub fn evict_lru(&mut self) -> Option<(Bytes, u64, Weak<Stmt>)> {
         let id = self
             .held
             .iter()
             .min_by_key(|(_, (t, _))| *t)
             .map(|(id, _)| *id)?;
-        self.held.remove(&id);
-        Some(Bytes::from(format!(
-            "{}{id}",
-            crate::client::classify::INTERNAL_PREFIX
-        )))
+        let (_, s) = self.held.remove(&id)?;
+        let name = Bytes::from(format!("{}{id}", crate::client::classify::INTERNAL_PREFIX));
+        Some((name, id, s))
     }
 
     pub fn len(&self) -> usize {
@@ -66,6 +82,40 @@ impl PreparedSet {
 
     pub fn clear(&mut self) {
         self.held.clear();
+        self.deallocs.clear();
+    }
+
+    /// A DEALLOCATE ALL or DISCARD ALL was sent in this round: the statements held go
+    /// from the set, kept aside until the server says whether it ran.
+    pub fn deallocating(&mut self, round: u64) {
+        let dropped = self.held.drain().map(|(id, (_, s))| (id, s)).collect();
+        self.deallocs.push_back((round, dropped));
+    }
+
+    /// Is a DEALLOCATE ALL on its way? The server may still hold any statement: one to
+    /// prepare is closed first.
+    pub fn dealloc_in_flight(&self) -> bool {
+        !self.deallocs.is_empty()
+    }
+
+    /// The server reported DEALLOCATE ALL or DISCARD ALL: the oldest one sent ran.
+    pub fn deallocated(&mut self) {
+        self.deallocs.pop_front();
+    }
+
+    /// Rounds up to `answered` are over: a DEALLOCATE ALL of theirs that did not run
+    /// (refused, skipped, or only parsed) left the statements it was to drop.
+    pub fn rounds_over(&mut self, answered: u64) {
+        while let Some((round, _)) = self.deallocs.front()
+            && *round < answered
+        {
+            let Some((_, dropped)) = self.deallocs.pop_front() else {
+                break;
+            };
+            for (id, s) in dropped {
+                self.restore(id, s);
+            }
+        }
     }
 
     /// The statement with this id, if the server holds it and some client still names it.
@@ -90,9 +140,12 @@ impl Server {
     pub fn prepare(&mut self, stmt: Arc<Stmt>, swallow: bool, max: usize) {
         // After a reload to a smaller max_prepared_statements, down to the new size.
         while self.prepared.len() >= max.max(1)
-            && let Some(old) = self.prepared.evict_lru()
+            && let Some((old, id, s)) = self.prepared.evict_lru()
         {
-            self.queue_close(&old);
+            self.queue_close(&old, Some((id, s)));
+        }
+        if self.prepared.dealloc_in_flight() {
+            self.queue_close(&stmt.server_name.clone(), None);
         }
         self.queue_parse(&stmt);
         self.prepared.insert(stmt.clone());
@@ -108,11 +161,19 @@ impl Server {
         if !self.prepared.touch(stmt.id) {
             return;
         }
+        let held = self.prepared_weak(stmt);
         self.prepared.remove(stmt.id);
-        self.queue_close(&stmt.server_name);
+        self.queue_close(&stmt.server_name, Some((stmt.id, held)));
     }
 
-    fn queue_close(&mut self, name: &[u8]) {
+    fn prepared_weak(&self, stmt: &Stmt) -> Weak<Stmt> {
+        self.prepared
+            .get(stmt.id)
+            .map(|s| Arc::downgrade(&s))
+            .unwrap_or_default()
+    }
+
+    fn queue_close(&mut self, name: &[u8], evicted: Option<(u64, Weak<Stmt>)>) {
         self.conn.queue_with(|b| {
             b.put_u8(frontend::CLOSE);
             b.put_i32((4 + 1 + name.len() + 1) as i32);
@@ -120,13 +181,20 @@ impl Server {
             b.put_slice(name);
             b.put_u8(0);
         });
-        self.owed.push(Pending::Close { swallow: true });
+        self.owed.push(Pending::Close {
+            swallow: true,
+            evicted,
+        });
     }
 
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
     /// by SQL PREPARE when a client made it so, else Parse and Sync.
     pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>) {
-        if stmt.is_sql_prepared() {
+        let sql = stmt.is_sql_prepared();
+        if self.prepared.dealloc_in_flight() {
+            self.queue_close(&stmt.server_name.clone(), None);
+        }
+        if sql {
             let prep = stmt.sql_prepare_text();
             self.conn.queue_with(|b| frontend::query(b, &prep));
             self.unnamed = 0;
@@ -134,7 +202,7 @@ impl Server {
             self.queue_parse(stmt);
             self.conn.queue_with(frontend::sync);
         }
-        self.proto.expected_rfq += 1;
+        self.proto.owe_ready(sql);
         self.owed.push(Pending::Swallow);
         self.prepared.insert(stmt.clone());
     }
@@ -184,7 +252,7 @@ mod tests {
         set.insert(a.clone());
         set.insert(b.clone());
         assert!(set.touch(a.id));
-        assert_eq!(set.evict_lru().unwrap(), b.server_name);
+        assert_eq!(set.evict_lru().unwrap().0, b.server_name);
         assert_eq!(set.len(), 1);
     }
 
@@ -341,9 +409,9 @@ mod tests {
         assert!(set.touch(stmts[0].id));
         set.insert(stmts[3].clone());
         for i in [1, 2, 0, 3] {
-            assert_eq!(set.evict_lru().unwrap(), stmts[i].server_name);
+            assert_eq!(set.evict_lru().unwrap().0, stmts[i].server_name);
         }
-        assert_eq!(set.evict_lru(), None);
+        assert!(set.evict_lru().is_none());
     }
 
     #[test]
@@ -357,12 +425,12 @@ mod tests {
             let mut set = PreparedSet::default();
             set.insert(a.clone());
             set.insert(b.clone());
-            assert_eq!(set.evict_lru().unwrap(), a.server_name);
+            assert_eq!(set.evict_lru().unwrap().0, a.server_name);
             let mut set = PreparedSet::default();
             set.insert(b.clone());
             assert!(!set.touch(a.id));
             set.insert(a.clone());
-            assert_eq!(set.evict_lru().unwrap(), b.server_name);
+            assert_eq!(set.evict_lru().unwrap().0, b.server_name);
         }
     }
 

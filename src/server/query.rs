@@ -51,7 +51,7 @@ pub async fn first_row(
         .queue_with(|b| frontend::extended_query(b, sql, params));
     // Our Parse replaces the server's unnamed statement.
     server.unnamed = 0;
-    server.proto.expected_rfq += 1;
+    server.proto.owe_ready(false);
     let sent = server.conn.flush().await;
     if let Err(e) = sent {
         server.broken = true;
@@ -72,7 +72,7 @@ async fn send(server: &mut Server, sql: &str) -> Result<(), ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     // A simple query drops the server's unnamed statement.
     server.unnamed = 0;
-    server.proto.expected_rfq += 1;
+    server.proto.owe_ready(true);
     server
         .conn
         .flush()
@@ -105,6 +105,10 @@ async fn read_replies(
     let mut first_error = None;
     while server.proto.expected_rfq > 0 {
         let h = server.conn.read_message(limit).await?;
+        if h.tag != backend::READY_FOR_QUERY {
+            // (Syncs it ignored while copying in are no longer owed.)
+            server.proto.on_reply(h.tag);
+        }
         let body = &server.conn.rbuf[5..h.total];
         match h.tag {
             backend::DATA_ROW => match &mut rows {
@@ -122,10 +126,11 @@ async fn read_replies(
                 }
             }
             backend::READY_FOR_QUERY => {
-                server.proto.expected_rfq -= 1;
-                server.proto.tx_status = *body
+                let status = *body
                     .first()
                     .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
+                server.proto.on_ready(status);
+                server.prepared.rounds_over(server.proto.answered);
             }
             backend::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status(body)?;
@@ -158,7 +163,7 @@ async fn read_replies(
                     .flush()
                     .await
                     .map_err(|e| ServerError::Conn(e.into()))?;
-                server.proto.copy_in = false;
+                server.proto.sent_copy_end();
             }
             _ => {}
         }

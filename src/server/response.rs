@@ -32,6 +32,9 @@ pub enum Pending {
     Execute,
     Close {
         swallow: bool,
+        /// A Close pgcarpool added to make room: the statement it closes (its id), which
+        /// the server still holds if it skips the Close.
+        evicted: Option<(u64, std::sync::Weak<Stmt>)>,
     },
     /// Sync, Query or FunctionCall: ends with ReadyForQuery. A query that is a SQL PREPARE
     /// carries its statement and the client's name for it: the name goes again if the
@@ -45,6 +48,10 @@ pub enum Pending {
     Fail(Box<(&'static str, String)>),
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
+    /// One statement of the Execute or Query behind: its CommandComplete says RESET to
+    /// the client when true (pgcarpool sent the client's RESET as a SET of its startup
+    /// value), as the server wrote it when false. An error ends them all.
+    Retag(bool),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +67,8 @@ pub enum Answer {
 pub enum Verdict {
     /// Pass it to the client.
     Forward,
+    /// A CommandComplete the client gets as `RESET` (see `Pending::Retag`).
+    Retag,
     /// It answers a message pgcarpool added: the client never sees it.
     Swallow,
     /// The server refused pgcarpool's probe: the client gets this error (SQLSTATE,
@@ -114,6 +123,20 @@ impl Owed {
         }
     }
 
+    /// `n` Syncs sent after the front entry turned out to owe nothing (the server read
+    /// them while copying in): their ReadyForQuery entries go.
+    pub fn void_readies(&mut self, mut n: u32) {
+        let mut i = 1;
+        while n > 0 && i < self.queue.len() {
+            if matches!(self.queue[i], Pending::Ready(None)) {
+                self.queue.remove(i);
+                n -= 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// After `Verdict::Stale` was handled by sending the client's messages again: the
     /// ReadyForQuery the failed round still owes is dropped, not passed on.
     pub fn swallow_to_sync(&mut self) {
@@ -157,6 +180,28 @@ impl Owed {
         prepared: &mut PreparedSet,
         unnamed: &mut u64,
     ) -> (Verdict, Lost) {
+        if let Some(&Pending::Retag(reset)) = self.queue.front()
+            && matches!(
+                tag,
+                backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
+            )
+        {
+            self.queue.pop_front();
+            if tag != backend::ERROR_RESPONSE {
+                let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
+                return match (next, reset && tag == backend::COMMAND_COMPLETE) {
+                    // More statements follow.
+                    (true, true) => (Verdict::Retag, Lost::Nothing),
+                    (true, false) => (Verdict::Forward, Lost::Nothing),
+                    (false, r) => {
+                        let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
+                        let r = r && v == Verdict::Forward;
+                        (if r { Verdict::Retag } else { v }, lost)
+                    }
+                };
+            }
+            return self.on_reply(tag, code, prepared, unnamed);
+        }
         let Some(front) = self.queue.front_mut() else {
             return (Verdict::Forward, Lost::Nothing);
         };
@@ -201,7 +246,7 @@ impl Owed {
                 (true, *swallow)
             }
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
-            (backend::CLOSE_COMPLETE, Pending::Close { swallow }) => (true, *swallow),
+            (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
             (
                 backend::COMMAND_COMPLETE
@@ -240,6 +285,11 @@ impl Owed {
             }
             match self.queue.pop_front() {
                 Some(Pending::Parse { stmt: Some(s), .. }) => prepared.remove(s.id),
+                // Skipped: the server keeps the statement it was to close.
+                Some(Pending::Close {
+                    evicted: Some((id, s)),
+                    ..
+                }) => prepared.restore(id, s),
                 Some(Pending::Parse {
                     stmt: None,
                     swallow,
@@ -271,7 +321,7 @@ impl Server {
     pub fn probe(&mut self, code: &'static str, message: String, query: bool) {
         if query {
             self.conn.queue_with(|b| frontend::query(b, PROBE_SQL));
-            self.proto.expected_rfq += 1;
+            self.proto.owe_ready(true);
             self.unnamed = 0;
             self.owed.push(Pending::Fail(Box::new((code, message))));
             self.owed.push(Pending::Ready(None));
@@ -295,7 +345,7 @@ impl Server {
     /// PREPARE of this statement under this client name.
     pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.conn.queue(msg);
-        self.proto.expected_rfq += 1;
+        self.proto.owe_ready(true);
         self.owed.push(Pending::Ready(prepares));
     }
 }
@@ -552,12 +602,78 @@ mod tests {
     }
 
     #[test]
+    fn statements_sent_as_sets_of_startup_values_say_reset() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // `RESET a; select 1; RESET b`, the RESETs sent as SETs.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Retag(false));
+        o.push(Pending::Retag(true));
+        o.push(Pending::Ready(None));
+        use backend::*;
+        assert_eq!(
+            reply(&mut o, &mut p, PARAMETER_STATUS, None),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(reply(&mut o, &mut p, DATA_ROW, None), Verdict::Forward);
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+        // An error ends the query: its other statements say nothing.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Retag(true));
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, ERROR_RESPONSE, Some(b"25P02")),
+            Verdict::Forward
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+        // A RESET bound and executed: its Execute ends with the CommandComplete.
+        o.push(Pending::Retag(true));
+        o.push(Pending::Execute);
+        o.push(Pending::Ready(None));
+        assert_eq!(
+            reply(&mut o, &mut p, COMMAND_COMPLETE, None),
+            Verdict::Retag
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        assert!(o.is_empty());
+    }
+
+    #[test]
     fn closes_describes_and_answers_in_line() {
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
         assert!(o.is_empty());
-        o.push(Pending::Close { swallow: true });
-        o.push(Pending::Close { swallow: false });
+        o.push(Pending::Close {
+            swallow: true,
+            evicted: None,
+        });
+        o.push(Pending::Close {
+            swallow: false,
+            evicted: None,
+        });
         o.push(Pending::Describe);
         o.push(Pending::Answer(Answer::ParseComplete));
         o.push(Pending::Describe);
@@ -606,7 +722,10 @@ mod tests {
             stmt: None,
         });
         o.push(Pending::Describe);
-        o.push(Pending::Close { swallow: true });
+        o.push(Pending::Close {
+            swallow: true,
+            evicted: None,
+        });
         o.push(Pending::Answer(Answer::CloseComplete));
         assert!(o.before_first_bind());
         o.push(Pending::Bind);

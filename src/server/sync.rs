@@ -322,17 +322,31 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         ));
     }
     if server.proto.copy_in {
+        // (If the client's CopyDone went already, the server ignores this.)
         queue_copy_fail(server);
-        server.proto.copy_in = false;
+        server.proto.sent_copy_end();
     }
     if server.proto.unsynced {
         server.conn.queue_with(frontend::sync);
         server.proto.unsynced = false;
-        server.proto.expected_rfq += 1;
+        server.proto.owe_ready(false);
     }
     if server.proto.expected_rfq > 0 {
         // A query may be running: cancel it rather than wait for it.
         let _ = super::connect::send_cancel(&server.addr, server.key).await;
+        server
+            .conn
+            .flush()
+            .await
+            .map_err(|e| ServerError::Conn(e.into()))?;
+        drain(server).await?;
+    }
+    if server.proto.unsynced {
+        // The COPY of an Execute failed after the Sync sent with it (which the server
+        // ignored while copying in): it skips to another.
+        server.conn.queue_with(frontend::sync);
+        server.proto.unsynced = false;
+        server.proto.owe_ready(false);
         server
             .conn
             .flush()
@@ -351,7 +365,7 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         }
         server.prepared.clear();
     }
-    if server.proto.tx_status != b'I' || !server.conn.rbuf.is_empty() {
+    if !server.proto.is_idle() || !server.conn.rbuf.is_empty() {
         return Err(ServerError::Login("server not idle after cleanup".into()));
     }
     Ok(())

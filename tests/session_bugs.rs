@@ -1,0 +1,836 @@
+//! Oracle tests for three session bugs real applications hit (issue 19): a COPY streamed
+//! without waiting for CopyInResponse, `RESET name` and `SET name TO DEFAULT` returning to
+//! the client's startup value, and pgcarpool's own statement names under churn. Each script
+//! runs as raw bytes straight to PostgreSQL and through pgcarpool over a pool of one or
+//! two servers; every message the client receives must be the same.
+mod harness;
+
+use std::time::Duration;
+
+use harness::wire::{message, startup_message};
+use harness::{TempPostgres, TestPooler, console_value, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A raw protocol client: sends bytes as given, reads whole messages.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+type Msgs = Vec<(u8, Vec<u8>)>;
+
+impl Raw {
+    /// Log in (trust) with extra startup parameters; returns what came up to the first
+    /// ReadyForQuery, BackendKeyData left out.
+    async fn connect(port: u16, user: &str, db: &str, params: &[(&str, &str)]) -> (Raw, Msgs) {
+        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut r = Raw { s, buf: Vec::new() };
+        let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
+            .into_iter()
+            .chain(params.iter().copied())
+            .collect();
+        r.send(&startup_message(&all)).await;
+        let mut got = r.until_ready(1).await;
+        assert!(
+            !got.iter().any(|(t, _)| *t == b'E'),
+            "login failed: {got:?}"
+        );
+        got.retain(|(t, _)| !matches!(*t, b'K' | b'R'));
+        (r, got)
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.unwrap();
+    }
+
+    /// Every message up to and including the `n`th ReadyForQuery; panics after 20 s
+    /// without a message.
+    async fn until_ready(&mut self, mut n: usize) -> Msgs {
+        let mut out = Vec::new();
+        while n > 0 {
+            let (tag, body) = self.next().await;
+            if tag == b'Z' {
+                n -= 1;
+            }
+            out.push((tag, body));
+        }
+        out
+    }
+
+    async fn next(&mut self) -> (u8, Vec<u8>) {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..1 + len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..1 + len);
+                    return (tag, body);
+                }
+            }
+            let mut chunk = vec![0u8; 64 * 1024];
+            let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
+                .await
+                .expect("raw client: no reply within 20 s")
+                .unwrap();
+            assert!(n > 0, "raw client: connection closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn cstr(b: &mut Vec<u8>, s: &str) {
+    b.extend_from_slice(s.as_bytes());
+    b.push(0);
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, sql);
+    message(b'Q', &b)
+}
+
+/// Parse (unnamed, or `name`), Bind without parameters, Execute: no Sync.
+fn extended(name: &str, sql: &str) -> Vec<u8> {
+    let mut p = Vec::new();
+    cstr(&mut p, name);
+    cstr(&mut p, sql);
+    p.extend_from_slice(&0i16.to_be_bytes());
+    let mut b = Vec::new();
+    cstr(&mut b, "");
+    cstr(&mut b, name);
+    b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut e = Vec::new();
+    cstr(&mut e, "");
+    e.extend_from_slice(&0i32.to_be_bytes());
+    [message(b'P', &p), message(b'B', &b), message(b'E', &e)].concat()
+}
+
+fn sync() -> Vec<u8> {
+    message(b'S', &[])
+}
+
+fn copy_data(data: &[u8]) -> Vec<u8> {
+    message(b'd', data)
+}
+
+fn copy_done() -> Vec<u8> {
+    message(b'c', &[])
+}
+
+fn copy_fail(why: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, why);
+    message(b'f', &b)
+}
+
+/// `rows` text rows (`v`, `t`) in CopyData messages of about `chunk` bytes each.
+fn text_rows(rows: usize, chunk: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    for i in 0..rows {
+        cur.extend_from_slice(format!("{i}\trow-{i}-{}\n", "x".repeat(i % 50)).as_bytes());
+        if cur.len() >= chunk {
+            out.extend(copy_data(&cur));
+            cur.clear();
+        }
+    }
+    if !cur.is_empty() {
+        out.extend(copy_data(&cur));
+    }
+    out
+}
+
+/// The same rows in COPY's binary format, one CopyData per row (header and trailer in
+/// their own).
+fn binary_rows(rows: usize) -> Vec<u8> {
+    let mut out = copy_data(&[b"PGCOPY\n\xff\r\n\0".as_slice(), &[0; 8]].concat());
+    for i in 0..rows {
+        let t = format!("bin-{i}");
+        let mut r = 2i16.to_be_bytes().to_vec();
+        r.extend_from_slice(&4i32.to_be_bytes());
+        r.extend_from_slice(&(i as i32).to_be_bytes());
+        r.extend_from_slice(&(t.len() as i32).to_be_bytes());
+        r.extend_from_slice(t.as_bytes());
+        out.extend(copy_data(&r));
+    }
+    out.extend(copy_data(&(-1i16).to_be_bytes()));
+    out
+}
+
+async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .start()
+        .await
+}
+
+/// SHOW POOLS' sv_active and sv_idle of postgres@testdb.
+async fn servers(admin: &tokio_postgres::Client) -> (String, String) {
+    let keys = [("database", "testdb"), ("user", "postgres")];
+    let active = console_value(admin, "POOLS", &keys, "sv_active").await;
+    let idle = console_value(admin, "POOLS", &keys, "sv_idle").await;
+    (active.unwrap_or_default(), idle.unwrap_or_default())
+}
+
+/// One COPY case: steps of bytes, each with the ReadyForQuery messages it ends with.
+struct Case {
+    name: &'static str,
+    steps: Vec<(Vec<u8>, usize)>,
+}
+
+fn copy_cases() -> Vec<Case> {
+    let q = |s: &str| query(s);
+    let copy_in = "copy copied from stdin";
+    let copy_in_bin = "copy copied from stdin (format binary)";
+    let mut cases = vec![
+        Case {
+            name: "small text COPY IN",
+            steps: vec![([q(copy_in), text_rows(10, 1), copy_done()].concat(), 1)],
+        },
+        Case {
+            name: "large text COPY IN",
+            steps: vec![(
+                [q(copy_in), text_rows(60_000, 8 * 1024), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "small binary COPY IN",
+            steps: vec![([q(copy_in_bin), binary_rows(10), copy_done()].concat(), 1)],
+        },
+        Case {
+            name: "large binary COPY IN",
+            steps: vec![(
+                [q(copy_in_bin), binary_rows(40_000), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [q("begin"), q(copy_in), text_rows(10, 1), copy_done()].concat(),
+                    2,
+                ),
+                (q("commit"), 1),
+            ],
+        },
+        Case {
+            name: "bad row in the middle of a COPY IN",
+            steps: vec![(
+                [
+                    q(copy_in),
+                    text_rows(5, 1),
+                    copy_data(b"bad\tbad\n"),
+                    text_rows(5, 1),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row early in a large COPY IN",
+            steps: vec![(
+                [
+                    q(copy_in),
+                    copy_data(b"bad\tbad\n"),
+                    text_rows(60_000, 8 * 1024),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row in a COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [
+                        q("begin"),
+                        q(copy_in),
+                        copy_data(b"1\tone\nbad\tbad\n"),
+                        copy_done(),
+                        q("select 1"),
+                    ]
+                    .concat(),
+                    3,
+                ),
+                (q("rollback"), 1),
+            ],
+        },
+        Case {
+            name: "CopyFail",
+            steps: vec![(
+                [q(copy_in), text_rows(10, 1), copy_fail("client gave up")].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN of a table that does not exist",
+            steps: vec![(
+                [q("copy nosuch from stdin"), text_rows(3, 1), copy_done()].concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "COPY IN among other statements of one query",
+            steps: vec![(
+                [
+                    q("select 1; copy copied from stdin; select 2"),
+                    text_rows(3, 1),
+                    copy_done(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            // libpq's way: the Sync sent with the Execute is ignored while the server
+            // copies; another follows CopyDone.
+            name: "extended-protocol COPY IN",
+            steps: vec![(
+                [
+                    extended("", copy_in),
+                    sync(),
+                    text_rows(10, 1),
+                    copy_done(),
+                    sync(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "bad row in an extended-protocol COPY IN",
+            steps: vec![(
+                [
+                    extended("", copy_in),
+                    sync(),
+                    copy_data(b"1\tone\nbad\tbad\n"),
+                    copy_done(),
+                    sync(),
+                ]
+                .concat(),
+                1,
+            )],
+        },
+        Case {
+            name: "extended-protocol COPY IN inside a transaction block",
+            steps: vec![
+                (
+                    [
+                        q("begin"),
+                        extended("", copy_in_bin),
+                        sync(),
+                        binary_rows(10),
+                        copy_done(),
+                        sync(),
+                    ]
+                    .concat(),
+                    2,
+                ),
+                (q("commit"), 1),
+            ],
+        },
+    ];
+    for (name, sql) in [
+        (
+            "small text COPY OUT",
+            "copy (select g, 'r' || g from generate_series(1, 10) g) to stdout",
+        ),
+        (
+            "large text COPY OUT",
+            "copy (select g, repeat('y', 100) from generate_series(1, 40000) g) to stdout",
+        ),
+        (
+            "large binary COPY OUT",
+            "copy (select g, repeat('y', 100) from generate_series(1, 40000) g) to stdout (format binary)",
+        ),
+        (
+            "COPY OUT failing in the middle",
+            "copy (select 10 / (5000 - g) from generate_series(1, 10000) g) to stdout",
+        ),
+    ] {
+        cases.push(Case {
+            name,
+            steps: vec![([q(sql), q("select 'after'")].concat(), 2)],
+        });
+    }
+    cases.push(Case {
+        name: "COPY OUT inside a transaction block",
+        steps: vec![
+            (
+                [
+                    q("begin"),
+                    q("copy (select g from generate_series(1, 10) g) to stdout"),
+                ]
+                .concat(),
+                2,
+            ),
+            (q("commit"), 1),
+        ],
+    });
+    cases
+}
+
+/// Every COPY case, written in one go before anything is read, gives the client what
+/// PostgreSQL gives it; its server is held while the client is in a transaction block and
+/// given back when PostgreSQL reports ReadyForQuery 'I' (a pool of one then serves
+/// another client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_streamed_without_waiting_gives_the_server_back_at_ready_for_query() {
+    let pg = TempPostgres::start();
+    pg.psql_in(
+        "testdb",
+        "create table copied (v int, t text); grant all on copied to public",
+    );
+    let p = pool_of(&pg, 1).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    for case in copy_cases() {
+        let mut want = Vec::new();
+        let (mut direct, _) = Raw::connect(pg.port(), "postgres", "testdb", &[]).await;
+        for (bytes, ready) in &case.steps {
+            direct.send(bytes).await;
+            want.push(direct.until_ready(*ready).await);
+        }
+        let (mut c, _) = Raw::connect(p.port(), "postgres", "testdb", &[]).await;
+        for (k, (bytes, ready)) in case.steps.iter().enumerate() {
+            c.send(bytes).await;
+            let got = c.until_ready(*ready).await;
+            assert!(
+                got == want[k],
+                "{}: step {k} differs from PostgreSQL's\n--- PostgreSQL\n{:?}\n--- pgcarpool\n{:?}",
+                case.name,
+                want[k].iter().map(|m| m.0 as char).collect::<String>(),
+                got.iter().map(|m| m.0 as char).collect::<String>(),
+            );
+            let status = got.last().unwrap().1[0];
+            if status == b'I' {
+                // Given back at once; another client of the pool of one is served.
+                let released = eventually(Duration::from_secs(10), || async {
+                    servers(&admin).await == ("0".into(), "1".into())
+                })
+                .await;
+                assert!(
+                    released,
+                    "{}: step {k}: the client is idle but its server is not: {:?}",
+                    case.name,
+                    servers(&admin).await
+                );
+                let other = p.connect("postgres", "testdb").await;
+                let row = other.query_one("select 42", &[]).await.unwrap();
+                assert_eq!(row.get::<_, i32>(0), 42, "{}", case.name);
+            } else {
+                assert_eq!(
+                    servers(&admin).await.0,
+                    "1",
+                    "{}: step {k}: in a transaction block the server stays with the client",
+                    case.name
+                );
+            }
+        }
+    }
+    p.shutdown().await;
+}
+
+/// SHOW STATS' total_received of testdb (bytes from its clients, counted when a server
+/// goes back).
+async fn received(admin: &tokio_postgres::Client) -> u64 {
+    console_value(admin, "STATS", &[("database", "testdb")], "total_received")
+        .await
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// CopyData and CopyDone that come after the COPY failed (the client streamed them
+/// before it read the error) owe nothing: PostgreSQL ignores them, and the server they
+/// went to is given back as soon as they are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_messages_after_the_copy_ended_do_not_hold_a_server() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let stray = [text_rows(3, 1), copy_done(), copy_fail("late")].concat();
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    for port in [pg.port(), p.port()] {
+        let (mut c, _) = Raw::connect(port, "postgres", "testdb", &[]).await;
+        c.send(&query("copy nosuch from stdin")).await;
+        let mut t = c.until_ready(1).await;
+        let before = received(&admin).await;
+        c.send(&stray).await;
+        if port == p.port() {
+            // Counted once the server is back.
+            let counted = eventually(Duration::from_secs(10), || async {
+                received(&admin).await >= before + stray.len() as u64
+            })
+            .await;
+            assert!(
+                counted,
+                "the server that got the stray messages was not given back: {:?}",
+                servers(&admin).await
+            );
+            assert_eq!(servers(&admin).await, ("0".into(), "1".into()));
+        }
+        c.send(&query("select 1")).await;
+        t.extend(c.until_ready(1).await);
+        if port == p.port() {
+            got = t;
+        } else {
+            want = t;
+        }
+    }
+    assert_eq!(want, got);
+    p.shutdown().await;
+}
+
+async fn pool_with(pg: &TempPostgres, size: usize, max_prepared: usize) -> TestPooler {
+    TestPooler::builder(pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .setting("max_prepared_statements", &max_prepared.to_string())
+        .start()
+        .await
+}
+
+/// No step of any client's transcript has an error.
+fn no_errors(t: &[Vec<Vec<String>>]) {
+    for (i, c) in t.iter().enumerate() {
+        for (k, s) in c.iter().enumerate() {
+            assert!(
+                !s.iter().any(|l| l.starts_with("Error")),
+                "client {i} step {k}: {s:?}"
+            );
+        }
+    }
+}
+
+fn run(name: &str, sql: &str) -> String {
+    format!("P {name}|{sql}\nB |{name}|\nE \nS")
+}
+
+/// pgcarpool's record of the statements a server holds follows what the server did, in
+/// the order it did it: statements parsed after a DEALLOCATE ALL in the same transaction
+/// stay; a DEALLOCATE ALL the server refused (failed transaction block) drops nothing; a
+/// Close pgcarpool sent to make room that the server skipped (an error earlier in the
+/// same pipeline) leaves the statement there. Its names never collide (42P05) where
+/// PostgreSQL's would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_statement_names_follow_what_the_server_holds() {
+    let pg = TempPostgres::start();
+    for size in [1, 2] {
+        let p = pool_with(&pg, size, 2).await;
+        let scripts: Vec<Vec<String>> = (0..4)
+            .map(|i| {
+                vec![
+                    // Parsed after DEALLOCATE ALL within one transaction.
+                    format!(
+                        "Q begin\nQ deallocate all\n{}\nQ commit",
+                        run("a", "select 1")
+                    ),
+                    run("a2", "select 1"),
+                    // Closes to make room, skipped after an error in the pipeline.
+                    run("c", "select 3"),
+                    format!(
+                        "P d|select 1/0\nB |d|\nE \nP e|select 4, {i}\nB |e|\nE \nP f|select 5\nB |f|\nE \nS"
+                    ),
+                    run("c2", "select 3"),
+                    run("a3", "select 1"),
+                    // DEALLOCATE ALL as a prepared statement of its own, then more.
+                    format!(
+                        "Q begin\n{}\n{}\nQ commit",
+                        run("g", "deallocate all"),
+                        run("h", "select 6")
+                    ),
+                    run("h2", "select 6"),
+                    run("c3", "select 3"),
+                    "B |a2|\nE \nS".into(),
+                    run("a4", "select 1"),
+                ]
+            })
+            .collect();
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+        for c in &t {
+            assert!(
+                c[3].iter().any(|l| l.starts_with("Error 22012")),
+                "{:?}",
+                c[3]
+            );
+            assert!(
+                c[9].iter().any(|l| l.starts_with("Error 26000")),
+                "{:?}",
+                c[9]
+            );
+            let clean: Vec<_> = [0, 1, 2, 4, 5, 6, 7, 8, 10]
+                .iter()
+                .map(|&k| vec![c[k].clone()])
+                .collect();
+            no_errors(&clean);
+        }
+        // A DEALLOCATE ALL the server refuses (failed transaction block) drops nothing.
+        let steps: Vec<String> = vec![
+            "Q begin".into(),
+            run("b", "select 2"),
+            "Q select 1/0".into(),
+            "Q deallocate all".into(),
+            "Q rollback".into(),
+            "B |b|\nE \nS".into(),
+            run("b2", "select 2"),
+        ];
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+        assert!(
+            t[0][3].iter().any(|l| l.starts_with("Error 25P02")),
+            "{:?}",
+            t[0][3]
+        );
+        no_errors(&[vec![t[0][5].clone(), t[0][6].clone()]]);
+        p.shutdown().await;
+    }
+}
+
+fn db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    }
+}
+
+/// One churning client (tokio-postgres): transactions of server-prepared statements from
+/// 80 texts (60 shared by every client), its own cache of at most 40 (the ones it drops
+/// are closed), DEALLOCATE ALL inside a transaction every 37 statements,
+/// every tenth transaction rolled back. Returns the errors it got.
+async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
+    let (mut c, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut rng = client
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    let mut cache: Vec<(u64, tokio_postgres::Statement)> = Vec::new();
+    let mut errors = Vec::new();
+    let mut statements = 0;
+    for x in 0..transactions {
+        let tx = c.transaction().await.unwrap();
+        for _ in 0..5 {
+            statements += 1;
+            if statements % 37 == 0 {
+                if let Err(e) = tx.batch_execute("DEALLOCATE ALL").await {
+                    errors.push(db_error(&e));
+                }
+                cache.clear();
+                continue;
+            }
+            let k = next(80);
+            let stmt = match cache.iter().position(|(key, _)| *key == k) {
+                Some(i) => cache.remove(i).1,
+                None => {
+                    let params = 1 + (k % 7) as usize;
+                    let list: Vec<String> = (1..=params).map(|i| format!("${i}::int")).collect();
+                    let who = if k < 60 { 0 } else { client };
+                    let sql = format!(
+                        "select {k} + {who}, x from unnest(array[{}]) x order by {}",
+                        list.join(", "),
+                        if k % 2 == 0 { "x" } else { "x desc" }
+                    );
+                    match tx.prepare(&sql).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            errors.push(db_error(&e));
+                            break;
+                        }
+                    }
+                }
+            };
+            let n = stmt.params().len() as i32;
+            let values: Vec<i32> = (0..n).collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+                .iter()
+                .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            match tx.query(&stmt, &refs).await {
+                Ok(rows) => assert_eq!(rows.len(), n as usize),
+                Err(e) => {
+                    errors.push(db_error(&e));
+                    break;
+                }
+            }
+            cache.push((k, stmt));
+            if cache.len() > 40 {
+                cache.remove(0);
+            }
+        }
+        let done = if x % 10 == 9 {
+            tx.rollback().await
+        } else {
+            tx.commit().await
+        };
+        if let Err(e) = done {
+            errors.push(db_error(&e));
+        }
+    }
+    errors
+}
+
+/// The report's shape, bounded: 16 clients churning over a pool of two with a small
+/// max_prepared_statements (evictions). Straight to PostgreSQL nobody gets an error;
+/// through pgcarpool nobody may either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_churn_gives_no_error_postgresql_would_not() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 2, 30).await;
+    for (what, dsn) in [
+        ("PostgreSQL", pg.dsn("postgres", "testdb")),
+        ("pgcarpool", p.dsn("postgres", "testdb")),
+    ] {
+        let runs: Vec<_> = (0..16)
+            .map(|i| tokio::spawn(churn(dsn.clone(), i, 60)))
+            .collect();
+        let mut errors = Vec::new();
+        for r in runs {
+            errors.extend(r.await.unwrap());
+        }
+        assert!(
+            errors.is_empty(),
+            "{what}: {} errors: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
+    }
+    p.shutdown().await;
+}
+
+/// Every way back to a setting's default gives the value the client's startup packet set,
+/// as PostgreSQL does: RESET, SET … TO DEFAULT / = DEFAULT, SET SESSION, SET LOCAL in a
+/// transaction block, RESET in a rolled back block, by simple Query and by Parse (unnamed
+/// and named), with other clients' startup values on the same servers in between. The
+/// client gets the same messages, ParameterStatus included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_returns_to_the_startup_value() {
+    let pg = TempPostgres::start();
+    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
+        (
+            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+            sqls.len(),
+        )
+    };
+    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
+    let steps: Vec<(Vec<u8>, usize)> = vec![
+        q(&[
+            "SET statement_timeout = 5",
+            "RESET statement_timeout",
+            "SHOW statement_timeout",
+        ]),
+        q(&[
+            "SET application_name = 'other'",
+            "RESET application_name",
+            "SHOW application_name",
+        ]),
+        q(&[
+            "SET search_path = pg_catalog",
+            "SET search_path TO DEFAULT",
+            "SHOW search_path",
+        ]),
+        q(&[
+            "SET SESSION statement_timeout = 7",
+            "SET SESSION statement_timeout = DEFAULT",
+            "SHOW statement_timeout",
+        ]),
+        q(&[
+            "SET statement_timeout = 9",
+            "SET application_name = 'nine'",
+            "BEGIN",
+            "SET LOCAL statement_timeout TO DEFAULT",
+            "SET LOCAL application_name TO DEFAULT",
+            "SHOW statement_timeout",
+            "COMMIT",
+            "SHOW statement_timeout",
+            "RESET statement_timeout; RESET application_name",
+            "SHOW application_name",
+        ]),
+        q(&[
+            "SET statement_timeout = 11",
+            "BEGIN",
+            "RESET statement_timeout",
+            "SHOW statement_timeout",
+            "ROLLBACK",
+            "SHOW statement_timeout",
+            "RESET statement_timeout",
+        ]),
+        (
+            [
+                query("SET application_name = 'ext'"),
+                ext("", "RESET application_name"),
+                ext("", "SHOW application_name"),
+                query("SET statement_timeout = 13"),
+                ext("to_default", "SET statement_timeout TO DEFAULT"),
+                ext("", "SHOW statement_timeout"),
+                query("SET statement_timeout = 14"),
+                ext("reset", "RESET statement_timeout"),
+                ext("", "SHOW statement_timeout"),
+            ]
+            .concat(),
+            9,
+        ),
+        q(&[
+            "SHOW statement_timeout",
+            "SHOW application_name",
+            "SHOW search_path",
+        ]),
+    ];
+    for size in [1, 2] {
+        let p = pool_of(&pg, size).await;
+        let mut results = Vec::new();
+        for port in [pg.port(), p.port()] {
+            let mut clients = Vec::new();
+            for i in 0..4 {
+                let app = format!("app-{i}");
+                let options =
+                    format!("-c statement_timeout=25{i}7 -c search_path=public,\\ pg_catalog");
+                let params = [
+                    ("application_name", app.as_str()),
+                    ("options", options.as_str()),
+                ];
+                clients.push(Raw::connect(port, "postgres", "testdb", &params).await.0);
+            }
+            let mut got = vec![Vec::new(); clients.len()];
+            for (bytes, ready) in &steps {
+                for (i, c) in clients.iter_mut().enumerate() {
+                    c.send(bytes).await;
+                    got[i].push(c.until_ready(*ready).await);
+                }
+            }
+            results.push(got);
+        }
+        for (i, (want, got)) in results[0].iter().zip(&results[1]).enumerate() {
+            for (k, (w, g)) in want.iter().zip(got).enumerate() {
+                let show = |m: &Msgs| -> Vec<String> {
+                    m.iter()
+                        .map(|(t, b)| format!("{} {}", *t as char, String::from_utf8_lossy(b)))
+                        .collect()
+                };
+                assert_eq!(show(w), show(g), "pool of {size}, client {i}, step {k}");
+            }
+            assert!(
+                want[0].iter().any(|(t, b)| *t == b'D'
+                    && String::from_utf8_lossy(b).contains(&format!("25{i}7ms"))),
+                "the script tests nothing: {:?}",
+                want[0]
+            );
+        }
+        p.shutdown().await;
+    }
+}
