@@ -40,10 +40,13 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut held: Option<PooledServer> = None;
     loop {
         let cfg = c.shared.config.load_full();
-        if held.is_none() {
+        // A pinned client that also listens through the pool's listener waits here too, to
+        // be given its notifications between transactions.
+        if held.is_none() || c.listening.is_listening() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase).await? {
+            let pinned = held.is_some();
+            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase, pinned).await? {
                 Wait::Request => {}
                 Wait::Terminate => return Ok(Exit::Left),
                 Wait::Handover => return Ok(Exit::Handover),
@@ -115,6 +118,7 @@ async fn transaction(
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
     server.served = true;
+    super::notify::claim(c, server.key.0);
     c.reg.handle.set_server(Some(ServerLink {
         id: server.id,
         addr: server.addr.clone(),
@@ -180,6 +184,9 @@ async fn transaction(
             if let Some(held) = server.take_notifications(c.session.backend_pid) {
                 c.conn.queue(held);
             }
+            let (notified, discard_all) = (effects.notify, effects.discard_all);
+            super::notify::after_transaction(c, server.key.0, notified, discard_all).await?;
+            super::notify::deliver(c)?;
             server.discard = c.session.pin.is_some();
             if c.session.pin.is_some() {
                 return Ok(After::Next(Some(server)));
@@ -317,7 +324,7 @@ async fn after_transaction(
     Ok(Ok(()))
 }
 
-fn killed(c: &Client) -> ClientError {
+pub(super) fn killed(c: &Client) -> ClientError {
     ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
 }
 
@@ -359,9 +366,12 @@ async fn wait_for_request(
     idle_timeout: Option<std::time::Duration>,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
     phase: &mut PhaseWatch,
+    pinned: bool,
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
+        // Between transactions: what the pool's listener queued for the client is its now.
+        super::notify::deliver(c)?;
         if c.conn.out_pending() {
             tokio::select! {
                 biased;
@@ -372,6 +382,16 @@ async fn wait_for_request(
         if let Some(&tag) = c.conn.rbuf.first() {
             if tag == frontend::TERMINATE {
                 return Ok(Wait::Terminate);
+            }
+            if pinned {
+                return Ok(Wait::Request);
+            }
+            if let Some(done) = super::notify::answer(c, kill.as_mut()).await? {
+                match done {
+                    Local::Answered => continue,
+                    Local::NeedServer => return Ok(Wait::Request),
+                    Local::Incomplete => {}
+                }
             }
             match answer_without_server(c)? {
                 Local::Answered => continue,
@@ -399,10 +419,12 @@ async fn wait_for_request(
                 _ = kill.as_mut() => return Err(killed(c)),
             }
         }
+        let inbox = c.listening.inbox.clone();
         if c.conn.rbuf.is_empty() {
             // Idle: hold no buffers while waiting, only read once bytes are there.
             c.conn.shrink_all();
             tokio::select! {
+                _ = super::notify::woken(inbox) => continue,
                 r = c.conn.stream.readable() => r?,
                 _ = idle_deadline(deadline) => {
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
@@ -412,6 +434,7 @@ async fn wait_for_request(
             }
         }
         tokio::select! {
+            _ = super::notify::woken(c.listening.inbox.clone()) => continue,
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
                     return Ok(Wait::Terminate);
@@ -435,7 +458,7 @@ async fn idle_deadline(deadline: Option<Instant>) {
     }
 }
 
-enum Local {
+pub(super) enum Local {
     Answered,
     NeedServer,
     Incomplete,
@@ -688,6 +711,11 @@ async fn wait_for_server(
                 if let Some(t) = next(notify_at) {
                     timer.as_mut().reset(t.into());
                 }
+            }
+            // Not inside a transaction block while it waits: its notifications are its now.
+            _ = super::notify::woken(c.listening.inbox.clone()) => {
+                super::notify::deliver(c)?;
+                let _ = c.conn.flush().await;
             }
             _ = kill.as_mut() => return Err(killed(c)),
         }

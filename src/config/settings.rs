@@ -114,6 +114,9 @@ pub struct Settings {
     pub client_max_settings: usize,
     /// Most bytes the statements of all clients may take (0: no bound).
     pub statement_registry_size: usize,
+    /// Most bytes of notifications queued for one client listening through the pool's
+    /// shared listener (beyond: 54000, client let go).
+    pub notify_queue_limit: usize,
     /// This instance's peer id (0: none; see `peers_dns`).
     pub peer_id: u16,
     /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
@@ -662,6 +665,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
+    typed!(notify_queue_limit, "67108864", reload: true, implemented: true),
     typed!(peers_dns, "", reload: true, implemented: true, parse_peers_dns, Value::show),
     typed!(peers_hosts_file, "", reload: true, implemented: true),
     typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
@@ -809,6 +813,7 @@ impl Settings {
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
+            notify_queue_limit: 64 * 1024 * 1024,
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
@@ -1092,6 +1097,7 @@ mod tests {
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",
+                    "notify_queue_limit",
                     "peers_dns",
                     "peers_hosts_file",
                     "auth_query_cache_ttl",

@@ -1,0 +1,546 @@
+//! LISTEN without a pin: a client's LISTEN, UNLISTEN and `pg_listening_channels()` answered
+//! from its virtual session and the pool's shared listener (`pool::listener`), and the
+//! notifications it receives delivered between its transactions.
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use super::transaction::Local;
+use super::{Client, ClientError};
+use crate::config::PoolMode;
+use crate::pool::Pool;
+use crate::pool::listener::{Inbox, InboxEnd, Op};
+use crate::proto::{self, backend, frontend};
+
+/// The channels a client listens on through the pool's listener, in the order it listened
+/// (`pg_listening_channels()`'s); given up when the client goes.
+#[derive(Default)]
+pub struct Listening {
+    pub inbox: Option<Arc<Inbox>>,
+    pub channels: Vec<String>,
+    /// The pool and the client's id, once it listened.
+    owner: Option<(Arc<Pool>, u64)>,
+}
+
+impl Listening {
+    pub fn is_listening(&self) -> bool {
+        !self.channels.is_empty()
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some((pool, id)) = &self.owner {
+            pool.listener.forget(*id);
+        }
+    }
+}
+
+/// A statement pgcarpool answers for a client that is not pinned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stmt {
+    Listen(String),
+    /// None: UNLISTEN *.
+    Unlisten(Option<String>),
+    /// `SELECT pg_listening_channels()` and `SELECT * FROM pg_listening_channels()`.
+    Channels,
+}
+
+/// PostgreSQL's identifiers are cut at NAMEDATALEN - 1 bytes (with a NOTICE): longer
+/// names go to a server.
+const MAX_IDENT: usize = 63;
+
+/// The statement `sql` is, if it is one LISTEN, UNLISTEN or pg_listening_channels() call
+/// alone (comments, case, quoting and a final `;` as PostgreSQL reads them); None for
+/// anything else (which goes to a server as before).
+pub fn parse(sql: &[u8]) -> Option<Stmt> {
+    let s = super::classify::strip_leading(sql);
+    let (word, rest) = word(s)?;
+    let stmt;
+    let rest = if word.eq_ignore_ascii_case(b"listen") || word.eq_ignore_ascii_case(b"unlisten") {
+        let rest = super::classify::strip_leading(rest);
+        let listen = word.eq_ignore_ascii_case(b"listen");
+        if !listen && rest.first() == Some(&b'*') {
+            stmt = Stmt::Unlisten(None);
+            &rest[1..]
+        } else {
+            let (name, rest) = ident(rest)?;
+            stmt = if listen {
+                Stmt::Listen(name)
+            } else {
+                Stmt::Unlisten(Some(name))
+            };
+            rest
+        }
+    } else if word.eq_ignore_ascii_case(b"select") {
+        stmt = Stmt::Channels;
+        channels_call(super::classify::strip_leading(rest))?
+    } else {
+        return None;
+    };
+    let rest = super::classify::strip_leading(rest);
+    let rest = rest.strip_prefix(b";").unwrap_or(rest);
+    super::classify::strip_leading(rest)
+        .is_empty()
+        .then_some(stmt)
+}
+
+/// A keyword and what follows it.
+fn word(s: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = s
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    (end > 0).then(|| s.split_at(end))
+}
+
+/// An identifier as PostgreSQL reads it: quoted as written, unquoted folded to lower case.
+fn ident(s: &[u8]) -> Option<(String, &[u8])> {
+    let (name, rest) = if s.first() == Some(&b'"') {
+        let mut name = Vec::new();
+        let mut i = 1;
+        loop {
+            match s.get(i)? {
+                b'"' if s.get(i + 1) == Some(&b'"') => {
+                    name.push(b'"');
+                    i += 2;
+                }
+                b'"' => break,
+                &c => {
+                    name.push(c);
+                    i += 1;
+                }
+            }
+        }
+        (name, &s[i + 1..])
+    } else {
+        let first = *s.first()?;
+        if !(first.is_ascii_alphabetic() || first == b'_' || first >= 0x80) {
+            return None;
+        }
+        let end = s
+            .iter()
+            .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80))
+            .unwrap_or(s.len());
+        (s[..end].to_ascii_lowercase(), &s[end..])
+    };
+    if name.is_empty() || name.len() > MAX_IDENT || name.contains(&0) {
+        return None;
+    }
+    Some((String::from_utf8(name).ok()?, rest))
+}
+
+/// After SELECT: `[* FROM] [pg_catalog.]pg_listening_channels()`; the rest of the text.
+fn channels_call(s: &[u8]) -> Option<&[u8]> {
+    let s = match s.strip_prefix(b"*") {
+        Some(rest) => {
+            let (from, rest) = word(super::classify::strip_leading(rest))?;
+            if !from.eq_ignore_ascii_case(b"from") {
+                return None;
+            }
+            super::classify::strip_leading(rest)
+        }
+        None => s,
+    };
+    let s = strip_prefix_ci(s, b"pg_catalog.").unwrap_or(s);
+    let s = strip_prefix_ci(s, b"pg_listening_channels")?;
+    let s = super::classify::strip_leading(s).strip_prefix(b"(")?;
+    super::classify::strip_leading(s).strip_prefix(b")")
+}
+
+fn strip_prefix_ci<'a>(s: &'a [u8], p: &[u8]) -> Option<&'a [u8]> {
+    (s.len() >= p.len() && s[..p.len()].eq_ignore_ascii_case(p)).then(|| &s[p.len()..])
+}
+
+/// What an idle client's buffered request is, if pgcarpool answers it itself: the
+/// statement, how many bytes of the buffer it takes, and whether it came as Parse/Bind/
+/// [Describe]/Execute/Sync (`Some(describe kind)`, 0 for none) rather than a Query.
+struct Request {
+    stmt: Stmt,
+    len: usize,
+    extended: Option<u8>,
+}
+
+/// The client's buffered messages, when they are one statement pgcarpool answers: a
+/// Query, or the unnamed Parse (no parameters), Bind, optional Describe, Execute, Sync.
+fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
+    let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
+        return Ok(None);
+    };
+    if buf.len() < h.total {
+        return Ok(None);
+    }
+    let body = &buf[5..h.total];
+    if h.tag == frontend::QUERY {
+        let sql = frontend::parse_query(body)?;
+        return Ok(parse(sql).map(|stmt| Request {
+            stmt,
+            len: h.total,
+            extended: None,
+        }));
+    }
+    if h.tag != frontend::PARSE {
+        return Ok(None);
+    }
+    let mut r = proto::Reader::new(body, "Parse");
+    if !r.cstr_bytes()?.is_empty() {
+        return Ok(None);
+    }
+    let Some(stmt) = parse(r.cstr_bytes()?) else {
+        return Ok(None);
+    };
+    if r.i16()? != 0 {
+        return Ok(None);
+    }
+    let mut at = h.total;
+    let mut describe = 0;
+    for want in [
+        frontend::BIND,
+        frontend::DESCRIBE,
+        frontend::EXECUTE,
+        frontend::SYNC,
+    ] {
+        let Some(m) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else {
+            return Ok(None);
+        };
+        if buf.len() - at < m.total {
+            return Ok(None);
+        }
+        let body = &buf[at + 5..at + m.total];
+        if m.tag != want {
+            if want == frontend::DESCRIBE && m.tag == frontend::EXECUTE {
+                // No Describe: look at this message as the Execute.
+                let Some(rest) = execute_then_sync(&buf[at..])? else {
+                    return Ok(None);
+                };
+                return Ok(Some(Request {
+                    stmt,
+                    len: at + rest,
+                    extended: Some(0),
+                }));
+            }
+            return Ok(None);
+        }
+        let ok = match m.tag {
+            frontend::BIND => unnamed_bind_without_params(body)?,
+            frontend::DESCRIBE => {
+                describe = body.first().copied().unwrap_or(0);
+                matches!(describe, b'S' | b'P') && body.get(1..) == Some(&[0][..])
+            }
+            frontend::EXECUTE => body.first() == Some(&0),
+            _ => true,
+        };
+        if !ok {
+            return Ok(None);
+        }
+        at += m.total;
+    }
+    Ok(Some(Request {
+        stmt,
+        len: at,
+        extended: Some(describe),
+    }))
+}
+
+/// An Execute of the unnamed portal then a Sync at the start of `buf`: their length.
+fn execute_then_sync(buf: &[u8]) -> Result<Option<usize>, proto::ProtoError> {
+    let Some(e) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
+        return Ok(None);
+    };
+    if buf.len() < e.total || buf.get(5) != Some(&0) {
+        return Ok(None);
+    }
+    let Some(s) = proto::header(&buf[e.total..], proto::MAX_MESSAGE_LEN)? else {
+        return Ok(None);
+    };
+    if s.tag != frontend::SYNC || buf.len() - e.total < s.total {
+        return Ok(None);
+    }
+    Ok(Some(e.total + s.total))
+}
+
+/// A Bind of the unnamed statement to the unnamed portal, with no parameters.
+fn unnamed_bind_without_params(body: &[u8]) -> Result<bool, proto::ProtoError> {
+    let mut r = proto::Reader::new(body, "Bind");
+    if !r.cstr_bytes()?.is_empty() || !r.cstr_bytes()?.is_empty() {
+        return Ok(false);
+    }
+    let formats = r.i16()?;
+    for _ in 0..formats.max(0) {
+        r.i16()?;
+    }
+    Ok(r.i16()? == 0)
+}
+
+/// An idle client that is not pinned and whose buffered request is a LISTEN, UNLISTEN or
+/// pg_listening_channels() call (transaction and statement mode): answered here, through
+/// the pool's listener. None: not such a request.
+pub(super) async fn answer(
+    c: &mut Client,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<Option<Local>, ClientError> {
+    if c.pool.settings().mode == PoolMode::Session || c.session.pin.is_some() {
+        return Ok(None);
+    }
+    let Some(req) = request(&c.conn.rbuf)? else {
+        return Ok(None);
+    };
+    let msgs = c.conn.rbuf.split_to(req.len).freeze();
+    if req.extended.is_some() {
+        // The client's unnamed statement is now this one (a later Bind runs it on a server).
+        let body = &msgs[5..];
+        c.session.parsed_unnamed(&body[1..]);
+    }
+    let outcome = match &req.stmt {
+        Stmt::Channels => Ok(()),
+        Stmt::Listen(ch) if c.listening.channels.contains(ch) => Ok(()),
+        Stmt::Unlisten(Some(ch)) if !c.listening.channels.contains(ch) => Ok(()),
+        Stmt::Unlisten(None) if !c.listening.is_listening() => Ok(()),
+        Stmt::Listen(ch) => {
+            let op = Op::Listen(ch.clone());
+            tokio::select! {
+                r = ask(c, op) => r,
+                _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+            }
+        }
+        Stmt::Unlisten(which) => {
+            let op = Op::Unlisten(which.clone());
+            tokio::select! {
+                r = ask(c, op) => r,
+                _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+            }
+        }
+    };
+    deliver(c)?;
+    let out = reply(&req, &c.listening.channels, outcome);
+    c.conn.queue(out.freeze());
+    Ok(Some(Local::Answered))
+}
+
+/// Ask the pool's listener for `op` on behalf of the client and keep its channels.
+async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
+    let limit = c.shared.config.load().settings.notify_queue_limit;
+    let inbox = c
+        .listening
+        .inbox
+        .get_or_insert_with(|| Inbox::new(c.session.backend_pid, limit))
+        .clone();
+    inbox.set_limit(limit);
+    let id = c.reg.handle.id;
+    c.listening
+        .owner
+        .get_or_insert_with(|| (c.pool.clone(), id));
+    let pool = c.pool.clone();
+    pool.listener
+        .ask(|| pool.listener_target(), id, &inbox, op.clone())
+        .await?;
+    let chans = &mut c.listening.channels;
+    match op {
+        Op::Listen(ch) => chans.push(ch),
+        Op::Unlisten(Some(ch)) => chans.retain(|x| *x != ch),
+        Op::Unlisten(None) => chans.clear(),
+        Op::Sync => {}
+    }
+    Ok(())
+}
+
+/// The replies PostgreSQL would send, in order.
+fn reply(
+    req: &Request,
+    channels: &[String],
+    outcome: Result<(), backend::ErrorFields>,
+) -> BytesMut {
+    let mut out = BytesMut::new();
+    let rows = matches!(req.stmt, Stmt::Channels);
+    if let Some(describe) = req.extended {
+        backend::parse_complete(&mut out);
+        out.put_slice(&[backend::BIND_COMPLETE, 0, 0, 0, 4]);
+        if describe == b'S' {
+            out.put_slice(&[b't', 0, 0, 0, 6, 0, 0]);
+        }
+        if describe != 0 {
+            if rows {
+                backend::row_description(&mut out, &[("pg_listening_channels", 25)]);
+            } else {
+                out.put_slice(&[backend::NO_DATA, 0, 0, 0, 4]);
+            }
+        }
+    } else if rows {
+        backend::row_description(&mut out, &[("pg_listening_channels", 25)]);
+    }
+    match outcome {
+        Ok(()) => {
+            let tag = match &req.stmt {
+                Stmt::Listen(_) => "LISTEN".to_string(),
+                Stmt::Unlisten(_) => "UNLISTEN".to_string(),
+                Stmt::Channels => {
+                    for ch in channels {
+                        backend::data_row(&mut out, [Some(ch.as_str())].into_iter());
+                    }
+                    format!("SELECT {}", channels.len())
+                }
+            };
+            backend::command_complete(&mut out, &tag);
+        }
+        Err(e) => backend::error_response(&mut out, "ERROR", &e.code, &e.message),
+    }
+    backend::ready_for_query(&mut out, b'I');
+    out
+}
+
+/// Give the client what its inbox holds (it is between transactions); Err: it must go.
+pub(super) fn deliver(c: &mut Client) -> Result<(), ClientError> {
+    let Some(inbox) = &c.listening.inbox else {
+        return Ok(());
+    };
+    match inbox.take() {
+        Ok(None) => Ok(()),
+        Ok(Some(b)) => {
+            c.conn.queue(b);
+            Ok(())
+        }
+        Err(InboxEnd::Overflow(limit)) => Err(ClientError::fatal(
+            "54000",
+            format!(
+                "too many notifications queued for this client: notify_queue_limit is {limit} bytes"
+            ),
+        )),
+        Err(InboxEnd::Lost(code, message)) => Err(ClientError::Fatal {
+            code: lost_code(&code),
+            message,
+        }),
+    }
+}
+
+/// The SQLSTATE the listener's server ended with, as a static string.
+fn lost_code(code: &str) -> &'static str {
+    const KNOWN: [&str; 6] = ["57P01", "57P02", "57P03", "57P04", "08006", "08P01"];
+    KNOWN
+        .iter()
+        .find(|k| **k == code)
+        .copied()
+        .unwrap_or("08006")
+}
+
+/// Resolves when something was queued for the client (never when it listens on nothing).
+pub(super) async fn woken(inbox: Option<Arc<Inbox>>) {
+    match inbox {
+        Some(i) => i.wake.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A listening client starts a transaction on the server with this pid: what the server
+/// notifies meanwhile is its own.
+pub(super) fn claim(c: &Client, server_pid: i32) {
+    if c.listening.is_listening() {
+        c.pool.listener.claim(server_pid, c.reg.handle.id);
+    }
+}
+
+/// The transaction is over (its server goes back): when it may have notified, the
+/// listener first sees its notifications through (they reach the client with its own
+/// pid); DISCARD ALL gives up every channel. Err: the listener's error.
+pub(super) async fn after_transaction(
+    c: &mut Client,
+    server_pid: i32,
+    notified: bool,
+    discard_all: bool,
+) -> Result<(), ClientError> {
+    if !c.listening.is_listening() {
+        return Ok(());
+    }
+    let mut r = Ok(());
+    if notified {
+        r = ask(c, Op::Sync).await;
+    }
+    c.pool.listener.unclaim(server_pid, c.reg.handle.id);
+    if discard_all && r.is_ok() {
+        r = ask(c, Op::Unlisten(None)).await;
+    }
+    r.map_err(|e| ClientError::Fatal {
+        code: lost_code(&e.code),
+        message: e.message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_statements_are_read_as_postgresql_reads_them() {
+        let l = |s: &str| Some(Stmt::Listen(s.into()));
+        assert_eq!(parse(b"LISTEN ch"), l("ch"));
+        assert_eq!(parse(b"  listen Ch_1$ ;  "), l("ch_1$"));
+        assert_eq!(
+            parse(b"/* c */ LISTEN \"My \"\"Ch\"\"\" -- x\n"),
+            l("My \"Ch\"")
+        );
+        assert_eq!(parse(b"UNLISTEN *"), Some(Stmt::Unlisten(None)));
+        assert_eq!(
+            parse(b"unlisten \"A\";"),
+            Some(Stmt::Unlisten(Some("A".into())))
+        );
+        assert_eq!(
+            parse(b"select pg_listening_channels()"),
+            Some(Stmt::Channels)
+        );
+        assert_eq!(
+            parse(b"SELECT * FROM pg_catalog.pg_listening_channels ( );"),
+            Some(Stmt::Channels)
+        );
+        // Anything else goes to a server.
+        for s in [
+            &b"LISTEN a; SELECT 1"[..],
+            b"LISTEN",
+            b"LISTEN \"\"",
+            b"LISTEN 1a",
+            b"LISTEN a b",
+            b"LISTEN \"unterminated",
+            b"LISTENa",
+            b"select pg_listening_channels() order by 1",
+            b"select count(*) from pg_listening_channels()",
+            b"NOTIFY a",
+        ] {
+            assert_eq!(parse(s), None, "{}", String::from_utf8_lossy(s));
+        }
+        let long = format!("LISTEN {}", "x".repeat(64));
+        assert_eq!(parse(long.as_bytes()), None);
+    }
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn an_extended_listen_is_answered_whole_or_not_at_all() {
+        let parse_msg = msg(b'P', b"\0LISTEN a\0\0\0");
+        let bind = msg(b'B', b"\0\0\0\0\0\0\0\0");
+        let describe = msg(b'D', b"P\0");
+        let execute = msg(b'E', b"\0\0\0\0\0");
+        let sync = msg(b'S', b"");
+        let all = [&parse_msg, &bind, &describe, &execute, &sync]
+            .map(|m| m.as_slice())
+            .concat();
+        let r = request(&all).unwrap().unwrap();
+        assert_eq!((r.len, r.extended), (all.len(), Some(b'P')));
+        let no_describe = [&parse_msg, &bind, &execute, &sync]
+            .map(|m| m.as_slice())
+            .concat();
+        let r = request(&no_describe).unwrap().unwrap();
+        assert_eq!((r.len, r.extended), (no_describe.len(), Some(0)));
+        // Not yet whole, or with a parameter: not answered here.
+        assert!(request(&all[..all.len() - 1]).unwrap().is_none());
+        let with_param = msg(b'B', b"\0\0\0\0\0\x01\xff\xff\xff\xff\0\0");
+        let p = [&parse_msg, &with_param, &execute, &sync]
+            .map(|m| m.as_slice())
+            .concat();
+        assert!(request(&p).unwrap().is_none());
+    }
+}
