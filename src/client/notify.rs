@@ -155,16 +155,18 @@ fn strip_prefix_ci<'a>(s: &'a [u8], p: &[u8]) -> Option<&'a [u8]> {
 }
 
 /// What an idle client's buffered request is, if pgcarpool answers it itself: the
-/// statement, how many bytes of the buffer it takes, and whether it came as Parse/Bind/
-/// [Describe]/Execute/Sync (`Some(describe kind)`, 0 for none) rather than a Query.
+/// statement, how many bytes of the buffer it takes, and, when it came as Parse, Bind,
+/// Describe, Execute and Sync rather than a Query, the messages after the Parse (`B`ind,
+/// `E`xecute, Describe `S`tatement or `P`ortal) in order.
 struct Request {
     stmt: Stmt,
     len: usize,
-    extended: Option<u8>,
+    extended: Option<Vec<u8>>,
 }
 
 /// The client's buffered messages, when they are one statement pgcarpool answers: a
-/// Query, or the unnamed Parse (no parameters), Bind, optional Describe, Execute, Sync.
+/// Query, or the unnamed Parse (no parameters), then Bind (no parameters), Execute and any
+/// Describes of the unnamed statement and portal, then Sync.
 fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
     let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
         return Ok(None);
@@ -195,70 +197,36 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
         return Ok(None);
     }
     let mut at = h.total;
-    let mut describe = 0;
-    for want in [
-        frontend::BIND,
-        frontend::DESCRIBE,
-        frontend::EXECUTE,
-        frontend::SYNC,
-    ] {
+    let mut steps = Vec::new();
+    loop {
         let Some(m) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else {
             return Ok(None);
         };
-        if buf.len() - at < m.total {
+        if buf.len() - at < m.total || steps.len() > 8 {
             return Ok(None);
         }
         let body = &buf[at + 5..at + m.total];
-        if m.tag != want {
-            if want == frontend::DESCRIBE && m.tag == frontend::EXECUTE {
-                // No Describe: look at this message as the Execute.
-                let Some(rest) = execute_then_sync(&buf[at..])? else {
-                    return Ok(None);
-                };
+        at += m.total;
+        let bound = steps.contains(&b'B');
+        let step = match m.tag {
+            frontend::SYNC if steps.last() == Some(&b'E') => {
                 return Ok(Some(Request {
                     stmt,
-                    len: at + rest,
-                    extended: Some(0),
+                    len: at,
+                    extended: Some(steps),
                 }));
             }
-            return Ok(None);
-        }
-        let ok = match m.tag {
-            frontend::BIND => unnamed_bind_without_params(body)?,
-            frontend::DESCRIBE => {
-                describe = body.first().copied().unwrap_or(0);
-                matches!(describe, b'S' | b'P') && body.get(1..) == Some(&[0][..])
-            }
-            frontend::EXECUTE => body.first() == Some(&0),
-            _ => true,
+            frontend::BIND if !bound && unnamed_bind_without_params(body)? => b'B',
+            frontend::DESCRIBE if body.get(1..) == Some(&[0][..]) => match body[0] {
+                b'S' => b'S',
+                b'P' if bound => b'P',
+                _ => return Ok(None),
+            },
+            frontend::EXECUTE if bound && body.first() == Some(&0) => b'E',
+            _ => return Ok(None),
         };
-        if !ok {
-            return Ok(None);
-        }
-        at += m.total;
+        steps.push(step);
     }
-    Ok(Some(Request {
-        stmt,
-        len: at,
-        extended: Some(describe),
-    }))
-}
-
-/// An Execute of the unnamed portal then a Sync at the start of `buf`: their length.
-fn execute_then_sync(buf: &[u8]) -> Result<Option<usize>, proto::ProtoError> {
-    let Some(e) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
-        return Ok(None);
-    };
-    if buf.len() < e.total || buf.get(5) != Some(&0) {
-        return Ok(None);
-    }
-    let Some(s) = proto::header(&buf[e.total..], proto::MAX_MESSAGE_LEN)? else {
-        return Ok(None);
-    };
-    if s.tag != frontend::SYNC || buf.len() - e.total < s.total {
-        return Ok(None);
-    }
-    Ok(Some(e.total + s.total))
 }
 
 /// A Bind of the unnamed statement to the unnamed portal, with no parameters.
@@ -354,48 +322,77 @@ fn reply(
 ) -> BytesMut {
     let mut out = BytesMut::new();
     let rows = matches!(req.stmt, Stmt::Channels);
-    if let Some(describe) = req.extended {
-        backend::parse_complete(&mut out);
-        out.put_slice(&[backend::BIND_COMPLETE, 0, 0, 0, 4]);
-        if describe == b'S' {
-            out.put_slice(&[b't', 0, 0, 0, 6, 0, 0]);
+    let describe = |out: &mut BytesMut| {
+        if rows {
+            backend::row_description(out, &[("pg_listening_channels", 25)]);
+        } else {
+            out.put_slice(&[backend::NO_DATA, 0, 0, 0, 4]);
         }
-        if describe != 0 {
+    };
+    match &req.extended {
+        None => {
             if rows {
                 backend::row_description(&mut out, &[("pg_listening_channels", 25)]);
-            } else {
-                out.put_slice(&[backend::NO_DATA, 0, 0, 0, 4]);
+            }
+            execute(&mut out, req, channels, outcome);
+        }
+        Some(steps) => {
+            backend::parse_complete(&mut out);
+            let mut outcome = Some(outcome);
+            for step in steps {
+                match step {
+                    b'B' => out.put_slice(&[backend::BIND_COMPLETE, 0, 0, 0, 4]),
+                    b'S' => {
+                        out.put_slice(&[b't', 0, 0, 0, 6, 0, 0]);
+                        describe(&mut out);
+                    }
+                    b'P' => describe(&mut out),
+                    _ => {
+                        let o = outcome.take().unwrap_or(Ok(()));
+                        execute(&mut out, req, channels, o);
+                    }
+                }
             }
         }
-    } else if rows {
-        backend::row_description(&mut out, &[("pg_listening_channels", 25)]);
-    }
-    match outcome {
-        Ok(()) => {
-            let tag = match &req.stmt {
-                Stmt::Listen(_) => "LISTEN".to_string(),
-                Stmt::Unlisten(_) => "UNLISTEN".to_string(),
-                Stmt::Channels => {
-                    for ch in channels {
-                        backend::data_row(&mut out, [Some(ch.as_str())].into_iter());
-                    }
-                    format!("SELECT {}", channels.len())
-                }
-            };
-            backend::command_complete(&mut out, &tag);
-        }
-        Err(e) => backend::error_response(&mut out, "ERROR", &e.code, &e.message),
     }
     backend::ready_for_query(&mut out, b'I');
     out
 }
+
+/// What the statement's execution sends: its rows and CommandComplete, or its error.
+fn execute(
+    out: &mut BytesMut,
+    req: &Request,
+    channels: &[String],
+    outcome: Result<(), backend::ErrorFields>,
+) {
+    if let Err(e) = outcome {
+        return backend::error_response(out, "ERROR", &e.code, &e.message);
+    }
+    let tag = match &req.stmt {
+        Stmt::Listen(_) => "LISTEN".to_string(),
+        Stmt::Unlisten(_) => "UNLISTEN".to_string(),
+        Stmt::Channels => {
+            for ch in channels {
+                backend::data_row(out, [Some(ch.as_str())].into_iter());
+            }
+            format!("SELECT {}", channels.len())
+        }
+    };
+    backend::command_complete(out, &tag);
+}
+
+/// Notifications are moved from the inbox to the client's output only while less than this
+/// waits to be written: a client that does not read has them counted in its inbox (and
+/// bounded by notify_queue_limit), not piling up in its output.
+const DELIVER_BELOW: usize = 256 * 1024;
 
 /// Give the client what its inbox holds (it is between transactions); Err: it must go.
 pub(super) fn deliver(c: &mut Client) -> Result<(), ClientError> {
     let Some(inbox) = &c.listening.inbox else {
         return Ok(());
     };
-    match inbox.take() {
+    match inbox.take(c.conn.out_len() < DELIVER_BELOW) {
         Ok(None) => Ok(()),
         Ok(Some(b)) => {
             c.conn.queue(b);

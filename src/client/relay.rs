@@ -134,6 +134,12 @@ pub struct Relay<'a> {
     /// idle (between transactions) instead of at the client's exit.
     /// (read when the mark comes: the setting may change while a session lasts).
     pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
+    /// The client listens through the pool's listener: a transaction that may have sent
+    /// notifications or ended with DISCARD ALL keeps its last ReadyForQuery back
+    /// (`withheld_ready`), to be sent once the listener has caught up.
+    pub hold_ready: bool,
+    /// The ReadyForQuery kept back (its status).
+    pub withheld_ready: Option<u8>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -189,6 +195,8 @@ impl<'a> Relay<'a> {
             rescan_client: false,
             pools: None,
             fast_close: None,
+            hold_ready: false,
+            withheld_ready: None,
         }
     }
 
@@ -590,6 +598,14 @@ impl<'a> Relay<'a> {
                                     // saying it is inside a transaction.
                                     withheld = h.total;
                                     fwd -= h.total;
+                                }
+                                if matches!(ev, RelayEvent::Release)
+                                    && self.hold_ready
+                                    && (self.effects.notify || self.effects.discard_all)
+                                {
+                                    withheld = h.total;
+                                    fwd -= h.total;
+                                    self.withheld_ready = Some(status);
                                 }
                                 event = Some(ev);
                                 break;

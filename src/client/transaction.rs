@@ -131,6 +131,7 @@ async fn transaction(
     }
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
+    let withheld_ready;
     let (event, counts, effects) = {
         let mut relay = Relay::new(
             &mut c.conn,
@@ -142,6 +143,7 @@ async fn transaction(
         );
         relay.max_client_statements = cfg.settings.client_max_statements;
         relay.pools = Some(&c.shared.pools);
+        relay.hold_ready = c.listening.is_listening();
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
         }
@@ -150,6 +152,7 @@ async fn transaction(
             _ = kill.as_mut() => RelayEvent::Killed,
             ev = relay.run(timeouts) => ev,
         };
+        withheld_ready = relay.withheld_ready;
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
     c.reg.handle.set_server(None);
@@ -186,7 +189,12 @@ async fn transaction(
             }
             let (notified, discard_all) = (effects.notify, effects.discard_all);
             super::notify::after_transaction(c, server.key.0, notified, discard_all).await?;
+            // What came meanwhile is the client's before the ReadyForQuery kept back (its
+            // own notifications come before it, as from PostgreSQL).
             super::notify::deliver(c)?;
+            if let Some(status) = withheld_ready {
+                c.conn.queue_with(|b| backend::ready_for_query(b, status));
+            }
             server.discard = c.session.pin.is_some();
             if c.session.pin.is_some() {
                 return Ok(After::Next(Some(server)));
@@ -373,10 +381,13 @@ async fn wait_for_request(
         // Between transactions: what the pool's listener queued for the client is its now.
         super::notify::deliver(c)?;
         if c.conn.out_pending() {
+            let inbox = c.listening.inbox.clone();
             tokio::select! {
                 biased;
                 _ = kill.as_mut() => return Err(killed(c)),
                 r = c.conn.flush() => r?,
+                // A client that does not read: its notifications count against its bound.
+                _ = super::notify::woken(inbox) => continue,
             }
         }
         if let Some(&tag) = c.conn.rbuf.first() {
@@ -713,10 +724,7 @@ async fn wait_for_server(
                 }
             }
             // Not inside a transaction block while it waits: its notifications are its now.
-            _ = super::notify::woken(c.listening.inbox.clone()) => {
-                super::notify::deliver(c)?;
-                let _ = c.conn.flush().await;
-            }
+            _ = super::notify::woken(c.listening.inbox.clone()) => super::notify::deliver(c)?,
             _ = kill.as_mut() => return Err(killed(c)),
         }
     }

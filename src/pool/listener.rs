@@ -65,13 +65,14 @@ impl Inbox {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
-    /// What waits for the client (None: nothing), or why it must go.
-    pub fn take(&self) -> Result<Option<Bytes>, InboxEnd> {
+    /// What waits for the client (None: nothing, or `room` false: it has no room now), or
+    /// why it must go.
+    pub fn take(&self, room: bool) -> Result<Option<Bytes>, InboxEnd> {
         let mut g = self.lock();
         if let Some(end) = &g.end {
             return Err(end.clone());
         }
-        if g.queued.is_empty() {
+        if g.queued.is_empty() || !room {
             return Ok(None);
         }
         Ok(Some(std::mem::take(&mut g.queued).freeze()))
@@ -554,12 +555,12 @@ mod tests {
         msg.extend_from_slice(b"ch\0pl\0");
         assert_eq!(msg.len(), 15);
         inbox.push(&msg, true);
-        let got = inbox.take().unwrap().unwrap();
+        let got = inbox.take(true).unwrap().unwrap();
         assert_eq!(&got[5..9], &77i32.to_be_bytes());
         inbox.push(&msg, false);
         inbox.push(&msg, false);
         assert_eq!(inbox.queued(), 30);
         inbox.push(&msg, false);
-        assert_eq!(inbox.take(), Err(InboxEnd::Overflow(40)));
+        assert_eq!(inbox.take(false), Err(InboxEnd::Overflow(40)));
     }
 }
