@@ -4,7 +4,6 @@
 mod harness;
 mod pool_support;
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -325,5 +324,316 @@ async fn listen_unlisten_and_pg_listening_channels_answer_as_postgresql_in_both_
             .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))),
         "no pin"
     );
+    p.shutdown().await;
+}
+
+/// A client whose socket is read only while `reading` says so: its notifications (and how
+/// its connection ended) on the channel.
+async fn pausable_client(
+    dsn: &str,
+) -> (
+    Client,
+    tokio::sync::watch::Sender<bool>,
+    mpsc::UnboundedReceiver<Result<Note, String>>,
+) {
+    let (client, mut conn) = tokio_postgres::connect(dsn, NoTls).await.unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (reading, mut watch) = tokio::sync::watch::channel(true);
+    tokio::spawn(async move {
+        loop {
+            if !*watch.borrow_and_update() {
+                if watch.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                m = poll_fn(|cx| conn.poll_message(cx)) => match m {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        let note = (n.process_id(), n.channel().into(), n.payload().into());
+                        let _ = tx.send(Ok(note));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        let _ = tx.send(Err(pool_support::error_text(&e)));
+                        return;
+                    }
+                    None => {
+                        let _ = tx.send(Err(String::new()));
+                        return;
+                    }
+                },
+                _ = watch.changed() => {}
+            }
+        }
+    });
+    (client, reading, rx)
+}
+
+/// Rows of SHOW CLIENTS for `user`.
+async fn clients_of(admin: &Client, user: &str) -> usize {
+    admin
+        .simple_query("SHOW CLIENTS")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("user") == Some(user))
+        })
+        .count()
+}
+
+const CHUNK: usize = 200;
+const CHUNKS: usize = 20;
+const BIG: usize = CHUNK * CHUNKS;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_notify_queue_limit_is_told_and_let_go_others_are_not() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .setting("notify_queue_limit", "2097152")
+        .start()
+        .await;
+    let dsn = p.dsn("md5user", "testdb");
+    let admin = p.connect("postgres", "pgbouncer").await;
+    // One reads everything; one stops reading its socket; one waits in a transaction block
+    // (nothing is delivered there).
+    let (good, mut good_rx) = listener_client(&dsn).await;
+    good.batch_execute("LISTEN big").await.unwrap();
+    let (slow, reading, mut slow_rx) = pausable_client(&dsn).await;
+    slow.batch_execute("LISTEN big").await.unwrap();
+    let mut in_block = connect_watched(&dsn).await;
+    in_block.client.batch_execute("LISTEN big").await.unwrap();
+    in_block.client.batch_execute("BEGIN").await.unwrap();
+    reading.send(false).unwrap();
+    // 28 MB of notifications, 1.4 MB per transaction, each sent once the reading client
+    // has the one before (its backlog stays under the limit).
+    let writer = p.connect("md5user", "testdb").await;
+    let before = clients_of(&admin, "md5user").await;
+    for chunk in 0..CHUNKS {
+        writer
+            .batch_execute(&format!(
+                "select pg_notify('big', lpad(g::text, 7000, 'x')) \
+                 from generate_series({}, {}) g",
+                chunk * CHUNK + 1,
+                (chunk + 1) * CHUNK
+            ))
+            .await
+            .unwrap();
+        for n in chunk * CHUNK..(chunk + 1) * CHUNK {
+            let note = tokio::time::timeout(Duration::from_secs(60), good_rx.recv())
+                .await
+                .expect("the reading client gets every notification")
+                .flatten()
+                .expect("the reading client stays");
+            assert_eq!(note.2, format!("{:x>7000}", n + 1));
+        }
+    }
+    // The client that does not read is let go…
+    wait_for(
+        "the client that does not read to be let go",
+        Duration::from_secs(30),
+        || async { clients_of(&admin, "md5user").await < before },
+    )
+    .await;
+    reading.send(true).unwrap();
+    let mut got = 0;
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(30), slow_rx.recv()).await {
+            Ok(Some(Ok(_))) => got += 1,
+            Ok(Some(Err(why))) => break why,
+            other => panic!("the slow client's connection did not end: {other:?}"),
+        }
+    };
+    assert!(got < BIG, "it was not sent everything: {got}");
+    // What it reads last depends on when it reads again: the FATAL if within the 2 s a
+    // FATAL is given to be written, else the connection's end in the middle of a message.
+    assert!(
+        end.starts_with("54000 too many notifications queued")
+            || end.starts_with("error communicating with the server")
+            || end.is_empty(),
+        "{end}"
+    );
+    // …and the one in a transaction block learns why when its transaction ends.
+    in_block.client.batch_execute("COMMIT").await.unwrap();
+    let why = in_block.events.closed_within(Duration::from_secs(10)).await;
+    assert_eq!(
+        why,
+        "54000 too many notifications queued for this client: notify_queue_limit is 2097152 bytes"
+    );
+    // The reading client goes on as before.
+    writer.batch_execute("NOTIFY big, 'after'").await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), good_rx.recv())
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap();
+    assert_eq!(note.2, "after");
+    assert_eq!(scalar(&good, "select 1").await.unwrap(), "1");
+    p.shutdown().await;
+}
+
+/// The listener's server connection is terminated: every listening client's connection
+/// ends with the server's error, as a session of its own would; the next LISTEN gets a
+/// new listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_listener_ends_listening_clients_with_the_servers_error() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let mut ends = Vec::new();
+    for dsn in [pg.dsn("md5user", "testdb"), p.dsn("md5user", "testdb")] {
+        let mut a = connect_watched(&dsn).await;
+        a.client.batch_execute("LISTEN lost").await.unwrap();
+        let other = tokio_postgres_connect(&dsn).await;
+        // The backend that listens: the client's own, or pgcarpool's listener.
+        let killed: i64 = obs
+            .count(
+                "usename = 'md5user' and query like 'LISTEN%' and pg_terminate_backend(pid)",
+                &[],
+            )
+            .await;
+        assert_eq!(killed, 1);
+        ends.push(a.events.closed_within(Duration::from_secs(10)).await);
+        // Clients that did not listen are not affected.
+        assert_eq!(scalar(&other, "select 1").await.unwrap(), "1");
+    }
+    assert_eq!(
+        ends[0],
+        "57P01 terminating connection due to administrator command"
+    );
+    assert_eq!(ends[1], ends[0]);
+    // A new listener for the next client that listens.
+    let (c, mut rx) = listener_client(&p.dsn("md5user", "testdb")).await;
+    c.batch_execute("LISTEN lost").await.unwrap();
+    let writer = p.connect("md5user", "testdb").await;
+    writer.batch_execute("NOTIFY lost, 'again'").await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap();
+    assert_eq!((note.1.as_str(), note.2.as_str()), ("lost", "again"));
+    p.shutdown().await;
+}
+
+/// Notifications are never delivered inside a transaction block: they wait for its end,
+/// straight from PostgreSQL as through pgcarpool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_delivered_inside_a_transaction_block() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    for dsn in [pg.dsn("md5user", "testdb"), p.dsn("md5user", "testdb")] {
+        let (a, mut a_rx) = listener_client(&dsn).await;
+        let (b, mut b_rx) = listener_client(&dsn).await;
+        a.batch_execute("LISTEN blk").await.unwrap();
+        b.batch_execute("LISTEN blk").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        b.batch_execute("NOTIFY blk, 'x'").await.unwrap();
+        // b has it (it is out there), a inside its block has not.
+        let got = tokio::time::timeout(Duration::from_secs(10), b_rx.recv()).await;
+        assert_eq!(got.unwrap().flatten().unwrap().2, "x");
+        assert_eq!(scalar(&a, "select 1").await.unwrap(), "1");
+        assert!(a_rx.try_recv().is_err(), "{dsn}: delivered inside a block");
+        a.batch_execute("COMMIT").await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), a_rx.recv()).await;
+        assert_eq!(got.unwrap().flatten().unwrap().2, "x", "{dsn}");
+    }
+    p.shutdown().await;
+}
+
+/// Session mode: the client has its own server, which listens itself (as before); no
+/// listener connection is opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_session_mode_the_clients_own_server_listens() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "session")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let obs = Observer::new(&pg).await;
+    let dsn = p.dsn("md5user", "testdb");
+    let (a, mut rx) = listener_client(&dsn).await;
+    a.batch_execute("LISTEN sess").await.unwrap();
+    let own = scalar(&a, "select pg_backend_pid()").await.unwrap();
+    let listening = obs
+        .count("usename = 'md5user' and query like 'LISTEN%'", &[])
+        .await;
+    assert_eq!(
+        listening, 0,
+        "no listener: the server ran select pg_backend_pid() last"
+    );
+    assert_eq!(
+        scalar(&a, "select pg_listening_channels()").await.unwrap(),
+        "sess"
+    );
+    let w = p.connect("md5user", "testdb").await;
+    w.batch_execute("NOTIFY sess, 's'").await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap();
+    assert_eq!(got.2, "s");
+    assert_eq!(obs.backends("md5user").await, 2, "one server per client");
+    let _ = own;
+    p.shutdown().await;
+}
+
+/// LISTEN where pgcarpool cannot see it (a DO block, a transaction block that commits, a
+/// statement among others) still pins the client to its server, whose own LISTEN delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_pgcarpool_cannot_answer_pins_as_before() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let dsn = p.dsn("md5user", "testdb");
+    let w = p.connect("md5user", "testdb").await;
+    for (i, listen) in [
+        "DO $$BEGIN EXECUTE 'LISTEN pinned'; END$$",
+        "BEGIN; LISTEN pinned; COMMIT",
+        "LISTEN pinned; select 1",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, mut rx) = listener_client(&dsn).await;
+        c.batch_execute(listen).await.unwrap();
+        let pins = admin.simple_query("SHOW PINS").await.unwrap();
+        let reasons: Vec<String> = pins
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get("reasons").map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reasons, ["listen"], "{listen}");
+        w.batch_execute(&format!("NOTIFY pinned, '{i}'"))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .flatten()
+            .unwrap();
+        assert_eq!(got.2, i.to_string());
+        c.batch_execute("UNLISTEN pinned").await.unwrap();
+        drop(c);
+    }
     p.shutdown().await;
 }
