@@ -42,9 +42,9 @@ async fn listener_client(dsn: &str) -> (Arc<Client>, mpsc::UnboundedReceiver<Opt
     (Arc::new(client), rx)
 }
 
-const CHANNELS: usize = 10;
-const CLIENTS: usize = 100;
-const WRITERS: usize = 10;
+const CHANNELS: usize = 20;
+const CLIENTS: usize = 200;
+const WRITERS: usize = 20;
 const EACH: usize = 21;
 
 /// The channels client `i` listens on (besides `fin`).
