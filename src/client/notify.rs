@@ -124,13 +124,122 @@ fn ident(s: &[u8]) -> Option<(String, &[u8])> {
             .iter()
             .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80))
             .unwrap_or(s.len());
-        (s[..end].to_ascii_lowercase(), &s[end..])
+        let word = s[..end].to_ascii_lowercase();
+        if NOT_NAMES.iter().any(|k| k.as_bytes() == word.as_slice()) {
+            // PostgreSQL refuses these unquoted: its error comes from a server.
+            return None;
+        }
+        (word, &s[end..])
     };
     if name.is_empty() || name.len() > MAX_IDENT || name.contains(&0) {
         return None;
     }
     Some((String::from_utf8(name).ok()?, rest))
 }
+
+/// PostgreSQL's reserved and type/function-name keywords: not a name unless quoted.
+const NOT_NAMES: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "column",
+    "constraint",
+    "create",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "from",
+    "grant",
+    "group",
+    "having",
+    "in",
+    "initially",
+    "intersect",
+    "into",
+    "lateral",
+    "leading",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "not",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "select",
+    "session_user",
+    "some",
+    "symmetric",
+    "table",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "when",
+    "where",
+    "window",
+    "with",
+    "authorization",
+    "binary",
+    "collation",
+    "concurrently",
+    "cross",
+    "current_schema",
+    "freeze",
+    "full",
+    "ilike",
+    "inner",
+    "is",
+    "isnull",
+    "join",
+    "left",
+    "like",
+    "natural",
+    "notnull",
+    "outer",
+    "overlaps",
+    "right",
+    "similar",
+    "tablesample",
+    "verbose",
+];
 
 /// After SELECT: `[* FROM] [pg_catalog.]pg_listening_channels()`; the rest of the text.
 fn channels_call(s: &[u8]) -> Option<&[u8]> {
@@ -477,6 +586,8 @@ mod tests {
             l("My \"Ch\"")
         );
         assert_eq!(parse(b"UNLISTEN *"), Some(Stmt::Unlisten(None)));
+        assert_eq!(parse(b"LISTEN \"select\""), l("select"));
+        assert_eq!(parse(b"LISTEN name"), l("name"));
         assert_eq!(
             parse(b"unlisten \"A\";"),
             Some(Stmt::Unlisten(Some("A".into())))
@@ -501,6 +612,8 @@ mod tests {
             b"select pg_listening_channels() order by 1",
             b"select count(*) from pg_listening_channels()",
             b"NOTIFY a",
+            b"LISTEN select",
+            b"UNLISTEN user",
         ] {
             assert_eq!(parse(s), None, "{}", String::from_utf8_lossy(s));
         }
@@ -526,12 +639,22 @@ mod tests {
             .map(|m| m.as_slice())
             .concat();
         let r = request(&all).unwrap().unwrap();
-        assert_eq!((r.len, r.extended), (all.len(), Some(b'P')));
+        assert_eq!((r.len, r.extended), (all.len(), Some(b"BPE".to_vec())));
         let no_describe = [&parse_msg, &bind, &execute, &sync]
             .map(|m| m.as_slice())
             .concat();
         let r = request(&no_describe).unwrap().unwrap();
-        assert_eq!((r.len, r.extended), (no_describe.len(), Some(0)));
+        assert_eq!(
+            (r.len, r.extended),
+            (no_describe.len(), Some(b"BE".to_vec()))
+        );
+        // A Describe of the portal before the Bind, an Execute without a Bind: not ours.
+        let early = [&parse_msg, &describe, &bind, &execute, &sync]
+            .map(|m| m.as_slice())
+            .concat();
+        assert!(request(&early).unwrap().is_none());
+        let unbound = [&parse_msg, &execute, &sync].map(|m| m.as_slice()).concat();
+        assert!(request(&unbound).unwrap().is_none());
         // Not yet whole, or with a parameter: not answered here.
         assert!(request(&all[..all.len() - 1]).unwrap().is_none());
         let with_param = msg(b'B', b"\0\0\0\0\0\x01\xff\xff\xff\xff\0\0");

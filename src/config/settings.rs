@@ -951,6 +951,16 @@ pub fn markdown_table() -> String {
 const NOTES: &str = "
 ## Notes
 
+**notify_queue_limit** (pgcarpool, bytes, default 67108864 = 64 MiB, reloadable). In
+transaction mode notifications for a client that listens through its pool's shared
+listener wait in pgcarpool's memory until the client is between transactions and reads
+them. This bounds what may wait for one client (NotificationResponse messages as sent;
+what is already in its socket's output, at most 256 KiB more, is not counted). Past it
+that client alone gets `FATAL 54000 too many notifications queued for this client:
+notify_queue_limit is N bytes` and is let go; others are not affected. The default is
+PostgreSQL's 8 GB notification queue shared by 128 sessions of a small server. Session
+mode does not use it (the client's own server listens).
+
 **peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
 1.19+ (cancel requests passed to the instance that owns the key; see
 docs/scale-out.md). `peers_dns = name[:port]` (pgcarpool) makes every A/AAAA record of
