@@ -343,7 +343,6 @@ fn lost_fields(code: &str, message: &str) -> backend::ErrorFields {
         severity: "ERROR".into(),
         code: code.into(),
         message: message.into(),
-        ..Default::default()
     }
 }
 
