@@ -308,11 +308,14 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
     let mut at = h.total;
     let mut steps = Vec::new();
     loop {
+        if steps.len() > 8 {
+            return Ok(None);
+        }
         let Some(m) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? else {
-            return Ok(None);
+            return Ok(Some(partial(stmt)));
         };
-        if buf.len() - at < m.total || steps.len() > 8 {
-            return Ok(None);
+        if buf.len() - at < m.total {
+            return Ok(Some(partial(stmt)));
         }
         let body = &buf[at + 5..at + m.total];
         at += m.total;
@@ -335,6 +338,16 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
             _ => return Ok(None),
         };
         steps.push(step);
+    }
+}
+
+/// Our Parse, the rest not all there yet (len 0): wait for it rather than send the Parse to
+/// a server.
+fn partial(stmt: Stmt) -> Request {
+    Request {
+        stmt,
+        len: 0,
+        extended: None,
     }
 }
 
@@ -364,6 +377,9 @@ pub(super) async fn answer(
     let Some(req) = request(&c.conn.rbuf)? else {
         return Ok(None);
     };
+    if req.len == 0 {
+        return Ok(Some(Local::Incomplete));
+    }
     let msgs = c.conn.rbuf.split_to(req.len).freeze();
     if req.extended.is_some() {
         // The client's unnamed statement is now this one (a later Bind runs it on a server).
@@ -655,8 +671,8 @@ mod tests {
         assert!(request(&early).unwrap().is_none());
         let unbound = [&parse_msg, &execute, &sync].map(|m| m.as_slice()).concat();
         assert!(request(&unbound).unwrap().is_none());
-        // Not yet whole, or with a parameter: not answered here.
-        assert!(request(&all[..all.len() - 1]).unwrap().is_none());
+        // Not yet whole: wait for the rest; with a parameter: not answered here.
+        assert_eq!(request(&all[..all.len() - 1]).unwrap().unwrap().len, 0);
         let with_param = msg(b'B', b"\0\0\0\0\0\x01\xff\xff\xff\xff\0\0");
         let p = [&parse_msg, &with_param, &execute, &sync]
             .map(|m| m.as_slice())

@@ -397,14 +397,11 @@ async fn wait_for_request(
             if pinned {
                 return Ok(Wait::Request);
             }
-            if let Some(done) = super::notify::answer(c, kill.as_mut()).await? {
-                match done {
-                    Local::Answered => continue,
-                    Local::NeedServer => return Ok(Wait::Request),
-                    Local::Incomplete => {}
-                }
-            }
-            match answer_without_server(c)? {
+            let local = match super::notify::answer(c, kill.as_mut()).await? {
+                Some(local) => local,
+                None => answer_without_server(c)?,
+            };
+            match local {
                 Local::Answered => continue,
                 Local::NeedServer => return Ok(Wait::Request),
                 Local::Incomplete => {}
