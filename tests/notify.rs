@@ -252,6 +252,17 @@ async fn every_client_receives_what_its_own_session_would() {
         assert_eq!(d.len(), g.len(), "client {i}: nothing else");
     }
     assert_one_order(&pooled);
+    // Each writer's notifications carry one pid, its own (not the pool's servers').
+    for run in [&direct, &pooled] {
+        let mut pids: Vec<std::collections::HashSet<i32>> = vec![Default::default(); WRITERS];
+        for n in run.iter().flatten() {
+            let w: usize = n.2[1..n.2.find('-').unwrap()].parse().unwrap();
+            pids[w].insert(n.0);
+        }
+        assert!(pids.iter().all(|p| p.len() == 1), "{pids:?}");
+        let all: std::collections::HashSet<i32> = pids.iter().flatten().copied().collect();
+        assert_eq!(all.len(), WRITERS, "one pid per writer");
+    }
     let most = most.load(Ordering::Relaxed);
     assert!(
         most <= 3,
@@ -634,6 +645,50 @@ async fn a_listen_pgcarpool_cannot_answer_pins_as_before() {
         assert_eq!(got.2, i.to_string());
         c.batch_execute("UNLISTEN pinned").await.unwrap();
         drop(c);
+    }
+    p.shutdown().await;
+}
+
+/// A notification carries the process id its sender was given (BackendKeyData), straight
+/// from PostgreSQL as through pgcarpool, whichever protocol or transaction sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_carries_the_pid_its_sender_was_given() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    for port in [pg.port(), p.port()] {
+        let mut a = Wire::connect(port, "postgres", "testdb").await;
+        a.step("Q LISTEN pids").await;
+        let mut b = Wire::connect(port, "postgres", "testdb").await;
+        let mut c = Wire::connect(port, "postgres", "testdb").await;
+        b.step("Q NOTIFY pids, 'simple'").await;
+        c.step("P |select pg_notify('pids', 'extended')\nB ||\nE \nS")
+            .await;
+        b.step("Q BEGIN").await;
+        b.step("Q NOTIFY pids, 'block'").await;
+        b.step("Q COMMIT").await;
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            seen.extend(a.step("Q select 1").await);
+            if a.notify_pids.len() >= 3 {
+                break;
+            }
+        }
+        let notes: Vec<&String> = seen.iter().filter(|l| l.starts_with("Notify")).collect();
+        assert_eq!(
+            notes,
+            [
+                "Notify pids simple",
+                "Notify pids extended",
+                "Notify pids block"
+            ],
+            "port {port}"
+        );
+        assert_eq!(a.notify_pids, vec![b.pid, c.pid, b.pid], "port {port}");
     }
     p.shutdown().await;
 }

@@ -20,8 +20,11 @@ use crate::proto::{self, backend, frontend};
 pub struct Listening {
     pub inbox: Option<Arc<Inbox>>,
     pub channels: Vec<String>,
-    /// The pool and the client's id, once it listened.
+    /// The pool and the client's id, once it asked the pool's listener for something or
+    /// claimed a server.
     owner: Option<(Arc<Pool>, u64)>,
+    /// It asked the listener to LISTEN at least once.
+    asked: bool,
 }
 
 impl Listening {
@@ -33,7 +36,7 @@ impl Listening {
 impl Drop for Listening {
     fn drop(&mut self) {
         if let Some((pool, id)) = &self.owner {
-            pool.listener.forget(*id);
+            pool.listener.forget(*id, self.asked);
         }
     }
 }
@@ -418,16 +421,17 @@ async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let inbox = c
         .listening
         .inbox
-        .get_or_insert_with(|| Inbox::new(c.session.backend_pid, limit))
+        .get_or_insert_with(|| Inbox::new(limit))
         .clone();
     inbox.set_limit(limit);
     let id = c.reg.handle.id;
     c.listening
         .owner
         .get_or_insert_with(|| (c.pool.clone(), id));
+    c.listening.asked |= matches!(op, Op::Listen(_));
     let pool = c.pool.clone();
     pool.listener
-        .ask(|| pool.listener_target(), id, &inbox, op.clone())
+        .ask(|| pool.listener_target(), id, Some(&inbox), op.clone())
         .await?;
     let chans = &mut c.listening.channels;
     match op {
@@ -554,32 +558,45 @@ pub(super) async fn woken(inbox: Option<Arc<Inbox>>) {
     }
 }
 
-/// A listening client starts a transaction on the server with this pid: what the server
-/// notifies meanwhile is its own.
-pub(super) fn claim(c: &Client, server_pid: i32) {
-    if c.listening.is_listening() {
-        c.pool.listener.claim(server_pid, c.reg.handle.id);
+/// A client starts a transaction on the server with this pid while the pool's listener
+/// runs: what the server notifies meanwhile carries the pid the client was given, as it
+/// would from its own session.
+pub(super) fn claim(c: &mut Client, server_pid: i32) -> bool {
+    if !c.pool.listener.is_running() {
+        return false;
     }
+    let id = c.reg.handle.id;
+    c.listening
+        .owner
+        .get_or_insert_with(|| (c.pool.clone(), id));
+    c.pool.listener.claim(server_pid, id, c.session.backend_pid);
+    true
 }
 
 /// The transaction is over (its server goes back): when it may have notified, the
-/// listener first sees its notifications through (they reach the client with its own
-/// pid); DISCARD ALL gives up every channel. Err: the listener's error.
+/// listener first sees its notifications through (they reach every listener with the
+/// client's pid, the client itself before its ReadyForQuery); DISCARD ALL gives up every
+/// channel. Err: the listener's error.
 pub(super) async fn after_transaction(
     c: &mut Client,
     server_pid: i32,
+    claimed: bool,
     notified: bool,
     discard_all: bool,
 ) -> Result<(), ClientError> {
-    if !c.listening.is_listening() {
-        return Ok(());
-    }
     let mut r = Ok(());
-    if notified {
-        r = ask(c, Op::Sync).await;
+    if claimed {
+        if notified {
+            let pool = c.pool.clone();
+            let id = c.reg.handle.id;
+            r = pool
+                .listener
+                .ask(|| pool.listener_target(), id, None, Op::Sync)
+                .await;
+        }
+        c.pool.listener.unclaim(server_pid, c.reg.handle.id);
     }
-    c.pool.listener.unclaim(server_pid, c.reg.handle.id);
-    if discard_all && r.is_ok() {
+    if discard_all && c.listening.is_listening() && r.is_ok() {
         r = ask(c, Op::Unlisten(None)).await;
     }
     r.map_err(|e| ClientError::Fatal {

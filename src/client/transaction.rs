@@ -118,7 +118,7 @@ async fn transaction(
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
     server.served = true;
-    super::notify::claim(c, server.key.0);
+    let claimed = super::notify::claim(c, server.key.0);
     c.reg.handle.set_server(Some(ServerLink {
         id: server.id,
         addr: server.addr.clone(),
@@ -188,7 +188,8 @@ async fn transaction(
                 c.conn.queue(held);
             }
             let (notified, discard_all) = (effects.notify, effects.discard_all);
-            super::notify::after_transaction(c, server.key.0, notified, discard_all).await?;
+            super::notify::after_transaction(c, server.key.0, claimed, notified, discard_all)
+                .await?;
             // What came meanwhile is the client's before the ReadyForQuery kept back (its
             // own notifications come before it, as from PostgreSQL).
             super::notify::deliver(c)?;

@@ -10,7 +10,7 @@
 //! answer comes after it: the client sees exactly what a session of its own would.
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::Duration;
@@ -35,8 +35,6 @@ pub struct Inbox {
     state: Mutex<InboxState>,
     /// Woken when something was queued or the client must go.
     pub wake: Notify,
-    /// The pid the client was given: its own notifications carry it.
-    pid: i32,
     limit: AtomicUsize,
 }
 
@@ -47,11 +45,10 @@ struct InboxState {
 }
 
 impl Inbox {
-    pub fn new(pid: i32, limit: usize) -> Arc<Inbox> {
+    pub fn new(limit: usize) -> Arc<Inbox> {
         Arc::new(Inbox {
             state: Mutex::default(),
             wake: Notify::new(),
-            pid,
             limit: AtomicUsize::new(limit),
         })
     }
@@ -83,9 +80,10 @@ impl Inbox {
         self.lock().queued.len()
     }
 
-    /// Queue one NotificationResponse; `own`: the client's own (its pid replaces the
-    /// server's). Past the limit nothing more is kept and the client is told to go.
-    fn push(&self, msg: &[u8], own: bool) {
+    /// Queue one NotificationResponse; `sender`: the pid the sending client was given
+    /// (replaces the server's). Past the limit nothing more is kept and the client is told
+    /// to go.
+    fn push(&self, msg: &[u8], sender: Option<i32>) {
         let mut g = self.lock();
         if g.end.is_some() {
             return;
@@ -97,8 +95,8 @@ impl Inbox {
         } else {
             let at = g.queued.len();
             g.queued.extend_from_slice(msg);
-            if own {
-                g.queued[at + 5..at + 9].copy_from_slice(&self.pid.to_be_bytes());
+            if let Some(pid) = sender {
+                g.queued[at + 5..at + 9].copy_from_slice(&pid.to_be_bytes());
             }
         }
         drop(g);
@@ -147,6 +145,8 @@ pub struct ListenerTarget {
 #[derive(Default)]
 pub struct Listener {
     state: Mutex<HubState>,
+    /// A listener connection runs (its commands channel is open).
+    running: AtomicBool,
 }
 
 #[derive(Default)]
@@ -155,8 +155,8 @@ struct HubState {
     tx: Option<mpsc::UnboundedSender<Cmd>>,
     subs: HashMap<u64, Sub>,
     by_channel: HashMap<String, Vec<u64>>,
-    /// Server pid → the listening client whose transaction runs there.
-    claims: HashMap<i32, u64>,
+    /// Server pid → the client whose transaction runs there, and the pid it was given.
+    claims: HashMap<i32, (u64, i32)>,
 }
 
 struct Sub {
@@ -175,13 +175,13 @@ impl Listener {
         self: &Arc<Self>,
         target: impl FnOnce() -> ListenerTarget,
         client: u64,
-        inbox: &Arc<Inbox>,
+        inbox: Option<&Arc<Inbox>>,
         op: Op,
     ) -> Result<(), backend::ErrorFields> {
         let (done, rx) = oneshot::channel();
         let cmd = Cmd {
             client,
-            inbox: Some(inbox.clone()),
+            inbox: inbox.cloned(),
             op,
             done: Some(done),
         };
@@ -192,6 +192,7 @@ impl Listener {
             }
             let tx = g.tx.get_or_insert_with(|| {
                 let (tx, rx) = mpsc::unbounded_channel();
+                self.running.store(true, Ordering::Relaxed);
                 tokio::spawn(serve(self.clone(), rx, target()));
                 tx
             });
@@ -203,16 +204,17 @@ impl Listener {
             .unwrap_or_else(|_| Err(lost_fields("08006", "listener connection lost")))
     }
 
-    /// The client is gone: nothing more is delivered to it; its channels are given up.
-    pub fn forget(&self, client: u64) {
+    /// The client is gone: nothing more is delivered to it; its channels (`listened`: it
+    /// asked for some) are given up.
+    pub fn forget(&self, client: u64, listened: bool) {
         let mut g = self.lock();
         if let Some(sub) = g.subs.remove(&client) {
             for ch in sub.channels {
                 remove_from_channel(&mut g.by_channel, &ch, client);
             }
         }
-        g.claims.retain(|_, c| *c != client);
-        if let Some(tx) = &g.tx {
+        g.claims.retain(|_, c| c.0 != client);
+        if let Some(tx) = g.tx.as_ref().filter(|_| listened) {
             let _ = tx.send(Cmd {
                 client,
                 inbox: None,
@@ -222,15 +224,21 @@ impl Listener {
         }
     }
 
-    /// A listening client's transaction runs on the server with this pid: what that
-    /// server notifies is the client's own (it gets its own pid) until `unclaim`.
-    pub fn claim(&self, server_pid: i32, client: u64) {
-        self.lock().claims.insert(server_pid, client);
+    /// A listener runs for the pool (clients' transactions claim their servers then).
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// A client's transaction runs on the server with this pid: what that server notifies
+    /// carries the pid the client was given (`client_pid`), as from its own session, until
+    /// `unclaim`.
+    pub fn claim(&self, server_pid: i32, client: u64, client_pid: i32) {
+        self.lock().claims.insert(server_pid, (client, client_pid));
     }
 
     pub fn unclaim(&self, server_pid: i32, client: u64) {
         let mut g = self.lock();
-        if g.claims.get(&server_pid) == Some(&client) {
+        if g.claims.get(&server_pid).is_some_and(|c| c.0 == client) {
             g.claims.remove(&server_pid);
         }
     }
@@ -246,11 +254,11 @@ impl Listener {
         let pid = r.i32()?;
         let channel = String::from_utf8_lossy(r.cstr_bytes()?);
         let g = self.lock();
-        let owner = g.claims.get(&pid).copied();
+        let sender = g.claims.get(&pid).map(|c| c.1);
         if let Some(clients) = g.by_channel.get(channel.as_ref()) {
             for c in clients {
                 if let Some(sub) = g.subs.get(c) {
-                    sub.inbox.push(msg, owner == Some(*c));
+                    sub.inbox.push(msg, sender);
                 }
             }
         }
@@ -301,6 +309,7 @@ impl Listener {
             return false;
         }
         g.tx = None;
+        self.running.store(false, Ordering::Relaxed);
         true
     }
 
@@ -310,6 +319,7 @@ impl Listener {
         let (subs, rest) = {
             let mut g = self.lock();
             g.tx = None;
+            self.running.store(false, Ordering::Relaxed);
             g.by_channel.clear();
             rx.close();
             let mut rest = Vec::new();
@@ -548,18 +558,18 @@ mod tests {
 
     #[test]
     fn an_inbox_past_its_limit_ends_the_client() {
-        let inbox = Inbox::new(77, 40);
+        let inbox = Inbox::new(40);
         let mut msg = BytesMut::new();
         msg.extend_from_slice(&[b'A', 0, 0, 0, 17, 0, 0, 0, 5]);
         msg.extend_from_slice(b"ch\0pl\0");
         assert_eq!(msg.len(), 15);
-        inbox.push(&msg, true);
+        inbox.push(&msg, Some(77));
         let got = inbox.take(true).unwrap().unwrap();
         assert_eq!(&got[5..9], &77i32.to_be_bytes());
-        inbox.push(&msg, false);
-        inbox.push(&msg, false);
+        inbox.push(&msg, None);
+        inbox.push(&msg, None);
         assert_eq!(inbox.queued(), 30);
-        inbox.push(&msg, false);
+        inbox.push(&msg, None);
         assert_eq!(inbox.take(false), Err(InboxEnd::Overflow(40)));
     }
 }
