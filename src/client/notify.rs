@@ -274,12 +274,20 @@ struct Request {
     stmt: Stmt,
     len: usize,
     extended: Option<Vec<u8>>,
+    /// It began with a Parse (else with a Bind of a statement the client prepared before).
+    parsed: bool,
 }
 
 /// The client's buffered messages, when they are one statement pgcarpool answers: a
 /// Query, or the unnamed Parse (no parameters), then Bind (no parameters), Execute and any
-/// Describes of the unnamed statement and portal, then Sync.
-fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
+/// Describes of the unnamed statement and portal, then Sync; or a Bind (no parameters) of
+/// a statement the client prepared by name (`named`: its Parse body after the name), then
+/// Execute and Sync (asyncpg's `add_listener` prepares `LISTEN` through its statement
+/// cache).
+fn request(
+    buf: &[u8],
+    named: impl Fn(&[u8]) -> Option<bytes::Bytes>,
+) -> Result<Option<Request>, proto::ProtoError> {
     let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
         return Ok(None);
     };
@@ -293,23 +301,40 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
             stmt,
             len: h.total,
             extended: None,
+            parsed: false,
         }));
     }
-    if h.tag != frontend::PARSE {
-        return Ok(None);
-    }
-    let mut r = proto::Reader::new(body, "Parse");
-    if !r.cstr_bytes()?.is_empty() {
-        return Ok(None);
-    }
-    let Some(stmt) = parse(r.cstr_bytes()?) else {
-        return Ok(None);
+    let (stmt, mut steps) = match h.tag {
+        frontend::PARSE => {
+            let mut r = proto::Reader::new(body, "Parse");
+            if !r.cstr_bytes()?.is_empty() {
+                return Ok(None);
+            }
+            match statement(r.remaining())? {
+                Some(stmt) => (stmt, Vec::new()),
+                None => return Ok(None),
+            }
+        }
+        frontend::BIND => {
+            let mut r = proto::Reader::new(body, "Bind");
+            let portal = r.cstr_bytes()?;
+            let name = r.cstr_bytes()?;
+            if !portal.is_empty() || name.is_empty() || !bind_without_params(body)? {
+                return Ok(None);
+            }
+            match named(name)
+                .map(|rest| statement(&rest))
+                .transpose()?
+                .flatten()
+            {
+                Some(stmt) => (stmt, vec![b'B']),
+                None => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
     };
-    if r.i16()? != 0 {
-        return Ok(None);
-    }
+    let parsed = h.tag == frontend::PARSE;
     let mut at = h.total;
-    let mut steps = Vec::new();
     loop {
         if steps.len() > 8 {
             return Ok(None);
@@ -329,11 +354,12 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
                     stmt,
                     len: at,
                     extended: Some(steps),
+                    parsed,
                 }));
             }
             frontend::BIND if !bound && unnamed_bind_without_params(body)? => b'B',
             frontend::DESCRIBE if body.get(1..) == Some(&[0][..]) => match body[0] {
-                b'S' => b'S',
+                b'S' if parsed => b'S',
                 b'P' if bound => b'P',
                 _ => return Ok(None),
             },
@@ -344,14 +370,24 @@ fn request(buf: &[u8]) -> Result<Option<Request>, proto::ProtoError> {
     }
 }
 
-/// Our Parse, the rest not all there yet (len 0): wait for it rather than send the Parse to
-/// a server.
+/// Ours, the rest not all there yet (len 0): wait for it rather than send it to a server.
 fn partial(stmt: Stmt) -> Request {
     Request {
         stmt,
         len: 0,
         extended: None,
+        parsed: false,
     }
+}
+
+/// The statement of a Parse body after the name (query, parameter types), if it is one we
+/// answer and declares no parameters.
+fn statement(rest: &[u8]) -> Result<Option<Stmt>, proto::ProtoError> {
+    let mut r = proto::Reader::new(rest, "Parse");
+    let Some(stmt) = parse(r.cstr_bytes()?) else {
+        return Ok(None);
+    };
+    Ok((r.i16()? == 0).then_some(stmt))
 }
 
 /// A Bind of the unnamed statement to the unnamed portal, with no parameters.
@@ -360,6 +396,14 @@ fn unnamed_bind_without_params(body: &[u8]) -> Result<bool, proto::ProtoError> {
     if !r.cstr_bytes()?.is_empty() || !r.cstr_bytes()?.is_empty() {
         return Ok(false);
     }
+    bind_without_params(body)
+}
+
+/// A Bind with no parameters.
+fn bind_without_params(body: &[u8]) -> Result<bool, proto::ProtoError> {
+    let mut r = proto::Reader::new(body, "Bind");
+    r.cstr_bytes()?;
+    r.cstr_bytes()?;
     let formats = r.i16()?;
     for _ in 0..formats.max(0) {
         r.i16()?;
@@ -377,14 +421,16 @@ pub(super) async fn answer(
     if c.pool.settings().mode == PoolMode::Session || c.session.pin.is_some() {
         return Ok(None);
     }
-    let Some(req) = request(&c.conn.rbuf)? else {
+    let statements = &c.session.statements;
+    let named = |name: &[u8]| statements.get(name).map(|s| s.parse_rest.clone());
+    let Some(req) = request(&c.conn.rbuf, named)? else {
         return Ok(None);
     };
     if req.len == 0 {
         return Ok(Some(Local::Incomplete));
     }
     let msgs = c.conn.rbuf.split_to(req.len).freeze();
-    if req.extended.is_some() {
+    if req.parsed {
         // The client's unnamed statement is now this one (a later Bind runs it on a server).
         let body = &msgs[5..];
         c.session.parsed_unnamed(&body[1..]);
@@ -466,7 +512,9 @@ fn reply(
             execute(&mut out, req, channels, outcome);
         }
         Some(steps) => {
-            backend::parse_complete(&mut out);
+            if req.parsed {
+                backend::parse_complete(&mut out);
+            }
             let mut outcome = Some(outcome);
             for step in steps {
                 match step {
@@ -671,12 +719,12 @@ mod tests {
         let all = [&parse_msg, &bind, &describe, &execute, &sync]
             .map(|m| m.as_slice())
             .concat();
-        let r = request(&all).unwrap().unwrap();
+        let r = request(&all, |_| None).unwrap().unwrap();
         assert_eq!((r.len, r.extended), (all.len(), Some(b"BPE".to_vec())));
         let no_describe = [&parse_msg, &bind, &execute, &sync]
             .map(|m| m.as_slice())
             .concat();
-        let r = request(&no_describe).unwrap().unwrap();
+        let r = request(&no_describe, |_| None).unwrap().unwrap();
         assert_eq!(
             (r.len, r.extended),
             (no_describe.len(), Some(b"BE".to_vec()))
@@ -685,15 +733,21 @@ mod tests {
         let early = [&parse_msg, &describe, &bind, &execute, &sync]
             .map(|m| m.as_slice())
             .concat();
-        assert!(request(&early).unwrap().is_none());
+        assert!(request(&early, |_| None).unwrap().is_none());
         let unbound = [&parse_msg, &execute, &sync].map(|m| m.as_slice()).concat();
-        assert!(request(&unbound).unwrap().is_none());
+        assert!(request(&unbound, |_| None).unwrap().is_none());
         // Not yet whole: wait for the rest; with a parameter: not answered here.
-        assert_eq!(request(&all[..all.len() - 1]).unwrap().unwrap().len, 0);
+        assert_eq!(
+            request(&all[..all.len() - 1], |_| None)
+                .unwrap()
+                .unwrap()
+                .len,
+            0
+        );
         let with_param = msg(b'B', b"\0\0\0\0\0\x01\xff\xff\xff\xff\0\0");
         let p = [&parse_msg, &with_param, &execute, &sync]
             .map(|m| m.as_slice())
             .concat();
-        assert!(request(&p).unwrap().is_none());
+        assert!(request(&p, |_| None).unwrap().is_none());
     }
 }
