@@ -291,6 +291,9 @@ async fn listen_unlisten_and_pg_listening_channels_answer_as_postgresql_in_both_
         "P s1|LISTEN named\nD S s1\nS",
         "B |s1|\nE \nS",
         "B |s1|\nD P \nE \nS",
+        // Parse, Describe and Flush, then Bind, Execute and Sync (asyncpg's fetch).
+        "P s3|LISTEN flushed\nD S s3\nH",
+        "B |s3|\nE \nS",
         "Q select pg_listening_channels()",
         "P |select pg_listening_channels()\nB ||\nD P \nE \nS",
         "P |select * from pg_catalog.pg_listening_channels()\nD S \nB ||\nE \nS",

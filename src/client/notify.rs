@@ -370,6 +370,105 @@ fn request(
     }
 }
 
+/// A named Parse of a statement we answer, with an optional Describe of it, then Flush or
+/// Sync (asyncpg prepares so): the parts of the buffer it takes.
+struct Prepare {
+    stmt: Stmt,
+    /// The statement's name.
+    name: std::ops::Range<usize>,
+    /// The Parse body after the name.
+    rest: std::ops::Range<usize>,
+    described: bool,
+    sync: bool,
+    len: usize,
+}
+
+/// The client's buffered messages, when they are a named Parse of a LISTEN, UNLISTEN or
+/// pg_listening_channels() call (no parameters), then Describe of it, then Flush or Sync.
+fn prepare_request(buf: &[u8]) -> Result<Option<Prepare>, proto::ProtoError> {
+    let Some(h) = proto::header(buf, proto::MAX_MESSAGE_LEN)? else {
+        return Ok(None);
+    };
+    if h.tag != frontend::PARSE || buf.len() < h.total {
+        return Ok(None);
+    }
+    let body = &buf[5..h.total];
+    let name = proto::Reader::new(body, "Parse").cstr_bytes()?;
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let Some(stmt) = statement(&body[name.len() + 1..])? else {
+        return Ok(None);
+    };
+    let mut p = Prepare {
+        stmt,
+        name: 5..5 + name.len(),
+        rest: 5 + name.len() + 1..h.total,
+        described: false,
+        sync: false,
+        len: h.total,
+    };
+    loop {
+        let Some(m) = proto::header(&buf[p.len..], proto::MAX_MESSAGE_LEN)? else {
+            return Ok(None);
+        };
+        if buf.len() - p.len < m.total {
+            return Ok(None);
+        }
+        let body = &buf[p.len + 5..p.len + m.total];
+        p.len += m.total;
+        match m.tag {
+            frontend::DESCRIBE
+                if !p.described
+                    && body.first() == Some(&b'S')
+                    && body.get(1..body.len().saturating_sub(1)) == Some(name) =>
+            {
+                p.described = true;
+            }
+            frontend::FLUSH => return Ok(Some(p)),
+            frontend::SYNC => {
+                p.sync = true;
+                return Ok(Some(p));
+            }
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// Answer a named Parse of a statement we answer: the name goes into the client's virtual
+/// session (a later Bind of it is answered here, or prepares it on a server as any other).
+fn prepare(c: &mut Client, p: Prepare) -> Local {
+    let max = c.shared.config.load().settings.client_max_statements;
+    if c.session.statements.len() >= max {
+        return Local::NeedServer;
+    }
+    let rest = bytes::Bytes::copy_from_slice(&c.conn.rbuf[p.rest.clone()]);
+    let Ok(stmt) = c.shared.statements.intern(rest) else {
+        // The registry is full: the relay gives the client the registry's error.
+        return Local::NeedServer;
+    };
+    let msgs = c.conn.rbuf.split_to(p.len).freeze();
+    let name = msgs.slice(p.name.clone());
+    c.session.statements.insert(name.clone(), stmt);
+    let generation = c.shared.statements.changes_seen();
+    c.session.parsed_name(name, generation);
+    let mut out = BytesMut::new();
+    backend::parse_complete(&mut out);
+    if p.described {
+        out.put_slice(&[b't', 0, 0, 0, 6, 0, 0]);
+        if p.stmt == Stmt::Channels {
+            backend::row_description(&mut out, &[("pg_listening_channels", 25)]);
+        } else {
+            out.put_slice(&[backend::NO_DATA, 0, 0, 0, 4]);
+        }
+    }
+    if p.sync {
+        backend::ready_for_query(&mut out, b'I');
+    }
+    c.conn.queue(out.freeze());
+    Local::Answered
+}
+
 /// Ours, the rest not all there yet (len 0): wait for it rather than send it to a server.
 fn partial(stmt: Stmt) -> Request {
     Request {
@@ -420,6 +519,9 @@ pub(super) async fn answer(
 ) -> Result<Option<Local>, ClientError> {
     if c.pool.settings().mode == PoolMode::Session || c.session.pin.is_some() {
         return Ok(None);
+    }
+    if let Some(p) = prepare_request(&c.conn.rbuf)? {
+        return Ok(Some(prepare(c, p)));
     }
     let statements = &c.session.statements;
     let named = |name: &[u8]| statements.get(name).map(|s| s.parse_rest.clone());
