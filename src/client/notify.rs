@@ -14,12 +14,17 @@ use crate::pool::Pool;
 use crate::pool::listener::{Inbox, InboxEnd, Op};
 use crate::proto::{self, backend, frontend};
 
+/// What a client has to do with the pool's listener; boxed and made only once it has
+/// (most clients never listen: an idle client's task carries one pointer for it).
+#[derive(Default)]
+pub struct Listening(Option<Box<ListeningState>>);
+
 /// The channels a client listens on through the pool's listener, in the order it listened
 /// (`pg_listening_channels()`'s); given up when the client goes.
 #[derive(Default)]
-pub struct Listening {
-    pub inbox: Option<Arc<Inbox>>,
-    pub channels: Vec<String>,
+pub struct ListeningState {
+    inbox: Option<Arc<Inbox>>,
+    channels: Vec<String>,
     /// The pool and the client's id, once it asked the pool's listener for something or
     /// claimed a server.
     owner: Option<(Arc<Pool>, u64)>,
@@ -29,11 +34,24 @@ pub struct Listening {
 
 impl Listening {
     pub fn is_listening(&self) -> bool {
-        !self.channels.is_empty()
+        self.0.as_ref().is_some_and(|s| !s.channels.is_empty())
+    }
+
+    /// Where the pool's listener queues the client's notifications (None: it never listened).
+    pub fn inbox(&self) -> Option<Arc<Inbox>> {
+        self.0.as_ref().and_then(|s| s.inbox.clone())
+    }
+
+    pub fn channels(&self) -> &[String] {
+        self.0.as_deref().map_or(&[], |s| &s.channels)
+    }
+
+    fn state(&mut self) -> &mut ListeningState {
+        self.0.get_or_insert_with(Box::default)
     }
 }
 
-impl Drop for Listening {
+impl Drop for ListeningState {
     fn drop(&mut self) {
         if let Some((pool, id)) = &self.owner {
             pool.listener.forget(*id, self.asked);
@@ -539,8 +557,8 @@ pub(super) async fn answer(
     }
     let outcome = match &req.stmt {
         Stmt::Channels => Ok(()),
-        Stmt::Listen(ch) if c.listening.channels.contains(ch) => Ok(()),
-        Stmt::Unlisten(Some(ch)) if !c.listening.channels.contains(ch) => Ok(()),
+        Stmt::Listen(ch) if c.listening.channels().contains(ch) => Ok(()),
+        Stmt::Unlisten(Some(ch)) if !c.listening.channels().contains(ch) => Ok(()),
         Stmt::Unlisten(None) if !c.listening.is_listening() => Ok(()),
         Stmt::Listen(ch) => {
             let op = Op::Listen(ch.clone());
@@ -558,7 +576,7 @@ pub(super) async fn answer(
         }
     };
     deliver(c)?;
-    let out = reply(&req, &c.listening.channels, outcome);
+    let out = reply(&req, c.listening.channels(), outcome);
     c.conn.queue(out.freeze());
     Ok(Some(Local::Answered))
 }
@@ -566,22 +584,17 @@ pub(super) async fn answer(
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.
 async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let limit = c.shared.config.load().settings.notify_queue_limit;
-    let inbox = c
-        .listening
-        .inbox
-        .get_or_insert_with(|| Inbox::new(limit))
-        .clone();
+    let (id, pool) = (c.reg.handle.id, c.pool.clone());
+    let state = c.listening.state();
+    let inbox = state.inbox.get_or_insert_with(|| Inbox::new(limit)).clone();
     inbox.set_limit(limit);
-    let id = c.reg.handle.id;
-    c.listening
-        .owner
-        .get_or_insert_with(|| (c.pool.clone(), id));
-    c.listening.asked |= matches!(op, Op::Listen(_));
+    state.owner.get_or_insert_with(|| (pool, id));
+    c.listening.state().asked |= matches!(op, Op::Listen(_));
     let pool = c.pool.clone();
     pool.listener
         .ask(|| pool.listener_target(), id, Some(&inbox), op.clone())
         .await?;
-    let chans = &mut c.listening.channels;
+    let chans = &mut c.listening.state().channels;
     match op {
         Op::Listen(ch) => chans.push(ch),
         Op::Unlisten(Some(ch)) => chans.retain(|x| *x != ch),
@@ -668,7 +681,7 @@ const DELIVER_BELOW: usize = 256 * 1024;
 
 /// Give the client what its inbox holds (it is between transactions); Err: it must go.
 pub(super) fn deliver(c: &mut Client) -> Result<(), ClientError> {
-    let Some(inbox) = &c.listening.inbox else {
+    let Some(inbox) = c.listening.inbox() else {
         return Ok(());
     };
     match inbox.take(c.conn.out_len() < DELIVER_BELOW) {
@@ -716,9 +729,8 @@ pub(super) fn claim(c: &mut Client, server_pid: i32) -> bool {
         return false;
     }
     let id = c.reg.handle.id;
-    c.listening
-        .owner
-        .get_or_insert_with(|| (c.pool.clone(), id));
+    let pool = c.pool.clone();
+    c.listening.state().owner.get_or_insert_with(|| (pool, id));
     c.pool.listener.claim(server_pid, id, c.session.backend_pid);
     true
 }

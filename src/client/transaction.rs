@@ -382,7 +382,7 @@ async fn wait_for_request(
         // Between transactions: what the pool's listener queued for the client is its now.
         super::notify::deliver(c)?;
         if c.conn.out_pending() {
-            let inbox = c.listening.inbox.clone();
+            let inbox = c.listening.inbox();
             tokio::select! {
                 biased;
                 _ = kill.as_mut() => return Err(killed(c)),
@@ -428,7 +428,7 @@ async fn wait_for_request(
                 _ = kill.as_mut() => return Err(killed(c)),
             }
         }
-        let inbox = c.listening.inbox.clone();
+        let inbox = c.listening.inbox();
         if c.conn.rbuf.is_empty() {
             // Idle: hold no buffers while waiting, only read once bytes are there.
             c.conn.shrink_all();
@@ -443,7 +443,7 @@ async fn wait_for_request(
             }
         }
         tokio::select! {
-            _ = super::notify::woken(c.listening.inbox.clone()) => continue,
+            _ = super::notify::woken(c.listening.inbox()) => continue,
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
                     return Ok(Wait::Terminate);
@@ -722,7 +722,7 @@ async fn wait_for_server(
                 }
             }
             // Not inside a transaction block while it waits: its notifications are its now.
-            _ = super::notify::woken(c.listening.inbox.clone()) => super::notify::deliver(c)?,
+            _ = super::notify::woken(c.listening.inbox()) => super::notify::deliver(c)?,
             _ = kill.as_mut() => return Err(killed(c)),
         }
     }
