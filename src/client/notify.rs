@@ -542,7 +542,13 @@ pub(super) async fn answer(
         return Ok(Some(prepare(c, p)));
     }
     let statements = &c.session.statements;
-    let named = |name: &[u8]| statements.get(name).map(|s| s.parse_rest.clone());
+    // (A statement with no effects is none of ours: most Binds are looked at no further.)
+    let named = |name: &[u8]| {
+        statements
+            .get(name)
+            .filter(|s| s.effects.is_some())
+            .map(|s| s.parse_rest.clone())
+    };
     let Some(req) = request(&c.conn.rbuf, named)? else {
         return Ok(None);
     };
