@@ -594,7 +594,7 @@ async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let state = c.listening.state();
     let inbox = state.inbox.get_or_insert_with(|| Inbox::new(limit)).clone();
     inbox.set_limit(limit);
-    state.owner.get_or_insert_with(|| (pool, id));
+    state.owner.get_or_insert((pool, id));
     c.listening.state().asked |= matches!(op, Op::Listen(_));
     let pool = c.pool.clone();
     pool.listener
@@ -736,7 +736,7 @@ pub(super) fn claim(c: &mut Client, server_pid: i32) -> bool {
     }
     let id = c.reg.handle.id;
     let pool = c.pool.clone();
-    c.listening.state().owner.get_or_insert_with(|| (pool, id));
+    c.listening.state().owner.get_or_insert((pool, id));
     c.pool.listener.claim(server_pid, id, c.session.backend_pid);
     true
 }
