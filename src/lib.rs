@@ -23,12 +23,15 @@
 //!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
-//!            session.rs (the virtual session), cancel.rs, registry.rs (SHOW CLIENTS, KILL),
+//!            session.rs (the virtual session), notify.rs (LISTEN/UNLISTEN answered from the
+//!            virtual session, notifications delivered between transactions),
+//!            cancel.rs, registry.rs (SHOW CLIENTS, KILL),
 //!            logins.rs (connections still logging in; the oldest makes room), counts.rs
 //!            (clients per database and user), replication.rs (replication pass-through)
 //! pool/      pool.rs (idle list, FIFO waiters, limits, pause), login.rs (server login
 //!            failures and retry backoff), guard.rs (RAII checkout, cleanup of dirty
-//!            servers), janitor.rs (lifetimes, min_pool_size, shared limits)
+//!            servers), janitor.rs (lifetimes, min_pool_size, shared limits), listener.rs
+//!            (one shared LISTEN connection per pool, fan-out to clients' bounded inboxes)
 //! server/    connect.rs (connect + login, host lists), query.rs (pgcarpool's own queries),
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),

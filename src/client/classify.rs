@@ -31,6 +31,10 @@ pub struct Effects {
     /// locks or create temp tables out of sight (checked afterwards when
     /// check_function_calls is on).
     pub calls: bool,
+    /// The text mentions NOTIFY or pg_notify: the transaction may send notifications (the
+    /// pool's shared listener then sees them through before the server goes back, so that
+    /// a listening sender gets its own with its own pid).
+    pub notify: bool,
 }
 
 impl Effects {
@@ -52,6 +56,7 @@ impl Effects {
         self.ddl |= o.ddl;
         self.reserved_name |= o.reserved_name;
         self.calls |= o.calls;
+        self.notify |= o.notify;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
         }
@@ -100,6 +105,7 @@ pub fn may_matter(sql: &[u8]) -> bool {
             b's' if starts_with_ci(rest, b"set_config") => return true,
             b'a' if starts_with_ci(rest, b"advisory") => return true,
             b'p' if starts_with_ci(rest, b"pg_temp") => return true,
+            b'n' if starts_with_ci(rest, b"notify") => return true,
             b'(' if i > 0 && calls_unknown(&sql[..i]) => return true,
             _ => {}
         }
@@ -279,6 +285,7 @@ pub fn classify(sql: &[u8]) -> Effects {
     for (a, b) in stmts {
         statement(&sql[a..b], single, &mut e);
     }
+    e.notify = contains_ci(sql, b"notify");
     e
 }
 
@@ -654,7 +661,7 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
 }
 
 /// `s` without leading whitespace and comments.
-fn strip_leading(mut s: &[u8]) -> &[u8] {
+pub(crate) fn strip_leading(mut s: &[u8]) -> &[u8] {
     loop {
         let t = s.trim_ascii_start();
         if t.starts_with(b"--") {

@@ -4,6 +4,7 @@ pub mod cancel;
 pub mod classify;
 pub mod counts;
 pub mod logins;
+pub mod notify;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
@@ -65,6 +66,8 @@ pub struct Client {
     pub counted: counts::Counted,
     /// Online restart: why this client stays with this process (None: it moves when idle).
     pub stays: Option<String>,
+    /// The channels it listens on through the pool's shared listener.
+    pub listening: notify::Listening,
 }
 
 /// Serve one client connection from its first byte to its last.
@@ -236,6 +239,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         reg,
         counted,
         stays: None,
+        listening: Default::default(),
     })
 }
 

@@ -142,6 +142,12 @@ pub struct Relay<'a> {
     pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
     /// disable_pqexec: a simple Query ends the client (PgBouncer's "PQexec disallowed").
     pub disable_pqexec: bool,
+    /// The client listens through the pool's listener: a transaction that may have sent
+    /// notifications or ended with DISCARD ALL keeps its last ReadyForQuery back
+    /// (`withheld_ready`), to be sent once the listener has caught up.
+    pub hold_ready: bool,
+    /// The ReadyForQuery kept back (its status).
+    pub withheld_ready: Option<u8>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -199,6 +205,8 @@ impl<'a> Relay<'a> {
             pools: None,
             fast_close: None,
             disable_pqexec: false,
+            hold_ready: false,
+            withheld_ready: None,
         }
     }
 
@@ -621,6 +629,14 @@ impl<'a> Relay<'a> {
                                     // saying it is inside a transaction.
                                     withheld = h.total;
                                     fwd -= h.total;
+                                }
+                                if matches!(ev, RelayEvent::Release)
+                                    && self.hold_ready
+                                    && (self.effects.notify || self.effects.discard_all)
+                                {
+                                    withheld = h.total;
+                                    fwd -= h.total;
+                                    self.withheld_ready = Some(status);
                                 }
                                 event = Some(ev);
                                 break;

@@ -40,10 +40,13 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut held: Option<PooledServer> = None;
     loop {
         let cfg = c.shared.config.load_full();
-        if held.is_none() {
+        // A pinned client that also listens through the pool's listener waits here too, to
+        // be given its notifications between transactions.
+        if held.is_none() || c.listening.is_listening() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase).await? {
+            let pinned = held.is_some();
+            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase, pinned).await? {
                 Wait::Request => {}
                 Wait::Terminate => return Ok(Exit::Left),
                 Wait::Handover => return Ok(Exit::Handover),
@@ -115,6 +118,7 @@ async fn transaction(
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
     server.served = true;
+    let claimed = super::notify::claim(c, server.key.0);
     c.reg.handle.set_server(Some(ServerLink {
         id: server.id,
         addr: server.addr.clone(),
@@ -127,6 +131,7 @@ async fn transaction(
     }
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
+    let withheld_ready;
     let (event, counts, effects) = {
         let mut relay = Relay::new(
             &mut c.conn,
@@ -139,6 +144,7 @@ async fn transaction(
         relay.max_client_statements = cfg.settings.client_max_statements;
         relay.pools = Some(&c.shared.pools);
         relay.disable_pqexec = cfg.settings.disable_pqexec;
+        relay.hold_ready = c.listening.is_listening();
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
         }
@@ -147,6 +153,7 @@ async fn transaction(
             _ = kill.as_mut() => RelayEvent::Killed,
             ev = relay.run(timeouts) => ev,
         };
+        withheld_ready = relay.withheld_ready;
         (event, relay.counts, std::mem::take(&mut relay.effects))
     };
     c.reg.handle.set_server(None);
@@ -180,6 +187,15 @@ async fn transaction(
             }
             if let Some(held) = server.take_notifications(c.session.backend_pid) {
                 c.conn.queue(held);
+            }
+            let (notified, discard_all) = (effects.notify, effects.discard_all);
+            super::notify::after_transaction(c, server.key.0, claimed, notified, discard_all)
+                .await?;
+            // What came meanwhile is the client's before the ReadyForQuery kept back (its
+            // own notifications come before it, as from PostgreSQL).
+            super::notify::deliver(c)?;
+            if let Some(status) = withheld_ready {
+                c.conn.queue_with(|b| backend::ready_for_query(b, status));
             }
             server.discard = c.session.pin.is_some();
             if c.session.pin.is_some() {
@@ -322,7 +338,7 @@ async fn after_transaction(
     Ok(Ok(()))
 }
 
-fn killed(c: &Client) -> ClientError {
+pub(super) fn killed(c: &Client) -> ClientError {
     ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
 }
 
@@ -364,14 +380,20 @@ async fn wait_for_request(
     idle_timeout: Option<std::time::Duration>,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
     phase: &mut PhaseWatch,
+    pinned: bool,
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
+        // Between transactions: what the pool's listener queued for the client is its now.
+        super::notify::deliver(c)?;
         if c.conn.out_pending() {
+            let inbox = c.listening.inbox();
             tokio::select! {
                 biased;
                 _ = kill.as_mut() => return Err(killed(c)),
                 r = c.conn.flush() => r?,
+                // A client that does not read: its notifications count against its bound.
+                _ = super::notify::woken(inbox) => continue,
             }
         }
         if let Some(&tag) = c.conn.rbuf.first() {
@@ -381,7 +403,14 @@ async fn wait_for_request(
             if tag == frontend::QUERY && c.shared.config.load().settings.disable_pqexec {
                 return Err(pqexec_disallowed());
             }
-            match answer_without_server(c)? {
+            if pinned {
+                return Ok(Wait::Request);
+            }
+            let local = match super::notify::answer(c, kill.as_mut()).await? {
+                Some(local) => local,
+                None => answer_without_server(c)?,
+            };
+            match local {
                 Local::Answered => continue,
                 Local::NeedServer => return Ok(Wait::Request),
                 Local::Incomplete => {}
@@ -407,10 +436,12 @@ async fn wait_for_request(
                 _ = kill.as_mut() => return Err(killed(c)),
             }
         }
+        let inbox = c.listening.inbox();
         if c.conn.rbuf.is_empty() {
             // Idle: hold no buffers while waiting, only read once bytes are there.
             c.conn.shrink_all();
             tokio::select! {
+                _ = super::notify::woken(inbox) => continue,
                 r = c.conn.stream.readable() => r?,
                 _ = idle_deadline(deadline) => {
                     return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
@@ -420,6 +451,7 @@ async fn wait_for_request(
             }
         }
         tokio::select! {
+            _ = super::notify::woken(c.listening.inbox()) => continue,
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
                 if r? == 0 {
                     return Ok(Wait::Terminate);
@@ -443,7 +475,7 @@ async fn idle_deadline(deadline: Option<Instant>) {
     }
 }
 
-enum Local {
+pub(super) enum Local {
     Answered,
     NeedServer,
     Incomplete,
@@ -697,6 +729,8 @@ async fn wait_for_server(
                     timer.as_mut().reset(t.into());
                 }
             }
+            // Not inside a transaction block while it waits: its notifications are its now.
+            _ = super::notify::woken(c.listening.inbox()) => super::notify::deliver(c)?,
             _ = kill.as_mut() => return Err(killed(c)),
         }
     }

@@ -125,6 +125,9 @@ pub struct Settings {
     pub client_max_settings: usize,
     /// Most bytes the statements of all clients may take (0: no bound).
     pub statement_registry_size: usize,
+    /// Most bytes of notifications queued for one client listening through the pool's
+    /// shared listener (beyond: 54000, client let go).
+    pub notify_queue_limit: usize,
     /// This instance's peer id (0: none; see `peers_dns`).
     pub peer_id: u16,
     /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
@@ -678,6 +681,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
+    typed!(notify_queue_limit, "67108864", reload: true, implemented: true),
     typed!(peers_dns, "", reload: true, implemented: true, parse_peers_dns, Value::show),
     typed!(peers_hosts_file, "", reload: true, implemented: true),
     typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
@@ -840,6 +844,7 @@ impl Settings {
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
+            notify_queue_limit: 64 * 1024 * 1024,
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
@@ -1094,6 +1099,15 @@ ReadyForQuery.
 
 **conffile.** Shows the file the configuration was read from. Set (in the file, or with
 the console's `SET conffile = '…'`), it names the file the next RELOAD or SIGHUP reads.
+**notify_queue_limit** (pgcarpool, bytes, default 67108864 = 64 MiB, reloadable). In
+transaction mode notifications for a client that listens through its pool's shared
+listener wait in pgcarpool's memory until the client is between transactions and reads
+them. This bounds what may wait for one client (NotificationResponse messages as sent;
+what is already in its socket's output, at most 256 KiB more, is not counted). Past it
+that client alone gets `FATAL 54000 too many notifications queued for this client:
+notify_queue_limit is N bytes` and is let go; others are not affected. The default is
+PostgreSQL's 8 GB notification queue shared by 128 sessions of a small server. Session
+mode does not use it (the client's own server listens).
 
 **peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
 1.19+ (cancel requests passed to the instance that owns the key; see
@@ -1241,6 +1255,7 @@ mod tests {
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",
+                    "notify_queue_limit",
                     "peers_dns",
                     "peers_hosts_file",
                     "auth_query_cache_ttl",

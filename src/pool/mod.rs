@@ -1,6 +1,7 @@
 //! Pools of server connections, one per (database, user); reconciled on reload.
 pub mod guard;
 pub mod janitor;
+pub mod listener;
 pub mod login;
 #[allow(clippy::module_inception)]
 pub mod pool;

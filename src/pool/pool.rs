@@ -164,6 +164,8 @@ pub struct Pool {
     login_changed: Notify,
     /// Woken by RECONNECT and a changed database entry (server_fast_close).
     pub fast_close: Notify,
+    /// The clients listening through the pool's shared listener connection.
+    pub listener: Arc<super::listener::Listener>,
 }
 
 enum Step {
@@ -237,11 +239,23 @@ impl Pool {
             stats: PoolStats::default(),
             login_changed: Notify::new(),
             fast_close: Notify::new(),
+            listener: Arc::default(),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where the pool's shared listener connects (now), under a new server id.
+    pub fn listener_target(&self) -> super::listener::ListenerTarget {
+        let settings = self.settings();
+        super::listener::ListenerTarget {
+            target: settings.target.clone(),
+            db: self.db.clone(),
+            id: self.socket_ids.next(),
+            connect_timeout: settings.server_connect_timeout,
+        }
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {

@@ -476,6 +476,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
             reg,
             counted,
             stays: None,
+            listening: Default::default(),
         };
         crate::client::serve(client).await;
         s2.client_closed(w);

@@ -38,6 +38,9 @@ pub fn stays_because(c: &Client) -> Option<&'static str> {
     if c.session.pin.is_some() {
         return Some("pinned to its server");
     }
+    if c.listening.is_listening() {
+        return Some("listening");
+    }
     if c.session.statements.values().any(|s| s.depends.is_some()) {
         return Some("a prepared statement runs another");
     }
