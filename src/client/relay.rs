@@ -25,6 +25,9 @@ const MAX_INSPECTED: usize = 1024 * 1024;
 /// Largest message either side may send; larger ones are refused.
 const MAX_FORWARDED: usize = i32::MAX as usize;
 
+/// What a client mid-transaction on a primary that stopped being one is told (08006).
+pub const HOST_DEMOTED: &str = "the server's host is no longer the primary (switchover)";
+
 /// Why the relay stopped.
 #[derive(Debug)]
 pub enum RelayEvent {
@@ -134,6 +137,10 @@ pub struct Relay<'a> {
     /// idle (between transactions) instead of at the client's exit.
     /// (read when the mark comes: the setting may change while a session lasts).
     pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
+    /// target_session_attrs=read-write/primary: the pool's hosts. When the server's host
+    /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
+    /// mid-transaction too: nothing more of it reaches that host.
+    pub fence: Option<&'a crate::server::HostList>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -189,6 +196,7 @@ impl<'a> Relay<'a> {
             rescan_client: false,
             pools: None,
             fast_close: None,
+            fence: None,
         }
     }
 
@@ -211,6 +219,13 @@ impl<'a> Relay<'a> {
         };
         let closing = std::sync::atomic::AtomicBool::new(must_close(self.server));
         let mut marked = std::pin::pin!(fast_close.map(|(p, _)| p.fast_close.notified()));
+        let fence = self.fence;
+        let mut demoted = std::pin::pin!(fence.map(|h| h.changed.notified()));
+        if let Some(h) = fence
+            && h.demoted(self.server.host)
+        {
+            return RelayEvent::ServerGone(HOST_DEMOTED.into());
+        }
         loop {
             if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
                 return RelayEvent::ConfigChanged;
@@ -237,6 +252,14 @@ impl<'a> Relay<'a> {
                 {
                     closing.store(must_close(self.server), std::sync::atomic::Ordering::Relaxed);
                     marked.set(fast_close.map(|(p, _)| p.fast_close.notified()));
+                }
+                _ = async { demoted.as_mut().as_pin_mut().expect("guarded").await },
+                    if demoted.is_some() =>
+                {
+                    if fence.is_some_and(|h| h.demoted(self.server.host)) {
+                        return RelayEvent::ServerGone(HOST_DEMOTED.into());
+                    }
+                    demoted.set(fence.map(|h| h.changed.notified()));
                 }
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
@@ -611,6 +634,7 @@ impl<'a> Relay<'a> {
                         break;
                     }
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    note_role_doubt(self.server, code);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
                         // Perhaps a statement parsed before a schema change ("cached plan
                         // must not change result type", "cache lookup failed"): later
@@ -635,6 +659,11 @@ impl<'a> Relay<'a> {
                         // (An error is never swallowed outside an added query.)
                         Verdict::Forward | Verdict::Swallow => fwd += h.total,
                     }
+                }
+                backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
+                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    note_role_doubt(self.server, code);
+                    fwd += h.total;
                 }
                 tag => {
                     if self.virt && self.on_reply(tag, None) == Verdict::Swallow {
@@ -694,6 +723,17 @@ impl<'a> Relay<'a> {
             (PoolMode::Statement, _) => Some(RelayEvent::StatementModeTransaction),
             (PoolMode::Transaction, _) => None,
         }
+    }
+}
+
+/// An error that may mean the server's host is no longer what the pool wants (25006: a
+/// write refused on a read-only host; 57P01/57P02: it is shutting down): the server is
+/// closed when it comes back and its host's role checked again.
+fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
+    if let Some(c) = code
+        && matches!(&c, b"25006" | b"57P01" | b"57P02")
+    {
+        server.role_doubt = Some(c);
     }
 }
 

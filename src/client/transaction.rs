@@ -141,6 +141,10 @@ async fn transaction(
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
         }
+        let hosts = &pool_settings.target.hosts;
+        if hosts.checks_roles() && hosts.attrs.wants_primary() {
+            relay.fence = Some(hosts);
+        }
         let event = tokio::select! {
             biased;
             _ = kill.as_mut() => RelayEvent::Killed,
