@@ -593,10 +593,16 @@ async fn login_by_role(
         s.host = Some(i);
         let (fits, primary) = {
             let book = hosts.book();
-            (
-                book.fits(i, hosts.attrs, hosts.max_lag),
-                book.is_live_primary(i),
-            )
+            let fits = if hosts.attrs == SessionAttrs::PreferStandby {
+                // libpq: a standby if any host is one; the primary only once every host
+                // is known and none is a usable standby.
+                book.fits(i, SessionAttrs::Standby, hosts.max_lag)
+                    || (book.fits(i, hosts.attrs, hosts.max_lag)
+                        && book.hosts.iter().all(|h| h.role != HostRole::Unknown))
+            } else {
+                book.fits(i, hosts.attrs, hosts.max_lag)
+            };
+            (fits, book.is_live_primary(i))
         };
         if fits {
             return finish_login(target, s).await;
