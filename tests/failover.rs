@@ -53,6 +53,10 @@ fn entry(c: &Cluster, attrs: &str) -> String {
 }
 
 async fn pooler(c: &Cluster) -> TestPooler {
+    builder(c).start().await
+}
+
+fn builder(c: &Cluster) -> harness::TestPoolerBuilder {
     harness::transaction_pooler(&c.primary)
         .database("app", &entry(c, "read-write"))
         .database("ro", &entry(c, "prefer-standby"))
@@ -61,8 +65,20 @@ async fn pooler(c: &Cluster) -> TestPooler {
         .setting("max_standby_lag", "65536")
         .setting("server_login_retry", "60")
         .setting("query_wait_timeout", "60")
-        .start()
+}
+
+/// GET /metrics.
+async fn metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
+        .expect("connect to /metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send GET");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.expect("read /metrics");
+    buf
 }
 
 async fn connect(dsn: &str) -> tokio_postgres::Client {
@@ -209,8 +225,8 @@ async fn idle_clients_go_on(idle: &[Idle], new_primary: u16) {
 
 /// The switchover under load: `fail` takes the old primary away, then the standby is
 /// promoted. Checks the load and the idle clients; returns the pooler.
-async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> TestPooler {
-    let pooler = pooler(c).await;
+async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPooler, u16) {
+    let (pooler, metrics_port) = builder(c).start_with_free_port("prometheus_port").await;
     let dsn = pooler.dsn("postgres", "app");
     let (old, new) = (c.primary.port(), c.standby.port());
     let idle = idle_clients(&dsn, old).await;
@@ -255,18 +271,38 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> TestPooler
         load.commits.iter().all(|(t, p)| *p == new || *t < promoted),
         "no write committed on the old primary after the promote"
     );
-    pooler
+    (pooler, metrics_port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_switchover_moves_idle_sessions_to_the_new_primary() {
     let c = cluster();
-    let pooler = switchover(&c, |old| old.stop()).await;
+    let (pooler, metrics_port) = switchover(&c, |old| old.stop()).await;
     let admin = pooler.connect("postgres", "pgbouncer").await;
     let switchovers = console_value(&admin, "HOSTS", &[("database", "app")], "switchovers")
         .await
         .expect("SHOW HOSTS lists app");
     assert_eq!(switchovers, "1");
+    let new = format!("127.0.0.1:{}", c.standby.port());
+    let primary = console_value(
+        &admin,
+        "HOSTS",
+        &[("database", "app"), ("host", &new)],
+        "primary",
+    )
+    .await;
+    assert_eq!(primary.as_deref(), Some("1"));
+    let body = metrics(metrics_port).await;
+    assert!(
+        body.contains("pgcarpool_switchovers_total{database=\"app\",user=\"postgres\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!(
+            "pgcarpool_host_role{{database=\"app\",user=\"postgres\",host=\"{new}\",role=\"primary\"}} 1"
+        )),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,15 +314,24 @@ async fn an_unplanned_failover_moves_idle_sessions_to_the_new_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_former_primary_back_as_a_primary_gets_no_transaction() {
     let c = cluster();
-    let pooler = switchover(&c, |old| old.stop()).await;
+    let (pooler, _) = switchover(&c, |old| old.stop()).await;
     let dsn = pooler.dsn("postgres", "app");
     let new = c.standby.port();
     let load = start_writers(&dsn, 4);
     let before = c.standby.psql_in("testdb", "SELECT count(*) FROM t");
     c.primary.start_again_as_primary();
     let old_rows = c.primary.psql_in("testdb", "SELECT count(*) FROM t");
-    // Until the role check has seen the old primary (on its old timeline) and beyond.
+    // New servers are opened now (RECONNECT closes the pool's), round-robin over the
+    // list: each login must leave the former primary out.
     let admin = pooler.connect("postgres", "pgbouncer").await;
+    admin
+        .simple_query("RECONNECT app")
+        .await
+        .expect("RECONNECT");
+    for _ in 0..20 {
+        let probe = connect(&dsn).await;
+        assert_eq!(port_of(&probe).await.expect("a new client"), new);
+    }
     let old_addr = format!("127.0.0.1:{}", c.primary.port());
     wait_for("the former primary fenced", HUNG, || async {
         console_value(
@@ -300,6 +345,10 @@ async fn a_former_primary_back_as_a_primary_gets_no_transaction() {
             == Some("1")
     })
     .await;
+    admin
+        .simple_query("RECONNECT app")
+        .await
+        .expect("RECONNECT");
     for _ in 0..20 {
         let probe = connect(&dsn).await;
         assert_eq!(port_of(&probe).await.expect("a new client"), new);
