@@ -63,7 +63,9 @@ fn builder(c: &Cluster) -> harness::TestPoolerBuilder {
         .setting("default_pool_size", &POOL.to_string())
         .setting("server_role_check_interval", "0.2")
         .setting("max_standby_lag", "65536")
-        .setting("server_login_retry", "60")
+        // Shorter than the outage: clients wait for a new primary anyway (target_session_attrs),
+        // up to query_wait_timeout.
+        .setting("server_login_retry", "1")
         .setting("query_wait_timeout", "60")
 }
 
@@ -225,6 +227,10 @@ async fn idle_clients_go_on(idle: &[Idle], new_primary: u16) {
 
 /// The switchover under load: `fail` takes the old primary away, then the standby is
 /// promoted. Checks the load and the idle clients; returns the pooler.
+/// How long no primary is up (longer than server_login_retry: clients must wait for the
+/// promote all the same). A deliberate outage, not a synchronisation.
+const NO_PRIMARY_FOR: Duration = Duration::from_millis(1500);
+
 async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPooler, u16) {
     let (pooler, metrics_port) = builder(c).start_with_free_port("prometheus_port").await;
     let dsn = pooler.dsn("postgres", "app");
@@ -237,6 +243,7 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
     })
     .await;
     fail(&c.primary);
+    tokio::time::sleep(NO_PRIMARY_FOR).await;
     c.standby.promote();
     let promoted = Instant::now();
     wait_for("a write on the new primary", FIRST_WRITE_LIMIT, || async {

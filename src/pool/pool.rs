@@ -593,7 +593,9 @@ impl Pool {
                 Ok(Box::new(s))
             }
             Err(e) => {
-                let kind = if e.is_unavailable() {
+                let kind = if matches!(e, ServerError::NoHost(_)) {
+                    LoginFailure::NoRole
+                } else if e.is_unavailable() {
                     LoginFailure::Unavailable
                 } else {
                     LoginFailure::Rejected
@@ -613,7 +615,7 @@ impl Pool {
                 };
                 // Retries while the server is unavailable are frequent: one warning.
                 let addr = &settings.target.addr;
-                if was_failing && kind == LoginFailure::Unavailable {
+                if was_failing && kind != LoginFailure::Rejected {
                     tracing::debug!(server = id, db = %self.db, user = %self.user, %addr,
                         "server login failed: {e}");
                 } else {
