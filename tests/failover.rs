@@ -60,6 +60,10 @@ fn builder(c: &Cluster) -> harness::TestPoolerBuilder {
     harness::transaction_pooler(&c.primary)
         .database("app", &entry(c, "read-write"))
         .database("ro", &entry(c, "prefer-standby"))
+        .database(
+            "sess",
+            &format!("{} pool_mode=session", entry(c, "read-write")),
+        )
         .setting("default_pool_size", &POOL.to_string())
         .setting("server_role_check_interval", "0.2")
         .setting("max_standby_lag", "65536")
@@ -236,6 +240,14 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
     let dsn = pooler.dsn("postgres", "app");
     let (old, new) = (c.primary.port(), c.standby.port());
     let idle = idle_clients(&dsn, old).await;
+    let session = connect(&pooler.dsn("postgres", "sess")).await;
+    assert_eq!(port_of(&session).await.unwrap(), old);
+    let pinned = connect(&dsn).await;
+    pinned
+        .simple_query("CREATE TEMP TABLE mine (x int)")
+        .await
+        .expect("a temp table pins the client");
+    assert_eq!(port_of(&pinned).await.unwrap(), old);
     let load = start_writers(&dsn, WRITERS);
     wait_for("writes on the primary", HUNG, || async {
         let probe = connect(&dsn).await;
@@ -254,6 +266,7 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
     })
     .await;
     idle_clients_go_on(&idle, new).await;
+    held_servers_end_cleanly(&pooler, vec![(session, "sess"), (pinned, "app")], new).await;
     let load = load.finish().await;
     let first_new = load
         .commits
@@ -279,6 +292,29 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
         "no write committed on the old primary after the promote"
     );
     (pooler, metrics_port)
+}
+
+/// A client that keeps its server (session mode, or pinned by a temp table in transaction
+/// mode) loses it with the old primary: one error, then a new connection is served by
+/// the new primary.
+async fn held_servers_end_cleanly(
+    pooler: &TestPooler,
+    held: Vec<(tokio_postgres::Client, &str)>,
+    new: u16,
+) {
+    for (client, db) in held {
+        let e = tokio::time::timeout(HUNG, port_of(&client))
+            .await
+            .expect("hung")
+            .expect_err("its server went with the old primary");
+        let code = e.as_db_error().map(|d| d.code().code().to_string());
+        assert!(
+            e.is_closed() || matches!(code.as_deref(), Some("57P01" | "08006")),
+            "{db}: a connection-level error: {e:?}"
+        );
+        let again = connect(&pooler.dsn("postgres", db)).await;
+        assert_eq!(port_of(&again).await.expect("reconnected"), new, "{db}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
