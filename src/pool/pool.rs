@@ -1162,11 +1162,8 @@ const HOST_ROLE_CHANGED: &str = "host role changed (target_session_attrs)";
 /// read-only refusal matters only to a pool that wants a primary).
 fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
     hosts.checks_roles()
-        && match &s.role_doubt {
-            Some(c) if c == b"25006" => hosts.attrs.wants_primary(),
-            Some(_) => true,
-            None => false,
-        }
+        && s.role_doubt
+            .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
 }
 
 /// An idle server must have nothing to say: any byte or EOF means it is gone or broken.
