@@ -1003,8 +1003,10 @@ not fit is left for the next. `server_role_check_interval` (pgcarpool, seconds, 
 0: no periodic check) also logs in to every host of such an entry to ask again, and a
 server reporting 25006 (to a read-write pool), 57P01, 57P02, or lost, puts its host's
 role in doubt and has it checked at once. A primary on an older timeline than another
-primary seen is fenced (a former primary come back: split brain) and never used again
-until a reload. `max_standby_lag` (pgcarpool, bytes of WAL received and not replayed,
+primary seen is fenced (a former primary come back: split brain): no client is sent to it
+while it stays so, even with the new primary down (rewound into a standby, or promoted
+onto a newer timeline, it is used again; a restart of pgcarpool, or a reload that changes
+the entry's hosts, forgets the timelines seen). `max_standby_lag` (pgcarpool, bytes of WAL received and not replayed,
 default 0: no bound) leaves a standby out of `read-only`, `standby` and `prefer-standby`
 pools while it lags more. See docs/scale-out.md.
 ";

@@ -248,8 +248,11 @@ impl Pool {
 
     /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
     /// closed as they come back.
-    pub fn update_settings(self: &Arc<Self>, s: PoolSettings) {
+    pub fn update_settings(self: &Arc<Self>, mut s: PoolSettings) {
         let mut g = self.lock();
+        // The same hosts: what is known of their roles (a fenced former primary above
+        // all) carries over the reload.
+        s.target.hosts = g.settings.target.hosts.carried_into(s.target.hosts);
         let target_changed = {
             let old = &g.settings.target;
             old.addr != s.target.addr

@@ -223,6 +223,20 @@ impl HostList {
         self
     }
 
+    /// `new` (a reloaded entry's list), with this list's knowledge of the hosts' roles
+    /// when it names the same hosts in the same order.
+    pub fn carried_into(&self, new: HostList) -> HostList {
+        if self.addrs != new.addrs {
+            return new;
+        }
+        HostList {
+            round_robin: new.round_robin,
+            attrs: new.attrs,
+            max_lag: new.max_lag,
+            ..self.clone()
+        }
+    }
+
     fn book(&self) -> std::sync::MutexGuard<'_, RoleBook> {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -898,6 +912,25 @@ mod tests {
     fn hosts(round_robin: bool) -> HostList {
         let a = |h: &str| ServerAddr::new(Some(h), 5432);
         HostList::new(vec![a("a"), a("b"), a("c")], round_robin)
+    }
+
+    #[test]
+    fn a_reload_naming_the_same_hosts_keeps_what_is_known_of_their_roles() {
+        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, 0);
+        let o = |timeline| Observed {
+            standby: false,
+            read_only: false,
+            timeline,
+            lag_bytes: 0,
+        };
+        old.observe(0, o(1), "db");
+        old.observe(1, o(2), "db");
+        assert_eq!(old.switchovers(), 1);
+        let same = old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, 0));
+        assert!(same.round_robin);
+        assert!(same.view()[0].fenced, "the former primary stays fenced");
+        let other = old.carried_into(HostList::new(vec![ServerAddr::new(Some("z"), 1)], true));
+        assert_eq!(other.switchovers(), 0);
     }
 
     #[test]
