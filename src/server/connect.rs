@@ -436,10 +436,12 @@ pub async fn check_roles(target: &ServerTarget, db: &str, timeout: Duration) {
         .unwrap_or(Err(ServerError::Timeout));
         match checked {
             Ok(o) => hosts.observe(i, o, db),
-            Err(e) => {
+            Err(e) if e.is_unavailable() => {
                 tracing::debug!(db, host = %addr, "role check failed: {e}");
                 hosts.forget(i, true, &format!("role check failed: {e}"), db);
             }
+            // Refused (a password, too many connections): says nothing of its role.
+            Err(e) => tracing::debug!(db, host = %addr, "role check failed: {e}"),
         }
     }
 }
@@ -597,7 +599,11 @@ async fn login_by_role(
         let (mut s, o) = match found {
             Ok(f) => f,
             Err(e) => {
-                hosts.forget(i, true, &format!("login failed: {e}"), db);
+                // Down only when it does not answer (a refused password or too many
+                // connections says nothing of its role).
+                if e.is_unavailable() {
+                    hosts.forget(i, true, &format!("login failed: {e}"), db);
+                }
                 seen.push(format!("{} down", hosts.addrs[i]));
                 last = Some(e);
                 continue;
