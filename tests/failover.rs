@@ -110,7 +110,7 @@ struct Load {
 
 /// A writer until `stop`: one INSERT per transaction (a prepared statement), reporting
 /// the port it committed on; a closed connection is opened again.
-async fn writer(dsn: String, stop: Arc<AtomicBool>) -> Load {
+async fn writer(dsn: String, stop: Arc<AtomicBool>, hang_is_failure: bool) -> Load {
     let mut load = Load::default();
     let mut client: Option<tokio_postgres::Client> = None;
     while !stop.load(Ordering::SeqCst) {
@@ -125,15 +125,20 @@ async fn writer(dsn: String, stop: Arc<AtomicBool>) -> Load {
                 Err(_) => panic!("a writer's connect hung"),
             },
         };
+        let limit = if hang_is_failure { HANG_FAILS } else { HUNG };
         let r = tokio::time::timeout(
-            HUNG,
+            limit,
             c.query_one(
                 "INSERT INTO t (v) VALUES (1) RETURNING inet_server_port()",
                 &[],
             ),
         )
-        .await
-        .expect("a writer's transaction hung");
+        .await;
+        let Ok(r) = r else {
+            assert!(hang_is_failure, "a writer's transaction hung");
+            load.failures.push(format!("no answer within {limit:?}"));
+            continue;
+        };
         match r {
             Ok(row) => load
                 .commits
@@ -165,9 +170,15 @@ struct Running {
 }
 
 fn start_writers(dsn: &str, n: usize) -> Running {
+    start_writers_with(dsn, n, false)
+}
+
+/// `hang_is_failure`: a transaction unanswered for HANG_FAILS is a failure (the pooler
+/// compared), not a test failure.
+fn start_writers_with(dsn: &str, n: usize, hang_is_failure: bool) -> Running {
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = (0..n)
-        .map(|_| tokio::spawn(writer(dsn.to_string(), stop.clone())))
+        .map(|_| tokio::spawn(writer(dsn.to_string(), stop.clone(), hang_is_failure)))
         .collect();
     Running { stop, tasks }
 }
@@ -462,4 +473,89 @@ async fn a_prefer_standby_alias_reads_from_the_standby_unless_it_lags() {
         matches!(&simple[1], tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t")),
         "simple protocol: on the standby again"
     );
+}
+
+/// In the comparison: a transaction unanswered this long counts as failed.
+const HANG_FAILS: Duration = Duration::from_secs(3);
+
+/// How long the comparison watches PgBouncer after the promote.
+const PGBOUNCER_WATCH: Duration = Duration::from_secs(10);
+
+/// The same planned switchover through PgBouncer (docs/scale-out.md's comparison), when
+/// `PGBOUNCER_BIN` names a PgBouncer binary: `cargo test --test failover -- --ignored
+/// --nocapture pgbouncer`. PgBouncer 1.25.2 has no target_session_attrs nor per-host
+/// ports, so its entry names the primary's address, as deployments do. Prints what it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PGBOUNCER_BIN; a measurement, not a check"]
+async fn pgbouncer_comparison() {
+    let Some(bin) = std::env::var_os("PGBOUNCER_BIN") else {
+        eprintln!("PGBOUNCER_BIN not set: skipped");
+        return;
+    };
+    let c = cluster();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = harness::free_port();
+    let ini = format!(
+        "[databases]\napp = host=127.0.0.1 port={} dbname=testdb\n[pgbouncer]\n\
+         listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+         auth_type = md5\nauth_file = {}/userlist.txt\nadmin_users = postgres\n\
+         pool_mode = transaction\ndefault_pool_size = {POOL}\nmax_prepared_statements = 200\n\
+         server_login_retry = 1\nquery_wait_timeout = 60\nlogfile = {}/pgbouncer.log\n",
+        c.primary.port(),
+        dir.path().display(),
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("pgbouncer.ini"), ini).unwrap();
+    std::fs::write(
+        dir.path().join("userlist.txt"),
+        "\"postgres\" \"postgres\"\n",
+    )
+    .unwrap();
+    harness::process::give_to_pooler(dir.path());
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(harness::process::user_args())
+        .arg(dir.path().join("pgbouncer.ini"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().expect("start PgBouncer");
+    let dsn = harness::dsn_for(port, "postgres", "app");
+    wait_for("PgBouncer up", HUNG, || async {
+        try_connect(&dsn).await.is_ok()
+    })
+    .await;
+    let (old, new) = (c.primary.port(), c.standby.port());
+    let load = start_writers_with(&dsn, WRITERS, true);
+    wait_for("writes on the primary", HUNG, || async {
+        let probe = connect(&dsn).await;
+        port_of(&probe).await.ok() == Some(old)
+    })
+    .await;
+    c.primary.stop();
+    tokio::time::sleep(NO_PRIMARY_FOR).await;
+    c.standby.promote();
+    let promoted = Instant::now();
+    // A measurement window, not a synchronisation: PgBouncer is watched this long.
+    tokio::time::sleep(PGBOUNCER_WATCH).await;
+    let load = load.finish().await;
+    let after: Vec<_> = load
+        .commits
+        .iter()
+        .filter(|(t, _)| *t >= promoted)
+        .collect();
+    let first_new = after
+        .iter()
+        .filter(|(_, p)| *p == new)
+        .map(|(t, _)| *t)
+        .min();
+    eprintln!(
+        "pgbouncer: {} commits before the promote, {} after ({} on the new primary), {} failed; first write on the new primary: {:?}; failures: {:?}",
+        load.commits.len() - after.len(),
+        after.len(),
+        after.iter().filter(|(_, p)| *p == new).count(),
+        load.failures.len(),
+        first_new.map(|t| t.saturating_duration_since(promoted)),
+        load.failures.iter().take(3).collect::<Vec<_>>()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }
