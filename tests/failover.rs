@@ -559,3 +559,60 @@ async fn pgbouncer_comparison() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A primary turned read-only (`default_transaction_read_only`, as a demotion begins):
+/// writes are not sent to it once that is seen (at most one is refused with 25006, which
+/// has the host checked at once); they wait until it takes writes again. With no periodic
+/// check (server_role_check_interval = 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_primary_makes_writes_wait_until_it_is_writable() {
+    let c = cluster();
+    let pooler = builder(&c)
+        .setting("server_role_check_interval", "0")
+        .start()
+        .await;
+    let dsn = pooler.dsn("postgres", "app");
+    let w = Arc::new(connect(&dsn).await);
+    let insert = "INSERT INTO t (v) VALUES (1) RETURNING inet_server_port()";
+    w.query_one(insert, &[]).await.expect("a write");
+    c.primary
+        .psql("ALTER SYSTEM SET default_transaction_read_only = on");
+    c.primary.psql("SELECT pg_reload_conf()");
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let mut refused = 0;
+    let deadline = Instant::now() + HUNG;
+    let waiting = loop {
+        assert!(Instant::now() < deadline, "no write ever waited");
+        let w2 = w.clone();
+        let mut write = tokio::spawn(async move {
+            tokio::time::timeout(HUNG, w2.query_one(insert, &[]))
+                .await
+                .expect("hung")
+                .map(|r| r.get::<_, i32>(0) as u16)
+        });
+        let waits = harness::eventually(Duration::from_secs(2), || async {
+            write.is_finished() || harness::cl_waiting(&admin, "app", "postgres").await == 1
+        })
+        .await;
+        if waits && !write.is_finished() {
+            break write;
+        }
+        match (&mut write).await.unwrap() {
+            Ok(_) => {} // the reload not seen yet
+            Err(e) => {
+                let code = e.as_db_error().map(|d| d.code().code().to_string());
+                assert_eq!(code.as_deref(), Some("25006"), "{e}");
+                refused += 1;
+            }
+        }
+    };
+    assert!(
+        refused <= 1,
+        "{refused} writes refused: the host was not checked"
+    );
+    c.primary
+        .psql("ALTER SYSTEM RESET default_transaction_read_only");
+    c.primary.psql("SELECT pg_reload_conf()");
+    let port = waiting.await.unwrap().expect("served once writable again");
+    assert_eq!(port, c.primary.port());
+}

@@ -258,6 +258,7 @@ async fn after_transaction(
         }
         for (k, v) in server.params.iter() {
             if !sync::is_read_only(k)
+                && !sync::is_server_role(k)
                 && server.login_params.get(k) != Some(v)
                 && !names.iter().any(|g| g.eq_ignore_ascii_case(k))
             {

@@ -22,6 +22,13 @@ pub fn is_read_only(name: &str) -> bool {
     RO.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
+/// A setting the server's own config may change under a session, and that says what the
+/// server is (a primary being demoted turns it on): a value the server reports for it is
+/// not taken as the client's unless the client's own statement set it (read back then).
+pub fn is_server_role(name: &str) -> bool {
+    name.eq_ignore_ascii_case("default_transaction_read_only")
+}
+
 /// Whether `apply` has anything to do (checked without allocating, on every checkout).
 pub fn differs(server: &Server, wanted: &Params) -> bool {
     if same_in_order(&server.params, wanted) {
@@ -73,7 +80,7 @@ pub async fn apply(
     let mut back: Vec<(String, String)> = Vec::new();
     let mut reset: Vec<String> = Vec::new();
     for (k, v) in server.params.iter() {
-        if wanted.get(k).is_none() && !is_read_only(k) {
+        if wanted.get(k).is_none() && !is_read_only(k) && !is_server_role(k) {
             match server.login_params.get(k) {
                 Some(login) if login != v => back.push((k.to_string(), login.to_string())),
                 Some(_) => {}
