@@ -616,3 +616,43 @@ async fn a_read_only_primary_makes_writes_wait_until_it_is_writable() {
     let port = waiting.await.unwrap().expect("served once writable again");
     assert_eq!(port, c.primary.port());
 }
+
+/// A client's own read-only default (`SET SESSION CHARACTERISTICS`, `SET
+/// default_transaction_read_only`) stays its own: kept across servers, never given to
+/// another client (the server's value of it is the server's; see the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_read_only_default_follows_it_and_no_one_else() {
+    let pg = TempPostgres::start();
+    pg.psql_in("testdb", "CREATE TABLE u (v int); GRANT ALL ON u TO PUBLIC");
+    let pooler = harness::transaction_pooler(&pg)
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let dsn = pooler.dsn("postgres", "testdb");
+    let (a, b, d) = (
+        connect(&dsn).await,
+        connect(&dsn).await,
+        connect(&dsn).await,
+    );
+    a.simple_query("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        .await
+        .unwrap();
+    d.simple_query("SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    b.simple_query("INSERT INTO u VALUES (1)")
+        .await
+        .expect("another client writes");
+    for (c, who) in [(&a, "characteristics"), (&d, "SET")] {
+        let e = c
+            .simple_query("INSERT INTO u VALUES (2)")
+            .await
+            .expect_err(who);
+        assert_eq!(
+            e.as_db_error().map(|x| x.code().code()),
+            Some("25006"),
+            "{who}"
+        );
+    }
+    b.simple_query("INSERT INTO u VALUES (3)").await.unwrap();
+}
