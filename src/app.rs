@@ -14,6 +14,7 @@ use crate::config::settings::SettingChange;
 use crate::config::{Config, DatabaseEntry};
 use crate::net::listen;
 use crate::pool::{PoolSettings, Pools, janitor};
+use crate::server::roles::SessionAttrs;
 use crate::server::{Credential, HostList, ServerAddr, ServerTarget};
 
 /// Everything the tasks of one pooler share. No globals: many poolers can run in one process.
@@ -202,16 +203,13 @@ pub fn pool_settings(
         }
     }
     let port = if entry.port == 0 { 5432 } else { entry.port };
-    // host=a,b,…: a list of hosts (load_balance_hosts chooses among them).
-    let hosts: Vec<ServerAddr> = match entry.host.as_deref() {
-        Some(list) => list
-            .split(',')
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .map(|h| ServerAddr::new(Some(h), port))
-            .collect(),
-        None => vec![ServerAddr::new(None, port)],
-    };
+    // host=a,b,… port=p,q,…: a list of hosts (load_balance_hosts chooses among them,
+    // target_session_attrs by role).
+    let hosts: Vec<ServerAddr> = entry
+        .host_ports()
+        .into_iter()
+        .map(|(h, p)| ServerAddr::new(h, p))
+        .collect();
     PoolSettings {
         mode: cfg.pool_mode_for(db, &user),
         pool_size: cfg.pool_size_for(db, &user),
@@ -234,6 +232,7 @@ pub fn pool_settings(
         max_prepared_statements: s.max_prepared_statements,
         pin_error: entry.pin_mode.as_deref().unwrap_or(&s.pin_mode) == "error",
         pin_pool_size: s.pin_pool_size,
+        role_check_interval: s.server_role_check_interval,
         target: ServerTarget {
             addr: hosts
                 .first()
@@ -242,6 +241,10 @@ pub fn pool_settings(
             hosts: HostList::new(
                 hosts,
                 entry.load_balance_hosts.as_deref() != Some("disable"),
+            )
+            .with_roles(
+                SessionAttrs::parse(entry.target_session_attrs.as_deref()),
+                s.max_standby_lag as u64,
             ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,

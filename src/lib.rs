@@ -32,7 +32,8 @@
 //!            failures and retry backoff), guard.rs (RAII checkout, cleanup of dirty
 //!            servers), janitor.rs (lifetimes, min_pool_size, shared limits), listener.rs
 //!            (one shared LISTEN connection per pool, fan-out to clients' bounded inboxes)
-//! server/    connect.rs (connect + login, host lists), query.rs (pgcarpool's own queries),
+//! server/    connect.rs (connect + login, host lists, role checks), roles.rs (each host's
+//!            role, target_session_attrs, fencing), query.rs (pgcarpool's own queries),
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
 //!            probes), prepared.rs (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)

@@ -32,10 +32,12 @@ pub enum View {
     Pins,
     /// pgcarpool's own: worker threads and their clients.
     Workers,
+    /// pgcarpool's own: each host of each pool's host list, its role, lag and health.
+    Hosts,
 }
 
 /// Every view, with the name SHOW takes.
-pub const VIEWS: [(&str, View); 27] = [
+pub const VIEWS: [(&str, View); 28] = [
     ("help", View::Help),
     ("config", View::Config),
     ("databases", View::Databases),
@@ -63,6 +65,7 @@ pub const VIEWS: [(&str, View); 27] = [
     ("pools_ext", View::Carpool),
     ("pins", View::Pins),
     ("workers", View::Workers),
+    ("hosts", View::Hosts),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -48,6 +48,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Carpool => carpool(shared),
         View::Pins => pins(shared),
         View::Workers => workers(shared),
+        View::Hosts => hosts(shared),
     })
 }
 
@@ -63,6 +64,7 @@ pub fn help() -> String {
         "SHOW PREPARED_STATEMENTS",
         "SHOW CARPOOL (pgcarpool: latency percentiles and pins per pool)",
         "SHOW PINS (pgcarpool: clients pinned to their server)",
+        "SHOW HOSTS (pgcarpool: role, lag and health of each host of a pool)",
         "SET key = arg",
         "RELOAD",
         "PAUSE [<db>]",
@@ -780,6 +782,56 @@ pub fn state(shared: &Shared) -> Table {
     t.push(vec!["paused".into(), yn(paused).into()]);
     let suspended = shared.restart.phase() == crate::takeover::Phase::Suspended;
     t.push(vec!["suspended".into(), yn(suspended).into()]);
+    t
+}
+
+/// SHOW HOSTS (pgcarpool's own): per pool, each host of its `host=` list, the role last
+/// seen (primary, standby, down, unknown), whether it is the primary chosen, fenced (a
+/// primary on an older timeline), usable by the pool's target_session_attrs, its
+/// timeline, replay lag, when last checked, why it is down, and the pool's switchovers.
+pub fn hosts(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("database", Text),
+        ("user", Text),
+        ("host", Text),
+        ("target_session_attrs", Text),
+        ("role", Text),
+        ("primary", Int),
+        ("fenced", Int),
+        ("usable", Int),
+        ("read_only", Int),
+        ("timeline", Int),
+        ("lag_bytes", Int),
+        ("checked_ms_ago", Int),
+        ("switchovers", Int),
+        ("error", Text),
+    ]);
+    for p in shared.pools.all() {
+        let s = p.settings();
+        let list = &s.target.hosts;
+        let switchovers = list.switchovers();
+        for h in list.view() {
+            t.push(vec![
+                p.db.clone().into(),
+                p.user.clone().into(),
+                h.addr.to_string().into(),
+                list.attrs.name().into(),
+                h.state.role.name().into(),
+                h.primary.into(),
+                h.fenced.into(),
+                h.usable.into(),
+                h.state.read_only.into(),
+                u64::from(h.state.timeline).into(),
+                h.state.lag_bytes.into(),
+                h.state
+                    .checked
+                    .map(|c| c.elapsed().as_millis() as u64)
+                    .into(),
+                switchovers.into(),
+                h.state.why.clone().into(),
+            ]);
+        }
+    }
     t
 }
 

@@ -289,6 +289,13 @@ pub fn classify(sql: &[u8]) -> Effects {
     e
 }
 
+/// What `SET SESSION CHARACTERISTICS AS TRANSACTION …` sets.
+const SESSION_CHARACTERISTICS: [&str; 3] = [
+    "default_transaction_read_only",
+    "default_transaction_isolation",
+    "default_transaction_deferrable",
+];
+
 fn statement(s: &[u8], single: bool, e: &mut Effects) {
     let s = strip_leading(s);
     let words = keywords(s, 4);
@@ -298,7 +305,14 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             let mut i = 1;
             match w(1) {
                 "LOCAL" | "TRANSACTION" => return,
-                "SESSION" if w(2) == "CHARACTERISTICS" => return,
+                "SESSION" if w(2) == "CHARACTERISTICS" => {
+                    // Read back: the server's own ParameterStatus for them is not taken
+                    // as the client's (see VirtualSession::observe_parameter).
+                    for g in SESSION_CHARACTERISTICS {
+                        e.gucs.push(g.into());
+                    }
+                    return;
+                }
                 "SESSION" if w(2) == "AUTHORIZATION" => {
                     return e.gucs.push("session_authorization".into());
                 }
@@ -954,7 +968,7 @@ mod tests {
             // SET
             (
                 "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
-                none.clone(),
+                fx(&SESSION_CHARACTERISTICS, |_| {}),
             ),
             (
                 "SET SESSION AUTHORIZATION bob",

@@ -499,7 +499,7 @@ async fn login(
     let mut session = VirtualSession::default();
     let mut wanted = Params::default();
     for (k, v) in server_params.iter() {
-        if !crate::server::sync::is_read_only(k) {
+        if !crate::server::sync::is_read_only(k) && !crate::server::sync::is_server_role(k) {
             wanted.set(k, v);
         }
     }

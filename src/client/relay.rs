@@ -25,6 +25,9 @@ const MAX_INSPECTED: usize = 1024 * 1024;
 /// Largest message either side may send; larger ones are refused.
 const MAX_FORWARDED: usize = i32::MAX as usize;
 
+/// What a client mid-transaction on a primary that stopped being one is told (08006).
+pub const HOST_DEMOTED: &str = "the server's host is no longer the primary (switchover)";
+
 /// Why the relay stopped.
 #[derive(Debug)]
 pub enum RelayEvent {
@@ -148,6 +151,10 @@ pub struct Relay<'a> {
     pub hold_ready: bool,
     /// The ReadyForQuery kept back (its status).
     pub withheld_ready: Option<u8>,
+    /// target_session_attrs=read-write/primary: the pool's hosts. When the server's host
+    /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
+    /// mid-transaction too: nothing more of it reaches that host.
+    pub fence: Option<&'a crate::server::HostList>,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -207,6 +214,7 @@ impl<'a> Relay<'a> {
             disable_pqexec: false,
             hold_ready: false,
             withheld_ready: None,
+            fence: None,
         }
     }
 
@@ -229,6 +237,13 @@ impl<'a> Relay<'a> {
         };
         let closing = std::sync::atomic::AtomicBool::new(must_close(self.server));
         let mut marked = std::pin::pin!(fast_close.map(|(p, _)| p.fast_close.notified()));
+        let fence = self.fence;
+        let mut demoted = std::pin::pin!(fence.map(|h| h.changed.notified()));
+        if let Some(h) = fence
+            && h.demoted(self.server.host)
+        {
+            return RelayEvent::ServerGone(HOST_DEMOTED.into());
+        }
         loop {
             if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
                 return RelayEvent::ConfigChanged;
@@ -260,6 +275,14 @@ impl<'a> Relay<'a> {
                 {
                     closing.store(must_close(self.server), std::sync::atomic::Ordering::Relaxed);
                     marked.set(fast_close.map(|(p, _)| p.fast_close.notified()));
+                }
+                _ = async { demoted.as_mut().as_pin_mut().expect("guarded").await },
+                    if demoted.is_some() =>
+                {
+                    if fence.is_some_and(|h| h.demoted(self.server.host)) {
+                        return RelayEvent::ServerGone(HOST_DEMOTED.into());
+                    }
+                    demoted.set(fence.map(|h| h.changed.notified()));
                 }
                 _ = sleep_until(deadline) => {
                     if let Some(kind) = self.expired(&t, Instant::now()) {
@@ -661,6 +684,7 @@ impl<'a> Relay<'a> {
                     }
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
                     self.proto_reply(h.tag);
+                    note_role_doubt(self.server, code);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
                         // Perhaps a statement parsed before a schema change ("cached plan
                         // must not change result type", "cache lookup failed"): later
@@ -685,6 +709,11 @@ impl<'a> Relay<'a> {
                         // (An error is never swallowed outside an added query.)
                         Verdict::Forward | Verdict::Swallow | Verdict::Retag => fwd += h.total,
                     }
+                }
+                backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
+                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    note_role_doubt(self.server, code);
+                    fwd += h.total;
                 }
                 tag => {
                     if self.virt && tag == backend::COMMAND_COMPLETE {
@@ -796,6 +825,17 @@ impl Relay<'_> {
         if voided > 0 && self.virt {
             self.server.owed.void_readies(voided);
         }
+    }
+}
+
+/// An error that may mean the server's host is no longer what the pool wants (25006: a
+/// write refused on a read-only host; 57P01/57P02: it is shutting down): the server is
+/// closed when it comes back and its host's role checked again.
+fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
+    if let Some(c) = code
+        && matches!(&c, b"25006" | b"57P01" | b"57P02")
+    {
+        server.role_doubt = Some(c);
     }
 }
 

@@ -85,7 +85,10 @@ impl VirtualSession {
 
     /// A ParameterStatus from the server while it ran this client's work.
     pub fn observe_parameter(&mut self, name: &str, value: &str) {
-        if !crate::server::sync::is_read_only(name) {
+        // default_transaction_read_only is also how a server says it is being demoted
+        // (a reload of its config): that is the server's, not the client's session; a
+        // client's own SET of it is read back after its transaction.
+        if !crate::server::sync::is_read_only(name) && !crate::server::sync::is_server_role(name) {
             self.set_param(name, value);
         }
     }

@@ -148,6 +148,10 @@ async fn transaction(
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
         }
+        let hosts = &pool_settings.target.hosts;
+        if hosts.checks_roles() && hosts.attrs.wants_primary() {
+            relay.fence = Some(hosts);
+        }
         let event = tokio::select! {
             biased;
             _ = kill.as_mut() => RelayEvent::Killed,
@@ -275,6 +279,7 @@ async fn after_transaction(
         }
         for (k, v) in server.params.iter() {
             if !sync::is_read_only(k)
+                && !sync::is_server_role(k)
                 && server.login_params.get(k) != Some(v)
                 && !names.iter().any(|g| g.eq_ignore_ascii_case(k))
             {

@@ -13,8 +13,11 @@ pub struct DatabaseEntry {
     pub name: String,
     /// Server host; None = unix socket in the default location; a value starting with '/' is a socket dir.
     pub host: Option<String>,
-    /// Server port (default 5432).
+    /// Server port (default 5432); with `port=a,b,…` the first.
     pub port: u16,
+    /// `port=a,b,…` (libpq's per-host ports): one per host of `host=`; empty when one port
+    /// is given (it serves every host).
+    pub ports: Vec<u16>,
     /// Server database name (default: `name`).
     pub dbname: Option<String>,
     /// Forced server user.
@@ -47,7 +50,8 @@ pub struct DatabaseEntry {
     pub query_wait_timeout: Option<Duration>,
     /// `round-robin` or `disable` (parsed; not implemented yet).
     pub load_balance_hosts: Option<String>,
-    /// `any`, `read-write`, `read-only`, `primary`, `standby` (parsed; not implemented yet).
+    /// libpq's `any`, `read-write`, `read-only`, `primary`, `standby`, `prefer-standby`:
+    /// the role a server's host must have (checked at login and by the host role check).
     pub target_session_attrs: Option<String>,
 }
 
@@ -57,6 +61,7 @@ impl std::fmt::Debug for DatabaseEntry {
             .field("name", &self.name)
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("ports", &self.ports)
             .field("dbname", &self.dbname)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
@@ -86,6 +91,29 @@ impl DatabaseEntry {
     /// The server database name: `dbname`, else the client-visible name.
     pub fn server_dbname(&self) -> &str {
         self.dbname.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The hosts of `host=a,b,…` (None: the default Unix socket directory), in order.
+    pub fn hosts(&self) -> Vec<Option<&str>> {
+        match self.host.as_deref() {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        }
+    }
+
+    /// Each host with its port (libpq: one port per host, or one port for all).
+    pub fn host_ports(&self) -> Vec<(Option<&str>, u16)> {
+        let port = if self.port == 0 { 5432 } else { self.port };
+        self.hosts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| (h, self.ports.get(i).copied().unwrap_or(port)))
+            .collect()
     }
 }
 
@@ -294,10 +322,16 @@ pub fn parse_database(name: &str, text: &str) -> Result<DatabaseEntry, EntryErro
         match k {
             "host" => d.host = Some(non_empty(k, v)?),
             "port" => {
-                d.port = uint(k, v)?;
-                if d.port == 0 {
-                    return Err(entry_err(k, "port must be 1..65535"));
+                let mut ports = Vec::new();
+                for p in v.split(',') {
+                    let p: u16 = uint(k, p.trim())?;
+                    if p == 0 {
+                        return Err(entry_err(k, "port must be 1..65535"));
+                    }
+                    ports.push(p);
                 }
+                d.port = ports[0];
+                d.ports = if ports.len() > 1 { ports } else { Vec::new() };
             }
             "dbname" => d.dbname = Some(non_empty(k, v)?),
             "user" => d.user = Some(non_empty(k, v)?),
@@ -327,10 +361,29 @@ pub fn parse_database(name: &str, text: &str) -> Result<DatabaseEntry, EntryErro
                 d.target_session_attrs = Some(one_of(
                     k,
                     v,
-                    &["any", "read-write", "read-only", "primary", "standby"],
+                    &[
+                        "any",
+                        "read-write",
+                        "read-only",
+                        "primary",
+                        "standby",
+                        "prefer-standby",
+                    ],
                 )?)
             }
             _ => return Err(entry_err(k, "unknown parameter in [databases] entry")),
+        }
+    }
+    if !d.ports.is_empty() {
+        let hosts = d.hosts().len();
+        if hosts != d.ports.len() {
+            return Err(entry_err(
+                "port",
+                format!(
+                    "{} ports for {hosts} host(s): give one port per host of host=, or one port for all",
+                    d.ports.len()
+                ),
+            ));
         }
     }
     Ok(d)
@@ -521,13 +574,38 @@ mod tests {
         );
         assert_eq!(e("host="), "host: empty value");
         assert!(
-            e("target_session_attrs=prefer-standby")
+            e("target_session_attrs=prefer-primary")
                 .starts_with("target_session_attrs: invalid value")
         );
+        assert_eq!(
+            e("host=a,b port=1,2,3"),
+            "port: 3 ports for 2 host(s): give one port per host of host=, or one port for all"
+        );
+        assert_eq!(e("port=5432,0"), "port: port must be 1..65535");
+        assert!(e("port=5432,x").starts_with("port: invalid value \"x\""));
         assert_eq!(
             parse_database("pgbouncer", "").unwrap_err().to_string(),
             "the database name \"pgbouncer\" is reserved for the admin console"
         );
+    }
+
+    #[test]
+    fn per_host_ports_as_libpq() {
+        let d = parse_database(
+            "x",
+            "host=127.0.0.1,127.0.0.1 port=5433,5434 target_session_attrs=prefer-standby",
+        )
+        .unwrap();
+        assert_eq!(
+            d.host_ports(),
+            vec![(Some("127.0.0.1"), 5433), (Some("127.0.0.1"), 5434)]
+        );
+        assert_eq!(d.target_session_attrs.as_deref(), Some("prefer-standby"));
+        let one = parse_database("x", "host=a,b port=6000").unwrap();
+        assert_eq!(one.host_ports(), vec![(Some("a"), 6000), (Some("b"), 6000)]);
+        assert!(one.ports.is_empty());
+        let sock = parse_database("x", "port=7000").unwrap();
+        assert_eq!(sock.host_ports(), vec![(None, 7000)]);
     }
 
     #[test]

@@ -609,6 +609,10 @@ job_name = pgbouncer
             "pgbouncer.ini:2: no_such_thing: unknown setting"
         );
         assert_eq!(
+            err("[databases]\nok = port=1\napp = host=a,b port=5432,5433,5434\n"),
+            "pgbouncer.ini:3: app: port: 3 ports for 2 host(s): give one port per host of host=, or one port for all"
+        );
+        assert_eq!(
             err("[pgbouncer]\nPOOL_MODE = sessions\n"),
             "pgbouncer.ini:2: pool_mode: invalid value \"sessions\": expected session, transaction or statement"
         );

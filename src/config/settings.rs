@@ -128,6 +128,13 @@ pub struct Settings {
     /// Most bytes of notifications queued for one client listening through the pool's
     /// shared listener (beyond: 54000, client let go).
     pub notify_queue_limit: usize,
+    /// pgcarpool extension: how often the role (primary, standby, lag) of each host of a
+    /// `host=a,b,…` entry with `target_session_attrs` is checked (0: only at server login
+    /// and when a server reports that its host changed role).
+    pub server_role_check_interval: Duration,
+    /// pgcarpool extension: most bytes of WAL a standby may have received and not replayed
+    /// and still serve `read-only`/`standby`/`prefer-standby` clients (0: no bound).
+    pub max_standby_lag: usize,
     /// This instance's peer id (0: none; see `peers_dns`).
     pub peer_id: u16,
     /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
@@ -685,6 +692,8 @@ pub static TABLE: &[SettingDef] = &[
     typed!(peers_dns, "", reload: true, implemented: true, parse_peers_dns, Value::show),
     typed!(peers_hosts_file, "", reload: true, implemented: true),
     typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
+    typed!(server_role_check_interval, "1", reload: true, implemented: true),
+    typed!(max_standby_lag, "0", reload: true, implemented: true),
 ];
 
 /// PgBouncer refuses its own console as the database auth_query runs in.
@@ -845,6 +854,8 @@ impl Settings {
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
             notify_queue_limit: 64 * 1024 * 1024,
+            server_role_check_interval: Duration::from_secs(1),
+            max_standby_lag: 0,
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
@@ -1144,6 +1155,23 @@ database 3D000, `server_connect_timeout`…) is cached for `server_login_retry` 
 PgBouncer: clients arriving at a pool with no server get it at once. While logins fail,
 one login is tried at a time; after one succeeds, waiting clients get servers at once.
 `SHOW POOLS` shows the last error in `last_login_error` until a login succeeds.
+
+**target_session_attrs, server_role_check_interval, max_standby_lag.** A `[databases]`
+entry may list hosts as libpq does (`host=a,b port=5432,5433`: one port per host, or one
+for all) and say which role its servers need with libpq's `target_session_attrs`
+(`any`, the default: any host that accepts a login; `read-write`, `primary`, `read-only`,
+`standby`, `prefer-standby`). Each new server is asked its role at login (recovery,
+`transaction_read_only`, a primary's timeline, a standby's replay lag); a host that does
+not fit is left for the next. `server_role_check_interval` (pgcarpool, seconds, default 1;
+0: no periodic check) also logs in to every host of such an entry to ask again, and a
+server reporting 25006 (to a read-write pool), 57P01, 57P02, or lost, puts its host's
+role in doubt and has it checked at once. A primary on an older timeline than another
+primary seen is fenced (a former primary come back: split brain): no client is sent to it
+while it stays so, even with the new primary down (rewound into a standby, or promoted
+onto a newer timeline, it is used again; a restart of pgcarpool, or a reload that changes
+the entry's hosts, forgets the timelines seen). `max_standby_lag` (pgcarpool, bytes of WAL received and not replayed,
+default 0: no bound) leaves a standby out of `read-only`, `standby` and `prefer-standby`
+pools while it lags more. See docs/scale-out.md.
 ";
 
 #[cfg(test)]
@@ -1259,6 +1287,8 @@ mod tests {
                     "peers_dns",
                     "peers_hosts_file",
                     "auth_query_cache_ttl",
+                    "server_role_check_interval",
+                    "max_standby_lag",
                 ]
                 .contains(n)
             })

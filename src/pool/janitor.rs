@@ -26,6 +26,7 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         for pool in pools.all() {
+            pool.spawn_role_check();
             let missing = pool.maintain();
             for _ in 0..missing {
                 let p = pool.clone();

@@ -27,6 +27,10 @@ pub enum LoginFailure {
     Unavailable,
     /// Anything else: the next login would most likely fail the same way.
     Rejected,
+    /// target_session_attrs: hosts answer, none has the wanted role (a switchover under
+    /// way, a standby being promoted). Retried as `Unavailable`, and clients wait for it up
+    /// to query_wait_timeout whatever server_login_retry says: a new primary is coming.
+    NoRole,
 }
 
 /// The failed logins of one pool since its last successful one.
@@ -66,9 +70,13 @@ impl LoginBackoff {
         // Started before the last counted failure: not the retry that failure allowed.
         let concurrent = self.failing.as_ref().is_some_and(|f| started < f.counted);
         let unavailable = match (kind, &self.failing) {
-            (LoginFailure::Unavailable, Some(f)) if concurrent => f.unavailable.max(1),
-            (LoginFailure::Unavailable, Some(f)) => f.unavailable.saturating_add(1),
-            (LoginFailure::Unavailable, None) => 1,
+            (LoginFailure::Unavailable | LoginFailure::NoRole, Some(f)) if concurrent => {
+                f.unavailable.max(1)
+            }
+            (LoginFailure::Unavailable | LoginFailure::NoRole, Some(f)) => {
+                f.unavailable.saturating_add(1)
+            }
+            (LoginFailure::Unavailable | LoginFailure::NoRole, None) => 1,
             (LoginFailure::Rejected, _) => 0,
         };
         let probing = concurrent && self.failing.as_ref().is_some_and(|f| f.probing);
@@ -77,7 +85,9 @@ impl LoginBackoff {
             _ => now,
         };
         let delay = match kind {
-            LoginFailure::Unavailable => unavailable_delay(unavailable).min(server_login_retry),
+            LoginFailure::Unavailable | LoginFailure::NoRole => {
+                unavailable_delay(unavailable).min(server_login_retry)
+            }
             LoginFailure::Rejected => server_login_retry,
         };
         self.failing = Some(Failing {
@@ -135,7 +145,8 @@ impl LoginBackoff {
     /// Clients stop waiting for the server: logins have failed for server_login_retry (it
     /// is not coming back soon: a wrong port, say, or a server that stays down).
     fn settled(&self, f: &Failing, server_login_retry: Duration) -> bool {
-        f.last.saturating_duration_since(f.since) >= server_login_retry
+        f.kind != LoginFailure::NoRole
+            && f.last.saturating_duration_since(f.since) >= server_login_retry
     }
 
     /// Clients arriving at a pool with no server get the last error at once (PgBouncer's
@@ -314,6 +325,26 @@ mod tests {
         assert!(!b.may_try(at + ms(2)), "the retry is still under way");
         b.failed(LoginFailure::Unavailable, at, at + ms(4), RETRY);
         assert_eq!(b.retry_at(), Some(at + ms(4) + ms(100)));
+    }
+
+    #[test]
+    fn waiting_for_a_primary_never_settles() {
+        let retry = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut b = LoginBackoff::default();
+        for i in 0..40 {
+            let at = t0 + Duration::from_millis(100 * i);
+            b.failed(LoginFailure::NoRole, at, at, retry);
+        }
+        assert!(
+            !b.fails_waiters(retry),
+            "4 s without a primary: clients still wait"
+        );
+        assert!(!b.fails_fast(t0 + Duration::from_secs(4), retry));
+        assert_eq!(
+            b.retry_at().unwrap() - (t0 + Duration::from_millis(3900)),
+            UNAVAILABLE_RETRY_MAX
+        );
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct PoolSettings {
     pub pin_error: bool,
     /// Servers kept by pinned clients that do not count against pool_size (at most).
     pub pin_pool_size: usize,
+    /// server_role_check_interval (target_session_attrs other than `any`).
+    pub role_check_interval: Duration,
     pub target: ServerTarget,
 }
 
@@ -264,8 +266,11 @@ impl Pool {
 
     /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
     /// closed as they come back.
-    pub fn update_settings(self: &Arc<Self>, s: PoolSettings) {
+    pub fn update_settings(self: &Arc<Self>, mut s: PoolSettings) {
         let mut g = self.lock();
+        // The same hosts: what is known of their roles (a fenced former primary above
+        // all) carries over the reload.
+        s.target.hosts = g.settings.target.hosts.carried_into(s.target.hosts);
         let target_changed = {
             let old = &g.settings.target;
             old.addr != s.target.addr
@@ -621,7 +626,9 @@ impl Pool {
                 Ok(Box::new(s))
             }
             Err(e) => {
-                let kind = if e.is_unavailable() {
+                let kind = if matches!(e, ServerError::NoHost(_)) {
+                    LoginFailure::NoRole
+                } else if e.is_unavailable() {
                     LoginFailure::Unavailable
                 } else {
                     LoginFailure::Rejected
@@ -641,7 +648,7 @@ impl Pool {
                 };
                 // Retries while the server is unavailable are frequent: one warning.
                 let addr = &settings.target.addr;
-                if was_failing && kind == LoginFailure::Unavailable {
+                if was_failing && kind != LoginFailure::Rejected {
                     tracing::debug!(server = id, db = %self.db, user = %self.user, %addr,
                         "server login failed: {e}");
                 } else {
@@ -688,6 +695,10 @@ impl Pool {
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l);
+        if !settings.target.hosts.keeps(s.host) {
+            self.close_because(s, HOST_ROLE_CHANGED);
+            return Ready::Closed;
+        }
         if expired || !is_alive(&mut s) {
             let why = if expired {
                 "server lifetime over"
@@ -748,9 +759,15 @@ impl Pool {
             None => s.served,
         } || g.close_before.is_some_and(|t| s.created < t);
         let counted = g.total.saturating_sub(g.pinned);
-        if s.broken || too_old || counted > g.settings.pool_size + g.settings.reserve_pool_size {
+        let wrong_host =
+            doubts_role(&g.settings.target.hosts, &s) || !g.settings.target.hosts.keeps(s.host);
+        if s.broken
+            || too_old
+            || wrong_host
+            || counted > g.settings.pool_size + g.settings.reserve_pool_size
+        {
             drop(g);
-            if s.broken || too_old {
+            if s.broken || too_old || wrong_host {
                 self.close(s);
             } else {
                 self.close_because(s, "too many servers in the pool");
@@ -773,8 +790,27 @@ impl Pool {
 
     /// Close a server that was active (counted) and give its room to a waiter.
     pub(crate) fn close(self: &Arc<Self>, s: Box<Server>) {
+        let settings = self.settings();
+        let hosts = &settings.target.hosts;
+        if let (Some(i), true) = (s.host, hosts.checks_roles()) {
+            // A lost server, or one that said its host is shutting down or read-only:
+            // that host's role is in doubt until checked again.
+            let why = match s.role_doubt {
+                Some(code) if doubts_role(hosts, &s) => Some(format!(
+                    "a server reported SQLSTATE {}",
+                    String::from_utf8_lossy(&code)
+                )),
+                _ if s.broken => Some("a server connection was lost".to_string()),
+                _ => None,
+            };
+            if let Some(why) = why {
+                hosts.forget(i, false, &why, &self.db);
+            }
+        }
         let reason = if s.broken {
             "server conn crashed?"
+        } else if doubts_role(hosts, &s) || !hosts.keeps(s.host) {
+            HOST_ROLE_CHANGED
         } else if self.lock().close_before.is_some_and(|t| s.created < t) {
             "database configuration changed"
         } else {
@@ -887,6 +923,8 @@ impl Pool {
                     Some("server idle timeout")
                 } else if over_size {
                     Some("too many servers in the pool")
+                } else if !s.target.hosts.keeps(srv.host) {
+                    Some(HOST_ROLE_CHANGED)
                 } else if !is_alive(&mut srv) {
                     Some("server conn crashed?")
                 } else {
@@ -916,6 +954,24 @@ impl Pool {
         }
         self.grant_waiters();
         open_needed
+    }
+
+    /// The role check of the pool's hosts, when due (server_role_check_interval, or at once
+    /// after a server said its host may have changed): log in to each host and ask.
+    pub fn spawn_role_check(self: &Arc<Self>) {
+        let settings = self.settings();
+        if !settings
+            .target
+            .hosts
+            .role_check_due(settings.role_check_interval)
+        {
+            return;
+        }
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            let t = &settings.target;
+            connect::check_roles(t, &db, settings.server_connect_timeout).await;
+        });
     }
 
     /// Open one server into the idle list (min_pool_size).
@@ -1131,6 +1187,18 @@ async fn sleep_until_or(t: Option<Instant>, changed: Notified<'_>) {
     }
 }
 
+/// Why a server of a host that no longer has the pool's target_session_attrs role is
+/// closed (log: `closing because: …`).
+const HOST_ROLE_CHANGED: &str = "host role changed (target_session_attrs)";
+
+/// The server reported an error that puts its host's role in doubt for this pool (a
+/// read-only refusal matters only to a pool that wants a primary).
+fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
+    hosts.checks_roles()
+        && s.role_doubt
+            .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
+}
+
 /// An idle server must have nothing to say: any byte or EOF means it is gone or broken.
 fn is_alive(s: &mut Server) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
@@ -1195,6 +1263,7 @@ mod tests {
             max_prepared_statements: 0,
             pin_error: false,
             pin_pool_size: 0,
+            role_check_interval: Duration::ZERO,
             target: ServerTarget {
                 addr: crate::server::ServerAddr::Tcp {
                     host: "127.0.0.1".into(),

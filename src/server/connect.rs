@@ -5,6 +5,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::net::{TcpStream, UnixStream};
 
+use super::roles::{HostRole, HostState, Observed, PrimaryChange, RoleBook, SessionAttrs};
 use super::{Params, Server, ServerError};
 use crate::auth::{md5, scram};
 use crate::net::{Conn, Stream};
@@ -96,6 +97,7 @@ pub fn close_reason(e: &ServerError) -> std::borrow::Cow<'static, str> {
         // The server's own words ("password authentication failed for user …").
         ServerError::Rejected(f) => f.message.clone().into(),
         ServerError::Login(_) | ServerError::LoginFailing(_) => "login failed".into(),
+        ServerError::NoHost(_) => "no host of the wanted role".into(),
     }
 }
 
@@ -151,7 +153,9 @@ pub struct ServerTarget {
 
 /// The hosts of a `host=a,b,…` list and the choice among them (`load_balance_hosts`):
 /// round-robin takes the next host for every new connection; disable keeps one host until
-/// a connection to it fails, then moves to the next.
+/// a connection to it fails, then moves to the next. With `target_session_attrs` other
+/// than `any`, only hosts of the wanted role serve (see [`roles`](super::roles)); the roles
+/// are shared by every clone of the list (one pool's settings, its role check).
 #[derive(Clone, Debug, Default)]
 pub struct HostList {
     pub addrs: Vec<ServerAddr>,
@@ -161,35 +165,219 @@ pub struct HostList {
     /// ([`ServerTarget::dns_nxdomain_ttl`]). Lookups of the list's hosts take turns, so connections
     /// opened together look a failing name up once.
     dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
+    /// `target_session_attrs`.
+    pub attrs: SessionAttrs,
+    /// `max_standby_lag` in bytes (0: no bound).
+    pub max_lag: u64,
+    book: std::sync::Arc<std::sync::Mutex<RoleBook>>,
+    /// Woken when a host's role changes: relays of servers on a host that no longer fits
+    /// stop (a transaction never commits on a fenced or demoted primary).
+    pub changed: std::sync::Arc<tokio::sync::Notify>,
+    /// When the roles were last checked by the role check (None: check now).
+    checked: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    checking: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PartialEq for HostList {
     fn eq(&self, other: &Self) -> bool {
-        self.addrs == other.addrs && self.round_robin == other.round_robin
+        self.addrs == other.addrs
+            && self.round_robin == other.round_robin
+            && self.attrs == other.attrs
+            && self.max_lag == other.max_lag
     }
 }
 
+/// One host of a list as SHOW HOSTS and /metrics show it.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    pub addr: ServerAddr,
+    pub state: HostState,
+    /// New servers may go there now.
+    pub usable: bool,
+    pub primary: bool,
+    pub fenced: bool,
+}
+
+/// SQL asking a server for its role: in recovery, read-only, a primary's timeline (from
+/// its current WAL file name), a standby's WAL received and not yet replayed.
+const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
+    CASE WHEN pg_is_in_recovery() THEN 0 \
+    ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
+    CASE WHEN pg_is_in_recovery() THEN greatest(coalesce(pg_wal_lsn_diff(\
+    pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END";
+
 impl HostList {
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
+        let n = addrs.len();
         HostList {
             addrs,
             round_robin,
-            next: Default::default(),
-            dns: Default::default(),
+            book: std::sync::Arc::new(std::sync::Mutex::new(RoleBook::new(n))),
+            ..Default::default()
         }
+    }
+
+    /// With `target_session_attrs` and `max_standby_lag`.
+    pub fn with_roles(mut self, attrs: SessionAttrs, max_lag: u64) -> HostList {
+        self.attrs = attrs;
+        self.max_lag = max_lag;
+        self
+    }
+
+    /// `new` (a reloaded entry's list), with this list's knowledge of the hosts' roles
+    /// when it names the same hosts in the same order.
+    pub fn carried_into(&self, new: HostList) -> HostList {
+        if self.addrs != new.addrs {
+            return new;
+        }
+        HostList {
+            round_robin: new.round_robin,
+            attrs: new.attrs,
+            max_lag: new.max_lag,
+            ..self.clone()
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, RoleBook> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Roles are checked: `target_session_attrs` is not `any`.
+    pub fn checks_roles(&self) -> bool {
+        self.attrs != SessionAttrs::Any && !self.addrs.is_empty()
+    }
+
+    /// Whether a server on host `host` may serve another transaction (see
+    /// [`RoleBook::keeps`]). Always true without role checks.
+    pub fn keeps(&self, host: Option<usize>) -> bool {
+        if !self.checks_roles() {
+            return true;
+        }
+        match host {
+            Some(i) => self.book().keeps(i, self.attrs, self.max_lag),
+            None => false,
+        }
+    }
+
+    /// A server on host `host` must stop at once, mid-transaction too: its host is known
+    /// to be no primary any more (see [`RoleBook::demoted`]).
+    pub fn demoted(&self, host: Option<usize>) -> bool {
+        self.checks_roles()
+            && self.attrs.wants_primary()
+            && host.is_some_and(|i| self.book().demoted(i))
+    }
+
+    /// Times the primary moved from one host to another.
+    pub fn switchovers(&self) -> u64 {
+        self.book().switchovers
+    }
+
+    /// Every host, its state, and whether new servers may go there.
+    pub fn view(&self) -> Vec<HostView> {
+        let b = self.book();
+        self.addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| HostView {
+                addr: a.clone(),
+                state: b.hosts.get(i).cloned().unwrap_or_default(),
+                usable: b.fits(i, self.attrs, self.max_lag),
+                primary: b.primary == Some(i),
+                fenced: b.is_fenced(i),
+            })
+            .collect()
+    }
+
+    /// Record what a check of host `i` found; logs a change of primary.
+    pub fn observe(&self, i: usize, o: Observed, db: &str) {
+        let change = self.book().observe(i, o);
+        self.after(change, db, "a check found it");
+    }
+
+    /// Host `i` is down (a login failed) or in doubt (a server of it reported an admin
+    /// shutdown, a read-only transaction, or was lost): its role is unknown until checked
+    /// again, which happens at once.
+    pub fn forget(&self, i: usize, down: bool, why: &str, db: &str) {
+        let change = {
+            let mut b = self.book();
+            let was = b.hosts.get(i).map(|h| h.role);
+            let change = b.forget(i, down, why);
+            if was
+                != Some(if down {
+                    HostRole::Down
+                } else {
+                    HostRole::Unknown
+                })
+            {
+                tracing::info!(db, host = %self.addrs[i], "host role unknown: {why}");
+            }
+            change
+        };
+        self.check_now();
+        self.after(change, db, why);
+    }
+
+    fn after(&self, change: Option<PrimaryChange>, db: &str, why: &str) {
+        let Some(c) = change else { return };
+        let name = |h: Option<usize>| match h {
+            Some(i) => self.addrs[i].to_string(),
+            None => "none".to_string(),
+        };
+        if self.attrs != SessionAttrs::Any {
+            tracing::warn!(
+                db,
+                "primary changed from {} to {} ({why}); switchovers: {}",
+                name(c.from),
+                name(c.to),
+                self.switchovers()
+            );
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Ask for a role check at the next janitor round.
+    pub fn check_now(&self) {
+        *self.checked.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The role check is due (every `interval`, or asked for) and none runs: true once
+    /// per round, the caller then runs [`check_roles`].
+    pub fn role_check_due(&self, interval: Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.checks_roles() || self.checking.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut at = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+        let due = match *at {
+            None => true,
+            Some(t) => !interval.is_zero() && t.elapsed() >= interval,
+        };
+        if due {
+            *at = Some(std::time::Instant::now());
+            self.checking.store(true, Ordering::Release);
+        }
+        due
+    }
+
+    /// The order to try hosts in for a new server (round-robin or sticky start, then by
+    /// role); `[]`: no list (use the target's one address).
+    fn order(&self) -> Vec<usize> {
+        use std::sync::atomic::Ordering;
+        let n = self.addrs.len();
+        if n == 0 || (n == 1 && !self.checks_roles()) {
+            return Vec::new();
+        }
+        let start = if self.round_robin {
+            self.next.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.next.load(Ordering::Relaxed)
+        } % n;
+        self.book().order(start, self.attrs, self.max_lag)
     }
 
     /// The host for a new connection, and its index (for `failed`). None: no list.
     pub fn pick(&self) -> Option<(&ServerAddr, usize)> {
-        use std::sync::atomic::Ordering;
-        if self.addrs.len() < 2 {
-            return None;
-        }
-        let i = if self.round_robin {
-            self.next.fetch_add(1, Ordering::Relaxed)
-        } else {
-            self.next.load(Ordering::Relaxed)
-        } % self.addrs.len();
+        let i = *self.order().first()?;
         Some((&self.addrs[i], i))
     }
 
@@ -204,6 +392,57 @@ impl HostList {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
                     (cur % n == i).then_some((i + 1) % n)
                 });
+        }
+    }
+}
+
+/// Ask a logged-in server for its role ([`ROLE_QUERY`]).
+pub async fn ask_role(server: &mut Server) -> Result<Observed, ServerError> {
+    let sets = super::query::query_sets(server, ROLE_QUERY).await?;
+    let row = sets
+        .first()
+        .and_then(|s| s.first())
+        .ok_or_else(|| ServerError::Login("the role query returned no row".into()))?;
+    let col = |k: usize| row.get(k).cloned().flatten().unwrap_or_default();
+    Ok(Observed {
+        standby: col(0) == "t",
+        read_only: col(1) == "on",
+        timeline: col(2).parse().unwrap_or(0),
+        lag_bytes: col(3).parse().unwrap_or(0),
+    })
+}
+
+/// The role check: log in to every host of the list, ask its role, log out. A host that
+/// cannot be reached is down.
+pub async fn check_roles(target: &ServerTarget, db: &str, timeout: Duration) {
+    /// Another check may start once this one ends, however it ends.
+    struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let hosts = &target.hosts;
+    let _done = Done(&hosts.checking);
+    for (i, addr) in hosts.addrs.iter().enumerate() {
+        let checked = tokio::time::timeout(timeout, async {
+            let stream = addr.connect().await.map_err(ServerError::Connect)?;
+            let mut s = handshake(target, stream, addr, 0).await?;
+            let o = ask_role(&mut s).await;
+            s.conn.queue_with(crate::proto::frontend::terminate);
+            let _ = s.conn.flush().await;
+            o
+        })
+        .await
+        .unwrap_or(Err(ServerError::Timeout));
+        match checked {
+            Ok(o) => hosts.observe(i, o, db),
+            Err(e) if e.is_unavailable() => {
+                tracing::debug!(db, host = %addr, "role check failed: {e}");
+                hosts.forget(i, true, &format!("role check failed: {e}"), db);
+            }
+            // Refused (a password, too many connections): says nothing of its role.
+            Err(e) => tracing::debug!(db, host = %addr, "role check failed: {e}"),
         }
     }
 }
@@ -264,65 +503,157 @@ async fn open_stream(
     id: u64,
     tried: &std::sync::Mutex<Option<ServerAddr>>,
 ) -> Result<(Stream, ServerAddr), ServerError> {
-    let first = target.hosts.pick();
-    let n = if first.is_some() {
-        target.hosts.addrs.len()
+    let order = target.hosts.order();
+    let candidates: Vec<Option<usize>> = if order.is_empty() {
+        vec![None]
     } else {
-        1
+        order.into_iter().map(Some).collect()
     };
     let mut last = None;
-    for k in 0..n {
-        let (addr, host) = match first {
-            Some((_, i)) => {
-                let i = (i + k) % n;
-                (&target.hosts.addrs[i], Some(i))
-            }
-            None => (&target.addr, None),
-        };
-        if let Ok(mut t) = tried.lock() {
-            *t = Some(addr.clone());
-        }
-        let resolved = match host {
-            Some(i) => {
-                let mut failed = target.hosts.dns.lock().await;
-                failed.retain(|(_, at)| at.elapsed() < target.dns_nxdomain_ttl);
-                if failed.iter().any(|(h, _)| *h == i) {
-                    // Looked up and failed a moment ago (logged then).
-                    target.hosts.failed(i);
-                    continue;
-                }
-                let r = addr.resolve().await;
-                if r.is_err() {
-                    failed.push((i, std::time::Instant::now()));
-                }
-                r
-            }
-            None => addr.resolve().await,
-        };
-        let connected = match resolved {
-            Ok(addrs) => addr.connect_to(addrs).await,
-            Err(e) => Err(e),
-        };
-        if let Ok(Stream::Tcp(t)) = &connected {
-            target.tcp.apply_or_warn(socket2::SockRef::from(t));
-        }
-        match connected {
-            Ok(s) => return Ok((s, addr.clone())),
-            Err(e) => {
-                if let Some(i) = host {
-                    target.hosts.failed(i);
-                }
-                let e = ServerError::Connect(e);
-                if crate::logging::disconnections() {
-                    tracing::info!(server = id, db, user = %target.user, %addr,
-                        "closing because: {} (age=0s)", close_reason(&e));
-                }
-                tracing::debug!(%addr, "connecting to the server failed: {e}");
-                last = Some(e);
-            }
+    for host in candidates {
+        match connect_one(target, db, id, host, tried).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
         }
     }
     Err(last.unwrap_or(ServerError::Timeout))
+}
+
+/// Connect to host `host` of the list (None: the target's one address); a failure is
+/// logged as PgBouncer closes a server.
+async fn connect_one(
+    target: &ServerTarget,
+    db: &str,
+    id: u64,
+    host: Option<usize>,
+    tried: &std::sync::Mutex<Option<ServerAddr>>,
+) -> Result<(Stream, ServerAddr), ServerError> {
+    let addr = match host {
+        Some(i) => &target.hosts.addrs[i],
+        None => &target.addr,
+    };
+    if let Ok(mut t) = tried.lock() {
+        *t = Some(addr.clone());
+    }
+    let resolved = match host {
+        Some(i) => {
+            let mut failed = target.hosts.dns.lock().await;
+            failed.retain(|(_, at)| at.elapsed() < target.dns_nxdomain_ttl);
+            if failed.iter().any(|(h, _)| *h == i) {
+                // Looked up and failed a moment ago (logged then).
+                target.hosts.failed(i);
+                return Err(ServerError::Connect(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    DnsFailed(std::io::Error::other("lookup failed lately")),
+                )));
+            }
+            let r = addr.resolve().await;
+            if r.is_err() {
+                failed.push((i, std::time::Instant::now()));
+            }
+            r
+        }
+        None => addr.resolve().await,
+    };
+    let connected = match resolved {
+        Ok(addrs) => addr.connect_to(addrs).await,
+        Err(e) => Err(e),
+    };
+    if let Ok(Stream::Tcp(t)) = &connected {
+        target.tcp.apply_or_warn(socket2::SockRef::from(t));
+    }
+    match connected {
+        Ok(s) => Ok((s, addr.clone())),
+        Err(e) => {
+            if let Some(i) = host {
+                target.hosts.failed(i);
+            }
+            let e = ServerError::Connect(e);
+            if crate::logging::disconnections() {
+                tracing::info!(server = id, db, user = %target.user, %addr,
+                    "closing because: {} (age=0s)", close_reason(&e));
+            }
+            tracing::debug!(%addr, "connecting to the server failed: {e}");
+            Err(e)
+        }
+    }
+}
+
+/// With `target_session_attrs`: try the hosts in turn (those known to fit first), log in,
+/// ask the role, keep the first server whose host fits (libpq's rule; prefer-standby
+/// keeps a primary for when no standby fits). Every host tried has its role recorded.
+async fn login_by_role(
+    target: &ServerTarget,
+    db: &str,
+    id: u64,
+    tried: &std::sync::Mutex<Option<ServerAddr>>,
+) -> Result<Server, ServerError> {
+    let hosts = &target.hosts;
+    let mut last = None;
+    let mut fallback: Option<Server> = None;
+    let mut seen = Vec::new();
+    for i in hosts.order() {
+        let found = async {
+            let (stream, addr) = connect_one(target, db, id, Some(i), tried).await?;
+            let mut s = handshake(target, stream, &addr, id).await?;
+            let o = ask_role(&mut s).await?;
+            Ok::<_, ServerError>((s, o))
+        }
+        .await;
+        let (mut s, o) = match found {
+            Ok(f) => f,
+            Err(e) => {
+                // Down only when it does not answer (a refused password or too many
+                // connections says nothing of its role).
+                if e.is_unavailable() {
+                    hosts.forget(i, true, &format!("login failed: {e}"), db);
+                }
+                seen.push(format!("{} down", hosts.addrs[i]));
+                last = Some(e);
+                continue;
+            }
+        };
+        hosts.observe(i, o, db);
+        s.host = Some(i);
+        let (fits, primary) = {
+            let book = hosts.book();
+            let fits = if hosts.attrs == SessionAttrs::PreferStandby {
+                // libpq: a standby if any host is one; the primary only once every host
+                // is known and none is a usable standby.
+                book.fits(i, SessionAttrs::Standby, hosts.max_lag)
+                    || (book.fits(i, hosts.attrs, hosts.max_lag)
+                        && book.hosts.iter().all(|h| h.role != HostRole::Unknown))
+            } else {
+                book.fits(i, hosts.attrs, hosts.max_lag)
+            };
+            (fits, book.is_live_primary(i))
+        };
+        if fits {
+            return finish_login(target, s).await;
+        }
+        seen.push(format!(
+            "{} {}",
+            hosts.addrs[i],
+            if o.standby { "standby" } else { "primary" }
+        ));
+        if hosts.attrs == SessionAttrs::PreferStandby && primary && fallback.is_none() {
+            fallback = Some(s);
+            continue;
+        }
+        s.conn.queue_with(crate::proto::frontend::terminate);
+        let _ = s.conn.flush().await;
+    }
+    if let Some(s) = fallback {
+        return finish_login(target, s).await;
+    }
+    match last {
+        Some(e) if seen.iter().all(|h| h.ends_with(" down")) => Err(e),
+        _ => Err(ServerError::NoHost(format!(
+            "no host fits target_session_attrs={} ({})",
+            hosts.attrs.name(),
+            seen.join(", ")
+        ))),
+    }
 }
 
 async fn login(
@@ -331,8 +662,33 @@ async fn login(
     id: u64,
     tried: &std::sync::Mutex<Option<ServerAddr>>,
 ) -> Result<Server, ServerError> {
+    if target.hosts.checks_roles() {
+        return login_by_role(target, db, id, tried).await;
+    }
     let (stream, addr) = open_stream(target, db, id, tried).await?;
-    let addr = &addr;
+    let mut server = handshake(target, stream, &addr, id).await?;
+    server.host = target.hosts.addrs.iter().position(|a| *a == addr);
+    finish_login(target, server).await
+}
+
+/// The connect_query, once the server is the one to keep.
+async fn finish_login(target: &ServerTarget, mut server: Server) -> Result<Server, ServerError> {
+    if let Some(q) = &target.connect_query {
+        if let Some(e) = super::query::simple_query(&mut server, q).await? {
+            return Err(ServerError::Rejected(e));
+        }
+        server.login_params = server.params.clone();
+    }
+    Ok(server)
+}
+
+/// TLS, the StartupMessage, authentication, up to the first ReadyForQuery.
+async fn handshake(
+    target: &ServerTarget,
+    stream: Stream,
+    addr: &ServerAddr,
+    id: u64,
+) -> Result<Server, ServerError> {
     let mut conn = Conn::new(stream);
     if let (Some(tls), ServerAddr::Tcp { host, .. }) = (&target.tls, addr) {
         start_tls(&mut conn, tls, host, id).await?;
@@ -489,12 +845,6 @@ async fn login(
     let tls = conn.stream.tls_info().map(std::sync::Arc::from);
     let mut server = Server::new(id, conn, addr.clone(), key, server_params);
     server.tls = tls;
-    if let Some(q) = &target.connect_query {
-        if let Some(e) = super::query::simple_query(&mut server, q).await? {
-            return Err(ServerError::Rejected(e));
-        }
-        server.login_params = server.params.clone();
-    }
     Ok(server)
 }
 
@@ -572,6 +922,25 @@ mod tests {
     fn hosts(round_robin: bool) -> HostList {
         let a = |h: &str| ServerAddr::new(Some(h), 5432);
         HostList::new(vec![a("a"), a("b"), a("c")], round_robin)
+    }
+
+    #[test]
+    fn a_reload_naming_the_same_hosts_keeps_what_is_known_of_their_roles() {
+        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, 0);
+        let o = |timeline| Observed {
+            standby: false,
+            read_only: false,
+            timeline,
+            lag_bytes: 0,
+        };
+        old.observe(0, o(1), "db");
+        old.observe(1, o(2), "db");
+        assert_eq!(old.switchovers(), 1);
+        let same = old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, 0));
+        assert!(same.round_robin);
+        assert!(same.view()[0].fenced, "the former primary stays fenced");
+        let other = old.carried_into(HostList::new(vec![ServerAddr::new(Some("z"), 1)], true));
+        assert_eq!(other.switchovers(), 0);
     }
 
     #[test]

@@ -3,6 +3,7 @@ pub mod connect;
 pub mod prepared;
 pub mod query;
 pub mod response;
+pub mod roles;
 pub mod sync;
 
 use std::time::Instant;
@@ -263,6 +264,12 @@ pub struct Server {
     pub notifications: bytes::BytesMut,
     /// The TLS session as SHOW SERVERS prints it (None: plain).
     pub tls: Option<std::sync::Arc<str>>,
+    /// Which host of the target's host list it is on (None: no list).
+    pub host: Option<usize>,
+    /// It reported what may mean its host is no longer what it was (25006 read-only
+    /// transaction, 57P01/57P02 shutdown): the SQLSTATE. The server is closed and the
+    /// host's role checked again.
+    pub role_doubt: Option<[u8; 5]>,
 }
 
 impl Server {
@@ -290,6 +297,8 @@ impl Server {
             unnamed: 0,
             notifications: bytes::BytesMut::new(),
             tls: None,
+            host: None,
+            role_doubt: None,
         }
     }
 
@@ -364,6 +373,10 @@ pub enum ServerError {
     /// Within server_login_retry of a failed login, with no server left: refused at once.
     #[error("server login has been failing, cached error: {0} (server_login_retry)")]
     LoginFailing(String),
+    /// target_session_attrs: every host answered, none has the wanted role (a switchover
+    /// under way: clients wait for one, as for a server starting up).
+    #[error("{0}")]
+    NoHost(String),
 }
 
 impl ServerError {
@@ -383,7 +396,9 @@ impl ServerError {
         match self {
             ServerError::Rejected(e) => matches!(e.code.as_str(), "57P01" | "57P02" | "57P03"),
             ServerError::Connect(e) => gone(e.kind()),
-            ServerError::Conn(crate::net::conn::ConnError::Closed) | ServerError::Timeout => true,
+            ServerError::Conn(crate::net::conn::ConnError::Closed)
+            | ServerError::Timeout
+            | ServerError::NoHost(_) => true,
             ServerError::Conn(crate::net::conn::ConnError::Io(e)) => {
                 gone(e.kind()) || e.kind() == K::BrokenPipe
             }

@@ -22,9 +22,16 @@ pub fn is_read_only(name: &str) -> bool {
     RO.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
+/// A setting the server's own config may change under a session, and that says what the
+/// server is (a primary being demoted turns it on): a value the server reports for it is
+/// not taken as the client's unless the client's own statement set it (read back then).
+pub fn is_server_role(name: &str) -> bool {
+    name.eq_ignore_ascii_case("default_transaction_read_only")
+}
+
 /// Whether `apply` has anything to do (checked without allocating, on every checkout).
 pub fn differs(server: &Server, wanted: &Params) -> bool {
-    if same_in_order(&server.params, wanted) {
+    if same_in_order(&server.params, &server.login_params, wanted) {
         return false;
     }
     wanted
@@ -37,7 +44,9 @@ pub fn differs(server: &Server, wanted: &Params) -> bool {
 
 /// The usual case, proven in one pass without case folding: `wanted` is `server` in the
 /// same order, less read-only entries (then `differs` is false; a false here proves nothing).
-fn same_in_order(server: &Params, wanted: &Params) -> bool {
+fn same_in_order(server: &Params, login: &Params, wanted: &Params) -> bool {
+    // A server-role setting is not in sessions: skipped while it is what login said.
+    let skip = |k: &str, v: &str| is_read_only(k) || (is_server_role(k) && login.get(k) == Some(v));
     let mut s = server.iter();
     'wanted: for (k, v) in wanted.iter() {
         for (sk, sv) in s.by_ref() {
@@ -47,13 +56,13 @@ fn same_in_order(server: &Params, wanted: &Params) -> bool {
                 }
                 return false;
             }
-            if !is_read_only(sk) {
+            if !skip(sk, sv) {
                 return false;
             }
         }
         return false;
     }
-    s.all(|(sk, _)| is_read_only(sk))
+    s.all(|(sk, sv)| skip(sk, sv))
 }
 
 /// Make `server`'s session parameters equal `wanted` with one batched query, and put back
@@ -73,7 +82,17 @@ pub async fn apply(
     let mut back: Vec<(String, String)> = Vec::new();
     let mut reset: Vec<String> = Vec::new();
     for (k, v) in server.params.iter() {
-        if wanted.get(k).is_none() && !is_read_only(k) {
+        if wanted.get(k).is_none()
+            && is_server_role(k)
+            && server.login_params.get(k).is_some_and(|login| login != v)
+        {
+            // Set by another client, or by the server's config since login: RESET gives
+            // the server's config value (as the client's own session would have), never
+            // the value of login time over a server's newer one.
+            reset.push(k.to_string());
+            continue;
+        }
+        if wanted.get(k).is_none() && !is_read_only(k) && !is_server_role(k) {
             match server.login_params.get(k) {
                 Some(login) if login != v => back.push((k.to_string(), login.to_string())),
                 Some(_) => {}
@@ -392,18 +411,29 @@ mod tests {
             ("is_superuser", "on"),
         ]);
         let same = params(&[("application_name", "a"), ("TimeZone", "UTC")]);
-        assert!(same_in_order(&server, &same));
+        assert!(same_in_order(&server, &Params::default(), &same));
+        // default_transaction_read_only is the server's: skipped while it is its login
+        // value, not once it changed (another client's SET, a reload of the config).
+        let login = params(&[("default_transaction_read_only", "off")]);
+        let mut with_role = server.clone();
+        with_role.set("default_transaction_read_only", "off");
+        assert!(same_in_order(&with_role, &login, &same));
+        with_role.set("default_transaction_read_only", "on");
+        assert!(!same_in_order(&with_role, &login, &same));
         // A value differs, a setting is missing or extra, or another order: not proven.
         assert!(!same_in_order(
             &server,
+            &Params::default(),
             &params(&[("application_name", "b"), ("TimeZone", "UTC")])
         ));
         assert!(!same_in_order(
             &server,
+            &Params::default(),
             &params(&[("application_name", "a")])
         ));
         assert!(!same_in_order(
             &server,
+            &Params::default(),
             &params(&[
                 ("application_name", "a"),
                 ("TimeZone", "UTC"),
@@ -412,6 +442,7 @@ mod tests {
         ));
         assert!(!same_in_order(
             &server,
+            &Params::default(),
             &params(&[("TimeZone", "UTC"), ("application_name", "a")])
         ));
     }

@@ -266,6 +266,7 @@ pub fn render(shared: &Shared) -> String {
         "Connected clients (excluding the admin console).",
     );
     let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
+    hosts(&mut out, &pools, &labels);
     type Hist = fn(&super::PoolStats) -> &super::Histogram;
     let hists: [(&str, &str, Hist); 3] = [
         (
@@ -291,6 +292,73 @@ pub fn render(shared: &Shared) -> String {
         }
     }
     out
+}
+
+/// The hosts of pools with target_session_attrs (as SHOW HOSTS): role, usable, fenced,
+/// replay lag, and the pool's switchovers.
+fn hosts(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
+    let lists: Vec<_> = pools
+        .iter()
+        .map(|p| p.settings())
+        .zip(labels)
+        .filter(|(s, _)| s.target.hosts.checks_roles())
+        .collect();
+    if lists.is_empty() {
+        return;
+    }
+    header(
+        out,
+        "pgcarpool_switchovers_total",
+        "counter",
+        "Times the primary of a pool's host list moved to another host.",
+    );
+    for (s, l) in &lists {
+        let n = s.target.hosts.switchovers();
+        let _ = writeln!(out, "pgcarpool_switchovers_total{{{l}}} {n}");
+    }
+    type Pick = fn(&crate::server::connect::HostView) -> u64;
+    let gauges: [(&str, &str, Pick); 3] = [
+        (
+            "pgcarpool_host_usable",
+            "1 if new servers of the pool may go to the host (its role fits).",
+            |h| u64::from(h.usable),
+        ),
+        (
+            "pgcarpool_host_fenced",
+            "1 if the host is a primary on an older timeline than another (split brain).",
+            |h| u64::from(h.fenced),
+        ),
+        (
+            "pgcarpool_host_lag_bytes",
+            "WAL a standby received and has not replayed, at the last check.",
+            |h| h.state.lag_bytes,
+        ),
+    ];
+    let views: Vec<_> = lists.iter().map(|(s, _)| s.target.hosts.view()).collect();
+    header(
+        out,
+        "pgcarpool_host_role",
+        "gauge",
+        "The role a host was last seen in (primary, standby, down, unknown): 1.",
+    );
+    for ((_, l), v) in lists.iter().zip(&views) {
+        for h in v {
+            let (host, role) = (esc(&h.addr.to_string()), h.state.role.name());
+            let _ = writeln!(
+                out,
+                "pgcarpool_host_role{{{l},host=\"{host}\",role=\"{role}\"}} 1"
+            );
+        }
+    }
+    for (name, help, pick) in gauges {
+        header(out, name, "gauge", help);
+        for ((_, l), v) in lists.iter().zip(&views) {
+            for h in v {
+                let host = esc(&h.addr.to_string());
+                let _ = writeln!(out, "{name}{{{l},host=\"{host}\"}} {}", pick(h));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

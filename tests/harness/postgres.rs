@@ -457,6 +457,97 @@ impl TempPostgres {
         self.running.store(true, Ordering::SeqCst);
     }
 
+    /// A streaming standby of this server: `pg_basebackup -R -X stream` (as the user
+    /// PostgreSQL runs as) into a new temp dir, started on another free port. Returns once
+    /// it accepts connections, in recovery.
+    pub fn start_standby(&self) -> TempPostgres {
+        let run_as = self.run_as;
+        let dir = tempfile::Builder::new()
+            .prefix("pgcarpool-pg-standby-")
+            .tempdir_in(std::env::temp_dir())
+            .expect("make standby temp dir");
+        run_as.own(dir.path());
+        let data = dir.path().join("data");
+        run_checked(
+            run_as
+                .command("pg_basebackup", dir.path())
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .arg("-D")
+                .arg(&data)
+                .args(["-R", "-X", "stream", "--no-sync"]),
+            "pg_basebackup a standby",
+        );
+        let log = dir.path().join("postgres.log");
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            // The primary's harness.conf came along: this one wins (the standby's port).
+            let conf = format!(
+                "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = {}\nmax_connections = 300\nhot_standby = on\n",
+                conf_quote(&dir.path().to_string_lossy())
+            );
+            run_as.write(&data.join("harness.conf"), &conf);
+            let output = run_as
+                .command("pg_ctl", dir.path())
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "start"])
+                .output()
+                .expect("run pg_ctl start");
+            if output.status.success() {
+                return TempPostgres {
+                    run_as,
+                    dir,
+                    port,
+                    running: AtomicBool::new(true),
+                };
+            }
+            last_error = format!(
+                "standby start on port {port} failed: {}\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                tail(&log, 40)
+            );
+        }
+        panic!("{last_error}");
+    }
+
+    /// `pg_ctl promote -w`: a standby becomes a primary (on a new timeline).
+    pub fn promote(&self) {
+        self.pg_ctl(&["promote"], "promote the standby");
+    }
+
+    /// `kill -9` of the postmaster (an unplanned failure: its sessions are orphaned and
+    /// end as they notice). The server counts as stopped.
+    pub fn kill_postmaster(&self) {
+        let pid_file = self.data_dir().join("postmaster.pid");
+        let text = fs::read_to_string(&pid_file).expect("read postmaster.pid");
+        let pid: i32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("pid in postmaster.pid");
+        // SAFETY: kill(2) with a pid read from the server's own pid file.
+        let r = unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(r, 0, "kill -9 {pid}");
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Start a stopped primary again with `standby.signal` removed: a former primary
+    /// coming back as a primary (split brain).
+    pub fn start_again_as_primary(&self) {
+        let _ = fs::remove_file(self.data_dir().join("standby.signal"));
+        self.start_again();
+    }
+
     /// PostgreSQL's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
