@@ -153,3 +153,68 @@ async fn long_run() {
 fn _regressions_use(_: ClientScript) {
     let _ = assert_same;
 }
+
+// Regression tests: the reduced scripts of seeds that found bugs (some simplified by hand).
+
+/// Seed 2 (10 clients, 408 steps): `DISCARD ALL` inside a transaction block fails
+/// (25001) and leaves the session's prepared statements alone; pgcarpool forgot the
+/// client's statements anyway, so a second Parse of the name was accepted (PostgreSQL: 42P05)
+/// and the Bind that followed reached another statement (08P01 naming an internal name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_all_refused_in_a_transaction_block_keeps_the_statements() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "Q BEGIN",
+            "Q DISCARD ALL",
+            "Q COMMIT",
+            "Q START TRANSACTION",
+            "Q SELECT 1/0",
+            "Q DISCARD ALL",
+            "Q ROLLBACK",
+            "P s1|SELECT $1::text || $2::text AS s\nB |s1|15,2\nE |0\nS",
+            "B |s1|21\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 1 and 4: inside a failed transaction block, a Bind or Describe of a statement that
+/// does not exist fails with 26000 (PostgreSQL looks the name up before it checks the
+/// transaction); pgcarpool's probe said 25P02.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_statement_in_a_failed_block_is_26000() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "Q RELEASE sp1",
+            "B pb||\nP |SELECT 1\nS",
+            "D S s3\nS",
+            "B |s3|\nE |0\nS",
+            "Q ROLLBACK",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 3: inside a failed transaction block, a named Parse with a syntax error fails with
+/// the syntax error (42601: PostgreSQL parses before it checks the transaction); pgcarpool's
+/// probe said 25P02. The client's unnamed statement survives it, as in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_parse_in_a_failed_block_reports_its_syntax_error() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q BEGIN",
+            "P |SELECT 41 + 1 AS answer\nS",
+            "Q COPY nosuch_0 FROM STDIN\nd 111\\tcopied111\\n\nc",
+            "P s3|SELEC 1\nD S s3\nB pa|s3|\nE pa|0\nS",
+            "P s4|SELECT 2\nS",
+            "P s5|ROLLBACK\nS",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

@@ -84,7 +84,8 @@ impl Relay<'_> {
             self.server.send_query(msg, None);
             return Ok(());
         }
-        let e = classify::classify(sql);
+        let mut e = classify::classify(sql);
+        refused_in_block(&mut e, self.server.proto.tx_status);
         self.note_effects(&e);
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
@@ -249,8 +250,7 @@ impl Relay<'_> {
                 if self.server.proto.tx_status == b'E'
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
-                    // The server refuses it (25P02), as PostgreSQL would.
-                    self.server.probe("25P02", String::new(), false);
+                    self.refused_parse(&body[name.len() + 1..])?;
                     return Ok(());
                 }
                 if self.session.statements.contains_key(name) {
@@ -462,6 +462,23 @@ impl Relay<'_> {
         self.server.conn.queue(out);
         self.server.owed.push(Pending::Parse {
             swallow: false,
+            stmt: None,
+        });
+        Ok(())
+    }
+
+    /// A named Parse inside a failed transaction block: the server refuses it as PostgreSQL
+    /// would (a syntax error first, 42601, else 25P02) when it gets the client's own text,
+    /// sent as a Parse of the unnamed statement (the server's unnamed statement goes; the
+    /// client's is parsed again where it is next bound). `rest`: the Parse body after the
+    /// name.
+    fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
+        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
+        let types = &rest[sql.len() + 1..];
+        self.server.conn.queue(parse_message(sql, types));
+        self.server.unnamed = 0;
+        self.server.owed.push(Pending::Parse {
+            swallow: true,
             stmt: None,
         });
         Ok(())
@@ -684,4 +701,21 @@ fn query_message(sql: &str) -> Bytes {
     let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
     frontend::query(&mut b, sql);
     b.freeze()
+}
+
+/// A simple query's session-wide effects that its server will refuse, dropped before they
+/// are applied: inside a failed transaction block (`tx_status` `E`) every such statement
+/// fails with 25P02, and inside any transaction block `DISCARD ALL` fails with 25001
+/// (PostgreSQL's `PreventInTransactionBlock`), leaving statements and settings as they were.
+fn refused_in_block(e: &mut Effects, tx_status: u8) {
+    let refused = match tx_status {
+        b'E' => e.discard_all || e.reset_all || e.deallocate_all,
+        b'T' => e.discard_all,
+        _ => false,
+    };
+    if refused {
+        e.discard_all = false;
+        e.reset_all = false;
+        e.deallocate_all = false;
+    }
 }
