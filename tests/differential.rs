@@ -235,3 +235,30 @@ async fn named_parse_in_a_failed_block_reports_its_syntax_error() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 1, 2, 4 and 6: a named Parse the server fails (a syntax error) or skips (an error
+/// earlier in the pipeline) makes no statement in PostgreSQL; pgcarpool kept the client's
+/// name, so a later Parse of it got 42P05 and a Bind or Describe ran something (or failed
+/// with 25P02) where PostgreSQL says 26000. Also when pgcarpool answers the Parse itself (the
+/// server already holds the text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_parse_failed_or_skipped_makes_no_name() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s2|SELEC 1\nS",
+            "P s2|SELECT 2 AS two\nB |s2|\nE |0\nS",
+            "B |nosuch|\nP s3|SELECT 3\nS",
+            "D S s3\nS",
+            "P s5|SELECT 5\nS",
+            "B |nosuch|\nP s4|SELECT 5\nS",
+            "B |s4|\nE |0\nS",
+            "P s4|SELECT 4 AS four\nB |s4|\nE |0\nS",
+            "Q BEGIN",
+            "P s6|SELECT 1/0\nB |s6|\nE |0\nP s7|SELECT 7\nS",
+            "Q ROLLBACK",
+            "D S s7\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

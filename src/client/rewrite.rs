@@ -278,11 +278,13 @@ impl Relay<'_> {
                 self.counts.client_parses += 1;
                 let name = Bytes::copy_from_slice(name);
                 self.session.statements.insert(name.clone(), stmt.clone());
-                self.session.parsed_name(name, self.registry.changes_seen());
+                self.session
+                    .parsed_name(name.clone(), self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
-                    self.answer(Answer::ParseComplete);
+                    self.server.owed.push(Pending::Answered(name));
                 } else {
                     self.prepare_on_server(stmt, false);
+                    self.server.owed.name_last_parse(name);
                 }
             }
             frontend::BIND => {
@@ -658,6 +660,9 @@ impl Relay<'_> {
             server
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
+        for name in server.owed.take_lost_names() {
+            self.session.statements.remove(&name);
+        }
         match lost {
             Lost::Nothing => {}
             Lost::Unnamed => self.session.drop_unnamed(),
