@@ -87,6 +87,16 @@ pub struct GenConfig {
     /// unnamed Parse or statement Close after a message that may fail (Parse, Bind,
     /// Describe, Execute).
     pub avoid_skipped_name_changes: bool,
+    /// Not fixed yet (found by seeds 3, 4, 5, 7): a Bind of a named statement with the
+    /// wrong number of parameters gets PostgreSQL's 08P01 naming pgcarpool's internal name
+    /// (`prepared statement "PGCARPOOL_5" requires 1`) instead of the client's. When true,
+    /// Binds of named statements carry the parameter count of the statement the generator
+    /// believes the name holds (mostly right: DEALLOCATE ALL and the like are not
+    /// followed). Also avoids a difference of the same family (seed 2): `DEALLOCATE ALL` as
+    /// the text of a named statement is not followed by pgcarpool (only the unnamed
+    /// statement's SQL is mapped, as for `EXECUTE` in docs/compatibility.md), so it comes
+    /// only in unnamed Parses.
+    pub avoid_parameter_count_errors: bool,
 }
 
 /// Settings the generator changes, with values it sets them to (SQL literals).
@@ -154,6 +164,7 @@ struct ClientGen {
     /// No RESET ALL or DISCARD ALL (see GenConfig).
     no_reset_all: bool,
     avoid_skipped_name_changes: bool,
+    avoid_parameter_count_errors: bool,
     startup: Vec<(String, String)>,
 }
 
@@ -173,6 +184,7 @@ impl ClientGen {
         ClientGen {
             no_reset_all: !no_reset.is_empty(),
             avoid_skipped_name_changes: cfg.avoid_skipped_name_changes,
+            avoid_parameter_count_errors: cfg.avoid_parameter_count_errors,
             rng,
             t: format!("t{i}"),
             i,
@@ -313,6 +325,24 @@ impl ClientGen {
     }
 
     /// SQL for a Parse and its parameter count.
+    /// SQL for a Parse of `stmt` and its parameter count. With
+    /// `avoid_parameter_count_errors`, a named statement always gets texts with the same
+    /// parameter count (s1: 1, s2: 0, s3: 2), so that its Binds fit whatever it holds.
+    fn parse_sql_for(&mut self, stmt: &str) -> (String, usize) {
+        let want = match stmt {
+            "s1" => 1,
+            "s2" => 0,
+            _ => 2,
+        };
+        for _ in 0..200 {
+            let (sql, n) = self.parse_sql(stmt.is_empty());
+            if stmt.is_empty() || !self.avoid_parameter_count_errors || n == want {
+                return (sql, n);
+            }
+        }
+        ("SELECT $1::text || $2::text AS s".to_string(), 2)
+    }
+
     fn parse_sql(&mut self, unnamed: bool) -> (String, usize) {
         let t = &self.t;
         let (sql, n) = match self.rng.below(22) {
@@ -339,7 +369,9 @@ impl ClientGen {
             14 => (format!("SHOW {}", self.shown_setting()), 0),
             // Only the unnamed statement's SQL EXECUTE is mapped (docs/compatibility.md).
             15 if unnamed => ("EXECUTE p1(5)".to_string(), 0),
-            16 => ("DEALLOCATE ALL".to_string(), 0),
+            16 if unnamed || !self.avoid_parameter_count_errors => {
+                ("DEALLOCATE ALL".to_string(), 0)
+            }
             17 => (format!("COPY {t} TO STDOUT"), 0),
             18 => ("FETCH 2 FROM c1".to_string(), 0),
             19 => (format!("NOTIFY ch{}, 'from parse'", self.i), 0),
@@ -374,6 +406,17 @@ impl ClientGen {
         self.push(lines.join("\n"));
     }
 
+    /// A Parse of `stmt` with `n` parameters was sent. A named one that exists already
+    /// fails (42P05) and leaves the old one.
+    fn parsed(&mut self, stmt: &str, n: usize) {
+        if !(self.avoid_parameter_count_errors
+            && !stmt.is_empty()
+            && self.params.contains_key(stmt))
+        {
+            self.params.insert(stmt.to_string(), n);
+        }
+    }
+
     fn statement_name(&mut self) -> String {
         self.rng.pick(&["", "", "s1", "s2", "s3"]).to_string()
     }
@@ -387,8 +430,8 @@ impl ClientGen {
     fn round(&mut self, lines: &mut Vec<String>) {
         let stmt = self.statement_name();
         if self.rng.chance(75) || !self.params.contains_key(&stmt) {
-            let (sql, n) = self.parse_sql(stmt.is_empty());
-            self.params.insert(stmt.clone(), n);
+            let (sql, n) = self.parse_sql_for(&stmt);
+            self.parsed(&stmt, n);
             lines.push(format!("P {stmt}|{sql}"));
             if self.rng.chance(30) {
                 lines.push(format!("D S {stmt}"));
@@ -396,7 +439,8 @@ impl ClientGen {
         }
         let portal = self.portal_name();
         let n = self.params.get(&stmt).copied().unwrap_or(0);
-        let n = if self.rng.chance(5) { n + 1 } else { n };
+        let wrong = (stmt.is_empty() || !self.avoid_parameter_count_errors) && self.rng.chance(5);
+        let n = if wrong { n + 1 } else { n };
         let values = self.bind_values(n);
         lines.push(format!("B {portal}|{stmt}|{values}"));
         if self.rng.chance(50) {
@@ -430,8 +474,8 @@ impl ClientGen {
         let portal = self.portal_name();
         match self.rng.below(9) {
             0..=2 => {
-                let (sql, n) = self.parse_sql(stmt.is_empty());
-                self.params.insert(stmt.clone(), n);
+                let (sql, n) = self.parse_sql_for(&stmt);
+                self.parsed(&stmt, n);
                 lines.push(format!("P {stmt}|{sql}"));
             }
             3 | 4 => {
@@ -444,6 +488,7 @@ impl ClientGen {
             7 => {
                 if self.rng.chance(50) {
                     lines.push(format!("C S {stmt}"));
+                    self.params.remove(&stmt);
                 } else {
                     lines.push(format!("C P {portal}"));
                 }
