@@ -263,3 +263,23 @@ async fn named_parse_failed_or_skipped_makes_no_name() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 1, 8 and 9 (after the fixes above): a Parse of a name the client has, with a text
+/// that fails (syntax error, unknown table), gets the text's error (PostgreSQL analyses the
+/// text before it stores the name); pgcarpool said 42P05.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_name_with_a_bad_text_reports_the_text_error() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P |SELECT 10 AS ten\nS",
+            "P s2|SELECT 2\nS",
+            "P s2|SELEC 1\nS",
+            "P s2|SELECT * FROM nosuch_4\nS",
+            "P s2|SELECT 3\nB |s2|\nE |0\nS",
+            "B |s2|\nE |0\nS",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

@@ -264,6 +264,9 @@ impl Relay<'_> {
                         "prepared statement \"{}\" already exists",
                         String::from_utf8_lossy(name)
                     );
+                    // PostgreSQL parses and analyses the text before it looks at the name:
+                    // the server reports an error in the text first, else the probe fails.
+                    self.refused_parse(&body[name.len() + 1..])?;
                     self.server.probe("42P05", m, false);
                     return Ok(());
                 }
@@ -469,11 +472,12 @@ impl Relay<'_> {
         Ok(())
     }
 
-    /// A named Parse inside a failed transaction block: the server refuses it as PostgreSQL
-    /// would (a syntax error first, 42601, else 25P02) when it gets the client's own text,
-    /// sent as a Parse of the unnamed statement (the server's unnamed statement goes; the
-    /// client's is parsed again where it is next bound). `rest`: the Parse body after the
-    /// name.
+    /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
+    /// client has): the server checks the client's own text as PostgreSQL would first (a
+    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block), sent as a
+    /// Parse of the unnamed statement whose ParseComplete is swallowed (the server's
+    /// unnamed statement goes; the client's is parsed again where it is next bound).
+    /// `rest`: the Parse body after the name.
     fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
         let types = &rest[sql.len() + 1..];

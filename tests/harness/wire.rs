@@ -206,8 +206,10 @@ impl Wire {
                 return 1;
             }
             "P" => {
-                cstr(&mut b, f[0]);
-                cstr(&mut b, f.get(1).copied().unwrap_or(""));
+                // The SQL is the rest of the line, `|` included (`||` is SQL's concatenation).
+                let (name, sql) = rest.split_once('|').unwrap_or((rest, ""));
+                cstr(&mut b, name);
+                cstr(&mut b, sql);
                 b.extend_from_slice(&0i16.to_be_bytes());
                 msg(&mut self.out, b'P', &b);
             }
