@@ -95,7 +95,8 @@ impl Relay<'_> {
             self.server.send_query(msg, None);
             return Ok(());
         }
-        let e = classify::classify(sql);
+        let mut e = classify::classify(sql);
+        refused_in_block(&mut e, self.server.proto.tx_status);
         self.note_effects(&e);
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
@@ -299,8 +300,7 @@ impl Relay<'_> {
                 if self.server.proto.tx_status == b'E'
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
-                    // The server refuses it (25P02), as PostgreSQL would.
-                    self.server.probe("25P02", String::new(), false);
+                    self.refused_parse(&body[name.len() + 1..])?;
                     return Ok(());
                 }
                 if self.session.statements.contains_key(name) {
@@ -314,6 +314,9 @@ impl Relay<'_> {
                         "prepared statement \"{}\" already exists",
                         String::from_utf8_lossy(name)
                     );
+                    // PostgreSQL parses and analyses the text before it looks at the name:
+                    // the server reports an error in the text first, else the probe fails.
+                    self.refused_parse(&body[name.len() + 1..])?;
                     self.server.probe("42P05", m, false);
                     return Ok(());
                 }
@@ -329,11 +332,13 @@ impl Relay<'_> {
                 self.counts.client_parses += 1;
                 let name = Bytes::copy_from_slice(name);
                 self.session.statements.insert(name.clone(), stmt.clone());
-                self.session.parsed_name(name, self.registry.changes_seen());
+                self.session
+                    .parsed_name(name.clone(), self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
-                    self.answer(Answer::ParseComplete);
+                    self.server.owed.push(Pending::Answered(name));
                 } else {
                     self.prepare_on_server(stmt, false);
+                    self.server.owed.name_last_parse(name);
                 }
             }
             frontend::BIND => {
@@ -539,6 +544,24 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
+    /// client has): the server checks the client's own text as PostgreSQL would first (a
+    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block), sent as a
+    /// Parse of the unnamed statement whose ParseComplete is swallowed (the server's
+    /// unnamed statement goes; the client's is parsed again where it is next bound).
+    /// `rest`: the Parse body after the name.
+    fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
+        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
+        let types = &rest[sql.len() + 1..];
+        self.server.conn.queue(parse_message(sql, types));
+        self.server.unnamed = 0;
+        self.server.owed.push(Pending::Parse {
+            swallow: true,
+            stmt: None,
+        });
+        Ok(())
+    }
+
     /// A named Parse whose text is SQL `EXECUTE name …` of one of the client's statements
     /// (asyncpg sends SQL through named statements): the text runs that statement's server
     /// name instead, and the statement comes along wherever this one is prepared. `rest`:
@@ -713,6 +736,9 @@ impl Relay<'_> {
             server
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
+        for name in server.owed.take_lost_names() {
+            self.session.statements.remove(&name);
+        }
         match lost {
             Lost::Nothing => {}
             Lost::Unnamed => self.session.drop_unnamed(),
@@ -811,4 +837,21 @@ fn query_message(sql: &str) -> Bytes {
     let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
     frontend::query(&mut b, sql);
     b.freeze()
+}
+
+/// A simple query's session-wide effects that its server will refuse, dropped before they
+/// are applied: inside a failed transaction block (`tx_status` `E`) every such statement
+/// fails with 25P02, and inside any transaction block `DISCARD ALL` fails with 25001
+/// (PostgreSQL's `PreventInTransactionBlock`), leaving statements and settings as they were.
+fn refused_in_block(e: &mut Effects, tx_status: u8) {
+    let refused = match tx_status {
+        b'E' => e.discard_all || e.reset_all || e.deallocate_all,
+        b'T' => e.discard_all,
+        _ => false,
+    };
+    if refused {
+        e.discard_all = false;
+        e.reset_all = false;
+        e.deallocate_all = false;
+    }
 }

@@ -23,6 +23,16 @@ pub enum Pending {
         swallow: bool,
         stmt: Option<Arc<Stmt>>,
     },
+    /// ParseComplete for a client's Parse of a named statement (`name`, the client's name).
+    /// If the server fails or skips it, PostgreSQL would not have made the name: it goes
+    /// again (`Owed::take_lost_names`).
+    NamedParse {
+        stmt: Arc<Stmt>,
+        name: Bytes,
+    },
+    /// A client's Parse of a named statement the server already holds: pgcarpool answers
+    /// ParseComplete when it reaches the front; skipped, the name goes again.
+    Answered(Bytes),
     Bind,
     /// A Bind of a shared statement the relay can send again (see `Verdict::Stale`).
     BindShared,
@@ -96,6 +106,8 @@ pub enum Lost {
 #[derive(Debug, Default)]
 pub struct Owed {
     queue: VecDeque<Pending>,
+    /// Client statement names whose Parse the server failed or skipped.
+    lost_names: Vec<Bytes>,
 }
 
 impl Owed {
@@ -111,16 +123,37 @@ impl Owed {
         self.queue.clear();
     }
 
+    /// The client's Parse just queued (`Server::prepare`, not swallowed) made client name
+    /// `name`: owed as a `NamedParse`, so that the name goes if the server fails or skips it.
+    pub fn name_last_parse(&mut self, name: Bytes) {
+        if let Some(last) = self.queue.back_mut()
+            && let Pending::Parse {
+                swallow: false,
+                stmt: Some(stmt),
+            } = last
+        {
+            *last = Pending::NamedParse {
+                stmt: stmt.clone(),
+                name,
+            };
+        }
+    }
+
+    /// Client statement names whose Parse the server failed or skipped since the last call
+    /// (PostgreSQL never made them).
+    pub fn take_lost_names(&mut self) -> Vec<Bytes> {
+        std::mem::take(&mut self.lost_names)
+    }
+
     /// The next reply pgcarpool gives itself, when it is next in line.
     pub fn pop_answer(&mut self) -> Option<Answer> {
-        match self.queue.front() {
-            Some(Pending::Answer(a)) => {
-                let a = *a;
-                self.queue.pop_front();
-                Some(a)
-            }
-            _ => None,
-        }
+        let a = match self.queue.front() {
+            Some(Pending::Answer(a)) => *a,
+            Some(Pending::Answered(_)) => Answer::ParseComplete,
+            _ => return None,
+        };
+        self.queue.pop_front();
+        Some(a)
     }
 
     /// `n` Syncs sent after the front entry turned out to owe nothing (the server read
@@ -152,6 +185,8 @@ impl Owed {
             matches!(
                 p,
                 Pending::Parse { .. }
+                    | Pending::NamedParse { .. }
+                    | Pending::Answered(_)
                     | Pending::Describe
                     | Pending::Close { .. }
                     | Pending::Answer(_)
@@ -161,7 +196,10 @@ impl Owed {
 
     /// Is a reply pgcarpool gives itself next in line?
     pub fn answer_due(&self) -> bool {
-        matches!(self.queue.front(), Some(Pending::Answer(_)))
+        matches!(
+            self.queue.front(),
+            Some(Pending::Answer(_) | Pending::Answered(_))
+        )
     }
 
     /// Inside a query pgcarpool added (its replies are all dropped)?
@@ -214,8 +252,9 @@ impl Owed {
                 };
                 self.skip_to_sync(prepared, unnamed, false);
                 // Refused because the transaction block had already failed (25P02): what
-                // PostgreSQL would have said too.
-                return if code == Some(*b"25P02") {
+                // PostgreSQL would have said too, except for a name that does not exist
+                // (26000), which PostgreSQL looks up before it checks the transaction.
+                return if code == Some(*b"25P02") && f.0 != "26000" {
                     (Verdict::Forward, Lost::Nothing)
                 } else {
                     (Verdict::Replace(f), Lost::Nothing)
@@ -244,6 +283,10 @@ impl Owed {
                     s.set_validated();
                 }
                 (true, *swallow)
+            }
+            (backend::PARSE_COMPLETE, Pending::NamedParse { stmt, .. }) => {
+                stmt.set_validated();
+                (true, false)
             }
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
             (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
@@ -290,6 +333,11 @@ impl Owed {
                     evicted: Some((id, s)),
                     ..
                 }) => prepared.restore(id, s),
+                Some(Pending::NamedParse { stmt, name }) => {
+                    prepared.remove(stmt.id);
+                    self.lost_names.push(name);
+                }
+                Some(Pending::Answered(name)) => self.lost_names.push(name),
                 Some(Pending::Parse {
                     stmt: None,
                     swallow,

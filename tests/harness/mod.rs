@@ -18,6 +18,8 @@
 //! The passwords of trust roles are only what the pooler's userlist holds.
 #![allow(dead_code)]
 
+pub mod differential;
+pub mod diffgen;
 mod observer;
 mod pooler;
 mod postgres;

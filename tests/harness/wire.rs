@@ -14,6 +14,11 @@
 //! | `E portal`           | Execute (no row limit)                              |
 //! | `C S name`, `C P name` | Close                                             |
 //! | `S`                  | Sync                                                |
+//! | `H`                  | Flush                                               |
+//! | `E portal|n`         | Execute with a row limit of `n`                     |
+//! | `d text`             | CopyData (`text` with `\t`, `\n` escapes: tab, newline) |
+//! | `c`                  | CopyDone                                            |
+//! | `f message`          | CopyFail                                            |
 //!
 //! A step is several lines sent at once; the reply is read up to one ReadyForQuery per
 //! `Q` and `S` line. Transcript lines: `ParseComplete`, `BindComplete`, `CloseComplete`,
@@ -201,8 +206,10 @@ impl Wire {
                 return 1;
             }
             "P" => {
-                cstr(&mut b, f[0]);
-                cstr(&mut b, f.get(1).copied().unwrap_or(""));
+                // The SQL is the rest of the line, `|` included (`||` is SQL's concatenation).
+                let (name, sql) = rest.split_once('|').unwrap_or((rest, ""));
+                cstr(&mut b, name);
+                cstr(&mut b, sql);
                 b.extend_from_slice(&0i16.to_be_bytes());
                 msg(&mut self.out, b'P', &b);
             }
@@ -233,9 +240,20 @@ impl Wire {
                 msg(&mut self.out, kind.as_bytes()[0], &b);
             }
             "E" => {
-                cstr(&mut b, rest);
-                b.extend_from_slice(&0i32.to_be_bytes());
+                let (portal, limit) = rest.split_once('|').unwrap_or((rest, "0"));
+                cstr(&mut b, portal);
+                let limit: i32 = limit.parse().expect("E portal|n: n is a number");
+                b.extend_from_slice(&limit.to_be_bytes());
                 msg(&mut self.out, b'E', &b);
+            }
+            "d" => {
+                let data = rest.replace("\\t", "\t").replace("\\n", "\n");
+                msg(&mut self.out, b'd', data.as_bytes());
+            }
+            "c" => msg(&mut self.out, b'c', &[]),
+            "f" => {
+                cstr(&mut b, rest);
+                msg(&mut self.out, b'f', &b);
             }
             "S" => {
                 msg(&mut self.out, b'S', &[]);
@@ -416,4 +434,237 @@ pub async fn oracle(
         }
     }
     got
+}
+
+/// How a recorded step ended (`Wire::record_step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepEnd {
+    /// Every ReadyForQuery the step asked for came.
+    Done,
+    /// The connection closed first.
+    Closed,
+    /// Nothing came for the time limit.
+    Timeout,
+}
+
+/// The first OID a user object gets (`FirstNormalObjectId`): OIDs at or above it come from a
+/// cluster-wide counter, so they depend on how concurrent clients' DDL interleaved.
+const FIRST_NORMAL_OID: u32 = 16384;
+
+fn be_u32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+fn oid_text(oid: u32) -> String {
+    if oid >= FIRST_NORMAL_OID {
+        "user-oid".into()
+    } else {
+        oid.to_string()
+    }
+}
+
+/// Every byte of a backend message as one line, normalised only where a run against
+/// PostgreSQL and one through pgcarpool may rightly differ: BackendKeyData (process id and
+/// secret), a NotificationResponse's process id (`self` when it is the one the client was
+/// given, else `other`), OIDs of user objects in RowDescription and ParameterDescription,
+/// and the source file, line and routine fields (F, L, R) of errors and notices: the errors
+/// pgcarpool decides itself (names of statements it keeps for the client) have none.
+pub fn record(tag: u8, body: &[u8], own_pid: i32) -> String {
+    let t = tag as char;
+    match tag {
+        b'K' => "K <pid> <secret>".into(),
+        b'A' if body.len() >= 4 => {
+            let pid = i32::from_be_bytes(body[..4].try_into().unwrap());
+            let who = if pid == own_pid { "self" } else { "other" };
+            let (channel, rest) = cstrs(&body[4..]);
+            format!("A pid={who} {channel:?} {:?}", cstrs(rest).0)
+        }
+        b'E' | b'N' => {
+            let f: Vec<String> = fields(body)
+                .into_iter()
+                .filter(|(k, _)| !matches!(k, b'F' | b'L' | b'R'))
+                .map(|(k, v)| format!("{}={v:?}", k as char))
+                .collect();
+            format!("{t} {}", f.join(" "))
+        }
+        b'S' => {
+            let (k, rest) = cstrs(body);
+            format!("S {k}={:?}", cstrs(rest).0)
+        }
+        b'T' => format!("T {}", row_description(body)),
+        b't' => {
+            let oids: Vec<String> = body[2..].chunks(4).map(|c| oid_text(be_u32(c))).collect();
+            format!("t {}", oids.join(","))
+        }
+        b'D' | b'C' | b'Z' => describe(tag, body).unwrap_or_default(),
+        b'd' => format!("d {:?}", String::from_utf8_lossy(body)),
+        _ => {
+            let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{t} {hex}")
+        }
+    }
+}
+
+/// A RowDescription's columns: name, table OID, column number, type OID, size, modifier,
+/// format.
+fn row_description(body: &[u8]) -> String {
+    let n = i16::from_be_bytes([body[0], body[1]]);
+    let mut rest = &body[2..];
+    let mut cols = Vec::new();
+    for _ in 0..n {
+        let (name, r) = cstrs(rest);
+        let attnum = i16::from_be_bytes([r[4], r[5]]);
+        let size = i16::from_be_bytes([r[10], r[11]]);
+        let typmod = i32::from_be_bytes(r[12..16].try_into().unwrap());
+        let format = i16::from_be_bytes([r[16], r[17]]);
+        cols.push(format!(
+            "{name:?}:{}:{attnum}:{}:{size}:{typmod}:{format}",
+            oid_text(be_u32(r)),
+            oid_text(be_u32(&r[6..]))
+        ));
+        rest = &r[18..];
+    }
+    cols.join(" ")
+}
+
+impl Wire {
+    /// Log in like `connect_with`, recording every message of the login (`record`); Err
+    /// holds what came before the connection closed or `limit` passed without a message.
+    pub async fn connect_recorded(
+        port: u16,
+        user: &str,
+        db: &str,
+        params: &[(String, String)],
+        limit: Duration,
+    ) -> Result<(Wire, Vec<String>), Vec<String>> {
+        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut w = Wire {
+            s,
+            buf: Vec::new(),
+            out: Vec::new(),
+            pid: 0,
+            notify_pids: Vec::new(),
+        };
+        let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
+            .into_iter()
+            .chain(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .collect();
+        w.out.extend_from_slice(&startup_message(&all));
+        w.flush().await;
+        let mut seen = Vec::new();
+        loop {
+            let Ok(Some((tag, body))) = w.read_within(limit).await else {
+                return Err(seen);
+            };
+            if tag == b'K' {
+                w.pid = i32::from_be_bytes(body[..4].try_into().unwrap());
+            }
+            seen.push(record(tag, &body, w.pid));
+            match tag {
+                b'Z' => return Ok((w, seen)),
+                b'E' => return Err(seen),
+                _ => {}
+            }
+        }
+    }
+
+    /// The next whole message; Ok(None) when the connection closed, Err when `limit`
+    /// passed without one.
+    async fn read_within(
+        &mut self,
+        limit: Duration,
+    ) -> Result<Option<(u8, Vec<u8>)>, tokio::time::error::Elapsed> {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..1 + len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..1 + len);
+                    return Ok(Some((tag, body)));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout(limit, self.s.read(&mut chunk))
+                .await?
+                .unwrap_or(0);
+            if n == 0 {
+                return Ok(None);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Send a step and record every message until each `Q` and `S` line had its
+    /// ReadyForQuery. With `copy_wait`, the `d`/`c`/`f` lines after a `Q` are held until
+    /// the server answered with CopyInResponse (and dropped when it answered
+    /// ReadyForQuery instead: the COPY failed), as libpq sends them; without it, the
+    /// whole step is streamed at once.
+    pub async fn record_step(
+        &mut self,
+        step: &str,
+        copy_wait: bool,
+        limit: Duration,
+    ) -> (Vec<String>, StepEnd) {
+        let mut ready = 0;
+        let mut out = Vec::new();
+        // None: not in a group of copy lines; Some(send): whether to send the group.
+        let mut copy_group: Option<bool> = None;
+        for l in step.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let kind = l.split(' ').next().unwrap_or("");
+            if !copy_wait || !matches!(kind, "d" | "c" | "f") {
+                copy_group = None;
+                ready += self.line(l);
+                continue;
+            }
+            let send = match copy_group {
+                Some(send) => send,
+                None => {
+                    self.flush_quietly().await;
+                    let mut started = false;
+                    while ready > 0 && !started {
+                        match self.read_within(limit).await {
+                            Ok(Some((tag, body))) => {
+                                out.push(record(tag, &body, self.pid));
+                                ready -= usize::from(tag == b'Z');
+                                started = tag == b'G';
+                            }
+                            Ok(None) => return (out, StepEnd::Closed),
+                            Err(_) => return (out, StepEnd::Timeout),
+                        }
+                    }
+                    copy_group = Some(started);
+                    started
+                }
+            };
+            if send {
+                self.line(l);
+            }
+        }
+        self.flush_quietly().await;
+        while ready > 0 {
+            match self.read_within(limit).await {
+                Ok(Some((tag, body))) => {
+                    out.push(record(tag, &body, self.pid));
+                    ready -= usize::from(tag == b'Z');
+                }
+                Ok(None) => return (out, StepEnd::Closed),
+                Err(_) => return (out, StepEnd::Timeout),
+            }
+        }
+        (out, StepEnd::Done)
+    }
+
+    /// Send what is queued; a failed write (the peer closed) is left for the next read
+    /// to find, so that what the peer sent before closing is still read.
+    async fn flush_quietly(&mut self) {
+        let _ = self.s.write_all(&self.out).await;
+        self.out.clear();
+    }
+
+    /// Send Terminate and close the connection.
+    pub async fn terminate(mut self) {
+        self.out.extend_from_slice(&message(b'X', &[]));
+        self.flush_quietly().await;
+    }
 }

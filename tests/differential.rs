@@ -1,0 +1,288 @@
+//! The differential test: client sessions generated from fixed seeds (`harness::diffgen`)
+//! run straight against PostgreSQL and through pgcarpool in transaction mode over a pool of
+//! one or two servers; every message each client receives must be the same
+//! (`harness::differential`). A difference is reduced to a short script and printed as a
+//! test to paste below the generated ones. `scripts/differential` runs the `long_run`
+//! test (ignored here) over many seeds for a given time.
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::differential::{DiffEnv, RunOptions, as_rust_test, assert_same, describe, shrink};
+use harness::diffgen::{ClientScript, GenConfig, generate};
+
+/// Issue 19's known bugs (being fixed on another branch): while this is true, the
+/// generator avoids them — COPY data waits for CopyInResponse (bug 1: a streamed COPY keeps
+/// its server) and a setting given at startup is never reset on its own (bug 2: RESET
+/// forgets the startup value). `DIFF_ISSUE19_BUGS=allow` in the environment lets them in.
+/// Set to false once the fixes are merged.
+const AVOID_ISSUE19_BUGS: bool = true;
+
+/// Bugs the differential test found and this branch did not fix: an unnamed Parse or a
+/// statement Close skipped by PostgreSQL after an earlier error in the pipeline still
+/// changes the client's statements in pgcarpool (`GenConfig::avoid_skipped_name_changes`),
+/// and a Bind's wrong parameter count is reported with pgcarpool's internal statement name
+/// (`GenConfig::avoid_parameter_count_errors`). While this is true the generator avoids
+/// them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
+const AVOID_KNOWN_BUGS_DEFAULT: bool = true;
+
+static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| match std::env::var("DIFF_KNOWN_BUGS").as_deref() {
+        Ok("allow") => false,
+        Ok("avoid") => true,
+        _ => AVOID_KNOWN_BUGS_DEFAULT,
+    });
+
+fn avoid_issue19_bugs() -> bool {
+    match std::env::var("DIFF_ISSUE19_BUGS").as_deref() {
+        Ok("allow") => false,
+        Ok("avoid") => true,
+        _ => AVOID_ISSUE19_BUGS,
+    }
+}
+
+/// What one seed runs: 8 to 16 clients over a pool of 1 or 2 (from the seed).
+fn config_for(seed: u64, ops: usize) -> (GenConfig, RunOptions) {
+    let avoid = avoid_issue19_bugs();
+    let gen_cfg = GenConfig {
+        clients: 8 + (seed % 9) as usize,
+        ops,
+        avoid_reset_of_startup_values: avoid,
+        avoid_skipped_name_changes: *AVOID_KNOWN_BUGS,
+        avoid_parameter_count_errors: *AVOID_KNOWN_BUGS,
+    };
+    let opts = RunOptions {
+        pool_size: 1 + (seed % 2) as usize,
+        copy_waits_for_copy_in_response: avoid,
+        ..RunOptions::default()
+    };
+    (gen_cfg, opts)
+}
+
+/// Run one seed; on a difference, reduce it within `shrink_budget` and return the report.
+async fn run_seed(
+    env: &DiffEnv,
+    seed: u64,
+    ops: usize,
+    shrink_budget: Duration,
+) -> (usize, Option<String>) {
+    let (gen_cfg, opts) = config_for(seed, ops);
+    let scripts = generate(seed, &gen_cfg);
+    let total: usize = scripts.iter().map(|c| c.steps.len()).sum();
+    let (want, got) = env.run_pair(&scripts, &opts).await;
+    let messages: usize = want.iter().flatten().map(Vec::len).sum();
+    eprintln!("seed {seed}: {messages} messages received straight from PostgreSQL");
+    let Some(d) = harness::differential::first_difference(&want, &got) else {
+        return (total, None);
+    };
+    let mut report = format!(
+        "seed {seed}: {} clients, {total} steps, pool_size {}\n{}",
+        scripts.len(),
+        opts.pool_size,
+        describe(&d, &scripts)
+    );
+    let (reduced, runs) = shrink(env, &scripts, &d, &opts, shrink_budget).await;
+    let steps: usize = reduced.iter().map(|c| c.steps.len()).sum();
+    report.push_str(&format!(
+        "\nreduced in {runs} pairs of runs to {} clients, {steps} steps:\n",
+        reduced.len()
+    ));
+    if let Some(d) = env.differs(&reduced, &opts).await {
+        report.push_str(&describe(&d, &reduced));
+    } else {
+        report.push_str("(the reduced script did not differ again: flaky)\n");
+    }
+    report.push_str("\n// paste into tests/differential.rs:\n");
+    report.push_str(&as_rust_test(
+        &format!("differential_seed_{seed}"),
+        &reduced,
+        &opts,
+    ));
+    (total, Some(report))
+}
+
+/// The fixed seeds CI runs (20 seeds, 8 to 16 clients of 30 steps each: 6,500 steps, about
+/// a minute on a debug build on a loaded 2-core machine).
+const CI_SEEDS: std::ops::Range<u64> = 1..21;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_seeds_give_every_client_the_same_messages() {
+    let env = DiffEnv::start().await;
+    let mut failures = Vec::new();
+    for seed in CI_SEEDS {
+        let started = Instant::now();
+        let (steps, report) = run_seed(&env, seed, 30, Duration::from_secs(60)).await;
+        eprintln!("seed {seed}: {steps} steps in {:.1?}", started.elapsed());
+        if let Some(r) = report {
+            eprintln!("{r}");
+            failures.push(seed);
+        }
+    }
+    assert!(failures.is_empty(), "seeds with differences: {failures:?}");
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+        })
+        .unwrap_or(default)
+}
+
+/// `scripts/differential --seconds N --seed S`: seeds S, S+1, … until N seconds passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long run: scripts/differential"]
+async fn long_run() {
+    let seconds = env_u64("DIFF_SECONDS", 60);
+    let first = env_u64("DIFF_SEED", 1);
+    let ops = env_u64("DIFF_OPS", 40) as usize;
+    let shrink_secs = env_u64("DIFF_SHRINK_SECONDS", 300);
+    let env = DiffEnv::start().await;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (mut seeds, mut clients, mut steps, mut diffs) = (0, 0, 0, Vec::new());
+    let mut seed = first;
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let (n, report) = run_seed(&env, seed, ops, Duration::from_secs(shrink_secs)).await;
+        let c = config_for(seed, ops).0.clients;
+        seeds += 1;
+        clients += c;
+        steps += n;
+        let verdict = if report.is_some() { "DIFFERS" } else { "same" };
+        println!(
+            "seed {seed}: {c} clients, {n} steps, {verdict} ({:.1?})",
+            started.elapsed()
+        );
+        if let Some(r) = report {
+            println!("{r}");
+            diffs.push(seed);
+        }
+        seed += 1;
+    }
+    println!(
+        "summary: {seeds} seeds ({first}..{}), {clients} clients, {steps} steps, {} differences {diffs:?}",
+        seed - 1,
+        diffs.len()
+    );
+    assert!(diffs.is_empty(), "seeds with differences: {diffs:?}");
+}
+
+// Regression tests: reduced scripts of seeds that found bugs.
+#[allow(unused)]
+fn _regressions_use(_: ClientScript) {
+    let _ = assert_same;
+}
+
+// Regression tests: the reduced scripts of seeds that found bugs (some simplified by hand).
+
+/// Seed 2 (10 clients, 408 steps): `DISCARD ALL` inside a transaction block fails
+/// (25001) and leaves the session's prepared statements alone; pgcarpool forgot the
+/// client's statements anyway, so a second Parse of the name was accepted (PostgreSQL: 42P05)
+/// and the Bind that followed reached another statement (08P01 naming an internal name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_all_refused_in_a_transaction_block_keeps_the_statements() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "Q BEGIN",
+            "Q DISCARD ALL",
+            "Q COMMIT",
+            "Q START TRANSACTION",
+            "Q SELECT 1/0",
+            "Q DISCARD ALL",
+            "Q ROLLBACK",
+            "P s1|SELECT $1::text || $2::text AS s\nB |s1|15,2\nE |0\nS",
+            "B |s1|21\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 1 and 4: inside a failed transaction block, a Bind or Describe of a statement that
+/// does not exist fails with 26000 (PostgreSQL looks the name up before it checks the
+/// transaction); pgcarpool's probe said 25P02.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_statement_in_a_failed_block_is_26000() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "Q RELEASE sp1",
+            "B pb||\nP |SELECT 1\nS",
+            "D S s3\nS",
+            "B |s3|\nE |0\nS",
+            "Q ROLLBACK",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 3: inside a failed transaction block, a named Parse with a syntax error fails with
+/// the syntax error (42601: PostgreSQL parses before it checks the transaction); pgcarpool's
+/// probe said 25P02. The client's unnamed statement survives it, as in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_parse_in_a_failed_block_reports_its_syntax_error() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q BEGIN",
+            "P |SELECT 41 + 1 AS answer\nS",
+            "Q COPY nosuch_0 FROM STDIN\nd 111\\tcopied111\\n\nc",
+            "P s3|SELEC 1\nD S s3\nB pa|s3|\nE pa|0\nS",
+            "P s4|SELECT 2\nS",
+            "P s5|ROLLBACK\nS",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 1, 2, 4 and 6: a named Parse the server fails (a syntax error) or skips (an error
+/// earlier in the pipeline) makes no statement in PostgreSQL; pgcarpool kept the client's
+/// name, so a later Parse of it got 42P05 and a Bind or Describe ran something (or failed
+/// with 25P02) where PostgreSQL says 26000. Also when pgcarpool answers the Parse itself (the
+/// server already holds the text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_parse_failed_or_skipped_makes_no_name() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s2|SELEC 1\nS",
+            "P s2|SELECT 2 AS two\nB |s2|\nE |0\nS",
+            "B |nosuch|\nP s3|SELECT 3\nS",
+            "D S s3\nS",
+            "P s5|SELECT 5\nS",
+            "B |nosuch|\nP s4|SELECT 5\nS",
+            "B |s4|\nE |0\nS",
+            "P s4|SELECT 4 AS four\nB |s4|\nE |0\nS",
+            "Q BEGIN",
+            "P s6|SELECT 1/0\nB |s6|\nE |0\nP s7|SELECT 7\nS",
+            "Q ROLLBACK",
+            "D S s7\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 1, 8 and 9 (after the fixes above): a Parse of a name the client has, with a text
+/// that fails (syntax error, unknown table), gets the text's error (PostgreSQL analyses the
+/// text before it stores the name); pgcarpool said 42P05.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_name_with_a_bad_text_reports_the_text_error() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P |SELECT 10 AS ten\nS",
+            "P s2|SELECT 2\nS",
+            "P s2|SELEC 1\nS",
+            "P s2|SELECT * FROM nosuch_4\nS",
+            "P s2|SELECT 3\nB |s2|\nE |0\nS",
+            "B |s2|\nE |0\nS",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
