@@ -495,7 +495,7 @@ async fn refuse(stream: Stream, why: &str) {
     let first = crate::client::startup::hello(&mut conn, None);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+    conn.close().await;
 }
 
 #[cfg(test)]
