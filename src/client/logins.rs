@@ -1,15 +1,20 @@
 //! Connections that have not logged in yet, oldest first. They share `max_client_conn` with
 //! everyone, so a flood of sockets that never finish their login (send nothing, or a byte a
 //! second) could lock every real user out until `client_login_timeout`. Instead, a new
-//! connection that finds the pooler full drops the oldest connection that has been logging
-//! in for longer than [`GRACE`] (a real login takes milliseconds; one in progress is never
-//! cut short, and a full pooler still refuses newcomers as PgBouncer does).
+//! connection that finds the pooler full drops the oldest connection still logging in:
+//! at once when unfinished logins hold more than half of `max_client_conn` ([`SHARE`]; a
+//! flood), else only one that has been logging in for longer than [`GRACE`] (a real login
+//! takes milliseconds). With no unfinished login to drop, a full pooler refuses newcomers
+//! as PgBouncer does.
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a connection may be logging in before it can be dropped to make room.
 pub const GRACE: Duration = Duration::from_secs(2);
+/// Unfinished logins may hold up to `max_client_conn / SHARE` places without being dropped
+/// before [`GRACE`]; past that, the oldest makes room for a newcomer at once.
+pub const SHARE: usize = 2;
 
 use tokio_util::sync::CancellationToken;
 
@@ -43,14 +48,17 @@ impl PendingLogins {
         }
     }
 
-    /// Drop the oldest connection that has been logging in since before `now - GRACE`
-    /// (its login ends with an error); false when there is none.
-    pub fn drop_oldest(&self, now: Instant) -> bool {
+    /// The pooler is full (`max` connections): drop the oldest connection still logging in
+    /// (its login ends with an error) if logins in progress hold more than `max / SHARE`
+    /// places, or if it has been logging in since before `now - GRACE`; false when none
+    /// may be dropped.
+    pub fn drop_oldest(&self, now: Instant, max: usize) -> bool {
         let mut g = self.lock();
+        let flood = g.len() > max / SHARE;
         let old_enough = g
             .first_key_value()
             .is_some_and(|(_, (_, since))| now.saturating_duration_since(*since) >= GRACE);
-        if !old_enough {
+        if !flood && !old_enough {
             return false;
         }
         match g.pop_first() {
@@ -98,20 +106,34 @@ mod tests {
         drop(second); // logged in
         assert_eq!(logins.len(), 2);
         let now = Instant::now();
+        // Two logins in a pooler of 4: within their share, and in their grace period.
         assert!(
-            !logins.drop_oldest(now),
+            !logins.drop_oldest(now, 4),
             "a login in its grace period was dropped"
         );
         assert!(!first.token.is_cancelled());
         let later = now + GRACE;
-        assert!(logins.drop_oldest(later));
+        assert!(logins.drop_oldest(later, 4));
         assert!(first.token.is_cancelled());
         assert!(!third.token.is_cancelled());
-        assert!(logins.drop_oldest(later));
+        assert!(logins.drop_oldest(later, 4));
         assert!(third.token.is_cancelled());
-        assert!(!logins.drop_oldest(later), "nothing left to drop");
+        assert!(!logins.drop_oldest(later, 4), "nothing left to drop");
         drop(first);
         drop(third);
         assert!(logins.is_empty());
+    }
+
+    #[test]
+    fn logins_past_their_share_are_dropped_at_once_oldest_first() {
+        let logins = PendingLogins::default();
+        let all: Vec<_> = (1..=3).map(|id| logins.enter(id)).collect();
+        let now = Instant::now();
+        // Three unfinished logins in a pooler of 4: more than half, a flood.
+        assert!(logins.drop_oldest(now, 4));
+        assert!(all[0].token.is_cancelled());
+        // The dropped one is gone from the list: two left, within the share.
+        assert!(!logins.drop_oldest(now, 4));
+        assert!(!all[1].token.is_cancelled());
     }
 }

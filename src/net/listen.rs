@@ -432,10 +432,14 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
     }
     let max = cfg.settings.max_client_conn;
     if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-        // Full. Logged-in clients keep their place; the oldest connection that has been
-        // logging in for seconds makes room (so sockets that never log in cannot lock
-        // real users out). Its task ends soon: the count may pass max for that moment.
-        if !shared.pending_logins.drop_oldest(std::time::Instant::now()) {
+        // Full. Logged-in clients keep their place; the oldest connection still logging in
+        // makes room when such connections hold more than their share, or when it has
+        // been at it for seconds (so sockets that never log in cannot lock real users
+        // out). Its task ends soon: the count may pass max for that moment.
+        if !shared
+            .pending_logins
+            .drop_oldest(std::time::Instant::now(), max)
+        {
             tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
             shared.tracker.spawn(refuse(
                 stream,
