@@ -343,7 +343,7 @@ async fn login(
             if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
                 return Ok(Entered::Done);
             }
-            cancel::handle(shared, key).await;
+            cancel::handle(shared, key, (id, peer)).await;
             return Ok(Entered::Done);
         }
         startup::Hello::Startup(p) => p,
