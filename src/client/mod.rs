@@ -134,8 +134,19 @@ pub async fn serve(mut client: Client) {
             age,
         );
         if told {
-            // Gone from the lists and counts before its last words are delivered.
-            let Client { conn, .. } = client;
+            // Gone from the lists and counts, its statements freed, before its last words
+            // are delivered (the rest of a partly moved struct would live to the end of
+            // the scope).
+            let Client {
+                conn,
+                shared,
+                pool,
+                session,
+                reg,
+                counted,
+                stays,
+            } = client;
+            drop((shared, pool, session, reg, counted, stays));
             conn.close().await;
         }
     }
