@@ -18,6 +18,7 @@
 //! The passwords of trust roles are only what the pooler's userlist holds.
 #![allow(dead_code)]
 
+pub mod faultproxy;
 mod observer;
 mod pooler;
 mod postgres;
