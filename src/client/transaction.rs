@@ -577,6 +577,7 @@ async fn fitted_server(
     loop {
         tries += 1;
         let mut server = checkout(c, cfg, kill.as_mut()).await?;
+        let waited_us = waited.elapsed().as_micros() as u64;
         let applied = if sync::differs(&server, &c.session.params) {
             Box::pin(sync::apply(&mut server, &c.session.params)).await
         } else {
@@ -603,7 +604,6 @@ async fn fitted_server(
                 return Err(ClientError::fatal("08006", e.to_string()));
             }
         }
-        let waited_us = waited.elapsed().as_micros() as u64;
         PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
         c.pool.stats.wait_hist.record(waited_us);
         PoolStats::add(&c.pool.stats.server_assignment_count, 1);
