@@ -359,6 +359,7 @@ async fn login(
         }
         startup::Hello::Startup(p) => p,
     };
+    shared.pending_logins.started(id);
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user =
         get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
