@@ -566,3 +566,78 @@ async fn a_refused_server_password_fails_every_waiting_client_at_once() {
     holder.simple_query("commit").await.unwrap();
     pg.psql("ALTER USER md5user PASSWORD 'md5pass'");
 }
+
+/// Issue 24: `pg_terminate_backend` of idle servers, then clients at once. A server whose
+/// FATAL is already waiting is never handed out (its socket is asked before checkout), so
+/// no client sees `57P01 terminating connection due to administrator command`. The
+/// terminate waits for the backends to be gone (its timeout argument): a backend that has
+/// not yet acted on the signal when the client's query reaches it answers that query with
+/// the FATAL, and that (as with PgBouncer) reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_terminated_while_idle_are_not_handed_to_clients() {
+    const ROUNDS: usize = 30;
+    const CLIENTS: usize = 6;
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", &CLIENTS.to_string())
+        .start()
+        .await;
+    let admin = pg.connect("postgres", "postgres").await;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(Arc::new(p.connect("md5user", "testdb").await));
+    }
+    let run_all = |round: usize, sql: &'static str| {
+        let clients = clients.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for (n, c) in clients.into_iter().enumerate() {
+                let want = (round * 100 + n) as i64;
+                tasks.push(tokio::spawn(async move {
+                    let r = tokio::time::timeout(HUNG, c.query_one(sql, &[&want]))
+                        .await
+                        .expect("a query hung");
+                    r.map(|row| assert_eq!(row.get::<_, i64>(0), want))
+                        .map_err(|e| describe(&e))
+                }));
+            }
+            let mut errors = Vec::new();
+            for t in tasks {
+                if let Err(e) = t.await.unwrap() {
+                    errors.push(e);
+                }
+            }
+            errors
+        }
+    };
+    let mut terminated = 0i64;
+    for round in 0..ROUNDS {
+        // Several servers busy at once, then idle in the pool.
+        let warm = run_all(round, "select $1::int8 from pg_sleep(0.02)").await;
+        assert!(
+            warm.is_empty(),
+            "round {round}: warming up failed: {warm:?}"
+        );
+        let row = admin
+            .query_one(
+                "select count(*) filter (where pg_terminate_backend(pid, 5000)) from pg_stat_activity \
+                 where datname = 'testdb' and backend_type = 'client backend'",
+                &[],
+            )
+            .await
+            .unwrap();
+        terminated += row.get::<_, i64>(0);
+        let errors = run_all(round, "select $1::int8").await;
+        assert!(
+            errors.is_empty(),
+            "round {round}: clients saw a terminated server: {errors:?}"
+        );
+    }
+    assert!(
+        terminated >= ROUNDS as i64,
+        "too few servers terminated: {terminated}"
+    );
+    drop(clients);
+    p.shutdown().await;
+}

@@ -11,7 +11,8 @@ use crate::server::connect::send_cancel;
 /// A key of one of our clients is served here whatever peer id it names (the id may have
 /// changed on RELOAD, or two instances may share one). Otherwise, with peering on, a key
 /// naming another peer goes to that peer with one hop of its TTL spent (none left: dropped).
-pub async fn handle(shared: &Arc<Shared>, k: (i32, i32)) {
+/// `from` is the connection that carried the request (its id and address, for the log).
+pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
     let own = shared.peers.own_id();
     let client = shared.clients.find(k).or_else(|| {
         // Our keys are handed out with a full TTL; a forwarded one has spent some.
@@ -42,10 +43,30 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32)) {
         );
         return;
     };
-    if let Err(e) = send_cancel(&addr, server_key).await {
-        tracing::warn!(
+    let started = std::time::Instant::now();
+    let send = send_cancel(&addr, server_key);
+    let sent = match crate::config::enabled(shared.config.load().settings.cancel_wait_timeout) {
+        Some(limit) => tokio::time::timeout(limit, send).await,
+        None => Ok(send.await),
+    };
+    match sent {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
             client = client.id,
             "could not forward cancel request to {addr}: {e}"
-        );
+        ),
+        // The server is unreachable: the cancel is given up and its connection closed
+        // (PgBouncer's words), rather than kept until the network answers.
+        Err(_) => {
+            if crate::logging::disconnections() {
+                let age = started.elapsed().as_secs();
+                tracing::info!(client = from.0, addr = %from.1,
+                    "closing because: cancel_wait_timeout (age={age}s)");
+            }
+            tracing::warn!(
+                client = client.id,
+                "cancel request to {addr} not sent within cancel_wait_timeout"
+            );
+        }
     }
 }

@@ -128,15 +128,31 @@ pub async fn serve(mut client: Client) {
     }
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
-        report(
+        let told = report(
             &mut client.conn,
             e,
             id,
             &h.addr,
             !cfg.settings.log_disconnections,
             age,
-        )
-        .await;
+        );
+        if told {
+            // Gone from the lists and counts, its statements freed, before its last words
+            // are delivered (the rest of a partly moved struct would live to the end of
+            // the scope).
+            let Client {
+                conn,
+                shared,
+                pool,
+                session,
+                reg,
+                counted,
+                stays,
+                listening,
+            } = client;
+            drop((listening, shared, pool, session, reg, counted, stays));
+            conn.close().await;
+        }
     }
 }
 
@@ -212,15 +228,16 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         }
         Ok(Entered::Done | Entered::Admin(..)) => return None,
         Err(e) => {
-            report(
+            if report(
                 &mut conn,
                 &e,
                 id,
                 peer,
                 cfg.settings.log_connections,
                 born.elapsed(),
-            )
-            .await;
+            ) {
+                conn.close().await;
+            }
             return None;
         }
     };
@@ -243,15 +260,16 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     })
 }
 
-/// Send a FATAL error (if the socket still works) and log it with the connection's age.
-async fn report(
+/// Queue a FATAL error and log it with the connection's age; true when there is an error
+/// to deliver (the caller then ends the connection with [`Conn::close`], which delivers it).
+fn report(
     conn: &mut Conn,
     e: &ClientError,
     id: u64,
     peer: &str,
     log: bool,
     age: std::time::Duration,
-) {
+) -> bool {
     if let ClientError::Fatal { code, message } = e {
         if log {
             // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
@@ -260,9 +278,10 @@ async fn report(
             tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+        true
     } else {
         tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");
+        false
     }
 }
 
@@ -340,11 +359,12 @@ async fn login(
             if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
                 return Ok(Entered::Done);
             }
-            cancel::handle(shared, key).await;
+            cancel::handle(shared, key, (id, peer)).await;
             return Ok(Entered::Done);
         }
         startup::Hello::Startup(p) => p,
     };
+    shared.pending_logins.started(id);
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user =
         get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;

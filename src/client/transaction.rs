@@ -81,34 +81,7 @@ async fn transaction(
 ) -> Result<After, ClientError> {
     let mut server = match held {
         Some(s) => s,
-        None => {
-            c.reg.handle.set_state(ClientState::Waiting);
-            let waited = Instant::now();
-            let mut server = checkout(c, cfg, kill.as_mut()).await?;
-            let waited_us = waited.elapsed().as_micros() as u64;
-            PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
-            c.pool.stats.wait_hist.record(waited_us);
-            PoolStats::add(&c.pool.stats.server_assignment_count, 1);
-            let applied = if sync::differs(&server, &c.session.params) {
-                Box::pin(sync::apply(&mut server, &c.session.params)).await
-            } else {
-                Ok(None)
-            };
-            match applied {
-                Ok(None) => {}
-                Ok(Some(e)) => {
-                    return Err(ClientError::fatal(
-                        "22023",
-                        format!("could not apply session parameters: {}", e.message),
-                    ));
-                }
-                Err(e) => {
-                    server.broken = true;
-                    return Err(ClientError::fatal("08006", e.to_string()));
-                }
-            }
-            server
-        }
+        None => fitted_server(c, cfg, kill.as_mut()).await?,
     };
     let pool_settings = c.pool.settings();
     let mode = pool_settings.mode;
@@ -632,6 +605,57 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
     c.conn.queue_with(|b| backend::ready_for_query(b, b'I'));
     Ok(Some(Local::Answered))
 }
+/// Servers tried for one transaction when each dies before the client's first byte.
+const SERVER_TRIES: usize = 3;
+
+/// A server for the client's next transaction, its session parameters applied. A server
+/// that dies before any byte of the client's was sent to it (terminated while idle, its
+/// FATAL on the way) is closed and another taken, a few times: the client never knows.
+async fn fitted_server(
+    c: &mut Client,
+    cfg: &config::Config,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<PooledServer, ClientError> {
+    c.reg.handle.set_state(ClientState::Waiting);
+    let waited = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut server = checkout(c, cfg, kill.as_mut()).await?;
+        let waited_us = waited.elapsed().as_micros() as u64;
+        let applied = if sync::differs(&server, &c.session.params) {
+            Box::pin(sync::apply(&mut server, &c.session.params)).await
+        } else {
+            Ok(None)
+        };
+        match applied {
+            Ok(None) => {}
+            Ok(Some(e)) => {
+                return Err(ClientError::fatal(
+                    "22023",
+                    format!("could not apply session parameters: {}", e.message),
+                ));
+            }
+            Err(e) => {
+                server.broken = true;
+                if tries < SERVER_TRIES {
+                    tracing::info!(
+                        client = c.reg.handle.id,
+                        server = server.id,
+                        "server died before the transaction began, taking another: {e}"
+                    );
+                    continue;
+                }
+                return Err(ClientError::fatal("08006", e.to_string()));
+            }
+        }
+        PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
+        c.pool.stats.wait_hist.record(waited_us);
+        PoolStats::add(&c.pool.stats.server_assignment_count, 1);
+        return Ok(server);
+    }
+}
+
 /// Most a waiting client may send ahead before we stop reading it.
 const WAIT_READ_LIMIT: usize = 256 * 1024;
 

@@ -6,9 +6,10 @@ use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::Stream;
 use crate::proto::{self, Header, ProtoError};
@@ -17,6 +18,13 @@ use crate::proto::{self, Header, ProtoError};
 const READ_CHUNK: usize = 16 * 1024;
 /// Most byte runs handed to one vectored write.
 const MAX_IOV: usize = 64;
+/// A connection we close: how long its last words may take to be written.
+const CLOSE_FLUSH: Duration = Duration::from_secs(2);
+/// A connection we close: how long, and how many bytes, we read and discard of what its
+/// peer still sends after our last words, so that its kernel does not reset the
+/// connection (and drop those words) for bytes it never read.
+pub const LINGER: Duration = Duration::from_secs(1);
+pub const LINGER_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
@@ -145,6 +153,36 @@ impl Conn {
     /// Write everything queued.
     pub async fn flush(&mut self) -> io::Result<()> {
         poll_fn(|cx| self.poll_write_out(cx)).await
+    }
+
+    /// Close a connection we end (after queueing our last words, an ErrorResponse): write
+    /// what is queued, shut our side down (the peer reads our words, then EOF), and read and
+    /// discard what the peer still sends until it closes too, for at most [`LINGER`] and
+    /// [`LINGER_BYTES`]. Closing a socket with unread input makes the kernel send RST, and a
+    /// peer that gets RST may lose our words still in its receive buffer.
+    pub async fn close(mut self) {
+        let written = tokio::time::timeout(CLOSE_FLUSH, async {
+            self.flush().await?;
+            self.stream.shutdown().await
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            return;
+        }
+        self.rbuf.clear();
+        let mut drained = 0usize;
+        let _ = tokio::time::timeout(LINGER, async {
+            while drained < LINGER_BYTES {
+                match poll_fn(|cx| self.poll_read_more(cx)).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        drained += n;
+                        self.rbuf.clear();
+                    }
+                }
+            }
+        })
+        .await;
     }
 
     /// Make sure at least `n` bytes are buffered.

@@ -471,10 +471,14 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
     }
     let max = cfg.settings.max_client_conn;
     if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-        // Full. Logged-in clients keep their place; the oldest connection that has been
-        // logging in for seconds makes room (so sockets that never log in cannot lock
-        // real users out). Its task ends soon: the count may pass max for that moment.
-        if !shared.pending_logins.drop_oldest(std::time::Instant::now()) {
+        // Full. Logged-in clients keep their place; the oldest connection still logging in
+        // makes room when such connections hold more than their share, or when it has
+        // been at it for seconds (so sockets that never log in cannot lock real users
+        // out). Its task ends soon: the count may pass max for that moment.
+        if !shared
+            .pending_logins
+            .drop_oldest(std::time::Instant::now(), max)
+        {
             tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
             shared.tracker.spawn(refuse(
                 stream,
@@ -534,7 +538,7 @@ async fn refuse(stream: Stream, why: &str) {
     let first = crate::client::startup::hello(&mut conn, None);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.flush()).await;
+    conn.close().await;
 }
 
 #[cfg(test)]

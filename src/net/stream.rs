@@ -140,6 +140,39 @@ impl Stream {
         self.tls_peer_cert().map(tls::cert_names)
     }
 
+    /// Whether the socket has a byte, EOF or an error waiting right now, asked of the kernel
+    /// (one non-blocking `recv` with `MSG_PEEK`), not of the reactor: its readiness lags
+    /// behind the socket until the runtime next polls for events.
+    pub fn input_waiting(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::TlsIn(t) => t.tls.get_ref().0.as_raw_fd(),
+            Stream::TlsOut(t) => t.get_ref().0.as_raw_fd(),
+            Stream::Gone => return true,
+        };
+        let mut byte = 0u8;
+        // SAFETY: `fd` is an open socket owned by `self` for the call; the buffer is one
+        // valid byte.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&raw mut byte).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            );
+        }
+        true
+    }
+
     /// Wait until the socket has bytes (or EOF) to read, without reading.
     pub async fn readable(&self) -> io::Result<()> {
         match self {
@@ -291,5 +324,47 @@ impl AsyncWrite for Stream {
             Stream::TlsOut(t) => Pin::new(&mut **t).poll_shutdown(cx),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::task::Waker;
+
+    use super::*;
+
+    /// Bytes that came while the runtime was busy are in the kernel, not yet in the
+    /// reactor's view of the socket: `input_waiting` sees them, a poll does not.
+    #[test]
+    fn input_waiting_asks_the_kernel_not_the_reactor() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (ours, _) = listener.accept().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let mut s = Stream::Tcp(TcpStream::from_std(ours).unwrap());
+            // Nothing sent: nothing waiting; the poll clears the socket's readiness.
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut buf = [0u8; 16];
+            let mut rb = ReadBuf::new(&mut buf);
+            assert!(Pin::new(&mut s).poll_read(&mut cx, &mut rb).is_pending());
+            assert!(!s.input_waiting());
+            // A FATAL arrives; this thread has not polled the reactor since.
+            peer.write_all(b"E\0\0\0\x04").unwrap();
+            let mut rb = ReadBuf::new(&mut buf);
+            assert!(
+                Pin::new(&mut s).poll_read(&mut cx, &mut rb).is_pending(),
+                "the reactor already knew (the test proves nothing)"
+            );
+            assert!(s.input_waiting(), "bytes in the kernel were not seen");
+            // EOF counts too.
+            drop(peer);
+            assert!(s.input_waiting());
+        });
     }
 }

@@ -1199,11 +1199,13 @@ fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
             .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
 }
 
-/// An idle server must have nothing to say: any byte or EOF means it is gone or broken.
+/// An idle server must have nothing to say: any byte or EOF means it is gone or broken
+/// (a FATAL from `pg_terminate_backend`, a restart). Asked of the kernel too: the reactor
+/// learns of bytes that came since it last polled only later.
 fn is_alive(s: &mut Server) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     match s.conn.poll_read_more(&mut cx) {
-        Poll::Pending => s.conn.rbuf.is_empty(),
+        Poll::Pending => s.conn.rbuf.is_empty() && !s.conn.stream.input_waiting(),
         Poll::Ready(_) => false,
     }
 }

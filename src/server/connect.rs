@@ -456,7 +456,10 @@ pub async fn connect(
     timeout: Duration,
 ) -> Result<Server, ServerError> {
     let tried = std::sync::Mutex::new(None);
-    let r = match tokio::time::timeout(timeout, login(target, db, id, &tried)).await {
+    // Whether the TCP connect finished: a timeout before that is PgBouncer's "connect
+    // failed" (its socket's own connect timeout), after it "connect timeout" (the login).
+    let connected = std::sync::atomic::AtomicBool::new(false);
+    let r = match tokio::time::timeout(timeout, login(target, db, id, &tried, &connected)).await {
         Ok(r) => r,
         Err(_) => Err(ServerError::Timeout),
     };
@@ -483,6 +486,9 @@ pub async fn connect(
                 .any(|(k, _)| k == "replication");
             let why = match e {
                 ServerError::Rejected(_) if replication => "login failed".into(),
+                ServerError::Timeout if !connected.load(std::sync::atomic::Ordering::Relaxed) => {
+                    "connect failed".into()
+                }
                 e => close_reason(e),
             };
             tracing::info!(server = id, db, user = %target.user, %addr,
@@ -661,11 +667,13 @@ async fn login(
     db: &str,
     id: u64,
     tried: &std::sync::Mutex<Option<ServerAddr>>,
+    connected: &std::sync::atomic::AtomicBool,
 ) -> Result<Server, ServerError> {
     if target.hosts.checks_roles() {
         return login_by_role(target, db, id, tried).await;
     }
     let (stream, addr) = open_stream(target, db, id, tried).await?;
+    connected.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut server = handshake(target, stream, &addr, id).await?;
     server.host = target.hosts.addrs.iter().position(|a| *a == addr);
     finish_login(target, server).await

@@ -254,7 +254,7 @@ fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<Stayin
 /// A cancel request the new process forwarded for a client of this one.
 fn cancel(shared: &Arc<Shared>, key: (i32, i32)) {
     let shared = shared.clone();
-    tokio::spawn(async move { crate::client::cancel::handle(&shared, key).await });
+    tokio::spawn(async move { crate::client::cancel::handle(&shared, key, (0, "takeover")).await });
 }
 
 /// What the new process sends back on the handover connection.

@@ -20,6 +20,7 @@
 
 pub mod differential;
 pub mod diffgen;
+pub mod faultproxy;
 mod observer;
 mod pooler;
 mod postgres;

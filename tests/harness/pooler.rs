@@ -210,6 +210,19 @@ impl TestPooler {
         self.handle.as_ref().expect("pooler already shut down")
     }
 
+    /// Client connections the pooler counts against max_client_conn (accepted, not yet
+    /// gone), and how many of them are still logging in.
+    #[allow(dead_code)]
+    pub fn client_conns(&self) -> (usize, usize) {
+        let shared = &self.handle().shared;
+        (
+            shared
+                .client_conns
+                .load(std::sync::atomic::Ordering::Relaxed),
+            shared.pending_logins.len(),
+        )
+    }
+
     /// The address pgcarpool listens on.
     pub fn addr(&self) -> SocketAddr {
         self.handle().addr
