@@ -212,7 +212,15 @@ async fn sigterm_serves_the_connections_queued_on_the_listener() {
     let pg = TempPostgres::start();
     let mut old = start_first(reuseport_spec(
         &pg,
-        &[("pool_mode", "transaction"), ("max_client_conn", "1000")],
+        &[
+            ("pool_mode", "transaction"),
+            ("max_client_conn", "1000"),
+            // Room in the backlog for every queued connection (PgBouncer's default is 128),
+            // and connections that have sent nothing yet in it too (TCP_DEFER_ACCEPT, on by
+            // default as in PgBouncer, would keep them out of the accept queue).
+            ("listen_backlog", "1024"),
+            ("tcp_defer_accept", "0"),
+        ],
     ))
     .await;
     let port = old.port();
