@@ -479,15 +479,38 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
             .pending_logins
             .drop_oldest(std::time::Instant::now(), max)
         {
-            tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
-            shared.tracker.spawn(refuse(
-                stream,
-                "no more connections allowed (max_client_conn)",
-            ));
+            shared
+                .tracker
+                .spawn(refuse_unless_room(stream, shared.clone(), max));
             return;
         }
         tracing::debug!("max_client_conn reached: dropped the oldest connection still logging in");
     }
+    admit(stream, shared);
+}
+
+/// How often, and how far apart, a connection that found the pooler full looks again
+/// before it is refused.
+const FULL_RECHECKS: u32 = 5;
+const FULL_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The pooler was full when `stream` came. A client that is leaving may not have given its
+/// place back yet (it runs on another worker, or its Terminate is read after this accept):
+/// look again a few times for a moment, then refuse as PgBouncer does.
+async fn refuse_unless_room(stream: Stream, shared: Arc<Shared>, max: usize) {
+    for _ in 0..FULL_RECHECKS {
+        tokio::time::sleep(FULL_RECHECK).await;
+        if shared.client_conns.load(Ordering::Relaxed) < max {
+            admit(stream, &shared);
+            return;
+        }
+    }
+    tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
+    refuse(stream, "no more connections allowed (max_client_conn)").await;
+}
+
+/// Serve an accepted connection there is room for, on this worker or a less busy one.
+fn admit(stream: Stream, shared: &Arc<Shared>) {
     let id = shared.client_opened();
     let me = crate::workers::current();
     let s2 = shared.clone();
