@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use harness::wire::Wire;
-use harness::{Observer, TempPostgres, TestPooler, wait_for};
+use harness::{Observer, TempPostgres, TestPooler, transaction_pooler, wait_for};
 use pool_support::{connect_watched, scalar};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
@@ -209,8 +209,7 @@ fn assert_one_order(all: &[Vec<Note>]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_receives_what_its_own_session_would() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("default_pool_size", "2")
         .setting("max_client_conn", "400")
         .start()
@@ -278,8 +277,7 @@ async fn every_client_receives_what_its_own_session_would() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_unlisten_and_pg_listening_channels_answer_as_postgresql_in_both_protocols() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("auth_type", "trust")
         .setting("default_pool_size", "1")
         .start()
@@ -415,8 +413,7 @@ const BIG: usize = CHUNK * CHUNKS;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_past_notify_queue_limit_is_told_and_let_go_others_are_not() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("default_pool_size", "2")
         .setting("notify_queue_limit", "2097152")
         .start()
@@ -506,8 +503,7 @@ async fn a_client_past_notify_queue_limit_is_told_and_let_go_others_are_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_listener_ends_listening_clients_with_the_servers_error() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("default_pool_size", "2")
         .start()
         .await;
@@ -553,8 +549,7 @@ async fn losing_the_listener_ends_listening_clients_with_the_servers_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_delivered_inside_a_transaction_block() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("default_pool_size", "2")
         .start()
         .await;
@@ -621,8 +616,7 @@ async fn in_session_mode_the_clients_own_server_listens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_pgcarpool_cannot_answer_pins_as_before() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("default_pool_size", "2")
         .start()
         .await;
@@ -668,8 +662,7 @@ async fn a_listen_pgcarpool_cannot_answer_pins_as_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_carries_the_pid_its_sender_was_given() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
-        .setting("pool_mode", "transaction")
+    let p = transaction_pooler(&pg)
         .setting("auth_type", "trust")
         .setting("default_pool_size", "1")
         .start()
