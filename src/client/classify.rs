@@ -531,6 +531,68 @@ pub fn ends_transaction(sql: &[u8]) -> bool {
     )
 }
 
+/// How a statement ends a failed transaction block that pgcarpool plays itself (its
+/// server was lost): PostgreSQL's transaction exit statements but ROLLBACK TO (the
+/// savepoint went with the server) and the AND CHAIN forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockExit {
+    /// ROLLBACK, ABORT.
+    Rollback,
+    /// COMMIT, END, PREPARE TRANSACTION: a failed block rolls back all the same (its
+    /// CommandComplete says ROLLBACK).
+    Commit,
+}
+
+/// The one statement `sql` as a way out of a failed block, if it is one.
+pub fn block_exit(sql: &[u8]) -> Option<BlockExit> {
+    let w = keywords(strip_leading(sql), 5);
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    let (kind, rest) = match w.as_slice() {
+        ["ROLLBACK" | "ABORT", rest @ ..] => (BlockExit::Rollback, rest),
+        ["COMMIT" | "END", rest @ ..] => (BlockExit::Commit, rest),
+        ["PREPARE", "TRANSACTION", ..] => return Some(BlockExit::Commit),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["WORK" | "TRANSACTION", r @ ..] => r,
+        r => r,
+    };
+    matches!(rest, [] | ["AND", "NO", ..]).then_some(kind)
+}
+
+/// What a query or a Parse's text does to the transaction around it, as far as a lost
+/// server's client must be told: it may begin a block, and it may commit (COMMIT, END,
+/// PREPARE TRANSACTION, COMMIT PREPARED, or CALL / DO, which may commit inside). Cheap:
+/// leading words only, the text split only when it holds a `;`.
+pub fn transaction_control(sql: &[u8]) -> (bool, bool) {
+    fn one(s: &[u8]) -> (bool, bool) {
+        let word = |s: &'_ [u8]| -> usize {
+            s.iter()
+                .position(|c| !c.is_ascii_alphabetic())
+                .unwrap_or(s.len())
+        };
+        let s = strip_leading(s);
+        let kw = &s[..word(s)];
+        let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
+        let next = strip_leading(&s[kw.len()..]);
+        let second = &next[..word(next)];
+        let begins = is(b"BEGIN") || is(b"START");
+        let commits = is(b"COMMIT")
+            || is(b"END")
+            || is(b"CALL")
+            || is(b"DO")
+            || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
+        (begins, commits)
+    }
+    if !sql.contains(&b';') {
+        return one(sql);
+    }
+    split(sql).iter().fold((false, false), |(b, c), &(x, y)| {
+        let (b2, c2) = one(&sql[x..y]);
+        (b || b2, c || c2)
+    })
+}
+
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Named<'a> {
@@ -1242,6 +1304,39 @@ mod tests {
             b"RESET /* c */ a",
         ] {
             assert_eq!(to_default(no), None, "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn block_exits_and_transaction_control() {
+        use BlockExit::*;
+        for (sql, want) in [
+            ("ROLLBACK", Some(Rollback)),
+            ("abort work", Some(Rollback)),
+            ("/* c */ rollback transaction and no chain", Some(Rollback)),
+            ("COMMIT", Some(Commit)),
+            ("end", Some(Commit)),
+            ("PREPARE TRANSACTION 'x'", Some(Commit)),
+            ("ROLLBACK TO SAVEPOINT a", None),
+            ("ROLLBACK AND CHAIN", None),
+            ("COMMIT PREPARED 'x'", None),
+            ("ROLLBACK PREPARED 'x'", None),
+            ("SELECT 1", None),
+        ] {
+            assert_eq!(block_exit(sql.as_bytes()), want, "{sql}");
+        }
+        for (sql, want) in [
+            ("INSERT INTO t VALUES (1)", (false, false)),
+            ("begin", (true, false)),
+            ("START TRANSACTION", (true, false)),
+            ("BEGIN; INSERT INTO t VALUES (1); COMMIT", (true, true)),
+            ("SELECT CASE WHEN a THEN 1 END FROM t", (false, false)),
+            ("SELECT 'x;'; end", (false, true)),
+            ("CALL p()", (false, true)),
+            ("PREPARE s AS SELECT 1", (false, false)),
+            ("-- c\n prepare transaction 'a'", (false, true)),
+        ] {
+            assert_eq!(transaction_control(sql.as_bytes()), want, "{sql}");
         }
     }
 

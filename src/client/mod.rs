@@ -1,4 +1,5 @@
 //! One task per client: startup and auth, then the transaction loop.
+pub mod aborted;
 pub mod auth_query;
 pub mod cancel;
 pub mod classify;

@@ -155,6 +155,14 @@ pub struct Relay<'a> {
     /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
     /// mid-transaction too: nothing more of it reaches that host.
     pub fence: Option<&'a crate::server::HostList>,
+    /// Transaction pooling: a server lost under the client's transaction leaves the client
+    /// connected (`aborted`), unless it is pinned or the loss came mid-message.
+    pub keep_client: bool,
+    /// What the client's messages in flight do to the transaction (may begin a block, may
+    /// commit), since the server was last idle.
+    flight: (bool, bool),
+    /// The server said FATAL (withheld from the client) before it went.
+    fatal_seen: bool,
 }
 
 /// What a stale statement's round needs to be sent again.
@@ -215,11 +223,21 @@ impl<'a> Relay<'a> {
             hold_ready: false,
             withheld_ready: None,
             fence: None,
+            keep_client: false,
+            flight: (false, false),
+            fatal_seen: false,
         }
     }
 
     /// Relay until an event, watching the timeouts.
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
+        // A server of a host seen demoted meanwhile: nothing of the client's is sent to it
+        // (it goes back to wait for another).
+        if let Some(h) = self.fence
+            && h.demoted(self.server.host)
+        {
+            return RelayEvent::ServerGone(HOST_DEMOTED.into());
+        }
         // What the client sent before the server was attached.
         if !self.client.rbuf.is_empty() {
             self.counts.bytes_from_client += self.client.rbuf.len() as u64;
@@ -432,6 +450,17 @@ impl<'a> Relay<'a> {
                     r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
                     r.complete = h.tag == frontend::SYNC;
                 }
+            }
+            if self.keep_client
+                && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND)
+            {
+                let (b, c) = if avail >= h.total {
+                    in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
+                } else {
+                    // Seen whole later (virtual statements), or streamed unseen: may commit.
+                    (false, !self.virt && h.tag != frontend::BIND)
+                };
+                self.flight = (self.flight.0 || b, self.flight.1 || c);
             }
             self.idle_in_xact_since = None;
             if self.xact_started.is_none() && self.mode != PoolMode::Session {
@@ -683,6 +712,9 @@ impl<'a> Relay<'a> {
                         break;
                     }
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
+                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    }
                     self.proto_reply(h.tag);
                     note_role_doubt(self.server, code);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
@@ -712,9 +744,14 @@ impl<'a> Relay<'a> {
                 }
                 backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
+                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    }
                     note_role_doubt(self.server, code);
                     fwd += h.total;
                 }
+                // Looked at whole: it may be a FATAL the client is not to see.
+                backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
                 tag => {
                     if self.virt && tag == backend::COMMAND_COMPLETE {
                         if h.total > MAX_INSPECTED {
@@ -789,6 +826,7 @@ impl<'a> Relay<'a> {
         if !self.server.proto.is_idle_but_status() {
             return None;
         }
+        self.flight = (false, false);
         match (self.mode, status) {
             (PoolMode::Session, _) => None,
             (_, b'I') => Some(RelayEvent::Release),
@@ -799,6 +837,59 @@ impl<'a> Relay<'a> {
 }
 
 impl Relay<'_> {
+    /// The server was lost (RelayEvent::ServerGone): what the client's transaction was
+    /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
+    /// under way, at a message boundary both ways, at most one ReadyForQuery owed).
+    pub fn loss(&self) -> Option<super::aborted::Loss> {
+        let p = &self.server.proto;
+        let owed = p.expected_rfq + u32::from(p.unsynced);
+        if !self.keep_client
+            || self.session.pin.is_some()
+            || self.effects.pin_check
+            || self.server_partial > 0
+            || p.partial > 0
+            || p.copy_in
+            || owed > 1
+        {
+            return None;
+        }
+        Some(super::aborted::Loss {
+            in_flight: owed > 0,
+            ready_owed: p.expected_rfq > 0,
+            status: p.tx_status,
+            begins: self.flight.0,
+            commits: self.flight.1,
+            fatal: self.fatal_seen,
+        })
+    }
+
+    /// A FATAL from the server the client need not see (it keeps its connection, see
+    /// `loss`): its SQLSTATE and words. Session timeouts the client set are its own.
+    fn fatal_withheld(&self, body: &[u8]) -> Option<String> {
+        if !self.keep_client {
+            return None;
+        }
+        let e = backend::parse_error(body).ok()?;
+        let own = matches!(e.code.as_str(), "25P03" | "25P04" | "57P05");
+        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && !own && self.loss().is_some())
+            .then(|| format!("{} {}", e.code, e.message))
+    }
+
+    /// Forward what came before the FATAL at `at`, drop it, and stop: the server is gone.
+    fn withhold_fatal(
+        &mut self,
+        at: usize,
+        total: usize,
+        code: Option<[u8; 5]>,
+        why: String,
+    ) -> RelayEvent {
+        note_role_doubt(self.server, code);
+        self.forward_server_run(at);
+        self.server.conn.consume(total);
+        self.fatal_seen = true;
+        RelayEvent::ServerGone(why)
+    }
+
     /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
     /// ALL or DISCARD ALL the server ran drops the statements it held.
     fn on_command_complete(&mut self, at: usize, total: usize) {
@@ -824,6 +915,35 @@ impl Relay<'_> {
         let voided = self.server.proto.on_reply(tag);
         if voided > 0 && self.virt {
             self.server.owed.void_readies(voided);
+        }
+    }
+}
+
+/// What a Query, Parse or Bind in flight may do to the transaction: (begins a block,
+/// may commit). A Bind names a statement the virtual session knows, or the unnamed one.
+fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
+    let text = |rest: &[u8]| {
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        super::classify::transaction_control(&rest[..end])
+    };
+    let mut r = proto::Reader::new(body, "message");
+    match tag {
+        frontend::QUERY => text(body),
+        frontend::PARSE => match r.cstr_bytes() {
+            Ok(name) => text(&body[name.len() + 1..]),
+            Err(_) => (false, true),
+        },
+        _ => {
+            let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
+                return (false, true);
+            };
+            let rest = if stmt.is_empty() {
+                session.unnamed.as_deref()
+            } else {
+                session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
+            };
+            // Not known (no virtual statements): the Parse was looked at already.
+            rest.map_or((false, false), text)
         }
     }
 }

@@ -38,6 +38,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut phase = c.shared.restart.watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
+    // A transaction whose server was lost: the failed block pgcarpool plays.
+    let mut aborted: Option<super::aborted::Aborted> = None;
     loop {
         let cfg = c.shared.config.load_full();
         // A pinned client that also listens through the pool's listener waits here too, to
@@ -46,7 +48,15 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
             let pinned = held.is_some();
-            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase, pinned).await? {
+            let wait = wait_for_request(
+                c,
+                idle_timeout,
+                kill.as_mut(),
+                &mut phase,
+                pinned,
+                &mut aborted,
+            );
+            match wait.await? {
                 Wait::Request => {}
                 Wait::Terminate => return Ok(Exit::Left),
                 Wait::Handover => return Ok(Exit::Handover),
@@ -58,6 +68,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
+            After::Lost(block) => aborted = block,
             After::Leave => return Ok(Exit::Left),
         }
     }
@@ -67,6 +78,9 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
 enum After {
     /// Wait for the next request, with the server kept (pinned) or not.
     Next(Option<PooledServer>),
+    /// The server was lost under the transaction; the client stays, in the failed block
+    /// pgcarpool plays for it, if any.
+    Lost(Option<super::aborted::Aborted>),
     /// The client said goodbye.
     Leave,
 }
@@ -105,7 +119,7 @@ async fn transaction(
     c.reg.handle.set_state(ClientState::Active);
     let assigned_at = Instant::now();
     let withheld_ready;
-    let (event, counts, effects) = {
+    let (event, counts, effects, loss) = {
         let mut relay = Relay::new(
             &mut c.conn,
             &mut server,
@@ -120,6 +134,8 @@ async fn transaction(
         relay.hold_ready = c.listening.is_listening();
         if mode == PoolMode::Session {
             relay.fast_close = Some((&c.pool, &c.shared));
+        } else {
+            relay.keep_client = true;
         }
         let hosts = &pool_settings.target.hosts;
         if hosts.checks_roles() && hosts.attrs.wants_primary() {
@@ -131,7 +147,16 @@ async fn transaction(
             ev = relay.run(timeouts) => ev,
         };
         withheld_ready = relay.withheld_ready;
-        (event, relay.counts, std::mem::take(&mut relay.effects))
+        let loss = match event {
+            RelayEvent::ServerGone(_) => relay.loss(),
+            _ => None,
+        };
+        (
+            event,
+            relay.counts,
+            std::mem::take(&mut relay.effects),
+            loss,
+        )
     };
     c.reg.handle.set_server(None);
     if server.tls.is_some() {
@@ -153,6 +178,24 @@ async fn transaction(
                 match Box::pin(after_transaction(c, &mut server, &effects)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(refused)) => return Err(refused),
+                    // The transaction is over and answered; the server went before its
+                    // settings were read back. Only a precaution was lost (code that might
+                    // have changed settings out of sight): the client stays. A SET or
+                    // something that pins it cannot be carried: it goes, as before.
+                    Err(e)
+                        if mode != PoolMode::Session
+                            && c.session.pin.is_none()
+                            && effects.gucs.is_empty()
+                            && !effects.gucs_unknown
+                            && !effects.pin_check =>
+                    {
+                        server.broken = true;
+                        tracing::info!(
+                            client = c.reg.handle.id,
+                            server = server.id,
+                            "server lost after the client's transaction, the client stays: {e}"
+                        );
+                    }
                     Err(e) => {
                         server.broken = true;
                         return Err(ClientError::fatal(
@@ -193,6 +236,14 @@ async fn transaction(
         RelayEvent::ClientProtocol(e) => Err(e.into()),
         RelayEvent::ServerGone(why) => {
             server.broken = true;
+            if let Some(loss) = loss {
+                tracing::info!(
+                    client = c.reg.handle.id,
+                    server = server.id,
+                    "server lost under the client's transaction, the client stays: {why}"
+                );
+                return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
+            }
             Err(ClientError::fatal(
                 "08006",
                 format!("server connection lost: {why}"),
@@ -359,6 +410,7 @@ async fn wait_for_request(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
     phase: &mut PhaseWatch,
     pinned: bool,
+    aborted: &mut Option<super::aborted::Aborted>,
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
@@ -384,9 +436,17 @@ async fn wait_for_request(
             if pinned {
                 return Ok(Wait::Request);
             }
-            let local = match super::notify::answer(c, kill.as_mut()).await? {
-                Some(local) => local,
-                None => answer_without_server(c)?,
+            let local = if let Some(block) = aborted {
+                let (local, over) = super::aborted::answer(c, block)?;
+                if over {
+                    *aborted = None;
+                }
+                local
+            } else {
+                match super::notify::answer(c, kill.as_mut()).await? {
+                    Some(local) => local,
+                    None => answer_without_server(c)?,
+                }
             };
             match local {
                 Local::Answered => continue,
@@ -395,7 +455,8 @@ async fn wait_for_request(
             }
         }
         let now = phase.current();
-        if now == Phase::HandingOver && c.stays.is_none() {
+        // In a failed block it moves once the block is over.
+        if now == Phase::HandingOver && c.stays.is_none() && aborted.is_none() {
             match crate::takeover::stays_because(c) {
                 None => return Ok(Wait::Handover),
                 Some(why) => {
@@ -459,9 +520,10 @@ pub(super) enum Local {
     Incomplete,
 }
 
-/// An idle client whose buffered messages are only Parse of statements a server already
-/// accepted, Close of statements, Sync and Flush needs no server: answer them here (libpq's
-/// PQprepare, pgbench -M prepared, PDO). Anything else needs a server.
+/// An idle client whose buffered messages begin with Parse of statements a server already
+/// accepted, Close of statements, Sync and Flush needs no server for those: answer them
+/// here (libpq's PQprepare, pgbench -M prepared, PDO, tokio-postgres closing a statement).
+/// Anything else needs a server.
 fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let settings = c.pool.settings();
     if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
@@ -497,7 +559,12 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             _ => false,
         };
         if !ok {
-            return Ok(Local::NeedServer);
+            // Rounds answerable at the front are answered (a driver's Close and Sync of a
+            // statement it dropped, pipelined with its next query); the rest needs a server.
+            if end.is_none() {
+                return Ok(Local::NeedServer);
+            }
+            break;
         }
         at += h.total;
         if matches!(h.tag, frontend::SYNC | frontend::FLUSH) {
