@@ -106,10 +106,7 @@ fn rolled_back(why: &str) -> String {
 /// what was done and whether the block is over (the messages left then need a server).
 pub(super) fn answer(c: &mut Client, a: &mut Aborted) -> Result<(Local, bool), ClientError> {
     let mut answered = false;
-    loop {
-        let Some(h) = proto::header(&c.conn.rbuf, proto::MAX_MESSAGE_LEN)? else {
-            break;
-        };
+    while let Some(h) = proto::header(&c.conn.rbuf, proto::MAX_MESSAGE_LEN)? {
         if c.conn.rbuf.len() < h.total || h.tag == frontend::TERMINATE {
             break;
         }

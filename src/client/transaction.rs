@@ -242,6 +242,9 @@ async fn transaction(
                     server = server.id,
                     "server lost under the client's transaction, the client stays: {why}"
                 );
+                if claimed {
+                    c.pool.listener.unclaim(server.key.0, c.reg.handle.id);
+                }
                 return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
             }
             Err(ClientError::fatal(
