@@ -244,7 +244,7 @@ pub fn pool_settings(
             )
             .with_roles(
                 SessionAttrs::parse(entry.target_session_attrs.as_deref()),
-                s.max_standby_lag as u64,
+                s.max_standby_lag,
             ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,

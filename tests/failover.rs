@@ -602,6 +602,58 @@ async fn a_prefer_standby_alias_reads_from_the_standby_unless_it_lags() {
     );
 }
 
+/// `max_standby_lag` as a time: with replay paused and one small write (far below any
+/// byte bound), the standby's last replayed transaction ages past the bound and reads go
+/// to the primary; replay resumed, they come back to the standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_bound_on_standby_lag_sends_reads_to_the_primary() {
+    let c = cluster();
+    let pooler = builder(&c).setting("max_standby_lag", "1s").start().await;
+    let (primary, standby) = (c.primary.port(), c.standby.port());
+    let ro = connect(&pooler.dsn("postgres", "ro")).await;
+    let rw = connect(&pooler.dsn("postgres", "app")).await;
+    assert_eq!(port_of(&ro).await.unwrap(), standby);
+    // A transaction replayed: the one whose age is measured.
+    rw.simple_query("INSERT INTO t (v) VALUES (1)")
+        .await
+        .unwrap();
+    wait_for("the standby replayed it", HUNG, || async {
+        c.standby.psql_in("testdb", "SELECT count(*) FROM t") == "1"
+    })
+    .await;
+    c.standby.psql("SELECT pg_wal_replay_pause()");
+    rw.simple_query("INSERT INTO t (v) VALUES (2)")
+        .await
+        .unwrap();
+    wait_for(
+        "reads on the primary while the standby's replay is paused",
+        HUNG,
+        || async { port_of(&ro).await.ok() == Some(primary) },
+    )
+    .await;
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let addr = format!("127.0.0.1:{standby}");
+    let at = |col: &'static str| {
+        let (admin, addr) = (&admin, addr.clone());
+        async move {
+            console_value(admin, "HOSTS", &[("database", "ro"), ("host", &addr)], col)
+                .await
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("SHOW HOSTS lists the standby")
+        }
+    };
+    let (ms, bytes) = (at("lag_ms").await, at("lag_bytes").await);
+    assert!(
+        ms > 1000 && bytes < 65536,
+        "left out for its time behind ({ms} ms), not its bytes ({bytes})"
+    );
+    c.standby.psql("SELECT pg_wal_replay_resume()");
+    wait_for("reads back on the standby", HUNG, || async {
+        port_of(&ro).await.ok() == Some(standby)
+    })
+    .await;
+}
+
 /// In the comparison: a transaction unanswered this long counts as failed.
 const HANG_FAILS: Duration = Duration::from_secs(3);
 

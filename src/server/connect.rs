@@ -167,8 +167,8 @@ pub struct HostList {
     dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
     /// `target_session_attrs`.
     pub attrs: SessionAttrs,
-    /// `max_standby_lag` in bytes (0: no bound).
-    pub max_lag: u64,
+    /// `max_standby_lag`.
+    pub max_lag: crate::config::settings::StandbyLag,
     book: std::sync::Arc<std::sync::Mutex<RoleBook>>,
     /// Woken when a host's role changes: relays of servers on a host that no longer fits
     /// stop (a transaction never commits on a fenced or demoted primary).
@@ -199,12 +199,17 @@ pub struct HostView {
 }
 
 /// SQL asking a server for its role: in recovery, read-only, a primary's timeline (from
-/// its current WAL file name), a standby's WAL received and not yet replayed.
+/// its current WAL file name), a standby's WAL received and not yet replayed, and while
+/// there is some, the milliseconds since the primary committed the last transaction the
+/// standby replayed (since it started, when it has replayed none).
 const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
     CASE WHEN pg_is_in_recovery() THEN 0 \
     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
     CASE WHEN pg_is_in_recovery() THEN greatest(coalesce(pg_wal_lsn_diff(\
-    pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END";
+    pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END, \
+    CASE WHEN pg_is_in_recovery() AND pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
+    THEN greatest(extract(epoch FROM now() - coalesce(pg_last_xact_replay_timestamp(), \
+    pg_postmaster_start_time())) * 1000, 0)::bigint ELSE 0 END";
 
 impl HostList {
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
@@ -218,7 +223,11 @@ impl HostList {
     }
 
     /// With `target_session_attrs` and `max_standby_lag`.
-    pub fn with_roles(mut self, attrs: SessionAttrs, max_lag: u64) -> HostList {
+    pub fn with_roles(
+        mut self,
+        attrs: SessionAttrs,
+        max_lag: crate::config::settings::StandbyLag,
+    ) -> HostList {
         self.attrs = attrs;
         self.max_lag = max_lag;
         self
@@ -409,6 +418,7 @@ pub async fn ask_role(server: &mut Server) -> Result<Observed, ServerError> {
         read_only: col(1) == "on",
         timeline: col(2).parse().unwrap_or(0),
         lag_bytes: col(3).parse().unwrap_or(0),
+        lag_ms: col(4).parse().unwrap_or(0),
     })
 }
 
@@ -934,17 +944,19 @@ mod tests {
 
     #[test]
     fn a_reload_naming_the_same_hosts_keeps_what_is_known_of_their_roles() {
-        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, 0);
+        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, Default::default());
         let o = |timeline| Observed {
             standby: false,
             read_only: false,
             timeline,
             lag_bytes: 0,
+            lag_ms: 0,
         };
         old.observe(0, o(1), "db");
         old.observe(1, o(2), "db");
         assert_eq!(old.switchovers(), 1);
-        let same = old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, 0));
+        let same =
+            old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, Default::default()));
         assert!(same.round_robin);
         assert!(same.view()[0].fenced, "the former primary stays fenced");
         let other = old.carried_into(HostList::new(vec![ServerAddr::new(Some("z"), 1)], true));
