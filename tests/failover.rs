@@ -40,6 +40,15 @@ fn cluster() -> Cluster {
         "testdb",
         "CREATE TABLE t (id bigserial PRIMARY KEY, v int); GRANT ALL ON t, t_id_seq TO PUBLIC",
     );
+    // A COMMIT that takes its time: a deferred trigger sleeps in it.
+    primary.psql_in(
+        "testdb",
+        "CREATE TABLE d (v int); GRANT ALL ON d TO PUBLIC; \
+         CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql \
+         AS $$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON d DEFERRABLE INITIALLY DEFERRED \
+         FOR EACH ROW EXECUTE FUNCTION slow()",
+    );
     let standby = primary.start_standby();
     Cluster { primary, standby }
 }
@@ -260,6 +269,8 @@ struct InTransaction {
     stmt: tokio_postgres::Statement,
     /// Its next statement goes by the extended protocol (else by a simple query).
     extended: bool,
+    /// Its statement in flight at the switch is a COMMIT (its outcome is unknown).
+    committing: bool,
     /// The statement in flight at the switch.
     sleeping:
         Option<tokio::task::JoinHandle<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>>,
@@ -270,11 +281,12 @@ fn code_of(e: &tokio_postgres::Error) -> Option<String> {
     e.as_db_error().map(|d| d.code().code().to_string())
 }
 
-/// Three clients in a transaction on the primary: idle in it after a simple-query INSERT,
-/// idle in it after a prepared INSERT, and one whose `pg_sleep` runs when the primary goes.
+/// Four clients in a transaction on the primary: idle in it after a simple-query INSERT,
+/// idle in it after a prepared INSERT, one whose `pg_sleep` runs when the primary goes,
+/// and one whose COMMIT runs then (a deferred trigger sleeps in it).
 async fn in_transaction(dsn: &str, primary: &TempPostgres) -> Vec<InTransaction> {
     let mut v = Vec::new();
-    for kind in 0..3 {
+    for kind in 0..4 {
         let client = Arc::new(connect(dsn).await);
         let stmt = client
             .prepare("SELECT inet_server_port(), $1::int")
@@ -297,37 +309,52 @@ async fn in_transaction(dsn: &str, primary: &TempPostgres) -> Vec<InTransaction>
                     .expect("a prepared INSERT");
                 assert_eq!(row.get::<_, i32>(0) as u16, primary.port());
             }
-            _ => {
+            2 => {
                 let c = client.clone();
                 sleeping = Some(tokio::spawn(async move {
                     c.query("SELECT pg_sleep(600)", &[]).await
                 }));
+            }
+            _ => {
+                client
+                    .simple_query("INSERT INTO d VALUES (1)")
+                    .await
+                    .expect("an INSERT whose COMMIT sleeps");
+                let c = client.clone();
+                // Extended: the COMMIT is a prepared statement the virtual session knows.
+                sleeping = Some(tokio::spawn(async move { c.query("COMMIT", &[]).await }));
             }
         }
         v.push(InTransaction {
             client,
             stmt,
             extended: kind != 0,
+            committing: kind == 3,
             sleeping,
         });
     }
-    wait_for("the pg_sleep running on the primary", HUNG, || async {
-        primary.psql(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-             AND query = 'SELECT pg_sleep(600)'",
-        ) == "1"
-    })
+    wait_for(
+        "the pg_sleep and the COMMIT running on the primary",
+        HUNG,
+        || async {
+            primary.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query IN ('SELECT pg_sleep(600)', 'COMMIT')",
+            ) == "2"
+        },
+    )
     .await;
     v
 }
 
-/// Each client caught in a transaction got one 40001 (rolled back, may be retried) and
-/// kept its connection in a failed block: a statement gets 25P02, ROLLBACK succeeds (by
-/// the extended protocol for the prepared ones), then its next transaction and its
+/// Each client caught in a transaction got one error and kept its connection: 40001
+/// (rolled back, may be retried), then a failed block (a statement gets 25P02, ROLLBACK
+/// succeeds, by the extended protocol for the prepared ones); 08007 for the COMMIT under
+/// way (it may have committed; the transaction is over). Then its next transaction and its
 /// prepared statement run on the new primary.
 async fn in_transaction_go_on(clients: Vec<InTransaction>, new: u16) {
     for (i, t) in clients.into_iter().enumerate() {
-        let c = &t.client;
+        let c = t.client.clone();
         let first = match t.sleeping {
             Some(job) => tokio::time::timeout(HUNG, job)
                 .await
@@ -338,23 +365,12 @@ async fn in_transaction_go_on(clients: Vec<InTransaction>, new: u16) {
             None => c.simple_query("SELECT 1").await.map(|_| ()),
         };
         let e = first.expect_err("the transaction went with the old primary");
-        assert_eq!(code_of(&e).as_deref(), Some("40001"), "client {i}: {e:?}");
+        let want = if t.committing { "08007" } else { "40001" };
+        assert_eq!(code_of(&e).as_deref(), Some(want), "client {i}: {e:?}");
         assert!(!c.is_closed(), "client {i} keeps its connection");
-        let again = if t.extended {
-            c.query_one(&t.stmt, &[&2i32]).await.map(|_| ())
-        } else {
-            c.simple_query("INSERT INTO t (v) VALUES (3)")
-                .await
-                .map(|_| ())
-        };
-        let e = again.expect_err("a failed block");
-        assert_eq!(code_of(&e).as_deref(), Some("25P02"), "client {i}: {e:?}");
-        if t.extended {
-            c.execute("ROLLBACK", &[]).await
-        } else {
-            c.simple_query("ROLLBACK").await.map(|_| 0)
+        if !t.committing {
+            in_failed_block(&c, &t.stmt, t.extended, i).await;
         }
-        .unwrap_or_else(|e| panic!("client {i}: ROLLBACK: {e:?}"));
         c.batch_execute("BEGIN")
             .await
             .expect("the next transaction");
@@ -366,6 +382,30 @@ async fn in_transaction_go_on(clients: Vec<InTransaction>, new: u16) {
         assert_eq!(row.get::<_, i32>(1), i as i32);
         c.batch_execute("COMMIT").await.expect("COMMIT");
     }
+}
+
+/// A client in the failed block pgcarpool plays: a statement gets 25P02, ROLLBACK ends it.
+async fn in_failed_block(
+    c: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    extended: bool,
+    i: usize,
+) {
+    let again = if extended {
+        c.query_one(stmt, &[&2i32]).await.map(|_| ())
+    } else {
+        c.simple_query("INSERT INTO t (v) VALUES (3)")
+            .await
+            .map(|_| ())
+    };
+    let e = again.expect_err("a failed block");
+    assert_eq!(code_of(&e).as_deref(), Some("25P02"), "client {i}: {e:?}");
+    if extended {
+        c.execute("ROLLBACK", &[]).await
+    } else {
+        c.simple_query("ROLLBACK").await.map(|_| 0)
+    }
+    .unwrap_or_else(|e| panic!("client {i}: ROLLBACK: {e:?}"));
 }
 
 /// The switchover under load: `fail` takes the old primary away, then the standby is
