@@ -23,7 +23,9 @@
 //!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
-//!            session.rs (the virtual session), notify.rs (LISTEN/UNLISTEN answered from the
+//!            session.rs (the virtual session), aborted.rs (the failed block a client is
+//!            left in when its server is lost mid-transaction: 40001/08007, 25P02, ROLLBACK),
+//!            notify.rs (LISTEN/UNLISTEN answered from the
 //!            virtual session, notifications delivered between transactions),
 //!            cancel.rs, registry.rs (SHOW CLIENTS, KILL),
 //!            logins.rs (connections still logging in; the oldest makes room), counts.rs
