@@ -128,6 +128,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
             .map(listen::Bound::try_clone)
             .collect::<std::io::Result<_>>()?,
     );
+    shared
+        .restart
+        .set_socket_buffer(shared.config.load().settings.tcp_socket_buffer);
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
         tracing::info!("listening on {l}");
@@ -356,6 +359,10 @@ impl Shared {
             Err(e) => tracing::error!(
                 "TLS configuration could not be reloaded, keeping old configuration: {e}"
             ),
+        }
+        if old.settings.tcp_socket_buffer != new.settings.tcp_socket_buffer {
+            self.restart
+                .set_socket_buffer(new.settings.tcp_socket_buffer);
         }
         if (old.settings.tcp_defer_accept != 0) != (new.settings.tcp_defer_accept != 0) {
             self.restart

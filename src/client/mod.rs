@@ -222,8 +222,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             if cfg.settings.log_connections {
                 tracing::info!(client = id, addr = %peer, "login (replication)");
             }
-            if let Err(e) = replication::run(&mut conn, server).await {
-                tracing::debug!(client = id, "replication connection ended: {e}");
+            // An immediate shutdown (SIGQUIT) ends it too: nothing else would.
+            tokio::select! {
+                r = replication::run(&mut conn, server) => if let Err(e) = r {
+                    tracing::debug!(client = id, "replication connection ended: {e}");
+                },
+                _ = shared.stop_clients.cancelled() => {
+                    tracing::debug!(client = id, "replication connection closed: shutting down");
+                }
             }
             return None;
         }

@@ -1132,7 +1132,10 @@ accepted over TCP and every TCP socket to a server (Unix sockets get none): keep
 or off, its timers when not 0, `TCP_USER_TIMEOUT` (milliseconds) when not 0, `SO_SNDBUF`
 and `SO_RCVBUF` when not 0, and `TCP_NODELAY`. A failure is logged
 (`setsockopt/TCP_USER_TIMEOUT(fd) failed: …`) and the connection goes on. A reload
-applies to sockets opened after it.
+applies to sockets opened after it. The buffer sizes are set before the TCP handshake,
+as PgBouncer does (on the listening socket, whose accepted sockets inherit them, and on
+a server socket before `connect`): a receive buffer shrunk after the handshake is
+smaller than the window already offered, and a stream through it crawls.
 
 **listen_backlog, tcp_defer_accept, unix_socket_group.** `listen_backlog` is the
 backlog of every listening socket, TCP and Unix. `tcp_defer_accept` sets

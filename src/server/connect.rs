@@ -3,11 +3,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 
 use super::roles::{HostRole, HostState, Observed, PrimaryChange, RoleBook, SessionAttrs};
 use super::{Params, Server, ServerError};
 use crate::auth::{md5, scram};
+use crate::net::sockopt::TcpTuning;
 use crate::net::{Conn, Stream};
 use crate::proto::backend::{self, AuthRequest};
 use crate::proto::{frontend, startup};
@@ -43,7 +44,7 @@ impl ServerAddr {
     }
 
     pub async fn connect(&self) -> std::io::Result<Stream> {
-        self.connect_to(self.resolve().await?).await
+        self.connect_to(self.resolve().await?, None).await
     }
 
     /// The socket addresses of a TCP host (empty for a Unix socket); a failed lookup is a
@@ -58,13 +59,40 @@ impl ServerAddr {
         }
     }
 
-    /// Connect to what [`ServerAddr::resolve`] found.
-    pub async fn connect_to(&self, addrs: Vec<std::net::SocketAddr>) -> std::io::Result<Stream> {
+    /// Connect to what [`ServerAddr::resolve`] found (the first address that answers, as
+    /// `TcpStream::connect`), the `tcp_*` options set on a TCP socket before its handshake
+    /// (see `net::sockopt` for why).
+    pub async fn connect_to(
+        &self,
+        addrs: Vec<std::net::SocketAddr>,
+        tcp: Option<&TcpTuning>,
+    ) -> std::io::Result<Stream> {
         match self {
             ServerAddr::Tcp { .. } => {
-                let s = TcpStream::connect(&addrs[..]).await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                let mut last = None;
+                for a in addrs {
+                    let sock = if a.is_ipv4() {
+                        tokio::net::TcpSocket::new_v4()?
+                    } else {
+                        tokio::net::TcpSocket::new_v6()?
+                    };
+                    if let Some(t) = tcp {
+                        t.apply_or_warn(socket2::SockRef::from(&sock));
+                    }
+                    match sock.connect(a).await {
+                        Ok(s) => {
+                            s.set_nodelay(true)?;
+                            return Ok(Stream::Tcp(s));
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "could not resolve to any address",
+                    )
+                }))
             }
             ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
         }
@@ -146,7 +174,7 @@ pub struct ServerTarget {
     /// TLS towards the server (server_tls_*); None: server_tls_sslmode = disable.
     pub tls: Option<std::sync::Arc<crate::net::tls::Connect>>,
     /// Socket options of server connections (tcp_keepalive, tcp_user_timeout…).
-    pub tcp: crate::net::sockopt::TcpTuning,
+    pub tcp: TcpTuning,
     /// How long a host name that did not resolve is not looked up again (dns_nxdomain_ttl).
     pub dns_nxdomain_ttl: Duration,
 }
@@ -572,12 +600,9 @@ async fn connect_one(
         None => addr.resolve().await,
     };
     let connected = match resolved {
-        Ok(addrs) => addr.connect_to(addrs).await,
+        Ok(addrs) => addr.connect_to(addrs, Some(&target.tcp)).await,
         Err(e) => Err(e),
     };
-    if let Ok(Stream::Tcp(t)) = &connected {
-        target.tcp.apply_or_warn(socket2::SockRef::from(t));
-    }
     match connected {
         Ok(s) => Ok((s, addr.clone())),
         Err(e) => {
