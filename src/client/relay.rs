@@ -959,7 +959,6 @@ impl Relay<'_> {
 /// write refused on a read-only host; 57P01/57P02: it is shutting down): the server is
 /// closed when it comes back and its host's role checked again.
 fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
-    if code == Some(*b"57P01") {}
     if let Some(c) = code
         && matches!(&c, b"25006" | b"57P01" | b"57P02")
     {
