@@ -89,7 +89,7 @@ async fn transaction(
     // the way: the client's first request then goes to another one (`Relay::first_reply`).
     // A sweep of pg_terminate_backend can have ended every idle server of the pool, each
     // FATAL not come yet: as many tries as the pool has servers, and one more.
-    let mut replays_left = if fresh {
+    let replays_left = if fresh {
         pool_settings.pool_size + pool_settings.reserve_pool_size + 1
     } else {
         0
@@ -100,50 +100,23 @@ async fn transaction(
         idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
-    let (claimed, assigned_at, withheld_ready, event, counts, effects) = loop {
-        server.served = true;
-        let claimed = super::notify::claim(c, server.key.0);
-        c.reg.handle.set_server(Some(ServerLink {
-            id: server.id,
-            addr: server.addr.clone(),
-            key: server.key,
-            created: server.created,
-            prepared: server.prepared.len(),
-        }));
-        if server.tls.is_some() {
-            c.reg.handle.set_server_tls(server.tls.clone());
-        }
-        c.reg.handle.set_state(ClientState::Active);
-        let assigned_at = Instant::now();
-        let keep_first = replays_left > 0 && !claimed;
-        let (event, counts, effects, withheld_ready) = relay_once(
-            c,
-            &mut server,
-            cfg,
-            &pool_settings,
-            timeouts,
-            keep_first,
-            kill.as_mut(),
-        )
-        .await;
-        let RelayEvent::TerminatedBeforeReply(first) = event else {
-            break (claimed, assigned_at, withheld_ready, event, counts, effects);
-        };
-        replays_left -= 1;
-        tracing::info!(
-            client = c.reg.handle.id,
-            server = server.id,
-            "server terminated before it answered the client's first request, \
-             sending it to another server"
-        );
-        server.broken = true;
-        // The request first, as the client sent it, then what the client sent after it.
-        let rest = std::mem::replace(&mut c.conn.rbuf, first);
-        c.conn.rbuf.extend_from_slice(&rest);
-        c.reg.handle.set_server(None);
-        drop(server);
-        server = fitted_server(c, cfg, kill.as_mut()).await?;
-    };
+    let Relayed {
+        claimed,
+        assigned_at,
+        withheld_ready,
+        event,
+        counts,
+        effects,
+    } = relay_replacing(
+        c,
+        &mut server,
+        cfg,
+        &pool_settings,
+        timeouts,
+        replays_left,
+        kill.as_mut(),
+    )
+    .await?;
     c.reg.handle.set_server(None);
     if server.tls.is_some() {
         c.reg.handle.set_server_tls(None);
@@ -230,6 +203,82 @@ async fn transaction(
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
+    }
+}
+
+/// What a transaction's relay ended with.
+struct Relayed {
+    /// The pool's listener was told of the server (`notify::claim`).
+    claimed: bool,
+    assigned_at: Instant,
+    withheld_ready: Option<u8>,
+    event: RelayEvent,
+    counts: RelayCounts,
+    effects: Effects,
+}
+
+/// Relay the client with `server` until an event. A server just checked out (up to
+/// `replays_left` times) that was terminated before it answered any of the client's first
+/// request is replaced, and the request sent again (`Relay::first_reply`).
+async fn relay_replacing(
+    c: &mut Client,
+    server: &mut PooledServer,
+    cfg: &config::Config,
+    pool_settings: &crate::pool::PoolSettings,
+    timeouts: RelayTimeouts,
+    mut replays_left: usize,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<Relayed, ClientError> {
+    loop {
+        server.served = true;
+        let claimed = super::notify::claim(c, server.key.0);
+        c.reg.handle.set_server(Some(ServerLink {
+            id: server.id,
+            addr: server.addr.clone(),
+            key: server.key,
+            created: server.created,
+            prepared: server.prepared.len(),
+        }));
+        if server.tls.is_some() {
+            c.reg.handle.set_server_tls(server.tls.clone());
+        }
+        c.reg.handle.set_state(ClientState::Active);
+        let assigned_at = Instant::now();
+        let keep_first = replays_left > 0 && !claimed;
+        let (event, counts, effects, withheld_ready) = relay_once(
+            c,
+            server,
+            cfg,
+            pool_settings,
+            timeouts,
+            keep_first,
+            kill.as_mut(),
+        )
+        .await;
+        let RelayEvent::TerminatedBeforeReply(first) = event else {
+            return Ok(Relayed {
+                claimed,
+                assigned_at,
+                withheld_ready,
+                event,
+                counts,
+                effects,
+            });
+        };
+        replays_left -= 1;
+        tracing::info!(
+            client = c.reg.handle.id,
+            server = server.id,
+            "server terminated before it answered the client's first request, \
+             sending it to another server"
+        );
+        server.broken = true;
+        // The request first, as the client sent it, then what the client sent after it.
+        let rest = std::mem::replace(&mut c.conn.rbuf, first);
+        c.conn.rbuf.extend_from_slice(&rest);
+        c.reg.handle.set_server(None);
+        // (The server replaced is closed as it goes back: it is marked broken.)
+        *server = fitted_server(c, cfg, kill.as_mut()).await?;
     }
 }
 
