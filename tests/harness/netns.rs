@@ -62,11 +62,11 @@ impl NetNs {
     }
 
     /// `create`, or None with a note on stderr when it cannot be made outside CI. In CI
-    /// (`CI` set) it panics: these tests must not pass by skipping.
+    /// (`CI` set, not to `false` or `0`) it panics: these tests must not pass by skipping.
     pub fn for_test(test: &str) -> Option<NetNs> {
         match NetNs::create() {
             Ok(ns) => Some(ns),
-            Err(e) if std::env::var_os("CI").is_some() => {
+            Err(e) if in_ci() => {
                 panic!("{test}: cannot make a network namespace in CI: {e}")
             }
             Err(e) => {
@@ -159,6 +159,11 @@ impl Drop for NetNs {
             eprintln!("{e}");
         }
     }
+}
+
+/// Whether the tests run in CI (`CI=true`, as CI services set it).
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// A /30 of 10.213.0.0/16 no interface of the root namespace has an address in (the
