@@ -80,7 +80,7 @@ async fn transaction(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<After, ClientError> {
     let fresh = held.is_none();
-    let mut server = match held {
+    let server = match held {
         Some(s) => s,
         None => fitted_server(c, cfg, kill.as_mut()).await?,
     };
@@ -101,6 +101,7 @@ async fn transaction(
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
     let Relayed {
+        mut server,
         claimed,
         assigned_at,
         withheld_ready,
@@ -109,7 +110,7 @@ async fn transaction(
         effects,
     } = relay_replacing(
         c,
-        &mut server,
+        server,
         cfg,
         &pool_settings,
         timeouts,
@@ -208,6 +209,8 @@ async fn transaction(
 
 /// What a transaction's relay ended with.
 struct Relayed {
+    /// The server it ended on (another one than it began with, when that was replaced).
+    server: PooledServer,
     /// The pool's listener was told of the server (`notify::claim`).
     claimed: bool,
     assigned_at: Instant,
@@ -222,7 +225,7 @@ struct Relayed {
 /// request is replaced, and the request sent again (`Relay::first_reply`).
 async fn relay_replacing(
     c: &mut Client,
-    server: &mut PooledServer,
+    mut server: PooledServer,
     cfg: &config::Config,
     pool_settings: &crate::pool::PoolSettings,
     timeouts: RelayTimeouts,
@@ -247,7 +250,7 @@ async fn relay_replacing(
         let keep_first = replays_left > 0 && !claimed;
         let (event, counts, effects, withheld_ready) = relay_once(
             c,
-            server,
+            &mut server,
             cfg,
             pool_settings,
             timeouts,
@@ -257,6 +260,7 @@ async fn relay_replacing(
         .await;
         let RelayEvent::TerminatedBeforeReply(first) = event else {
             return Ok(Relayed {
+                server,
                 claimed,
                 assigned_at,
                 withheld_ready,
@@ -277,8 +281,10 @@ async fn relay_replacing(
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
         c.conn.rbuf.extend_from_slice(&rest);
         c.reg.handle.set_server(None);
-        // (The server replaced is closed as it goes back: it is marked broken.)
-        *server = fitted_server(c, cfg, kill.as_mut()).await?;
+        // Back to the pool (it closes it: broken) before another is asked for: its place
+        // may be the one the next server takes.
+        drop(server);
+        server = fitted_server(c, cfg, kill.as_mut()).await?;
     }
 }
 
