@@ -736,6 +736,33 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
     out
 }
 
+/// Whether a simple Query (its body: the text and its NUL) may be sent again to another
+/// server after the first was terminated before answering any of it (see
+/// `Relay::first_reply`): nothing in it touches the session (`may_matter` is false) and its
+/// first statement commits nothing before its reply — a query, a plain data change (the
+/// termination rolled it back) or the start of a transaction block. Not CALL or DO (they
+/// may commit inside), VACUUM, CREATE INDEX CONCURRENTLY and the like (they commit as
+/// they go), COPY (its data is not kept).
+pub fn replay_safe(body: &[u8]) -> bool {
+    const FIRST: [&[u8]; 11] = [
+        b"select", b"values", b"table", b"with", b"insert", b"update", b"delete", b"merge",
+        b"begin", b"start", b"show",
+    ];
+    let sql = body.strip_suffix(b"\0").unwrap_or(body);
+    if may_matter(sql) {
+        return false;
+    }
+    let mut s = strip_leading(sql);
+    while let Some(rest) = s.strip_prefix(b";") {
+        s = strip_leading(rest);
+    }
+    let end = s
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    FIRST.iter().any(|k| s[..end].eq_ignore_ascii_case(k))
+}
+
 /// `s` without leading whitespace and comments.
 pub(crate) fn strip_leading(mut s: &[u8]) -> &[u8] {
     loop {
@@ -1462,6 +1489,34 @@ mod tests {
             b";;;",
         ] {
             let _ = classify(s);
+        }
+    }
+
+    #[test]
+    fn replay_safe_takes_queries_and_plain_changes_only() {
+        for ok in [
+            &b"select 1\0"[..],
+            b"  /* c */ -- x\n;; SELECT pg_sleep(1)\0",
+            b"insert into t values (1); select 2\0",
+            b"with x as (delete from t returning *) select * from x\0",
+            b"BEGIN\0",
+            b"start transaction\0",
+        ] {
+            assert!(replay_safe(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for no in [
+            &b"call p()\0"[..],
+            b"do $$begin commit; end$$\0",
+            b"vacuum t\0",
+            b"create index concurrently i on t (a)\0",
+            b"copy t from stdin\0",
+            b"select 1; prepare s as select 1\0",
+            b"set work_mem = '1MB'\0",
+            b"select set_config('a.b', '1', false)\0",
+            b";\0",
+            b"\0",
+        ] {
+            assert!(!replay_safe(no), "{}", String::from_utf8_lossy(no));
         }
     }
 }

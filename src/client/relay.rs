@@ -54,6 +54,10 @@ pub enum RelayEvent {
     ConfigChanged,
     /// disable_pqexec: the client sent a simple Query.
     PqexecDisallowed,
+    /// The server, just checked out, was terminated by an administrator before it answered
+    /// any of the client's first request (`Relay::first_request`): the request as the
+    /// client sent it, to go to another server.
+    TerminatedBeforeReply(BytesMut),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +167,27 @@ pub struct Relay<'a> {
     flight: (bool, bool),
     /// The server said FATAL (withheld from the client) before it went.
     fatal_seen: bool,
+    /// The client's first request on a server just checked out, kept as sent while the
+    /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
+    pub first_request: Option<FirstRequest>,
 }
+
+/// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`.
+#[derive(Debug, Default)]
+pub struct FirstRequest {
+    /// The client's messages as it sent them (whole simple Queries only).
+    pub msgs: BytesMut,
+    /// When the first of them was forwarded.
+    pub sent: Option<Instant>,
+}
+
+/// How soon after the client's first request a server's FATAL 57P01 must come for the
+/// request to be sent again: a backend terminated while idle sends it at once, before
+/// reading anything; one terminated later, while it ran the request (an administrator
+/// ending a long query), is not undone by running the query again.
+/// (Generous: on a busy machine a terminated backend can take a good part of a second to
+/// be scheduled and say so.)
+const REPLAY_WINDOW: Duration = Duration::from_secs(2);
 
 /// What a stale statement's round needs to be sent again.
 pub(super) struct Replay {
@@ -226,6 +250,7 @@ impl<'a> Relay<'a> {
             keep_client: false,
             flight: (false, false),
             fatal_seen: false,
+            first_request: None,
         }
     }
 
@@ -354,6 +379,9 @@ impl<'a> Relay<'a> {
             let before = self.server.conn.out_len();
             if self.server.conn.out_pending() {
                 if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
+                    if let Some(ev) = self.reset_before_reply(&e) {
+                        return Poll::Ready(ev);
+                    }
                     return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                 }
                 progress |= self.server.conn.out_len() < before;
@@ -368,6 +396,13 @@ impl<'a> Relay<'a> {
             if self.client.out_len() < HIGH_WATER {
                 match self.server.conn.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
+                        // A FATAL read with the end of an earlier reply (the session sync's)
+                        // is still unscanned.
+                        if self.first_request.is_some()
+                            && let Some(Some(ev)) = self.first_reply()
+                        {
+                            return Poll::Ready(ev);
+                        }
                         return Poll::Ready(RelayEvent::ServerGone(
                             "server closed the connection".into(),
                         ));
@@ -389,6 +424,9 @@ impl<'a> Relay<'a> {
                         }
                     }
                     Poll::Ready(Err(e)) => {
+                        if let Some(ev) = self.reset_before_reply(&e) {
+                            return Poll::Ready(ev);
+                        }
                         return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                     }
                     Poll::Pending => {}
@@ -461,6 +499,18 @@ impl<'a> Relay<'a> {
                     (false, !self.virt && h.tag != frontend::BIND)
                 };
                 self.flight = (self.flight.0 || b, self.flight.1 || c);
+}
+            if let Some(k) = &mut self.first_request {
+                let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
+                if whole
+                    && h.tag == frontend::QUERY
+                    && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
+                {
+                    k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                    k.sent.get_or_insert_with(Instant::now);
+                } else {
+                    self.first_request = None;
+                }
             }
             self.idle_in_xact_since = None;
             if self.xact_started.is_none() && self.mode != PoolMode::Session {
@@ -596,6 +646,11 @@ impl<'a> Relay<'a> {
 
     /// Forward what the server sent, keeping its state and the client's session current.
     pub fn scan_server(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
+        if self.first_request.is_some()
+            && let Some(ev) = self.first_reply()
+        {
+            return Ok(ev);
+        }
         let mut fwd = 0;
         let mut withheld = 0;
         let mut event = None;
@@ -888,6 +943,78 @@ impl Relay<'_> {
         self.server.conn.consume(total);
         self.fatal_seen = true;
         RelayEvent::ServerGone(why)
+}
+
+    /// The server's first message since the client's first request was kept. A FATAL
+    /// 57P01 (terminated by an administrator) before any reply, soon after the request:
+    /// Some(Some(TerminatedBeforeReply)), nothing of it forwarded. Some(None): wait for the
+    /// rest of the message. None: the server spoke; the request is no longer kept.
+    ///
+    /// Why sending the request again is safe. PostgreSQL acts on a pending termination
+    /// while it waits for a command (`ProcessClientReadInterrupt` with `DoingCommandRead`),
+    /// also right after reading one, before running it: a backend terminated while idle
+    /// sends this FATAL first and runs nothing of what it was sent. A backend terminated
+    /// while it runs the request rolls the request's transaction back with the same FATAL;
+    /// that is why only requests that commit nothing before their first reply are kept
+    /// (`classify::replay_safe`: queries, plain data changes, the start of a transaction
+    /// block; not CALL, DO, VACUUM, CREATE INDEX CONCURRENTLY…, which commit as they go),
+    /// and only when the FATAL comes within `REPLAY_WINDOW`, so an administrator ending a
+    /// query that had been running is not overruled. The replies of a backend come in
+    /// order: a statement that ran to its end would have put its reply before the FATAL.
+    fn first_reply(&mut self) -> Option<Option<RelayEvent>> {
+        let buf = &self.server.conn.rbuf;
+        let h = match proto::header(buf, MAX_INSPECTED) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Some(None),
+            Err(_) => {
+                self.first_request = None;
+                return None;
+            }
+        };
+        if h.tag != backend::ERROR_RESPONSE {
+            self.first_request = None;
+            return None;
+        }
+        if buf.len() < h.total {
+            return Some(None);
+        }
+        let terminated = backend::parse_error(&buf[5..h.total])
+            .is_ok_and(|e| e.severity == "FATAL" && e.code == "57P01");
+        let kept = self.first_request.take()?;
+        // (Nothing kept and nothing sent: the client's bytes had not all come yet.)
+        let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
+        if terminated && prompt {
+            return Some(Some(RelayEvent::TerminatedBeforeReply(kept.msgs)));
+        }
+        None
+    }
+
+    /// The server's connection was reset before it said anything, while one request was
+    /// kept: TerminatedBeforeReply. A reset (not a close) means the backend ended with
+    /// bytes of ours it had not read — a backend terminated while idle whose FATAL the
+    /// reset made the kernel drop — or ended before they came: either way it never had
+    /// the whole of the one message it was sent, so ran nothing of it.
+    fn reset_before_reply(&mut self, e: &std::io::Error) -> Option<RelayEvent> {
+        let reset = matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        );
+        if !reset {
+            return None;
+        }
+        if !self.server.conn.rbuf.is_empty() {
+            // What the server said before the reset, read with the end of an earlier reply
+            // (the session sync's) and not scanned yet: its FATAL, perhaps.
+            return self.first_request.is_some().then(|| self.first_reply())??;
+        }
+        let kept = self.first_request.take()?;
+        let one = proto::header(&kept.msgs, MAX_REPLAY)
+            .ok()
+            .flatten()
+            .is_some_and(|h| h.total == kept.msgs.len());
+        let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
+        ((one || kept.msgs.is_empty()) && prompt)
+            .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
     }
 
     /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
