@@ -1,6 +1,8 @@
 //! The admin console: database `pgbouncer` (or `pgcarpool`), PgBouncer's commands, over the
-//! simple Query protocol (psql) and the extended protocol (drivers).
+//! simple Query protocol (psql) and the extended protocol (drivers); the same views for
+//! Prometheus in metrics.rs.
 pub mod command;
+pub mod metrics;
 pub mod show;
 pub mod table;
 
@@ -26,10 +28,6 @@ pub enum Role {
     Admin,
     /// stats_users: SHOW only.
     Stats,
-}
-
-pub fn is_admin_db(db: &str) -> bool {
-    db == "pgbouncer" || db == "pgcarpool"
 }
 
 /// The console role of `user`, None = not allowed.
@@ -316,7 +314,7 @@ fn welcome(conn: &mut Conn) {
         for (k, v) in [
             (
                 "server_version",
-                format!("{}/bouncer", show::PGBOUNCER_COMPAT),
+                format!("{}/bouncer", crate::cli::PGBOUNCER_COMPAT),
             ),
             ("server_encoding", "UTF8".to_string()),
             ("client_encoding", "UTF8".to_string()),

@@ -16,9 +16,6 @@ use crate::stats::{Period, Totals};
 
 use ColType::{Int, Text};
 
-/// The PgBouncer version whose console pgcarpool's matches.
-pub const PGBOUNCER_COMPAT: &str = "1.25.2";
-
 /// The table of a view (HELP has none: it answers with a notice).
 pub fn table(shared: &Shared, view: View) -> Option<Table> {
     Some(match view {

@@ -1,11 +1,10 @@
 //! One task per client: startup and auth, then the transaction loop.
+pub mod accept;
 pub mod auth_query;
 pub mod cancel;
-pub mod classify;
 pub mod counts;
 pub mod logins;
 pub mod notify;
-pub mod prepared;
 pub mod registry;
 pub mod relay;
 pub mod replication;
@@ -13,6 +12,10 @@ pub mod rewrite;
 pub mod session;
 pub mod startup;
 pub mod transaction;
+
+// Below client/ and server/ now; the old paths stay for the relay files (issue 20, item 1).
+pub use crate::sql::classify;
+pub use crate::statements as prepared;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -304,7 +307,7 @@ fn count_client(
     user: &str,
 ) -> Result<counts::Counted, ClientError> {
     // Console connections count on `pgbouncer`, whichever of its names they used.
-    let db = if crate::admin::is_admin_db(db) {
+    let db = if crate::config::names::is_admin_db(db) {
         "pgbouncer"
     } else {
         db
@@ -312,7 +315,7 @@ fn count_client(
     let counted = shared.client_counts.enter(db, user);
     let max_db = cfg.max_db_client_connections_for(db);
     let console_admin =
-        crate::admin::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
+        crate::config::names::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
     if max_db > 0 && counted.db_count > max_db && !console_admin {
         return Err(ClientError::fatal(
             "08P01",
@@ -375,7 +378,7 @@ async fn login(
             "false" | "0" | "off" | "no"
         )
     });
-    if crate::admin::is_admin_db(&db) {
+    if crate::config::names::is_admin_db(&db) {
         // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
         // pgcarpool is an admin without a password.
         if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {

@@ -7,6 +7,7 @@ pub mod databases;
 pub mod hba;
 pub mod ident;
 pub mod ini;
+pub mod names;
 pub mod settings;
 
 use std::collections::BTreeMap;

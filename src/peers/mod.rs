@@ -238,45 +238,23 @@ impl Peers {
     }
 }
 
-/// Keep the `peers_dns` members current: every `dns_max_ttl` (at least 1 s) after the
-/// first resolution (`refresh`, done by `app::start_on` before accepting clients).
-pub async fn run_dns(shared: Arc<crate::app::Shared>, mut last: Option<Vec<SocketAddr>>) {
-    let stop = shared.stop_background.clone();
-    loop {
-        let period = shared
-            .config
-            .load()
-            .settings
-            .dns_max_ttl
-            .max(Duration::from_secs(1));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
-        }
-        refresh(&shared, &mut last).await;
-    }
-}
-
 /// Resolve `peers_dns` once (off the reactor) and apply what changed since `last`; derive
 /// this instance's id once its address is known. Without `peers_dns`: forget the members.
-pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAddr>>) {
-    let cfg = shared.config.load_full();
+/// True when the members were set anew (this instance's id may have changed: the client
+/// registry's keys must name it).
+pub async fn refresh(peers: &Peers, cfg: &Config, last: &mut Option<Vec<SocketAddr>>) -> bool {
     let s = &cfg.settings;
     if s.peers_dns.is_empty() {
         if last.take().is_some() {
-            shared.peers.set_derived_id(0);
-            *shared
-                .peers
-                .own_addr
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = None;
-            shared.peers.set_members(&cfg, BTreeMap::new());
-            shared.clients.set_peer_id(shared.peers.own_id());
+            peers.set_derived_id(0);
+            *peers.own_addr.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            peers.set_members(cfg, BTreeMap::new());
+            return true;
         }
-        return;
+        return false;
     }
     let Ok(target) = dns::parse_target(&s.peers_dns) else {
-        return; // checked when the config was loaded
+        return false; // checked when the config was loaded
     };
     let port = s.listen_port;
     let hosts =
@@ -288,23 +266,20 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
     let addrs = match found {
         Err(e) => {
             tracing::warn!("peers_dns: cannot resolve {}: {e}", target.name);
-            return;
+            return false;
         }
-        Ok(addrs) if last.as_ref() == Some(&addrs) => return,
+        Ok(addrs) if last.as_ref() == Some(&addrs) => return false,
         Ok(addrs) => addrs,
     };
-    if shared.peers.derived.load(Ordering::Relaxed) == 0 {
+    if peers.derived.load(Ordering::Relaxed) == 0 {
         match dns::own_address(&s.listen_addr, &addrs) {
             Some(ip) => {
                 let id = dns::id_of(ip);
                 tracing::info!("peers_dns: this instance is peer {id} ({ip})");
-                shared.peers.set_derived_id(id);
+                peers.set_derived_id(id);
                 let own_port = target.port.unwrap_or(port);
-                *shared
-                    .peers
-                    .own_addr
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(SocketAddr::new(ip, own_port));
+                *peers.own_addr.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(SocketAddr::new(ip, own_port));
             }
             None => tracing::warn!(
                 "peers_dns: cannot tell which member is this instance \
@@ -312,7 +287,7 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
             ),
         }
     }
-    let derived = shared.peers.derived.load(Ordering::Relaxed);
+    let derived = peers.derived.load(Ordering::Relaxed);
     if s.peer_id > 0 && derived != 0 && derived != s.peer_id {
         tracing::warn!(
             "peers_dns: peer_id = {} differs from the id {derived} the other members derive \
@@ -321,9 +296,9 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
         );
     }
     tracing::info!("peers_dns: {} members: {addrs:?}", addrs.len());
-    shared.peers.set_members(&cfg, dns::members(&addrs));
-    shared.clients.set_peer_id(shared.peers.own_id());
+    peers.set_members(cfg, dns::members(&addrs));
     *last = Some(addrs);
+    true
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::histogram::{BOUNDS_US, HistSnapshot};
 use crate::app::Shared;
 use crate::config::Settings;
+use crate::stats::histogram::{BOUNDS_US, HistSnapshot};
 
 /// Largest request head we read.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -151,7 +151,7 @@ pub fn render(shared: &Shared) -> String {
         out,
         "pgcarpool_build_info{{version=\"{}\",pgbouncer_compat=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
-        crate::admin::show::PGBOUNCER_COMPAT
+        crate::cli::PGBOUNCER_COMPAT
     );
     let pools = shared.pools.all();
     let labels: Vec<String> = pools
@@ -159,7 +159,7 @@ pub fn render(shared: &Shared) -> String {
         .map(|p| format!("database=\"{}\",user=\"{}\"", esc(&p.db), esc(&p.user)))
         .collect();
     let totals: Vec<_> = pools.iter().map(|p| p.stats.totals()).collect();
-    type Pick = fn(&super::Totals) -> f64;
+    type Pick = fn(&crate::stats::Totals) -> f64;
     let counters: [(&str, &str, Pick); 8] = [
         (
             "pgcarpool_transactions_total",
@@ -267,7 +267,7 @@ pub fn render(shared: &Shared) -> String {
     );
     let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
     hosts(&mut out, &pools, &labels);
-    type Hist = fn(&super::PoolStats) -> &super::Histogram;
+    type Hist = fn(&crate::stats::PoolStats) -> &crate::stats::Histogram;
     let hists: [(&str, &str, Hist); 3] = [
         (
             "pgcarpool_query_duration_seconds",
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn histogram_lines_are_cumulative_and_end_with_inf() {
-        let h = super::super::Histogram::default();
+        let h = crate::stats::Histogram::default();
         h.record(50);
         h.record(2_000);
         let mut out = String::new();

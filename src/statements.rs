@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-use super::classify::{self, Effects};
+use crate::sql::classify::{self, Effects};
 
 /// One distinct statement (query text + parameter types), shared by every client using it.
 /// It lives while a client names it or a server holds it; then its registry entry goes.
@@ -189,7 +189,7 @@ impl StatementRegistry {
         g.next_id += 1;
         let s = Arc::new(Stmt {
             id,
-            server_name: Bytes::from(format!("{}{id}", super::classify::INTERNAL_PREFIX)),
+            server_name: Bytes::from(format!("{}{id}", classify::INTERNAL_PREFIX)),
             parse_rest: parse_rest.clone(),
             effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
