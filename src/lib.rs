@@ -3,11 +3,12 @@
 //! ```text
 //! cli        the command line (clap), PgBouncer's flags, the PgBouncer version matched
 //! app        composition root: Shared {config, pools, clients, statements, admin}; start, reload, shutdowns
+//! lock       the one way to take a Mutex (a panicked holder does not poison it)
 //! logging    stderr, logfile (reopened on reload), syslog
 //! service    systemd: sd_notify readiness, socket activation
 //! signals    HUP→RELOAD, TERM/INT/QUIT→shutdown, USR1/USR2→PAUSE/RESUME
 //!
-//! Floors, lowest first: proto, config, net, stats import nothing above them (scripts/layers
+//! Floors, lowest first: lock, proto, config, net, stats import nothing above them (scripts/layers
 //! checks it, and that no import closes a cycle between top-level modules but the knot
 //! still left around app::Shared: admin, app, client, takeover).
 //!
@@ -66,6 +67,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod fuzz;
+pub mod lock;
 pub mod logging;
 pub mod net;
 pub mod peers;

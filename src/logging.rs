@@ -17,6 +17,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::Settings;
 use crate::config::names::facility_code;
+use crate::lock::Locked;
 
 /// Where syslog lines go: the local syslog socket (`PGCARPOOL_SYSLOG_SOCKET` names another,
 /// for tests).
@@ -382,7 +383,7 @@ fn pgbouncer_line(header: Option<&Header>, f: &Fields) -> String {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 /// One formatted event, written out whole when dropped (one `write` per target, so lines

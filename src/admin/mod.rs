@@ -16,6 +16,7 @@ use bytes::{BufMut, BytesMut};
 use crate::app::Shared;
 use crate::client::ClientError;
 use crate::config::Config;
+use crate::lock::Locked;
 use crate::net::Conn;
 use crate::proto::{MAX_MESSAGE_LEN, Reader, backend, frontend};
 pub use command::{Command, ShutdownMode, View};
@@ -59,13 +60,10 @@ impl AdminState {
 
     /// DISABLE db: the login path refuses new clients of `db`.
     pub fn is_disabled(&self, db: &str) -> bool {
-        self.disabled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(db)
+        self.disabled.locked().contains(db)
     }
     pub fn set_disabled(&self, db: &str, on: bool) {
-        let mut g = self.disabled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.disabled.locked();
         if on {
             g.insert(db.to_string());
         } else {
@@ -73,19 +71,14 @@ impl AdminState {
         }
     }
     pub fn is_paused(&self, db: &str) -> bool {
-        self.is_paused_all()
-            || self
-                .paused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(db)
+        self.is_paused_all() || self.paused.locked().contains(db)
     }
     pub fn is_paused_all(&self) -> bool {
         self.paused_all.load(Ordering::Relaxed)
     }
     /// PAUSE / RESUME state, one for the console and the signals (SIGUSR1/SIGUSR2).
     pub(crate) fn set_paused(&self, db: Option<&str>, on: bool) {
-        let mut g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.paused.locked();
         match db {
             Some(db) if on => {
                 g.insert(db.to_string());

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::config::Config;
+use crate::lock::Locked;
 use crate::server::ServerAddr;
 
 /// One peer: where it listens and the cancel requests in flight to it.
@@ -120,7 +121,7 @@ impl Peers {
 
     /// The `peers_dns` members changed: rebuild the table.
     pub fn set_members(&self, cfg: &Config, members: BTreeMap<u16, Vec<SocketAddr>>) {
-        *self.members.lock().unwrap_or_else(|e| e.into_inner()) = members;
+        *self.members.locked() = members;
         self.apply(cfg);
     }
 
@@ -139,7 +140,7 @@ impl Peers {
                 PeerPool::new(p.peer_id, vec![addr], host, p.port, size),
             );
         }
-        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        let members = self.members.locked();
         for (id, addrs) in members.iter() {
             if next.contains_key(id) || addrs.is_empty() {
                 continue; // a [peers] entry names this id by hand: it wins
@@ -162,7 +163,7 @@ impl Peers {
             next.insert(*id, pool);
         }
         drop(members);
-        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut table = self.table.locked();
         let old = std::mem::take(&mut *table);
         for (id, p) in next {
             let keep = old.get(&id).filter(|o| o.same_place(&p)).cloned();
@@ -171,12 +172,12 @@ impl Peers {
     }
 
     pub fn all(&self) -> Vec<Arc<PeerPool>> {
-        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let table = self.table.locked();
         table.values().cloned().collect()
     }
 
     fn get(&self, id: u16) -> Option<Arc<PeerPool>> {
-        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let table = self.table.locked();
         table.get(&id).cloned()
     }
 
@@ -195,7 +196,7 @@ impl Peers {
             tracing::debug!("could not find peer {id} to forward a cancel request to");
             return;
         };
-        let own = *self.own_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let own = *self.own_addr.locked();
         let is_own = |a: &ServerAddr| match (a, own) {
             (ServerAddr::Tcp { host, port }, Some(o)) => {
                 *port == o.port() && host.parse::<std::net::IpAddr>().ok() == Some(o.ip())
@@ -247,7 +248,7 @@ pub async fn refresh(peers: &Peers, cfg: &Config, last: &mut Option<Vec<SocketAd
     if s.peers_dns.is_empty() {
         if last.take().is_some() {
             peers.set_derived_id(0);
-            *peers.own_addr.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *peers.own_addr.locked() = None;
             peers.set_members(cfg, BTreeMap::new());
             return true;
         }
@@ -278,8 +279,7 @@ pub async fn refresh(peers: &Peers, cfg: &Config, last: &mut Option<Vec<SocketAd
                 tracing::info!("peers_dns: this instance is peer {id} ({ip})");
                 peers.set_derived_id(id);
                 let own_port = target.port.unwrap_or(port);
-                *peers.own_addr.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(SocketAddr::new(ip, own_port));
+                *peers.own_addr.locked() = Some(SocketAddr::new(ip, own_port));
             }
             None => tracing::warn!(
                 "peers_dns: cannot tell which member is this instance \

@@ -11,6 +11,7 @@ use tokio::sync::{Notify, oneshot};
 use super::login::{LoginBackoff, LoginFailure};
 use super::{Limit, PooledServer, Slot};
 use crate::config::PoolMode;
+use crate::lock::Locked;
 use crate::net::conn::ConnError;
 use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
 use crate::stats::PoolStats;
@@ -246,7 +247,7 @@ impl Pool {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Where the pool's shared listener connects (now), under a new server id.

@@ -3,6 +3,7 @@
 //! averages.
 pub mod histogram;
 
+use crate::lock::Locked;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -166,13 +167,13 @@ impl PoolStats {
 
     /// The last completed period.
     pub fn period(&self) -> Period {
-        *self.period.lock().unwrap_or_else(|e| e.into_inner())
+        *self.period.locked()
     }
 
     /// End a period of `secs` seconds: what changed since the last call becomes the period.
     pub fn roll_period(&self, secs: f64) {
         let now = self.totals();
-        let mut p = self.period.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.period.locked();
         let delta = now.minus(&p.at_end);
         *p = Period {
             at_end: now,
