@@ -8,7 +8,6 @@
 //! (shutdown), it first accepts whatever is already queued on it: closing a listening
 //! socket resets the connections in its accept queue.
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -380,23 +379,8 @@ fn steer_to(sock: &Socket, index: u32) -> std::io::Result<()> {
         len: 1,
         filter: program.as_mut_ptr(),
     };
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>())
-        .map_err(std::io::Error::other)?;
-    // SAFETY: a valid fd, a sock_fprog pointing at a live one-instruction program and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            len,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    use nix::sys::socket::{setsockopt, sockopt::AttachReusePortCbpf};
+    setsockopt(sock, AttachReusePortCbpf, &fprog).map_err(std::io::Error::from)
 }
 
 #[cfg(test)]
