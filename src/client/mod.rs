@@ -73,6 +73,30 @@ pub struct Client {
     pub listening: notify::Listening,
 }
 
+impl Client {
+    /// A logged-in client (or one moved in from the process this one took over from): it
+    /// moves on when idle, and listens to nothing yet.
+    pub fn new(
+        shared: Arc<Shared>,
+        conn: Conn,
+        pool: Arc<Pool>,
+        session: VirtualSession,
+        reg: Registration,
+        counted: counts::Counted,
+    ) -> Client {
+        Client {
+            shared,
+            conn,
+            pool,
+            session,
+            reg,
+            counted,
+            stays: None,
+            listening: Default::default(),
+        }
+    }
+}
+
 /// Serve one client connection from its first byte to its last.
 pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
     let cfg = shared.config.load_full();
@@ -251,16 +275,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         tracing::info!(client = id, %db, %user, addr = %peer,
             "login attempt: db={db} user={user} tls={tls} replication=no");
     }
-    Some(Client {
-        shared,
-        conn,
-        pool,
-        session,
-        reg,
-        counted,
-        stays: None,
-        listening: Default::default(),
-    })
+    Some(Client::new(shared, conn, pool, session, reg, counted))
 }
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error

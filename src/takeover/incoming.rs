@@ -452,16 +452,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
         };
         let mut conn = Conn::new(stream);
         conn.rbuf.extend_from_slice(&pending);
-        let client = Client {
-            shared: s2.clone(),
-            conn,
-            pool,
-            session,
-            reg,
-            counted,
-            stays: None,
-            listening: Default::default(),
-        };
+        let client = Client::new(s2.clone(), conn, pool, session, reg, counted);
         crate::client::serve(client).await;
         s2.client_closed(w);
     };
