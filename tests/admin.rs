@@ -113,8 +113,6 @@ const DOCUMENTED: &[(&str, &[&str])] = &[
             "application_name",
             "prepared_statements",
             "id",
-            // pgcarpool's own, after PgBouncer's: online restart (README).
-            "handover",
         ],
     ),
     (
