@@ -214,8 +214,16 @@ pub fn render(shared: &Shared) -> String {
         "Server connections by state.",
     );
     for (l, c) in labels.iter().zip(&counts) {
-        let other = c.total.saturating_sub(c.active + c.idle);
-        for (state, n) in [("active", c.active), ("idle", c.idle), ("login", other)] {
+        use crate::pool::ServerState::*;
+        // As SHOW POOLS: active, idle (less used), used, tested (+ being reset), login.
+        let tested = c.get(Tested) + c.get(BeingReset);
+        for (state, n) in [
+            ("active", c.get(Active)),
+            ("idle", c.get(Idle).saturating_sub(c.used)),
+            ("used", c.used),
+            ("tested", tested),
+            ("login", c.get(Login)),
+        ] {
             let _ = writeln!(out, "pgcarpool_pool_servers{{{l},state=\"{state}\"}} {n}");
         }
     }

@@ -466,7 +466,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
                     shared.admin.set_paused(Some(db), true);
                     let pools = pools_of(shared, Some(db));
                     pools.iter().for_each(|p| p.pause());
-                    wait_until(|| pools.iter().all(|p| p.counts().active == 0)).await;
+                    wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
                 }
             }
             Ok(Reply::Done(tag))

@@ -9,7 +9,7 @@ use super::table::{Cell, ColType, Table};
 use crate::app::Shared;
 use crate::client::registry::{ClientHandle, ClientState};
 use crate::config::{Config, PoolMode};
-use crate::pool::Pool;
+use crate::pool::{Pool, ServerState};
 use crate::stats::PoolStats;
 use crate::stats::histogram::HistSnapshot;
 use crate::stats::{Period, Totals};
@@ -243,13 +243,13 @@ pub fn pools(shared: &Shared) -> Table {
             waiting.into(),
             0i64.into(),
             0i64.into(),
-            c.active.into(),
+            c.get(ServerState::Active).into(),
             0i64.into(),
             0i64.into(),
-            c.idle.into(),
-            0i64.into(),
-            0i64.into(),
-            c.total.saturating_sub(c.active + c.idle).into(),
+            c.get(ServerState::Idle).saturating_sub(c.used).into(),
+            c.used.into(),
+            (c.get(ServerState::Tested) + c.get(ServerState::BeingReset)).into(),
+            c.get(ServerState::Login).into(),
             wait.as_secs().into(),
             u64::from(wait.subsec_micros()).into(),
             mode_name(s.mode).into(),
@@ -485,12 +485,12 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
             rows.push(server_row(ServerRow {
                 user: &p.user,
                 db: &p.db,
-                state: "idle",
+                state: s.state,
                 id: s.id,
                 addr: &s.addr,
                 pid: s.pid,
                 created: s.created,
-                last_used: Some(s.last_used),
+                last_used: s.last_used,
                 link: None,
                 prepared: s.prepared,
                 tls: s.tls.as_deref().unwrap_or("").to_string(),

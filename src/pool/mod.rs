@@ -5,6 +5,7 @@ pub mod listener;
 pub mod login;
 #[allow(clippy::module_inception)]
 pub mod pool;
+pub mod state;
 
 use crate::lock::Locked;
 use std::collections::HashMap;
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 pub use guard::{PooledServer, Slot};
 pub use pool::{CheckoutError, Pool, PoolSettings};
+pub use state::{ServerCounts, ServerState};
 
 /// A shared count of server connections against a limit (max_db_connections per database,
 /// max_user_connections per user). 0 = unlimited.
