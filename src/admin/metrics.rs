@@ -158,6 +158,22 @@ pub fn render(shared: &Shared) -> String {
         .iter()
         .map(|p| format!("database=\"{}\",user=\"{}\"", esc(&p.db), esc(&p.user)))
         .collect();
+    counters(&mut out, &pools, &labels);
+    pool_gauges(&mut out, &pools, &labels);
+    header(
+        &mut out,
+        "pgcarpool_clients",
+        "gauge",
+        "Connected clients (excluding the admin console).",
+    );
+    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
+    hosts(&mut out, &pools, &labels);
+    histograms(&mut out, &pools, &labels);
+    out
+}
+
+/// The counters of each pool (as SHOW STATS totals).
+fn counters(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
     let totals: Vec<_> = pools.iter().map(|p| p.stats.totals()).collect();
     type Pick = fn(&crate::stats::Totals) -> f64;
     let counters: [(&str, &str, Pick); 8] = [
@@ -201,14 +217,18 @@ pub fn render(shared: &Shared) -> String {
         ),
     ];
     for (name, help, pick) in counters {
-        header(&mut out, name, "counter", help);
+        header(out, name, "counter", help);
         for (l, t) in labels.iter().zip(&totals) {
             let _ = writeln!(out, "{name}{{{l}}} {}", pick(t));
         }
     }
+}
+
+/// Each pool's servers by state, waiting clients, longest wait, size and pause.
+fn pool_gauges(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
     let counts: Vec<_> = pools.iter().map(|p| p.counts()).collect();
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_servers",
         "gauge",
         "Server connections by state.",
@@ -228,7 +248,7 @@ pub fn render(shared: &Shared) -> String {
         }
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_waiting_clients",
         "gauge",
         "Clients waiting for a server.",
@@ -237,29 +257,24 @@ pub fn render(shared: &Shared) -> String {
         let _ = writeln!(out, "pgcarpool_pool_waiting_clients{{{l}}} {}", c.waiting);
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_max_wait_seconds",
         "gauge",
         "How long the oldest waiting client has waited.",
     );
-    for (l, p) in labels.iter().zip(&pools) {
+    for (l, p) in labels.iter().zip(pools) {
         let _ = writeln!(
             out,
             "pgcarpool_pool_max_wait_seconds{{{l}}} {}",
             p.max_wait().as_secs_f64()
         );
     }
-    header(
-        &mut out,
-        "pgcarpool_pool_size",
-        "gauge",
-        "Configured pool size.",
-    );
-    for (l, p) in labels.iter().zip(&pools) {
+    header(out, "pgcarpool_pool_size", "gauge", "Configured pool size.");
+    for (l, p) in labels.iter().zip(pools) {
         let _ = writeln!(out, "pgcarpool_pool_size{{{l}}} {}", p.settings().pool_size);
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_paused",
         "gauge",
         "1 if the pool is paused.",
@@ -267,14 +282,10 @@ pub fn render(shared: &Shared) -> String {
     for (l, c) in labels.iter().zip(&counts) {
         let _ = writeln!(out, "pgcarpool_pool_paused{{{l}}} {}", u8::from(c.paused));
     }
-    header(
-        &mut out,
-        "pgcarpool_clients",
-        "gauge",
-        "Connected clients (excluding the admin console).",
-    );
-    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
-    hosts(&mut out, &pools, &labels);
+}
+
+/// Each pool's query, transaction and wait durations.
+fn histograms(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
     type Hist = fn(&crate::stats::PoolStats) -> &crate::stats::Histogram;
     let hists: [(&str, &str, Hist); 3] = [
         (
@@ -294,12 +305,11 @@ pub fn render(shared: &Shared) -> String {
         ),
     ];
     for (name, help, pick) in hists {
-        header(&mut out, name, "histogram", help);
-        for (l, p) in labels.iter().zip(&pools) {
-            histogram(&mut out, name, l, &pick(&p.stats).snapshot());
+        header(out, name, "histogram", help);
+        for (l, p) in labels.iter().zip(pools) {
+            histogram(out, name, l, &pick(&p.stats).snapshot());
         }
     }
-    out
 }
 
 /// The hosts of pools with target_session_attrs (as SHOW HOSTS): role, usable, fenced,

@@ -457,18 +457,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Notices(notices, tag))
         }
         Command::Pause(db) => {
-            if let Some(db) = &db {
-                need_db(shared, db)?;
-            }
-            match &db {
-                None => shared.pause_all().await,
-                Some(db) => {
-                    shared.admin.set_paused(Some(db), true);
-                    let pools = pools_of(shared, Some(db));
-                    pools.iter().for_each(|p| p.pause());
-                    wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
-                }
-            }
+            pause(shared, db.as_deref()).await?;
             Ok(Reply::Done(tag))
         }
         Command::Resume(_) if shared.shutting_down() => {
@@ -501,19 +490,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Kill(db) => {
-            if let Some(db) = &db {
-                need_db(shared, db)?;
-            }
-            // As PgBouncer: the database stays paused until RESUME.
-            shared.admin.set_paused(db.as_deref(), true);
-            let pools = pools_of(shared, db.as_deref());
-            pools.iter().for_each(|p| p.pause());
-            for c in shared.clients.all() {
-                if db.as_deref().is_none_or(|d| c.db == d) {
-                    c.kill.cancel();
-                }
-            }
-            pools.iter().for_each(|p| p.reconnect());
+            kill(shared, db.as_deref())?;
             Ok(Reply::Done(tag))
         }
         Command::KillClient(id) => {
@@ -538,35 +515,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             "08P01",
             "HANDOVER is sent by a new pgcarpool started with -R, as user pgbouncer over the Unix socket, after SUSPEND",
         )),
-        Command::Shutdown(mode) => {
-            let s = shared.clone();
-            tracing::info!(
-                "SHUTDOWN{} from the admin console",
-                match mode {
-                    ShutdownMode::Now => "",
-                    ShutdownMode::WaitForServers => " WAIT_FOR_SERVERS",
-                    ShutdownMode::WaitForClients => " WAIT_FOR_CLIENTS",
-                }
-            );
-            match mode {
-                ShutdownMode::Now => {
-                    tokio::spawn(async move {
-                        // Let the console's answer go out first.
-                        tokio::task::yield_now().await;
-                        s.shutdown_now();
-                    });
-                    Ok(Reply::Close(tag))
-                }
-                ShutdownMode::WaitForServers => {
-                    tokio::spawn(async move { s.shutdown_wait_for_servers().await });
-                    Ok(Reply::Done(tag))
-                }
-                ShutdownMode::WaitForClients => {
-                    tokio::spawn(async move { s.shutdown_wait_for_clients().await });
-                    Ok(Reply::Done(tag))
-                }
-            }
-        }
+        Command::Shutdown(mode) => Ok(shutdown(shared, mode, tag)),
         Command::Enable(db) => {
             need_db(shared, &db)?;
             shared.admin.set_disabled(&db, false);
@@ -576,6 +525,70 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             need_db(shared, &db)?;
             shared.admin.set_disabled(&db, true);
             Ok(Reply::Done(tag))
+        }
+    }
+}
+
+/// PAUSE [db]: new checkouts wait; returns once no server of those pools is in use.
+async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
+    match db {
+        None => shared.pause_all().await,
+        Some(db) => {
+            need_db(shared, db)?;
+            shared.admin.set_paused(Some(db), true);
+            let pools = pools_of(shared, Some(db));
+            pools.iter().for_each(|p| p.pause());
+            wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
+        }
+    }
+    Ok(())
+}
+
+/// KILL [db]: its clients leave now, its servers close; as PgBouncer, the database stays
+/// paused until RESUME.
+fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
+    if let Some(db) = db {
+        need_db(shared, db)?;
+    }
+    shared.admin.set_paused(db, true);
+    let pools = pools_of(shared, db);
+    pools.iter().for_each(|p| p.pause());
+    for c in shared.clients.all() {
+        if db.is_none_or(|d| c.db == d) {
+            c.kill.cancel();
+        }
+    }
+    pools.iter().for_each(|p| p.reconnect());
+    Ok(())
+}
+
+/// SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS], begun after the console's answer.
+fn shutdown(shared: &Arc<Shared>, mode: ShutdownMode, tag: &'static str) -> Reply {
+    let s = shared.clone();
+    tracing::info!(
+        "SHUTDOWN{} from the admin console",
+        match mode {
+            ShutdownMode::Now => "",
+            ShutdownMode::WaitForServers => " WAIT_FOR_SERVERS",
+            ShutdownMode::WaitForClients => " WAIT_FOR_CLIENTS",
+        }
+    );
+    match mode {
+        ShutdownMode::Now => {
+            tokio::spawn(async move {
+                // Let the console's answer go out first.
+                tokio::task::yield_now().await;
+                s.shutdown_now();
+            });
+            Reply::Close(tag)
+        }
+        ShutdownMode::WaitForServers => {
+            tokio::spawn(async move { s.shutdown_wait_for_servers().await });
+            Reply::Done(tag)
+        }
+        ShutdownMode::WaitForClients => {
+            tokio::spawn(async move { s.shutdown_wait_for_clients().await });
+            Reply::Done(tag)
         }
     }
 }
