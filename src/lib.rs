@@ -37,11 +37,12 @@
 //!            cancel.rs, registry.rs (SHOW CLIENTS, KILL),
 //!            logins.rs (connections still logging in; the oldest makes room), counts.rs
 //!            (clients per database and user), replication.rs (replication pass-through)
-//! pool/      pool.rs (idle list, FIFO waiters, limits, pause), login.rs (server login
-//!            failures and retry backoff), guard.rs (RAII checkout, cleanup of dirty
-//!            servers), janitor.rs (lifetimes, min_pool_size, shared limits, stats_period
-//!            averages), listener.rs
-//!            (one shared LISTEN connection per pool, fan-out to clients' bounded inboxes)
+//! pool/      pool.rs (idle list, FIFO waiters, limits, pause; Pool::change_state moves a
+//!            server between the states of state.rs, counted for SHOW POOLS), login.rs
+//!            (server login failures and retry backoff), guard.rs (RAII checkout, cleanup
+//!            of dirty servers), janitor.rs (lifetimes, min_pool_size, shared limits,
+//!            stats_period averages), listener.rs (one shared LISTEN connection per pool,
+//!            fan-out to clients' bounded inboxes)
 //! server/    connect.rs (connect + login, host lists, role checks), roles.rs (each host's
 //!            role, target_session_attrs, fencing), query.rs (pgcarpool's own queries),
 //!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;

@@ -10,7 +10,7 @@ mod harness;
 use std::path::Path;
 use std::time::Duration;
 
-use harness::process::{PoolerProcess, ProcessDir};
+use harness::process::{PoolerProcess, ProcessDir, pidfile_pid};
 use harness::{
     TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, output_text, pgbench_number,
     run_pgbench, try_connect,
@@ -23,14 +23,7 @@ async fn start_first(spec: TestPoolerBuilder) -> PoolerProcess {
     let mut dir = ProcessDir::with_pidfile(spec.setting("so_reuseport", "0"));
     let sockdir = dir.path().to_string_lossy().into_owned();
     dir.rewrite(|b| b.setting("unix_socket_dir", &sockdir));
-    PoolerProcess::start_in(dir, &[]).await
-}
-
-fn pidfile_pid(pidfile: &Path) -> String {
-    std::fs::read_to_string(pidfile)
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    PoolerProcess::start_first(dir).await
 }
 
 /// The rows of a console SHOW as (column → value) maps.
