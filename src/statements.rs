@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-use super::classify::{self, Effects};
+use crate::lock::Locked;
+use crate::sql::classify::{self, Effects};
 
 /// One distinct statement (query text + parameter types), shared by every client using it.
 /// It lives while a client names it or a server holds it; then its registry entry goes.
@@ -73,7 +74,7 @@ impl Drop for Stmt {
         let Some(inner) = self.registry.upgrade() else {
             return;
         };
-        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = inner.locked();
         g.bytes = g.bytes.saturating_sub(self.size());
         // The entry is this statement's unless a newer one of the same text replaced it.
         if g.by_key
@@ -170,7 +171,7 @@ impl StatementRegistry {
     ) -> Result<Arc<Stmt>, RegistryFull> {
         let generation = self.generation.load(Ordering::Relaxed);
         let max = self.max_bytes.load(Ordering::Relaxed);
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         // A statement found dead or of an older generation is dropped after the lock is
         // released (its Drop takes the lock).
         let found = g.by_key.get(&parse_rest).and_then(Weak::upgrade);
@@ -189,7 +190,7 @@ impl StatementRegistry {
         g.next_id += 1;
         let s = Arc::new(Stmt {
             id,
-            server_name: Bytes::from(format!("{}{id}", super::classify::INTERNAL_PREFIX)),
+            server_name: Bytes::from(format!("{}{id}", classify::INTERNAL_PREFIX)),
             parse_rest: parse_rest.clone(),
             effects: statement_effects(&parse_rest),
             validated: AtomicBool::new(false),
@@ -207,7 +208,7 @@ impl StatementRegistry {
     /// The statement for this key, if known.
     pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
         let generation = self.generation.load(Ordering::Relaxed);
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         let found = g.by_key.get(parse_rest).and_then(Weak::upgrade);
         drop(g);
         found.filter(|s| s.generation == generation)
@@ -215,11 +216,7 @@ impl StatementRegistry {
 
     /// Live statements.
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_key
-            .len()
+        self.inner.locked().by_key.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -228,7 +225,7 @@ impl StatementRegistry {
 
     /// Bytes the live statements take.
     pub fn bytes(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.inner.locked().bytes
     }
 }
 
