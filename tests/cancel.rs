@@ -262,3 +262,35 @@ async fn a_late_cancel_never_reaches_the_next_user_of_the_server() {
     eprintln!("{sent} cancels sent; {runs} bystander queries all completed");
     p.shutdown().await;
 }
+
+/// After a cancel, the server is cleaned and back in the pool at once: the next client of
+/// a pool of one gets it, long before `cancel_wait_timeout` (once a handle SHOW SERVERS
+/// kept on the server's address read as a cancel still in flight, and the server stayed
+/// "tested" until that timeout; PgBouncer's test_peering failed on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_server_serves_the_next_client_without_waiting_for_cancel_wait_timeout() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "statement")
+        .setting("default_pool_size", "1")
+        .setting("cancel_wait_timeout", "120")
+        .start()
+        .await;
+    let monitor = Observer::new(&pg).await;
+    let a = Arc::new(p.connect("md5user", "testdb").await);
+    let b = p.connect("md5user", "testdb").await;
+    for round in 0..3 {
+        let token = a.cancel_token();
+        let sleeper = a.clone();
+        let long = tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });
+        wait_running(&monitor, "pg_sleep(30)", 1).await;
+        cancel_ends(&token, long).await;
+        let next = tokio::time::timeout(Duration::from_secs(20), b.simple_query("select 1"))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the next client still waits for the cancelled server")
+            });
+        next.expect("select 1");
+    }
+    p.shutdown().await;
+}

@@ -499,7 +499,7 @@ impl<'a> Relay<'a> {
                     (false, !self.virt && h.tag != frontend::BIND)
                 };
                 self.flight = (self.flight.0 || b, self.flight.1 || c);
-}
+            }
             if let Some(k) = &mut self.first_request {
                 let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
                 if whole
@@ -943,7 +943,7 @@ impl Relay<'_> {
         self.server.conn.consume(total);
         self.fatal_seen = true;
         RelayEvent::ServerGone(why)
-}
+    }
 
     /// The server's first message since the client's first request was kept. A FATAL
     /// 57P01 (terminated by an administrator) before any reply, soon after the request:

@@ -391,7 +391,10 @@ impl Pool {
             g.transit.push(Transit {
                 id: s.id,
                 state: to,
-                addr: s.addr.clone(),
+                // A copy, not another handle on `s.addr`: a handle counts as a cancel
+                // request in flight (`guard::cancels_in_flight`), and the reset would wait
+                // for it until cancel_wait_timeout.
+                addr: Arc::new(crate::server::ServerAddr::clone(&s.addr)),
                 pid: s.key.0,
                 created: s.created,
             });
