@@ -286,3 +286,31 @@ async fn duplicate_name_with_a_bad_text_reports_the_text_error() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 218 and 234: a Parse of a text the server already held, parsed there under
+/// another search_path, was answered ParseComplete by pgcarpool where PostgreSQL, under
+/// the client's search_path, says 42P01 (the shared server statement means another
+/// thing). Also in the same pipeline as the SET. (SQL PREPARE's case is in
+/// `session_bugs.rs`: its error position is off here, another open find.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_parsed_under_another_search_path_is_not_shared() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT id, name FROM shared ORDER BY id LIMIT 2\nS",
+            "Q PREPARE p1 AS SELECT name FROM shared WHERE id = 3",
+            "Q SET search_path = pg_catalog",
+            "P s2|SELECT id, name FROM shared ORDER BY id LIMIT 2\nB |s2|\nE |0\nS",
+            "Q RESET search_path",
+            "P |SET search_path = pg_catalog\nB ||\nE |0\nP s3|SELECT id, name FROM shared ORDER BY id LIMIT 2\nS",
+            "Q SET search_path = public",
+            "B |s1|\nE |0\nS",
+            "Q EXECUTE p1",
+        ],
+    )];
+    let opts = RunOptions {
+        pool_size: 1,
+        ..RunOptions::default()
+    };
+    assert_same(&scripts, &opts).await;
+}

@@ -834,3 +834,87 @@ async fn reset_returns_to_the_startup_value() {
         p.shutdown().await;
     }
 }
+
+/// Two schemas with tables of the same names (different rows, one column of another
+/// type) and a table only one has.
+const TWO_SCHEMAS_SQL: &str = "\
+CREATE SCHEMA sa; CREATE SCHEMA sb;
+CREATE TABLE sa.t (id int, name text); INSERT INTO sa.t VALUES (1, 'a-one'), (2, 'a-two');
+CREATE TABLE sb.t (id int, name text); INSERT INTO sb.t VALUES (1, 'b-one');
+CREATE TABLE sa.k (k text); INSERT INTO sa.k VALUES ('10'), ('9');
+CREATE TABLE sb.k (k int); INSERT INTO sb.k VALUES (10), (9);
+CREATE TABLE sa.only_a (x int); INSERT INTO sa.only_a VALUES (1);";
+
+/// One client's script for `statements_mean_what_they_mean_in_the_session_that_parses_them`:
+/// the same texts as the other client, parsed under its own search_path and DateStyle.
+fn scoped_script(path: &str, datestyle: &str, other_path: &str) -> Vec<String> {
+    [
+        format!("Q SET search_path = {path}\nQ SET DateStyle = '{datestyle}'"),
+        // Protocol-level Parse: the same rows' table, a column of another type (another
+        // parameter type), a table the other schema lacks, a date literal.
+        run("s1", "SELECT name FROM t ORDER BY id"),
+        "P s2|SELECT k FROM k WHERE k < $1 ORDER BY 1\nD S s2\nB |s2|5\nE \nS".into(),
+        "P s3|SELECT x FROM only_a\nB |s3|\nE \nS".into(),
+        run("s4", "SELECT date '01/02/2024' AS d"),
+        "B |s1|\nE \nB |s3|\nE \nS".into(),
+        // SQL PREPARE of the same kinds.
+        "Q PREPARE q1 AS SELECT name FROM t ORDER BY id\nQ EXECUTE q1".into(),
+        // (EXECUTE q2 waits for PREPARE's answer: pgcarpool names its own statement in the
+        // error of an EXECUTE sent with a PREPARE that fails, an open find of its own.)
+        "Q PREPARE q2 AS SELECT x FROM only_a".into(),
+        "Q EXECUTE q2\nQ PREPARE q3 AS SELECT k FROM k ORDER BY 1\nQ EXECUTE q3".into(),
+        "Q PREPARE q4 AS SELECT date '01/02/2024' AS d\nQ EXECUTE q4".into(),
+        // The search_path changed earlier in the same transaction: the Parse is under it.
+        format!(
+            "Q BEGIN\nQ SET LOCAL search_path = {other_path}\n{}\nQ COMMIT",
+            run("s5", "SELECT x FROM only_a")
+        ),
+        format!(
+            "P |SET search_path = {other_path}\nB ||\nE \nP s6|SELECT x FROM only_a\nB |s6|\nE \nS"
+        ),
+        "Q EXECUTE q1\nB |s1|\nE \nS".into(),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// A statement means what it meant in the session that parsed it (issue 19's differential
+/// test, seeds 218 and 234): two clients with different search_paths (and DateStyles) over
+/// a pool of one or two, parsing the same texts, by Parse and by SQL PREPARE. A server
+/// statement another client parsed under another search_path is not theirs: PostgreSQL
+/// reports the table the client's schemas lack (42P01), infers the parameter types and
+/// result columns of the client's own tables, and reads a date literal by the client's
+/// DateStyle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_mean_what_they_mean_in_the_session_that_parses_them() {
+    let pg = TempPostgres::start();
+    let setup = pg.connect("postgres", "testdb").await;
+    setup.batch_execute(TWO_SCHEMAS_SQL).await.unwrap();
+    let scripts = vec![
+        scoped_script("sa", "ISO, MDY", "sb"),
+        scoped_script("sb", "ISO, DMY", "sa"),
+    ];
+    for size in [1, 2] {
+        let p = pool_of(&pg, size).await;
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+        // The script tests what it means to.
+        let has = |c: usize, k: usize, line: &str| {
+            assert!(
+                t[c][k].iter().any(|l| l == line),
+                "client {c} step {k}: {:?}",
+                t[c][k]
+            );
+        };
+        has(0, 1, "Row a-two");
+        has(1, 1, "Row b-one");
+        has(0, 2, "Row 10");
+        has(1, 3, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 4, "Row 2024-01-02");
+        has(1, 4, "Row 2024-02-01");
+        has(1, 7, "Error 42P01 relation \"only_a\" does not exist");
+        has(1, 9, "Row 2024-02-01");
+        has(0, 10, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 11, "Error 42P01 relation \"only_a\" does not exist");
+        p.shutdown().await;
+    }
+}

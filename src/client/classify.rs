@@ -9,6 +9,10 @@ pub struct Effects {
     pub gucs: Vec<String>,
     /// set_config with a name we could not read: read back every session-set GUC.
     pub gucs_unknown: bool,
+    /// Settings a SET LOCAL changed (`*`: one it could not name): not read back (the
+    /// transaction's end undoes them), but statements parsed later in the transaction are
+    /// parsed under them (`Relay::statement_scope`).
+    pub local_gucs: Vec<String>,
     /// RESET ALL (or DISCARD ALL).
     pub reset_all: bool,
     /// DISCARD ALL.
@@ -49,6 +53,11 @@ impl Effects {
             }
         }
         self.gucs_unknown |= o.gucs_unknown;
+        for g in o.local_gucs {
+            if !self.local_gucs.contains(&g) {
+                self.local_gucs.push(g);
+            }
+        }
         self.reset_all |= o.reset_all;
         self.discard_all |= o.discard_all;
         self.deallocate_all |= o.deallocate_all;
@@ -304,7 +313,18 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
         "SET" => {
             let mut i = 1;
             match w(1) {
-                "LOCAL" | "TRANSACTION" => return,
+                "LOCAL" => {
+                    let name = match w(2) {
+                        "ROLE" => Some("role".into()),
+                        "TIME" => Some("TimeZone".into()),
+                        "SCHEMA" => Some("search_path".into()),
+                        "SESSION" => Some("session_authorization".into()),
+                        "TRANSACTION" => return,
+                        _ => nth_token(s, 2),
+                    };
+                    return e.local_gucs.push(name.unwrap_or_else(|| "*".into()));
+                }
+                "TRANSACTION" => return,
                 "SESSION" if w(2) == "CHARACTERISTICS" => {
                     // Read back: the server's own ParameterStatus for them is not taken
                     // as the client's (see VirtualSession::observe_parameter).
@@ -874,7 +894,14 @@ mod tests {
             classify(b"RESET statement_timeout").gucs,
             ["statement_timeout"]
         );
-        assert!(classify(b"SET LOCAL search_path = a").is_empty());
+        let local = classify(b"SET LOCAL search_path = a");
+        assert!(local.gucs.is_empty());
+        assert_eq!(local.local_gucs, ["search_path"]);
+        assert_eq!(
+            classify(b"SET LOCAL TIME ZONE 'UTC'").local_gucs,
+            ["TimeZone"]
+        );
+        assert!(classify(b"SET LOCAL TRANSACTION READ ONLY").is_empty());
         assert!(classify(b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").is_empty());
         assert!(classify(b"RESET ALL").reset_all);
         assert_eq!(classify(b"SET ROLE md5user").gucs, ["role"]);

@@ -460,8 +460,9 @@ fn prepare(c: &mut Client, p: Prepare) -> Local {
     if c.session.statements.len() >= max {
         return Local::NeedServer;
     }
-    let rest = bytes::Bytes::copy_from_slice(&c.conn.rbuf[p.rest.clone()]);
-    let Ok(stmt) = c.shared.statements.intern(rest) else {
+    let rest = &c.conn.rbuf[p.rest.clone()];
+    let scope = c.session.statement_scope(rest);
+    let Ok(stmt) = c.shared.statements.intern(&scope, rest) else {
         // The registry is full: the relay gives the client the registry's error.
         return Local::NeedServer;
     };

@@ -148,7 +148,8 @@ impl Relay<'_> {
                 }
                 let mut key = SQL_PREPARE_KEY.to_vec();
                 key.extend_from_slice(rest);
-                let Some(stmt) = self.intern(Bytes::from(key), None) else {
+                let scope = self.statement_scope(&key);
+                let Some(stmt) = self.intern(&scope, &key, None) else {
                     return Ok(());
                 };
                 let name = Bytes::from(name.into_bytes());
@@ -239,9 +240,33 @@ impl Relay<'_> {
         true
     }
 
+    /// The scope a statement the client parses now is parsed in
+    /// (`VirtualSession::statement_scope`). Its session's settings are known as of the
+    /// last transaction: when the client's statements since may have changed one that
+    /// matters (a SET search_path in the same pipeline or block), the statement is its own
+    /// and parsed on the server as PostgreSQL would parse it.
+    fn statement_scope(&self, rest: &[u8]) -> Vec<u8> {
+        let e = &self.effects;
+        let changed = e.gucs_unknown
+            || e.reset_all
+            || e.discard_all
+            || e.gucs.iter().any(|g| VirtualSession::scope_depends_on(g))
+            || (e.local_gucs.iter()).any(|g| g == "*" || VirtualSession::scope_depends_on(g));
+        if changed {
+            super::prepared::unshared_scope()
+        } else {
+            self.session.statement_scope(rest)
+        }
+    }
+
     /// The shared statement for a new client name, within the client's and the registry's
     /// limits; None (and the relay ends the client with `limit`'s error) beyond them.
-    fn intern(&mut self, rest: Bytes, depends: Option<Arc<Stmt>>) -> Option<Arc<Stmt>> {
+    fn intern(
+        &mut self,
+        scope: &[u8],
+        rest: &[u8],
+        depends: Option<Arc<Stmt>>,
+    ) -> Option<Arc<Stmt>> {
         if self.session.statements.len() >= self.max_client_statements {
             self.limit = Some(format!(
                 "too many prepared statements: client_max_statements is {}",
@@ -249,7 +274,7 @@ impl Relay<'_> {
             ));
             return None;
         }
-        match self.registry.intern_with(rest, depends) {
+        match self.registry.intern_with(scope, rest, depends) {
             Ok(s) => Some(s),
             Err(e) => {
                 self.limit = Some(format!("cannot keep another prepared statement: {e}"));
@@ -322,7 +347,8 @@ impl Relay<'_> {
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
                 let rest = startup_value_rest(self.session, rest)?;
-                let Some(stmt) = self.intern(rest, depends) else {
+                let scope = self.statement_scope(&rest);
+                let Some(stmt) = self.intern(&scope, &rest, depends) else {
                     return Ok(());
                 };
                 if let Some(e) = &stmt.effects {
@@ -687,7 +713,8 @@ impl Relay<'_> {
         let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
             return false;
         };
-        let Some(fresh) = self.intern(r.stmt.parse_rest.clone(), r.stmt.depends.clone()) else {
+        let (scope, rest) = (r.stmt.scope().to_vec(), r.stmt.parse_rest.clone());
+        let Some(fresh) = self.intern(&scope, &rest, r.stmt.depends.clone()) else {
             return false;
         };
         self.server.owed.swallow_to_sync();

@@ -489,7 +489,10 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                     && !c.session.statements.contains_key(name)
                     && c.shared
                         .statements
-                        .lookup(&body[name.len() + 1..])
+                        .lookup(
+                            &c.session.statement_scope(&body[name.len() + 1..]),
+                            &body[name.len() + 1..],
+                        )
                         .is_some_and(|s| s.is_validated())
             }
             frontend::CLOSE => body.first() == Some(&b'S'),
@@ -524,10 +527,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         ),
                     ));
                 }
+                let rest = &body[name_len + 1..];
                 let stmt = c
                     .shared
                     .statements
-                    .intern(body.slice(name_len + 1..))
+                    .intern(&c.session.statement_scope(rest), rest)
                     .map_err(|e| {
                         ClientError::fatal(
                             "53400",

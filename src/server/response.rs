@@ -411,7 +411,7 @@ mod tests {
     #[test]
     fn replies_to_added_messages_are_swallowed_in_order() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
         // A Parse pgcarpool added before the client's Bind, Execute, Sync.
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn an_error_skips_to_the_sync_and_forgets_statements_never_prepared() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         let mut p = PreparedSet::default();
         p.insert(s.clone());
         let mut o = Owed::default();
@@ -517,7 +517,7 @@ mod tests {
     #[test]
     fn a_failed_sql_prepare_gives_its_name_back() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"\0PREPARE AS x")).unwrap();
+        let s = r.intern(b"", b"\0PREPARE AS x").unwrap();
         let mut p = PreparedSet::default();
         p.insert(s.clone());
         let mut o = Owed::default();
