@@ -795,6 +795,9 @@ pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
 /// gave: the SET of that value PostgreSQL's RESET would have returned to (the servers'
 /// defaults are their own), and whether it was written as RESET.
 pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(String, bool)> {
+    if let Some(block) = reset_all_to_startup(session, sql) {
+        return Some((block, true));
+    }
     let d = classify::to_default(sql)?;
     let value = session.startup.get(&d.name)?;
     let list = matches!(
@@ -825,6 +828,40 @@ pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(
         format!("SET {local}{} TO {literal}", name.join(".")),
         d.reset,
     ))
+}
+
+/// `RESET ALL` (alone) of a client whose startup packet gave settings: PostgreSQL's returns
+/// them to the startup values, a server's to its own login values. It goes as a DO block
+/// that resets all, then sets the startup values again, in one statement: the server
+/// reports (ParameterStatus, at its ReadyForQuery) just the settings whose value changed,
+/// with the startup values, as PostgreSQL does. None: not such a statement, or a value
+/// that cannot be written in the block as it is.
+fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> {
+    if session.startup.is_empty() || !classify::may_matter(sql) || classify::split(sql).len() != 1 {
+        return None;
+    }
+    let e = classify::classify(sql);
+    if !e.reset_all || e.discard_all {
+        return None;
+    }
+    const QUOTE: &str = "$pgcarpool$";
+    let mut block = format!("DO {QUOTE}BEGIN RESET ALL;");
+    for (k, v) in session.startup.iter() {
+        // RESET ALL leaves these two alone (GUC_NO_RESET_ALL).
+        if k.eq_ignore_ascii_case("role") || k.eq_ignore_ascii_case("session_authorization") {
+            continue;
+        }
+        if [k, v].iter().any(|x| x.contains('\\') || x.contains(QUOTE)) {
+            return None;
+        }
+        block.push_str(&format!(
+            " PERFORM pg_catalog.set_config('{}', '{}', false);",
+            k.replace('\'', "''"),
+            v.replace('\'', "''")
+        ));
+    }
+    block.push_str(&format!(" END{QUOTE}"));
+    Some(block)
 }
 
 /// A named Parse's text and types (`rest`) with `to_startup_value` applied.

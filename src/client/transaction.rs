@@ -244,6 +244,15 @@ async fn after_transaction(
     let hidden = effects.gucs_unknown
         || (effects.calls && c.shared.config.load().settings.check_function_calls);
     let mut names = effects.gucs.clone();
+    if effects.reset_all && !effects.discard_all {
+        // The client's RESET ALL went back to its startup values (`rewrite::to_startup_value`
+        // sent it with them): the server holds them now, not its login values.
+        for (k, _) in c.session.startup.iter() {
+            if !names.iter().any(|g| g.eq_ignore_ascii_case(k)) {
+                names.push(k.to_string());
+            }
+        }
+    }
     if hidden {
         for n in ["role", "session_authorization"] {
             if !names.iter().any(|g| g.eq_ignore_ascii_case(n)) {
