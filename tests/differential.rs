@@ -11,19 +11,13 @@ use std::time::{Duration, Instant};
 use harness::differential::{DiffEnv, RunOptions, as_rust_test, assert_same, describe, shrink};
 use harness::diffgen::{ClientScript, GenConfig, generate};
 
-/// Issue 19's known bugs (being fixed on another branch): while this is true, the
-/// generator avoids them — COPY data waits for CopyInResponse (bug 1: a streamed COPY keeps
-/// its server) and a setting given at startup is never reset on its own (bug 2: RESET
-/// forgets the startup value). `DIFF_ISSUE19_BUGS=allow` in the environment lets them in.
-/// Set to false once the fixes are merged.
-const AVOID_ISSUE19_BUGS: bool = true;
-
 /// Bugs the differential test found and this branch did not fix: an unnamed Parse or a
 /// statement Close skipped by PostgreSQL after an earlier error in the pipeline still
 /// changes the client's statements in pgcarpool (`GenConfig::avoid_skipped_name_changes`),
 /// and a Bind's wrong parameter count is reported with pgcarpool's internal statement name
-/// (`GenConfig::avoid_parameter_count_errors`). While this is true the generator avoids
-/// them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
+/// (`GenConfig::avoid_parameter_count_errors`), and DISCARD ALL forgets the startup values
+/// (`GenConfig::avoid_discard_all_with_startup_values`). While this is true the generator
+/// avoids them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
 const AVOID_KNOWN_BUGS_DEFAULT: bool = true;
 
 static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =
@@ -33,27 +27,19 @@ static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =
         _ => AVOID_KNOWN_BUGS_DEFAULT,
     });
 
-fn avoid_issue19_bugs() -> bool {
-    match std::env::var("DIFF_ISSUE19_BUGS").as_deref() {
-        Ok("allow") => false,
-        Ok("avoid") => true,
-        _ => AVOID_ISSUE19_BUGS,
-    }
-}
-
 /// What one seed runs: 8 to 16 clients over a pool of 1 or 2 (from the seed).
 fn config_for(seed: u64, ops: usize) -> (GenConfig, RunOptions) {
-    let avoid = avoid_issue19_bugs();
     let gen_cfg = GenConfig {
         clients: 8 + (seed % 9) as usize,
         ops,
-        avoid_reset_of_startup_values: avoid,
+        avoid_discard_all_with_startup_values: *AVOID_KNOWN_BUGS,
         avoid_skipped_name_changes: *AVOID_KNOWN_BUGS,
         avoid_parameter_count_errors: *AVOID_KNOWN_BUGS,
     };
     let opts = RunOptions {
         pool_size: 1 + (seed % 2) as usize,
-        copy_waits_for_copy_in_response: avoid,
+        // COPY data streamed without waiting for CopyInResponse, as pgx does.
+        copy_waits_for_copy_in_response: false,
         ..RunOptions::default()
     };
     (gen_cfg, opts)

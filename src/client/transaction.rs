@@ -228,23 +228,26 @@ async fn after_transaction(
     server: &mut PooledServer,
     effects: &Effects,
 ) -> Result<Result<(), ClientError>, crate::server::ServerError> {
-    if effects.reset_all {
+    if effects.discard_all {
+        // The server is back to its login values (DISCARD ALL cannot be rolled back); the
+        // client's session to the servers' defaults and its startup values.
         let defaults = c
             .pool
             .server_params()
             .unwrap_or_else(|| server.login_params.clone());
         c.session.reset_all(&defaults);
         server.params = server.login_params.clone();
-    }
-    if effects.discard_all {
         c.session.statements.clear();
     }
     // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
-    // reset anything: every setting the session has is read back.
-    let hidden = effects.gucs_unknown
+    // reset anything: every setting the session has is read back. So after a RESET ALL:
+    // it returned to the startup values, or a rollback (to a savepoint) undid it.
+    let reset_all = effects.reset_all && !effects.discard_all;
+    let hidden = reset_all
+        || effects.gucs_unknown
         || (effects.calls && c.shared.config.load().settings.check_function_calls);
     let mut names = effects.gucs.clone();
-    if effects.reset_all && !effects.discard_all {
+    if reset_all {
         // The client's RESET ALL went back to its startup values (`rewrite::to_startup_value`
         // sent it with them): the server holds them now, not its login values.
         for (k, _) in c.session.startup.iter() {
