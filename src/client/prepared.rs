@@ -365,20 +365,20 @@ mod tests {
     #[test]
     fn a_statement_that_just_fits_the_bound_is_registered() {
         let r = StatementRegistry::default();
-        let a = r.intern(b"", &vec![b'a'; 40]).unwrap();
+        let a = r.intern(b"", &[b'a'; 40]).unwrap();
         // A new statement is counted as its key, 24 bytes of name and the overhead
         // until it exists.
         let max = r.bytes() + 4 + 100 + 24 + ENTRY_OVERHEAD;
         r.set_max_bytes(max);
         assert_eq!(
-            r.intern(b"", &vec![b'c'; 101]).unwrap_err(),
+            r.intern(b"", &[b'c'; 101]).unwrap_err(),
             RegistryFull::Bytes(max)
         );
-        let b = r.intern(b"", &vec![b'b'; 100]).unwrap();
+        let b = r.intern(b"", &[b'b'; 100]).unwrap();
         assert_ne!(a.id, b.id);
         // Back to no bound.
         r.set_max_bytes(0);
-        assert!(r.intern(b"", &vec![b'd'; 10_000]).is_ok());
+        assert!(r.intern(b"", &[b'd'; 10_000]).is_ok());
     }
 
     #[test]
@@ -449,14 +449,14 @@ mod tests {
     #[test]
     fn the_registry_is_bounded_in_bytes() {
         let r = StatementRegistry::with_max_bytes(1000);
-        let a = r.intern(b"", &vec![b'x'; 500]).unwrap();
+        let a = r.intern(b"", &[b'x'; 500]).unwrap();
         assert_eq!(
-            r.intern(b"", &vec![b'y'; 500]).unwrap_err(),
+            r.intern(b"", &[b'y'; 500]).unwrap_err(),
             RegistryFull::Bytes(1000)
         );
         // A statement already there is shared whatever the bound.
-        assert_eq!(r.intern(b"", &vec![b'x'; 500]).unwrap().id, a.id);
+        assert_eq!(r.intern(b"", &[b'x'; 500]).unwrap().id, a.id);
         drop(a);
-        assert!(r.intern(b"", &vec![b'y'; 500]).is_ok());
+        assert!(r.intern(b"", &[b'y'; 500]).is_ok());
     }
 }
