@@ -246,32 +246,7 @@ async fn after_transaction(
     let hidden = reset_all
         || effects.gucs_unknown
         || (effects.calls && c.shared.config.load().settings.check_function_calls);
-    let mut names = effects.gucs.clone();
-    if reset_all {
-        // The client's RESET ALL went back to its startup values (`rewrite::to_startup_value`
-        // sent it with them): the server holds them now, not its login values.
-        for (k, _) in c.session.startup.iter() {
-            if !names.iter().any(|g| g.eq_ignore_ascii_case(k)) {
-                names.push(k.to_string());
-            }
-        }
-    }
-    if hidden {
-        for n in ["role", "session_authorization"] {
-            if !names.iter().any(|g| g.eq_ignore_ascii_case(n)) {
-                names.push(n.to_string());
-            }
-        }
-        for (k, v) in server.params.iter() {
-            if !sync::is_read_only(k)
-                && !sync::is_server_role(k)
-                && server.login_params.get(k) != Some(v)
-                && !names.iter().any(|g| g.eq_ignore_ascii_case(k))
-            {
-                names.push(k.to_string());
-            }
-        }
-    }
+    let names = read_back_names(c, server, effects, reset_all, hidden);
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
@@ -326,6 +301,44 @@ async fn after_transaction(
         c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     }
     Ok(Ok(()))
+}
+
+/// The settings to read back after a transaction: the ones it set; after a RESET ALL the
+/// startup ones too; when `hidden`, every one the session may have.
+fn read_back_names(
+    c: &Client,
+    server: &PooledServer,
+    effects: &Effects,
+    reset_all: bool,
+    hidden: bool,
+) -> Vec<String> {
+    let mut names = effects.gucs.clone();
+    let add = |names: &mut Vec<String>, k: &str| {
+        if !names.iter().any(|g| g.eq_ignore_ascii_case(k)) {
+            names.push(k.to_string());
+        }
+    };
+    if reset_all {
+        // The client's RESET ALL went back to its startup values (`rewrite::to_startup_value`
+        // sent it with them): the server holds them now, not its login values.
+        for (k, _) in c.session.startup.iter() {
+            add(&mut names, k);
+        }
+    }
+    if hidden {
+        for n in ["role", "session_authorization"] {
+            add(&mut names, n);
+        }
+        for (k, v) in server.params.iter() {
+            if !sync::is_read_only(k)
+                && !sync::is_server_role(k)
+                && server.login_params.get(k) != Some(v)
+            {
+                add(&mut names, k);
+            }
+        }
+    }
+    names
 }
 
 pub(super) fn killed(c: &Client) -> ClientError {
