@@ -873,6 +873,9 @@ fn scoped_script(path: &str, datestyle: &str, other_path: &str) -> Vec<String> {
             "P |SET search_path = {other_path}\nB ||\nE \nP s6|SELECT x FROM only_a\nB |s6|\nE \nS"
         ),
         "Q EXECUTE q1\nB |s1|\nE \nS".into(),
+        // The same search_path, another DateStyle: a date literal is read by the client's.
+        "Q SET search_path = public".into(),
+        "P s7|SELECT date '03/04/2024' AS d\nB |s7|\nE \nS\nQ PREPARE q7 AS SELECT date '05/06/2024' AS d\nQ EXECUTE q7".into(),
     ]
     .into_iter()
     .collect()
@@ -915,6 +918,9 @@ async fn statements_mean_what_they_mean_in_the_session_that_parses_them() {
         has(1, 9, "Row 2024-02-01");
         has(0, 10, "Error 42P01 relation \"only_a\" does not exist");
         has(0, 11, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 14, "Row 2024-03-04");
+        has(1, 14, "Row 2024-04-03");
+        has(1, 14, "Row 2024-06-05");
         p.shutdown().await;
     }
 }
