@@ -286,3 +286,118 @@ async fn duplicate_name_with_a_bad_text_reports_the_text_error() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 1, 3, 4, 5, 7, 223 and 249: an error that names a prepared statement names the
+/// client's statement, as PostgreSQL's does, not the shared statement pgcarpool runs in its
+/// place (08P01 `bind message supplies 2 parameters, but prepared statement "PGCARPOOL_15"
+/// requires 1`; 42601 `wrong number of parameters for prepared statement "PGCARPOOL_28"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_clients_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "B |s1|1,2\nE |0\nS",
+            "D S s1\nB pa|s1|\nE pa|0\nS",
+            "P |SELECT $1::int AS y\nB ||1,2\nE |0\nS",
+            "Q PREPARE p2(int, int) AS SELECT $1 + $2",
+            "Q EXECUTE p2(1)",
+            "Q execute  p2 (1, 2, 3)",
+            "P |EXECUTE p2(1)\nB ||\nE |0\nS",
+            "Q BEGIN",
+            "Q EXECUTE p2(1)",
+            "Q ROLLBACK",
+            "Q EXECUTE p2(1, 2)",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 257: the position (P) of an error in a SQL `PREPARE name AS …` or `EXECUTE name(…)`
+/// is PostgreSQL's for the client's text; pgcarpool's server ran `PREPARE "PGCARPOOL_n" …`
+/// and its position was off by the difference in length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_positions_are_in_the_clients_text() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q PREPARE p1 AS SELECT nosuch_col FROM shared",
+            "Q  prepare   p3 (int) AS SELECT $1 + 'a'::int",
+            "Q PREPARE \"Q r\" AS SELECT id FROM shared WHERE id = $1",
+            "Q EXECUTE \"Q r\"('x')",
+            "Q PREPARE p4(int) AS SELECT $1 AS v",
+            "Q EXECUTE p4('abc')",
+            "P |EXECUTE p4('zz')\nB ||\nE |0\nS",
+            "P |EXECUTE p4(nosuch)\nS",
+            "Q EXECUTE p4(1)",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 2 and 16: `DEALLOCATE ALL` sent as the text of a Parse (named or unnamed) drops
+/// the client's statements when it runs (its Execute), as PostgreSQL does: not at its Parse,
+/// and not never. A Parse of a name in between gets 42P05; after it, a Parse of any name is
+/// new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocate_all_in_a_parse_takes_effect_at_its_execute() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT 1 AS one\nS",
+            "P s2|DEALLOCATE ALL\nS",
+            "P s1|SELECT 11\nS",
+            "B |s2|\nE |0\nS",
+            "P s1|SELECT 2 AS two\nB |s1|\nE |0\nS",
+            "P s2|DEALLOCATE ALL\nB pa|s2|\nP s1|SELECT 12\nE pa|0\nP s1|SELECT 13\nS",
+            "P s1|SELECT 2 AS two\nB |s1|\nE |0\nS",
+            "P s2|SELECT 3 AS three\nB |s2|\nE |0\nS",
+            "P |DEALLOCATE ALL\nS",
+            "P s1|SELECT 4\nS",
+            "B ||\nE |0\nS",
+            "P s1|SELECT 5 AS five\nB |s1|\nE |0\nS",
+            "P |DEALLOCATE ALL\nB pa||\nP s3|SELECT 6\nE pa|0\nP s1|SELECT 7\nS",
+            "D S s3\nS",
+            "B |s1|\nE |0\nS",
+            "P |BEGIN\nS",
+            "P s4|SELECT 8\nS",
+            "P |DEALLOCATE ALL\nB ||\nS",
+            "P s4|SELECT 9\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 7: `SET SESSION AUTHORIZATION` ends a `SET ROLE` (the role becomes `none`), as
+/// `RESET SESSION AUTHORIZATION` does; pgcarpool kept the role in the client's session and,
+/// at its next checkout, ended it with FATAL 22023 `could not apply session parameters:
+/// permission denied to set role "trustuser"`. The second client takes the one server in
+/// between, so that the first one's settings are applied again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_authorization_ends_set_role() {
+    let mut first = vec![
+        "Q SET ROLE trustuser",
+        "Q SET SESSION AUTHORIZATION md5user",
+    ];
+    let mut second = Vec::new();
+    for _ in 0..8 {
+        first.push("Q SELECT current_user, session_user, current_setting('role')");
+        second.push("Q SELECT current_user, session_user, current_setting('role')");
+    }
+    first.extend([
+        "Q RESET SESSION AUTHORIZATION",
+        "Q SET ROLE trustuser",
+        "Q RESET SESSION AUTHORIZATION",
+        "Q SELECT current_user, session_user, current_setting('role')",
+        "Q SELECT current_user, session_user, current_setting('role')",
+    ]);
+    let scripts = [
+        ClientScript::new(&[], &first),
+        ClientScript::new(&[], &second),
+    ];
+    let opts = RunOptions {
+        pool_size: 1,
+        ..RunOptions::default()
+    };
+    assert_same(&scripts, &opts).await;
+}

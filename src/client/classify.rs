@@ -314,7 +314,9 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
                     return;
                 }
                 "SESSION" if w(2) == "AUTHORIZATION" => {
-                    return e.gucs.push("session_authorization".into());
+                    // It also ends a SET ROLE (the role becomes `none`): read both back.
+                    e.gucs.push("session_authorization".into());
+                    return e.gucs.push("role".into());
                 }
                 "SESSION" => i = 2,
                 _ => {}
@@ -342,7 +344,10 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
             "ROLE" => e.gucs.push("role".into()),
             "TIME" => e.gucs.push("TimeZone".into()),
-            "SESSION" => e.gucs.push("session_authorization".into()),
+            "SESSION" => {
+                e.gucs.push("session_authorization".into());
+                e.gucs.push("role".into());
+            }
             _ => match nth_token(s, 1) {
                 Some(name) => e.gucs.push(name),
                 None => e.gucs_unknown = true,
@@ -972,7 +977,7 @@ mod tests {
             ),
             (
                 "SET SESSION AUTHORIZATION bob",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("SET SESSION search_path = x", fx(&["search_path"], |_| {})),
             ("SET NAMES 'UTF8'", fx(&["client_encoding"], |_| {})),
@@ -989,7 +994,7 @@ mod tests {
             ("RESET TIME ZONE", fx(&["TimeZone"], |_| {})),
             (
                 "RESET SESSION AUTHORIZATION",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("RESET a-b", fx(&[], |e| e.gucs_unknown = true)),
             // DISCARD

@@ -40,6 +40,11 @@ pub struct VirtualSession {
     /// The unnamed portal runs a RESET pgcarpool sent as a SET of the startup value
     /// (its CommandComplete says RESET).
     pub retag_portal: bool,
+    /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
+    pub unnamed_deallocates: u64,
+    /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
+    /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
+    pub deallocating_portals: Vec<Bytes>,
 }
 
 impl VirtualSession {
