@@ -364,6 +364,40 @@ impl Relay<'_> {
         }
     }
 
+    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
+    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
+    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
+        if self.server.proto.tx_status != b'E' {
+            return None;
+        }
+        let mut r = Reader::new(body, "Bind");
+        let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        let formats = usize::try_from(r.i16().ok()?).ok()?;
+        r.bytes(formats * 2).ok()?;
+        let params = usize::try_from(r.i16().ok()?).ok()?;
+        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let sql = p.cstr_bytes().ok()?;
+        let types = usize::try_from(p.i16().ok()?).ok()?;
+        let wanted = classify::parameter_count(sql, types)?;
+        let name = String::from_utf8_lossy(name);
+        if formats > 1 && formats != params {
+            Some(format!(
+                "bind message has {formats} parameter formats but {params} parameters"
+            ))
+        } else if params != wanted {
+            Some(format!(
+                "bind message supplies {params} parameters, but prepared statement \"{name}\" requires {wanted}"
+            ))
+        } else {
+            None
+        }
+    }
+
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
@@ -430,6 +464,10 @@ impl Relay<'_> {
                     bound(s, portal, s.unnamed_deallocates == s.unnamed_id);
                     self.server.conn.queue(msg);
                 } else {
+                    if let Some(m) = self.bind_count_error(body) {
+                        self.server.probe("08P01", m, false);
+                        return Ok(());
+                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
