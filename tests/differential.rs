@@ -399,3 +399,42 @@ async fn session_authorization_ends_set_role() {
     };
     assert_same(&scripts, &opts).await;
 }
+
+/// Seeds 307, 311 and 312 (long run): a `DEALLOCATE ALL` whose Execute the server skipped
+/// (an error earlier in the pipeline) leaves the client's statements, but not the names
+/// whose Parse was skipped with it: pgcarpool gave back a name made after the Execute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_deallocate_all_gives_back_only_names_that_were_made() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT 1 AS one\nS",
+            "P s3|SELECT * FROM nosuch_0\nP s2|DEALLOCATE ALL\nB pb|s2|\nE pb|0\nS",
+            "P s2|SET TimeZone = 'America/New_York'\nB pb|s2|\nE pb|0\nS",
+            "B pa|nosuch|\nP s3|DEALLOCATE ALL\nB |s3|\nE |0\nP s4|SELECT 4\nS",
+            "P s3|SELECT 3 AS three\nB |s3|\nE |0\nS",
+            "P s4|SELECT 4 AS four\nB |s4|\nE |0\nS",
+            "B |s1|\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 302 (long run): a LISTEN in a simple Query, which pgcarpool answers itself,
+/// drops the client's unnamed statement as any simple Query does in PostgreSQL (a Bind of
+/// it then fails with 26000); pgcarpool kept it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_query_drops_the_unnamed_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P |SHOW extra_float_digits\nB ||\nE |0\nS",
+            "Q LISTEN ch0",
+            "B ||\nE |0\nS",
+            "P |SELECT 2 AS two\nS",
+            "Q UNLISTEN ch0",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

@@ -78,16 +78,20 @@ impl Renamed {
     /// answered `answered` rounds, as PostgreSQL would have written it for the client's
     /// own names and text; None when it needs no change (no allocation then).
     pub fn restore(&self, answered: u64, msg: &[u8]) -> Option<Bytes> {
+        if !self.renames.iter().any(|r| r.round == answered) {
+            return None;
+        }
         let round: Vec<&Rename> = self
             .renames
             .iter()
             .filter(|r| r.round == answered)
             .collect();
-        if round.is_empty() {
-            return None;
-        }
         let shift = round.iter().find_map(|r| r.shift);
         let body = msg.get(5..)?;
+        let prefix = super::classify::INTERNAL_PREFIX.as_bytes();
+        if shift.is_none() && !body.windows(prefix.len()).any(|w| w == prefix) {
+            return None;
+        }
         let mut fields = Vec::new();
         let mut changed = false;
         let mut rest = body;
@@ -104,7 +108,7 @@ impl Renamed {
                 _ => None,
             };
             changed |= new.is_some();
-            fields.push((t, new.map_or_else(|| v.to_vec(), |n| n)));
+            fields.push((t, new.unwrap_or_else(|| v.to_vec())));
         }
         if !changed {
             return None;

@@ -853,6 +853,10 @@ impl Relay<'_> {
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for name in server.owed.take_lost_names() {
             self.session.statements.remove(&name);
+            // Made after a DEALLOCATE ALL whose fate is not known yet: not there either.
+            for (_, kept) in &mut self.session_deallocs {
+                kept.remove(&name);
+            }
         }
         match lost {
             Lost::Nothing => {}
