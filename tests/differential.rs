@@ -400,9 +400,11 @@ async fn session_authorization_ends_set_role() {
     assert_same(&scripts, &opts).await;
 }
 
-/// Seeds 307, 311 and 312 (long run): a `DEALLOCATE ALL` whose Execute the server skipped
-/// (an error earlier in the pipeline) leaves the client's statements, but not the names
-/// whose Parse was skipped with it: pgcarpool gave back a name made after the Execute.
+/// Seeds 307, 311, 312 and 321 (long run): a `DEALLOCATE ALL` whose Execute the server
+/// skipped (an error earlier in the pipeline) leaves the client's statements, but not the
+/// names whose Parse was skipped with it (pgcarpool gave back such a name, made before the
+/// Execute), and a skipped Parse of a name after the Execute does not lose the statement
+/// the name had before (it did, after the first fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skipped_deallocate_all_gives_back_only_names_that_were_made() {
     let scripts = [ClientScript::new(
@@ -415,6 +417,11 @@ async fn skipped_deallocate_all_gives_back_only_names_that_were_made() {
             "P s3|SELECT 3 AS three\nB |s3|\nE |0\nS",
             "P s4|SELECT 4 AS four\nB |s4|\nE |0\nS",
             "B |s1|\nE |0\nS",
+            "P s5|SELECT 5 AS five\nS",
+            "P s6|DEALLOCATE ALL\nS",
+            "P s7|SELECT * FROM nosuch_0\nB pb|s6|\nE pb|0\nP s5|SELECT 55\nS",
+            "P s5|SELECT 6\nS",
+            "B |s5|\nE |0\nS",
         ],
     )];
     assert_same(&scripts, &RunOptions::default()).await;

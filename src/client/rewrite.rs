@@ -54,7 +54,7 @@ pub(super) fn passes_through(
             if !r.cstr_bytes()?.is_empty()
                 || !unnamed_here
                 || !session.deallocating_portals.is_empty()
-                || session.unnamed_deallocates == session.unnamed_id
+                || (session.unnamed_id != 0 && session.unnamed_deallocates == session.unnamed_id)
             {
                 return Ok(false);
             }
@@ -461,7 +461,8 @@ impl Relay<'_> {
                         return Ok(());
                     }
                     let s = &mut *self.session;
-                    bound(s, portal, s.unnamed_deallocates == s.unnamed_id);
+                    let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
+                    bound(s, portal, deallocates);
                     self.server.conn.queue(msg);
                 } else {
                     if let Some(m) = self.bind_count_error(body) {
@@ -852,10 +853,12 @@ impl Relay<'_> {
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for name in server.owed.take_lost_names() {
-            self.session.statements.remove(&name);
-            // Made after a DEALLOCATE ALL whose fate is not known yet: not there either.
-            for (_, kept) in &mut self.session_deallocs {
-                kept.remove(&name);
+            if self.session.statements.remove(&name).is_none() {
+                // Made before a DEALLOCATE ALL whose fate is not known yet (then made
+                // again after it, it is the later one that goes first).
+                for (_, kept) in &mut self.session_deallocs {
+                    kept.remove(&name);
+                }
             }
         }
         match lost {
