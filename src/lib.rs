@@ -22,6 +22,7 @@
 //!            startup.rs (first packets, auth), auth_query.rs (a user's secret asked of
 //!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
+//!            renamed.rs (server errors given back the client's names and positions),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
 //!            session.rs (the virtual session), notify.rs (LISTEN/UNLISTEN answered from the
 //!            virtual session, notifications delivered between transactions),

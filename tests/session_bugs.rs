@@ -1102,3 +1102,32 @@ async fn startup_values_oracle(steps: &[(Vec<u8>, usize)], reports: bool) {
         p.shutdown().await;
     }
 }
+
+/// Inside a failed transaction block, a Bind with the wrong number of parameters of a
+/// statement the server no longer holds (evicted: max_prepared_statements 1) gets
+/// PostgreSQL's 08P01, which it checks before the transaction; pgcarpool's Parse to
+/// prepare it again was refused first (25P02). Found by the differential test with wrong
+/// parameter counts allowed (seeds 4, 7, 10, 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_parameter_count_in_a_failed_block_is_08p01() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 1).await;
+    let steps: Vec<String> = [
+        "P s1|SELECT $1::int AS x\nS",
+        "P s2|SELECT 2 AS two\nB |s2|\nE \nS",
+        "Q BEGIN",
+        "Q SELECT 1/0",
+        "B |s1|1,2\nE \nS",
+        "B ||\nE \nS",
+        "Q ROLLBACK",
+        "Q BEGIN",
+        "Q SELECT 1/0",
+        "B |s1|7\nE \nS",
+        "Q ROLLBACK",
+        "B |s1|7\nE \nS",
+    ]
+    .map(String::from)
+    .to_vec();
+    harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    p.shutdown().await;
+}

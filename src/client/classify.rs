@@ -334,7 +334,9 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
                     return;
                 }
                 "SESSION" if w(2) == "AUTHORIZATION" => {
-                    return e.gucs.push("session_authorization".into());
+                    // It also ends a SET ROLE (the role becomes `none`): read both back.
+                    e.gucs.push("session_authorization".into());
+                    return e.gucs.push("role".into());
                 }
                 "SESSION" => i = 2,
                 _ => {}
@@ -362,7 +364,10 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
             "ROLE" => e.gucs.push("role".into()),
             "TIME" => e.gucs.push("TimeZone".into()),
-            "SESSION" => e.gucs.push("session_authorization".into()),
+            "SESSION" => {
+                e.gucs.push("session_authorization".into());
+                e.gucs.push("role".into());
+            }
             _ => match nth_token(s, 1) {
                 Some(name) => e.gucs.push(name),
                 None => e.gucs_unknown = true,
@@ -694,6 +699,72 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
     out
 }
 
+/// The number of parameters PostgreSQL finds in a statement: the types the Parse gave
+/// (`types`, counted from its message) or the highest `$n` in `sql`, whichever is more.
+/// None when unsure (a string with a backslash, an unclosed quote or comment).
+pub fn parameter_count(sql: &[u8], types: usize) -> Option<usize> {
+    let (mut i, n, mut most) = (0, sql.len(), types);
+    while i < n {
+        match sql[i] {
+            q @ (b'\'' | b'"') => {
+                i += 1;
+                loop {
+                    match sql.get(i) {
+                        None => return None,
+                        Some(b'\\') => return None,
+                        Some(&c) if c == q && sql.get(i + 1) == Some(&q) => i += 2,
+                        Some(&c) if c == q => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                i += 1;
+            }
+            b'-' if sql.get(i + 1) == Some(&b'-') => {
+                while i < n && sql[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if sql.get(i + 1) == Some(&b'*') => {
+                let len = block_comment_len(&sql[i..]);
+                if !sql[i..i + len].ends_with(b"*/") {
+                    return None;
+                }
+                i += len;
+            }
+            b'$' if sql.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                let ident =
+                    i > 0 && (sql[i - 1].is_ascii_alphanumeric() || b"_$".contains(&sql[i - 1]));
+                let end = sql[i + 1..]
+                    .iter()
+                    .position(|c| !c.is_ascii_digit())
+                    .map_or(n, |p| i + 1 + p);
+                if !ident {
+                    let k: usize = std::str::from_utf8(&sql[i + 1..end]).ok()?.parse().ok()?;
+                    most = most.max(k);
+                }
+                i = end;
+            }
+            b'$' => {
+                // $tag$ ... $tag$, or a `$` inside an identifier.
+                let tag_end = sql[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                match tag_end {
+                    Some(j) if sql[j] == b'$' => {
+                        let tag = &sql[i..=j];
+                        let close = find(&sql[j + 1..], tag)?;
+                        i = j + 1 + close + tag.len();
+                    }
+                    _ => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Some(most)
+}
+
 /// `s` without leading whitespace and comments.
 pub(crate) fn strip_leading(mut s: &[u8]) -> &[u8] {
     loop {
@@ -989,6 +1060,25 @@ mod tests {
     }
 
     #[test]
+    fn parameter_count_is_the_highest_placeholder_or_the_types_given() {
+        assert_eq!(parameter_count(b"SELECT 1", 0), Some(0));
+        assert_eq!(parameter_count(b"SELECT $1::int * 2", 0), Some(1));
+        assert_eq!(parameter_count(b"SELECT $2, $1", 0), Some(2));
+        assert_eq!(parameter_count(b"SELECT $1", 3), Some(3));
+        assert_eq!(
+            parameter_count(b"SELECT '$3', \"$4\", a$5 -- $6\n/* $7 */", 0),
+            Some(0)
+        );
+        assert_eq!(
+            parameter_count(b"SELECT $q$ $8 $q$, $$ $9 $$, $10", 0),
+            Some(10)
+        );
+        assert_eq!(parameter_count(b"SELECT 'it''s' || $1", 0), Some(1));
+        assert_eq!(parameter_count(b"SELECT E'\\' || $1", 0), None);
+        assert_eq!(parameter_count(b"SELECT 'open", 0), None);
+    }
+
+    #[test]
     fn each_kind_of_statement_has_exactly_its_effects() {
         let none = Effects::default();
         let cases: Vec<(&str, Effects)> = vec![
@@ -999,7 +1089,7 @@ mod tests {
             ),
             (
                 "SET SESSION AUTHORIZATION bob",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("SET SESSION search_path = x", fx(&["search_path"], |_| {})),
             ("SET NAMES 'UTF8'", fx(&["client_encoding"], |_| {})),
@@ -1016,7 +1106,7 @@ mod tests {
             ("RESET TIME ZONE", fx(&["TimeZone"], |_| {})),
             (
                 "RESET SESSION AUTHORIZATION",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("RESET a-b", fx(&[], |e| e.gucs_unknown = true)),
             // DISCARD

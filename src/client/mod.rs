@@ -8,6 +8,7 @@ pub mod notify;
 pub mod prepared;
 pub mod registry;
 pub mod relay;
+pub mod renamed;
 pub mod replication;
 pub mod rewrite;
 pub mod session;

@@ -557,6 +557,10 @@ pub(super) async fn answer(
         return Ok(Some(Local::Incomplete));
     }
     let msgs = c.conn.rbuf.split_to(req.len).freeze();
+    if req.extended.is_none() {
+        // A simple Query: PostgreSQL drops the unnamed statement.
+        c.session.drop_unnamed();
+    }
     if req.parsed {
         // The client's unnamed statement is now this one (a later Bind runs it on a server).
         let body = &msgs[5..];

@@ -51,7 +51,11 @@ pub(super) fn passes_through(
         }
         frontend::BIND => {
             let portal = r.cstr_bytes()?;
-            if !r.cstr_bytes()?.is_empty() || !unnamed_here {
+            if !r.cstr_bytes()?.is_empty()
+                || !unnamed_here
+                || !session.deallocating_portals.is_empty()
+                || (session.unnamed_id != 0 && session.unnamed_deallocates == session.unnamed_id)
+            {
                 return Ok(false);
             }
             if portal.is_empty() {
@@ -159,7 +163,10 @@ impl Relay<'_> {
                     self.answer(Answer::Query("PREPARE"));
                     return Ok(());
                 }
-                let sql = stmt.sql_prepare_text();
+                let text = stmt.sql_prepare_text();
+                let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
+                self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
+                let sql = text;
                 self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
                 self.server
@@ -169,11 +176,9 @@ impl Relay<'_> {
                 match self.session.statements.get(name.as_bytes()).cloned() {
                     Some(stmt) => {
                         self.ensure_for_query(&stmt);
-                        let sql = format!(
-                            "EXECUTE {} {}",
-                            quoted(&stmt.server_name),
-                            String::from_utf8_lossy(rest)
-                        );
+                        let prefix = format!("EXECUTE {} ", quoted(&stmt.server_name));
+                        self.note_rewrite(&stmt, name.as_bytes(), sql, rest_at(sql, rest), &prefix);
+                        let sql = format!("{prefix}{}", String::from_utf8_lossy(rest));
                         self.server.send_query(query_message(&sql), None);
                     }
                     None => {
@@ -309,8 +314,113 @@ impl Relay<'_> {
         }
     }
 
+    /// The message about to be sent names the client's statement `client` by its server
+    /// name: the server's errors about it name `client` again.
+    fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
+        let p = &self.server.proto;
+        let (round, answered) = (p.round(), p.answered);
+        self.renamed
+            .note(round, answered, &stmt.server_name, client);
+    }
+
+    /// As `note_rename`, for the client's SQL `text` about to be sent as `prefix` followed
+    /// by `text[rest_at..]`: error positions are given back in the client's text.
+    fn note_rewrite(
+        &mut self,
+        stmt: &Stmt,
+        client: &[u8],
+        text: &[u8],
+        rest_at: usize,
+        prefix: &str,
+    ) {
+        let p = &self.server.proto;
+        let rounds = (p.round(), p.answered);
+        let names = (&stmt.server_name, client);
+        self.renamed.note_text(rounds, names, text, rest_at, prefix);
+    }
+
     fn answer(&mut self, a: Answer) {
         self.server.owed.push(Pending::Answer(a));
+    }
+
+    /// The client executes `portal`: when it runs `DEALLOCATE ALL`, the client's statements
+    /// go now (the server's with it, unless a failed block refuses it), as PostgreSQL's
+    /// would at this Execute.
+    pub(super) fn executing(&mut self, portal: &[u8]) {
+        if !self
+            .session
+            .deallocating_portals
+            .iter()
+            .any(|p| p == portal)
+            || self.server.proto.tx_status == b'E'
+        {
+            return;
+        }
+        let round = self.server.proto.round();
+        let dropped = std::mem::take(&mut self.session.statements);
+        // Kept aside until the server says it ran (`dealloc_ran`): a failed or skipped
+        // Execute leaves them.
+        self.session_deallocs.push((round, dropped));
+        self.server.prepared.deallocating(round);
+    }
+
+    /// The server ran a DEALLOCATE ALL (or DISCARD ALL) of the round it is answering.
+    pub(super) fn dealloc_ran(&mut self) {
+        let answered = self.server.proto.answered;
+        if let Some(i) = self.session_deallocs.iter().position(|d| d.0 == answered) {
+            self.session_deallocs.remove(i);
+        }
+    }
+
+    /// Rounds before the server's `answered` are over: the client's statements that a
+    /// DEALLOCATE ALL of theirs was to drop, and did not, are the client's again (but for
+    /// names made since).
+    pub(super) fn deallocs_over(&mut self) {
+        let answered = self.server.proto.answered;
+        while self
+            .session_deallocs
+            .first()
+            .is_some_and(|d| d.0 < answered)
+        {
+            let (_, kept) = self.session_deallocs.remove(0);
+            for (name, stmt) in kept {
+                self.session.statements.entry(name).or_insert(stmt);
+            }
+        }
+    }
+
+    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
+    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
+    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
+        if self.server.proto.tx_status != b'E' {
+            return None;
+        }
+        let mut r = Reader::new(body, "Bind");
+        let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        let formats = usize::try_from(r.i16().ok()?).ok()?;
+        r.bytes(formats * 2).ok()?;
+        let params = usize::try_from(r.i16().ok()?).ok()?;
+        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let sql = p.cstr_bytes().ok()?;
+        let types = usize::try_from(p.i16().ok()?).ok()?;
+        let wanted = classify::parameter_count(sql, types)?;
+        let name = String::from_utf8_lossy(name);
+        if formats > 1 && formats != params {
+            Some(format!(
+                "bind message has {formats} parameter formats but {params} parameters"
+            ))
+        } else if params != wanted {
+            Some(format!(
+                "bind message supplies {params} parameters, but prepared statement \"{name}\" requires {wanted}"
+            ))
+        } else {
+            None
+        }
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -376,8 +486,15 @@ impl Relay<'_> {
                         self.server.probe("26000", NO_UNNAMED.into(), false);
                         return Ok(());
                     }
+                    let s = &mut *self.session;
+                    let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
+                    bound(s, portal, deallocates);
                     self.server.conn.queue(msg);
                 } else {
+                    if let Some(m) = self.bind_count_error(body) {
+                        self.server.probe("08P01", m, false);
+                        return Ok(());
+                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
@@ -392,16 +509,14 @@ impl Relay<'_> {
                                 self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
                             }
                             // What running it does to the session, every time it runs.
+                            let deallocates =
+                                stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
+                            bound(self.session, portal, deallocates);
                             if let Some(e) = &stmt.effects {
-                                if e.deallocate_all && self.server.proto.tx_status != b'E' {
-                                    // Its own name goes too.
-                                    self.session.statements.clear();
-                                    let round = self.server.proto.round();
-                                    self.server.prepared.deallocating(round);
-                                }
                                 self.effects.merge((**e).clone());
                             }
                             let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
+                            self.note_rename(&stmt, name);
                             let sname = stmt.server_name.clone();
                             let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
                             let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
@@ -436,6 +551,7 @@ impl Relay<'_> {
                 }
                 match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
                     (b'S', Some(stmt)) => {
+                        self.note_rename(&stmt, name);
                         let sname = stmt.server_name.clone();
                         self.server.conn.queue_with(|b| {
                             b.put_u8(frontend::DESCRIBE);
@@ -492,6 +608,7 @@ impl Relay<'_> {
         let sql = r.cstr_bytes()?;
         let types_at = 5 + 1 + sql.len() + 1;
         let mut out = msg.clone();
+        let mut deallocates = false;
         if let Some((set, reset)) = to_startup_value(self.session, sql) {
             self.effects.merge(classify::classify(sql));
             let set = if reset {
@@ -512,11 +629,9 @@ impl Relay<'_> {
                     .cloned()
                     .map(|stmt| {
                         self.ensure_for_parse(&stmt);
-                        format!(
-                            "EXECUTE {} {}",
-                            quoted(&stmt.server_name),
-                            String::from_utf8_lossy(rest)
-                        )
+                        let prefix = format!("EXECUTE {} ", quoted(&stmt.server_name));
+                        self.note_rewrite(&stmt, name.as_bytes(), sql, rest_at(sql, rest), &prefix);
+                        format!("{prefix}{}", String::from_utf8_lossy(rest))
                     }),
                 _ => None,
             };
@@ -527,6 +642,7 @@ impl Relay<'_> {
                 // server drops the shared statement.
                 self.ensure_for_parse(&stmt);
                 self.server.prepared.remove(stmt.id);
+                self.note_rename(&stmt, name.as_bytes());
                 Some(format!("DEALLOCATE {}", quoted(&stmt.server_name)))
             });
             match mapped {
@@ -552,16 +668,16 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
-                    if e.deallocate_all && self.server.proto.tx_status != b'E' {
-                        self.session.statements.clear();
-                        let round = self.server.proto.round();
-                        self.server.prepared.deallocating(round);
-                    }
                 }
             }
+            deallocates = e.deallocate_all;
             self.effects.merge(e);
         }
         self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
+        if deallocates {
+            // The client's statements go when it is executed (`Relay::executing`).
+            self.session.unnamed_deallocates = self.session.unnamed_id;
+        }
         self.server.conn.queue(out);
         self.server.owed.push(Pending::Parse {
             swallow: false,
@@ -764,7 +880,13 @@ impl Relay<'_> {
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for name in server.owed.take_lost_names() {
-            self.session.statements.remove(&name);
+            if self.session.statements.remove(&name).is_none() {
+                // Made before a DEALLOCATE ALL whose fate is not known yet (then made
+                // again after it, it is the later one that goes first).
+                for (_, kept) in &mut self.session_deallocs {
+                    kept.remove(&name);
+                }
+            }
         }
         match lost {
             Lost::Nothing => {}
@@ -786,6 +908,20 @@ impl Relay<'_> {
 }
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// `portal` was bound to a statement: one whose text is `DEALLOCATE ALL` when
+/// `deallocates`.
+fn bound(session: &mut VirtualSession, portal: &[u8], deallocates: bool) {
+    let portals = &mut session.deallocating_portals;
+    portals.retain(|p| p != portal);
+    if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
+        portals.push(Bytes::copy_from_slice(portal));
+    }
+}
+
+/// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
+/// older ones' Executes not followed).
+const MAX_DEALLOCATING_PORTALS: usize = 16;
 
 /// Starts the text of a statement pgcarpool made of a client's RESET (see
 /// `to_startup_value`): its CommandComplete is given to the client as RESET.
@@ -890,6 +1026,11 @@ fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
     b.put_u8(0);
     b.put_slice(types);
     b.freeze()
+}
+
+/// Where `rest`, a part of `sql`, starts in it.
+fn rest_at(sql: &[u8], rest: &[u8]) -> usize {
+    (rest.as_ptr() as usize).saturating_sub(sql.as_ptr() as usize)
 }
 
 /// An identifier in double quotes.

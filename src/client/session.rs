@@ -42,6 +42,11 @@ pub struct VirtualSession {
     pub retag_portal: bool,
     /// The client's pool (database, user): the start of every `statement_scope`.
     pub pool_scope: Bytes,
+    /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
+    pub unnamed_deallocates: u64,
+    /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
+    /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
+    pub deallocating_portals: Vec<Bytes>,
 }
 
 /// Settings that decide what a statement's names refer to when it is parsed: the schemas

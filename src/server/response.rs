@@ -253,8 +253,9 @@ impl Owed {
                 self.skip_to_sync(prepared, unnamed, false);
                 // Refused because the transaction block had already failed (25P02): what
                 // PostgreSQL would have said too, except for a name that does not exist
-                // (26000), which PostgreSQL looks up before it checks the transaction.
-                return if code == Some(*b"25P02") && f.0 != "26000" {
+                // (26000), which PostgreSQL looks up before it checks the transaction, and
+                // a Bind's wrong parameter count (08P01), checked before it too.
+                return if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
                     (Verdict::Forward, Lost::Nothing)
                 } else {
                     (Verdict::Replace(f), Lost::Nothing)
