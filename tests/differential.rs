@@ -286,3 +286,87 @@ async fn duplicate_name_with_a_bad_text_reports_the_text_error() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seed 4: after an error earlier in the pipeline PostgreSQL skips everything to the Sync,
+/// a Parse of the unnamed statement and a Close of a statement (named or unnamed) too: the
+/// old unnamed statement and the closed names stay. pgcarpool applied them when it sent
+/// them, so the client's next Bind ran the skipped text or found no statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_unnamed_parse_and_close_change_nothing() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P |SELECT 1 AS one\nS",
+            "P s1|SELECT 2 AS two\nS",
+            "B |nosuch|\nP |SELECT 3 AS three\nC S s1\nS",
+            "B ||\nE |0\nS",
+            "B |s1|\nE |0\nS",
+            "B |nosuch|\nC S \nP |SELECT 4 AS four\nC S \nS",
+            "B ||\nE |0\nS",
+            "P |SELECT 1/0\nB ||\nE |0\nP |SELECT 5 AS five\nC S s1\nS",
+            "B ||\nE |0\nS",
+            "B |s1|\nE |0\nS",
+            "P s2|SELECT 6 AS six\nB |s2|\nE |0\nP |SELECT 7\nC S s2\nB |nosuch|\nS",
+            "B |s2|\nE |0\nS",
+            "B ||\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 15: a message is judged by the transaction state the messages before it leave,
+/// also in the same pipeline: after an executed ROLLBACK of a failed block, a named Parse
+/// is no longer refused (PostgreSQL: ParseComplete; pgcarpool refused it with 25P02 as if
+/// the block were still failed), and after an executed BEGIN a DISCARD ALL is refused
+/// (25001) and leaves the statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_after_a_transaction_ending_execute_see_its_state() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q BEGIN",
+            "Q SELECT 1/0",
+            "P |ROLLBACK\nB ||\nE |0\nP s1|SELECT 1 AS one\nB |s1|\nE |0\nS",
+            "B |s1|\nE |0\nS",
+            "Q BEGIN",
+            "Q SELECT 1/0",
+            "P s2|ROLLBACK\nB pa|s2|\nE pa|0\nP s3|SELECT 3 AS three\nS\nP s4|SELECT 4\nS",
+            "B |s3|\nE |0\nB |s4|\nE |0\nS",
+            "P |BEGIN\nB ||\nE |0\nS\nQ DISCARD ALL",
+            "Q ROLLBACK",
+            "B |s1|\nE |0\nS",
+            "Q BEGIN",
+            "Q SELECT 1/0",
+            "P |ROLLBACK\nB ||\nE |0\nS\nQ PREPARE p1 AS SELECT 11",
+            "Q EXECUTE p1",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 5: a simple query's statement runs in the unnamed portal, which a failed block
+/// keeps: PostgreSQL's `EXECUTE p` of a statement that does not exist fails in its portal,
+/// so an Execute of the unnamed portal with no Bind afterwards gets 25P02. pgcarpool's
+/// probe in its place failed before it made a portal: 34000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_execute_in_a_block_leaves_the_unnamed_portal() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q BEGIN",
+            "Q EXECUTE p1(5)",
+            "E |0\nS",
+            "Q ROLLBACK",
+            "Q BEGIN",
+            "Q DEALLOCATE p2",
+            "E |0\nS",
+            "Q ROLLBACK",
+            "Q PREPARE p3 AS SELECT 3",
+            "Q BEGIN",
+            "Q PREPARE p3 AS SELECT 4",
+            "E |0\nS",
+            "Q ROLLBACK",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
