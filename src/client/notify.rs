@@ -560,6 +560,9 @@ pub(super) async fn answer(
         // The client's unnamed statement is now this one (a later Bind runs it on a server).
         let body = &msgs[5..];
         c.session.parsed_unnamed(&body[1..]);
+    } else if req.extended.is_none() {
+        // A simple Query drops the unnamed statement, as PostgreSQL's does.
+        c.session.drop_unnamed();
     }
     let outcome = match &req.stmt {
         Stmt::Channels => Ok(()),

@@ -498,15 +498,7 @@ impl ClientGen {
                 lines.push(format!("B {portal}|{stmt}|{values}"));
             }
             5 => lines.push(format!("D S {stmt}")),
-            6 => {
-                // See GenConfig::avoid_parameter_count_errors (seed 5).
-                let portal = if self.avoid_parameter_count_errors && portal.is_empty() {
-                    "pa".to_string()
-                } else {
-                    portal
-                };
-                lines.push(format!("E {portal}|{}", self.rng.below(3)))
-            }
+            6 => lines.push(format!("E {portal}|{}", self.rng.below(3))),
             7 => {
                 if self.rng.chance(50) {
                     lines.push(format!("C S {stmt}"));
