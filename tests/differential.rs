@@ -18,12 +18,12 @@ use harness::diffgen::{ClientScript, GenConfig, generate};
 /// Set to false once the fixes are merged.
 const AVOID_ISSUE19_BUGS: bool = true;
 
-/// Bugs the differential test found and this branch did not fix: an unnamed Parse or a
-/// statement Close skipped by PostgreSQL after an earlier error in the pipeline still
-/// changes the client's statements in pgcarpool (`GenConfig::avoid_skipped_name_changes`),
-/// and a Bind's wrong parameter count is reported with pgcarpool's internal statement name
-/// (`GenConfig::avoid_parameter_count_errors`). While this is true the generator avoids
-/// them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
+/// Bugs the differential test found and this branch did not fix: a Bind's wrong parameter
+/// count is reported with pgcarpool's internal statement name, and the others of
+/// `GenConfig::avoid_parameter_count_errors`. (Skipped unnamed Parses and Closes,
+/// `GenConfig::avoid_skipped_name_changes`, are fixed and no longer avoided.) While this
+/// is true the generator avoids them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false
+/// once fixed.
 const AVOID_KNOWN_BUGS_DEFAULT: bool = true;
 
 static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =

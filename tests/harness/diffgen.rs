@@ -79,13 +79,12 @@ pub struct GenConfig {
     /// (seeds 1-3 found those lose startup values too: pgcarpool reports the server's
     /// default in a ParameterStatus where PostgreSQL keeps the startup value).
     pub avoid_reset_of_startup_values: bool,
-    /// Not fixed yet: pgcarpool applies a Parse of the unnamed statement and a Close of a
-    /// statement when it sends them, PostgreSQL when it runs them; after an error earlier
-    /// in the pipeline PostgreSQL skips them to the Sync (its old unnamed statement, or the
-    /// closed name, stays), so the client's statements differ afterwards. (The same for a
-    /// named Parse was found by seeds 1, 2, 4, 6 and is fixed.) When true, a pipeline has no
-    /// unnamed Parse or statement Close after a message that may fail (Parse, Bind,
-    /// Describe, Execute).
+    /// Fixed (seed 4; tests/differential.rs sets it false): pgcarpool applied a Parse of
+    /// the unnamed statement and a Close of a statement when it sent them, PostgreSQL when
+    /// it runs them; after an error earlier in the pipeline PostgreSQL skips them to the
+    /// Sync (its old unnamed statement, or the closed name, stays). When true, a pipeline has
+    /// no unnamed Parse or statement Close after a message that may fail (Parse, Bind,
+    /// Describe, Execute): to tell whether a new difference is this one again.
     pub avoid_skipped_name_changes: bool,
     /// Not fixed yet (found by seeds 3, 4, 5, 7): a Bind of a named statement with the
     /// wrong number of parameters gets PostgreSQL's 08P01 naming pgcarpool's internal name
@@ -97,16 +96,14 @@ pub struct GenConfig {
     /// statement's SQL is mapped, as for `EXECUTE` in docs/compatibility.md), so it comes
     /// only in unnamed Parses. And two more found later, not fixed: an Execute of the
     /// unnamed portal with no Bind before it, in a block that a refused `EXECUTE p` failed,
-    /// gets 34000 where PostgreSQL says 25P02 (seed 5: PostgreSQL's failed EXECUTE had made
-    /// the portal, pgcarpool's probe fails before) — so Executes in message soups name
-    /// `pa`; and `SET ROLE` then `SET SESSION AUTHORIZATION` makes pgcarpool end the client
+    /// got 34000 where PostgreSQL says 25P02 (seed 5, fixed: no longer avoided); and `SET ROLE` then `SET SESSION AUTHORIZATION` makes pgcarpool end the client
     /// with FATAL 22023 `could not apply session parameters: permission denied to set role`
     /// at its next checkout (seed 7) — so no SET SESSION AUTHORIZATION. Also: `DEALLOCATE
     /// ALL` in an unnamed Parse forgets the client's statements at the Parse, PostgreSQL at
     /// its Execute (seed 16); and messages after a transaction-ending Execute in the same
-    /// pipeline are judged by the transaction state before it (seed 15: a named Parse after
-    /// an executed ROLLBACK of a failed block is refused as if the block were still failed)
-    /// — so Parse texts carry no DEALLOCATE ALL and no transaction control.
+    /// pipeline were judged by the transaction state before it (seed 15, fixed: a named
+    /// Parse after an executed ROLLBACK of a failed block was refused as if the block were
+    /// still failed) — so Parse texts carry no DEALLOCATE ALL and no transaction control.
     pub avoid_parameter_count_errors: bool,
 }
 
