@@ -556,6 +556,94 @@ pub fn ends_transaction(sql: &[u8]) -> bool {
     )
 }
 
+/// What a text's transaction-control statements do to the transaction status if they run:
+/// the status after them for each status before (`I`, `T`, `E`, in that order), as
+/// `server::ProtoState::sent_tx_effect` takes it; None for a text with none (allocates
+/// only for a text of several statements).
+pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+    if !sql.contains(&b';') {
+        return statement_tx_effect(sql);
+    }
+    let mut all: Option<[u8; 3]> = None;
+    for (a, b) in split(sql) {
+        if let Some(e) = statement_tx_effect(&sql[a..b]) {
+            all = Some(match all {
+                None => e,
+                Some(before) => before.map(|s| e[tx_index(s)]),
+            });
+        }
+    }
+    all
+}
+
+/// The position of a transaction status in a `tx_effect` table.
+fn tx_index(status: u8) -> usize {
+    match status {
+        b'I' => 0,
+        b'T' => 1,
+        _ => 2,
+    }
+}
+
+/// `tx_effect` of one statement.
+fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+    let (first, mut rest) = next_word(strip_leading(sql))?;
+    let is = |w: &[u8], k: &str| w.eq_ignore_ascii_case(k.as_bytes());
+    if is(first, "begin") || is(first, "start") {
+        // In a failed block: refused (25P02); in a block: a warning.
+        return Some(*b"TTE");
+    }
+    if is(first, "prepare") {
+        let second = next_word(rest).map(|w| w.0);
+        return second
+            .is_some_and(|w| is(w, "transaction"))
+            .then_some(*b"III");
+    }
+    if !["commit", "end", "rollback", "abort"]
+        .iter()
+        .any(|k| is(first, k))
+    {
+        return None;
+    }
+    // COMMIT [WORK | TRANSACTION] [AND [NO] CHAIN], ROLLBACK … TO [SAVEPOINT] name,
+    // COMMIT/ROLLBACK PREPARED 'id'.
+    let mut prev: &[u8] = b"";
+    while let Some((w, r)) = next_word(rest) {
+        if is(w, "prepared") {
+            return None;
+        }
+        if is(w, "to") {
+            // Outside a block: an error (25P01); a failed block is usable again.
+            return Some(*b"ITT");
+        }
+        if is(w, "chain") {
+            return Some(if is(prev, "no") { *b"III" } else { *b"ITT" });
+        }
+        prev = w;
+        rest = r;
+    }
+    Some(*b"III")
+}
+
+/// The first word of `s` (letters, digits, `_`) after whitespace, comments and
+/// punctuation, and what follows it.
+fn next_word(s: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut s = strip_leading(s);
+    while let Some(&c) = s.first()
+        && !(c.is_ascii_alphabetic() || c == b'_')
+    {
+        if c.is_ascii_digit() || c == b';' || c == b'\'' || c == b'"' || c == b'$' {
+            return None;
+        }
+        s = strip_leading(&s[1..]);
+    }
+    let end = s
+        .iter()
+        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+        .unwrap_or(s.len());
+    (end > 0).then(|| (&s[..end], &s[end..]))
+}
+
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Named<'a> {
@@ -1359,6 +1447,42 @@ mod tests {
             b"RESET /* c */ a",
         ] {
             assert_eq!(to_default(no), None, "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn transaction_control_effects() {
+        let after =
+            |sql: &str| tx_effect(sql.as_bytes()).map(|e| String::from_utf8(e.to_vec()).unwrap());
+        assert_eq!(after("BEGIN").as_deref(), Some("TTE"));
+        assert_eq!(
+            after(" /* x */ start transaction read only").as_deref(),
+            Some("TTE")
+        );
+        for end in [
+            "COMMIT",
+            "end",
+            "ROLLBACK WORK",
+            "abort",
+            "COMMIT AND NO CHAIN",
+        ] {
+            assert_eq!(after(end).as_deref(), Some("III"), "{end}");
+        }
+        assert_eq!(after("PREPARE TRANSACTION 'x'").as_deref(), Some("III"));
+        assert_eq!(after("ROLLBACK TO SAVEPOINT sp").as_deref(), Some("ITT"));
+        assert_eq!(after("rollback transaction to sp").as_deref(), Some("ITT"));
+        assert_eq!(after("COMMIT AND CHAIN").as_deref(), Some("ITT"));
+        assert_eq!(after("ROLLBACK; BEGIN").as_deref(), Some("TTT"));
+        assert_eq!(after("BEGIN; SELECT 1; COMMIT").as_deref(), Some("III"));
+        for none in [
+            "SELECT 1",
+            "PREPARE p AS SELECT 1",
+            "COMMIT PREPARED 'x'",
+            "SAVEPOINT a",
+            "",
+            "select 'begin'",
+        ] {
+            assert_eq!(after(none), None, "{none}");
         }
     }
 

@@ -520,6 +520,16 @@ impl<'a> Relay<'a> {
                 frontend::EXECUTE => {
                     p.unsynced = true;
                     p.sent_execute();
+                    if self.virt && self.session.tx_portal.is_some() {
+                        // Messages after it are judged by the status it leaves.
+                        let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
+                        if let Some(portal) = body.split(|&c| c == 0).next()
+                            && body.contains(&0)
+                            && let Some(e) = self.session.executed(portal)
+                        {
+                            p.sent_tx_effect(e);
+                        }
+                    }
                     if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
                         // The unnamed portal runs a RESET sent as a SET.
                         self.server.owed.push(Pending::Retag(true));

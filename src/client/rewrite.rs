@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Lost, Pending, Verdict};
+use crate::server::response::{Answer, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -43,11 +43,12 @@ pub(super) fn passes_through(
                 }
                 effects.merge(e);
             }
+            let was = session.unnamed_before();
             server.unnamed = session.parsed_unnamed(&body[1..]);
-            Pending::Parse {
-                swallow: false,
-                stmt: None,
-            }
+            Pending::UnnamedParse(Undo::Unnamed {
+                was,
+                now: server.unnamed,
+            })
         }
         frontend::BIND => {
             let portal = r.cstr_bytes()?;
@@ -64,6 +65,8 @@ pub(super) fn passes_through(
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
+            let tx = session.unnamed.as_deref().and_then(tx_effect_of);
+            session.bound(portal, tx, false);
             Pending::Bind
         }
         frontend::DESCRIBE => {
@@ -95,22 +98,23 @@ impl Relay<'_> {
         self.session.drop_unnamed();
         self.server.unnamed = 0;
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
+        let tx = classify::tx_effect(sql);
         if !classify::may_matter(sql) {
-            self.server.send_query(msg, None);
+            self.send_client_query(msg, tx);
             return Ok(());
         }
         let mut e = classify::classify(sql);
-        refused_in_block(&mut e, self.server.proto.tx_status);
+        refused_in_block(&mut e, self.server.proto.status_sent());
         self.note_effects(&e);
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
             self.effects.merge(e);
-            self.server.send_query(query_message(&sql), None);
+            self.send_client_query(query_message(&sql), tx);
             return Ok(());
         }
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
-        if self.server.proto.tx_status == b'E' && (named.is_some() || dealloc.is_some()) {
+        if self.server.proto.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
             // they are.
             self.server.probe("25P02", String::new(), true);
@@ -125,7 +129,7 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all && self.server.proto.tx_status != b'E' {
+        if e.deallocate_all && self.server.proto.status_sent() != b'E' {
             // The client's names go, and the server's statements unless it refuses it
             // (a failed transaction block refuses it at once).
             self.session.statements.clear();
@@ -186,9 +190,19 @@ impl Relay<'_> {
                     }
                 }
             }
-            None => self.server.send_query(msg, None),
+            None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// Send a client's query as written (or with RESETs made SETs); `tx`: what its
+    /// transaction-control statements do to the status (`classify::tx_effect`): messages
+    /// sent after it are judged by the status it leaves.
+    fn send_client_query(&mut self, msg: Bytes, tx: Option<[u8; 3]>) {
+        if let Some(e) = tx {
+            self.server.proto.sent_tx_effect(e);
+        }
+        self.server.send_query(msg, None);
     }
 
     /// A query whose statements return to their defaults settings the client's startup
@@ -352,7 +366,7 @@ impl Relay<'_> {
             .deallocating_portals
             .iter()
             .any(|p| p == portal)
-            || self.server.proto.tx_status == b'E'
+            || self.server.proto.status_sent() == b'E'
         {
             return;
         }
@@ -393,7 +407,7 @@ impl Relay<'_> {
     /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
     /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
-        if self.server.proto.tx_status != b'E' {
+        if self.server.proto.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
@@ -432,7 +446,7 @@ impl Relay<'_> {
                 if name.is_empty() {
                     return self.parse_unnamed(msg);
                 }
-                if self.server.proto.tx_status == b'E'
+                if self.server.proto.status_sent() == b'E'
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
                     self.refused_parse(&body[name.len() + 1..])?;
@@ -488,7 +502,8 @@ impl Relay<'_> {
                     }
                     let s = &mut *self.session;
                     let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
-                    bound(s, portal, deallocates);
+                    let tx = s.unnamed.as_deref().and_then(tx_effect_of);
+                    s.bound(portal, tx, deallocates);
                     self.server.conn.queue(msg);
                 } else {
                     if let Some(m) = self.bind_count_error(body) {
@@ -511,7 +526,8 @@ impl Relay<'_> {
                             // What running it does to the session, every time it runs.
                             let deallocates =
                                 stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
-                            bound(self.session, portal, deallocates);
+                            let tx = tx_effect_of(&stmt.parse_rest);
+                            self.session.bound(portal, tx, deallocates);
                             if let Some(e) = &stmt.effects {
                                 self.effects.merge((**e).clone());
                             }
@@ -578,13 +594,23 @@ impl Relay<'_> {
                 let name = r.cstr_bytes()?;
                 if kind == b'S' {
                     // Only the client's name goes: the server keeps the statement for
-                    // others. Closing a name that does not exist is no error.
-                    if name.is_empty() {
+                    // others. Closing a name that does not exist is no error. Skipped (an
+                    // error earlier in the pipeline), it comes back.
+                    let undo = if name.is_empty() {
+                        let was = self.session.unnamed_before();
                         self.session.drop_unnamed();
+                        was.map(|was| Undo::Unnamed {
+                            was: Some(was),
+                            now: 0,
+                        })
                     } else {
-                        self.session.statements.remove(name);
+                        let stmt = self.session.statements.remove(name);
+                        stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
+                    };
+                    match undo {
+                        Some(u) => self.server.owed.push(Pending::Closed(u)),
+                        None => self.answer(Answer::CloseComplete),
                     }
-                    self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
                     self.server.owed.push(Pending::Close {
@@ -673,16 +699,17 @@ impl Relay<'_> {
             deallocates = e.deallocate_all;
             self.effects.merge(e);
         }
+        let was = self.session.unnamed_before();
         self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
         if deallocates {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
         self.server.conn.queue(out);
-        self.server.owed.push(Pending::Parse {
-            swallow: false,
-            stmt: None,
-        });
+        self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
+            was,
+            now: self.server.unnamed,
+        }));
         Ok(())
     }
 
@@ -879,13 +906,17 @@ impl Relay<'_> {
             server
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
-        for name in server.owed.take_lost_names() {
-            if self.session.statements.remove(&name).is_none() {
-                // Made before a DEALLOCATE ALL whose fate is not known yet (then made
-                // again after it, it is the later one that goes first).
-                for (_, kept) in &mut self.session_deallocs {
-                    kept.remove(&name);
+        for u in server.owed.take_undo().into_iter().rev() {
+            match u {
+                Undo::Name(name) if !self.session.statements.contains_key(&name) => {
+                    // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
+                    // the statements kept aside (undone newest first, a name made again
+                    // after the DEALLOCATE ALL goes from the client's statements first).
+                    for (_, kept) in &mut self.session_deallocs {
+                        kept.remove(&name);
+                    }
                 }
+                u => self.session.undo(u),
             }
         }
         match lost {
@@ -909,19 +940,11 @@ impl Relay<'_> {
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
 
-/// `portal` was bound to a statement: one whose text is `DEALLOCATE ALL` when
-/// `deallocates`.
-fn bound(session: &mut VirtualSession, portal: &[u8], deallocates: bool) {
-    let portals = &mut session.deallocating_portals;
-    portals.retain(|p| p != portal);
-    if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
-        portals.push(Bytes::copy_from_slice(portal));
-    }
+/// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
+fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
+    let sql = parse_rest.split(|&c| c == 0).next()?;
+    classify::tx_effect(sql)
 }
-
-/// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
-/// older ones' Executes not followed).
-const MAX_DEALLOCATING_PORTALS: usize = 16;
 
 /// Starts the text of a statement pgcarpool made of a client's RESET (see
 /// `to_startup_value`): its CommandComplete is given to the client as RESET.

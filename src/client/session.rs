@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use super::registry::ClientHandle;
 use crate::pool::Pool;
 use crate::server::Params;
+use crate::server::response::Undo;
 
 #[derive(Debug, Clone, Default)]
 pub struct VirtualSession {
@@ -47,7 +48,15 @@ pub struct VirtualSession {
     /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
     /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
     pub deallocating_portals: Vec<Bytes>,
+    /// The portal last bound to a transaction-control statement, and what running it does
+    /// to the transaction status (`classify::tx_effect`): noted when it is executed
+    /// (`ProtoState::sent_tx_effect`).
+    pub tx_portal: Option<(Bytes, [u8; 3])>,
 }
+
+/// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
+/// older ones' Executes not followed).
+const MAX_DEALLOCATING_PORTALS: usize = 16;
 
 /// Settings that decide what a statement's names refer to when it is parsed: the schemas
 /// searched, and the role that `$user` and schema privileges follow (and one that changes
@@ -177,6 +186,57 @@ impl VirtualSession {
         }
         self.unnamed_id = super::prepared::next_unnamed_id();
         self.unnamed_id
+    }
+
+    /// A Bind of `portal` to a statement whose transaction control does `tx` (None: it has
+    /// none), and whose text is `DEALLOCATE ALL` when `deallocates`.
+    pub fn bound(&mut self, portal: &[u8], tx: Option<[u8; 3]>, deallocates: bool) {
+        match tx {
+            Some(e) => self.tx_portal = Some((Bytes::copy_from_slice(portal), e)),
+            None => {
+                if self.tx_portal.as_ref().is_some_and(|p| p.0 == portal) {
+                    self.tx_portal = None;
+                }
+            }
+        }
+        let portals = &mut self.deallocating_portals;
+        portals.retain(|p| p != portal);
+        if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
+            portals.push(Bytes::copy_from_slice(portal));
+        }
+    }
+
+    /// An Execute of `portal` was sent: what it does to the transaction status, if its
+    /// statement is transaction control.
+    pub fn executed(&mut self, portal: &[u8]) -> Option<[u8; 3]> {
+        let e = self.tx_portal.take_if(|p| p.0 == portal)?;
+        Some(e.1)
+    }
+
+    /// The unnamed statement and its id, for `Undo::Unnamed`.
+    pub fn unnamed_before(&self) -> Option<(Bytes, u64)> {
+        self.unnamed.clone().map(|u| (u, self.unnamed_id))
+    }
+
+    /// A change to the statements made when a message was sent is undone: the server
+    /// failed or skipped the message (PostgreSQL never made the change).
+    pub fn undo(&mut self, u: Undo) {
+        match u {
+            Undo::Name(name) => {
+                self.statements.remove(&name);
+            }
+            Undo::Closed(name, stmt) => {
+                self.statements.entry(name).or_insert(stmt);
+            }
+            Undo::Unnamed { was, now } if now == self.unnamed_id => match was {
+                Some((rest, id)) => {
+                    self.unnamed = Some(rest);
+                    self.unnamed_id = id;
+                }
+                None => self.drop_unnamed(),
+            },
+            Undo::Unnamed { .. } => {}
+        }
     }
 
     /// The unnamed statement is gone (a simple Query, Close, a failed Parse).
