@@ -128,6 +128,9 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
             .map(listen::Bound::try_clone)
             .collect::<std::io::Result<_>>()?,
     );
+    shared
+        .restart
+        .set_socket_buffer(shared.config.load().settings.tcp_socket_buffer);
     // Every worker accepts on every listening socket (its own descriptor of it).
     for l in listeners {
         tracing::info!("listening on {l}");
@@ -244,7 +247,7 @@ pub fn pool_settings(
             )
             .with_roles(
                 SessionAttrs::parse(entry.target_session_attrs.as_deref()),
-                s.max_standby_lag as u64,
+                s.max_standby_lag,
             ),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,
@@ -356,6 +359,10 @@ impl Shared {
             Err(e) => tracing::error!(
                 "TLS configuration could not be reloaded, keeping old configuration: {e}"
             ),
+        }
+        if old.settings.tcp_socket_buffer != new.settings.tcp_socket_buffer {
+            self.restart
+                .set_socket_buffer(new.settings.tcp_socket_buffer);
         }
         if (old.settings.tcp_defer_accept != 0) != (new.settings.tcp_defer_accept != 0) {
             self.restart

@@ -24,7 +24,9 @@
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
 //!            renamed.rs (server errors given back the client's names and positions),
 //!            prepared.rs (statement registry), classify.rs (leading keywords),
-//!            session.rs (the virtual session), notify.rs (LISTEN/UNLISTEN answered from the
+//!            session.rs (the virtual session), aborted.rs (the failed block a client is
+//!            left in when its server is lost mid-transaction: 40001/08007, 25P02, ROLLBACK),
+//!            notify.rs (LISTEN/UNLISTEN answered from the
 //!            virtual session, notifications delivered between transactions),
 //!            cancel.rs, registry.rs (SHOW CLIENTS, KILL),
 //!            logins.rs (connections still logging in; the oldest makes room), counts.rs

@@ -40,6 +40,15 @@ fn cluster() -> Cluster {
         "testdb",
         "CREATE TABLE t (id bigserial PRIMARY KEY, v int); GRANT ALL ON t, t_id_seq TO PUBLIC",
     );
+    // A COMMIT that takes its time: a deferred trigger sleeps in it.
+    primary.psql_in(
+        "testdb",
+        "CREATE TABLE d (v int); GRANT ALL ON d TO PUBLIC; \
+         CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql \
+         AS $$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON d DEFERRABLE INITIALLY DEFERRED \
+         FOR EACH ROW EXECUTE FUNCTION slow()",
+    );
     let standby = primary.start_standby();
     Cluster { primary, standby }
 }
@@ -251,6 +260,154 @@ async fn idle_clients_go_on(idle: &[Idle], new_primary: u16) {
     }
 }
 
+/// A client inside a transaction when the old primary goes, with a prepared statement:
+/// idle in its transaction (its INSERT sent by a simple query, or by a prepared statement)
+/// or waiting for a statement (`pg_sleep`) then.
+struct InTransaction {
+    client: Arc<tokio_postgres::Client>,
+    /// `SELECT inet_server_port(), $1::int`.
+    stmt: tokio_postgres::Statement,
+    /// Its next statement goes by the extended protocol (else by a simple query).
+    extended: bool,
+    /// Its statement in flight at the switch is a COMMIT (its outcome is unknown).
+    committing: bool,
+    /// The statement in flight at the switch.
+    sleeping:
+        Option<tokio::task::JoinHandle<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>>,
+}
+
+/// The SQLSTATE of an error (None: not a server's).
+fn code_of(e: &tokio_postgres::Error) -> Option<String> {
+    e.as_db_error().map(|d| d.code().code().to_string())
+}
+
+/// Four clients in a transaction on the primary: idle in it after a simple-query INSERT,
+/// idle in it after a prepared INSERT, one whose `pg_sleep` runs when the primary goes,
+/// and one whose COMMIT runs then (a deferred trigger sleeps in it).
+async fn in_transaction(dsn: &str, primary: &TempPostgres) -> Vec<InTransaction> {
+    let mut v = Vec::new();
+    for kind in 0..4 {
+        let client = Arc::new(connect(dsn).await);
+        let stmt = client
+            .prepare("SELECT inet_server_port(), $1::int")
+            .await
+            .expect("prepare");
+        client.batch_execute("BEGIN").await.expect("BEGIN");
+        let insert = "INSERT INTO t (v) VALUES (2) RETURNING inet_server_port()";
+        let mut sleeping = None;
+        match kind {
+            0 => {
+                client
+                    .simple_query(insert)
+                    .await
+                    .expect("a simple-query INSERT");
+            }
+            1 => {
+                let row = client
+                    .query_one(insert, &[])
+                    .await
+                    .expect("a prepared INSERT");
+                assert_eq!(row.get::<_, i32>(0) as u16, primary.port());
+            }
+            2 => {
+                let c = client.clone();
+                sleeping = Some(tokio::spawn(async move {
+                    c.query("SELECT pg_sleep(600)", &[]).await
+                }));
+            }
+            _ => {
+                client
+                    .simple_query("INSERT INTO d VALUES (1)")
+                    .await
+                    .expect("an INSERT whose COMMIT sleeps");
+                let c = client.clone();
+                // Extended: the COMMIT is a prepared statement the virtual session knows.
+                sleeping = Some(tokio::spawn(async move { c.query("COMMIT", &[]).await }));
+            }
+        }
+        v.push(InTransaction {
+            client,
+            stmt,
+            extended: kind != 0,
+            committing: kind == 3,
+            sleeping,
+        });
+    }
+    wait_for(
+        "the pg_sleep and the COMMIT running on the primary",
+        HUNG,
+        || async {
+            primary.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query IN ('SELECT pg_sleep(600)', 'COMMIT')",
+            ) == "2"
+        },
+    )
+    .await;
+    v
+}
+
+/// Each client caught in a transaction got one error and kept its connection: 40001
+/// (rolled back, may be retried), then a failed block (a statement gets 25P02, ROLLBACK
+/// succeeds, by the extended protocol for the prepared ones); 08007 for the COMMIT under
+/// way (it may have committed; the transaction is over). Then its next transaction and its
+/// prepared statement run on the new primary.
+async fn in_transaction_go_on(clients: Vec<InTransaction>, new: u16) {
+    for (i, t) in clients.into_iter().enumerate() {
+        let c = t.client.clone();
+        let first = match t.sleeping {
+            Some(job) => tokio::time::timeout(HUNG, job)
+                .await
+                .expect("hung")
+                .expect("task")
+                .map(|_| ()),
+            None if t.extended => c.query_one(&t.stmt, &[&1i32]).await.map(|_| ()),
+            None => c.simple_query("SELECT 1").await.map(|_| ()),
+        };
+        let e = first.expect_err("the transaction went with the old primary");
+        let want = if t.committing { "08007" } else { "40001" };
+        assert_eq!(code_of(&e).as_deref(), Some(want), "client {i}: {e:?}");
+        assert!(!c.is_closed(), "client {i} keeps its connection");
+        if !t.committing {
+            in_failed_block(&c, &t.stmt, t.extended, i).await;
+        }
+        c.batch_execute("BEGIN")
+            .await
+            .expect("the next transaction");
+        let row = c
+            .query_one(&t.stmt, &[&(i as i32)])
+            .await
+            .unwrap_or_else(|e| panic!("client {i}: its prepared statement: {e:?}"));
+        assert_eq!(row.get::<_, i32>(0) as u16, new, "client {i}");
+        assert_eq!(row.get::<_, i32>(1), i as i32);
+        c.batch_execute("COMMIT").await.expect("COMMIT");
+    }
+}
+
+/// A client in the failed block pgcarpool plays: a statement gets 25P02, ROLLBACK ends it.
+async fn in_failed_block(
+    c: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    extended: bool,
+    i: usize,
+) {
+    let again = if extended {
+        c.query_one(stmt, &[&2i32]).await.map(|_| ())
+    } else {
+        c.simple_query("INSERT INTO t (v) VALUES (3)")
+            .await
+            .map(|_| ())
+    };
+    let e = again.expect_err("a failed block");
+    assert_eq!(code_of(&e).as_deref(), Some("25P02"), "client {i}: {e:?}");
+    if extended {
+        c.execute("ROLLBACK", &[]).await
+    } else {
+        c.simple_query("ROLLBACK").await.map(|_| 0)
+    }
+    .unwrap_or_else(|e| panic!("client {i}: ROLLBACK: {e:?}"));
+}
+
 /// The switchover under load: `fail` takes the old primary away, then the standby is
 /// promoted. Checks the load and the idle clients; returns the pooler.
 /// How long no primary is up (longer than server_login_retry: clients must wait for the
@@ -270,6 +427,7 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
         .await
         .expect("a temp table pins the client");
     assert_eq!(port_of(&pinned).await.unwrap(), old);
+    let caught = in_transaction(&dsn, &c.primary).await;
     let load = start_writers(&dsn, WRITERS);
     wait_for("writes on the primary", HUNG, || async {
         let probe = connect(&dsn).await;
@@ -288,6 +446,7 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
     })
     .await;
     idle_clients_go_on(&idle, new).await;
+    in_transaction_go_on(caught, new).await;
     held_servers_end_cleanly(&pooler, vec![(session, "sess"), (pinned, "app")], new).await;
     let load = load.finish().await;
     let first_new = load
@@ -307,6 +466,14 @@ async fn switchover(c: &Cluster, fail: impl FnOnce(&TempPostgres)) -> (TestPoole
     assert!(
         load.failures.len() <= POOL,
         "at most the transactions in flight (pool {POOL}) may fail:\n{}",
+        load.failures.join("\n")
+    );
+    assert!(
+        load.failures
+            .iter()
+            .all(|f| f.starts_with("40001 ") || f.starts_with("08007 ")),
+        "a writer caught in its transaction keeps its connection, told 40001 (rolled back) \
+         or 08007 (it may have committed):\n{}",
         load.failures.join("\n")
     );
     assert!(
@@ -475,6 +642,58 @@ async fn a_prefer_standby_alias_reads_from_the_standby_unless_it_lags() {
     );
 }
 
+/// `max_standby_lag` as a time: with replay paused and one small write (far below any
+/// byte bound), the standby's last replayed transaction ages past the bound and reads go
+/// to the primary; replay resumed, they come back to the standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_bound_on_standby_lag_sends_reads_to_the_primary() {
+    let c = cluster();
+    let pooler = builder(&c).setting("max_standby_lag", "1s").start().await;
+    let (primary, standby) = (c.primary.port(), c.standby.port());
+    let ro = connect(&pooler.dsn("postgres", "ro")).await;
+    let rw = connect(&pooler.dsn("postgres", "app")).await;
+    assert_eq!(port_of(&ro).await.unwrap(), standby);
+    // A transaction replayed: the one whose age is measured.
+    rw.simple_query("INSERT INTO t (v) VALUES (1)")
+        .await
+        .unwrap();
+    wait_for("the standby replayed it", HUNG, || async {
+        c.standby.psql_in("testdb", "SELECT count(*) FROM t") == "1"
+    })
+    .await;
+    c.standby.psql("SELECT pg_wal_replay_pause()");
+    rw.simple_query("INSERT INTO t (v) VALUES (2)")
+        .await
+        .unwrap();
+    wait_for(
+        "reads on the primary while the standby's replay is paused",
+        HUNG,
+        || async { port_of(&ro).await.ok() == Some(primary) },
+    )
+    .await;
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let addr = format!("127.0.0.1:{standby}");
+    let at = |col: &'static str| {
+        let (admin, addr) = (&admin, addr.clone());
+        async move {
+            console_value(admin, "HOSTS", &[("database", "ro"), ("host", &addr)], col)
+                .await
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("SHOW HOSTS lists the standby")
+        }
+    };
+    let (ms, bytes) = (at("lag_ms").await, at("lag_bytes").await);
+    assert!(
+        ms > 1000 && bytes < 65536,
+        "left out for its time behind ({ms} ms), not its bytes ({bytes})"
+    );
+    c.standby.psql("SELECT pg_wal_replay_resume()");
+    wait_for("reads back on the standby", HUNG, || async {
+        port_of(&ro).await.ok() == Some(standby)
+    })
+    .await;
+}
+
 /// In the comparison: a transaction unanswered this long counts as failed.
 const HANG_FAILS: Duration = Duration::from_secs(3);
 
@@ -579,6 +798,7 @@ async fn a_read_only_primary_makes_writes_wait_until_it_is_writable() {
         .psql("ALTER SYSTEM SET default_transaction_read_only = on");
     c.primary.psql("SELECT pg_reload_conf()");
     let admin = pooler.connect("postgres", "pgbouncer").await;
+    let primary = format!("127.0.0.1:{}", c.primary.port());
     let mut refused = 0;
     let deadline = Instant::now() + HUNG;
     let waiting = loop {
@@ -590,8 +810,23 @@ async fn a_read_only_primary_makes_writes_wait_until_it_is_writable() {
                 .expect("hung")
                 .map(|r| r.get::<_, i32>(0) as u16)
         });
+        // Waiting for the right reason: the host is known not to take writes (SHOW HOSTS
+        // usable = 0) and then the write is still waiting. A client shows as waiting from
+        // its checkout to the end of making its server fit (a RESET of the read-only
+        // default the server just reported): a write seen waiting before the host is
+        // known read-only may still be on its way to the server.
         let waits = harness::eventually(Duration::from_secs(2), || async {
-            write.is_finished() || harness::cl_waiting(&admin, "app", "postgres").await == 1
+            write.is_finished()
+                || (console_value(
+                    &admin,
+                    "HOSTS",
+                    &[("database", "app"), ("host", &primary)],
+                    "usable",
+                )
+                .await
+                .as_deref()
+                    == Some("0")
+                    && harness::cl_waiting(&admin, "app", "postgres").await == 1)
         })
         .await;
         if waits && !write.is_finished() {

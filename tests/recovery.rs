@@ -641,3 +641,108 @@ async fn servers_terminated_while_idle_are_not_handed_to_clients() {
     drop(clients);
     p.shutdown().await;
 }
+
+/// Send `sig` to a PostgreSQL backend (the tests run as root, PostgreSQL as `postgres`).
+fn signal_backend(pid: i32, sig: i32) {
+    // SAFETY: kill(2) of a backend pid PostgreSQL itself reported.
+    let r = unsafe { libc::kill(pid, sig) };
+    assert_eq!(r, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
+/// The first column of the first row of a simple query's answer.
+fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
+    msgs.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// The pool's one server, idle, is terminated with `pg_terminate_backend(pid)` (no wait)
+/// and its FATAL comes only after the pool has handed it to `client` and `sql` was sent:
+/// made certain by stopping the backend (SIGSTOP) before terminating it and letting it go
+/// on (SIGCONT) once the server is checked out. The answer `client` gets.
+async fn terminated_after_checkout(
+    pg: &TempPostgres,
+    console: &tokio_postgres::Client,
+    client: Arc<tokio_postgres::Client>,
+    sql: &'static str,
+) -> Result<Option<String>, String> {
+    let pid: i32 = first_value(
+        &client
+            .simple_query("select pg_backend_pid()")
+            .await
+            .unwrap(),
+    )
+    .expect("a pid")
+    .parse()
+    .unwrap();
+    signal_backend(pid, libc::SIGSTOP);
+    let killed = pg.psql(&format!("select pg_terminate_backend({pid})"));
+    assert_eq!(killed, "t");
+    let asked = tokio::spawn(async move {
+        let r = tokio::time::timeout(HUNG, client.simple_query(sql))
+            .await
+            .expect("a query hung");
+        r.map(|m| first_value(&m)).map_err(|e| describe(&e))
+    });
+    let checked_out = harness::eventually(HUNG, || async {
+        harness::console_value(
+            console,
+            "POOLS",
+            &[("database", "testdb"), ("user", "md5user")],
+            "sv_active",
+        )
+        .await
+        .as_deref()
+            == Some("1")
+    })
+    .await;
+    signal_backend(pid, libc::SIGCONT);
+    assert!(checked_out, "the stopped server was not handed out");
+    asked.await.unwrap()
+}
+
+/// Issue 24: the FATAL of a server terminated while idle arrives after the server was
+/// handed out and the client's request sent (a `pg_terminate_backend(pid)` sweep without
+/// waiting). PostgreSQL acts on the termination before it reads the request, so the
+/// request is sent to another server and the client is answered, never told 57P01; an
+/// INSERT so sent again is in the table once. A CALL (which may commit on its own before
+/// it answers) is not sent again: that client gets the FATAL, as from PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_terminated_after_checkout_before_it_answers_is_replaced() {
+    let pg = TempPostgres::start();
+    pg.psql_in(
+        "testdb",
+        "create table once (n int); grant all on once to public; \
+         create procedure nothing() language sql as 'select 1'; \
+         grant execute on procedure nothing() to public",
+    );
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let console = p.connect("postgres", "pgbouncer").await;
+    let client = Arc::new(p.connect("md5user", "testdb").await);
+    for round in 0..3 {
+        let r = terminated_after_checkout(&pg, &console, client.clone(), "select 42").await;
+        assert_eq!(r, Ok(Some("42".into())), "round {round}");
+    }
+    let r = terminated_after_checkout(
+        &pg,
+        &console,
+        client.clone(),
+        "insert into once values (1); select count(*) from once",
+    )
+    .await;
+    assert_eq!(r, Ok(Some("1".into())), "the INSERT ran once");
+    let r = terminated_after_checkout(&pg, &console, client.clone(), "begin").await;
+    assert_eq!(r, Ok(None));
+    client.simple_query("commit").await.unwrap();
+    let r = terminated_after_checkout(&pg, &console, client.clone(), "call nothing()").await;
+    assert_eq!(
+        r,
+        Err("57P01 terminating connection due to administrator command".into())
+    );
+    p.shutdown().await;
+}

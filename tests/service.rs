@@ -322,6 +322,57 @@ async fn systemd_hears_ready_reloading_and_stopping() {
     assert!(p.exited_within(Duration::from_secs(10)).await.is_some());
 }
 
+/// Open descriptors of process `pid`.
+fn fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A notify socket nobody reads (a hung service manager, or a `NOTIFY_SOCKET` left by one
+/// that is gone) fills up: a Unix datagram socket queues 10 datagrams on Linux, and every
+/// reload sends two. pgcarpool goes on serving and closing idle servers. (The send once
+/// blocked: the thread that runs signals and a share of the clients stood still, and a
+/// 30-minute soak ended with 8 servers and 31 descriptors left behind.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_socket_nobody_reads_stops_nothing() {
+    let pg = TempPostgres::start();
+    let p = PoolerProcess::start(
+        TestPooler::builder(&pg).settings(&[("workers", "1"), ("server_idle_timeout", "1")]),
+    )
+    .await;
+    let obs = harness::Observer::new(&pg).await;
+    let at_start = fds(p.pid());
+    // READY=1 was read at start; nothing is read from now on.
+    for i in 1..=12 {
+        p.signal(libc::SIGHUP);
+        let done = eventually(Duration::from_secs(10), || async {
+            p.log().matches("configuration reloaded").count() >= i
+        })
+        .await;
+        assert!(done, "reload {i} never finished:\n{}", p.log());
+    }
+    let c = tokio::time::timeout(Duration::from_secs(10), p.connect("md5user"))
+        .await
+        .expect("no login after the notify socket filled up");
+    c.simple_query("select 1").await.unwrap();
+    drop(c);
+    let gone = eventually(Duration::from_secs(20), || async {
+        obs.backends("md5user").await == 0
+    })
+    .await;
+    assert!(gone, "a server outlived server_idle_timeout");
+    let settled = eventually(Duration::from_secs(10), || async {
+        fds(p.pid()) <= at_start
+    })
+    .await;
+    assert!(
+        settled,
+        "descriptors: {at_start} at start, {} now",
+        fds(p.pid())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_activation_serves_on_the_passed_sockets_only() {
     let pg = TempPostgres::start();

@@ -131,7 +131,7 @@ fn ss_backlog(port: u16) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_settings_are_set_on_client_and_server_sockets() {
     let pg = TempPostgres::start();
-    let p = TestPooler::builder(&pg)
+    let mut p = TestPooler::builder(&pg)
         .settings(&[
             ("pool_mode", "session"),
             ("tcp_keepalive", "1"),
@@ -165,6 +165,14 @@ async fn tcp_settings_are_set_on_client_and_server_sockets() {
         );
     }
     drop(c);
+    // The client socket's buffers came from the listening socket, set before the handshake
+    // (a buffer shrunk after it makes a stream crawl: tests/replication.rs); a reload sets
+    // the listener's for the connections that come next.
+    let l = listener_fd(p.port());
+    assert_eq!((tuned(l).sndbuf, tuned(l).rcvbuf), (131072, 131072));
+    p.reload_with(|c| c.setting("tcp_socket_buffer", "32768"))
+        .await;
+    assert_eq!((tuned(l).sndbuf, tuned(l).rcvbuf), (65536, 65536));
     p.shutdown().await;
 }
 

@@ -15,7 +15,8 @@
 //! Faults, in turn, one every tenth of the run: `-R` online restart (once, first), clients
 //! killed mid-transaction (tasks aborted with a transaction open, psql SIGKILLed in one),
 //! SIGHUP reload with a changed pool size, PostgreSQL restarted, the network cut (every
-//! PostgreSQL process stopped with SIGSTOP for 3 s, then SIGCONT).
+//! PostgreSQL process stopped with SIGSTOP for 3 s, then SIGCONT). `SOAK_FAULTS` (e.g.
+//! `kill,cut`) injects only some kinds, to find which one leaves something behind.
 //!
 //! At the end (clients gone, servers past `server_idle_timeout`): RSS within
 //! [`RSS_BOUND`] of the first process's at start, open descriptors within [`FD_BOUND`],
@@ -558,8 +559,28 @@ fn start_sampler(
     })
 }
 
+/// The kinds of fault, in the order they take turns (-R only once, first).
+const FAULTS: [&str; 5] = ["takeover", "kill", "reload", "restart", "cut"];
+
+/// The faults of this run: `SOAK_FAULTS` (a comma-separated selection of [`FAULTS`], to
+/// look at one kind at a time), all of them by default.
+fn faults_chosen() -> Vec<&'static str> {
+    let Ok(v) = std::env::var("SOAK_FAULTS") else {
+        return FAULTS.to_vec();
+    };
+    let chosen: Vec<_> = FAULTS
+        .into_iter()
+        .filter(|f| v.split(',').any(|w| w.trim() == *f))
+        .collect();
+    assert!(
+        !chosen.is_empty(),
+        "SOAK_FAULTS={v}: choose among {FAULTS:?}"
+    );
+    chosen
+}
+
 /// The faults, in turn, one every `every`, until `end`: -R first (once), then kills,
-/// reloads, PostgreSQL restarts and network cuts.
+/// reloads, PostgreSQL restarts and network cuts (those [`faults_chosen`]).
 async fn inject_faults(
     ctx: &Arc<Ctx>,
     pg: &TempPostgres,
@@ -567,25 +588,34 @@ async fn inject_faults(
     every: Duration,
     end: Instant,
 ) -> PoolerProcess {
-    let mut round = 0usize;
+    let mut turns = faults_chosen();
     let mut next = Instant::now() + every;
+    let (mut round, mut reloads) = (0usize, 0usize);
     while next < end {
         tokio::time::sleep_until(next.into()).await;
         next += every;
-        match round % 4 {
-            0 if round == 0 => {
+        let fault = turns[round % turns.len()];
+        round += 1;
+        match fault {
+            "takeover" => {
                 pooler = take_over(ctx, pooler).await;
                 ctx.tally.fault("-R online restart");
+                turns.retain(|f| *f != "takeover");
+                if turns.is_empty() {
+                    break;
+                }
+                round = 0;
             }
-            0 => {
+            "kill" => {
                 kill_clients(ctx, pg.port()).await;
                 ctx.tally.fault("clients killed mid-transaction");
             }
-            1 => {
-                reload(&mut pooler, round);
+            "reload" => {
+                reload(&mut pooler, reloads);
+                reloads += 1;
                 ctx.tally.fault("SIGHUP reload");
             }
-            2 => {
+            "restart" => {
                 tokio::task::block_in_place(|| pg.restart());
                 ctx.tally.fault("PostgreSQL restarted");
             }
@@ -594,9 +624,30 @@ async fn inject_faults(
                 ctx.tally.fault("network cut 3 s (SIGSTOP)");
             }
         }
-        round += 1;
     }
     pooler
+}
+
+/// What the pooler's console says of its servers, clients and pools (for a failed end).
+async fn console_dump(pooler: &PoolerProcess) -> String {
+    let Ok(c) = try_connect(&dsn_for(pooler.port(), "postgres", "pgbouncer")).await else {
+        return "(console unreachable)".into();
+    };
+    let mut out = String::new();
+    for view in ["SERVERS", "CLIENTS", "POOLS"] {
+        out += &format!("SHOW {view}:\n");
+        for m in c
+            .simple_query(&format!("SHOW {view}"))
+            .await
+            .unwrap_or_default()
+        {
+            if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                let cols: Vec<_> = (0..r.len()).map(|i| r.get(i).unwrap_or("")).collect();
+                out += &format!("  {}\n", cols.join("|"));
+            }
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -637,6 +688,17 @@ async fn soak() {
     let end = sample(&ctx, pg.port()).await;
     let peak = *peak.lock().unwrap();
     report(&ctx.tally, length, start, peak, end);
+    if !settled || end.fds > start.fds + FD_BOUND {
+        println!("{}", console_dump(&pooler).await);
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", pooler.pid()))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .map(|t| t.to_string_lossy().into_owned())
+            .collect::<Vec<_>>();
+        println!("descriptors: {fds:?}");
+    }
     let log = pooler.log();
     assert!(!log.contains("panicked"), "panic in the log:\n{log}");
     assert_eq!(

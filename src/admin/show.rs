@@ -802,6 +802,7 @@ pub fn hosts(shared: &Shared) -> Table {
         ("read_only", Int),
         ("timeline", Int),
         ("lag_bytes", Int),
+        ("lag_ms", Int),
         ("checked_ms_ago", Int),
         ("switchovers", Int),
         ("error", Text),
@@ -823,6 +824,7 @@ pub fn hosts(shared: &Shared) -> Table {
                 h.state.read_only.into(),
                 u64::from(h.state.timeline).into(),
                 h.state.lag_bytes.into(),
+                h.state.lag_ms.into(),
                 h.state
                     .checked
                     .map(|c| c.elapsed().as_millis() as u64)

@@ -644,6 +644,68 @@ fn next_word(s: &[u8]) -> Option<(&[u8], &[u8])> {
     (end > 0).then(|| (&s[..end], &s[end..]))
 }
 
+/// How a statement ends a failed transaction block that pgcarpool plays itself (its
+/// server was lost): PostgreSQL's transaction exit statements but ROLLBACK TO (the
+/// savepoint went with the server) and the AND CHAIN forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockExit {
+    /// ROLLBACK, ABORT.
+    Rollback,
+    /// COMMIT, END, PREPARE TRANSACTION: a failed block rolls back all the same (its
+    /// CommandComplete says ROLLBACK).
+    Commit,
+}
+
+/// The one statement `sql` as a way out of a failed block, if it is one.
+pub fn block_exit(sql: &[u8]) -> Option<BlockExit> {
+    let w = keywords(strip_leading(sql), 5);
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    let (kind, rest) = match w.as_slice() {
+        ["ROLLBACK" | "ABORT", rest @ ..] => (BlockExit::Rollback, rest),
+        ["COMMIT" | "END", rest @ ..] => (BlockExit::Commit, rest),
+        ["PREPARE", "TRANSACTION", ..] => return Some(BlockExit::Commit),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["WORK" | "TRANSACTION", r @ ..] => r,
+        r => r,
+    };
+    matches!(rest, [] | ["AND", "NO", ..]).then_some(kind)
+}
+
+/// What a query or a Parse's text does to the transaction around it, as far as a lost
+/// server's client must be told: it may begin a block, and it may commit (COMMIT, END,
+/// PREPARE TRANSACTION, COMMIT PREPARED, or CALL / DO, which may commit inside). Cheap:
+/// leading words only, the text split only when it holds a `;`.
+pub fn transaction_control(sql: &[u8]) -> (bool, bool) {
+    fn one(s: &[u8]) -> (bool, bool) {
+        let word = |s: &'_ [u8]| -> usize {
+            s.iter()
+                .position(|c| !c.is_ascii_alphabetic())
+                .unwrap_or(s.len())
+        };
+        let s = strip_leading(s);
+        let kw = &s[..word(s)];
+        let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
+        let next = strip_leading(&s[kw.len()..]);
+        let second = &next[..word(next)];
+        let begins = is(b"BEGIN") || is(b"START");
+        let commits = is(b"COMMIT")
+            || is(b"END")
+            || is(b"CALL")
+            || is(b"DO")
+            || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
+        (begins, commits)
+    }
+    if !sql.contains(&b';') {
+        return one(sql);
+    }
+    split(sql).iter().fold((false, false), |(b, c), &(x, y)| {
+        let (b2, c2) = one(&sql[x..y]);
+        (b || b2, c || c2)
+    })
+}
+
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Named<'a> {
@@ -851,6 +913,33 @@ pub fn parameter_count(sql: &[u8], types: usize) -> Option<usize> {
         }
     }
     Some(most)
+}
+
+/// Whether a simple Query (its body: the text and its NUL) may be sent again to another
+/// server after the first was terminated before answering any of it (see
+/// `Relay::first_reply`): nothing in it touches the session (`may_matter` is false) and its
+/// first statement commits nothing before its reply — a query, a plain data change (the
+/// termination rolled it back) or the start of a transaction block. Not CALL or DO (they
+/// may commit inside), VACUUM, CREATE INDEX CONCURRENTLY and the like (they commit as
+/// they go), COPY (its data is not kept).
+pub fn replay_safe(body: &[u8]) -> bool {
+    const FIRST: [&[u8]; 11] = [
+        b"select", b"values", b"table", b"with", b"insert", b"update", b"delete", b"merge",
+        b"begin", b"start", b"show",
+    ];
+    let sql = body.strip_suffix(b"\0").unwrap_or(body);
+    if may_matter(sql) {
+        return false;
+    }
+    let mut s = strip_leading(sql);
+    while let Some(rest) = s.strip_prefix(b";") {
+        s = strip_leading(rest);
+    }
+    let end = s
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    FIRST.iter().any(|k| s[..end].eq_ignore_ascii_case(k))
 }
 
 /// `s` without leading whitespace and comments.
@@ -1487,6 +1576,39 @@ mod tests {
     }
 
     #[test]
+    fn block_exits_and_transaction_control() {
+        use BlockExit::*;
+        for (sql, want) in [
+            ("ROLLBACK", Some(Rollback)),
+            ("abort work", Some(Rollback)),
+            ("/* c */ rollback transaction and no chain", Some(Rollback)),
+            ("COMMIT", Some(Commit)),
+            ("end", Some(Commit)),
+            ("PREPARE TRANSACTION 'x'", Some(Commit)),
+            ("ROLLBACK TO SAVEPOINT a", None),
+            ("ROLLBACK AND CHAIN", None),
+            ("COMMIT PREPARED 'x'", None),
+            ("ROLLBACK PREPARED 'x'", None),
+            ("SELECT 1", None),
+        ] {
+            assert_eq!(block_exit(sql.as_bytes()), want, "{sql}");
+        }
+        for (sql, want) in [
+            ("INSERT INTO t VALUES (1)", (false, false)),
+            ("begin", (true, false)),
+            ("START TRANSACTION", (true, false)),
+            ("BEGIN; INSERT INTO t VALUES (1); COMMIT", (true, true)),
+            ("SELECT CASE WHEN a THEN 1 END FROM t", (false, false)),
+            ("SELECT 'x;'; end", (false, true)),
+            ("CALL p()", (false, true)),
+            ("PREPARE s AS SELECT 1", (false, false)),
+            ("-- c\n prepare transaction 'a'", (false, true)),
+        ] {
+            assert_eq!(transaction_control(sql.as_bytes()), want, "{sql}");
+        }
+    }
+
+    #[test]
     fn keywords_skip_punctuation_and_comments() {
         assert_eq!(keywords(b"( a ) , b", 4), ["A", "B"]);
         assert_eq!(keywords(b"(a)(b),c", 4), ["A", "B", "C"]);
@@ -1608,6 +1730,34 @@ mod tests {
             b";;;",
         ] {
             let _ = classify(s);
+        }
+    }
+
+    #[test]
+    fn replay_safe_takes_queries_and_plain_changes_only() {
+        for ok in [
+            &b"select 1\0"[..],
+            b"  /* c */ -- x\n;; SELECT pg_sleep(1)\0",
+            b"insert into t values (1); select 2\0",
+            b"with x as (delete from t returning *) select * from x\0",
+            b"BEGIN\0",
+            b"start transaction\0",
+        ] {
+            assert!(replay_safe(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for no in [
+            &b"call p()\0"[..],
+            b"do $$begin commit; end$$\0",
+            b"vacuum t\0",
+            b"create index concurrently i on t (a)\0",
+            b"copy t from stdin\0",
+            b"select 1; prepare s as select 1\0",
+            b"set work_mem = '1MB'\0",
+            b"select set_config('a.b', '1', false)\0",
+            b";\0",
+            b"\0",
+        ] {
+            assert!(!replay_safe(no), "{}", String::from_utf8_lossy(no));
         }
     }
 }

@@ -1,4 +1,5 @@
 //! One task per client: startup and auth, then the transaction loop.
+pub mod aborted;
 pub mod auth_query;
 pub mod cancel;
 pub mod classify;
@@ -222,8 +223,14 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             if cfg.settings.log_connections {
                 tracing::info!(client = id, addr = %peer, "login (replication)");
             }
-            if let Err(e) = replication::run(&mut conn, server).await {
-                tracing::debug!(client = id, "replication connection ended: {e}");
+            // An immediate shutdown (SIGQUIT) ends it too: nothing else would.
+            tokio::select! {
+                r = replication::run(&mut conn, server) => if let Err(e) = r {
+                    tracing::debug!(client = id, "replication connection ended: {e}");
+                },
+                _ = shared.stop_clients.cancelled() => {
+                    tracing::debug!(client = id, "replication connection closed: shutting down");
+                }
             }
             return None;
         }

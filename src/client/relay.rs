@@ -55,6 +55,10 @@ pub enum RelayEvent {
     ConfigChanged,
     /// disable_pqexec: the client sent a simple Query.
     PqexecDisallowed,
+    /// The server, just checked out, was terminated by an administrator before it answered
+    /// any of the client's first request (`Relay::first_request`): the request as the
+    /// client sent it, to go to another server.
+    TerminatedBeforeReply(BytesMut),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +166,35 @@ pub struct Relay<'a> {
     /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
     /// server says whether it ran (see `Relay::executing`).
     pub(super) session_deallocs: Vec<(u64, HashMap<Bytes, Arc<Stmt>>)>,
+    /// Transaction pooling: a server lost under the client's transaction leaves the client
+    /// connected (`aborted`), unless it is pinned or the loss came mid-message.
+    pub keep_client: bool,
+    /// What the client's messages in flight do to the transaction (may begin a block, may
+    /// commit), since the server was last idle.
+    flight: (bool, bool),
+    /// The server said FATAL (withheld from the client) before it went.
+    fatal_seen: bool,
+    /// The client's first request on a server just checked out, kept as sent while the
+    /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
+    pub first_request: Option<FirstRequest>,
 }
+
+/// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`.
+#[derive(Debug, Default)]
+pub struct FirstRequest {
+    /// The client's messages as it sent them (whole simple Queries only).
+    pub msgs: BytesMut,
+    /// When the first of them was forwarded.
+    pub sent: Option<Instant>,
+}
+
+/// How soon after the client's first request a server's FATAL 57P01 must come for the
+/// request to be sent again: a backend terminated while idle sends it at once, before
+/// reading anything; one terminated later, while it ran the request (an administrator
+/// ending a long query), is not undone by running the query again.
+/// (Generous: on a busy machine a terminated backend can take a good part of a second to
+/// be scheduled and say so.)
+const REPLAY_WINDOW: Duration = Duration::from_secs(2);
 
 /// What a stale statement's round needs to be sent again.
 pub(super) struct Replay {
@@ -224,11 +256,22 @@ impl<'a> Relay<'a> {
             fence: None,
             renamed: Default::default(),
             session_deallocs: Vec::new(),
+            keep_client: false,
+            flight: (false, false),
+            fatal_seen: false,
+            first_request: None,
         }
     }
 
     /// Relay until an event, watching the timeouts.
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
+        // A server of a host seen demoted meanwhile: nothing of the client's is sent to it
+        // (it goes back to wait for another).
+        if let Some(h) = self.fence
+            && h.demoted(self.server.host)
+        {
+            return RelayEvent::ServerGone(HOST_DEMOTED.into());
+        }
         // What the client sent before the server was attached.
         if !self.client.rbuf.is_empty() {
             self.counts.bytes_from_client += self.client.rbuf.len() as u64;
@@ -345,6 +388,9 @@ impl<'a> Relay<'a> {
             let before = self.server.conn.out_len();
             if self.server.conn.out_pending() {
                 if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
+                    if let Some(ev) = self.reset_before_reply(&e) {
+                        return Poll::Ready(ev);
+                    }
                     return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                 }
                 progress |= self.server.conn.out_len() < before;
@@ -359,6 +405,13 @@ impl<'a> Relay<'a> {
             if self.client.out_len() < HIGH_WATER {
                 match self.server.conn.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
+                        // A FATAL read with the end of an earlier reply (the session sync's)
+                        // is still unscanned.
+                        if self.first_request.is_some()
+                            && let Some(Some(ev)) = self.first_reply()
+                        {
+                            return Poll::Ready(ev);
+                        }
                         return Poll::Ready(RelayEvent::ServerGone(
                             "server closed the connection".into(),
                         ));
@@ -380,6 +433,9 @@ impl<'a> Relay<'a> {
                         }
                     }
                     Poll::Ready(Err(e)) => {
+                        if let Some(ev) = self.reset_before_reply(&e) {
+                            return Poll::Ready(ev);
+                        }
                         return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                     }
                     Poll::Pending => {}
@@ -440,6 +496,29 @@ impl<'a> Relay<'a> {
                 } else {
                     r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
                     r.complete = h.tag == frontend::SYNC;
+                }
+            }
+            if self.keep_client
+                && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND)
+            {
+                let (b, c) = if avail >= h.total {
+                    in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
+                } else {
+                    // Seen whole later (virtual statements), or streamed unseen: may commit.
+                    (false, !self.virt && h.tag != frontend::BIND)
+                };
+                self.flight = (self.flight.0 || b, self.flight.1 || c);
+            }
+            if let Some(k) = &mut self.first_request {
+                let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
+                if whole
+                    && h.tag == frontend::QUERY
+                    && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
+                {
+                    k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                    k.sent.get_or_insert_with(Instant::now);
+                } else {
+                    self.first_request = None;
                 }
             }
             self.idle_in_xact_since = None;
@@ -593,6 +672,11 @@ impl<'a> Relay<'a> {
 
     /// Forward what the server sent, keeping its state and the client's session current.
     pub fn scan_server(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
+        if self.first_request.is_some()
+            && let Some(ev) = self.first_reply()
+        {
+            return Ok(ev);
+        }
         let mut fwd = 0;
         let mut withheld = 0;
         let mut event = None;
@@ -709,6 +793,9 @@ impl<'a> Relay<'a> {
                         break;
                     }
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
+                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    }
                     self.proto_reply(h.tag);
                     note_role_doubt(self.server, code);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
@@ -749,9 +836,14 @@ impl<'a> Relay<'a> {
                 }
                 backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
                     let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
+                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
+                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    }
                     note_role_doubt(self.server, code);
                     fwd += h.total;
                 }
+                // Looked at whole: it may be a FATAL the client is not to see.
+                backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
                 tag => {
                     if self.virt && tag == backend::COMMAND_COMPLETE {
                         if h.total > MAX_INSPECTED {
@@ -829,6 +921,7 @@ impl<'a> Relay<'a> {
         if !self.server.proto.is_idle_but_status() {
             return None;
         }
+        self.flight = (false, false);
         match (self.mode, status) {
             (PoolMode::Session, _) => None,
             (_, b'I') => Some(RelayEvent::Release),
@@ -839,6 +932,131 @@ impl<'a> Relay<'a> {
 }
 
 impl Relay<'_> {
+    /// The server was lost (RelayEvent::ServerGone): what the client's transaction was
+    /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
+    /// under way, at a message boundary both ways, at most one ReadyForQuery owed).
+    pub fn loss(&self) -> Option<super::aborted::Loss> {
+        let p = &self.server.proto;
+        let owed = p.expected_rfq + u32::from(p.unsynced);
+        if !self.keep_client
+            || self.session.pin.is_some()
+            || self.effects.pin_check
+            || self.server_partial > 0
+            || p.partial > 0
+            || p.copy_in
+            || owed > 1
+        {
+            return None;
+        }
+        Some(super::aborted::Loss {
+            in_flight: owed > 0,
+            ready_owed: p.expected_rfq > 0,
+            status: p.tx_status,
+            begins: self.flight.0,
+            commits: self.flight.1,
+            fatal: self.fatal_seen,
+        })
+    }
+
+    /// A FATAL from the server the client need not see (it keeps its connection, see
+    /// `loss`): its SQLSTATE and words. Session timeouts the client set are its own.
+    fn fatal_withheld(&self, body: &[u8]) -> Option<String> {
+        if !self.keep_client {
+            return None;
+        }
+        let e = backend::parse_error(body).ok()?;
+        let own = matches!(e.code.as_str(), "25P03" | "25P04" | "57P05");
+        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && !own && self.loss().is_some())
+            .then(|| format!("{} {}", e.code, e.message))
+    }
+
+    /// Forward what came before the FATAL at `at`, drop it, and stop: the server is gone.
+    fn withhold_fatal(
+        &mut self,
+        at: usize,
+        total: usize,
+        code: Option<[u8; 5]>,
+        why: String,
+    ) -> RelayEvent {
+        note_role_doubt(self.server, code);
+        self.forward_server_run(at);
+        self.server.conn.consume(total);
+        self.fatal_seen = true;
+        RelayEvent::ServerGone(why)
+    }
+
+    /// The server's first message since the client's first request was kept. A FATAL
+    /// 57P01 (terminated by an administrator) before any reply, soon after the request:
+    /// Some(Some(TerminatedBeforeReply)), nothing of it forwarded. Some(None): wait for the
+    /// rest of the message. None: the server spoke; the request is no longer kept.
+    ///
+    /// Why sending the request again is safe. PostgreSQL acts on a pending termination
+    /// while it waits for a command (`ProcessClientReadInterrupt` with `DoingCommandRead`),
+    /// also right after reading one, before running it: a backend terminated while idle
+    /// sends this FATAL first and runs nothing of what it was sent. A backend terminated
+    /// while it runs the request rolls the request's transaction back with the same FATAL;
+    /// that is why only requests that commit nothing before their first reply are kept
+    /// (`classify::replay_safe`: queries, plain data changes, the start of a transaction
+    /// block; not CALL, DO, VACUUM, CREATE INDEX CONCURRENTLY…, which commit as they go),
+    /// and only when the FATAL comes within `REPLAY_WINDOW`, so an administrator ending a
+    /// query that had been running is not overruled. The replies of a backend come in
+    /// order: a statement that ran to its end would have put its reply before the FATAL.
+    fn first_reply(&mut self) -> Option<Option<RelayEvent>> {
+        let buf = &self.server.conn.rbuf;
+        let h = match proto::header(buf, MAX_INSPECTED) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Some(None),
+            Err(_) => {
+                self.first_request = None;
+                return None;
+            }
+        };
+        if h.tag != backend::ERROR_RESPONSE {
+            self.first_request = None;
+            return None;
+        }
+        if buf.len() < h.total {
+            return Some(None);
+        }
+        let terminated = backend::parse_error(&buf[5..h.total])
+            .is_ok_and(|e| e.severity == "FATAL" && e.code == "57P01");
+        let kept = self.first_request.take()?;
+        // (Nothing kept and nothing sent: the client's bytes had not all come yet.)
+        let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
+        if terminated && prompt {
+            return Some(Some(RelayEvent::TerminatedBeforeReply(kept.msgs)));
+        }
+        None
+    }
+
+    /// The server's connection was reset before it said anything, while one request was
+    /// kept: TerminatedBeforeReply. A reset (not a close) means the backend ended with
+    /// bytes of ours it had not read — a backend terminated while idle whose FATAL the
+    /// reset made the kernel drop — or ended before they came: either way it never had
+    /// the whole of the one message it was sent, so ran nothing of it.
+    fn reset_before_reply(&mut self, e: &std::io::Error) -> Option<RelayEvent> {
+        let reset = matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        );
+        if !reset {
+            return None;
+        }
+        if !self.server.conn.rbuf.is_empty() {
+            // What the server said before the reset, read with the end of an earlier reply
+            // (the session sync's) and not scanned yet: its FATAL, perhaps.
+            return self.first_request.is_some().then(|| self.first_reply())??;
+        }
+        let kept = self.first_request.take()?;
+        let one = proto::header(&kept.msgs, MAX_REPLAY)
+            .ok()
+            .flatten()
+            .is_some_and(|h| h.total == kept.msgs.len());
+        let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
+        ((one || kept.msgs.is_empty()) && prompt)
+            .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
+    }
+
     /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
     /// ALL or DISCARD ALL the server ran drops the statements it held.
     fn on_command_complete(&mut self, at: usize, total: usize) {
@@ -865,6 +1083,35 @@ impl Relay<'_> {
         let voided = self.server.proto.on_reply(tag);
         if voided > 0 && self.virt {
             self.server.owed.void_readies(voided);
+        }
+    }
+}
+
+/// What a Query, Parse or Bind in flight may do to the transaction: (begins a block,
+/// may commit). A Bind names a statement the virtual session knows, or the unnamed one.
+fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
+    let text = |rest: &[u8]| {
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        super::classify::transaction_control(&rest[..end])
+    };
+    let mut r = proto::Reader::new(body, "message");
+    match tag {
+        frontend::QUERY => text(body),
+        frontend::PARSE => match r.cstr_bytes() {
+            Ok(name) => text(&body[name.len() + 1..]),
+            Err(_) => (false, true),
+        },
+        _ => {
+            let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
+                return (false, true);
+            };
+            let rest = if stmt.is_empty() {
+                session.unnamed.as_deref()
+            } else {
+                session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
+            };
+            // Not known (no virtual statements): the Parse was looked at already.
+            rest.map_or((false, false), text)
         }
     }
 }

@@ -9,7 +9,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::classify::{self, Effects};
 use super::registry::ServerLink;
-use super::relay::{Relay, RelayCounts, RelayEvent, RelayTimeouts};
+use super::relay::{FirstRequest, Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
 use crate::net::conn::ConnError;
@@ -38,6 +38,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut phase = c.shared.restart.watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
+    // A transaction whose server was lost: the failed block pgcarpool plays.
+    let mut aborted: Option<super::aborted::Aborted> = None;
     loop {
         let cfg = c.shared.config.load_full();
         // A pinned client that also listens through the pool's listener waits here too, to
@@ -46,7 +48,15 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
             let pinned = held.is_some();
-            match wait_for_request(c, idle_timeout, kill.as_mut(), &mut phase, pinned).await? {
+            let wait = wait_for_request(
+                c,
+                idle_timeout,
+                kill.as_mut(),
+                &mut phase,
+                pinned,
+                &mut aborted,
+            );
+            match wait.await? {
                 Wait::Request => {}
                 Wait::Terminate => return Ok(Exit::Left),
                 Wait::Handover => return Ok(Exit::Handover),
@@ -58,6 +68,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
+            After::Lost(block) => aborted = block,
             After::Leave => return Ok(Exit::Left),
         }
     }
@@ -67,6 +78,9 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
 enum After {
     /// Wait for the next request, with the server kept (pinned) or not.
     Next(Option<PooledServer>),
+    /// The server was lost under the transaction; the client stays, in the failed block
+    /// pgcarpool plays for it, if any.
+    Lost(Option<super::aborted::Aborted>),
     /// The client said goodbye.
     Leave,
 }
@@ -79,60 +93,46 @@ async fn transaction(
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<After, ClientError> {
-    let mut server = match held {
+    let fresh = held.is_none();
+    let server = match held {
         Some(s) => s,
         None => fitted_server(c, cfg, kill.as_mut()).await?,
     };
     let pool_settings = c.pool.settings();
+    // A server just checked out may have been terminated while idle, its FATAL still on
+    // the way: the client's first request then goes to another one (`Relay::first_reply`).
+    // A sweep of pg_terminate_backend can have ended every idle server of the pool, each
+    // FATAL not come yet: as many tries as the pool has servers, and one more.
+    let replays_left = if fresh {
+        pool_settings.pool_size + pool_settings.reserve_pool_size + 1
+    } else {
+        0
+    };
     let mode = pool_settings.mode;
     let timeouts = RelayTimeouts {
         query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
         idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
         transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
     };
-    server.served = true;
-    let claimed = super::notify::claim(c, server.key.0);
-    c.reg.handle.set_server(Some(ServerLink {
-        id: server.id,
-        addr: server.addr.clone(),
-        key: server.key,
-        created: server.created,
-        prepared: server.prepared.len(),
-    }));
-    if server.tls.is_some() {
-        c.reg.handle.set_server_tls(server.tls.clone());
-    }
-    c.reg.handle.set_state(ClientState::Active);
-    let assigned_at = Instant::now();
-    let withheld_ready;
-    let (event, counts, effects) = {
-        let mut relay = Relay::new(
-            &mut c.conn,
-            &mut server,
-            &mut c.session,
-            mode,
-            &c.shared.statements,
-            pool_settings.max_prepared_statements,
-        );
-        relay.max_client_statements = cfg.settings.client_max_statements;
-        relay.pools = Some(&c.shared.pools);
-        relay.disable_pqexec = cfg.settings.disable_pqexec;
-        relay.hold_ready = c.listening.is_listening();
-        if mode == PoolMode::Session {
-            relay.fast_close = Some((&c.pool, &c.shared));
-        }
-        let hosts = &pool_settings.target.hosts;
-        if hosts.checks_roles() && hosts.attrs.wants_primary() {
-            relay.fence = Some(hosts);
-        }
-        let event = tokio::select! {
-            biased;
-            _ = kill.as_mut() => RelayEvent::Killed,
-            ev = relay.run(timeouts) => ev,
-        };
-        withheld_ready = relay.withheld_ready;
-        (event, relay.counts, std::mem::take(&mut relay.effects))
-    };
+    let Relayed {
+        mut server,
+        claimed,
+        assigned_at,
+        withheld_ready,
+        event,
+        counts,
+        effects,
+        loss,
+    } = relay_replacing(
+        c,
+        server,
+        cfg,
+        &pool_settings,
+        timeouts,
+        replays_left,
+        kill.as_mut(),
+    )
+    .await?;
     c.reg.handle.set_server(None);
     if server.tls.is_some() {
         c.reg.handle.set_server_tls(None);
@@ -153,6 +153,24 @@ async fn transaction(
                 match Box::pin(after_transaction(c, &mut server, &effects)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(refused)) => return Err(refused),
+                    // The transaction is over and answered; the server went before its
+                    // settings were read back. Only a precaution was lost (code that might
+                    // have changed settings out of sight): the client stays. A SET or
+                    // something that pins it cannot be carried: it goes, as before.
+                    Err(e)
+                        if mode != PoolMode::Session
+                            && c.session.pin.is_none()
+                            && effects.gucs.is_empty()
+                            && !effects.gucs_unknown
+                            && !effects.pin_check =>
+                    {
+                        server.broken = true;
+                        tracing::info!(
+                            client = c.reg.handle.id,
+                            server = server.id,
+                            "server lost after the client's transaction, the client stays: {e}"
+                        );
+                    }
                     Err(e) => {
                         server.broken = true;
                         return Err(ClientError::fatal(
@@ -191,8 +209,27 @@ async fn transaction(
             "transaction blocks not allowed in statement pooling mode".into(),
         )),
         RelayEvent::ClientProtocol(e) => Err(e.into()),
+        // (Taken by the loop above; never here.)
+        RelayEvent::TerminatedBeforeReply(_) => {
+            server.broken = true;
+            Err(ClientError::fatal(
+                "57P01",
+                "terminating connection due to administrator command".into(),
+            ))
+        }
         RelayEvent::ServerGone(why) => {
             server.broken = true;
+            if let Some(loss) = loss {
+                tracing::info!(
+                    client = c.reg.handle.id,
+                    server = server.id,
+                    "server lost under the client's transaction, the client stays: {why}"
+                );
+                if claimed {
+                    c.pool.listener.unclaim(server.key.0, c.reg.handle.id);
+                }
+                return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
+            }
             Err(ClientError::fatal(
                 "08006",
                 format!("server connection lost: {why}"),
@@ -212,6 +249,152 @@ async fn transaction(
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
     }
+}
+
+/// What a transaction's relay ended with.
+struct Relayed {
+    /// The server it ended on (another one than it began with, when that was replaced).
+    server: PooledServer,
+    /// The pool's listener was told of the server (`notify::claim`).
+    claimed: bool,
+    assigned_at: Instant,
+    withheld_ready: Option<u8>,
+    event: RelayEvent,
+    counts: RelayCounts,
+    effects: Effects,
+    /// The server was lost under a client that may stay (`Relay::loss`).
+    loss: Option<super::aborted::Loss>,
+}
+
+/// Relay the client with `server` until an event. A server just checked out (up to
+/// `replays_left` times) that was terminated before it answered any of the client's first
+/// request is replaced, and the request sent again (`Relay::first_reply`).
+async fn relay_replacing(
+    c: &mut Client,
+    mut server: PooledServer,
+    cfg: &config::Config,
+    pool_settings: &crate::pool::PoolSettings,
+    timeouts: RelayTimeouts,
+    mut replays_left: usize,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<Relayed, ClientError> {
+    loop {
+        server.served = true;
+        let claimed = super::notify::claim(c, server.key.0);
+        c.reg.handle.set_server(Some(ServerLink {
+            id: server.id,
+            addr: server.addr.clone(),
+            key: server.key,
+            created: server.created,
+            prepared: server.prepared.len(),
+        }));
+        if server.tls.is_some() {
+            c.reg.handle.set_server_tls(server.tls.clone());
+        }
+        c.reg.handle.set_state(ClientState::Active);
+        let assigned_at = Instant::now();
+        let keep_first = replays_left > 0 && !claimed;
+        let (event, counts, effects, withheld_ready, loss) = relay_once(
+            c,
+            &mut server,
+            cfg,
+            pool_settings,
+            timeouts,
+            keep_first,
+            kill.as_mut(),
+        )
+        .await;
+        let RelayEvent::TerminatedBeforeReply(first) = event else {
+            return Ok(Relayed {
+                server,
+                claimed,
+                assigned_at,
+                withheld_ready,
+                event,
+                counts,
+                effects,
+                loss,
+            });
+        };
+        replays_left -= 1;
+        tracing::info!(
+            client = c.reg.handle.id,
+            server = server.id,
+            "server terminated before it answered the client's first request, \
+             sending it to another server"
+        );
+        server.broken = true;
+        // The request first, as the client sent it, then what the client sent after it.
+        let rest = std::mem::replace(&mut c.conn.rbuf, first);
+        c.conn.rbuf.extend_from_slice(&rest);
+        c.reg.handle.set_server(None);
+        // Back to the pool (it closes it: broken) before another is asked for: its place
+        // may be the one the next server takes.
+        drop(server);
+        server = fitted_server(c, cfg, kill.as_mut()).await?;
+    }
+}
+
+/// One relay of the client with `server` until an event: the event, the counts, what the
+/// statements did to the session, and the ReadyForQuery kept back. `keep_first`: the
+/// server was just checked out, keep the client's first request for a replay.
+async fn relay_once(
+    c: &mut Client,
+    server: &mut PooledServer,
+    cfg: &config::Config,
+    pool_settings: &crate::pool::PoolSettings,
+    timeouts: RelayTimeouts,
+    keep_first: bool,
+    kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> (
+    RelayEvent,
+    RelayCounts,
+    Effects,
+    Option<u8>,
+    Option<super::aborted::Loss>,
+) {
+    let mode = pool_settings.mode;
+    let mut relay = Relay::new(
+        &mut c.conn,
+        server,
+        &mut c.session,
+        mode,
+        &c.shared.statements,
+        pool_settings.max_prepared_statements,
+    );
+    relay.max_client_statements = cfg.settings.client_max_statements;
+    relay.pools = Some(&c.shared.pools);
+    relay.disable_pqexec = cfg.settings.disable_pqexec;
+    relay.hold_ready = c.listening.is_listening();
+    if keep_first {
+        relay.first_request = Some(FirstRequest::default());
+    }
+    if mode == PoolMode::Session {
+        relay.fast_close = Some((&c.pool, &c.shared));
+    } else {
+        relay.keep_client = true;
+    }
+    let hosts = &pool_settings.target.hosts;
+    if hosts.checks_roles() && hosts.attrs.wants_primary() {
+        relay.fence = Some(hosts);
+    }
+    let event = tokio::select! {
+        biased;
+        _ = kill => RelayEvent::Killed,
+        ev = relay.run(timeouts) => ev,
+    };
+    let withheld_ready = relay.withheld_ready;
+    let loss = match event {
+        RelayEvent::ServerGone(_) => relay.loss(),
+        _ => None,
+    };
+    (
+        event,
+        relay.counts,
+        std::mem::take(&mut relay.effects),
+        withheld_ready,
+        loss,
+    )
 }
 
 /// disable_pqexec: a simple Query closes the client, in PgBouncer's words.
@@ -384,6 +567,7 @@ async fn wait_for_request(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
     phase: &mut PhaseWatch,
     pinned: bool,
+    aborted: &mut Option<super::aborted::Aborted>,
 ) -> Result<Wait, ClientError> {
     let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
@@ -409,9 +593,17 @@ async fn wait_for_request(
             if pinned {
                 return Ok(Wait::Request);
             }
-            let local = match super::notify::answer(c, kill.as_mut()).await? {
-                Some(local) => local,
-                None => answer_without_server(c)?,
+            let local = if let Some(block) = aborted {
+                let (local, over) = super::aborted::answer(c, block)?;
+                if over {
+                    *aborted = None;
+                }
+                local
+            } else {
+                match super::notify::answer(c, kill.as_mut()).await? {
+                    Some(local) => local,
+                    None => answer_without_server(c)?,
+                }
             };
             match local {
                 Local::Answered => continue,
@@ -420,7 +612,8 @@ async fn wait_for_request(
             }
         }
         let now = phase.current();
-        if now == Phase::HandingOver && c.stays.is_none() {
+        // In a failed block it moves once the block is over.
+        if now == Phase::HandingOver && c.stays.is_none() && aborted.is_none() {
             match crate::takeover::stays_because(c) {
                 None => return Ok(Wait::Handover),
                 Some(why) => {
@@ -484,9 +677,10 @@ pub(super) enum Local {
     Incomplete,
 }
 
-/// An idle client whose buffered messages are only Parse of statements a server already
-/// accepted, Close of statements, Sync and Flush needs no server: answer them here (libpq's
-/// PQprepare, pgbench -M prepared, PDO). Anything else needs a server.
+/// An idle client whose buffered messages begin with Parse of statements a server already
+/// accepted, Close of statements, Sync and Flush needs no server for those: answer them
+/// here (libpq's PQprepare, pgbench -M prepared, PDO, tokio-postgres closing a statement).
+/// Anything else needs a server.
 fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let settings = c.pool.settings();
     if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
@@ -525,7 +719,12 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
             _ => false,
         };
         if !ok {
-            return Ok(Local::NeedServer);
+            // Rounds answerable at the front are answered (a driver's Close and Sync of a
+            // statement it dropped, pipelined with its next query); the rest needs a server.
+            if end.is_none() {
+                return Ok(Local::NeedServer);
+            }
+            break;
         }
         at += h.total;
         if matches!(h.tag, frontend::SYNC | frontend::FLUSH) {

@@ -132,9 +132,11 @@ pub struct Settings {
     /// `host=a,b,…` entry with `target_session_attrs` is checked (0: only at server login
     /// and when a server reports that its host changed role).
     pub server_role_check_interval: Duration,
-    /// pgcarpool extension: most bytes of WAL a standby may have received and not replayed
-    /// and still serve `read-only`/`standby`/`prefer-standby` clients (0: no bound).
-    pub max_standby_lag: usize,
+    /// pgcarpool extension: how far a standby may lag and still serve
+    /// `read-only`/`standby`/`prefer-standby` clients: bytes of WAL received and not
+    /// replayed, or a time (`5s`, `500ms`, `1min`) since the last transaction it replayed
+    /// while it has WAL left to replay (0: no bound).
+    pub max_standby_lag: StandbyLag,
     /// This instance's peer id (0: none; see `peers_dns`).
     pub peer_id: u16,
     /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
@@ -296,6 +298,62 @@ impl Value for Duration {
     }
     fn show(&self) -> String {
         show_seconds(self)
+    }
+}
+
+/// `max_standby_lag`: a bound in bytes of WAL, or in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandbyLag {
+    /// Bytes received and not replayed (0: no bound).
+    Bytes(u64),
+    /// Time since the last transaction replayed, while WAL is left to replay.
+    Time(Duration),
+}
+
+impl Default for StandbyLag {
+    fn default() -> Self {
+        StandbyLag::Bytes(0)
+    }
+}
+
+impl StandbyLag {
+    /// `16777216` (bytes), or a number with `ms`, `s`, `min` or `h` (a time).
+    pub fn parse(v: &str) -> Result<StandbyLag, String> {
+        let t = v.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = (&t[..split], t[split..].trim());
+        if unit.is_empty() {
+            return parse_uint::<u64>(t).map(StandbyLag::Bytes);
+        }
+        let scale = match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "min" => 60.0,
+            "h" => 3600.0,
+            _ => {
+                return Err(format!(
+                    "invalid value \"{v}\": expected bytes, or a time with ms, s, min or h"
+                ));
+            }
+        };
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid value \"{v}\": expected a number before {unit}"))?;
+        Duration::try_from_secs_f64(n * scale)
+            .map(StandbyLag::Time)
+            .map_err(|_| format!("invalid value \"{v}\": out of range"))
+    }
+
+    pub fn show(&self) -> String {
+        match self {
+            StandbyLag::Bytes(n) => n.to_string(),
+            StandbyLag::Time(d) if d.subsec_millis() == 0 && d.subsec_nanos() == 0 => {
+                format!("{}s", d.as_secs())
+            }
+            StandbyLag::Time(d) => format!("{}ms", d.as_millis()),
+        }
     }
 }
 
@@ -693,7 +751,14 @@ pub static TABLE: &[SettingDef] = &[
     typed!(peers_hosts_file, "", reload: true, implemented: true),
     typed!(auth_query_cache_ttl, "5", reload: true, implemented: true),
     typed!(server_role_check_interval, "1", reload: true, implemented: true),
-    typed!(max_standby_lag, "0", reload: true, implemented: true),
+    typed!(
+        max_standby_lag,
+        "0",
+        reload: true,
+        implemented: true,
+        StandbyLag::parse,
+        StandbyLag::show
+    ),
 ];
 
 /// PgBouncer refuses its own console as the database auth_query runs in.
@@ -855,7 +920,7 @@ impl Settings {
             statement_registry_size: 64 * 1024 * 1024,
             notify_queue_limit: 64 * 1024 * 1024,
             server_role_check_interval: Duration::from_secs(1),
-            max_standby_lag: 0,
+            max_standby_lag: StandbyLag::Bytes(0),
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
@@ -1067,7 +1132,10 @@ accepted over TCP and every TCP socket to a server (Unix sockets get none): keep
 or off, its timers when not 0, `TCP_USER_TIMEOUT` (milliseconds) when not 0, `SO_SNDBUF`
 and `SO_RCVBUF` when not 0, and `TCP_NODELAY`. A failure is logged
 (`setsockopt/TCP_USER_TIMEOUT(fd) failed: …`) and the connection goes on. A reload
-applies to sockets opened after it.
+applies to sockets opened after it. The buffer sizes are set before the TCP handshake,
+as PgBouncer does (on the listening socket, whose accepted sockets inherit them, and on
+a server socket before `connect`): a receive buffer shrunk after the handshake is
+smaller than the window already offered, and a stream through it crawls.
 
 **listen_backlog, tcp_defer_accept, unix_socket_group.** `listen_backlog` is the
 backlog of every listening socket, TCP and Unix. `tcp_defer_accept` sets
@@ -1169,14 +1237,47 @@ role in doubt and has it checked at once. A primary on an older timeline than an
 primary seen is fenced (a former primary come back: split brain): no client is sent to it
 while it stays so, even with the new primary down (rewound into a standby, or promoted
 onto a newer timeline, it is used again; a restart of pgcarpool, or a reload that changes
-the entry's hosts, forgets the timelines seen). `max_standby_lag` (pgcarpool, bytes of WAL received and not replayed,
-default 0: no bound) leaves a standby out of `read-only`, `standby` and `prefer-standby`
-pools while it lags more. See docs/scale-out.md.
+the entry's hosts, forgets the timelines seen). `max_standby_lag` (pgcarpool, default 0: no bound) leaves a standby out of `read-only`,
+`standby` and `prefer-standby` pools while it lags more: a number is bytes of WAL received
+and not replayed; a time (`5s`, `500ms`, `1min`, `1h`) is how long ago the primary
+committed the last transaction the standby replayed (`now() -
+pg_last_xact_replay_timestamp()`), counted only while the standby has received WAL it
+has not replayed (a standby that is up to date with an idle primary does not lag). See docs/scale-out.md.
 ";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_standby_lag_is_bytes_or_a_time() {
+        let ok = [
+            ("0", StandbyLag::Bytes(0), "0"),
+            ("16777216", StandbyLag::Bytes(16777216), "16777216"),
+            ("5s", StandbyLag::Time(Duration::from_secs(5)), "5s"),
+            (
+                " 500ms",
+                StandbyLag::Time(Duration::from_millis(500)),
+                "500ms",
+            ),
+            (
+                "1.5 s",
+                StandbyLag::Time(Duration::from_millis(1500)),
+                "1500ms",
+            ),
+            ("2min", StandbyLag::Time(Duration::from_secs(120)), "120s"),
+            ("1h", StandbyLag::Time(Duration::from_secs(3600)), "3600s"),
+        ];
+        for (v, want, shown) in ok {
+            let got = StandbyLag::parse(v).unwrap_or_else(|e| panic!("{v}: {e}"));
+            assert_eq!(got, want, "{v}");
+            assert_eq!(got.show(), shown, "{v}");
+            assert_eq!(StandbyLag::parse(&got.show()), Ok(got));
+        }
+        for v in ["5 days", "x", "-1", "5sec", "s", "1e400s"] {
+            assert!(StandbyLag::parse(v).is_err(), "{v}");
+        }
+    }
 
     #[test]
     fn defaults_parse() {

@@ -467,7 +467,10 @@ fn drain(l: Listener, shared: &Arc<Shared>) {
 fn serve(stream: Stream, shared: &Arc<Shared>) {
     let cfg = shared.config.load();
     if let Stream::Tcp(t) = &stream {
-        super::sockopt::TcpTuning::from_settings(&cfg.settings).apply_or_warn(SockRef::from(t));
+        // The buffer sizes came from the listening socket (set before the handshake).
+        super::sockopt::TcpTuning::from_settings(&cfg.settings)
+            .without_buffers()
+            .apply_or_warn(SockRef::from(t));
     }
     let max = cfg.settings.max_client_conn;
     if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {

@@ -2,6 +2,14 @@
 //! every accepted client socket and every server socket (keepalive and its timers,
 //! `TCP_USER_TIMEOUT`, `SO_SNDBUF`/`SO_RCVBUF`, `TCP_NODELAY`), and `TCP_DEFER_ACCEPT`
 //! on TCP listeners. Unix sockets get none of them.
+//!
+//! The buffer sizes are set before the handshake, never after: a connection's receive
+//! window (and its window scale) is chosen from the receive buffer it has during the
+//! handshake, and a window once offered is not taken back. A buffer shrunk afterwards
+//! leaves the peer sending more than fits; the kernel drops it and the peer retransmits,
+//! so a stream crawls (a `pg_basebackup` through `tcp_socket_buffer = 4096` at some
+//! 100 kB/s). So a server socket gets every option before `connect`, and a client socket
+//! inherits its buffers from the listening socket ([`set_listener_buffers`]).
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -48,8 +56,18 @@ impl TcpTuning {
         }
     }
 
-    /// Set the options on a connected TCP socket. The first failure is returned (the
-    /// caller logs it as PgBouncer does, `setsockopt/…(fd) failed: …`, and goes on).
+    /// The same options but the buffer sizes: for an accepted socket, whose buffers come
+    /// from its listening socket (see the module's text).
+    pub fn without_buffers(self) -> TcpTuning {
+        TcpTuning {
+            socket_buffer: 0,
+            ..self
+        }
+    }
+
+    /// Set the options on a TCP socket (to be connected: see the module's text for the
+    /// buffers). The first failure is returned (the caller logs it as PgBouncer does,
+    /// `setsockopt/…(fd) failed: …`, and goes on).
     pub fn apply(&self, sock: SockRef<'_>) -> Result<(), TuneError> {
         let at = |what: &'static str| move |e| TuneError { what, error: e };
         if self.keepalive {
@@ -90,6 +108,21 @@ impl TcpTuning {
         if let Err(e) = self.apply(sock) {
             tracing::warn!("{}({fd}) failed: {}", e.what, e.error);
         }
+    }
+}
+
+/// `tcp_socket_buffer` on a TCP listening socket (when not 0): the sockets it accepts
+/// inherit `SO_SNDBUF`/`SO_RCVBUF`, and the handshake offers a window that fits them.
+pub fn set_listener_buffers(sock: SockRef<'_>, size: usize) {
+    if size == 0 {
+        return;
+    }
+    let fd = sock.as_raw_fd();
+    if let Err(e) = sock.set_send_buffer_size(size) {
+        tracing::warn!("setsockopt/SO_SNDBUF({fd}) failed: {e}");
+    }
+    if let Err(e) = sock.set_recv_buffer_size(size) {
+        tracing::warn!("setsockopt/SO_RCVBUF({fd}) failed: {e}");
     }
 }
 

@@ -3,11 +3,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 
 use super::roles::{HostRole, HostState, Observed, PrimaryChange, RoleBook, SessionAttrs};
 use super::{Params, Server, ServerError};
 use crate::auth::{md5, scram};
+use crate::net::sockopt::TcpTuning;
 use crate::net::{Conn, Stream};
 use crate::proto::backend::{self, AuthRequest};
 use crate::proto::{frontend, startup};
@@ -43,7 +44,7 @@ impl ServerAddr {
     }
 
     pub async fn connect(&self) -> std::io::Result<Stream> {
-        self.connect_to(self.resolve().await?).await
+        self.connect_to(self.resolve().await?, None).await
     }
 
     /// The socket addresses of a TCP host (empty for a Unix socket); a failed lookup is a
@@ -58,13 +59,40 @@ impl ServerAddr {
         }
     }
 
-    /// Connect to what [`ServerAddr::resolve`] found.
-    pub async fn connect_to(&self, addrs: Vec<std::net::SocketAddr>) -> std::io::Result<Stream> {
+    /// Connect to what [`ServerAddr::resolve`] found (the first address that answers, as
+    /// `TcpStream::connect`), the `tcp_*` options set on a TCP socket before its handshake
+    /// (see `net::sockopt` for why).
+    pub async fn connect_to(
+        &self,
+        addrs: Vec<std::net::SocketAddr>,
+        tcp: Option<&TcpTuning>,
+    ) -> std::io::Result<Stream> {
         match self {
             ServerAddr::Tcp { .. } => {
-                let s = TcpStream::connect(&addrs[..]).await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                let mut last = None;
+                for a in addrs {
+                    let sock = if a.is_ipv4() {
+                        tokio::net::TcpSocket::new_v4()?
+                    } else {
+                        tokio::net::TcpSocket::new_v6()?
+                    };
+                    if let Some(t) = tcp {
+                        t.apply_or_warn(socket2::SockRef::from(&sock));
+                    }
+                    match sock.connect(a).await {
+                        Ok(s) => {
+                            s.set_nodelay(true)?;
+                            return Ok(Stream::Tcp(s));
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "could not resolve to any address",
+                    )
+                }))
             }
             ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
         }
@@ -146,7 +174,7 @@ pub struct ServerTarget {
     /// TLS towards the server (server_tls_*); None: server_tls_sslmode = disable.
     pub tls: Option<std::sync::Arc<crate::net::tls::Connect>>,
     /// Socket options of server connections (tcp_keepalive, tcp_user_timeout…).
-    pub tcp: crate::net::sockopt::TcpTuning,
+    pub tcp: TcpTuning,
     /// How long a host name that did not resolve is not looked up again (dns_nxdomain_ttl).
     pub dns_nxdomain_ttl: Duration,
 }
@@ -167,8 +195,8 @@ pub struct HostList {
     dns: std::sync::Arc<tokio::sync::Mutex<Vec<(usize, std::time::Instant)>>>,
     /// `target_session_attrs`.
     pub attrs: SessionAttrs,
-    /// `max_standby_lag` in bytes (0: no bound).
-    pub max_lag: u64,
+    /// `max_standby_lag`.
+    pub max_lag: crate::config::settings::StandbyLag,
     book: std::sync::Arc<std::sync::Mutex<RoleBook>>,
     /// Woken when a host's role changes: relays of servers on a host that no longer fits
     /// stop (a transaction never commits on a fenced or demoted primary).
@@ -199,12 +227,17 @@ pub struct HostView {
 }
 
 /// SQL asking a server for its role: in recovery, read-only, a primary's timeline (from
-/// its current WAL file name), a standby's WAL received and not yet replayed.
+/// its current WAL file name), a standby's WAL received and not yet replayed, and while
+/// there is some, the milliseconds since the primary committed the last transaction the
+/// standby replayed (since it started, when it has replayed none).
 const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
     CASE WHEN pg_is_in_recovery() THEN 0 \
     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
     CASE WHEN pg_is_in_recovery() THEN greatest(coalesce(pg_wal_lsn_diff(\
-    pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END";
+    pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END, \
+    CASE WHEN pg_is_in_recovery() AND pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
+    THEN greatest(extract(epoch FROM now() - coalesce(pg_last_xact_replay_timestamp(), \
+    pg_postmaster_start_time())) * 1000, 0)::bigint ELSE 0 END";
 
 impl HostList {
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
@@ -218,7 +251,11 @@ impl HostList {
     }
 
     /// With `target_session_attrs` and `max_standby_lag`.
-    pub fn with_roles(mut self, attrs: SessionAttrs, max_lag: u64) -> HostList {
+    pub fn with_roles(
+        mut self,
+        attrs: SessionAttrs,
+        max_lag: crate::config::settings::StandbyLag,
+    ) -> HostList {
         self.attrs = attrs;
         self.max_lag = max_lag;
         self
@@ -409,6 +446,7 @@ pub async fn ask_role(server: &mut Server) -> Result<Observed, ServerError> {
         read_only: col(1) == "on",
         timeline: col(2).parse().unwrap_or(0),
         lag_bytes: col(3).parse().unwrap_or(0),
+        lag_ms: col(4).parse().unwrap_or(0),
     })
 }
 
@@ -562,12 +600,9 @@ async fn connect_one(
         None => addr.resolve().await,
     };
     let connected = match resolved {
-        Ok(addrs) => addr.connect_to(addrs).await,
+        Ok(addrs) => addr.connect_to(addrs, Some(&target.tcp)).await,
         Err(e) => Err(e),
     };
-    if let Ok(Stream::Tcp(t)) = &connected {
-        target.tcp.apply_or_warn(socket2::SockRef::from(t));
-    }
     match connected {
         Ok(s) => Ok((s, addr.clone())),
         Err(e) => {
@@ -934,17 +969,19 @@ mod tests {
 
     #[test]
     fn a_reload_naming_the_same_hosts_keeps_what_is_known_of_their_roles() {
-        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, 0);
+        let old = hosts(false).with_roles(SessionAttrs::ReadWrite, Default::default());
         let o = |timeline| Observed {
             standby: false,
             read_only: false,
             timeline,
             lag_bytes: 0,
+            lag_ms: 0,
         };
         old.observe(0, o(1), "db");
         old.observe(1, o(2), "db");
         assert_eq!(old.switchovers(), 1);
-        let same = old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, 0));
+        let same =
+            old.carried_into(hosts(true).with_roles(SessionAttrs::ReadWrite, Default::default()));
         assert!(same.round_robin);
         assert!(same.view()[0].fenced, "the former primary stays fenced");
         let other = old.carried_into(HostList::new(vec![ServerAddr::new(Some("z"), 1)], true));

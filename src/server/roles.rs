@@ -3,6 +3,8 @@
 //! against split brain and `max_standby_lag` for reads.
 use std::time::Instant;
 
+use crate::config::settings::StandbyLag;
+
 /// libpq's `target_session_attrs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SessionAttrs {
@@ -84,6 +86,9 @@ pub struct Observed {
     pub timeline: u32,
     /// A standby's WAL received and not replayed, in bytes.
     pub lag_bytes: u64,
+    /// While it has WAL left to replay: milliseconds since the primary committed the last
+    /// transaction it replayed (0: up to date).
+    pub lag_ms: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -92,6 +97,7 @@ pub struct HostState {
     pub read_only: bool,
     pub timeline: u32,
     pub lag_bytes: u64,
+    pub lag_ms: u64,
     pub checked: Option<Instant>,
     /// Why it is down or unknown.
     pub why: Option<String>,
@@ -141,15 +147,20 @@ impl RoleBook {
         })
     }
 
-    fn standby_ok(&self, i: usize, max_lag: u64) -> bool {
+    fn standby_ok(&self, i: usize, max_lag: StandbyLag) -> bool {
         self.hosts.get(i).is_some_and(|h| {
-            h.role == HostRole::Standby && (max_lag == 0 || h.lag_bytes <= max_lag)
+            h.role == HostRole::Standby
+                && match max_lag {
+                    StandbyLag::Bytes(0) => true,
+                    StandbyLag::Bytes(b) => h.lag_bytes <= b,
+                    StandbyLag::Time(t) => u128::from(h.lag_ms) <= t.as_millis(),
+                }
         })
     }
 
     /// Whether a session on host `i` fits `attrs` as far as is known now. Unknown hosts do
     /// not fit (a login checks them first).
-    pub fn fits(&self, i: usize, attrs: SessionAttrs, max_lag: u64) -> bool {
+    pub fn fits(&self, i: usize, attrs: SessionAttrs, max_lag: StandbyLag) -> bool {
         let Some(h) = self.hosts.get(i) else {
             return false;
         };
@@ -169,7 +180,7 @@ impl RoleBook {
         }
     }
 
-    fn any_standby_ok(&self, max_lag: u64) -> bool {
+    fn any_standby_ok(&self, max_lag: StandbyLag) -> bool {
         (0..self.hosts.len()).any(|i| self.standby_ok(i, max_lag))
     }
 
@@ -177,7 +188,7 @@ impl RoleBook {
     /// host must still fit (a primary demoted, fenced or gone takes no more writes). A
     /// host whose role is unknown keeps its servers only when it was not a primary
     /// before: a write must never reach a host whose role is in doubt.
-    pub fn keeps(&self, i: usize, attrs: SessionAttrs, max_lag: u64) -> bool {
+    pub fn keeps(&self, i: usize, attrs: SessionAttrs, max_lag: StandbyLag) -> bool {
         attrs == SessionAttrs::Any || self.fits(i, attrs, max_lag)
     }
 
@@ -195,7 +206,7 @@ impl RoleBook {
 
     /// The order in which to try the hosts for a new server: hosts known to fit first (from
     /// `start`, round the list), then unknown ones, then the rest (they may have changed).
-    pub fn order(&self, start: usize, attrs: SessionAttrs, max_lag: u64) -> Vec<usize> {
+    pub fn order(&self, start: usize, attrs: SessionAttrs, max_lag: StandbyLag) -> Vec<usize> {
         let n = self.hosts.len();
         let ring = (0..n).map(|k| (start + k) % n);
         if attrs == SessionAttrs::Any {
@@ -228,6 +239,7 @@ impl RoleBook {
         h.read_only = o.read_only;
         h.timeline = if o.standby { 0 } else { o.timeline };
         h.lag_bytes = if o.standby { o.lag_bytes } else { 0 };
+        h.lag_ms = if o.standby { o.lag_ms } else { 0 };
         h.checked = Some(Instant::now());
         h.why = None;
         if !o.standby {
@@ -281,12 +293,18 @@ impl RoleBook {
 mod tests {
     use super::*;
 
+    #[allow(non_snake_case)]
+    fn B(n: u64) -> StandbyLag {
+        StandbyLag::Bytes(n)
+    }
+
     fn primary(timeline: u32) -> Observed {
         Observed {
             standby: false,
             read_only: false,
             timeline,
             lag_bytes: 0,
+            lag_ms: 0,
         }
     }
 
@@ -296,6 +314,7 @@ mod tests {
             read_only: true,
             timeline: 0,
             lag_bytes,
+            lag_ms: lag_bytes / 10,
         }
     }
 
@@ -303,21 +322,21 @@ mod tests {
     fn read_write_follows_the_primary_through_a_switchover() {
         let rw = SessionAttrs::ReadWrite;
         let mut b = RoleBook::new(2);
-        assert_eq!(b.order(0, rw, 0), vec![0, 1], "unknown: in list order");
+        assert_eq!(b.order(0, rw, B(0)), vec![0, 1], "unknown: in list order");
         b.observe(0, primary(1));
         b.observe(1, standby(0));
-        assert!(b.fits(0, rw, 0) && !b.fits(1, rw, 0));
-        assert_eq!(b.order(1, rw, 0), vec![0, 1]);
+        assert!(b.fits(0, rw, B(0)) && !b.fits(1, rw, B(0)));
+        assert_eq!(b.order(1, rw, B(0)), vec![0, 1]);
         // Planned: the primary shuts down, the standby is promoted.
         let c = b.forget(0, true, "admin shutdown").unwrap();
         assert_eq!((c.from, c.to), (Some(0), None));
-        assert!(!b.keeps(0, rw, 0), "no write reaches a host in doubt");
+        assert!(!b.keeps(0, rw, B(0)), "no write reaches a host in doubt");
         assert!(!b.demoted(0), "in doubt only: transactions under way go on");
         let c = b.observe(1, primary(2)).unwrap();
         assert_eq!((c.from, c.to), (None, Some(1)));
         assert_eq!(b.primary, Some(1));
         assert_eq!(b.switchovers, 1);
-        assert!(b.fits(1, rw, 0));
+        assert!(b.fits(1, rw, B(0)));
     }
 
     #[test]
@@ -328,12 +347,12 @@ mod tests {
         b.observe(1, primary(2));
         assert_eq!(b.primary, Some(1));
         assert_eq!(b.switchovers, 1);
-        assert!(b.is_fenced(0) && !b.fits(0, rw, 0) && !b.keeps(0, rw, 0));
+        assert!(b.is_fenced(0) && !b.fits(0, rw, B(0)) && !b.keeps(0, rw, B(0)));
         assert!(b.demoted(0) && !b.demoted(1));
-        assert_eq!(b.order(0, rw, 0), vec![1, 0]);
+        assert_eq!(b.order(0, rw, B(0)), vec![1, 0]);
         // Even with the new primary down, the fenced one takes no writes.
         b.forget(1, true, "gone");
-        assert!(!b.fits(0, rw, 0));
+        assert!(!b.fits(0, rw, B(0)));
         assert_eq!(b.primary, None);
     }
 
@@ -343,19 +362,23 @@ mod tests {
         b.observe(0, primary(1));
         b.observe(1, standby(100));
         let ps = SessionAttrs::PreferStandby;
-        assert!(b.fits(1, ps, 1000) && !b.fits(0, ps, 1000));
-        assert!(b.fits(1, SessionAttrs::ReadOnly, 0), "0: no bound");
+        assert!(b.fits(1, ps, B(1000)) && !b.fits(0, ps, B(1000)));
+        assert!(b.fits(1, SessionAttrs::ReadOnly, B(0)), "0: no bound");
         b.observe(1, standby(5000));
         assert!(
-            !b.fits(1, ps, 1000) && b.fits(0, ps, 1000),
+            !b.fits(1, ps, B(1000)) && b.fits(0, ps, B(1000)),
             "lagging: the primary"
         );
         assert!(
-            !b.fits(1, SessionAttrs::Standby, 1000),
+            !b.fits(1, SessionAttrs::Standby, B(1000)),
             "standby: no fallback"
         );
-        assert!(!b.fits(0, SessionAttrs::Standby, 1000));
+        assert!(!b.fits(0, SessionAttrs::Standby, B(1000)));
+        // A bound in time: 500 ms behind (see `standby`).
+        let ms = |n| StandbyLag::Time(std::time::Duration::from_millis(n));
+        assert!(b.fits(1, ps, ms(1000)) && !b.fits(0, ps, ms(1000)));
+        assert!(!b.fits(1, ps, ms(100)) && b.fits(0, ps, ms(100)));
         assert!(SessionAttrs::Any == SessionAttrs::parse(None));
-        assert!(b.keeps(1, SessionAttrs::Any, 1));
+        assert!(b.keeps(1, SessionAttrs::Any, B(1)));
     }
 }

@@ -317,7 +317,7 @@ fn hosts(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) 
         let _ = writeln!(out, "pgcarpool_switchovers_total{{{l}}} {n}");
     }
     type Pick = fn(&crate::server::connect::HostView) -> u64;
-    let gauges: [(&str, &str, Pick); 3] = [
+    let gauges: [(&str, &str, Pick); 4] = [
         (
             "pgcarpool_host_usable",
             "1 if new servers of the pool may go to the host (its role fits).",
@@ -332,6 +332,12 @@ fn hosts(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) 
             "pgcarpool_host_lag_bytes",
             "WAL a standby received and has not replayed, at the last check.",
             |h| h.state.lag_bytes,
+        ),
+        (
+            "pgcarpool_host_lag_ms",
+            "While a standby has WAL to replay: milliseconds since the primary committed the \
+             last transaction it replayed, at the last check.",
+            |h| h.state.lag_ms,
         ),
     ];
     let views: Vec<_> = lists.iter().map(|(s, _)| s.target.hosts.view()).collect();

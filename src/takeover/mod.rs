@@ -189,6 +189,16 @@ impl Restart {
             }
         }
     }
+    /// `tcp_socket_buffer` (at start, and when a reload changes it): set on every TCP
+    /// listening socket, for the connections it accepts from then on.
+    pub fn set_socket_buffer(&self, size: usize) {
+        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        for b in g.iter() {
+            if let Bound::Tcp(l) = b {
+                crate::net::sockopt::set_listener_buffers(socket2::SockRef::from(l), size);
+            }
+        }
+    }
     /// The listening sockets: (duplicate descriptor, addr text, port).
     fn listening(&self) -> Vec<(OwnedFd, String, Option<u16>)> {
         let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());

@@ -21,6 +21,7 @@
 pub mod differential;
 pub mod diffgen;
 pub mod faultproxy;
+pub mod netns;
 mod observer;
 mod pooler;
 mod postgres;
@@ -154,8 +155,13 @@ pub fn dsn_for(port: u16, user: &str, db: &str) -> String {
 
 /// A libpq `key=value` connection string with an explicit password (None: none sent).
 pub fn dsn_with_password(port: u16, user: &str, password: Option<&str>, db: &str) -> String {
+    dsn_at("127.0.0.1", port, user, password, db)
+}
+
+/// A libpq `key=value` connection string for `host`:`port` (None: no password sent).
+pub fn dsn_at(host: &str, port: u16, user: &str, password: Option<&str>, db: &str) -> String {
     let mut dsn = format!(
-        "host=127.0.0.1 port={port} user={} dbname={}",
+        "host={host} port={port} user={} dbname={}",
         conninfo_quote(user),
         conninfo_quote(db)
     );

@@ -13,7 +13,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{dsn_for, pg_bin, run_checked, tail, try_connect};
+use super::netns::NetNs;
+use super::{dsn_at, password_of, pg_bin, run_checked, tail, try_connect};
 
 /// Settings every instance gets (written into the template's postgresql.conf).
 const BASE_CONF: &str = "\
@@ -262,6 +263,17 @@ fn make_template() -> Template {
     Template { run_as, root, data }
 }
 
+/// Let the test roles in from `subnet` as from 127.0.0.1 (a copy of each `host` line).
+fn allow_subnet(run_as: RunAs, hba: &Path, subnet: &str) {
+    let text = fs::read_to_string(hba).expect("read pg_hba.conf");
+    let mut out = text.clone();
+    for line in text.lines().filter(|l| l.contains("127.0.0.1/32")) {
+        out.push_str(&line.replace("127.0.0.1/32", subnet));
+        out.push('\n');
+    }
+    run_as.write(hba, &out);
+}
+
 /// Run `cmd` with `input` on its stdin.
 fn pipe_to(cmd: &mut Command, input: &str) -> Output {
     use std::io::Write;
@@ -295,6 +307,10 @@ pub struct TempPostgres {
     /// Temp dir: `data/`, `postgres.log` and the unix socket.
     dir: tempfile::TempDir,
     port: u16,
+    /// The address it listens on (127.0.0.1, or its address in a network namespace).
+    host: String,
+    /// The network namespace it runs in, if not the root one (`start_in`).
+    netns: Option<String>,
     /// False after `stop()` (until `start_again()`).
     running: AtomicBool,
 }
@@ -308,6 +324,17 @@ impl TempPostgres {
     /// Start a server with extra postgresql.conf settings (these win over the defaults,
     /// e.g. `&[("max_connections", "20"), ("log_statement", "all")]`). Values are quoted.
     pub fn start_with(extra_conf: &[(&str, &str)]) -> TempPostgres {
+        TempPostgres::start_inner(extra_conf, None)
+    }
+
+    /// Start a server inside network namespace `ns`, listening only on its address there
+    /// (`ns.ns_addr`), reachable from the root namespace over the namespace's veth; the
+    /// test roles authenticate from the veth's subnet as they do from 127.0.0.1.
+    pub fn start_in(ns: &NetNs) -> TempPostgres {
+        TempPostgres::start_inner(&[], Some(ns))
+    }
+
+    fn start_inner(extra_conf: &[(&str, &str)], ns: Option<&NetNs>) -> TempPostgres {
         let template = template();
         let run_as = template.run_as;
         let dir = tempfile::Builder::new()
@@ -318,12 +345,16 @@ impl TempPostgres {
         let data = dir.path().join("data");
         run_as.copy_dir(&template.data, &data, dir.path());
         let log = dir.path().join("postgres.log");
+        let host = ns.map_or("127.0.0.1".to_string(), |ns| ns.ns_addr.to_string());
+        if let Some(ns) = ns {
+            allow_subnet(run_as, &data.join("pg_hba.conf"), &ns.subnet());
+        }
 
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
             let mut conf = format!(
-                "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = {}\nmax_connections = 300\n",
+                "port = {port}\nlisten_addresses = '{host}'\nunix_socket_directories = {}\nmax_connections = 300\n",
                 conf_quote(&dir.path().to_string_lossy())
             );
             for (key, value) in extra_conf {
@@ -331,8 +362,15 @@ impl TempPostgres {
             }
             run_as.write(&data.join("harness.conf"), &conf);
             let log_len_before = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-            let output = run_as
-                .command("pg_ctl", dir.path())
+            let mut start = run_as.command("pg_ctl", dir.path());
+            if let Some(ns) = ns {
+                // The postmaster (pg_ctl's child) lives in the namespace.
+                let inner = start;
+                start = ns.command();
+                start.arg(inner.get_program()).args(inner.get_args());
+                start.current_dir(dir.path());
+            }
+            let output = start
                 .arg("-D")
                 .arg(&data)
                 .arg("-l")
@@ -345,6 +383,8 @@ impl TempPostgres {
                     run_as,
                     dir,
                     port,
+                    host,
+                    netns: ns.map(|ns| ns.name().to_string()),
                     running: AtomicBool::new(true),
                 };
             }
@@ -385,12 +425,17 @@ impl TempPostgres {
 
     /// libpq `key=value` connection string (host=127.0.0.1), with the test role's password.
     pub fn dsn(&self, user: &str, db: &str) -> String {
-        dsn_for(self.port, user, db)
+        dsn_at(&self.host, self.port, user, password_of(user), db)
     }
 
     /// A `[databases]` entry value pointing at database `db` of this server.
     pub fn db_entry(&self, db: &str) -> String {
-        format!("host=127.0.0.1 port={} dbname={db}", self.port)
+        format!("host={} port={} dbname={db}", self.host, self.port)
+    }
+
+    /// The address it listens on.
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     /// Connect directly (not through a pooler) as a test role; panics on failure.
@@ -425,10 +470,18 @@ impl TempPostgres {
 
     /// `pg_ctl` on this server's data directory, waiting (`-w`) for the result.
     fn pg_ctl(&self, args: &[&str], what: &str) {
+        let mut cmd = self.run_as.command("pg_ctl", self.dir.path());
+        if let Some(ns) = &self.netns {
+            // A (re)started postmaster lives in the namespace too.
+            let inner = cmd;
+            cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns])
+                .arg(inner.get_program())
+                .args(inner.get_args())
+                .current_dir(self.dir.path());
+        }
         run_checked(
-            self.run_as
-                .command("pg_ctl", self.dir.path())
-                .arg("-D")
+            cmd.arg("-D")
                 .arg(self.data_dir())
                 .arg("-l")
                 .arg(self.dir.path().join("postgres.log"))
@@ -508,6 +561,8 @@ impl TempPostgres {
                     run_as,
                     dir,
                     port,
+                    host: "127.0.0.1".into(),
+                    netns: None,
                     running: AtomicBool::new(true),
                 };
             }
