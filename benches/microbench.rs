@@ -14,14 +14,14 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
-use pgcarpool::client::classify;
-use pgcarpool::client::prepared::StatementRegistry;
 use pgcarpool::client::relay::Relay;
 use pgcarpool::client::session::VirtualSession;
 use pgcarpool::config::PoolMode;
 use pgcarpool::net::{Conn, Stream};
 use pgcarpool::proto::{self, Reader, backend, frontend};
 use pgcarpool::server::{Server, ServerAddr};
+use pgcarpool::sql::classify;
+use pgcarpool::statements::StatementRegistry;
 
 // ---------------------------------------------------------------------------------------
 // Messages, as pgbench (simple and -M prepared, which goes through libpq) sends and gets them.

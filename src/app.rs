@@ -26,7 +26,7 @@ pub struct Shared {
     /// The secrets auth_query found lately, per (database, user).
     pub dynamic_users: crate::auth::dynamic::DynamicUsers,
     /// Prepared statements by key, shared by all pools.
-    pub statements: Arc<crate::client::prepared::StatementRegistry>,
+    pub statements: Arc<crate::statements::StatementRegistry>,
     /// Cancelled to stop accepting new clients.
     pub stop_accepting: CancellationToken,
     /// Cancelled by SHUTDOWN WAIT_FOR_SERVERS: a client that needs a server for a new
@@ -107,7 +107,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
     shared.apply_peers();
     // peers_dns: the first members (and this instance's id) before any client gets a key.
     let mut members = None;
-    let first = crate::peers::refresh(&shared, &mut members);
+    let first = shared.refresh_peers(&mut members);
     if tokio::time::timeout(Duration::from_secs(5), first)
         .await
         .is_err()
@@ -151,13 +151,16 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
             let s2 = shared.clone();
             let accept = track(Box::pin(async move {
                 match clone.attach() {
-                    Ok(l) => listen::accept_loop(l, s2).await,
+                    Ok(l) => crate::client::accept::accept_loop(l, s2).await,
                     Err(e) => tracing::warn!("worker {w} cannot listen: {e}"),
                 }
             }));
             workers.handle(w).spawn(shared.tracker.track_future(accept));
         }
-        let accept = track(Box::pin(listen::accept_loop(l.attach()?, shared.clone())));
+        let accept = track(Box::pin(crate::client::accept::accept_loop(
+            l.attach()?,
+            shared.clone(),
+        )));
         shared.tracker.spawn(accept);
     }
     shared.listeners.close();
@@ -167,18 +170,41 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         shared.stop_background.clone(),
         move |db| weak.upgrade()?.config.load().pool_idle_timeout_for(db),
     ));
-    shared
-        .tracker
-        .spawn(crate::stats::run_periods(shared.clone()));
-    shared
-        .tracker
-        .spawn(crate::peers::run_dns(shared.clone(), members));
-    if let Some(metrics) = crate::stats::metrics::bind(&shared.config.load().settings).await? {
+    let weak = Arc::downgrade(&shared);
+    shared.tracker.spawn(janitor::run_periods(
+        shared.pools.clone(),
+        shared.stop_background.clone(),
+        move || {
+            let s = &weak.upgrade()?.config.load().settings;
+            Some((s.stats_period, s.log_stats))
+        },
+    ));
+    shared.tracker.spawn(run_dns(shared.clone(), members));
+    if let Some(metrics) = crate::admin::metrics::bind(&shared.config.load().settings).await? {
         shared
             .tracker
-            .spawn(crate::stats::metrics::serve(metrics, shared.clone()));
+            .spawn(crate::admin::metrics::serve(metrics, shared.clone()));
     }
     Ok(AppHandle { addr, shared })
+}
+
+/// Keep the `peers_dns` members current: every `dns_max_ttl` (at least 1 s) after the
+/// first resolution (done by `start_on` before accepting clients).
+async fn run_dns(shared: Arc<Shared>, mut last: Option<Vec<SocketAddr>>) {
+    let stop = shared.stop_background.clone();
+    loop {
+        let period = shared
+            .config
+            .load()
+            .settings
+            .dns_max_ttl
+            .max(Duration::from_secs(1));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        shared.refresh_peers(&mut last).await;
+    }
 }
 
 /// Resolve the settings of the pool of `server_user` (the user its servers log in as: the
@@ -265,7 +291,7 @@ pub fn pool_settings(
 impl Shared {
     /// Fresh state for `config`: no pools, no clients, nothing running yet.
     pub fn new(config: Config) -> Arc<Shared> {
-        let statements = crate::client::prepared::StatementRegistry::with_max_bytes(
+        let statements = crate::statements::StatementRegistry::with_max_bytes(
             config.settings.statement_registry_size,
         );
         Arc::new(Shared {
@@ -408,6 +434,15 @@ impl Shared {
         self.clients.set_peer_id(self.peers.own_id());
     }
 
+    /// Resolve `peers_dns` once and apply what changed since `last` (`peers::refresh`);
+    /// new client keys name this instance's id.
+    pub async fn refresh_peers(&self, last: &mut Option<Vec<SocketAddr>>) {
+        let cfg = self.config.load_full();
+        if crate::peers::refresh(&self.peers, &cfg, last).await {
+            self.clients.set_peer_id(self.peers.own_id());
+        }
+    }
+
     /// A shutdown (signal or console SHUTDOWN) has begun.
     pub fn shutting_down(&self) -> bool {
         self.stop_accepting.is_cancelled()
@@ -487,7 +522,7 @@ impl Shared {
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {
             tick.tick().await;
-            if self.pools.all().iter().all(|p| p.counts().active == 0) {
+            if self.pools.all().iter().all(|p| p.counts().in_use() == 0) {
                 return;
             }
         }

@@ -37,11 +37,14 @@ pub struct Cli {
     pub config: Option<PathBuf>,
 }
 
+/// The PgBouncer version whose console (and `--version`) pgcarpool's matches.
+pub const PGBOUNCER_COMPAT: &str = "1.25.2";
+
 /// The version line of `--version` and SHOW VERSION.
 pub fn version_line() -> String {
     format!(
         "PgBouncer {} (pgcarpool {})",
-        crate::admin::show::PGBOUNCER_COMPAT,
+        PGBOUNCER_COMPAT,
         env!("CARGO_PKG_VERSION")
     )
 }

@@ -52,9 +52,9 @@ pub fn message_framing(data: &[u8]) {
             }
             b'Q' => {
                 if let Ok(sql) = frontend::parse_query(body) {
-                    let _ = crate::client::classify::classify(sql);
-                    let _ = crate::client::classify::split(sql);
-                    let _ = crate::client::classify::named_statement(sql);
+                    let _ = crate::sql::classify::classify(sql);
+                    let _ = crate::sql::classify::split(sql);
+                    let _ = crate::sql::classify::named_statement(sql);
                 }
             }
             b'R' => {

@@ -16,6 +16,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::Settings;
+use crate::config::names::facility_code;
+use crate::lock::Locked;
 
 /// Where syslog lines go: the local syslog socket (`PGCARPOOL_SYSLOG_SOCKET` names another,
 /// for tests).
@@ -23,33 +25,6 @@ pub fn syslog_socket() -> PathBuf {
     std::env::var_os("PGCARPOOL_SYSLOG_SOCKET")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/dev/log"))
-}
-
-/// The numeric syslog facility for a `syslog_facility` name.
-pub fn facility_code(name: &str) -> Option<u8> {
-    Some(match name {
-        "kern" => 0,
-        "user" => 1,
-        "mail" => 2,
-        "daemon" => 3,
-        "auth" => 4,
-        "syslog" => 5,
-        "lpr" => 6,
-        "news" => 7,
-        "uucp" => 8,
-        "cron" => 9,
-        "authpriv" => 10,
-        "ftp" => 11,
-        "local0" => 16,
-        "local1" => 17,
-        "local2" => 18,
-        "local3" => 19,
-        "local4" => 20,
-        "local5" => 21,
-        "local6" => 22,
-        "local7" => 23,
-        _ => return None,
-    })
 }
 
 /// The syslog severity of a tracing level.
@@ -408,7 +383,7 @@ fn pgbouncer_line(header: Option<&Header>, f: &Fields) -> String {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 /// One formatted event, written out whole when dropped (one `write` per target, so lines

@@ -3,6 +3,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use pgcarpool::cli::Cli;
 
 fn main() -> std::process::ExitCode {
@@ -42,8 +45,7 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
     if let Some(user) = cli.user.as_deref().or(config.settings.user.as_deref()) {
         switch_user(user)?;
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    if unsafe { libc::getuid() } == 0 {
+    if nix::unistd::getuid().is_root() {
         anyhow::bail!(
             "pgcarpool should not run as root: start it as another user, or name one with -u USER (or user = in the config)"
         );
@@ -142,11 +144,10 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
                 .spawn(async move { from.take_clients(shared).await });
         } else if let Some(pid) = predecessor {
             tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
-            // SAFETY: kill(2) on the PID of the pgcarpool our pidfile named, checked just before.
-            if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGTERM) {
                 tracing::warn!(
                     "could not signal pgcarpool {pid}: {}",
-                    std::io::Error::last_os_error()
+                    std::io::Error::from(e)
                 );
             }
         }
@@ -239,8 +240,7 @@ fn process_alive(pid: u32) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
         return false;
     };
-    // SAFETY: kill(2) with signal 0 only checks for the process.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    matches!(kill(Pid::from_raw(pid), None), Ok(()) | Err(Errno::EPERM))
 }
 
 fn read_pid(pidfile: &std::path::Path) -> Option<u32> {
@@ -260,34 +260,22 @@ fn running_pgcarpool(pidfile: &std::path::Path) -> Option<i32> {
 /// descriptor, and the usual soft limit (1024) is below max_client_conn on busy poolers.
 /// Warns when even the hard limit is below what max_client_conn needs.
 fn raise_fd_limit(max_client_conn: usize) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((mut soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
     };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
-        }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        soft = hard;
     }
     // Clients, a server each at worst, and some room for listeners and logs.
     let needed = (max_client_conn as u64)
         .saturating_mul(2)
         .saturating_add(64);
-    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < needed {
+    if soft != libc::RLIM_INFINITY && soft < needed {
         tracing::warn!(
             "open files limit is {} but max_client_conn = {max_client_conn} may need {needed}: \
              raise it (ulimit -n, LimitNOFILE=)",
-            lim.rlim_cur
+            soft
         );
     }
 }
@@ -329,16 +317,12 @@ fn daemonize() -> anyhow::Result<()> {
 }
 
 fn switch_user(name: &str) -> anyhow::Result<()> {
-    let cname = std::ffi::CString::new(name)?;
-    // SAFETY: getpwnam returns a pointer to static storage, read at once.
-    unsafe {
-        let pw = libc::getpwnam(cname.as_ptr());
-        if pw.is_null() {
-            anyhow::bail!("unknown user {name}");
-        }
-        if libc::setgid((*pw).pw_gid) != 0 || libc::setuid((*pw).pw_uid) != 0 {
-            anyhow::bail!("could not switch to user {name}");
-        }
+    use nix::unistd::{User, setgid, setuid};
+    let Ok(Some(pw)) = User::from_name(name) else {
+        anyhow::bail!("unknown user {name}");
+    };
+    if setgid(pw.gid).is_err() || setuid(pw.uid).is_err() {
+        anyhow::bail!("could not switch to user {name}");
     }
     Ok(())
 }

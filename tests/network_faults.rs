@@ -134,6 +134,12 @@ async fn a_server_that_accepts_and_never_answers_ends_the_wait_at_query_wait_tim
         || async { proxy.open() > 0 },
     )
     .await;
+    // SHOW POOLS tells the server being opened from the active ones.
+    wait_for("the login counted in sv_login", ENDS, || async {
+        pool_count(&admin, "faulty", "sv_login").await == 1
+            && pool_count(&admin, "faulty", "sv_active").await == 0
+    })
+    .await;
     assert_eq!(select(&direct, 3).await, Ok(3));
     assert_eq!(
         waiting.await.unwrap(),

@@ -9,7 +9,7 @@ mod harness;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use harness::process::{PoolerProcess, ProcessDir};
+use harness::process::{PoolerProcess, ProcessDir, pidfile_pid};
 use harness::{
     TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, output_text, pgbench_number,
     run_pgbench, try_connect,
@@ -23,25 +23,9 @@ fn reuseport_spec(pg: &TempPostgres, extra: &[(&str, &str)]) -> TestPoolerBuilde
         .settings(extra)
 }
 
-/// The PID the pidfile names ("" when there is none).
-fn pidfile_pid(pidfile: &Path) -> String {
-    std::fs::read_to_string(pidfile)
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
-/// Start the first pgcarpool on `spec`, with a pidfile, and check the pidfile names it.
+/// Start the first pgcarpool on `spec`, with a pidfile.
 async fn start_first(spec: TestPoolerBuilder) -> PoolerProcess {
-    let dir = ProcessDir::with_pidfile(spec);
-    let pidfile = dir.pidfile();
-    let p = PoolerProcess::start_in(dir, &[]).await;
-    assert_eq!(
-        pidfile_pid(&pidfile),
-        p.pid().to_string(),
-        "the pidfile does not name the running pgcarpool"
-    );
-    p
+    PoolerProcess::start_first(ProcessDir::with_pidfile(spec)).await
 }
 
 /// Transactions the console at `port` has counted on testdb.

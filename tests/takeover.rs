@@ -10,7 +10,7 @@ mod harness;
 use std::path::Path;
 use std::time::Duration;
 
-use harness::process::{PoolerProcess, ProcessDir};
+use harness::process::{PoolerProcess, ProcessDir, pidfile_pid};
 use harness::{
     TempPostgres, TestPooler, TestPoolerBuilder, dsn_for, eventually, output_text, pgbench_number,
     run_pgbench, try_connect,
@@ -23,14 +23,7 @@ async fn start_first(spec: TestPoolerBuilder) -> PoolerProcess {
     let mut dir = ProcessDir::with_pidfile(spec.setting("so_reuseport", "0"));
     let sockdir = dir.path().to_string_lossy().into_owned();
     dir.rewrite(|b| b.setting("unix_socket_dir", &sockdir));
-    PoolerProcess::start_in(dir, &[]).await
-}
-
-fn pidfile_pid(pidfile: &Path) -> String {
-    std::fs::read_to_string(pidfile)
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    PoolerProcess::start_first(dir).await
 }
 
 /// The rows of a console SHOW as (column → value) maps.
@@ -117,11 +110,11 @@ async fn without_so_reuseport_the_sockets_and_idle_clients_move_and_the_old_one_
         "moved-client"
     );
     // The new process lists it, as moved in.
-    let clients = show(new.port(), "SHOW CLIENTS").await;
+    let clients = show(new.port(), "SHOW HANDOVER").await;
     let moved = clients
         .iter()
         .find(|r| field(r, "database") == Some("testdb"))
-        .unwrap_or_else(|| panic!("the moved client is not in SHOW CLIENTS: {clients:?}"));
+        .unwrap_or_else(|| panic!("the moved client is not in SHOW HANDOVER: {clients:?}"));
     assert_eq!(field(moved, "handover"), Some("moved in"));
     // New clients, over TCP and the Unix socket, reach the new process.
     new.connect("md5user")
@@ -164,21 +157,21 @@ async fn a_pinned_client_stays_with_the_old_process_until_it_leaves() {
     idle.simple_query("select 1").await.unwrap();
     let old_port = old.port();
     let mut new = old.start_successor(&["-R"]).await;
-    // The idle one moves; the pinned one stays, and the new process's SHOW CLIENTS says so
+    // The idle one moves; the pinned one stays, and the new process's SHOW HANDOVER says so
     // (the old one listens no more).
     assert!(
         eventually(Duration::from_secs(5), || async {
-            show(new.port(), "SHOW CLIENTS").await.iter().any(|r| {
+            show(new.port(), "SHOW HANDOVER").await.iter().any(|r| {
                 field(r, "handover") == Some("with the old process: stays: pinned to its server")
             })
         })
         .await,
         "the new process does not list the pinned client: {:?}",
-        show(new.port(), "SHOW CLIENTS").await
+        show(new.port(), "SHOW HANDOVER").await
     );
     assert!(
         eventually(Duration::from_secs(5), || async {
-            show(new.port(), "SHOW CLIENTS")
+            show(new.port(), "SHOW HANDOVER")
                 .await
                 .iter()
                 .any(|r| field(r, "handover") == Some("moved in"))
@@ -348,7 +341,7 @@ async fn upgrade_under_pgbench_prepared_moves_every_session() {
         new.log()
     );
     // The new process lists every client: the holders and pgbench's.
-    let clients = show(new.port(), "SHOW CLIENTS").await;
+    let clients = show(new.port(), "SHOW HANDOVER").await;
     let moved = clients
         .iter()
         .filter(|r| field(r, "handover") == Some("moved in"))
@@ -461,7 +454,7 @@ async fn a_client_in_a_transaction_moves_when_it_ends_and_unix_clients_move_too(
     // The Unix client moves; the one in a transaction waits with the old process.
     assert!(
         eventually(Duration::from_secs(5), || async {
-            let rows = show(new.port(), "SHOW CLIENTS").await;
+            let rows = show(new.port(), "SHOW HANDOVER").await;
             rows.iter().any(|r| {
                 field(r, "addr") == Some("unix") && field(r, "handover") == Some("moved in")
             }) && rows
@@ -470,7 +463,7 @@ async fn a_client_in_a_transaction_moves_when_it_ends_and_unix_clients_move_too(
         })
         .await,
         "{:?}\n{}",
-        show(new.port(), "SHOW CLIENTS").await,
+        show(new.port(), "SHOW HANDOVER").await,
         old.log()
     );
     assert!(

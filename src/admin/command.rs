@@ -34,10 +34,12 @@ pub enum View {
     Workers,
     /// pgcarpool's own: each host of each pool's host list, its role, lag and health.
     Hosts,
+    /// pgcarpool's own: how each client stands in an online restart (`-R`).
+    Handover,
 }
 
 /// Every view, with the name SHOW takes.
-pub const VIEWS: [(&str, View); 28] = [
+pub const VIEWS: [(&str, View); 29] = [
     ("help", View::Help),
     ("config", View::Config),
     ("databases", View::Databases),
@@ -66,6 +68,7 @@ pub const VIEWS: [(&str, View); 28] = [
     ("pins", View::Pins),
     ("workers", View::Workers),
     ("hosts", View::Hosts),
+    ("handover", View::Handover),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

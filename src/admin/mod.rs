@@ -1,6 +1,8 @@
 //! The admin console: database `pgbouncer` (or `pgcarpool`), PgBouncer's commands, over the
-//! simple Query protocol (psql) and the extended protocol (drivers).
+//! simple Query protocol (psql) and the extended protocol (drivers); the same views for
+//! Prometheus in metrics.rs.
 pub mod command;
+pub mod metrics;
 pub mod show;
 pub mod table;
 
@@ -14,6 +16,7 @@ use bytes::{BufMut, BytesMut};
 use crate::app::Shared;
 use crate::client::ClientError;
 use crate::config::Config;
+use crate::lock::Locked;
 use crate::net::Conn;
 use crate::proto::{MAX_MESSAGE_LEN, Reader, backend, frontend};
 pub use command::{Command, ShutdownMode, View};
@@ -26,10 +29,6 @@ pub enum Role {
     Admin,
     /// stats_users: SHOW only.
     Stats,
-}
-
-pub fn is_admin_db(db: &str) -> bool {
-    db == "pgbouncer" || db == "pgcarpool"
 }
 
 /// The console role of `user`, None = not allowed.
@@ -61,13 +60,10 @@ impl AdminState {
 
     /// DISABLE db: the login path refuses new clients of `db`.
     pub fn is_disabled(&self, db: &str) -> bool {
-        self.disabled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(db)
+        self.disabled.locked().contains(db)
     }
     pub fn set_disabled(&self, db: &str, on: bool) {
-        let mut g = self.disabled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.disabled.locked();
         if on {
             g.insert(db.to_string());
         } else {
@@ -75,19 +71,14 @@ impl AdminState {
         }
     }
     pub fn is_paused(&self, db: &str) -> bool {
-        self.is_paused_all()
-            || self
-                .paused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(db)
+        self.is_paused_all() || self.paused.locked().contains(db)
     }
     pub fn is_paused_all(&self) -> bool {
         self.paused_all.load(Ordering::Relaxed)
     }
     /// PAUSE / RESUME state, one for the console and the signals (SIGUSR1/SIGUSR2).
     pub(crate) fn set_paused(&self, db: Option<&str>, on: bool) {
-        let mut g = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.paused.locked();
         match db {
             Some(db) if on => {
                 g.insert(db.to_string());
@@ -316,7 +307,7 @@ fn welcome(conn: &mut Conn) {
         for (k, v) in [
             (
                 "server_version",
-                format!("{}/bouncer", show::PGBOUNCER_COMPAT),
+                format!("{}/bouncer", crate::cli::PGBOUNCER_COMPAT),
             ),
             ("server_encoding", "UTF8".to_string()),
             ("client_encoding", "UTF8".to_string()),
@@ -466,18 +457,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Notices(notices, tag))
         }
         Command::Pause(db) => {
-            if let Some(db) = &db {
-                need_db(shared, db)?;
-            }
-            match &db {
-                None => shared.pause_all().await,
-                Some(db) => {
-                    shared.admin.set_paused(Some(db), true);
-                    let pools = pools_of(shared, Some(db));
-                    pools.iter().for_each(|p| p.pause());
-                    wait_until(|| pools.iter().all(|p| p.counts().active == 0)).await;
-                }
-            }
+            pause(shared, db.as_deref()).await?;
             Ok(Reply::Done(tag))
         }
         Command::Resume(_) if shared.shutting_down() => {
@@ -510,19 +490,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Kill(db) => {
-            if let Some(db) = &db {
-                need_db(shared, db)?;
-            }
-            // As PgBouncer: the database stays paused until RESUME.
-            shared.admin.set_paused(db.as_deref(), true);
-            let pools = pools_of(shared, db.as_deref());
-            pools.iter().for_each(|p| p.pause());
-            for c in shared.clients.all() {
-                if db.as_deref().is_none_or(|d| c.db == d) {
-                    c.kill.cancel();
-                }
-            }
-            pools.iter().for_each(|p| p.reconnect());
+            kill(shared, db.as_deref())?;
             Ok(Reply::Done(tag))
         }
         Command::KillClient(id) => {
@@ -547,35 +515,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             "08P01",
             "HANDOVER is sent by a new pgcarpool started with -R, as user pgbouncer over the Unix socket, after SUSPEND",
         )),
-        Command::Shutdown(mode) => {
-            let s = shared.clone();
-            tracing::info!(
-                "SHUTDOWN{} from the admin console",
-                match mode {
-                    ShutdownMode::Now => "",
-                    ShutdownMode::WaitForServers => " WAIT_FOR_SERVERS",
-                    ShutdownMode::WaitForClients => " WAIT_FOR_CLIENTS",
-                }
-            );
-            match mode {
-                ShutdownMode::Now => {
-                    tokio::spawn(async move {
-                        // Let the console's answer go out first.
-                        tokio::task::yield_now().await;
-                        s.shutdown_now();
-                    });
-                    Ok(Reply::Close(tag))
-                }
-                ShutdownMode::WaitForServers => {
-                    tokio::spawn(async move { s.shutdown_wait_for_servers().await });
-                    Ok(Reply::Done(tag))
-                }
-                ShutdownMode::WaitForClients => {
-                    tokio::spawn(async move { s.shutdown_wait_for_clients().await });
-                    Ok(Reply::Done(tag))
-                }
-            }
-        }
+        Command::Shutdown(mode) => Ok(shutdown(shared, mode, tag)),
         Command::Enable(db) => {
             need_db(shared, &db)?;
             shared.admin.set_disabled(&db, false);
@@ -585,6 +525,70 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             need_db(shared, &db)?;
             shared.admin.set_disabled(&db, true);
             Ok(Reply::Done(tag))
+        }
+    }
+}
+
+/// PAUSE [db]: new checkouts wait; returns once no server of those pools is in use.
+async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
+    match db {
+        None => shared.pause_all().await,
+        Some(db) => {
+            need_db(shared, db)?;
+            shared.admin.set_paused(Some(db), true);
+            let pools = pools_of(shared, Some(db));
+            pools.iter().for_each(|p| p.pause());
+            wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
+        }
+    }
+    Ok(())
+}
+
+/// KILL [db]: its clients leave now, its servers close; as PgBouncer, the database stays
+/// paused until RESUME.
+fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
+    if let Some(db) = db {
+        need_db(shared, db)?;
+    }
+    shared.admin.set_paused(db, true);
+    let pools = pools_of(shared, db);
+    pools.iter().for_each(|p| p.pause());
+    for c in shared.clients.all() {
+        if db.is_none_or(|d| c.db == d) {
+            c.kill.cancel();
+        }
+    }
+    pools.iter().for_each(|p| p.reconnect());
+    Ok(())
+}
+
+/// SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS], begun after the console's answer.
+fn shutdown(shared: &Arc<Shared>, mode: ShutdownMode, tag: &'static str) -> Reply {
+    let s = shared.clone();
+    tracing::info!(
+        "SHUTDOWN{} from the admin console",
+        match mode {
+            ShutdownMode::Now => "",
+            ShutdownMode::WaitForServers => " WAIT_FOR_SERVERS",
+            ShutdownMode::WaitForClients => " WAIT_FOR_CLIENTS",
+        }
+    );
+    match mode {
+        ShutdownMode::Now => {
+            tokio::spawn(async move {
+                // Let the console's answer go out first.
+                tokio::task::yield_now().await;
+                s.shutdown_now();
+            });
+            Reply::Close(tag)
+        }
+        ShutdownMode::WaitForServers => {
+            tokio::spawn(async move { s.shutdown_wait_for_servers().await });
+            Reply::Done(tag)
+        }
+        ShutdownMode::WaitForClients => {
+            tokio::spawn(async move { s.shutdown_wait_for_clients().await });
+            Reply::Done(tag)
         }
     }
 }

@@ -9,15 +9,12 @@ use super::table::{Cell, ColType, Table};
 use crate::app::Shared;
 use crate::client::registry::{ClientHandle, ClientState};
 use crate::config::{Config, PoolMode};
-use crate::pool::Pool;
+use crate::pool::{Pool, ServerState};
 use crate::stats::PoolStats;
 use crate::stats::histogram::HistSnapshot;
 use crate::stats::{Period, Totals};
 
 use ColType::{Int, Text};
-
-/// The PgBouncer version whose console pgcarpool's matches.
-pub const PGBOUNCER_COMPAT: &str = "1.25.2";
 
 /// The table of a view (HELP has none: it answers with a notice).
 pub fn table(shared: &Shared, view: View) -> Option<Table> {
@@ -46,6 +43,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::PeerPools => peer_pools(&shared.peers),
         View::PreparedStatements => prepared_statements(),
         View::Carpool => carpool(shared),
+        View::Handover => handover(shared),
         View::Pins => pins(shared),
         View::Workers => workers(shared),
         View::Hosts => hosts(shared),
@@ -65,6 +63,7 @@ pub fn help() -> String {
         "SHOW CARPOOL (pgcarpool: latency percentiles and pins per pool)",
         "SHOW PINS (pgcarpool: clients pinned to their server)",
         "SHOW HOSTS (pgcarpool: role, lag and health of each host of a pool)",
+        "SHOW HANDOVER (pgcarpool: each client in an online restart)",
         "SET key = arg",
         "RELOAD",
         "PAUSE [<db>]",
@@ -244,13 +243,13 @@ pub fn pools(shared: &Shared) -> Table {
             waiting.into(),
             0i64.into(),
             0i64.into(),
-            c.active.into(),
+            c.get(ServerState::Active).into(),
             0i64.into(),
             0i64.into(),
-            c.idle.into(),
-            0i64.into(),
-            0i64.into(),
-            c.total.saturating_sub(c.active + c.idle).into(),
+            c.get(ServerState::Idle).saturating_sub(c.used).into(),
+            c.used.into(),
+            (c.get(ServerState::Tested) + c.get(ServerState::BeingReset)).into(),
+            c.get(ServerState::Login).into(),
             wait.as_secs().into(),
             u64::from(wait.subsec_micros()).into(),
             mode_name(s.mode).into(),
@@ -392,16 +391,48 @@ fn server_row(s: ServerRow<'_>) -> Vec<Cell> {
     ]
 }
 
-/// SHOW CLIENTS: PgBouncer's columns, then `handover` (online restart: "moved in" on the
-/// new process; on the old one whether a client moves when idle or stays, and why).
+/// SHOW CLIENTS: PgBouncer's columns (after an online restart, the new process also lists
+/// the clients still with the old one; SHOW HANDOVER says how each client stands).
 pub fn clients(shared: &Shared) -> Table {
-    let mut columns = CONN_COLUMNS.to_vec();
+    let mut t = Table::new(&CONN_COLUMNS);
+    for (row, _) in client_rows(shared) {
+        t.push(row);
+    }
+    t
+}
+
+/// The columns of SHOW CLIENTS that SHOW HANDOVER repeats to name a client.
+const HANDOVER_NAMES: [&str; 6] = ["type", "user", "database", "addr", "port", "id"];
+
+/// SHOW HANDOVER, pgcarpool's own: the online restart (`-R`) as each client of SHOW
+/// CLIENTS lives it: "moved in" on the new process; on the old one whether a client moves
+/// when idle or stays, and why; NULL otherwise.
+pub fn handover(shared: &Shared) -> Table {
+    let keep: Vec<usize> = HANDOVER_NAMES
+        .iter()
+        .map(|n| {
+            CONN_COLUMNS
+                .iter()
+                .position(|(c, _)| c == n)
+                .expect("a SHOW CLIENTS column")
+        })
+        .collect();
+    let mut columns: Vec<(&str, ColType)> = keep.iter().map(|&i| CONN_COLUMNS[i]).collect();
     columns.push(("handover", Text));
     let mut t = Table::new(&columns);
+    for (row, note) in client_rows(shared) {
+        let mut out: Vec<Cell> = keep.iter().map(|&i| row[i].clone()).collect();
+        out.push(note.map_or(Cell::Null, Cell::from));
+        t.push(out);
+    }
+    t
+}
+
+/// The rows of SHOW CLIENTS, each with its client's handover note.
+fn client_rows(shared: &Shared) -> Vec<(Vec<Cell>, Option<String>)> {
+    let mut rows = Vec::new();
     for c in shared.clients.all() {
-        let mut row = client_row(&c);
-        row.push(c.handover().map_or(Cell::Null, Cell::from));
-        t.push(row);
+        rows.push((client_row(&c), c.handover()));
     }
     // After -R: the clients still with the old process (pinned, session mode…).
     for c in shared.restart.staying() {
@@ -421,10 +452,9 @@ pub fn clients(shared: &Shared) -> Table {
             t0.into(),
         ];
         row.resize(CONN_COLUMNS.len(), Cell::Null);
-        row.push(format!("with the old process: {}", c.note).into());
-        t.push(row);
+        rows.push((row, Some(format!("with the old process: {}", c.note))));
     }
-    t
+    rows
 }
 
 /// Rows of the servers linked to a client (active), then of idle servers. A server being
@@ -455,12 +485,12 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
             rows.push(server_row(ServerRow {
                 user: &p.user,
                 db: &p.db,
-                state: "idle",
+                state: s.state,
                 id: s.id,
                 addr: &s.addr,
                 pid: s.pid,
                 created: s.created,
-                last_used: Some(s.last_used),
+                last_used: s.last_used,
                 link: None,
                 prepared: s.prepared,
                 tls: s.tls.as_deref().unwrap_or("").to_string(),

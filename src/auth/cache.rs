@@ -11,13 +11,14 @@
 //! never across PBKDF2 or an `.await`. Two concurrent misses on one entry both compute it (same
 //! result for keys; for verifiers the first stored wins and both callers get the stored one).
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use crate::auth::scram::{self, DEFAULT_ITERATIONS, Key32};
 use crate::config::auth_file::ScramVerifier;
+use crate::lock::Locked;
 
 /// Default bound on each map.
 pub const DEFAULT_CAPACITY: usize = 10_000;
@@ -46,15 +47,10 @@ impl std::fmt::Debug for ScramCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScramCache")
             .field("capacity", &self.capacity)
-            .field("keys", &lock(&self.keys).len())
-            .field("verifiers", &lock(&self.verifiers).len())
+            .field("keys", &self.keys.locked().len())
+            .field("verifiers", &self.verifiers.locked().len())
             .finish_non_exhaustive()
     }
-}
-
-/// A poisoned lock only means another thread panicked mid-insert of a complete value: keep going.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Insert, first evicting an arbitrary entry if the map is full (HashMap order is randomised per
@@ -103,7 +99,7 @@ impl ScramCache {
 
     /// Number of cached `(ClientKey, ServerKey)` pairs and verifiers.
     pub fn len(&self) -> (usize, usize) {
-        (lock(&self.keys).len(), lock(&self.verifiers).len())
+        (self.keys.locked().len(), self.verifiers.locked().len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -112,8 +108,8 @@ impl ScramCache {
 
     /// Forget everything (e.g. after an auth_file reload).
     pub fn clear(&self) {
-        lock(&self.keys).clear();
-        lock(&self.verifiers).clear();
+        self.keys.locked().clear();
+        self.verifiers.locked().clear();
     }
 
     /// A SCRAM verifier for a user that does not exist, so the exchange looks like a real
@@ -165,7 +161,8 @@ impl ScramCache {
         salt: &[u8],
         iterations: u32,
     ) -> Option<ClientKeys> {
-        lock(&self.keys)
+        self.keys
+            .locked()
             .get(&self.keys_key(password, salt, iterations))
             .copied()
     }
@@ -174,16 +171,17 @@ impl ScramCache {
     /// A miss runs PBKDF2 on the calling thread: from async code use [`Self::client_keys_async`].
     pub fn client_keys(&self, password: &str, salt: &[u8], iterations: u32) -> ClientKeys {
         let k = self.keys_key(password, salt, iterations);
-        if let Some(v) = lock(&self.keys).get(&k).copied() {
+        if let Some(v) = self.keys.locked().get(&k).copied() {
             return v;
         }
         let v = scram::keys_from_password(password, salt, iterations);
-        insert_bounded(&mut lock(&self.keys), self.capacity, k, v)
+        insert_bounded(&mut self.keys.locked(), self.capacity, k, v)
     }
 
     /// A cached verifier for a plain-text user secret, without computing.
     pub fn cached_verifier_for_plain(&self, user: &str, password: &str) -> Option<ScramVerifier> {
-        lock(&self.verifiers)
+        self.verifiers
+            .locked()
             .get(&self.verifier_key(user, password))
             .cloned()
     }
@@ -194,11 +192,11 @@ impl ScramCache {
     /// use [`Self::verifier_for_plain_async`].
     pub fn verifier_for_plain(&self, user: &str, password: &str) -> ScramVerifier {
         let k = self.verifier_key(user, password);
-        if let Some(v) = lock(&self.verifiers).get(&k).cloned() {
+        if let Some(v) = self.verifiers.locked().get(&k).cloned() {
             return v;
         }
         let v = scram::verifier_with_random_salt(password, self.iterations());
-        insert_bounded(&mut lock(&self.verifiers), self.capacity, k, v)
+        insert_bounded(&mut self.verifiers.locked(), self.capacity, k, v)
     }
 
     /// [`Self::client_keys`] for async code: a hit answers at once; a miss runs PBKDF2 on

@@ -9,10 +9,11 @@
 //! reload forgets everything (auth_query, auth_user or auth_dbname may have changed).
 //! Bounded: past [`MAX_ENTRIES`] the expired entries go, then the oldest.
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::Secret;
+use crate::lock::Locked;
 
 /// Most (database, user) entries kept.
 pub const MAX_ENTRIES: usize = 10_000;
@@ -36,14 +37,10 @@ impl std::fmt::Debug for DynamicUsers {
 }
 
 impl DynamicUsers {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), (Found, Instant)>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The secret found for `user` in `db` less than `ttl` before `now`.
     pub fn get(&self, db: &str, user: &str, ttl: Duration, now: Instant) -> Option<Found> {
         let key = (db.to_string(), user.to_string());
-        let mut map = self.lock();
+        let mut map = self.entries.locked();
         match map.get(&key) {
             Some((found, at)) if now.saturating_duration_since(*at) < ttl => Some(found.clone()),
             Some(_) => {
@@ -59,7 +56,7 @@ impl DynamicUsers {
         if ttl.is_zero() {
             return;
         }
-        let mut map = self.lock();
+        let mut map = self.entries.locked();
         if map.len() >= MAX_ENTRIES {
             map.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
         }
@@ -76,16 +73,18 @@ impl DynamicUsers {
 
     /// Forget `user` in `db` (its login failed: ask again next time).
     pub fn forget(&self, db: &str, user: &str) {
-        self.lock().remove(&(db.to_string(), user.to_string()));
+        self.entries
+            .locked()
+            .remove(&(db.to_string(), user.to_string()));
     }
 
     /// Forget everyone (reload).
     pub fn clear(&self) {
-        self.lock().clear();
+        self.entries.locked().clear();
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.entries.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {

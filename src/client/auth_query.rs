@@ -41,7 +41,7 @@ pub async fn lookup(
     user: &str,
 ) -> Result<Lookup, ClientError> {
     // The console has no [databases] entry: the global settings apply to it.
-    let entry = if crate::admin::is_admin_db(db) {
+    let entry = if crate::config::names::is_admin_db(db) {
         None
     } else {
         match cfg.database(db) {
@@ -63,7 +63,7 @@ pub async fn lookup(
         .and_then(|e| e.auth_dbname.as_deref())
         .or(s.auth_dbname.as_deref())
         .unwrap_or(db);
-    if crate::admin::is_admin_db(auth_dbname) {
+    if crate::config::names::is_admin_db(auth_dbname) {
         tracing::error!(
             %user, %db,
             "cannot use the reserved \"{auth_dbname}\" database as an auth_dbname"

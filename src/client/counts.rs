@@ -2,8 +2,9 @@
 //! database `pgbouncer`), for `max_db_client_connections` and `max_user_client_connections`
 //! and SHOW DATABASES / SHOW USERS `current_client_connections`. Counted as PgBouncer
 //! does: a client counts from its login, and one over a limit is refused.
+use crate::lock::Locked;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
 pub struct ClientCounts {
@@ -21,19 +22,15 @@ pub struct Counted {
     pub user_count: usize,
 }
 
-fn lock(m: &Mutex<HashMap<String, usize>>) -> MutexGuard<'_, HashMap<String, usize>> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn up(m: &Mutex<HashMap<String, usize>>, key: &str) -> usize {
-    let mut g = lock(m);
+    let mut g = m.locked();
     let n = g.entry(key.to_string()).or_insert(0);
     *n += 1;
     *n
 }
 
 fn down(m: &Mutex<HashMap<String, usize>>, key: &str) {
-    let mut g = lock(m);
+    let mut g = m.locked();
     if let Some(n) = g.get_mut(key) {
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -56,12 +53,12 @@ impl ClientCounts {
 
     /// Clients of database `db` now.
     pub fn db(&self, db: &str) -> usize {
-        lock(&self.by_db).get(db).copied().unwrap_or(0)
+        self.by_db.locked().get(db).copied().unwrap_or(0)
     }
 
     /// Clients logged in as `user` now.
     pub fn user(&self, user: &str) -> usize {
-        lock(&self.by_user).get(user).copied().unwrap_or(0)
+        self.by_user.locked().get(user).copied().unwrap_or(0)
     }
 }
 
@@ -93,6 +90,6 @@ mod tests {
         drop((b, c));
         assert_eq!(counts.db("app"), 0);
         assert_eq!(counts.user("bob"), 0);
-        assert!(lock(&counts.by_db).is_empty(), "no entry left behind");
+        assert!(counts.by_db.locked().is_empty(), "no entry left behind");
     }
 }

@@ -7,7 +7,7 @@
 //! that has been logging in for longer than [`GRACE`] (a real login takes milliseconds).
 //! With no unfinished login to drop, a full pooler refuses newcomers as PgBouncer does.
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a connection may be logging in before it can be dropped to make room.
@@ -19,6 +19,7 @@ pub const FLOOD_GRACE: Duration = Duration::from_millis(250);
 /// before [`GRACE`]; past that, the oldest makes room for a newcomer at once.
 pub const SHARE: usize = 2;
 
+use crate::lock::Locked;
 use tokio_util::sync::CancellationToken;
 
 /// The connections still logging in, by client id (ids grow with arrival: first = oldest).
@@ -43,14 +44,10 @@ pub struct LoginTicket<'a> {
 }
 
 impl PendingLogins {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Waiting>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Client `id` starts logging in.
     pub fn enter(&self, id: u64) -> LoginTicket<'_> {
         let token = CancellationToken::new();
-        self.lock().insert(
+        self.waiting.locked().insert(
             id,
             Waiting {
                 token: token.clone(),
@@ -67,7 +64,7 @@ impl PendingLogins {
 
     /// Client `id` sent its startup packet (it is past the first bytes of its login).
     pub fn started(&self, id: u64) {
-        if let Some(w) = self.lock().get_mut(&id) {
+        if let Some(w) = self.waiting.locked().get_mut(&id) {
             w.started = true;
         }
     }
@@ -78,7 +75,7 @@ impl PendingLogins {
     /// [`FLOOD_GRACE`]; else the oldest if it has been logging in since before
     /// `now - GRACE`. False when none may be dropped.
     pub fn drop_oldest(&self, now: Instant, max: usize) -> bool {
-        let mut g = self.lock();
+        let mut g = self.waiting.locked();
         let age = |w: &Waiting| now.saturating_duration_since(w.since);
         let flood = g.len() > max / SHARE;
         let victim = g
@@ -97,7 +94,7 @@ impl PendingLogins {
 
     /// How many connections are logging in now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.waiting.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,7 +111,7 @@ impl LoginTicket<'_> {
 
 impl Drop for LoginTicket<'_> {
     fn drop(&mut self) {
-        self.logins.lock().remove(&self.id);
+        self.logins.waiting.locked().remove(&self.id);
     }
 }
 

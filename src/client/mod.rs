@@ -1,12 +1,11 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod aborted;
+pub mod accept;
 pub mod auth_query;
 pub mod cancel;
-pub mod classify;
 pub mod counts;
 pub mod logins;
 pub mod notify;
-pub mod prepared;
 pub mod registry;
 pub mod relay;
 pub mod renamed;
@@ -15,6 +14,10 @@ pub mod rewrite;
 pub mod session;
 pub mod startup;
 pub mod transaction;
+
+// Below client/ and server/ now; the old paths stay for the relay files (issue 20, item 1).
+pub use crate::sql::classify;
+pub use crate::statements as prepared;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,6 +73,30 @@ pub struct Client {
     pub stays: Option<String>,
     /// The channels it listens on through the pool's shared listener.
     pub listening: notify::Listening,
+}
+
+impl Client {
+    /// A logged-in client (or one moved in from the process this one took over from): it
+    /// moves on when idle, and listens to nothing yet.
+    pub fn new(
+        shared: Arc<Shared>,
+        conn: Conn,
+        pool: Arc<Pool>,
+        session: VirtualSession,
+        reg: Registration,
+        counted: counts::Counted,
+    ) -> Client {
+        Client {
+            shared,
+            conn,
+            pool,
+            session,
+            reg,
+            counted,
+            stays: None,
+            listening: Default::default(),
+        }
+    }
 }
 
 /// Serve one client connection from its first byte to its last.
@@ -256,16 +283,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         tracing::info!(client = id, %db, %user, addr = %peer,
             "login attempt: db={db} user={user} tls={tls} replication=no");
     }
-    Some(Client {
-        shared,
-        conn,
-        pool,
-        session,
-        reg,
-        counted,
-        stays: None,
-        listening: Default::default(),
-    })
+    Some(Client::new(shared, conn, pool, session, reg, counted))
 }
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error
@@ -312,7 +330,7 @@ fn count_client(
     user: &str,
 ) -> Result<counts::Counted, ClientError> {
     // Console connections count on `pgbouncer`, whichever of its names they used.
-    let db = if crate::admin::is_admin_db(db) {
+    let db = if crate::config::names::is_admin_db(db) {
         "pgbouncer"
     } else {
         db
@@ -320,7 +338,7 @@ fn count_client(
     let counted = shared.client_counts.enter(db, user);
     let max_db = cfg.max_db_client_connections_for(db);
     let console_admin =
-        crate::admin::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
+        crate::config::names::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
     if max_db > 0 && counted.db_count > max_db && !console_admin {
         return Err(ClientError::fatal(
             "08P01",
@@ -383,22 +401,8 @@ async fn login(
             "false" | "0" | "off" | "no"
         )
     });
-    if crate::admin::is_admin_db(&db) {
-        // As PgBouncer: user `pgbouncer` over the Unix socket from the OS user running
-        // pgcarpool is an admin without a password.
-        if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
-            let counted = count_client(shared, cfg, &db, &user)?;
-            return Ok(Entered::Admin(user, crate::admin::Role::Admin, counted));
-        }
-        let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
-            ClientError::fatal(
-                "28000",
-                format!("not allowed to connect to the admin console: {user}"),
-            )
-        })?;
-        startup::authenticate(shared, conn, cfg, &db, &user, false).await?;
-        let counted = count_client(shared, cfg, &db, &user)?;
-        return Ok(Entered::Admin(user, role, counted));
+    if crate::config::names::is_admin_db(&db) {
+        return console_login(shared, conn, cfg, &db, user).await;
     }
     // During a waiting shutdown the Unix socket stays open for the console only. (TCP
     // connections accepted now were queued before the shutdown: they are served.)
@@ -428,37 +432,129 @@ async fn login(
     let counted = count_client(shared, cfg, &db, &user)?;
 
     let server_user = entry.user.clone().unwrap_or_else(|| user.clone());
-    let pool = shared.pools.get_or_create(&db, &server_user, || {
-        if !cfg.databases.contains_key(&db) {
+    let who = Who {
+        db: &db,
+        server_user: &server_user,
+        entry: &entry,
+    };
+    let pool = pool_for(shared, cfg, who, &user, learned.clone());
+    if let Some(mode) = replication {
+        let (server, slot) =
+            replication_server(shared, cfg, who, &params, mode, learned, &pool).await?;
+        return Ok(Entered::Replication(server, slot, counted));
+    }
+    let server_params = first_server_params(&pool, cfg, &user).await?;
+    let (session, reg) = open_session(
+        shared,
+        &pool,
+        id,
+        peer,
+        (&user, &db),
+        client_params,
+        &server_params,
+    );
+    welcome(conn, cfg, &server_params, &session, &reg).await?;
+    Ok(Entered::Client(Box::new((
+        user, db, pool, session, reg, counted,
+    ))))
+}
+
+/// A console login: user `pgbouncer` over the Unix socket from the OS user running
+/// pgcarpool (an admin without a password, as PgBouncer), or a user of admin_users or
+/// stats_users who authenticates.
+async fn console_login(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    cfg: &Config,
+    db: &str,
+    user: String,
+) -> Result<Entered, ClientError> {
+    if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
+        let counted = count_client(shared, cfg, db, &user)?;
+        return Ok(Entered::Admin(user, crate::admin::Role::Admin, counted));
+    }
+    let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
+        ClientError::fatal(
+            "28000",
+            format!("not allowed to connect to the admin console: {user}"),
+        )
+    })?;
+    startup::authenticate(shared, conn, cfg, db, &user, false).await?;
+    let counted = count_client(shared, cfg, db, &user)?;
+    Ok(Entered::Admin(user, role, counted))
+}
+
+/// The pool of the client's database and server user (made from the `*` entry when
+/// needed), paused if its database is, and told the secret this login taught.
+fn pool_for(
+    shared: &Arc<Shared>,
+    cfg: &Config,
+    who: Who<'_>,
+    user: &str,
+    learned: Option<Credential>,
+) -> Arc<Pool> {
+    let Who {
+        db,
+        server_user,
+        entry,
+    } = who;
+    let pool = shared.pools.get_or_create(db, server_user, || {
+        if !cfg.databases.contains_key(db) {
             // PgBouncer's words for a database made from the `*` entry.
             tracing::info!("registered new auto-database: {db}");
         }
         crate::app::pool_settings(
             cfg,
-            &entry,
-            &server_user,
-            credential_for(cfg, &entry, &server_user, learned.clone()),
+            entry,
+            server_user,
+            credential_for(cfg, entry, server_user, learned.clone()),
             shared,
         )
     });
-    if shared.admin.is_paused(&db) && !pool.counts().paused {
+    if shared.admin.is_paused(db) && !pool.counts().paused {
         pool.pause();
     }
-    if let Some(c) = learned.clone()
+    if let Some(c) = learned
         && entry.user.is_none()
     {
-        if cfg.auth.users.contains_key(&user) {
+        if cfg.auth.users.contains_key(user) {
             pool.set_credential_if_missing(c);
         } else {
             // Found by auth_query: this login's secret is the newest PostgreSQL has.
             pool.replace_credential(c);
         }
     }
-    if let Some(mode) = replication {
-        // A server of its own, logged in with the client's parameters (replication,
-        // application_name, options…); not pooled, but counted in the pool's size.
-        let cred = credential_for(cfg, &entry, &server_user, learned);
-        let settings = crate::app::pool_settings(cfg, &entry, &server_user, cred, shared);
+    pool
+}
+
+/// The database a client logs in to: its name, its entry, and the user its servers log
+/// in as.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    db: &'a str,
+    server_user: &'a str,
+    entry: &'a DatabaseEntry,
+}
+
+/// A replication connection's server of its own, logged in with the client's parameters
+/// (replication, application_name, options…); not pooled, but counted in the pool's size.
+async fn replication_server(
+    shared: &Arc<Shared>,
+    cfg: &Config,
+    who: Who<'_>,
+    params: &[(String, String)],
+    mode: String,
+    learned: Option<crate::server::Credential>,
+    pool: &Arc<Pool>,
+) -> Result<(Box<crate::server::Server>, crate::pool::Slot), ClientError> {
+    let Who {
+        db,
+        server_user,
+        entry,
+    } = who;
+    {
+        let cred = credential_for(cfg, entry, server_user, learned);
+        let settings = crate::app::pool_settings(cfg, entry, server_user, cred, shared);
         let mut target = settings.target;
         target
             .startup_params
@@ -478,7 +574,7 @@ async fn login(
         let server_id = shared.pools.socket_ids.next();
         let connect = crate::server::connect::connect(
             &target,
-            &db,
+            db,
             server_id,
             settings.server_connect_timeout,
         );
@@ -495,17 +591,23 @@ async fn login(
                 message: msg,
             }
         })?;
-        return Ok(Entered::Replication(Box::new(server), slot, counted));
+        Ok((Box::new(server), slot))
     }
+}
 
-    // New clients are told the parameters of a real server: log one in if none did yet.
-    let server_params = match pool.server_params() {
+/// New clients are told the parameters of a real server: log one in if none did yet.
+async fn first_server_params(
+    pool: &Arc<Pool>,
+    cfg: &Config,
+    user: &str,
+) -> Result<Params, ClientError> {
+    Ok(match pool.server_params() {
         Some(p) => p,
         None => {
             let (deadline, timeout_text) = transaction::wait_deadline(
                 Instant::now(),
                 pool.settings().query_wait_timeout,
-                cfg.query_timeout_for(&user),
+                cfg.query_timeout_for(user),
             );
             let s = pool.checkout(deadline).await.map_err(|e| match e {
                 crate::pool::CheckoutError::WaitTimeout => {
@@ -523,7 +625,20 @@ async fn login(
             drop(s);
             p
         }
-    };
+    })
+}
+
+/// The client's virtual session (the server's parameters as the client asked to change
+/// them) and its place in the client registry (its cancel key).
+fn open_session(
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    id: u64,
+    peer: &str,
+    (user, db): (&str, &str),
+    client_params: Params,
+    server_params: &Params,
+) -> (VirtualSession, Registration) {
     let mut session = VirtualSession::default();
     let mut wanted = Params::default();
     for (k, v) in server_params.iter() {
@@ -540,9 +655,20 @@ async fn login(
     let kill = shared.stop_clients.child_token();
     let reg = shared
         .clients
-        .register(id, peer.to_string(), user.clone(), db.clone(), kill);
+        .register(id, peer.to_string(), user.to_string(), db.to_string(), kill);
     session.backend_pid = reg.handle.key.0;
-    // Welcome.
+    (session, reg)
+}
+
+/// AuthenticationOk, the parameters, the cancel key, login_notify_message and
+/// ReadyForQuery: the client is in.
+async fn welcome(
+    conn: &mut Conn,
+    cfg: &Config,
+    server_params: &Params,
+    session: &VirtualSession,
+    reg: &Registration,
+) -> Result<(), ClientError> {
     conn.queue_with(|b| {
         backend::authentication_ok(b);
         for (k, v) in server_params.iter() {
@@ -561,9 +687,7 @@ async fn login(
         reg.handle.set_tls(tls);
     }
     reg.handle.set_state(ClientState::Idle);
-    Ok(Entered::Client(Box::new((
-        user, db, pool, session, reg, counted,
-    ))))
+    Ok(())
 }
 
 /// The client's own session parameters from its startup packet.

@@ -77,11 +77,11 @@ const MAX_IDENT: usize = 63;
 /// alone (comments, case, quoting and a final `;` as PostgreSQL reads them); None for
 /// anything else (which goes to a server as before).
 pub fn parse(sql: &[u8]) -> Option<Stmt> {
-    let s = super::classify::strip_leading(sql);
+    let s = crate::sql::classify::strip_leading(sql);
     let (word, rest) = word(s)?;
     let stmt;
     let rest = if word.eq_ignore_ascii_case(b"listen") || word.eq_ignore_ascii_case(b"unlisten") {
-        let rest = super::classify::strip_leading(rest);
+        let rest = crate::sql::classify::strip_leading(rest);
         let listen = word.eq_ignore_ascii_case(b"listen");
         if !listen && rest.first() == Some(&b'*') {
             stmt = Stmt::Unlisten(None);
@@ -97,13 +97,13 @@ pub fn parse(sql: &[u8]) -> Option<Stmt> {
         }
     } else if word.eq_ignore_ascii_case(b"select") {
         stmt = Stmt::Channels;
-        channels_call(super::classify::strip_leading(rest))?
+        channels_call(crate::sql::classify::strip_leading(rest))?
     } else {
         return None;
     };
-    let rest = super::classify::strip_leading(rest);
+    let rest = crate::sql::classify::strip_leading(rest);
     let rest = rest.strip_prefix(b";").unwrap_or(rest);
-    super::classify::strip_leading(rest)
+    crate::sql::classify::strip_leading(rest)
         .is_empty()
         .then_some(stmt)
 }
@@ -266,18 +266,18 @@ const NOT_NAMES: &[&str] = &[
 fn channels_call(s: &[u8]) -> Option<&[u8]> {
     let s = match s.strip_prefix(b"*") {
         Some(rest) => {
-            let (from, rest) = word(super::classify::strip_leading(rest))?;
+            let (from, rest) = word(crate::sql::classify::strip_leading(rest))?;
             if !from.eq_ignore_ascii_case(b"from") {
                 return None;
             }
-            super::classify::strip_leading(rest)
+            crate::sql::classify::strip_leading(rest)
         }
         None => s,
     };
     let s = strip_prefix_ci(s, b"pg_catalog.").unwrap_or(s);
     let s = strip_prefix_ci(s, b"pg_listening_channels")?;
-    let s = super::classify::strip_leading(s).strip_prefix(b"(")?;
-    super::classify::strip_leading(s).strip_prefix(b")")
+    let s = crate::sql::classify::strip_leading(s).strip_prefix(b"(")?;
+    crate::sql::classify::strip_leading(s).strip_prefix(b")")
 }
 
 fn strip_prefix_ci<'a>(s: &'a [u8], p: &[u8]) -> Option<&'a [u8]> {

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::lock::Locked;
 use crate::server::ServerAddr;
 
 /// Where a client's cancel requests go: the server's address and BackendKeyData.
@@ -94,17 +95,14 @@ impl ClientHandle {
 
     /// Make the client leave, telling it `reason` (PgBouncer's words).
     pub fn kill_with(&self, reason: &'static str) {
-        *self.kill_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        *self.kill_reason.locked() = Some(reason);
         self.kill.cancel();
     }
 
     /// What a client made to leave is told: PgBouncer's words, "database removed" for
     /// KILL of its database and for a shutdown.
     pub fn kill_reason(&self) -> &'static str {
-        self.kill_reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unwrap_or("database removed")
+        self.kill_reason.locked().unwrap_or("database removed")
     }
 
     pub fn state(&self) -> ClientState {
@@ -120,13 +118,10 @@ impl ClientHandle {
     }
     /// The TLS session of the server it holds, for SHOW SERVERS (None: released).
     pub fn set_server_tls(&self, tls: Option<Arc<str>>) {
-        *self.server_tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
+        *self.server_tls.locked() = tls;
     }
     pub fn server_tls(&self) -> Option<Arc<str>> {
-        self.server_tls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.server_tls.locked().clone()
     }
     /// Record the client's TLS session (once, at login).
     pub fn set_tls(&self, info: String) {
@@ -143,17 +138,14 @@ impl ClientHandle {
         self.prepared.load(Ordering::Relaxed)
     }
     pub fn set_server(&self, s: Option<ServerLink>) {
-        *self.server.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        *self.server.locked() = s;
     }
     /// The server the client is linked to.
     pub fn server(&self) -> Option<ServerLink> {
-        self.server
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.server.locked().clone()
     }
     pub fn set_pin(&self, reasons: Option<String>) {
-        let mut g = self.pin.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.pin.locked();
         match reasons {
             None => *g = None,
             Some(r) => {
@@ -164,16 +156,13 @@ impl ClientHandle {
     }
     /// (reasons, since) when pinned.
     pub fn pin(&self) -> Option<(String, SystemTime)> {
-        self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.pin.locked().clone()
     }
     pub fn set_handover(&self, note: Option<String>) {
-        *self.handover.lock().unwrap_or_else(|e| e.into_inner()) = note;
+        *self.handover.locked() = note;
     }
     pub fn handover(&self) -> Option<String> {
-        self.handover
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.handover.locked().clone()
     }
     pub fn cancel_target(&self) -> Option<CancelTarget> {
         self.server().map(|s| (s.addr, s.key))
@@ -201,7 +190,7 @@ impl Drop for Registration {
 
 impl Registry {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i32, i32), Arc<ClientHandle>>> {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+        self.by_key.locked()
     }
 
     /// The peer id new cancel keys carry (0: none).

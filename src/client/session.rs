@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::prepared::Stmt;
+use crate::statements::Stmt;
 use std::sync::atomic::Ordering;
 
 use super::registry::ClientHandle;
@@ -184,7 +184,7 @@ impl VirtualSession {
         if self.unnamed.as_deref() != Some(rest) {
             self.unnamed = Some(bytes::Bytes::copy_from_slice(rest));
         }
-        self.unnamed_id = super::prepared::next_unnamed_id();
+        self.unnamed_id = crate::statements::next_unnamed_id();
         self.unnamed_id
     }
 

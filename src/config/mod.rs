@@ -7,6 +7,7 @@ pub mod databases;
 pub mod hba;
 pub mod ident;
 pub mod ini;
+pub mod names;
 pub mod settings;
 
 use std::collections::BTreeMap;
@@ -92,23 +93,12 @@ impl Config {
         Config::build(parsed, base_dir.join(name), base_dir)
     }
 
-    /// Turn parsed ini lines into a validated config.
-    fn build(parsed: Ini, path: PathBuf, base_dir: &Path) -> Result<Config, ConfigError> {
-        for h in &parsed.sections {
-            if !SECTIONS.contains(&h.name.as_str()) {
-                return Err(ConfigError::At {
-                    file: h.file.clone(),
-                    line: h.line,
-                    msg: format!(
-                        "[{}]: unknown section (expected [databases], [users], [pgbouncer] or [peers])",
-                        h.name
-                    ),
-                });
-            }
-        }
+    /// The [pgbouncer] settings and the [databases], [users] and [peers] entries of
+    /// `parsed`, each checked, with where each setting was last set.
+    fn read_items(parsed: &Ini, path: &Path) -> Result<Items, ConfigError> {
         // conffile: the file read, unless the file names another for the next reload.
         let mut settings = Settings {
-            conffile: Some(path.clone()),
+            conffile: Some(path.to_path_buf()),
             ..Settings::default()
         };
         let mut databases = BTreeMap::new();
@@ -159,6 +149,38 @@ impl Config {
                 other => return Err(at(format!("unknown section [{other}]"))),
             }
         }
+        Ok(Items {
+            settings,
+            databases,
+            fallback,
+            users,
+            peers,
+            set_at,
+        })
+    }
+
+    /// Turn parsed ini lines into a validated config.
+    fn build(parsed: Ini, path: PathBuf, base_dir: &Path) -> Result<Config, ConfigError> {
+        for h in &parsed.sections {
+            if !SECTIONS.contains(&h.name.as_str()) {
+                return Err(ConfigError::At {
+                    file: h.file.clone(),
+                    line: h.line,
+                    msg: format!(
+                        "[{}]: unknown section (expected [databases], [users], [pgbouncer] or [peers])",
+                        h.name
+                    ),
+                });
+            }
+        }
+        let Items {
+            mut settings,
+            databases,
+            fallback,
+            users,
+            peers,
+            set_at,
+        } = Config::read_items(&parsed, &path)?;
         let at_setting = |name: &str, msg: String| match set_at.get(name) {
             Some((file, line)) => ConfigError::At {
                 file: file.clone(),
@@ -188,32 +210,7 @@ impl Config {
         };
         settings.auth_hba_file = settings.auth_hba_file.take().map(beside_or_cwd);
         settings.auth_ident_file = settings.auth_ident_file.take().map(beside_or_cwd);
-        // The hba rules and ident maps, read only for auth_type = hba (as PgBouncer).
-        let hba_error = |setting: &str, e: hba::HbaError| match e.line {
-            0 => at_setting(setting, format!("{}: {}", e.file, e.msg)),
-            line => ConfigError::At {
-                file: e.file,
-                line,
-                msg: e.msg,
-            },
-        };
-        let (hba, ident) = match (&settings.auth_type, &settings.auth_hba_file) {
-            (AuthType::Hba, Some(hba_path)) => {
-                let ident = match &settings.auth_ident_file {
-                    Some(p) => {
-                        Some(ident::Ident::load(p).map_err(|e| hba_error("auth_ident_file", e))?)
-                    }
-                    None => None,
-                };
-                let hba = hba::Hba::load(hba_path, ident.as_ref())
-                    .map_err(|e| hba_error("auth_hba_file", e))?;
-                (
-                    Some(std::sync::Arc::new(hba)),
-                    ident.map(std::sync::Arc::new),
-                )
-            }
-            _ => (None, None),
-        };
+        let (hba, ident) = load_hba(&settings, &at_setting)?;
         let auth = match settings.auth_file.take() {
             None => AuthFile::default(),
             Some(p) => {
@@ -421,6 +418,55 @@ impl From<ini::IniError> for ConfigError {
 /// `Duration::ZERO` means "disabled" for PgBouncer's timeouts.
 pub fn enabled(d: Duration) -> Option<Duration> {
     if d.is_zero() { None } else { Some(d) }
+}
+
+/// The hba rules and the ident maps they use.
+type HbaRules = (
+    Option<std::sync::Arc<hba::Hba>>,
+    Option<std::sync::Arc<ident::Ident>>,
+);
+
+/// The hba rules and ident maps, read only for auth_type = hba (as PgBouncer).
+fn load_hba(
+    settings: &Settings,
+    at_setting: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<HbaRules, ConfigError> {
+    let hba_error = |setting: &str, e: hba::HbaError| match e.line {
+        0 => at_setting(setting, format!("{}: {}", e.file, e.msg)),
+        line => ConfigError::At {
+            file: e.file,
+            line,
+            msg: e.msg,
+        },
+    };
+    Ok(match (&settings.auth_type, &settings.auth_hba_file) {
+        (AuthType::Hba, Some(hba_path)) => {
+            let ident = match &settings.auth_ident_file {
+                Some(p) => {
+                    Some(ident::Ident::load(p).map_err(|e| hba_error("auth_ident_file", e))?)
+                }
+                None => None,
+            };
+            let hba = hba::Hba::load(hba_path, ident.as_ref())
+                .map_err(|e| hba_error("auth_hba_file", e))?;
+            (
+                Some(std::sync::Arc::new(hba)),
+                ident.map(std::sync::Arc::new),
+            )
+        }
+        _ => (None, None),
+    })
+}
+
+/// What the ini lines of a config say, before the files they name are read.
+struct Items {
+    settings: Settings,
+    databases: BTreeMap<String, DatabaseEntry>,
+    fallback: Option<DatabaseEntry>,
+    users: BTreeMap<String, UserEntry>,
+    peers: BTreeMap<u16, PeerEntry>,
+    /// Where each setting was last set, for errors found after parsing.
+    set_at: BTreeMap<&'static str, (String, usize)>,
 }
 
 #[cfg(test)]

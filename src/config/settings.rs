@@ -524,7 +524,7 @@ impl Value for AuthType {
 /// A syslog facility name, as PgBouncer accepts them (`syslog_facility`).
 fn parse_facility(v: &str) -> Result<String, String> {
     let v = v.trim().to_ascii_lowercase();
-    if crate::logging::facility_code(&v).is_some() {
+    if super::names::facility_code(&v).is_some() {
         Ok(v)
     } else {
         Err(format!(
@@ -763,7 +763,7 @@ pub static TABLE: &[SettingDef] = &[
 
 /// PgBouncer refuses its own console as the database auth_query runs in.
 fn parse_auth_dbname(v: &str) -> Result<Option<String>, String> {
-    if crate::admin::is_admin_db(v.trim()) {
+    if super::names::is_admin_db(v.trim()) {
         return Err(format!(
             "cannot use the reserved \"{}\" database as an auth_dbname",
             v.trim()
@@ -774,7 +774,7 @@ fn parse_auth_dbname(v: &str) -> Result<Option<String>, String> {
 
 fn parse_peers_dns(v: &str) -> Result<String, String> {
     if !v.trim().is_empty() {
-        crate::peers::dns::parse_target(v)?;
+        super::names::parse_target(v)?;
     }
     Ok(v.trim().to_string())
 }

@@ -1,6 +1,7 @@
 //! Descriptors passed over a Unix socket (SCM_RIGHTS): how an online restart moves the
-//! listening sockets and client sockets to the new process. Written on libc: the few lines
-//! of cmsg handling did not justify another dependency.
+//! listening sockets and client sockets to the new process. Sent with nix; received on libc,
+//! so that descriptors that came with a truncated message are still closed (nix's reader
+//! gives none back then).
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -17,43 +18,15 @@ fn cmsg_space(n: usize) -> usize {
 /// One sendmsg(2) of `data` (part of it may be sent: the count is returned) with `fds`
 /// attached to its first byte. Non-blocking sockets give WouldBlock as usual.
 pub fn send_with_fds(sock: &impl AsRawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     if fds.len() > MAX_FDS {
         return Err(io::Error::other("too many descriptors for one message"));
     }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // u64 words keep the buffer aligned for cmsghdr.
-    let mut control = vec![0u64; cmsg_space(fds.len()).div_ceil(8)];
-    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = cmsg_space(fds.len()) as _;
-        let len = u32::try_from(std::mem::size_of_val(fds)).map_err(io::Error::other)?;
-        // SAFETY: msg_control points at a buffer of CMSG_SPACE(len) bytes, so the first
-        // header and its data fit; the descriptors are copied into the data.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(len) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr().cast::<u8>(),
-                libc::CMSG_DATA(cmsg),
-                std::mem::size_of_val(fds),
-            );
-        }
-    }
-    // SAFETY: a valid socket and a msghdr pointing at live buffers.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
+    let iov = [io::IoSlice::new(data)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(io::Error::from)
 }
 
 /// One recvmsg(2) into `buf`: the bytes read (0: the peer closed) and the descriptors that

@@ -1,5 +1,5 @@
-//! Listening sockets (TCP via socket2 with SO_REUSEPORT when asked, Unix socket) and the
-//! accept loop: one task per client, max_client_conn enforced here.
+//! Listening sockets (TCP via socket2 with SO_REUSEPORT when asked, Unix socket): binding,
+//! accepting, taking what is queued (the accept policy is client/accept.rs's).
 //!
 //! Online restart (`-R`, "takeover"): the new process binds the same TCP port with
 //! SO_REUSEPORT and attaches a classic BPF program to the port's reuseport group that sends
@@ -8,20 +8,14 @@
 //! (shutdown), it first accepts whatever is already queued on it: closing a listening
 //! socket resets the connections in its accept queue.
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
-use super::{Conn, Stream};
-use crate::app::Shared;
+use super::Stream;
 use crate::config::Settings;
-use crate::proto::backend;
-use crate::takeover::Phase;
 
 pub enum Listener {
     Tcp(TcpListener),
@@ -99,9 +93,29 @@ impl SocketFile {
 }
 
 impl Listener {
+    /// The next connection, waiting for one.
+    pub async fn accept(&self) -> std::io::Result<Stream> {
+        match self {
+            Listener::Tcp(t) => Ok(Stream::Tcp(t.accept().await?.0)),
+            Listener::Unix(u, _) => Ok(Stream::Unix(u.accept().await?.0)),
+        }
+    }
+
+    /// The listening socket belongs to the new process now: close this process's
+    /// descriptor without accepting what is queued (the new process will) and leave the
+    /// socket file.
+    pub fn hand_over(self) {
+        if let Listener::Unix(_, file) = self
+            && let Some(f) = file
+        {
+            // Not removed on drop: the new process serves it.
+            std::mem::forget(f);
+        }
+    }
+
     /// One connection already queued on the socket, without waiting: Ok(None) when the
     /// queue is empty.
-    fn try_accept(&self) -> std::io::Result<Option<Stream>> {
+    pub fn try_accept(&self) -> std::io::Result<Option<Stream>> {
         let sock = match self {
             Listener::Tcp(l) => SockRef::from(l).accept(),
             Listener::Unix(l, _) => SockRef::from(l).accept(),
@@ -365,206 +379,8 @@ fn steer_to(sock: &Socket, index: u32) -> std::io::Result<()> {
         len: 1,
         filter: program.as_mut_ptr(),
     };
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>())
-        .map_err(std::io::Error::other)?;
-    // SAFETY: a valid fd, a sock_fprog pointing at a live one-instruction program and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            len,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Accept clients until `stop_accepting`, then those already queued; each gets its own task.
-pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
-    // A Unix socket stays open through a waiting shutdown (for the console) and closes
-    // when everything stops; TCP listeners close as soon as a shutdown begins.
-    let stop = match &l {
-        Listener::Tcp(_) => shared.stop_accepting.clone(),
-        Listener::Unix(..) => shared.stop_clients.clone(),
-    };
-    // Online restart: SUSPEND stops accepting, HANDOVER gives the socket away.
-    let mut phase = shared.restart.subscribe();
-    loop {
-        let now = *phase.borrow_and_update();
-        if now == Phase::HandingOver {
-            shared.restart.keep_sockets(Vec::new());
-            if shared.restart.sockets_passed() {
-                return handed_over(l);
-            }
-            return drain(l, &shared);
-        }
-        let accepted = tokio::select! {
-            biased;
-            _ = phase.changed() => continue,
-            _ = stop.cancelled() => {
-                // The descriptors kept for SHOW FDS go too: the socket must close (new
-                // connections refused), not linger with nobody accepting.
-                shared.restart.keep_sockets(Vec::new());
-                if shared.restart.phase() == Phase::HandingOver && shared.restart.sockets_passed() {
-                    return handed_over(l);
-                }
-                return drain(l, &shared);
-            }
-            r = accept(&l), if now == Phase::Running => r,
-        };
-        let stream = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        serve(stream, &shared);
-    }
-}
-
-/// The listening socket belongs to the new process now: close this process's descriptor
-/// without accepting what is queued (the new process will) and leave the socket file.
-fn handed_over(l: Listener) {
-    if let Listener::Unix(_, file) = l
-        && let Some(f) = file
-    {
-        // Not removed on drop: the new process serves it.
-        std::mem::forget(f);
-    }
-}
-
-/// Take the connections already queued on a listener that stops, and close it: closing it
-/// with connections queued would reset them (a client of a pooler shutting down with
-/// SIGTERM would see "connection reset" instead of being served).
-fn drain(l: Listener, shared: &Arc<Shared>) {
-    let mut drained = 0usize;
-    loop {
-        match l.try_accept() {
-            Ok(Some(stream)) => {
-                serve(stream, shared);
-                drained += 1;
-            }
-            Ok(None) => break,
-            Err(e) => {
-                tracing::warn!("accept while closing the listener failed: {e}");
-                break;
-            }
-        }
-    }
-    if drained > 0 {
-        tracing::info!("accepted {drained} queued connection(s) while closing the listener");
-    }
-}
-
-/// Start serving one accepted connection (or refuse it past max_client_conn).
-fn serve(stream: Stream, shared: &Arc<Shared>) {
-    let cfg = shared.config.load();
-    if let Stream::Tcp(t) = &stream {
-        // The buffer sizes came from the listening socket (set before the handshake).
-        super::sockopt::TcpTuning::from_settings(&cfg.settings)
-            .without_buffers()
-            .apply_or_warn(SockRef::from(t));
-    }
-    let max = cfg.settings.max_client_conn;
-    if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
-        // Full. Logged-in clients keep their place; the oldest connection still logging in
-        // makes room when such connections hold more than their share, or when it has
-        // been at it for seconds (so sockets that never log in cannot lock real users
-        // out). Its task ends soon: the count may pass max for that moment.
-        if !shared
-            .pending_logins
-            .drop_oldest(std::time::Instant::now(), max)
-        {
-            shared
-                .tracker
-                .spawn(refuse_unless_room(stream, shared.clone(), max));
-            return;
-        }
-        tracing::debug!("max_client_conn reached: dropped the oldest connection still logging in");
-    }
-    admit(stream, shared);
-}
-
-/// How often, and how far apart, a connection that found the pooler full looks again
-/// before it is refused.
-const FULL_RECHECKS: u32 = 5;
-const FULL_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// The pooler was full when `stream` came. A client that is leaving may not have given its
-/// place back yet (it runs on another worker, or its Terminate is read after this accept):
-/// look again a few times for a moment, then refuse as PgBouncer does.
-async fn refuse_unless_room(stream: Stream, shared: Arc<Shared>, max: usize) {
-    for _ in 0..FULL_RECHECKS {
-        tokio::time::sleep(FULL_RECHECK).await;
-        if shared.client_conns.load(Ordering::Relaxed) < max {
-            admit(stream, &shared);
-            return;
-        }
-    }
-    tracing::warn!(addr = %stream.peer(), "no more connections allowed (max_client_conn)");
-    refuse(stream, "no more connections allowed (max_client_conn)").await;
-}
-
-/// Serve an accepted connection there is room for, on this worker or a less busy one.
-fn admit(stream: Stream, shared: &Arc<Shared>) {
-    let id = shared.client_opened();
-    let me = crate::workers::current();
-    let s2 = shared.clone();
-    let Some((ws, w)) = shared
-        .workers
-        .get()
-        .map(|ws| (ws, ws.place(me)))
-        .filter(|&(_, w)| w != me)
-    else {
-        shared.tracker.spawn(client_task(s2, stream, id, me));
-        return;
-    };
-    // Hand the connection to a less busy worker.
-    match stream.detach() {
-        Ok(d) => drop(ws.handle(w).spawn(shared.tracker.track_future(async move {
-            match d.attach() {
-                Ok(stream) => client_task(s2, stream, id, w).await,
-                Err(e) => {
-                    tracing::warn!("could not take a connection on worker {w}: {e}");
-                    s2.client_closed(w);
-                }
-            }
-        }))),
-        Err(e) => {
-            tracing::warn!("could not hand a connection to worker {w}: {e}");
-            shared.client_closed(w);
-        }
-    }
-}
-
-/// One client's task on worker `w`, from its first byte to its last.
-async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
-    crate::client::run(shared.clone(), stream, id).await;
-    shared.client_closed(w);
-}
-
-async fn accept(l: &Listener) -> std::io::Result<Stream> {
-    match l {
-        Listener::Tcp(t) => Ok(Stream::Tcp(t.accept().await?.0)),
-        Listener::Unix(u, _) => Ok(Stream::Unix(u.accept().await?.0)),
-    }
-}
-
-async fn refuse(stream: Stream, why: &str) {
-    let mut conn = Conn::new(stream);
-    // Answer the startup packet with the error, after an SSL or GSS request if one comes
-    // first (refused with 'N': an error there reads as a failed SSL exchange to libpq).
-    let first = crate::client::startup::hello(&mut conn, None);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
-    conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
-    conn.close().await;
+    use nix::sys::socket::{setsockopt, sockopt::AttachReusePortCbpf};
+    setsockopt(sock, AttachReusePortCbpf, &fprog).map_err(std::io::Error::from)
 }
 
 #[cfg(test)]

@@ -40,8 +40,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s
                 .peer_cred()
-                // SAFETY: geteuid has no preconditions and cannot fail.
-                .is_ok_and(|c| c.uid() == unsafe { libc::geteuid() }),
+                .is_ok_and(|c| c.uid() == nix::unistd::geteuid().as_raw()),
             _ => false,
         }
     }
@@ -152,25 +151,13 @@ impl Stream {
             Stream::TlsOut(t) => t.get_ref().0.as_raw_fd(),
             Stream::Gone => return true,
         };
-        let mut byte = 0u8;
-        // SAFETY: `fd` is an open socket owned by `self` for the call; the buffer is one
-        // valid byte.
-        let n = unsafe {
-            libc::recv(
-                fd,
-                (&raw mut byte).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            );
-        }
-        true
+        use nix::errno::Errno;
+        use nix::sys::socket::MsgFlags;
+        let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        !matches!(
+            nix::sys::socket::recv(fd, &mut [0u8], peek),
+            Err(Errno::EAGAIN | Errno::EINTR)
+        )
     }
 
     /// Wait until the socket has bytes (or EOF) to read, without reading.

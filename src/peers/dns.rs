@@ -13,48 +13,10 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::Path;
 
 use super::key::MAX_PEER_ID;
+pub use crate::config::names::{Target, parse_target};
 
 /// The largest hosts file read (a longer one is an error, not a partial read).
 const MAX_HOSTS_FILE: u64 = 1 << 20;
-
-/// `peers_dns` parsed: the name and the port (None: `listen_port`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub name: String,
-    pub port: Option<u16>,
-}
-
-/// Parse `name`, `name:port`, `[v6]:port`.
-pub fn parse_target(v: &str) -> Result<Target, String> {
-    let v = v.trim();
-    let bad = || format!("invalid peers_dns {v:?}: expected name or name:port");
-    if v.is_empty() {
-        return Err(bad());
-    }
-    let (name, port) = if let Some(rest) = v.strip_prefix('[') {
-        let (n, tail) = rest.split_once(']').ok_or_else(bad)?;
-        match tail {
-            "" => (n, None),
-            t => (n, Some(t.strip_prefix(':').ok_or_else(bad)?)),
-        }
-    } else if v.matches(':').count() == 1 {
-        let (n, p) = v.split_once(':').ok_or_else(bad)?;
-        (n, Some(p))
-    } else {
-        (v, None)
-    };
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err(bad());
-    }
-    let port = match port {
-        None => None,
-        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?),
-    };
-    Ok(Target {
-        name: name.to_string(),
-        port,
-    })
-}
 
 /// The peer id of an address (1..=16383).
 pub fn id_of(ip: IpAddr) -> u16 {

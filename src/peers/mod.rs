@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::config::Config;
+use crate::lock::Locked;
 use crate::server::ServerAddr;
 
 /// One peer: where it listens and the cancel requests in flight to it.
@@ -120,7 +121,7 @@ impl Peers {
 
     /// The `peers_dns` members changed: rebuild the table.
     pub fn set_members(&self, cfg: &Config, members: BTreeMap<u16, Vec<SocketAddr>>) {
-        *self.members.lock().unwrap_or_else(|e| e.into_inner()) = members;
+        *self.members.locked() = members;
         self.apply(cfg);
     }
 
@@ -139,7 +140,7 @@ impl Peers {
                 PeerPool::new(p.peer_id, vec![addr], host, p.port, size),
             );
         }
-        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        let members = self.members.locked();
         for (id, addrs) in members.iter() {
             if next.contains_key(id) || addrs.is_empty() {
                 continue; // a [peers] entry names this id by hand: it wins
@@ -162,7 +163,7 @@ impl Peers {
             next.insert(*id, pool);
         }
         drop(members);
-        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut table = self.table.locked();
         let old = std::mem::take(&mut *table);
         for (id, p) in next {
             let keep = old.get(&id).filter(|o| o.same_place(&p)).cloned();
@@ -171,12 +172,12 @@ impl Peers {
     }
 
     pub fn all(&self) -> Vec<Arc<PeerPool>> {
-        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let table = self.table.locked();
         table.values().cloned().collect()
     }
 
     fn get(&self, id: u16) -> Option<Arc<PeerPool>> {
-        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let table = self.table.locked();
         table.get(&id).cloned()
     }
 
@@ -195,7 +196,7 @@ impl Peers {
             tracing::debug!("could not find peer {id} to forward a cancel request to");
             return;
         };
-        let own = *self.own_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let own = *self.own_addr.locked();
         let is_own = |a: &ServerAddr| match (a, own) {
             (ServerAddr::Tcp { host, port }, Some(o)) => {
                 *port == o.port() && host.parse::<std::net::IpAddr>().ok() == Some(o.ip())
@@ -238,45 +239,23 @@ impl Peers {
     }
 }
 
-/// Keep the `peers_dns` members current: every `dns_max_ttl` (at least 1 s) after the
-/// first resolution (`refresh`, done by `app::start_on` before accepting clients).
-pub async fn run_dns(shared: Arc<crate::app::Shared>, mut last: Option<Vec<SocketAddr>>) {
-    let stop = shared.stop_background.clone();
-    loop {
-        let period = shared
-            .config
-            .load()
-            .settings
-            .dns_max_ttl
-            .max(Duration::from_secs(1));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
-        }
-        refresh(&shared, &mut last).await;
-    }
-}
-
 /// Resolve `peers_dns` once (off the reactor) and apply what changed since `last`; derive
 /// this instance's id once its address is known. Without `peers_dns`: forget the members.
-pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAddr>>) {
-    let cfg = shared.config.load_full();
+/// True when the members were set anew (this instance's id may have changed: the client
+/// registry's keys must name it).
+pub async fn refresh(peers: &Peers, cfg: &Config, last: &mut Option<Vec<SocketAddr>>) -> bool {
     let s = &cfg.settings;
     if s.peers_dns.is_empty() {
         if last.take().is_some() {
-            shared.peers.set_derived_id(0);
-            *shared
-                .peers
-                .own_addr
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = None;
-            shared.peers.set_members(&cfg, BTreeMap::new());
-            shared.clients.set_peer_id(shared.peers.own_id());
+            peers.set_derived_id(0);
+            *peers.own_addr.locked() = None;
+            peers.set_members(cfg, BTreeMap::new());
+            return true;
         }
-        return;
+        return false;
     }
     let Ok(target) = dns::parse_target(&s.peers_dns) else {
-        return; // checked when the config was loaded
+        return false; // checked when the config was loaded
     };
     let port = s.listen_port;
     let hosts =
@@ -288,23 +267,19 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
     let addrs = match found {
         Err(e) => {
             tracing::warn!("peers_dns: cannot resolve {}: {e}", target.name);
-            return;
+            return false;
         }
-        Ok(addrs) if last.as_ref() == Some(&addrs) => return,
+        Ok(addrs) if last.as_ref() == Some(&addrs) => return false,
         Ok(addrs) => addrs,
     };
-    if shared.peers.derived.load(Ordering::Relaxed) == 0 {
+    if peers.derived.load(Ordering::Relaxed) == 0 {
         match dns::own_address(&s.listen_addr, &addrs) {
             Some(ip) => {
                 let id = dns::id_of(ip);
                 tracing::info!("peers_dns: this instance is peer {id} ({ip})");
-                shared.peers.set_derived_id(id);
+                peers.set_derived_id(id);
                 let own_port = target.port.unwrap_or(port);
-                *shared
-                    .peers
-                    .own_addr
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(SocketAddr::new(ip, own_port));
+                *peers.own_addr.locked() = Some(SocketAddr::new(ip, own_port));
             }
             None => tracing::warn!(
                 "peers_dns: cannot tell which member is this instance \
@@ -312,7 +287,7 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
             ),
         }
     }
-    let derived = shared.peers.derived.load(Ordering::Relaxed);
+    let derived = peers.derived.load(Ordering::Relaxed);
     if s.peer_id > 0 && derived != 0 && derived != s.peer_id {
         tracing::warn!(
             "peers_dns: peer_id = {} differs from the id {derived} the other members derive \
@@ -321,9 +296,9 @@ pub async fn refresh(shared: &crate::app::Shared, last: &mut Option<Vec<SocketAd
         );
     }
     tracing::info!("peers_dns: {} members: {addrs:?}", addrs.len());
-    shared.peers.set_members(&cfg, dns::members(&addrs));
-    shared.clients.set_peer_id(shared.peers.own_id());
+    peers.set_members(cfg, dns::members(&addrs));
     *last = Some(addrs);
+    true
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use super::Pool;
+use super::state::ServerState::{Active, BeingReset};
 use crate::server::{Server, sync};
 
 pub struct PooledServer {
@@ -34,7 +35,7 @@ impl PooledServer {
     /// Close the server instead of reusing it.
     pub fn close(mut self) {
         if let Some(s) = self.server.take() {
-            self.pool.close(s);
+            self.pool.close(s, Active);
         }
     }
 }
@@ -58,22 +59,23 @@ impl Drop for PooledServer {
             return;
         };
         if s.broken {
-            self.pool.close(s);
+            self.pool.close(s, Active);
             return;
         }
         let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.owed.is_empty();
         let cancel_in_flight = cancels_in_flight(&s);
         if clean && !self.reset && !self.discard && s.conn.out_len() == 0 && !cancel_in_flight {
-            self.pool.checkin(s);
+            self.pool.checkin(s, Active);
             return;
         }
         let pool = self.pool.clone();
         let reset = self.reset || self.discard;
         let discard = self.discard;
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            pool.close(s);
+            pool.close(s, Active);
             return;
         };
+        pool.set_state(&s, Active, BeingReset);
         handle.spawn(async move {
             let settings = pool.settings();
             let limit = settings.cancel_wait_timeout.max(std::time::Duration::from_secs(1));
@@ -89,10 +91,10 @@ impl Drop for PooledServer {
                 ok = matches!(r, Ok(Ok(())));
             }
             if ok {
-                pool.checkin(s);
+                pool.checkin(s, BeingReset);
             } else {
                 tracing::debug!(db = %pool.db, user = %pool.user, "closing server left in an unknown state");
-                pool.close(s);
+                pool.close(s, BeingReset);
             }
         });
     }
@@ -131,6 +133,6 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.pool.release_slot();
+        self.pool.release_slot(Active);
     }
 }

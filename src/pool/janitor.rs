@@ -1,11 +1,12 @@
 //! Periodic pool upkeep: idle and lifetime limits, min_pool_size, waking waiters, room
-//! under limits shared by several pools.
+//! under limits shared by several pools; each `stats_period`, the pools' averages.
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::Pools;
+use crate::stats::Period;
 
 /// How often the janitor runs.
 pub const PERIOD: Duration = Duration::from_millis(250);
@@ -53,5 +54,45 @@ fn free_unused(pools: &Pools, idle_for: &impl Fn(&str) -> Option<Duration>) {
         tracing::warn!(
             "dropping database '{db}' as it does not exist anymore or inactive auto-database"
         );
+    }
+}
+
+/// Every `stats_period`, roll every pool's period (and log the averages with `log_stats`)
+/// until `stop` is cancelled. `settings()`: (stats_period, log_stats), read each time.
+pub async fn run_periods(
+    pools: Arc<Pools>,
+    stop: CancellationToken,
+    settings: impl Fn() -> Option<(Duration, bool)> + Send + 'static,
+) {
+    let mut last = Instant::now();
+    loop {
+        let Some((period, _)) = settings() else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(period.max(Duration::from_secs(1))) => {}
+            _ = stop.cancelled() => return,
+        }
+        let secs = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        let pools = pools.all();
+        for p in &pools {
+            p.stats.roll_period(secs);
+        }
+        if settings().is_some_and(|(_, log)| log) {
+            let mut p = Period::default();
+            pools.iter().for_each(|pool| p.add(&pool.stats.period()));
+            let a = p.averages();
+            tracing::info!(
+                "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+                a.xact_count,
+                a.query_count,
+                a.bytes_received,
+                a.bytes_sent,
+                a.xact_time_us,
+                a.query_time_us,
+                a.wait_time_us
+            );
+        }
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use crate::lock::Locked;
 use crate::proto::{self, backend, frontend};
 use crate::server::{Server, ServerError, ServerTarget, connect};
 
@@ -54,7 +55,7 @@ impl Inbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, InboxState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// notify_queue_limit as now configured.
@@ -166,7 +167,7 @@ struct Sub {
 
 impl Listener {
     fn lock(&self) -> MutexGuard<'_, HubState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Run `op` for `client` on the listener (started if none runs) and wait until it

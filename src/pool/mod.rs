@@ -5,13 +5,16 @@ pub mod listener;
 pub mod login;
 #[allow(clippy::module_inception)]
 pub mod pool;
+pub mod state;
 
+use crate::lock::Locked;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use guard::{PooledServer, Slot};
 pub use pool::{CheckoutError, Pool, PoolSettings};
+pub use state::{ServerCounts, ServerState};
 
 /// A shared count of server connections against a limit (max_db_connections per database,
 /// max_user_connections per user). 0 = unlimited.
@@ -28,11 +31,11 @@ struct LimitInner {
 
 impl Limit {
     pub fn set_max(&self, max: usize) {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).max = max;
+        self.inner.locked().max = max;
     }
     /// Take one unit if under the limit.
     pub fn try_acquire(&self) -> bool {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         if g.max == 0 || g.count < g.max {
             g.count += 1;
             true
@@ -41,15 +44,15 @@ impl Limit {
         }
     }
     pub fn release(&self) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         g.count = g.count.saturating_sub(1);
     }
     pub fn count(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).count
+        self.inner.locked().count
     }
     /// The limit is set and reached.
     pub fn is_full(&self) -> bool {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         g.max != 0 && g.count >= g.max
     }
 }
@@ -84,18 +87,13 @@ impl Pools {
         settings: impl FnOnce() -> PoolSettings,
     ) -> Arc<Pool> {
         let key = (db.to_string(), user.to_string());
-        if let Some(p) = self
-            .pools
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
+        if let Some(p) = self.pools.locked().get(&key) {
             return p.clone();
         }
         let settings = settings();
         let db_limit = self.limit(&self.db_limits, db, settings.max_db_connections);
         let user_limit = self.limit(&self.user_limits, user, settings.max_user_connections);
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pools = self.pools.locked();
         pools
             .entry(key)
             .or_insert_with(|| {
@@ -117,7 +115,7 @@ impl Pools {
         name: &str,
         max: usize,
     ) -> Arc<Limit> {
-        let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = map.locked();
         let l = m.entry(name.to_string()).or_default().clone();
         l.set_max(max);
         l
@@ -125,13 +123,7 @@ impl Pools {
 
     /// Every pool, for the janitor, SHOW commands and reload.
     pub fn all(&self) -> Vec<Arc<Pool>> {
-        let mut v: Vec<_> = self
-            .pools
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let mut v: Vec<_> = self.pools.locked().values().cloned().collect();
         v.sort_by(|a, b| (&a.db, &a.user).cmp(&(&b.db, &b.user)));
         v
     }
@@ -176,7 +168,7 @@ impl Pools {
     ) -> Vec<(String, String)> {
         let now = std::time::Instant::now();
         let mut freed = Vec::new();
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pools = self.pools.locked();
         pools.retain(|key, p| {
             let held = Arc::strong_count(p) > 1;
             let keep = match (p.unused_for(held, now), idle_for(&key.0)) {

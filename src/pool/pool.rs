@@ -9,8 +9,10 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
 use super::login::{LoginBackoff, LoginFailure};
+use super::state::{ServerCounts, ServerState};
 use super::{Limit, PooledServer, Slot};
 use crate::config::PoolMode;
+use crate::lock::Locked;
 use crate::net::conn::ConnError;
 use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
 use crate::stats::PoolStats;
@@ -68,12 +70,15 @@ enum Waited {
 
 /// A server login under way. Dropped before the login ends (its client left), it gives
 /// the slot back and lets another try.
-struct Opening<'a>(&'a Arc<Pool>);
+struct Opening<'a>(&'a Arc<Pool>, u64);
 
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
-        self.0.lock().login.abandoned();
-        self.0.release_slot();
+        let mut g = self.0.lock();
+        g.login.abandoned();
+        g.transit.retain(|t| t.id != self.1);
+        drop(g);
+        self.0.release_slot(ServerState::Login);
         self.0.login_changed.notify_waiters();
     }
 }
@@ -124,13 +129,13 @@ struct Inner {
     idle: VecDeque<Box<Server>>,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
-    /// Servers alive or being opened: idle + active + connecting + being cleaned.
-    total: usize,
-    /// Of `total`, servers held by pinned clients: they do not count against pool_size
+    /// The pool's servers by state (`Pool::change_state` alone changes them).
+    servers: ServerCounts,
+    /// The servers being opened, tested or reset (for SHOW SERVERS).
+    transit: Vec<Transit>,
+    /// Of the servers, those held by pinned clients: they do not count against pool_size
     /// (up to pin_pool_size), so pins never take the servers other clients wait for.
     pinned: usize,
-    /// Servers handed out (including those being opened for a client).
-    active: usize,
     paused: bool,
     /// ParameterStatus values of a freshly logged-in server: what new clients are told.
     server_params: Option<Params>,
@@ -193,8 +198,8 @@ impl Drop for Ticket {
         }
         self.rx.close();
         match self.rx.try_recv() {
-            Ok(Grant::Server(s)) => self.pool.checkin(s),
-            Ok(Grant::Slot) => self.pool.release_slot(),
+            Ok(Grant::Server(s)) => self.pool.checkin(s, ServerState::Active),
+            Ok(Grant::Slot) => self.pool.release_slot(ServerState::Login),
             Err(_) => {
                 let mut g = self.pool.lock();
                 if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
@@ -222,9 +227,9 @@ impl Pool {
                 idle: VecDeque::new(),
                 waiters: VecDeque::new(),
                 next_waiter: 0,
-                total: 0,
+                servers: ServerCounts::default(),
+                transit: Vec::new(),
                 pinned: 0,
-                active: 0,
                 paused: false,
                 server_params: None,
                 session_template: None,
@@ -246,7 +251,7 @@ impl Pool {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Where the pool's shared listener connects (now), under a new server id.
@@ -291,10 +296,8 @@ impl Pool {
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
-            g.total -= closing.len();
             for _ in &closing {
-                self.db_limit.release();
-                self.user_limit.release();
+                self.change_state(&mut g, Some(ServerState::Idle), None);
             }
             drop(g);
             for s in closing {
@@ -346,15 +349,59 @@ impl Pool {
         self.lock().server_params.clone()
     }
 
-    /// (active, idle, total, waiting, paused) for SHOW POOLS and tests.
+    /// The servers by state, waiters and pause, for SHOW POOLS and tests.
     pub fn counts(&self) -> PoolCounts {
         let g = self.lock();
+        let s = &g.settings;
+        let used = match s.server_check_query {
+            Some(_) => g
+                .idle
+                .iter()
+                .filter(|srv| srv.last_used.elapsed() >= s.server_check_delay)
+                .count(),
+            None => 0,
+        };
         PoolCounts {
-            active: g.active,
-            idle: g.idle.len(),
-            total: g.total,
+            servers: g.servers,
+            used,
+            total: g.servers.total(),
             waiting: g.waiters.len(),
             paused: g.paused,
+        }
+    }
+
+    /// THE place a server changes state: the pool's counts, and the database and user
+    /// limits given back when a server goes (`to` None; they were taken by `may_open`,
+    /// the one place a server comes, `from` None).
+    fn change_state(&self, g: &mut Inner, from: Option<ServerState>, to: Option<ServerState>) {
+        g.servers.change(from, to);
+        if from.is_some() && to.is_none() {
+            self.db_limit.release();
+            self.user_limit.release();
+        }
+    }
+
+    /// Server `s` moves from `from` to `to` outside the pool's lists: tested before a
+    /// client gets it, or reset after one (SHOW SERVERS lists it meanwhile).
+    pub(crate) fn set_state(&self, s: &Server, from: ServerState, to: ServerState) {
+        let mut g = self.lock();
+        self.change_state(&mut g, Some(from), Some(to));
+        g.transit.retain(|t| t.id != s.id);
+        if matches!(to, ServerState::Tested | ServerState::BeingReset) {
+            g.transit.push(Transit {
+                id: s.id,
+                state: to,
+                addr: s.addr.clone(),
+                pid: s.key.0,
+                created: s.created,
+            });
+        }
+    }
+
+    /// Server `s`, in state `from`, leaves the servers in transit (checked in or closed).
+    fn arrived(&self, g: &mut Inner, s: &Server, from: ServerState) {
+        if matches!(from, ServerState::Tested | ServerState::BeingReset) {
+            g.transit.retain(|t| t.id != s.id);
         }
     }
 
@@ -363,7 +410,7 @@ impl Pool {
     /// frees it past autodb_idle_timeout / pool_idle_timeout.
     pub fn unused_for(&self, held: bool, now: Instant) -> Option<Duration> {
         let mut g = self.lock();
-        if held || g.total > 0 || !g.waiters.is_empty() || g.paused {
+        if held || g.servers.total() > 0 || !g.waiters.is_empty() || g.paused {
             g.unused_since = None;
             return None;
         }
@@ -420,6 +467,7 @@ impl Pool {
             if !g.paused && g.waiters.is_empty() && self.may_open(&mut g, false) {
                 // The pool's login backoff is for its own logins: this one is not one.
                 g.login.abandoned();
+                self.change_state(&mut g, Some(ServerState::Login), Some(ServerState::Active));
                 return Ok(Slot::new(self.clone()));
             }
         }
@@ -435,13 +483,17 @@ impl Pool {
                     }
                 }
             };
-            // PgBouncer's words; tools and tests look for them.
+            // PgBouncer's words; tools and tests look for them. The server's place (counted
+            // active) is the replication connection's now.
             tracing::info!(server = evicted.id, db = %self.db, user = %self.user,
                 "closing because: evicted (age={}s)", evicted.created.elapsed().as_secs());
             close_server(evicted);
             return Ok(Slot::new(self.clone()));
         }
-        self.lock().login.abandoned();
+        let mut g = self.lock();
+        g.login.abandoned();
+        self.change_state(&mut g, Some(ServerState::Login), Some(ServerState::Active));
+        drop(g);
         Ok(Slot::new(self.clone()))
     }
 
@@ -463,7 +515,7 @@ impl Pool {
                 .then(|| start + settings.reserve_pool_timeout);
             let retry_at = {
                 let g = self.lock();
-                if g.total == 0 && g.login.fails_waiters(settings.server_login_retry) {
+                if g.servers.total() == 0 && g.login.fails_waiters(settings.server_login_retry) {
                     let why = g.last_login_error.clone().unwrap_or_default();
                     return Err(ServerError::LoginFailing(why).into());
                 }
@@ -507,7 +559,7 @@ impl Pool {
     /// a way that makes waiting pointless (see [`LoginBackoff::fails_fast`]). The error.
     fn login_failing(&self) -> Option<String> {
         let g = self.lock();
-        let fails = g.total == 0
+        let fails = g.servers.total() == 0
             && g.login
                 .fails_fast(Instant::now(), g.settings.server_login_retry);
         fails.then(|| g.last_login_error.clone().unwrap_or_default())
@@ -530,7 +582,7 @@ impl Pool {
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
         let mut g = self.lock();
         if !g.paused {
-            if let Some(s) = pop_idle(&mut g) {
+            if let Some(s) = self.pop_idle(&mut g) {
                 return Step::Idle(s);
             }
             if g.waiters.is_empty() && self.may_open(&mut g, reserve_ok) {
@@ -565,7 +617,7 @@ impl Pool {
             } else {
                 0
             };
-        let in_use = g.total.saturating_sub(g.pinned);
+        let in_use = g.servers.total().saturating_sub(g.pinned);
         if in_use >= cap {
             return false;
         }
@@ -577,8 +629,7 @@ impl Pool {
             return false;
         }
         g.login.started();
-        g.total += 1;
-        g.active += 1;
+        self.change_state(g, None, Some(ServerState::Login));
         if in_use >= g.settings.pool_size {
             // PgBouncer's words (a warning there too): tools and tests look for them.
             tracing::warn!(db = %self.db, user = %self.user, "taking connection from reserve_pool");
@@ -592,7 +643,14 @@ impl Pool {
         let settings = self.settings();
         let id = self.socket_ids.next();
         let started = Instant::now();
-        let opening = Opening(self);
+        self.lock().transit.push(Transit {
+            id,
+            state: ServerState::Login,
+            addr: Arc::new(settings.target.addr.clone()),
+            pid: 0,
+            created: started,
+        });
+        let opening = Opening(self, id);
         let result = connect::connect(
             &settings.target,
             &self.db,
@@ -602,11 +660,13 @@ impl Pool {
         .await;
         // Ended: the slot is the server's, or given back below.
         std::mem::forget(opening);
+        self.lock().transit.retain(|t| t.id != id);
         match result {
             Ok(s) => {
                 // `new connection to server` is logged by connect::connect.
                 let failing_since = {
                     let mut g = self.lock();
+                    self.change_state(&mut g, Some(ServerState::Login), Some(ServerState::Active));
                     let since = g.login.failing_since();
                     g.login.succeeded();
                     g.last_login_error = None;
@@ -655,7 +715,7 @@ impl Pool {
                     tracing::warn!(server = id, db = %self.db, user = %self.user, %addr,
                         "server login failed: {e}");
                 }
-                self.release_slot();
+                self.release_slot(ServerState::Login);
                 self.login_changed.notify_waiters();
                 Err(e.into())
             }
@@ -671,7 +731,7 @@ impl Pool {
                 if g.paused {
                     return None;
                 }
-                (pop_idle(&mut g)?, g.settings.clone())
+                (self.pop_idle(&mut g)?, g.settings.clone())
             };
             match self.ready_now(s, &settings) {
                 Ready::Usable(s) => return Some(PooledServer::new(s, self.clone())),
@@ -680,7 +740,11 @@ impl Pool {
                     // The slow path runs the check; hand the server back for it.
                     {
                         let mut g = self.lock();
-                        g.active -= 1;
+                        self.change_state(
+                            &mut g,
+                            Some(ServerState::Active),
+                            Some(ServerState::Idle),
+                        );
                         g.idle.push_back(s);
                     }
                     self.grant_waiters();
@@ -696,7 +760,7 @@ impl Pool {
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| s.created.elapsed() >= l);
         if !settings.target.hosts.keeps(s.host) {
-            self.close_because(s, HOST_ROLE_CHANGED);
+            self.close_because(s, ServerState::Active, HOST_ROLE_CHANGED);
             return Ready::Closed;
         }
         if expired || !is_alive(&mut s) {
@@ -705,7 +769,7 @@ impl Pool {
             } else {
                 "server conn crashed?"
             };
-            self.close_because(s, why);
+            self.close_because(s, ServerState::Active, why);
             return Ready::Closed;
         }
         match s.rehome() {
@@ -713,7 +777,7 @@ impl Pool {
             Ok(true) => PoolStats::add(&self.stats.server_moves, 1),
             Err(e) => {
                 tracing::warn!(server = s.id, "could not move a server to this worker: {e}");
-                self.close(s);
+                self.close(s, ServerState::Active);
                 return Ready::Closed;
             }
         }
@@ -734,31 +798,34 @@ impl Pool {
             Ready::CheckDue(s) => s,
         };
         if let Some(q) = &settings.server_check_query {
+            self.set_state(&s, ServerState::Active, ServerState::Tested);
             let check = query::simple_query(&mut s, q);
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
                 Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
                 _ => {
-                    self.close_because(s, "server check query failed");
+                    self.close_because(s, ServerState::Tested, "server check query failed");
                     return None;
                 }
             }
+            self.set_state(&s, ServerState::Tested, ServerState::Active);
         }
         Some(s)
     }
 
-    /// Return a clean, idle server: to the first waiter, else to the idle list (or close it
-    /// when it is too old or the pool is over its size).
-    pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>) {
+    /// Return a clean, idle server (now in state `from`): to the first waiter, else to the
+    /// idle list (or close it when it is too old or the pool is over its size).
+    pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>, from: ServerState) {
         s.last_used = Instant::now();
         // Nobody listens on a server in the pool.
         s.notifications.clear();
         let mut g = self.lock();
+        self.arrived(&mut g, &s, from);
         // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
         let too_old = match crate::config::enabled(g.settings.server_lifetime) {
             Some(l) => s.created.elapsed() >= l,
             None => s.served,
         } || g.close_before.is_some_and(|t| s.created < t);
-        let counted = g.total.saturating_sub(g.pinned);
+        let counted = g.servers.total().saturating_sub(g.pinned);
         let wrong_host =
             doubts_role(&g.settings.target.hosts, &s) || !g.settings.target.hosts.keeps(s.host);
         if s.broken
@@ -768,13 +835,14 @@ impl Pool {
         {
             drop(g);
             if s.broken || too_old || wrong_host {
-                self.close(s);
+                self.close(s, from);
             } else {
-                self.close_because(s, "too many servers in the pool");
+                self.close_because(s, from, "too many servers in the pool");
             }
             return;
         }
         if !g.paused {
+            self.change_state(&mut g, Some(from), Some(ServerState::Active));
             while let Some(w) = next_waiter(&mut g.waiters, s.home) {
                 match w.tx.send(Grant::Server(s)) {
                     Ok(()) => return,
@@ -782,14 +850,16 @@ impl Pool {
                     Err(Grant::Slot) => unreachable!("sent a server"),
                 }
             }
+            self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
+        } else {
+            self.change_state(&mut g, Some(from), Some(ServerState::Idle));
         }
-        g.active -= 1;
         s.conn.shrink();
         g.idle.push_back(s);
     }
 
-    /// Close a server that was active (counted) and give its room to a waiter.
-    pub(crate) fn close(self: &Arc<Self>, s: Box<Server>) {
+    /// Close a server of the pool (in state `from`) and give its room to a waiter.
+    pub(crate) fn close(self: &Arc<Self>, s: Box<Server>, from: ServerState) {
         let settings = self.settings();
         let hosts = &settings.target.hosts;
         if let (Some(i), true) = (s.host, hosts.checks_roles()) {
@@ -816,14 +886,15 @@ impl Pool {
         } else {
             "unclean server"
         };
-        self.close_because(s, reason);
+        self.close_because(s, from, reason);
     }
 
     /// [`Pool::close`] with PgBouncer's words for why (logged as `closing because: …`).
-    pub(crate) fn close_because(self: &Arc<Self>, s: Box<Server>, reason: &str) {
+    pub(crate) fn close_because(self: &Arc<Self>, s: Box<Server>, from: ServerState, reason: &str) {
+        self.arrived(&mut self.lock(), &s, from);
         self.log_close(&s, reason);
         close_server(s);
-        self.release_slot();
+        self.release_slot(from);
     }
 
     /// `S-0x…: db/user@addr closing because: reason (age=Ns)` (log_disconnections).
@@ -834,15 +905,10 @@ impl Pool {
         }
     }
 
-    /// One active server fewer: give the room to the first waiter if the pool may open one.
-    pub(crate) fn release_slot(self: &Arc<Self>) {
-        {
-            let mut g = self.lock();
-            g.total -= 1;
-            g.active -= 1;
-        }
-        self.db_limit.release();
-        self.user_limit.release();
+    /// One server (in state `from`) fewer: give the room to the first waiter if the pool
+    /// may open one.
+    pub(crate) fn release_slot(self: &Arc<Self>, from: ServerState) {
+        self.change_state(&mut self.lock(), Some(from), None);
         self.grant_waiters();
     }
 
@@ -855,7 +921,7 @@ impl Pool {
         }
         while !g.waiters.is_empty() {
             let grant = if let Some(s) = g.idle.pop_back() {
-                g.active += 1;
+                self.change_state(&mut g, Some(ServerState::Idle), Some(ServerState::Active));
                 Grant::Server(s)
             } else if self.may_open(&mut g, false) {
                 Grant::Slot
@@ -872,14 +938,11 @@ impl Pool {
             // Nobody took it: undo.
             match grant {
                 Some(Grant::Server(s)) => {
-                    g.active -= 1;
+                    self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
                     g.idle.push_back(s);
                 }
                 Some(Grant::Slot) => {
-                    g.total -= 1;
-                    g.active -= 1;
-                    self.db_limit.release();
-                    self.user_limit.release();
+                    self.change_state(&mut g, Some(ServerState::Login), None);
                 }
                 None => {}
             }
@@ -907,11 +970,11 @@ impl Pool {
             let s = g.settings.clone();
             let now = Instant::now();
             let mut keep = VecDeque::with_capacity(g.idle.len());
-            let mut total = g.total;
             let pinned = g.pinned;
             while let Some(mut srv) = g.idle.pop_front() {
                 let too_old = crate::config::enabled(s.server_lifetime)
                     .is_some_and(|l| now.duration_since(srv.created) >= l);
+                let total = g.servers.total();
                 let idle_too_long = crate::config::enabled(s.server_idle_timeout)
                     .is_some_and(|l| now.duration_since(srv.last_used) >= l)
                     && total > s.min_pool_size;
@@ -931,26 +994,23 @@ impl Pool {
                     None
                 };
                 if let Some(why) = why {
-                    total -= 1;
+                    self.change_state(&mut g, Some(ServerState::Idle), None);
                     closing.push((srv, why));
                 } else {
                     keep.push_back(srv);
                 }
             }
             g.idle = keep;
-            g.total = total;
             let login_blocked = !g.login.may_try(now);
             open_needed = if login_blocked || g.paused {
                 0
             } else {
-                s.min_pool_size.saturating_sub(g.total)
+                s.min_pool_size.saturating_sub(g.servers.total())
             };
         }
         for (s, why) in closing {
             self.log_close(&s, why);
             close_server(s);
-            self.db_limit.release();
-            self.user_limit.release();
         }
         self.grant_waiters();
         open_needed
@@ -983,7 +1043,7 @@ impl Pool {
             }
         }
         if let Ok(s) = self.open().await {
-            self.checkin(s);
+            self.checkin(s, ServerState::Active);
         }
     }
 
@@ -992,14 +1052,14 @@ impl Pool {
         let closing: Vec<Box<Server>> = {
             let mut g = self.lock();
             let v: Vec<Box<Server>> = g.idle.drain(..).collect();
-            g.total -= v.len();
+            for _ in &v {
+                self.change_state(&mut g, Some(ServerState::Idle), None);
+            }
             v
         };
         for s in closing {
             self.log_close(&s, reason);
             close_server(s);
-            self.db_limit.release();
-            self.user_limit.release();
         }
     }
 
@@ -1030,28 +1090,50 @@ impl Pool {
     pub fn reconnect_done(&self) -> bool {
         let mut g = self.lock();
         let Some(t) = g.close_before else { return true };
-        let done = g.active == 0 && g.idle.iter().all(|s| s.created >= t);
+        let done = g.servers.in_use() == 0 && g.idle.iter().all(|s| s.created >= t);
         if done {
             g.close_before = None;
         }
         done
     }
 
-    /// Idle servers, for SHOW SERVERS.
+    /// The servers no client holds, for SHOW SERVERS: idle ("used" when due their
+    /// server_check_query), then those being opened ("new"), tested or reset ("tested").
     pub fn idle_servers(&self) -> Vec<IdleServerInfo> {
-        self.lock()
-            .idle
-            .iter()
-            .map(|s| IdleServerInfo {
-                id: s.id,
-                addr: s.addr.clone(),
-                pid: s.key.0,
-                created: s.created,
-                last_used: s.last_used,
-                prepared: s.prepared.len(),
-                tls: s.tls.clone(),
-            })
-            .collect()
+        let g = self.lock();
+        let check_delay = g
+            .settings
+            .server_check_query
+            .as_ref()
+            .map(|_| g.settings.server_check_delay);
+        let idle = g.idle.iter().map(|s| IdleServerInfo {
+            state: match check_delay {
+                Some(d) if s.last_used.elapsed() >= d => "used",
+                _ => "idle",
+            },
+            id: s.id,
+            addr: s.addr.clone(),
+            pid: s.key.0,
+            created: s.created,
+            last_used: Some(s.last_used),
+            prepared: s.prepared.len(),
+            tls: s.tls.clone(),
+        });
+        let transit = g.transit.iter().map(|t| IdleServerInfo {
+            state: if t.state == ServerState::Login {
+                "new"
+            } else {
+                "tested"
+            },
+            id: t.id,
+            addr: t.addr.clone(),
+            pid: t.pid,
+            created: t.created,
+            last_used: None,
+            prepared: 0,
+            tls: None,
+        });
+        idle.chain(transit).collect()
     }
 
     /// Clients wait, no server is idle, and the pool is below its size: what stops it from
@@ -1061,7 +1143,7 @@ impl Pool {
         !g.paused
             && !g.waiters.is_empty()
             && g.idle.is_empty()
-            && g.total.saturating_sub(g.pinned) < g.settings.pool_size
+            && g.servers.total().saturating_sub(g.pinned) < g.settings.pool_size
     }
 
     /// A client keeps its server from now on (a pin): the server stops counting against
@@ -1099,18 +1181,32 @@ impl Pool {
             let Some(s) = g.idle.pop_front() else {
                 return false;
             };
-            g.total -= 1;
+            self.change_state(&mut g, Some(ServerState::Idle), None);
             s
         };
         self.log_close(&s, "evicted to make room for another pool");
         close_server(s);
-        self.db_limit.release();
-        self.user_limit.release();
         true
     }
 
     pub fn last_login_error(&self) -> Option<String> {
         self.lock().last_login_error.clone()
+    }
+
+    /// An idle server taken for a client, counted active: the most recently used one of this
+    /// worker, else the most recently used one (the oldest with server_round_robin).
+    fn pop_idle(&self, g: &mut Inner) -> Option<Box<Server>> {
+        let s = if g.settings.server_round_robin {
+            g.idle.pop_front()
+        } else {
+            let here = crate::workers::current();
+            match g.idle.iter().rposition(|s| s.home == here) {
+                Some(i) => g.idle.remove(i),
+                None => g.idle.pop_back(),
+            }
+        }?;
+        self.change_state(g, Some(ServerState::Idle), Some(ServerState::Active));
+        Some(s)
     }
 }
 
@@ -1126,22 +1222,6 @@ fn share(template: &mut Option<Arc<Params>>, p: Params) -> Arc<Params> {
     }
 }
 
-/// An idle server taken for a client, counted active: the most recently used one of this
-/// worker, else the most recently used one (the oldest with server_round_robin).
-fn pop_idle(g: &mut Inner) -> Option<Box<Server>> {
-    let s = if g.settings.server_round_robin {
-        g.idle.pop_front()
-    } else {
-        let here = crate::workers::current();
-        match g.idle.iter().rposition(|s| s.home == here) {
-            Some(i) => g.idle.remove(i),
-            None => g.idle.pop_back(),
-        }
-    }?;
-    g.active += 1;
-    Some(s)
-}
-
 /// What the checks of an idle server found.
 enum Ready {
     Usable(Box<Server>),
@@ -1151,13 +1231,24 @@ enum Ready {
     CheckDue(Box<Server>),
 }
 
-/// What SHOW SERVERS shows of an idle server.
+/// A server in no list of the pool and in no client's hands.
+struct Transit {
+    id: u64,
+    state: ServerState,
+    addr: Arc<crate::server::ServerAddr>,
+    pid: i32,
+    created: Instant,
+}
+
+/// What SHOW SERVERS shows of a server no client holds.
 pub struct IdleServerInfo {
+    /// PgBouncer's name of its state: idle, used, new (being opened), tested.
+    pub state: &'static str,
     pub id: u64,
     pub addr: Arc<crate::server::ServerAddr>,
     pub pid: i32,
     pub created: Instant,
-    pub last_used: Instant,
+    pub last_used: Option<Instant>,
     /// Statements it holds.
     pub prepared: usize,
     pub tls: Option<Arc<str>>,
@@ -1165,11 +1256,24 @@ pub struct IdleServerInfo {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolCounts {
-    pub active: usize,
-    pub idle: usize,
+    /// The servers by state.
+    pub servers: ServerCounts,
+    /// Of the idle servers, those due their server_check_query (PgBouncer's "used").
+    pub used: usize,
     pub total: usize,
     pub waiting: usize,
     pub paused: bool,
+}
+
+impl PoolCounts {
+    pub fn get(&self, s: ServerState) -> usize {
+        self.servers.get(s)
+    }
+
+    /// Servers out of the idle list: linked to a client, or being opened, tested or reset.
+    pub fn in_use(&self) -> usize {
+        self.servers.in_use()
+    }
 }
 
 async fn sleep_until(t: Option<Instant>) {
@@ -1308,10 +1412,16 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(db_limit.count(), 1);
+        // Counted as a login, not as a server a client has.
+        let c = pool.counts();
+        assert_eq!(
+            (c.get(ServerState::Login), c.get(ServerState::Active)),
+            (1, 0)
+        );
         client.abort();
         assert!(client.await.unwrap_err().is_cancelled());
         assert_eq!(pool.counts().total, 0);
-        assert_eq!(pool.counts().active, 0);
+        assert_eq!(pool.counts().in_use(), 0);
         assert_eq!(db_limit.count(), 0);
         drop(silent);
     }

@@ -8,6 +8,7 @@ use tokio::net::UnixStream;
 use super::roles::{HostRole, HostState, Observed, PrimaryChange, RoleBook, SessionAttrs};
 use super::{Params, Server, ServerError};
 use crate::auth::{md5, scram};
+use crate::lock::Locked;
 use crate::net::sockopt::TcpTuning;
 use crate::net::{Conn, Stream};
 use crate::proto::backend::{self, AuthRequest};
@@ -276,7 +277,7 @@ impl HostList {
     }
 
     fn book(&self) -> std::sync::MutexGuard<'_, RoleBook> {
-        self.book.lock().unwrap_or_else(|e| e.into_inner())
+        self.book.locked()
     }
 
     /// Roles are checked: `target_session_attrs` is not `any`.
@@ -374,7 +375,7 @@ impl HostList {
 
     /// Ask for a role check at the next janitor round.
     pub fn check_now(&self) {
-        *self.checked.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.checked.locked() = None;
     }
 
     /// The role check is due (every `interval`, or asked for) and none runs: true once
@@ -384,7 +385,7 @@ impl HostList {
         if !self.checks_roles() || self.checking.load(Ordering::Acquire) {
             return false;
         }
-        let mut at = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = self.checked.locked();
         let due = match *at {
             None => true,
             Some(t) => !interval.is_zero() && t.elapsed() >= interval,

@@ -6,8 +6,8 @@ use bytes::Bytes;
 
 use super::Server;
 use super::response::Pending;
-use crate::client::prepared::Stmt;
 use crate::proto::frontend;
+use crate::statements::Stmt;
 use bytes::BufMut;
 
 /// A statement a server holds: its id, and the statement while a client names it.
@@ -68,7 +68,7 @@ impl PreparedSet {
             .min_by_key(|(_, (t, _))| *t)
             .map(|(id, _)| *id)?;
         let (_, s) = self.held.remove(&id)?;
-        let name = Bytes::from(format!("{}{id}", crate::client::classify::INTERNAL_PREFIX));
+        let name = Bytes::from(format!("{}{id}", crate::sql::classify::INTERNAL_PREFIX));
         Some((name, id, s))
     }
 
@@ -240,7 +240,7 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::prepared::StatementRegistry;
+    use crate::statements::StatementRegistry;
     use bytes::BytesMut;
 
     #[test]
@@ -367,7 +367,7 @@ mod tests {
         assert!(server.owed.is_empty());
 
         // A SQL PREPARE statement is prepared by a Query, which drops the unnamed statement.
-        let mut key = crate::client::prepared::SQL_PREPARE_KEY.to_vec();
+        let mut key = crate::statements::SQL_PREPARE_KEY.to_vec();
         key.extend_from_slice(b"AS select 2");
         let p = r.intern(b"", &key).unwrap();
         server.conn.discard_out();

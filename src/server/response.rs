@@ -11,8 +11,8 @@ use bytes::BufMut;
 
 use super::Server;
 use super::prepared::PreparedSet;
-use crate::client::prepared::Stmt;
 use crate::proto::{backend, frontend};
+use crate::statements::Stmt;
 
 /// A response the server owes for a message sent, or one pgcarpool answers itself, in order.
 #[derive(Debug)]
@@ -447,7 +447,7 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::prepared::StatementRegistry;
+    use crate::statements::StatementRegistry;
 
     fn reply(o: &mut Owed, p: &mut PreparedSet, tag: u8, code: Option<&[u8; 5]>) -> Verdict {
         let mut unnamed = 7;

@@ -267,7 +267,7 @@ async fn pin_result(
             continue;
         };
         let held = name
-            .strip_prefix(crate::client::classify::INTERNAL_PREFIX)
+            .strip_prefix(crate::sql::classify::INTERNAL_PREFIX)
             .and_then(|id| id.parse::<u64>().ok())
             .filter(|id| server.prepared.holds(*id));
         // A held statement no client names any more cannot be checked, nor reached: it stays

@@ -1,16 +1,13 @@
 //! Counters bumped on the query path (atomics, no locks) and read by SHOW commands and
-//! `/metrics`: per-pool totals, latency histograms, and per-`stats_period` averages.
+//! `/metrics` (admin/metrics.rs): per-pool totals, latency histograms, and per-`stats_period`
+//! averages.
 pub mod histogram;
-pub mod metrics;
 
-use std::sync::Arc;
+use crate::lock::Locked;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 pub use histogram::Histogram;
-
-use crate::pool::Pool;
 
 /// Per-pool totals, as PgBouncer's SHOW STATS reports them (times in microseconds).
 #[derive(Debug, Default)]
@@ -170,62 +167,19 @@ impl PoolStats {
 
     /// The last completed period.
     pub fn period(&self) -> Period {
-        *self.period.lock().unwrap_or_else(|e| e.into_inner())
+        *self.period.locked()
     }
 
     /// End a period of `secs` seconds: what changed since the last call becomes the period.
     pub fn roll_period(&self, secs: f64) {
         let now = self.totals();
-        let mut p = self.period.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.period.locked();
         let delta = now.minus(&p.at_end);
         *p = Period {
             at_end: now,
             delta,
             secs,
         };
-    }
-}
-
-/// Every `stats_period` (read from the config each time), roll every pool's period.
-pub async fn run_periods(shared: Arc<crate::app::Shared>) {
-    let mut last = Instant::now();
-    loop {
-        let period = shared
-            .config
-            .load()
-            .settings
-            .stats_period
-            .max(Duration::from_secs(1));
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shared.stop_background.cancelled() => return,
-        }
-        let secs = last.elapsed().as_secs_f64();
-        last = Instant::now();
-        let pools = shared.pools.all();
-        roll_all(&pools, secs);
-        if shared.config.load().settings.log_stats {
-            let mut p = Period::default();
-            pools.iter().for_each(|pool| p.add(&pool.stats.period()));
-            let a = p.averages();
-            tracing::info!(
-                "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
-                a.xact_count,
-                a.query_count,
-                a.bytes_received,
-                a.bytes_sent,
-                a.xact_time_us,
-                a.query_time_us,
-                a.wait_time_us
-            );
-        }
-    }
-}
-
-/// Roll the period of each pool.
-pub fn roll_all(pools: &[Arc<Pool>], secs: f64) {
-    for p in pools {
-        p.stats.roll_period(secs);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The new process's side of an online restart (`-R`): the old process's console (login,
 //! SUSPEND, SHOW FDS with the descriptors), then HANDOVER: each client it sends is run here.
 use super::*;
+use crate::lock::Locked;
 
 /// The console connection to the pgcarpool `-R` took the sockets from.
 pub struct Predecessor {
@@ -263,24 +264,11 @@ impl Predecessor {
         sock.set_nonblocking(true)?;
         let mut sock = tokio::net::UnixStream::from_std(sock)?;
         let (cancel_tx, mut cancel_rx) = mpsc::unbounded_channel::<(i32, i32)>();
-        *shared
-            .restart
-            .cancels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(cancel_tx);
+        *shared.restart.cancels.locked() = Some(cancel_tx);
         let result = Self::frames(shared, &mut sock, &mut cancel_rx).await;
         // The old process is gone: nobody stays with it.
-        shared
-            .restart
-            .staying
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        *shared
-            .restart
-            .cancels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        shared.restart.staying.locked().clear();
+        *shared.restart.cancels.locked() = None;
         result
     }
 
@@ -338,11 +326,7 @@ impl Predecessor {
                     }
                     b'S' if ready => match session::decode_staying(&body) {
                         Ok(list) => {
-                            *shared
-                                .restart
-                                .staying
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner()) = list;
+                            *shared.restart.staying.locked() = list;
                         }
                         Err(e) => tracing::warn!(
                             "online restart: bad client list from the old process: {e}"
@@ -472,16 +456,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
         };
         let mut conn = Conn::new(stream);
         conn.rbuf.extend_from_slice(&pending);
-        let client = Client {
-            shared: s2.clone(),
-            conn,
-            pool,
-            session,
-            reg,
-            counted,
-            stays: None,
-            listening: Default::default(),
-        };
+        let client = Client::new(s2.clone(), conn, pool, session, reg, counted);
         crate::client::serve(client).await;
         s2.client_closed(w);
     };

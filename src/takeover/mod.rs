@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::app::Shared;
 use crate::client::Client;
 use crate::config::{PoolMode, Settings};
+use crate::lock::Locked;
 use crate::net::fdpass;
 use crate::net::listen::{Bound, SocketFile};
 use crate::net::{Conn, Stream};
@@ -154,35 +155,26 @@ impl Restart {
 
     /// New process: the clients still with the old process.
     pub fn staying(&self) -> Vec<StayingClient> {
-        self.staying
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.staying.locked().clone()
     }
 
     /// New process: a cancel request for a client still with the old process goes there.
     /// False: no such client.
     pub fn forward_cancel(&self, key: (i32, i32)) -> bool {
-        if !self
-            .staying
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|c| c.key == key)
-        {
+        if !self.staying.locked().iter().any(|c| c.key == key) {
             return false;
         }
-        let g = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.cancels.locked();
         g.as_ref().is_some_and(|tx| tx.send(key).is_ok())
     }
 
     /// Keep a descriptor of each listening socket (SHOW FDS passes them).
     pub fn keep_sockets(&self, socks: Vec<Bound>) {
-        *self.sockets.lock().unwrap_or_else(|e| e.into_inner()) = socks;
+        *self.sockets.locked() = socks;
     }
     /// `tcp_defer_accept` changed on a reload: set it on every TCP listening socket.
     pub fn set_defer_accept(&self, on: bool) {
-        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.sockets.locked();
         for b in g.iter() {
             if let Bound::Tcp(l) = b {
                 crate::net::sockopt::set_defer_accept(socket2::SockRef::from(l), on);
@@ -201,7 +193,7 @@ impl Restart {
     }
     /// The listening sockets: (duplicate descriptor, addr text, port).
     fn listening(&self) -> Vec<(OwnedFd, String, Option<u16>)> {
-        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.sockets.locked();
         g.iter()
             .filter_map(|b| {
                 let (fd, addr, port) = match b {

@@ -153,7 +153,7 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
         .sockets_passed
         .store(passed, Ordering::Relaxed);
     shared.restart.phase.send_replace(Phase::HandingOver);
-    // Closes the TCP listeners (without accepting what is queued: see accept_loop).
+    // Closes the TCP listeners (without accepting what is queued: see client::accept::accept_loop).
     shared.stop_accepting.cancel();
     shared.restart.keep_sockets(Vec::new());
     let mut tick = tokio::time::interval(Duration::from_millis(20));

@@ -13,6 +13,14 @@ use std::time::{Duration, Instant};
 
 use super::{TestPoolerBuilder, dsn_for, eventually, try_connect};
 
+/// The PID a pidfile names ("" when there is none).
+pub fn pidfile_pid(pidfile: &Path) -> String {
+    std::fs::read_to_string(pidfile)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 /// The pgcarpool binary cargo built for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_pgcarpool");
 
@@ -269,6 +277,19 @@ impl PoolerProcess {
     /// The same, with extra command-line arguments (e.g. `-v`).
     pub async fn start_with_args(spec: TestPoolerBuilder, args: &[&str]) -> PoolerProcess {
         PoolerProcess::start_in(ProcessDir::new(spec), args).await
+    }
+
+    /// Start the first pgcarpool of an online restart on `dir` (made with a pidfile), and
+    /// check the pidfile names it.
+    pub async fn start_first(dir: ProcessDir) -> PoolerProcess {
+        let pidfile = dir.pidfile();
+        let p = PoolerProcess::start_in(dir, &[]).await;
+        assert_eq!(
+            pidfile_pid(&pidfile),
+            p.pid().to_string(),
+            "the pidfile does not name the running pgcarpool"
+        );
+        p
     }
 
     /// Start pgcarpool on the config in `dir`.

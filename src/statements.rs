@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-use super::classify::{self, Effects};
+use crate::lock::Locked;
+use crate::sql::classify::{self, Effects};
 
 /// One distinct statement (query text + parameter types, parsed in one scope), shared by
 /// every client using it. It lives while a client names it or a server holds it; then its
@@ -101,7 +102,7 @@ impl Drop for Stmt {
         let Some(inner) = self.registry.upgrade() else {
             return;
         };
-        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = inner.locked();
         g.bytes = g.bytes.saturating_sub(self.size());
         // The entry is this statement's unless a newer one of the same text replaced it.
         if g.by_key
@@ -204,7 +205,7 @@ impl StatementRegistry {
         let key = registry_key(scope, parse_rest);
         let generation = self.generation.load(Ordering::Relaxed);
         let max = self.max_bytes.load(Ordering::Relaxed);
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         // A statement found dead or of an older generation is dropped after the lock is
         // released (its Drop takes the lock).
         let found = g.by_key.get(&key).and_then(Weak::upgrade);
@@ -223,7 +224,7 @@ impl StatementRegistry {
         g.next_id += 1;
         let s = Arc::new(Stmt {
             id,
-            server_name: Bytes::from(format!("{}{id}", super::classify::INTERNAL_PREFIX)),
+            server_name: Bytes::from(format!("{}{id}", classify::INTERNAL_PREFIX)),
             parse_rest: key.slice(key.len() - parse_rest.len()..),
             key: key.clone(),
             effects: statement_effects(parse_rest),
@@ -243,7 +244,7 @@ impl StatementRegistry {
     pub fn lookup(&self, scope: &[u8], parse_rest: &[u8]) -> Option<Arc<Stmt>> {
         let key = registry_key(scope, parse_rest);
         let generation = self.generation.load(Ordering::Relaxed);
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         let found = g.by_key.get(&key).and_then(Weak::upgrade);
         drop(g);
         found.filter(|s| s.generation == generation)
@@ -251,11 +252,7 @@ impl StatementRegistry {
 
     /// Live statements.
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_key
-            .len()
+        self.inner.locked().by_key.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -264,7 +261,7 @@ impl StatementRegistry {
 
     /// Bytes the live statements take.
     pub fn bytes(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.inner.locked().bytes
     }
 }
 

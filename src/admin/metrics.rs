@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::histogram::{BOUNDS_US, HistSnapshot};
 use crate::app::Shared;
 use crate::config::Settings;
+use crate::stats::histogram::{BOUNDS_US, HistSnapshot};
 
 /// Largest request head we read.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -151,15 +151,31 @@ pub fn render(shared: &Shared) -> String {
         out,
         "pgcarpool_build_info{{version=\"{}\",pgbouncer_compat=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
-        crate::admin::show::PGBOUNCER_COMPAT
+        crate::cli::PGBOUNCER_COMPAT
     );
     let pools = shared.pools.all();
     let labels: Vec<String> = pools
         .iter()
         .map(|p| format!("database=\"{}\",user=\"{}\"", esc(&p.db), esc(&p.user)))
         .collect();
+    counters(&mut out, &pools, &labels);
+    pool_gauges(&mut out, &pools, &labels);
+    header(
+        &mut out,
+        "pgcarpool_clients",
+        "gauge",
+        "Connected clients (excluding the admin console).",
+    );
+    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
+    hosts(&mut out, &pools, &labels);
+    histograms(&mut out, &pools, &labels);
+    out
+}
+
+/// The counters of each pool (as SHOW STATS totals).
+fn counters(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
     let totals: Vec<_> = pools.iter().map(|p| p.stats.totals()).collect();
-    type Pick = fn(&super::Totals) -> f64;
+    type Pick = fn(&crate::stats::Totals) -> f64;
     let counters: [(&str, &str, Pick); 8] = [
         (
             "pgcarpool_transactions_total",
@@ -201,26 +217,38 @@ pub fn render(shared: &Shared) -> String {
         ),
     ];
     for (name, help, pick) in counters {
-        header(&mut out, name, "counter", help);
+        header(out, name, "counter", help);
         for (l, t) in labels.iter().zip(&totals) {
             let _ = writeln!(out, "{name}{{{l}}} {}", pick(t));
         }
     }
+}
+
+/// Each pool's servers by state, waiting clients, longest wait, size and pause.
+fn pool_gauges(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
     let counts: Vec<_> = pools.iter().map(|p| p.counts()).collect();
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_servers",
         "gauge",
         "Server connections by state.",
     );
     for (l, c) in labels.iter().zip(&counts) {
-        let other = c.total.saturating_sub(c.active + c.idle);
-        for (state, n) in [("active", c.active), ("idle", c.idle), ("login", other)] {
+        use crate::pool::ServerState::*;
+        // As SHOW POOLS: active, idle (less used), used, tested (+ being reset), login.
+        let tested = c.get(Tested) + c.get(BeingReset);
+        for (state, n) in [
+            ("active", c.get(Active)),
+            ("idle", c.get(Idle).saturating_sub(c.used)),
+            ("used", c.used),
+            ("tested", tested),
+            ("login", c.get(Login)),
+        ] {
             let _ = writeln!(out, "pgcarpool_pool_servers{{{l},state=\"{state}\"}} {n}");
         }
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_waiting_clients",
         "gauge",
         "Clients waiting for a server.",
@@ -229,29 +257,24 @@ pub fn render(shared: &Shared) -> String {
         let _ = writeln!(out, "pgcarpool_pool_waiting_clients{{{l}}} {}", c.waiting);
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_max_wait_seconds",
         "gauge",
         "How long the oldest waiting client has waited.",
     );
-    for (l, p) in labels.iter().zip(&pools) {
+    for (l, p) in labels.iter().zip(pools) {
         let _ = writeln!(
             out,
             "pgcarpool_pool_max_wait_seconds{{{l}}} {}",
             p.max_wait().as_secs_f64()
         );
     }
-    header(
-        &mut out,
-        "pgcarpool_pool_size",
-        "gauge",
-        "Configured pool size.",
-    );
-    for (l, p) in labels.iter().zip(&pools) {
+    header(out, "pgcarpool_pool_size", "gauge", "Configured pool size.");
+    for (l, p) in labels.iter().zip(pools) {
         let _ = writeln!(out, "pgcarpool_pool_size{{{l}}} {}", p.settings().pool_size);
     }
     header(
-        &mut out,
+        out,
         "pgcarpool_pool_paused",
         "gauge",
         "1 if the pool is paused.",
@@ -259,15 +282,11 @@ pub fn render(shared: &Shared) -> String {
     for (l, c) in labels.iter().zip(&counts) {
         let _ = writeln!(out, "pgcarpool_pool_paused{{{l}}} {}", u8::from(c.paused));
     }
-    header(
-        &mut out,
-        "pgcarpool_clients",
-        "gauge",
-        "Connected clients (excluding the admin console).",
-    );
-    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
-    hosts(&mut out, &pools, &labels);
-    type Hist = fn(&super::PoolStats) -> &super::Histogram;
+}
+
+/// Each pool's query, transaction and wait durations.
+fn histograms(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
+    type Hist = fn(&crate::stats::PoolStats) -> &crate::stats::Histogram;
     let hists: [(&str, &str, Hist); 3] = [
         (
             "pgcarpool_query_duration_seconds",
@@ -286,12 +305,11 @@ pub fn render(shared: &Shared) -> String {
         ),
     ];
     for (name, help, pick) in hists {
-        header(&mut out, name, "histogram", help);
-        for (l, p) in labels.iter().zip(&pools) {
-            histogram(&mut out, name, l, &pick(&p.stats).snapshot());
+        header(out, name, "histogram", help);
+        for (l, p) in labels.iter().zip(pools) {
+            histogram(out, name, l, &pick(&p.stats).snapshot());
         }
     }
-    out
 }
 
 /// The hosts of pools with target_session_attrs (as SHOW HOSTS): role, usable, fenced,
@@ -373,7 +391,7 @@ mod tests {
 
     #[test]
     fn histogram_lines_are_cumulative_and_end_with_inf() {
-        let h = super::super::Histogram::default();
+        let h = crate::stats::Histogram::default();
         h.record(50);
         h.record(2_000);
         let mut out = String::new();
