@@ -651,7 +651,7 @@ fn open_session(
     }
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
-    session.pool_scope = session::pool_scope(&pool);
+    session.pool_scope = session::pool_scope(pool);
     let kill = shared.stop_clients.child_token();
     let reg = shared
         .clients
