@@ -561,3 +561,18 @@ async fn listen_answered_by_the_pooler_drops_the_unnamed_statement() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seed 1036: after a refused `DEALLOCATE` of an unknown name (a simple query: it drops the
+/// unnamed statement), a Bind of the unnamed statement gets 26000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_deallocate_drops_the_unnamed_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P |SELECT $1::text || $2::text AS s\nB pb||2,1\nE pb|0\nS",
+            "Q DEALLOCATE p1",
+            "B pb||\nE pb|2\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

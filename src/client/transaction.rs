@@ -816,6 +816,8 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
         return Ok(None);
     }
     c.conn.consume(h.total);
+    // A simple query drops the unnamed statement, as PostgreSQL's does.
+    c.session.drop_unnamed();
     if e.deallocate_all {
         c.session.statements.clear();
         c.conn
