@@ -32,6 +32,7 @@
 //!            startup.rs (first packets, auth), auth_query.rs (a user's secret asked of
 //!            PostgreSQL over the auth user's pool), transaction.rs (the loop), relay.rs (forwarding
 //!            both ways while a server is held), rewrite.rs (virtual statements on the relay),
+//!            renamed.rs (server errors given back the client's names and positions),
 //!            session.rs (the virtual session), aborted.rs (the failed block a client is
 //!            left in when its server is lost mid-transaction: 40001/08007, 25P02, ROLLBACK),
 //!            notify.rs (LISTEN/UNLISTEN answered from the

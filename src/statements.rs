@@ -1,6 +1,6 @@
 //! Prepared statements shared across servers: a client's statement name maps to a
-//! statement key (query text + parameter types), and each key has one server-side name
-//! (which servers hold which: `server::prepared`).
+//! statement key (the scope it was parsed in, query text + parameter types), and each key
+//! has one server-side name (which servers hold which: `server::prepared`).
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -10,8 +10,9 @@ use bytes::Bytes;
 use crate::lock::Locked;
 use crate::sql::classify::{self, Effects};
 
-/// One distinct statement (query text + parameter types), shared by every client using it.
-/// It lives while a client names it or a server holds it; then its registry entry goes.
+/// One distinct statement (query text + parameter types, parsed in one scope), shared by
+/// every client using it. It lives while a client names it or a server holds it; then its
+/// registry entry goes.
 #[derive(Debug)]
 pub struct Stmt {
     pub id: u64,
@@ -19,6 +20,9 @@ pub struct Stmt {
     pub server_name: Bytes,
     /// The Parse body after the statement name: query, NUL, parameter count and types.
     pub parse_rest: Bytes,
+    /// The registry's key: the scope's length (u32), the scope, then `parse_rest` (which is
+    /// a slice of it).
+    key: Bytes,
     /// What running it does to a session (None: nothing pgcarpool tracks).
     pub effects: Option<Box<Effects>>,
     /// A server accepted its Parse once: a client's Parse of it can be answered without one.
@@ -60,10 +64,34 @@ impl Stmt {
         self.validated.store(true, Ordering::Relaxed);
     }
 
-    /// Bytes it keeps (its text, names and bookkeeping), as counted by the registry.
-    fn size(&self) -> usize {
-        self.parse_rest.len() + self.server_name.len() + ENTRY_OVERHEAD
+    /// What the meaning of its text depended on when it was parsed
+    /// (`VirtualSession::statement_scope`).
+    pub fn scope(&self) -> &[u8] {
+        &self.key[4..self.key.len() - self.parse_rest.len()]
     }
+
+    /// Bytes it keeps (its key, names and bookkeeping), as counted by the registry.
+    fn size(&self) -> usize {
+        self.key.len() + self.server_name.len() + ENTRY_OVERHEAD
+    }
+}
+
+/// The registry's key of a text parsed in `scope`: the scope's length, the scope, the text.
+fn registry_key(scope: &[u8], parse_rest: &[u8]) -> Bytes {
+    let mut k = Vec::with_capacity(4 + scope.len() + parse_rest.len());
+    k.extend_from_slice(&(scope.len() as u32).to_be_bytes());
+    k.extend_from_slice(scope);
+    k.extend_from_slice(parse_rest);
+    Bytes::from(k)
+}
+
+/// A scope no other Parse has: its statement is shared with no one (the client's settings
+/// at its Parse are not known, see `Relay::statement_scope`).
+pub fn unshared_scope() -> Vec<u8> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let mut s = b"\xffunshared ".to_vec();
+    s.extend_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    s
 }
 
 /// Bookkeeping per statement beyond its text (the Stmt, its map entry and key).
@@ -78,10 +106,10 @@ impl Drop for Stmt {
         g.bytes = g.bytes.saturating_sub(self.size());
         // The entry is this statement's unless a newer one of the same text replaced it.
         if g.by_key
-            .get(&self.parse_rest)
+            .get(&self.key)
             .is_some_and(|w| w.strong_count() == 0)
         {
-            g.by_key.remove(&self.parse_rest);
+            g.by_key.remove(&self.key);
         }
     }
 }
@@ -93,7 +121,10 @@ pub enum RegistryFull {
     Bytes(usize),
 }
 
-/// Interns statements by key: one shared statement per text, found in O(1). An entry goes
+/// Interns statements by key: one shared statement per text and scope, found in O(1). A
+/// statement's meaning depends on the session it is parsed in (the search_path and roles
+/// that name resolution follows, the settings that read its literals), so clients share
+/// one only when they parse it in the same scope. An entry goes
 /// as soon as no client names its statement and no server holds it; the bytes of the live
 /// statements are bounded (statement_registry_size).
 pub struct StatementRegistry {
@@ -158,29 +189,32 @@ impl StatementRegistry {
         self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The statement for this Parse body tail (query + types).
-    pub fn intern(&self, parse_rest: Bytes) -> Result<Arc<Stmt>, RegistryFull> {
-        self.intern_with(parse_rest, None)
+    /// The statement for this Parse body tail (query + types) parsed in `scope`
+    /// (`VirtualSession::statement_scope`).
+    pub fn intern(&self, scope: &[u8], parse_rest: &[u8]) -> Result<Arc<Stmt>, RegistryFull> {
+        self.intern_with(scope, parse_rest, None)
     }
 
     /// As `intern`, for a text that runs `depends` (the same text always does).
     pub fn intern_with(
         &self,
-        parse_rest: Bytes,
+        scope: &[u8],
+        parse_rest: &[u8],
         depends: Option<Arc<Stmt>>,
     ) -> Result<Arc<Stmt>, RegistryFull> {
+        let key = registry_key(scope, parse_rest);
         let generation = self.generation.load(Ordering::Relaxed);
         let max = self.max_bytes.load(Ordering::Relaxed);
         let mut g = self.inner.locked();
         // A statement found dead or of an older generation is dropped after the lock is
         // released (its Drop takes the lock).
-        let found = g.by_key.get(&parse_rest).and_then(Weak::upgrade);
+        let found = g.by_key.get(&key).and_then(Weak::upgrade);
         if let Some(s) = &found
             && s.generation == generation
         {
             return Ok(s.clone());
         }
-        let size = parse_rest.len() + 24 + ENTRY_OVERHEAD;
+        let size = key.len() + 24 + ENTRY_OVERHEAD;
         if max > 0 && g.bytes + size > max {
             drop(g);
             drop(found);
@@ -191,25 +225,27 @@ impl StatementRegistry {
         let s = Arc::new(Stmt {
             id,
             server_name: Bytes::from(format!("{}{id}", classify::INTERNAL_PREFIX)),
-            parse_rest: parse_rest.clone(),
-            effects: statement_effects(&parse_rest),
+            parse_rest: key.slice(key.len() - parse_rest.len()..),
+            key: key.clone(),
+            effects: statement_effects(parse_rest),
             validated: AtomicBool::new(false),
             generation,
             registry: Arc::downgrade(&self.inner),
             depends,
         });
         g.bytes += s.size();
-        g.by_key.insert(parse_rest, Arc::downgrade(&s));
+        g.by_key.insert(key, Arc::downgrade(&s));
         drop(g);
         drop(found);
         Ok(s)
     }
 
-    /// The statement for this key, if known.
-    pub fn lookup(&self, parse_rest: &[u8]) -> Option<Arc<Stmt>> {
+    /// The statement for this text parsed in `scope`, if known.
+    pub fn lookup(&self, scope: &[u8], parse_rest: &[u8]) -> Option<Arc<Stmt>> {
+        let key = registry_key(scope, parse_rest);
         let generation = self.generation.load(Ordering::Relaxed);
         let g = self.inner.locked();
-        let found = g.by_key.get(parse_rest).and_then(Weak::upgrade);
+        let found = g.by_key.get(&key).and_then(Weak::upgrade);
         drop(g);
         found.filter(|s| s.generation == generation)
     }
@@ -254,12 +290,40 @@ mod tests {
     #[test]
     fn intern_shares_one_statement_per_key() {
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
-        let c = r.intern(Bytes::from_static(b"select 2\0\0\0")).unwrap();
+        let a = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let b = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let c = r.intern(b"", b"select 2\0\0\0").unwrap();
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
         assert_eq!(&a.server_name[..], format!("PGCARPOOL_{}", a.id).as_bytes());
+    }
+
+    #[test]
+    fn a_text_parsed_in_another_scope_is_another_statement() {
+        let r = StatementRegistry::default();
+        let a = r.intern(b"path a", b"select * from t\0\0\0").unwrap();
+        let b = r.intern(b"path b", b"select * from t\0\0\0").unwrap();
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.scope(), b"path a");
+        assert_eq!(&a.parse_rest[..], b"select * from t\0\0\0");
+        assert_eq!(
+            r.lookup(b"path b", b"select * from t\0\0\0").unwrap().id,
+            b.id
+        );
+        assert!(r.lookup(b"path c", b"select * from t\0\0\0").is_none());
+        // The scope's length is part of the key: no scope runs into the text.
+        let c = r.intern(b"path a\0", b"\0select * from t\0\0").unwrap();
+        assert_ne!(c.id, a.id);
+        // An unshared scope is no other Parse's.
+        let u1 = r
+            .intern(&unshared_scope(), b"select * from t\0\0\0")
+            .unwrap();
+        let u2 = r
+            .intern(&unshared_scope(), b"select * from t\0\0\0")
+            .unwrap();
+        assert_ne!(u1.id, u2.id);
+        drop((a, b, c, u1, u2));
+        assert_eq!((r.len(), r.bytes()), (0, 0));
     }
 
     #[test]
@@ -267,20 +331,20 @@ mod tests {
         let r = StatementRegistry::default();
         let mut key = SQL_PREPARE_KEY.to_vec();
         key.extend_from_slice(b"(int) AS select $1");
-        let s = r.intern(Bytes::from(key)).unwrap();
+        let s = r.intern(b"", &key).unwrap();
         assert!(s.is_sql_prepared());
         assert_eq!(
             s.sql_prepare_text(),
             format!("PREPARE \"PGCARPOOL_{}\" (int) AS select $1", s.id)
         );
-        let p = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let p = r.intern(b"", b"select 1\0\0\0").unwrap();
         assert!(!p.is_sql_prepared());
     }
 
     #[test]
     fn a_statement_is_validated_once_a_server_accepted_it() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         assert!(!s.is_validated());
         s.set_validated();
         assert!(s.is_validated());
@@ -289,40 +353,41 @@ mod tests {
     #[test]
     fn bytes_count_text_server_name_and_overhead() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         let name = format!("PGCARPOOL_{}", s.id);
-        assert_eq!(r.bytes(), 11 + name.len() + ENTRY_OVERHEAD);
+        // The key: the scope's length (4 bytes), the (empty) scope, the text.
+        assert_eq!(r.bytes(), 4 + 11 + name.len() + ENTRY_OVERHEAD);
     }
 
     #[test]
     fn a_statement_that_just_fits_the_bound_is_registered() {
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from(vec![b'a'; 40])).unwrap();
-        // A new statement is counted as its text, 24 bytes of name and the overhead
+        let a = r.intern(b"", &[b'a'; 40]).unwrap();
+        // A new statement is counted as its key, 24 bytes of name and the overhead
         // until it exists.
-        let max = r.bytes() + 100 + 24 + ENTRY_OVERHEAD;
+        let max = r.bytes() + 4 + 100 + 24 + ENTRY_OVERHEAD;
         r.set_max_bytes(max);
         assert_eq!(
-            r.intern(Bytes::from(vec![b'c'; 101])).unwrap_err(),
+            r.intern(b"", &[b'c'; 101]).unwrap_err(),
             RegistryFull::Bytes(max)
         );
-        let b = r.intern(Bytes::from(vec![b'b'; 100])).unwrap();
+        let b = r.intern(b"", &[b'b'; 100]).unwrap();
         assert_ne!(a.id, b.id);
         // Back to no bound.
         r.set_max_bytes(0);
-        assert!(r.intern(Bytes::from(vec![b'd'; 10_000])).is_ok());
+        assert!(r.intern(b"", &[b'd'; 10_000]).is_ok());
     }
 
     #[test]
     fn a_schema_change_is_counted_and_starts_a_generation() {
         let r = StatementRegistry::default();
-        let old = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let old = r.intern(b"", b"a\0\0\0").unwrap();
         assert_eq!(r.changes_seen(), 0);
         r.schema_changed();
         r.schema_changed();
         assert_eq!(r.changes_seen(), 2);
-        assert!(r.lookup(b"a\0\0\0").is_none());
-        assert_ne!(r.intern(Bytes::from_static(b"a\0\0\0")).unwrap().id, old.id);
+        assert!(r.lookup(b"", b"a\0\0\0").is_none());
+        assert_ne!(r.intern(b"", b"a\0\0\0").unwrap().id, old.id);
         // A generation bumped for another reason is not a change seen.
         r.bump_generation();
         assert_eq!(r.changes_seen(), 2);
@@ -332,19 +397,15 @@ mod tests {
     fn a_statement_knows_what_it_does_to_a_session() {
         let r = StatementRegistry::default();
         assert!(r.is_empty());
-        let set = r
-            .intern(Bytes::from_static(b"SET search_path = a\0\0\0"))
-            .unwrap();
+        let set = r.intern(b"", b"SET search_path = a\0\0\0").unwrap();
         assert!(!r.is_empty());
         assert_eq!(set.effects.as_ref().unwrap().gucs, ["search_path"]);
-        let select = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let select = r.intern(b"", b"select 1\0\0\0").unwrap();
         assert!(select.effects.is_none());
         // DDL, and a DO block that may run DDL.
-        let alter = r
-            .intern(Bytes::from_static(b"alter table t add x int\0\0\0"))
-            .unwrap();
+        let alter = r.intern(b"", b"alter table t add x int\0\0\0").unwrap();
         assert!(alter.effects.as_ref().unwrap().ddl);
-        let block = r.intern(Bytes::from_static(b"do $$ $$\0\0\0")).unwrap();
+        let block = r.intern(b"", b"do $$ $$\0\0\0").unwrap();
         assert!(block.effects.as_ref().unwrap().ddl);
     }
 
@@ -359,14 +420,11 @@ mod tests {
     #[test]
     fn entries_go_with_their_last_user() {
         let r = StatementRegistry::default();
-        let kept = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
-        drop(r.intern(Bytes::from_static(b"b\0\0\0")).unwrap());
+        let kept = r.intern(b"", b"a\0\0\0").unwrap();
+        drop(r.intern(b"", b"b\0\0\0").unwrap());
         assert_eq!(r.len(), 1);
         assert_eq!(r.bytes(), kept.size());
-        assert_eq!(
-            r.intern(Bytes::from_static(b"a\0\0\0")).unwrap().id,
-            kept.id
-        );
+        assert_eq!(r.intern(b"", b"a\0\0\0").unwrap().id, kept.id);
         drop(kept);
         assert_eq!((r.len(), r.bytes()), (0, 0));
     }
@@ -374,28 +432,28 @@ mod tests {
     #[test]
     fn a_new_generation_gets_a_new_statement_and_keeps_the_old_one_alive() {
         let r = StatementRegistry::default();
-        let old = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let old = r.intern(b"", b"a\0\0\0").unwrap();
         r.bump_generation();
-        assert!(r.lookup(b"a\0\0\0").is_none());
-        let new = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        assert!(r.lookup(b"", b"a\0\0\0").is_none());
+        let new = r.intern(b"", b"a\0\0\0").unwrap();
         assert_ne!(old.id, new.id);
         // The old one going does not take the new one's entry.
         drop(old);
-        assert_eq!(r.lookup(b"a\0\0\0").unwrap().id, new.id);
+        assert_eq!(r.lookup(b"", b"a\0\0\0").unwrap().id, new.id);
         assert_eq!(r.bytes(), new.size());
     }
 
     #[test]
     fn the_registry_is_bounded_in_bytes() {
         let r = StatementRegistry::with_max_bytes(1000);
-        let a = r.intern(Bytes::from(vec![b'x'; 500])).unwrap();
+        let a = r.intern(b"", &[b'x'; 500]).unwrap();
         assert_eq!(
-            r.intern(Bytes::from(vec![b'y'; 500])).unwrap_err(),
+            r.intern(b"", &[b'y'; 500]).unwrap_err(),
             RegistryFull::Bytes(1000)
         );
         // A statement already there is shared whatever the bound.
-        assert_eq!(r.intern(Bytes::from(vec![b'x'; 500])).unwrap().id, a.id);
+        assert_eq!(r.intern(b"", &[b'x'; 500]).unwrap().id, a.id);
         drop(a);
-        assert!(r.intern(Bytes::from(vec![b'y'; 500])).is_ok());
+        assert!(r.intern(b"", &[b'y'; 500]).is_ok());
     }
 }

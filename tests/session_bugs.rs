@@ -834,3 +834,300 @@ async fn reset_returns_to_the_startup_value() {
         p.shutdown().await;
     }
 }
+
+/// Two schemas with tables of the same names (different rows, one column of another
+/// type) and a table only one has.
+const TWO_SCHEMAS_SQL: &str = "\
+CREATE SCHEMA sa; CREATE SCHEMA sb;
+CREATE TABLE sa.t (id int, name text); INSERT INTO sa.t VALUES (1, 'a-one'), (2, 'a-two');
+CREATE TABLE sb.t (id int, name text); INSERT INTO sb.t VALUES (1, 'b-one');
+CREATE TABLE sa.k (k text); INSERT INTO sa.k VALUES ('10'), ('9');
+CREATE TABLE sb.k (k int); INSERT INTO sb.k VALUES (10), (9);
+CREATE TABLE sa.only_a (x int); INSERT INTO sa.only_a VALUES (1);";
+
+/// One client's script for `statements_mean_what_they_mean_in_the_session_that_parses_them`:
+/// the same texts as the other client, parsed under its own search_path and DateStyle.
+fn scoped_script(path: &str, datestyle: &str, other_path: &str) -> Vec<String> {
+    [
+        format!("Q SET search_path = {path}\nQ SET DateStyle = '{datestyle}'"),
+        // Protocol-level Parse: the same rows' table, a column of another type (another
+        // parameter type), a table the other schema lacks, a date literal.
+        run("s1", "SELECT name FROM t ORDER BY id"),
+        "P s2|SELECT k FROM k WHERE k < $1 ORDER BY 1\nD S s2\nB |s2|5\nE \nS".into(),
+        "P s3|SELECT x FROM only_a\nB |s3|\nE \nS".into(),
+        run("s4", "SELECT date '01/02/2024' AS d"),
+        "B |s1|\nE \nB |s3|\nE \nS".into(),
+        // SQL PREPARE of the same kinds.
+        "Q PREPARE q1 AS SELECT name FROM t ORDER BY id\nQ EXECUTE q1".into(),
+        // (EXECUTE q2 waits for PREPARE's answer: pgcarpool names its own statement in the
+        // error of an EXECUTE sent with a PREPARE that fails, an open find of its own.)
+        "Q PREPARE q2 AS SELECT x FROM only_a".into(),
+        "Q EXECUTE q2\nQ PREPARE q3 AS SELECT k FROM k ORDER BY 1\nQ EXECUTE q3".into(),
+        "Q PREPARE q4 AS SELECT date '01/02/2024' AS d\nQ EXECUTE q4".into(),
+        // The search_path changed earlier in the same transaction: the Parse is under it.
+        format!(
+            "Q BEGIN\nQ SET LOCAL search_path = {other_path}\n{}\nQ COMMIT",
+            run("s5", "SELECT x FROM only_a")
+        ),
+        format!(
+            "P |SET search_path = {other_path}\nB ||\nE \nP s6|SELECT x FROM only_a\nB |s6|\nE \nS"
+        ),
+        "Q EXECUTE q1\nB |s1|\nE \nS".into(),
+        // The same search_path, another DateStyle: a date literal is read by the client's.
+        "Q SET search_path = public".into(),
+        "P s7|SELECT date '03/04/2024' AS d\nB |s7|\nE \nS\nQ PREPARE q7 AS SELECT date '05/06/2024' AS d\nQ EXECUTE q7".into(),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// A statement means what it meant in the session that parsed it (issue 19's differential
+/// test, seeds 218 and 234): two clients with different search_paths (and DateStyles) over
+/// a pool of one or two, parsing the same texts, by Parse and by SQL PREPARE. A server
+/// statement another client parsed under another search_path is not theirs: PostgreSQL
+/// reports the table the client's schemas lack (42P01), infers the parameter types and
+/// result columns of the client's own tables, and reads a date literal by the client's
+/// DateStyle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_mean_what_they_mean_in_the_session_that_parses_them() {
+    let pg = TempPostgres::start();
+    let setup = pg.connect("postgres", "testdb").await;
+    setup.batch_execute(TWO_SCHEMAS_SQL).await.unwrap();
+    let scripts = vec![
+        scoped_script("sa", "ISO, MDY", "sb"),
+        scoped_script("sb", "ISO, DMY", "sa"),
+    ];
+    for size in [1, 2] {
+        let p = pool_of(&pg, size).await;
+        let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+        // The script tests what it means to.
+        let has = |c: usize, k: usize, line: &str| {
+            assert!(
+                t[c][k].iter().any(|l| l == line),
+                "client {c} step {k}: {:?}",
+                t[c][k]
+            );
+        };
+        has(0, 1, "Row a-two");
+        has(1, 1, "Row b-one");
+        has(0, 2, "Row 10");
+        has(1, 3, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 4, "Row 2024-01-02");
+        has(1, 4, "Row 2024-02-01");
+        has(1, 7, "Error 42P01 relation \"only_a\" does not exist");
+        has(1, 9, "Row 2024-02-01");
+        has(0, 10, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 11, "Error 42P01 relation \"only_a\" does not exist");
+        has(0, 14, "Row 2024-03-04");
+        has(1, 14, "Row 2024-04-03");
+        has(1, 14, "Row 2024-06-05");
+        p.shutdown().await;
+    }
+}
+
+/// RESET ALL returns every setting the client's startup packet gave (application_name,
+/// options, TimeZone, DateStyle) to its startup value, as PostgreSQL does, and the client
+/// gets the same ParameterStatus messages (only for what changed, with the startup values):
+/// by simple Query (alone and among other statements), by Parse (unnamed and named), inside
+/// a block rolled back, with other clients' values on the same servers in between (issue
+/// 19's differential test, seeds 2 to 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_returns_to_the_startup_values() {
+    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
+        (
+            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+            sqls.len(),
+        )
+    };
+    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
+    let steps: Vec<(Vec<u8>, usize)> = vec![
+        q(&[
+            "SET TimeZone = 'UTC'",
+            "SET application_name = 'x'",
+            "SET statement_timeout = 5",
+            "RESET ALL",
+            "SHOW TimeZone",
+            "SHOW statement_timeout",
+            "SHOW application_name",
+        ]),
+        q(&["RESET ALL", "SHOW DateStyle"]),
+        q(&["SET DateStyle = 'ISO, MDY'; RESET ALL; SHOW DateStyle"]),
+        (
+            [
+                query("SET TimeZone = 'UTC'"),
+                ext("", "RESET ALL"),
+                ext("", "SHOW TimeZone"),
+                query("SET application_name = 'y'"),
+                ext("ra", "RESET ALL"),
+                ext("", "SHOW application_name"),
+            ]
+            .concat(),
+            6,
+        ),
+        // The named RESET ALL again.
+        (
+            [
+                query("SET application_name = 'z'"),
+                message(b'B', b"\0ra\0\0\0\0\0\0\0"),
+                message(b'E', b"\0\0\0\0\0"),
+                sync(),
+                query("SHOW application_name"),
+            ]
+            .concat(),
+            3,
+        ),
+        q(&[
+            "SET TimeZone = 'Europe/Paris'",
+            "BEGIN",
+            "RESET ALL",
+            "SHOW TimeZone",
+            "ROLLBACK",
+            "SHOW TimeZone",
+            "RESET ALL",
+        ]),
+        q(&[
+            "SHOW TimeZone",
+            "SHOW DateStyle",
+            "SHOW application_name",
+            "SHOW statement_timeout",
+        ]),
+    ];
+    startup_values_oracle(&steps, true).await;
+}
+
+/// Not fixed yet: DISCARD ALL returns the server to its login values (PostgreSQL: to the
+/// startup values), and the client gets the server's defaults in ParameterStatus. A fix
+/// needs the server's ParameterStatus of the DISCARD ALL and of the SETs of the startup
+/// values after it merged before one ReadyForQuery (DISCARD ALL cannot share a query or a
+/// DO block with them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open: DISCARD ALL loses the startup values (docs/testing.md)"]
+async fn discard_all_returns_to_the_startup_values() {
+    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
+        (
+            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+            sqls.len(),
+        )
+    };
+    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
+    let steps: Vec<(Vec<u8>, usize)> = vec![
+        q(&[
+            "SET TimeZone = 'UTC'",
+            "SET DateStyle = 'ISO, MDY'",
+            "DISCARD ALL",
+            "SHOW TimeZone",
+            "SHOW DateStyle",
+            "SHOW application_name",
+            "SHOW statement_timeout",
+        ]),
+        q(&["DISCARD ALL"]),
+        (
+            [
+                query("SET TimeZone = 'UTC'"),
+                ext("", "DISCARD ALL"),
+                ext("", "SHOW TimeZone"),
+            ]
+            .concat(),
+            3,
+        ),
+        q(&[
+            "SHOW TimeZone",
+            "SHOW DateStyle",
+            "SHOW application_name",
+            "SHOW statement_timeout",
+        ]),
+    ];
+    startup_values_oracle(&steps, false).await;
+}
+
+/// Run `steps` (bytes, ReadyForQuerys they end with) for four clients with startup values
+/// (two sets of them) and one without, straight and through pgcarpool over a pool of one and of two: every
+/// message must be the same, ParameterStatus included. `reports`: the first step makes
+/// PostgreSQL report a startup TimeZone (the script tests something).
+async fn startup_values_oracle(steps: &[(Vec<u8>, usize)], reports: bool) {
+    let pg = TempPostgres::start();
+    for size in [1, 2] {
+        let p = pool_of(&pg, size).await;
+        let mut results = Vec::new();
+        for port in [pg.port(), p.port()] {
+            let mut clients = Vec::new();
+            // The fifth has no startup values: it sees the servers' own after the others'
+            // RESET ALL.
+            for i in 0..5 {
+                let app = format!("app-{i}");
+                let options = format!("-c statement_timeout=25{i}7");
+                let (zone, style) = if i % 2 == 0 {
+                    ("Asia/Tokyo", "SQL, DMY")
+                } else {
+                    ("America/New_York", "Postgres, MDY")
+                };
+                let params = [
+                    ("application_name", app.as_str()),
+                    ("options", options.as_str()),
+                    ("TimeZone", zone),
+                    ("DateStyle", style),
+                ];
+                let params = if i < 4 { &params[..] } else { &[] };
+                clients.push(Raw::connect(port, "postgres", "testdb", params).await.0);
+            }
+            let mut got = vec![Vec::new(); clients.len()];
+            for (bytes, ready) in steps {
+                for (i, c) in clients.iter_mut().enumerate() {
+                    c.send(bytes).await;
+                    got[i].push(c.until_ready(*ready).await);
+                }
+            }
+            results.push(got);
+        }
+        let show = |m: &Msgs| -> Vec<String> {
+            m.iter()
+                .map(|(t, b)| format!("{} {}", *t as char, String::from_utf8_lossy(b)))
+                .collect()
+        };
+        for (i, (want, got)) in results[0].iter().zip(&results[1]).enumerate() {
+            for (k, (w, g)) in want.iter().zip(got).enumerate() {
+                assert_eq!(show(w), show(g), "pool of {size}, client {i}, step {k}");
+            }
+            // The script tests what it means to: RESET ALL reports the startup value.
+            assert!(
+                !reports
+                    || i == 4
+                    || show(&want[0])
+                        .iter()
+                        .any(|l| l.starts_with("S TimeZone") && !l.contains("UTC")),
+                "{:?}",
+                show(&want[0])
+            );
+        }
+        p.shutdown().await;
+    }
+}
+
+/// Inside a failed transaction block, a Bind with the wrong number of parameters of a
+/// statement the server no longer holds (evicted: max_prepared_statements 1) gets
+/// PostgreSQL's 08P01, which it checks before the transaction; pgcarpool's Parse to
+/// prepare it again was refused first (25P02). Found by the differential test with wrong
+/// parameter counts allowed (seeds 4, 7, 10, 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_parameter_count_in_a_failed_block_is_08p01() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 1).await;
+    let steps: Vec<String> = [
+        "P s1|SELECT $1::int AS x\nS",
+        "P s2|SELECT 2 AS two\nB |s2|\nE \nS",
+        "Q BEGIN",
+        "Q SELECT 1/0",
+        "B |s1|1,2\nE \nS",
+        "B ||\nE \nS",
+        "Q ROLLBACK",
+        "Q BEGIN",
+        "Q SELECT 1/0",
+        "B |s1|7\nE \nS",
+        "Q ROLLBACK",
+        "B |s1|7\nE \nS",
+    ]
+    .map(String::from)
+    .to_vec();
+    harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    p.shutdown().await;
+}

@@ -255,7 +255,8 @@ fn parse(c: &mut Client, a: &mut Aborted, body: Bytes) -> Result<(), ClientError
                 format!("too many prepared statements: client_max_statements is {max}"),
             ));
         }
-        let stmt = c.shared.statements.intern(rest).map_err(|e| {
+        let scope = c.session.statement_scope(&rest);
+        let stmt = c.shared.statements.intern(&scope, &rest).map_err(|e| {
             ClientError::fatal(
                 "53400",
                 format!("cannot keep another prepared statement: {e}"),

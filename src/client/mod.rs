@@ -8,6 +8,7 @@ pub mod logins;
 pub mod notify;
 pub mod registry;
 pub mod relay;
+pub mod renamed;
 pub mod replication;
 pub mod rewrite;
 pub mod session;
@@ -650,6 +651,7 @@ fn open_session(
     }
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
+    session.pool_scope = session::pool_scope(pool);
     let kill = shared.stop_clients.child_token();
     let reg = shared
         .clients

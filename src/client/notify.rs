@@ -460,8 +460,9 @@ fn prepare(c: &mut Client, p: Prepare) -> Local {
     if c.session.statements.len() >= max {
         return Local::NeedServer;
     }
-    let rest = bytes::Bytes::copy_from_slice(&c.conn.rbuf[p.rest.clone()]);
-    let Ok(stmt) = c.shared.statements.intern(rest) else {
+    let rest = &c.conn.rbuf[p.rest.clone()];
+    let scope = c.session.statement_scope(rest);
+    let Ok(stmt) = c.shared.statements.intern(&scope, rest) else {
         // The registry is full: the relay gives the client the registry's error.
         return Local::NeedServer;
     };
@@ -556,6 +557,10 @@ pub(super) async fn answer(
         return Ok(Some(Local::Incomplete));
     }
     let msgs = c.conn.rbuf.split_to(req.len).freeze();
+    if req.extended.is_none() {
+        // A simple Query: PostgreSQL drops the unnamed statement.
+        c.session.drop_unnamed();
+    }
     if req.parsed {
         // The client's unnamed statement is now this one (a later Bind runs it on a server).
         let body = &msgs[5..];

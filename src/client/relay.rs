@@ -1,6 +1,7 @@
 //! The forwarding loop while a client holds a server: both directions at once in one task,
 //! bytes forwarded by splitting read buffers (no copy), output written in vectored batches,
 //! the slower side setting the pace. Only the messages that change state are looked at.
+use std::collections::HashMap;
 use std::future::poll_fn;
 use std::sync::Arc;
 
@@ -159,6 +160,12 @@ pub struct Relay<'a> {
     /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
     /// mid-transaction too: nothing more of it reaches that host.
     pub fence: Option<&'a crate::server::HostList>,
+    /// Statement names and SQL texts renamed for the server in the rounds still running:
+    /// its errors are given back the client's names and positions.
+    pub(super) renamed: super::renamed::Renamed,
+    /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
+    /// server says whether it ran (see `Relay::executing`).
+    pub(super) session_deallocs: Vec<(u64, HashMap<Bytes, Arc<Stmt>>)>,
     /// Transaction pooling: a server lost under the client's transaction leaves the client
     /// connected (`aborted`), unless it is pinned or the loss came mid-message.
     pub keep_client: bool,
@@ -247,6 +254,8 @@ impl<'a> Relay<'a> {
             hold_ready: false,
             withheld_ready: None,
             fence: None,
+            renamed: Default::default(),
+            session_deallocs: Vec::new(),
             keep_client: false,
             flight: (false, false),
             fatal_seen: false,
@@ -590,12 +599,29 @@ impl<'a> Relay<'a> {
                 frontend::EXECUTE => {
                     p.unsynced = true;
                     p.sent_execute();
+                    if self.virt && self.session.tx_portal.is_some() {
+                        // Messages after it are judged by the status it leaves.
+                        let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
+                        if let Some(portal) = body.split(|&c| c == 0).next()
+                            && body.contains(&0)
+                            && let Some(e) = self.session.executed(portal)
+                        {
+                            p.sent_tx_effect(e);
+                        }
+                    }
                     if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
                         // The unnamed portal runs a RESET sent as a SET.
                         self.server.owed.push(Pending::Retag(true));
                     }
                     if self.virt {
                         self.server.owed.push(Pending::Execute);
+                    }
+                    if self.virt && !self.session.deallocating_portals.is_empty() {
+                        let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
+                        if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
+                            let portal = Bytes::copy_from_slice(portal);
+                            self.executing(&portal);
+                        }
                     }
                 }
                 frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
@@ -792,9 +818,20 @@ impl<'a> Relay<'a> {
                             fwd = 0;
                             self.server.conn.consume(h.total);
                         }
-                        Verdict::Stale => fwd += h.total,
                         // (An error is never swallowed outside an added query.)
-                        Verdict::Forward | Verdict::Swallow | Verdict::Retag => fwd += h.total,
+                        Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
+                            let answered = self.server.proto.answered;
+                            let msg = &self.server.conn.rbuf[fwd..fwd + h.total];
+                            match self.renamed.restore(answered, msg) {
+                                Some(restored) => {
+                                    self.forward_server_run(fwd);
+                                    fwd = 0;
+                                    self.server.conn.consume(h.total);
+                                    self.client.queue(restored);
+                                }
+                                None => fwd += h.total,
+                            }
+                        }
                     }
                 }
                 backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
@@ -858,6 +895,9 @@ impl<'a> Relay<'a> {
         p.on_ready(status);
         let answered = p.answered;
         self.server.prepared.rounds_over(answered);
+        if self.virt {
+            self.deallocs_over();
+        }
         let p = &mut self.server.proto;
         self.counts.queries += 1;
         if p.expected_rfq == 0 {
@@ -1023,6 +1063,7 @@ impl Relay<'_> {
         let body = &self.server.conn.rbuf[at + 5..at + total];
         if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
             self.server.prepared.deallocated();
+            self.dealloc_ran();
         }
     }
 

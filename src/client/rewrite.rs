@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Lost, Pending, Verdict};
+use crate::server::response::{Answer, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -43,15 +43,20 @@ pub(super) fn passes_through(
                 }
                 effects.merge(e);
             }
+            let was = session.unnamed_before();
             server.unnamed = session.parsed_unnamed(&body[1..]);
-            Pending::Parse {
-                swallow: false,
-                stmt: None,
-            }
+            Pending::UnnamedParse(Undo::Unnamed {
+                was,
+                now: server.unnamed,
+            })
         }
         frontend::BIND => {
             let portal = r.cstr_bytes()?;
-            if !r.cstr_bytes()?.is_empty() || !unnamed_here {
+            if !r.cstr_bytes()?.is_empty()
+                || !unnamed_here
+                || !session.deallocating_portals.is_empty()
+                || (session.unnamed_id != 0 && session.unnamed_deallocates == session.unnamed_id)
+            {
                 return Ok(false);
             }
             if portal.is_empty() {
@@ -60,6 +65,8 @@ pub(super) fn passes_through(
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
+            let tx = session.unnamed.as_deref().and_then(tx_effect_of);
+            session.bound(portal, tx, false);
             Pending::Bind
         }
         frontend::DESCRIBE => {
@@ -91,22 +98,23 @@ impl Relay<'_> {
         self.session.drop_unnamed();
         self.server.unnamed = 0;
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
+        let tx = classify::tx_effect(sql);
         if !classify::may_matter(sql) {
-            self.server.send_query(msg, None);
+            self.send_client_query(msg, tx);
             return Ok(());
         }
         let mut e = classify::classify(sql);
-        refused_in_block(&mut e, self.server.proto.tx_status);
+        refused_in_block(&mut e, self.server.proto.status_sent());
         self.note_effects(&e);
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
             self.effects.merge(e);
-            self.server.send_query(query_message(&sql), None);
+            self.send_client_query(query_message(&sql), tx);
             return Ok(());
         }
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
-        if self.server.proto.tx_status == b'E' && (named.is_some() || dealloc.is_some()) {
+        if self.server.proto.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
             // they are.
             self.server.probe("25P02", String::new(), true);
@@ -121,7 +129,7 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all && self.server.proto.tx_status != b'E' {
+        if e.deallocate_all && self.server.proto.status_sent() != b'E' {
             // The client's names go, and the server's statements unless it refuses it
             // (a failed transaction block refuses it at once).
             self.session.statements.clear();
@@ -148,7 +156,8 @@ impl Relay<'_> {
                 }
                 let mut key = SQL_PREPARE_KEY.to_vec();
                 key.extend_from_slice(rest);
-                let Some(stmt) = self.intern(Bytes::from(key), None) else {
+                let scope = self.statement_scope(&key);
+                let Some(stmt) = self.intern(&scope, &key, None) else {
                     return Ok(());
                 };
                 let name = Bytes::from(name.into_bytes());
@@ -158,7 +167,10 @@ impl Relay<'_> {
                     self.answer(Answer::Query("PREPARE"));
                     return Ok(());
                 }
-                let sql = stmt.sql_prepare_text();
+                let text = stmt.sql_prepare_text();
+                let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
+                self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
+                let sql = text;
                 self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
                 self.server
@@ -168,11 +180,9 @@ impl Relay<'_> {
                 match self.session.statements.get(name.as_bytes()).cloned() {
                     Some(stmt) => {
                         self.ensure_for_query(&stmt);
-                        let sql = format!(
-                            "EXECUTE {} {}",
-                            quoted(&stmt.server_name),
-                            String::from_utf8_lossy(rest)
-                        );
+                        let prefix = format!("EXECUTE {} ", quoted(&stmt.server_name));
+                        self.note_rewrite(&stmt, name.as_bytes(), sql, rest_at(sql, rest), &prefix);
+                        let sql = format!("{prefix}{}", String::from_utf8_lossy(rest));
                         self.server.send_query(query_message(&sql), None);
                     }
                     None => {
@@ -180,9 +190,19 @@ impl Relay<'_> {
                     }
                 }
             }
-            None => self.server.send_query(msg, None),
+            None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// Send a client's query as written (or with RESETs made SETs); `tx`: what its
+    /// transaction-control statements do to the status (`classify::tx_effect`): messages
+    /// sent after it are judged by the status it leaves.
+    fn send_client_query(&mut self, msg: Bytes, tx: Option<[u8; 3]>) {
+        if let Some(e) = tx {
+            self.server.proto.sent_tx_effect(e);
+        }
+        self.server.send_query(msg, None);
     }
 
     /// A query whose statements return to their defaults settings the client's startup
@@ -239,9 +259,33 @@ impl Relay<'_> {
         true
     }
 
+    /// The scope a statement the client parses now is parsed in
+    /// (`VirtualSession::statement_scope`). Its session's settings are known as of the
+    /// last transaction: when the client's statements since may have changed one that
+    /// matters (a SET search_path in the same pipeline or block), the statement is its own
+    /// and parsed on the server as PostgreSQL would parse it.
+    fn statement_scope(&self, rest: &[u8]) -> Vec<u8> {
+        let e = &self.effects;
+        let changed = e.gucs_unknown
+            || e.reset_all
+            || e.discard_all
+            || e.gucs.iter().any(|g| VirtualSession::scope_depends_on(g))
+            || (e.local_gucs.iter()).any(|g| g == "*" || VirtualSession::scope_depends_on(g));
+        if changed {
+            super::prepared::unshared_scope()
+        } else {
+            self.session.statement_scope(rest)
+        }
+    }
+
     /// The shared statement for a new client name, within the client's and the registry's
     /// limits; None (and the relay ends the client with `limit`'s error) beyond them.
-    fn intern(&mut self, rest: Bytes, depends: Option<Arc<Stmt>>) -> Option<Arc<Stmt>> {
+    fn intern(
+        &mut self,
+        scope: &[u8],
+        rest: &[u8],
+        depends: Option<Arc<Stmt>>,
+    ) -> Option<Arc<Stmt>> {
         if self.session.statements.len() >= self.max_client_statements {
             self.limit = Some(format!(
                 "too many prepared statements: client_max_statements is {}",
@@ -249,7 +293,7 @@ impl Relay<'_> {
             ));
             return None;
         }
-        match self.registry.intern_with(rest, depends) {
+        match self.registry.intern_with(scope, rest, depends) {
             Ok(s) => Some(s),
             Err(e) => {
                 self.limit = Some(format!("cannot keep another prepared statement: {e}"));
@@ -284,8 +328,113 @@ impl Relay<'_> {
         }
     }
 
+    /// The message about to be sent names the client's statement `client` by its server
+    /// name: the server's errors about it name `client` again.
+    fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
+        let p = &self.server.proto;
+        let (round, answered) = (p.round(), p.answered);
+        self.renamed
+            .note(round, answered, &stmt.server_name, client);
+    }
+
+    /// As `note_rename`, for the client's SQL `text` about to be sent as `prefix` followed
+    /// by `text[rest_at..]`: error positions are given back in the client's text.
+    fn note_rewrite(
+        &mut self,
+        stmt: &Stmt,
+        client: &[u8],
+        text: &[u8],
+        rest_at: usize,
+        prefix: &str,
+    ) {
+        let p = &self.server.proto;
+        let rounds = (p.round(), p.answered);
+        let names = (&stmt.server_name, client);
+        self.renamed.note_text(rounds, names, text, rest_at, prefix);
+    }
+
     fn answer(&mut self, a: Answer) {
         self.server.owed.push(Pending::Answer(a));
+    }
+
+    /// The client executes `portal`: when it runs `DEALLOCATE ALL`, the client's statements
+    /// go now (the server's with it, unless a failed block refuses it), as PostgreSQL's
+    /// would at this Execute.
+    pub(super) fn executing(&mut self, portal: &[u8]) {
+        if !self
+            .session
+            .deallocating_portals
+            .iter()
+            .any(|p| p == portal)
+            || self.server.proto.status_sent() == b'E'
+        {
+            return;
+        }
+        let round = self.server.proto.round();
+        let dropped = std::mem::take(&mut self.session.statements);
+        // Kept aside until the server says it ran (`dealloc_ran`): a failed or skipped
+        // Execute leaves them.
+        self.session_deallocs.push((round, dropped));
+        self.server.prepared.deallocating(round);
+    }
+
+    /// The server ran a DEALLOCATE ALL (or DISCARD ALL) of the round it is answering.
+    pub(super) fn dealloc_ran(&mut self) {
+        let answered = self.server.proto.answered;
+        if let Some(i) = self.session_deallocs.iter().position(|d| d.0 == answered) {
+            self.session_deallocs.remove(i);
+        }
+    }
+
+    /// Rounds before the server's `answered` are over: the client's statements that a
+    /// DEALLOCATE ALL of theirs was to drop, and did not, are the client's again (but for
+    /// names made since).
+    pub(super) fn deallocs_over(&mut self) {
+        let answered = self.server.proto.answered;
+        while self
+            .session_deallocs
+            .first()
+            .is_some_and(|d| d.0 < answered)
+        {
+            let (_, kept) = self.session_deallocs.remove(0);
+            for (name, stmt) in kept {
+                self.session.statements.entry(name).or_insert(stmt);
+            }
+        }
+    }
+
+    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
+    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
+    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
+        if self.server.proto.status_sent() != b'E' {
+            return None;
+        }
+        let mut r = Reader::new(body, "Bind");
+        let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        let formats = usize::try_from(r.i16().ok()?).ok()?;
+        r.bytes(formats * 2).ok()?;
+        let params = usize::try_from(r.i16().ok()?).ok()?;
+        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let sql = p.cstr_bytes().ok()?;
+        let types = usize::try_from(p.i16().ok()?).ok()?;
+        let wanted = classify::parameter_count(sql, types)?;
+        let name = String::from_utf8_lossy(name);
+        if formats > 1 && formats != params {
+            Some(format!(
+                "bind message has {formats} parameter formats but {params} parameters"
+            ))
+        } else if params != wanted {
+            Some(format!(
+                "bind message supplies {params} parameters, but prepared statement \"{name}\" requires {wanted}"
+            ))
+        } else {
+            None
+        }
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -297,7 +446,7 @@ impl Relay<'_> {
                 if name.is_empty() {
                     return self.parse_unnamed(msg);
                 }
-                if self.server.proto.tx_status == b'E'
+                if self.server.proto.status_sent() == b'E'
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
                     self.refused_parse(&body[name.len() + 1..])?;
@@ -322,7 +471,8 @@ impl Relay<'_> {
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
                 let rest = startup_value_rest(self.session, rest)?;
-                let Some(stmt) = self.intern(rest, depends) else {
+                let scope = self.statement_scope(&rest);
+                let Some(stmt) = self.intern(&scope, &rest, depends) else {
                     return Ok(());
                 };
                 if let Some(e) = &stmt.effects {
@@ -350,8 +500,16 @@ impl Relay<'_> {
                         self.server.probe("26000", NO_UNNAMED.into(), false);
                         return Ok(());
                     }
+                    let s = &mut *self.session;
+                    let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
+                    let tx = s.unnamed.as_deref().and_then(tx_effect_of);
+                    s.bound(portal, tx, deallocates);
                     self.server.conn.queue(msg);
                 } else {
+                    if let Some(m) = self.bind_count_error(body) {
+                        self.server.probe("08P01", m, false);
+                        return Ok(());
+                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
@@ -366,16 +524,15 @@ impl Relay<'_> {
                                 self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
                             }
                             // What running it does to the session, every time it runs.
+                            let deallocates =
+                                stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
+                            let tx = tx_effect_of(&stmt.parse_rest);
+                            self.session.bound(portal, tx, deallocates);
                             if let Some(e) = &stmt.effects {
-                                if e.deallocate_all && self.server.proto.tx_status != b'E' {
-                                    // Its own name goes too.
-                                    self.session.statements.clear();
-                                    let round = self.server.proto.round();
-                                    self.server.prepared.deallocating(round);
-                                }
                                 self.effects.merge((**e).clone());
                             }
                             let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
+                            self.note_rename(&stmt, name);
                             let sname = stmt.server_name.clone();
                             let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
                             let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
@@ -410,6 +567,7 @@ impl Relay<'_> {
                 }
                 match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
                     (b'S', Some(stmt)) => {
+                        self.note_rename(&stmt, name);
                         let sname = stmt.server_name.clone();
                         self.server.conn.queue_with(|b| {
                             b.put_u8(frontend::DESCRIBE);
@@ -436,13 +594,23 @@ impl Relay<'_> {
                 let name = r.cstr_bytes()?;
                 if kind == b'S' {
                     // Only the client's name goes: the server keeps the statement for
-                    // others. Closing a name that does not exist is no error.
-                    if name.is_empty() {
+                    // others. Closing a name that does not exist is no error. Skipped (an
+                    // error earlier in the pipeline), it comes back.
+                    let undo = if name.is_empty() {
+                        let was = self.session.unnamed_before();
                         self.session.drop_unnamed();
+                        was.map(|was| Undo::Unnamed {
+                            was: Some(was),
+                            now: 0,
+                        })
                     } else {
-                        self.session.statements.remove(name);
+                        let stmt = self.session.statements.remove(name);
+                        stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
+                    };
+                    match undo {
+                        Some(u) => self.server.owed.push(Pending::Closed(u)),
+                        None => self.answer(Answer::CloseComplete),
                     }
-                    self.answer(Answer::CloseComplete);
                 } else {
                     self.server.conn.queue(msg);
                     self.server.owed.push(Pending::Close {
@@ -466,6 +634,7 @@ impl Relay<'_> {
         let sql = r.cstr_bytes()?;
         let types_at = 5 + 1 + sql.len() + 1;
         let mut out = msg.clone();
+        let mut deallocates = false;
         if let Some((set, reset)) = to_startup_value(self.session, sql) {
             self.effects.merge(classify::classify(sql));
             let set = if reset {
@@ -486,11 +655,9 @@ impl Relay<'_> {
                     .cloned()
                     .map(|stmt| {
                         self.ensure_for_parse(&stmt);
-                        format!(
-                            "EXECUTE {} {}",
-                            quoted(&stmt.server_name),
-                            String::from_utf8_lossy(rest)
-                        )
+                        let prefix = format!("EXECUTE {} ", quoted(&stmt.server_name));
+                        self.note_rewrite(&stmt, name.as_bytes(), sql, rest_at(sql, rest), &prefix);
+                        format!("{prefix}{}", String::from_utf8_lossy(rest))
                     }),
                 _ => None,
             };
@@ -501,6 +668,7 @@ impl Relay<'_> {
                 // server drops the shared statement.
                 self.ensure_for_parse(&stmt);
                 self.server.prepared.remove(stmt.id);
+                self.note_rename(&stmt, name.as_bytes());
                 Some(format!("DEALLOCATE {}", quoted(&stmt.server_name)))
             });
             match mapped {
@@ -526,21 +694,22 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
-                    if e.deallocate_all && self.server.proto.tx_status != b'E' {
-                        self.session.statements.clear();
-                        let round = self.server.proto.round();
-                        self.server.prepared.deallocating(round);
-                    }
                 }
             }
+            deallocates = e.deallocate_all;
             self.effects.merge(e);
         }
+        let was = self.session.unnamed_before();
         self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
+        if deallocates {
+            // The client's statements go when it is executed (`Relay::executing`).
+            self.session.unnamed_deallocates = self.session.unnamed_id;
+        }
         self.server.conn.queue(out);
-        self.server.owed.push(Pending::Parse {
-            swallow: false,
-            stmt: None,
-        });
+        self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
+            was,
+            now: self.server.unnamed,
+        }));
         Ok(())
     }
 
@@ -687,7 +856,8 @@ impl Relay<'_> {
         let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
             return false;
         };
-        let Some(fresh) = self.intern(r.stmt.parse_rest.clone(), r.stmt.depends.clone()) else {
+        let (scope, rest) = (r.stmt.scope().to_vec(), r.stmt.parse_rest.clone());
+        let Some(fresh) = self.intern(&scope, &rest, r.stmt.depends.clone()) else {
             return false;
         };
         self.server.owed.swallow_to_sync();
@@ -736,8 +906,18 @@ impl Relay<'_> {
             server
                 .owed
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
-        for name in server.owed.take_lost_names() {
-            self.session.statements.remove(&name);
+        for u in server.owed.take_undo().into_iter().rev() {
+            match u {
+                Undo::Name(name) if !self.session.statements.contains_key(&name) => {
+                    // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
+                    // the statements kept aside (undone newest first, a name made again
+                    // after the DEALLOCATE ALL goes from the client's statements first).
+                    for (_, kept) in &mut self.session_deallocs {
+                        kept.remove(&name);
+                    }
+                }
+                u => self.session.undo(u),
+            }
         }
         match lost {
             Lost::Nothing => {}
@@ -760,6 +940,12 @@ impl Relay<'_> {
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
 
+/// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
+fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
+    let sql = parse_rest.split(|&c| c == 0).next()?;
+    classify::tx_effect(sql)
+}
+
 /// Starts the text of a statement pgcarpool made of a client's RESET (see
 /// `to_startup_value`): its CommandComplete is given to the client as RESET.
 pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
@@ -768,6 +954,9 @@ pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
 /// gave: the SET of that value PostgreSQL's RESET would have returned to (the servers'
 /// defaults are their own), and whether it was written as RESET.
 pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(String, bool)> {
+    if let Some(block) = reset_all_to_startup(session, sql) {
+        return Some((block, true));
+    }
     let d = classify::to_default(sql)?;
     let value = session.startup.get(&d.name)?;
     let list = matches!(
@@ -800,6 +989,40 @@ pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(
     ))
 }
 
+/// `RESET ALL` (alone) of a client whose startup packet gave settings: PostgreSQL's returns
+/// them to the startup values, a server's to its own login values. It goes as a DO block
+/// that resets all, then sets the startup values again, in one statement: the server
+/// reports (ParameterStatus, at its ReadyForQuery) just the settings whose value changed,
+/// with the startup values, as PostgreSQL does. None: not such a statement, or a value
+/// that cannot be written in the block as it is.
+fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> {
+    if session.startup.is_empty() || !classify::may_matter(sql) || classify::split(sql).len() != 1 {
+        return None;
+    }
+    let e = classify::classify(sql);
+    if !e.reset_all || e.discard_all {
+        return None;
+    }
+    const QUOTE: &str = "$pgcarpool$";
+    let mut block = format!("DO {QUOTE}BEGIN RESET ALL;");
+    for (k, v) in session.startup.iter() {
+        // RESET ALL leaves these two alone (GUC_NO_RESET_ALL).
+        if k.eq_ignore_ascii_case("role") || k.eq_ignore_ascii_case("session_authorization") {
+            continue;
+        }
+        if [k, v].iter().any(|x| x.contains('\\') || x.contains(QUOTE)) {
+            return None;
+        }
+        block.push_str(&format!(
+            " PERFORM pg_catalog.set_config('{}', '{}', false);",
+            k.replace('\'', "''"),
+            v.replace('\'', "''")
+        ));
+    }
+    block.push_str(&format!(" END{QUOTE}"));
+    Some(block)
+}
+
 /// A named Parse's text and types (`rest`) with `to_startup_value` applied.
 fn startup_value_rest(session: &VirtualSession, rest: Bytes) -> Result<Bytes, ProtoError> {
     let sql = Reader::new(&rest, "Parse").cstr_bytes()?;
@@ -826,6 +1049,11 @@ fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
     b.put_u8(0);
     b.put_slice(types);
     b.freeze()
+}
+
+/// Where `rest`, a part of `sql`, starts in it.
+fn rest_at(sql: &[u8], rest: &[u8]) -> usize {
+    (rest.as_ptr() as usize).saturating_sub(sql.as_ptr() as usize)
 }
 
 /// An identifier in double quotes.

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use super::registry::ClientHandle;
 use crate::pool::Pool;
 use crate::server::Params;
+use crate::server::response::Undo;
 
 #[derive(Debug, Clone, Default)]
 pub struct VirtualSession {
@@ -40,9 +41,77 @@ pub struct VirtualSession {
     /// The unnamed portal runs a RESET pgcarpool sent as a SET of the startup value
     /// (its CommandComplete says RESET).
     pub retag_portal: bool,
+    /// The client's pool (database, user): the start of every `statement_scope`.
+    pub pool_scope: Bytes,
+    /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
+    pub unnamed_deallocates: u64,
+    /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
+    /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
+    pub deallocating_portals: Vec<Bytes>,
+    /// The portal last bound to a transaction-control statement, and what running it does
+    /// to the transaction status (`classify::tx_effect`): noted when it is executed
+    /// (`ProtoState::sent_tx_effect`).
+    pub tx_portal: Option<(Bytes, [u8; 3])>,
 }
 
+/// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
+/// older ones' Executes not followed).
+const MAX_DEALLOCATING_PORTALS: usize = 16;
+
+/// Settings that decide what a statement's names refer to when it is parsed: the schemas
+/// searched, and the role that `$user` and schema privileges follow (and one that changes
+/// what `= NULL` means).
+const NAME_SCOPE: [&str; 4] = [
+    "search_path",
+    "role",
+    "session_authorization",
+    "transform_null_equals",
+];
+
+/// Settings that decide what its literals say, fixed when it is parsed: a date, time or
+/// interval written as a string, a backslash in a string.
+const LITERAL_SCOPE: [&str; 4] = [
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+];
+
 impl VirtualSession {
+    /// What a statement's meaning depends on in this session besides its text
+    /// (`parse_rest`: a Parse's text, NUL, parameter types, or a SQL PREPARE's key): the pool (database, user, so server), the
+    /// settings that resolve its names and, when it has string literals, those that read
+    /// them. PostgreSQL keeps a statement as it was parsed (it analyses it again under a
+    /// changed search_path, but with the parameter types and result columns of its first
+    /// parse): clients share a server statement only when it would mean the same to each.
+    /// Whether a statement's scope may change with this setting.
+    pub fn scope_depends_on(name: &str) -> bool {
+        NAME_SCOPE
+            .iter()
+            .chain(&LITERAL_SCOPE)
+            .any(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    pub fn statement_scope(&self, parse_rest: &[u8]) -> Vec<u8> {
+        let mut scope = self.pool_scope.to_vec();
+        let mut add = |names: &[&str]| {
+            for name in names {
+                let v = self.params.get(name);
+                scope.push(u8::from(v.is_some()));
+                let v = v.unwrap_or_default().as_bytes();
+                scope.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                scope.extend_from_slice(v);
+            }
+        };
+        add(&NAME_SCOPE);
+        // (The parameter types after the text are looked at too: at worst a statement is
+        // shared less.)
+        if has_literal(parse_rest) {
+            add(&LITERAL_SCOPE);
+        }
+        scope
+    }
+
     /// RESET ALL: the servers' defaults (`server_params`) overlaid with the startup packet's.
     pub fn reset_all(&mut self, server_params: &Params) {
         let mut p = Params::default();
@@ -119,6 +188,57 @@ impl VirtualSession {
         self.unnamed_id
     }
 
+    /// A Bind of `portal` to a statement whose transaction control does `tx` (None: it has
+    /// none), and whose text is `DEALLOCATE ALL` when `deallocates`.
+    pub fn bound(&mut self, portal: &[u8], tx: Option<[u8; 3]>, deallocates: bool) {
+        match tx {
+            Some(e) => self.tx_portal = Some((Bytes::copy_from_slice(portal), e)),
+            None => {
+                if self.tx_portal.as_ref().is_some_and(|p| p.0 == portal) {
+                    self.tx_portal = None;
+                }
+            }
+        }
+        let portals = &mut self.deallocating_portals;
+        portals.retain(|p| p != portal);
+        if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
+            portals.push(Bytes::copy_from_slice(portal));
+        }
+    }
+
+    /// An Execute of `portal` was sent: what it does to the transaction status, if its
+    /// statement is transaction control.
+    pub fn executed(&mut self, portal: &[u8]) -> Option<[u8; 3]> {
+        let e = self.tx_portal.take_if(|p| p.0 == portal)?;
+        Some(e.1)
+    }
+
+    /// The unnamed statement and its id, for `Undo::Unnamed`.
+    pub fn unnamed_before(&self) -> Option<(Bytes, u64)> {
+        self.unnamed.clone().map(|u| (u, self.unnamed_id))
+    }
+
+    /// A change to the statements made when a message was sent is undone: the server
+    /// failed or skipped the message (PostgreSQL never made the change).
+    pub fn undo(&mut self, u: Undo) {
+        match u {
+            Undo::Name(name) => {
+                self.statements.remove(&name);
+            }
+            Undo::Closed(name, stmt) => {
+                self.statements.entry(name).or_insert(stmt);
+            }
+            Undo::Unnamed { was, now } if now == self.unnamed_id => match was {
+                Some((rest, id)) => {
+                    self.unnamed = Some(rest);
+                    self.unnamed_id = id;
+                }
+                None => self.drop_unnamed(),
+            },
+            Undo::Unnamed { .. } => {}
+        }
+    }
+
     /// The unnamed statement is gone (a simple Query, Close, a failed Parse).
     pub fn drop_unnamed(&mut self) {
         self.unnamed = None;
@@ -130,6 +250,25 @@ impl VirtualSession {
             Arc::make_mut(&mut self.params).remove(name);
         }
     }
+}
+
+/// The start of the statement scopes of a pool's clients: its database and user (so its
+/// servers' database, host and login role).
+pub fn pool_scope(pool: &Pool) -> Bytes {
+    let mut s = Vec::with_capacity(pool.db.len() + pool.user.len() + 2);
+    s.extend_from_slice(pool.db.as_bytes());
+    s.push(0);
+    s.extend_from_slice(pool.user.as_bytes());
+    s.push(0);
+    Bytes::from(s)
+}
+
+/// Whether a statement's text may hold a string constant: a quote, or a `$` that is not a
+/// parameter's (`$tag$…$tag$`).
+fn has_literal(sql: &[u8]) -> bool {
+    sql.iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\'' || (b == b'$' && !sql.get(i + 1).is_some_and(u8::is_ascii_digit)))
 }
 
 /// The name PostgreSQL reports for an encoding a client named (it ignores case and
@@ -165,7 +304,80 @@ pub fn canonical_encoding(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::canonical_encoding;
+    use super::{VirtualSession, canonical_encoding};
+    use crate::server::Params;
+    use std::sync::Arc;
+
+    fn session(pool: &str, params: &[(&str, &str)]) -> VirtualSession {
+        let mut p = Params::default();
+        for (k, v) in params {
+            p.set(k, v);
+        }
+        VirtualSession {
+            params: Arc::new(p),
+            pool_scope: bytes::Bytes::copy_from_slice(pool.as_bytes()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_statement_scope_holds_what_its_meaning_depends_on() {
+        let text = b"select * from t where d = $1\0\0\0";
+        let dated = b"select date '1/2/2024'\0\0\0";
+        let base = session(
+            "db\0u\0",
+            &[("search_path", "a"), ("DateStyle", "ISO, MDY")],
+        );
+        let scope = |s: &VirtualSession, t: &[u8]| s.statement_scope(t);
+        // Another search_path, role, session user or pool: another scope.
+        for other in [
+            session(
+                "db\0u\0",
+                &[("search_path", "b"), ("DateStyle", "ISO, MDY")],
+            ),
+            session("db\0u\0", &[("DateStyle", "ISO, MDY")]),
+            session(
+                "db\0u\0",
+                &[
+                    ("search_path", "a"),
+                    ("DateStyle", "ISO, MDY"),
+                    ("role", "r"),
+                ],
+            ),
+            session(
+                "db\0u\0",
+                &[
+                    ("search_path", "a"),
+                    ("DateStyle", "ISO, MDY"),
+                    ("session_authorization", "s"),
+                ],
+            ),
+            session(
+                "db2\0u\0",
+                &[("search_path", "a"), ("DateStyle", "ISO, MDY")],
+            ),
+        ] {
+            assert_ne!(
+                scope(&base, text),
+                scope(&other, text),
+                "{:?}",
+                other.params
+            );
+        }
+        // DateStyle matters to a text with a string literal only.
+        let dmy = session(
+            "db\0u\0",
+            &[("search_path", "a"), ("DateStyle", "ISO, DMY")],
+        );
+        assert_eq!(scope(&base, text), scope(&dmy, text));
+        assert_ne!(scope(&base, dated), scope(&dmy, dated));
+        let dollar = b"select $x$1/2/2024$x$::date\0\0\0";
+        assert_ne!(scope(&base, dollar), scope(&dmy, dollar));
+        // Other settings do not matter.
+        let mut other = base.clone();
+        other.set_param("application_name", "x");
+        assert_eq!(scope(&base, dated), scope(&other, dated));
+    }
 
     #[test]
     fn encodings_are_named_as_postgresql_reports_them() {

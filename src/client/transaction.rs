@@ -411,38 +411,25 @@ async fn after_transaction(
     server: &mut PooledServer,
     effects: &Effects,
 ) -> Result<Result<(), ClientError>, crate::server::ServerError> {
-    if effects.reset_all {
+    if effects.discard_all {
+        // The server is back to its login values (DISCARD ALL cannot be rolled back); the
+        // client's session to the servers' defaults and its startup values.
         let defaults = c
             .pool
             .server_params()
             .unwrap_or_else(|| server.login_params.clone());
         c.session.reset_all(&defaults);
         server.params = server.login_params.clone();
-    }
-    if effects.discard_all {
         c.session.statements.clear();
     }
     // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
-    // reset anything: every setting the session has is read back.
-    let hidden = effects.gucs_unknown
+    // reset anything: every setting the session has is read back. So after a RESET ALL:
+    // it returned to the startup values, or a rollback (to a savepoint) undid it.
+    let reset_all = effects.reset_all && !effects.discard_all;
+    let hidden = reset_all
+        || effects.gucs_unknown
         || (effects.calls && c.shared.config.load().settings.check_function_calls);
-    let mut names = effects.gucs.clone();
-    if hidden {
-        for n in ["role", "session_authorization"] {
-            if !names.iter().any(|g| g.eq_ignore_ascii_case(n)) {
-                names.push(n.to_string());
-            }
-        }
-        for (k, v) in server.params.iter() {
-            if !sync::is_read_only(k)
-                && !sync::is_server_role(k)
-                && server.login_params.get(k) != Some(v)
-                && !names.iter().any(|g| g.eq_ignore_ascii_case(k))
-            {
-                names.push(k.to_string());
-            }
-        }
-    }
+    let names = read_back_names(c, server, effects, reset_all, hidden);
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
@@ -497,6 +484,44 @@ async fn after_transaction(
         c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     }
     Ok(Ok(()))
+}
+
+/// The settings to read back after a transaction: the ones it set; after a RESET ALL the
+/// startup ones too; when `hidden`, every one the session may have.
+fn read_back_names(
+    c: &Client,
+    server: &PooledServer,
+    effects: &Effects,
+    reset_all: bool,
+    hidden: bool,
+) -> Vec<String> {
+    let mut names = effects.gucs.clone();
+    let add = |names: &mut Vec<String>, k: &str| {
+        if !names.iter().any(|g| g.eq_ignore_ascii_case(k)) {
+            names.push(k.to_string());
+        }
+    };
+    if reset_all {
+        // The client's RESET ALL went back to its startup values (`rewrite::to_startup_value`
+        // sent it with them): the server holds them now, not its login values.
+        for (k, _) in c.session.startup.iter() {
+            add(&mut names, k);
+        }
+    }
+    if hidden {
+        for n in ["role", "session_authorization"] {
+            add(&mut names, n);
+        }
+        for (k, v) in server.params.iter() {
+            if !sync::is_read_only(k)
+                && !sync::is_server_role(k)
+                && server.login_params.get(k) != Some(v)
+            {
+                add(&mut names, k);
+            }
+        }
+    }
+    names
 }
 
 pub(super) fn killed(c: &Client) -> ClientError {
@@ -683,7 +708,10 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                     && !c.session.statements.contains_key(name)
                     && c.shared
                         .statements
-                        .lookup(&body[name.len() + 1..])
+                        .lookup(
+                            &c.session.statement_scope(&body[name.len() + 1..]),
+                            &body[name.len() + 1..],
+                        )
                         .is_some_and(|s| s.is_validated())
             }
             frontend::CLOSE => body.first() == Some(&b'S'),
@@ -723,10 +751,11 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                         ),
                     ));
                 }
+                let rest = &body[name_len + 1..];
                 let stmt = c
                     .shared
                     .statements
-                    .intern(body.slice(name_len + 1..))
+                    .intern(&c.session.statement_scope(rest), rest)
                     .map_err(|e| {
                         ClientError::fatal(
                             "53400",
@@ -787,6 +816,8 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
         return Ok(None);
     }
     c.conn.consume(h.total);
+    // A simple query drops the unnamed statement, as PostgreSQL's does.
+    c.session.drop_unnamed();
     if e.deallocate_all {
         c.session.statements.clear();
         c.conn

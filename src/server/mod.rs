@@ -78,7 +78,14 @@ pub struct ProtoState {
     /// while the server has not finished with them: where a COPY starts and ends in what
     /// was sent (the Syncs between are ignored by the server).
     marks: std::collections::VecDeque<Mark>,
+    /// Transaction-control statements sent whose round is not answered yet, oldest first:
+    /// the round and what they do to the status (`sent_tx_effect`).
+    tx_sent: std::collections::VecDeque<(u64, [u8; 3])>,
 }
+
+/// At most this many transaction-control statements in flight are followed
+/// (`ProtoState::status_sent`); beyond, a client's messages are judged by fewer of them.
+const MAX_TX_SENT: usize = 64;
 
 /// A message sent, as far as COPY FROM STDIN and ReadyForQuery are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +125,30 @@ impl ProtoState {
             .push_back(if query { Mark::Query } else { Mark::Sync });
     }
 
+    /// A Query or an Execute whose statements do this to the transaction status was sent
+    /// (the status after them for `I`, `T` and `E` before, as `client::classify::tx_effect`
+    /// gives it): before a Query's own `owe_ready`.
+    pub fn sent_tx_effect(&mut self, effect: [u8; 3]) {
+        if self.tx_sent.len() < MAX_TX_SENT {
+            let round = self.round();
+            self.tx_sent.push_back((round, effect));
+        }
+    }
+
+    /// The transaction status the server will be in once it has run everything sent, if
+    /// none of it fails: what a client's next message is judged by (the messages of a
+    /// pipeline take effect in order, before their ReadyForQuery says so).
+    pub fn status_sent(&self) -> u8 {
+        let index = |s| match s {
+            b'I' => 0,
+            b'T' => 1,
+            _ => 2,
+        };
+        self.tx_sent
+            .iter()
+            .fold(self.tx_status, |s, (_, e)| e[index(s)])
+    }
+
     /// An Execute was sent.
     pub fn sent_execute(&mut self) {
         self.marks.push_back(Mark::Execute);
@@ -142,6 +173,12 @@ impl ProtoState {
         self.tx_status = status;
         self.expected_rfq = self.expected_rfq.saturating_sub(1);
         self.answered += 1;
+        let answered = self.answered;
+        self.tx_sent.retain(|&(round, _)| round >= answered);
+        if self.expected_rfq == 0 {
+            // Nothing more owed: the status is the server's own.
+            self.tx_sent.clear();
+        }
         // The server never reports ReadyForQuery while it copies in.
         self.copy_in = false;
         while let Some(m) = self.marks.pop_front() {

@@ -247,8 +247,8 @@ mod tests {
     fn lru_evicts_least_recently_used() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
-        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        let a = r.intern(b"", b"a\0\0\0").unwrap();
+        let b = r.intern(b"", b"b\0\0\0").unwrap();
         set.insert(a.clone());
         set.insert(b.clone());
         assert!(set.touch(a.id));
@@ -291,8 +291,8 @@ mod tests {
         use crate::proto::backend::{CLOSE_COMPLETE, PARSE_COMPLETE};
         use crate::server::response::Verdict;
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"select 2\0\0\0")).unwrap();
+        let a = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let b = r.intern(b"", b"select 2\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
         server.prepare(a.clone(), true, 1);
         assert_eq!(
@@ -333,7 +333,7 @@ mod tests {
         use crate::proto::backend::CLOSE_COMPLETE;
         use crate::server::response::Verdict;
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
         server.unprepare(&a);
         assert!(server.conn.queued().is_empty());
@@ -350,7 +350,7 @@ mod tests {
         use crate::proto::backend::{PARSE_COMPLETE, READY_FOR_QUERY};
         use crate::server::response::Verdict;
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
         server.unnamed = 5;
         server.prepare_apart(&a);
@@ -369,7 +369,7 @@ mod tests {
         // A SQL PREPARE statement is prepared by a Query, which drops the unnamed statement.
         let mut key = crate::statements::SQL_PREPARE_KEY.to_vec();
         key.extend_from_slice(b"AS select 2");
-        let p = r.intern(Bytes::from(key)).unwrap();
+        let p = r.intern(b"", &key).unwrap();
         server.conn.discard_out();
         server.prepare_apart(&p);
         let mut want = BytesMut::new();
@@ -399,7 +399,7 @@ mod tests {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
         let stmts: Vec<_> = (0..4)
-            .map(|i| r.intern(Bytes::from(format!("s{i}\0\0\0"))).unwrap())
+            .map(|i| r.intern(b"", format!("s{i}\0\0\0").as_bytes()).unwrap())
             .collect();
         for s in &stmts {
             set.insert(s.clone());
@@ -419,8 +419,8 @@ mod tests {
         // Ties would be broken by HashMap order, which differs from map to map: every try
         // must evict the older one.
         let r = StatementRegistry::default();
-        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        let a = r.intern(b"", b"a\0\0\0").unwrap();
+        let b = r.intern(b"", b"b\0\0\0").unwrap();
         for _ in 0..20 {
             let mut set = PreparedSet::default();
             set.insert(a.clone());
@@ -440,8 +440,8 @@ mod tests {
         let mut set = PreparedSet::default();
         assert!(set.is_empty());
         assert_eq!(set.len(), 0);
-        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
-        let b = r.intern(Bytes::from_static(b"b\0\0\0")).unwrap();
+        let a = r.intern(b"", b"a\0\0\0").unwrap();
+        let b = r.intern(b"", b"b\0\0\0").unwrap();
         set.insert(a.clone());
         set.insert(b.clone());
         assert!(!set.is_empty());
@@ -464,7 +464,7 @@ mod tests {
     fn the_set_does_not_keep_statements_alive() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
-        let a = r.intern(Bytes::from_static(b"a\0\0\0")).unwrap();
+        let a = r.intern(b"", b"a\0\0\0").unwrap();
         set.insert(a.clone());
         let id = a.id;
         drop(a);

@@ -25,7 +25,7 @@ pub enum Pending {
     },
     /// ParseComplete for a client's Parse of a named statement (`name`, the client's name).
     /// If the server fails or skips it, PostgreSQL would not have made the name: it goes
-    /// again (`Owed::take_lost_names`).
+    /// again (`Owed::take_undo`).
     NamedParse {
         stmt: Arc<Stmt>,
         name: Bytes,
@@ -33,6 +33,13 @@ pub enum Pending {
     /// A client's Parse of a named statement the server already holds: pgcarpool answers
     /// ParseComplete when it reaches the front; skipped, the name goes again.
     Answered(Bytes),
+    /// ParseComplete for a client's Parse of the unnamed statement (`Undo::Unnamed`: the
+    /// client's unnamed statement before it). Skipped, the old one comes back; failed, the
+    /// client has none (`Lost::Unnamed`).
+    UnnamedParse(Undo),
+    /// A client's Close of a statement, answered by pgcarpool when it reaches the front;
+    /// skipped, the statement comes back (`Undo::Closed`, `Undo::Unnamed`).
+    Closed(Undo),
     Bind,
     /// A Bind of a shared statement the relay can send again (see `Verdict::Stale`).
     BindShared,
@@ -102,12 +109,27 @@ pub enum Lost {
     Unnamed,
 }
 
+/// A change to the client's statements made when its message was sent, to be undone if
+/// the server fails or skips that message (PostgreSQL would not have made it).
+#[derive(Debug)]
+pub enum Undo {
+    /// A named Parse made this client name: it goes.
+    Name(Bytes),
+    /// A Close dropped this client name: it comes back, unless the name was taken again.
+    Closed(Bytes, Arc<Stmt>),
+    /// A Parse or Close of the unnamed statement replaced the client's unnamed statement
+    /// `was` (its Parse body after the name, and its id; None: it had none) with the one of
+    /// id `now` (0: none): `was` comes back, unless the unnamed statement changed again.
+    Unnamed { was: Option<(Bytes, u64)>, now: u64 },
+}
+
 /// The responses one server owes, oldest first.
 #[derive(Debug, Default)]
 pub struct Owed {
     queue: VecDeque<Pending>,
-    /// Client statement names whose Parse the server failed or skipped.
-    lost_names: Vec<Bytes>,
+    /// Changes to the client's statements whose message the server failed or skipped,
+    /// oldest first.
+    undo: Vec<Undo>,
 }
 
 impl Owed {
@@ -139,10 +161,11 @@ impl Owed {
         }
     }
 
-    /// Client statement names whose Parse the server failed or skipped since the last call
-    /// (PostgreSQL never made them).
-    pub fn take_lost_names(&mut self) -> Vec<Bytes> {
-        std::mem::take(&mut self.lost_names)
+    /// Changes to the client's statements whose message the server failed or skipped since
+    /// the last call (PostgreSQL never made them), oldest first: they are undone newest
+    /// first.
+    pub fn take_undo(&mut self) -> Vec<Undo> {
+        std::mem::take(&mut self.undo)
     }
 
     /// The next reply pgcarpool gives itself, when it is next in line.
@@ -150,6 +173,7 @@ impl Owed {
         let a = match self.queue.front() {
             Some(Pending::Answer(a)) => *a,
             Some(Pending::Answered(_)) => Answer::ParseComplete,
+            Some(Pending::Closed(_)) => Answer::CloseComplete,
             _ => return None,
         };
         self.queue.pop_front();
@@ -187,6 +211,8 @@ impl Owed {
                 Pending::Parse { .. }
                     | Pending::NamedParse { .. }
                     | Pending::Answered(_)
+                    | Pending::UnnamedParse(_)
+                    | Pending::Closed(_)
                     | Pending::Describe
                     | Pending::Close { .. }
                     | Pending::Answer(_)
@@ -198,7 +224,7 @@ impl Owed {
     pub fn answer_due(&self) -> bool {
         matches!(
             self.queue.front(),
-            Some(Pending::Answer(_) | Pending::Answered(_))
+            Some(Pending::Answer(_) | Pending::Answered(_) | Pending::Closed(_))
         )
     }
 
@@ -253,8 +279,9 @@ impl Owed {
                 self.skip_to_sync(prepared, unnamed, false);
                 // Refused because the transaction block had already failed (25P02): what
                 // PostgreSQL would have said too, except for a name that does not exist
-                // (26000), which PostgreSQL looks up before it checks the transaction.
-                return if code == Some(*b"25P02") && f.0 != "26000" {
+                // (26000), which PostgreSQL looks up before it checks the transaction, and
+                // a Bind's wrong parameter count (08P01), checked before it too.
+                return if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
                     (Verdict::Forward, Lost::Nothing)
                 } else {
                     (Verdict::Replace(f), Lost::Nothing)
@@ -288,6 +315,7 @@ impl Owed {
                 stmt.set_validated();
                 (true, false)
             }
+            (backend::PARSE_COMPLETE, Pending::UnnamedParse(_)) => (true, false),
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
             (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
@@ -335,9 +363,20 @@ impl Owed {
                 }) => prepared.restore(id, s),
                 Some(Pending::NamedParse { stmt, name }) => {
                     prepared.remove(stmt.id);
-                    self.lost_names.push(name);
+                    self.undo.push(Undo::Name(name));
                 }
-                Some(Pending::Answered(name)) => self.lost_names.push(name),
+                Some(Pending::Answered(name)) => self.undo.push(Undo::Name(name)),
+                Some(Pending::Closed(u)) => self.undo.push(u),
+                Some(Pending::UnnamedParse(u)) => {
+                    // The server's unnamed statement: dropped if it failed, unknown here.
+                    *unnamed = 0;
+                    if first {
+                        // PostgreSQL drops the old unnamed statement before it parses.
+                        lost = Lost::Unnamed;
+                    } else {
+                        self.undo.push(u);
+                    }
+                }
                 Some(Pending::Parse {
                     stmt: None,
                     swallow,
@@ -361,6 +400,12 @@ impl Owed {
 /// transaction block, exactly where PostgreSQL would have failed the refused message.
 const PROBE_SQL: &str = "select pgcarpool_refused";
 
+/// What a probe in place of a simple query runs: it fails in execution (26000), or with
+/// 25P02 inside a failed transaction block. The statements refused in a query (EXECUTE,
+/// PREPARE, DEALLOCATE) fail in execution too, after PostgreSQL made the unnamed portal
+/// they run in, which a failed block keeps: a later Execute of it gets 25P02, not 34000.
+const QUERY_PROBE_SQL: &str = "EXECUTE pgcarpool_refused";
+
 impl Server {
     /// A client's message pgcarpool refused with this error (SQLSTATE, message): a probe
     /// that fails on the server takes its place (a Query for a simple query, else a Parse),
@@ -368,7 +413,8 @@ impl Server {
     /// PostgreSQL would have, and the client gets this error where PostgreSQL's would be.
     pub fn probe(&mut self, code: &'static str, message: String, query: bool) {
         if query {
-            self.conn.queue_with(|b| frontend::query(b, PROBE_SQL));
+            self.conn
+                .queue_with(|b| frontend::query(b, QUERY_PROBE_SQL));
             self.proto.owe_ready(true);
             self.unnamed = 0;
             self.owed.push(Pending::Fail(Box::new((code, message))));
@@ -411,7 +457,7 @@ mod tests {
     #[test]
     fn replies_to_added_messages_are_swallowed_in_order() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
         // A Parse pgcarpool added before the client's Bind, Execute, Sync.
@@ -444,7 +490,7 @@ mod tests {
     #[test]
     fn an_error_skips_to_the_sync_and_forgets_statements_never_prepared() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"select 1\0\0\0")).unwrap();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
         let mut p = PreparedSet::default();
         p.insert(s.clone());
         let mut o = Owed::default();
@@ -517,7 +563,7 @@ mod tests {
     #[test]
     fn a_failed_sql_prepare_gives_its_name_back() {
         let r = StatementRegistry::default();
-        let s = r.intern(Bytes::from_static(b"\0PREPARE AS x")).unwrap();
+        let s = r.intern(b"", b"\0PREPARE AS x").unwrap();
         let mut p = PreparedSet::default();
         p.insert(s.clone());
         let mut o = Owed::default();
@@ -576,7 +622,7 @@ mod tests {
         server.unnamed = 3;
         server.probe("42P05", "exists".into(), true);
         let mut want = bytes::BytesMut::new();
-        frontend::query(&mut want, "select pgcarpool_refused");
+        frontend::query(&mut want, "EXECUTE pgcarpool_refused");
         assert_eq!(server.conn.queued(), &want[..]);
         assert_eq!(server.proto.expected_rfq, 1);
         assert_eq!(

@@ -9,6 +9,10 @@ pub struct Effects {
     pub gucs: Vec<String>,
     /// set_config with a name we could not read: read back every session-set GUC.
     pub gucs_unknown: bool,
+    /// Settings a SET LOCAL changed (`*`: one it could not name): not read back (the
+    /// transaction's end undoes them), but statements parsed later in the transaction are
+    /// parsed under them (`Relay::statement_scope`).
+    pub local_gucs: Vec<String>,
     /// RESET ALL (or DISCARD ALL).
     pub reset_all: bool,
     /// DISCARD ALL.
@@ -49,6 +53,11 @@ impl Effects {
             }
         }
         self.gucs_unknown |= o.gucs_unknown;
+        for g in o.local_gucs {
+            if !self.local_gucs.contains(&g) {
+                self.local_gucs.push(g);
+            }
+        }
         self.reset_all |= o.reset_all;
         self.discard_all |= o.discard_all;
         self.deallocate_all |= o.deallocate_all;
@@ -304,7 +313,18 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
         "SET" => {
             let mut i = 1;
             match w(1) {
-                "LOCAL" | "TRANSACTION" => return,
+                "LOCAL" => {
+                    let name = match w(2) {
+                        "ROLE" => Some("role".into()),
+                        "TIME" => Some("TimeZone".into()),
+                        "SCHEMA" => Some("search_path".into()),
+                        "SESSION" => Some("session_authorization".into()),
+                        "TRANSACTION" => return,
+                        _ => nth_token(s, 2),
+                    };
+                    return e.local_gucs.push(name.unwrap_or_else(|| "*".into()));
+                }
+                "TRANSACTION" => return,
                 "SESSION" if w(2) == "CHARACTERISTICS" => {
                     // Read back: the server's own ParameterStatus for them is not taken
                     // as the client's (see VirtualSession::observe_parameter).
@@ -314,7 +334,9 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
                     return;
                 }
                 "SESSION" if w(2) == "AUTHORIZATION" => {
-                    return e.gucs.push("session_authorization".into());
+                    // It also ends a SET ROLE (the role becomes `none`): read both back.
+                    e.gucs.push("session_authorization".into());
+                    return e.gucs.push("role".into());
                 }
                 "SESSION" => i = 2,
                 _ => {}
@@ -342,7 +364,10 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             }
             "ROLE" => e.gucs.push("role".into()),
             "TIME" => e.gucs.push("TimeZone".into()),
-            "SESSION" => e.gucs.push("session_authorization".into()),
+            "SESSION" => {
+                e.gucs.push("session_authorization".into());
+                e.gucs.push("role".into());
+            }
             _ => match nth_token(s, 1) {
                 Some(name) => e.gucs.push(name),
                 None => e.gucs_unknown = true,
@@ -529,6 +554,94 @@ pub fn ends_transaction(sql: &[u8]) -> bool {
         w.first().map(String::as_str),
         Some("ROLLBACK" | "COMMIT" | "END" | "ABORT")
     )
+}
+
+/// What a text's transaction-control statements do to the transaction status if they run:
+/// the status after them for each status before (`I`, `T`, `E`, in that order), as
+/// `server::ProtoState::sent_tx_effect` takes it; None for a text with none (allocates
+/// only for a text of several statements).
+pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+    if !sql.contains(&b';') {
+        return statement_tx_effect(sql);
+    }
+    let mut all: Option<[u8; 3]> = None;
+    for (a, b) in split(sql) {
+        if let Some(e) = statement_tx_effect(&sql[a..b]) {
+            all = Some(match all {
+                None => e,
+                Some(before) => before.map(|s| e[tx_index(s)]),
+            });
+        }
+    }
+    all
+}
+
+/// The position of a transaction status in a `tx_effect` table.
+fn tx_index(status: u8) -> usize {
+    match status {
+        b'I' => 0,
+        b'T' => 1,
+        _ => 2,
+    }
+}
+
+/// `tx_effect` of one statement.
+fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+    let (first, mut rest) = next_word(strip_leading(sql))?;
+    let is = |w: &[u8], k: &str| w.eq_ignore_ascii_case(k.as_bytes());
+    if is(first, "begin") || is(first, "start") {
+        // In a failed block: refused (25P02); in a block: a warning.
+        return Some(*b"TTE");
+    }
+    if is(first, "prepare") {
+        let second = next_word(rest).map(|w| w.0);
+        return second
+            .is_some_and(|w| is(w, "transaction"))
+            .then_some(*b"III");
+    }
+    if !["commit", "end", "rollback", "abort"]
+        .iter()
+        .any(|k| is(first, k))
+    {
+        return None;
+    }
+    // COMMIT [WORK | TRANSACTION] [AND [NO] CHAIN], ROLLBACK … TO [SAVEPOINT] name,
+    // COMMIT/ROLLBACK PREPARED 'id'.
+    let mut prev: &[u8] = b"";
+    while let Some((w, r)) = next_word(rest) {
+        if is(w, "prepared") {
+            return None;
+        }
+        if is(w, "to") {
+            // Outside a block: an error (25P01); a failed block is usable again.
+            return Some(*b"ITT");
+        }
+        if is(w, "chain") {
+            return Some(if is(prev, "no") { *b"III" } else { *b"ITT" });
+        }
+        prev = w;
+        rest = r;
+    }
+    Some(*b"III")
+}
+
+/// The first word of `s` (letters, digits, `_`) after whitespace, comments and
+/// punctuation, and what follows it.
+fn next_word(s: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut s = strip_leading(s);
+    while let Some(&c) = s.first()
+        && !(c.is_ascii_alphabetic() || c == b'_')
+    {
+        if c.is_ascii_digit() || c == b';' || c == b'\'' || c == b'"' || c == b'$' {
+            return None;
+        }
+        s = strip_leading(&s[1..]);
+    }
+    let end = s
+        .iter()
+        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+        .unwrap_or(s.len());
+    (end > 0).then(|| (&s[..end], &s[end..]))
 }
 
 /// How a statement ends a failed transaction block that pgcarpool plays itself (its
@@ -734,6 +847,72 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
         out.push((start, n.min(sql.len())));
     }
     out
+}
+
+/// The number of parameters PostgreSQL finds in a statement: the types the Parse gave
+/// (`types`, counted from its message) or the highest `$n` in `sql`, whichever is more.
+/// None when unsure (a string with a backslash, an unclosed quote or comment).
+pub fn parameter_count(sql: &[u8], types: usize) -> Option<usize> {
+    let (mut i, n, mut most) = (0, sql.len(), types);
+    while i < n {
+        match sql[i] {
+            q @ (b'\'' | b'"') => {
+                i += 1;
+                loop {
+                    match sql.get(i) {
+                        None => return None,
+                        Some(b'\\') => return None,
+                        Some(&c) if c == q && sql.get(i + 1) == Some(&q) => i += 2,
+                        Some(&c) if c == q => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                i += 1;
+            }
+            b'-' if sql.get(i + 1) == Some(&b'-') => {
+                while i < n && sql[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if sql.get(i + 1) == Some(&b'*') => {
+                let len = block_comment_len(&sql[i..]);
+                if !sql[i..i + len].ends_with(b"*/") {
+                    return None;
+                }
+                i += len;
+            }
+            b'$' if sql.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                let ident =
+                    i > 0 && (sql[i - 1].is_ascii_alphanumeric() || b"_$".contains(&sql[i - 1]));
+                let end = sql[i + 1..]
+                    .iter()
+                    .position(|c| !c.is_ascii_digit())
+                    .map_or(n, |p| i + 1 + p);
+                if !ident {
+                    let k: usize = std::str::from_utf8(&sql[i + 1..end]).ok()?.parse().ok()?;
+                    most = most.max(k);
+                }
+                i = end;
+            }
+            b'$' => {
+                // $tag$ ... $tag$, or a `$` inside an identifier.
+                let tag_end = sql[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                match tag_end {
+                    Some(j) if sql[j] == b'$' => {
+                        let tag = &sql[i..=j];
+                        let close = find(&sql[j + 1..], tag)?;
+                        i = j + 1 + close + tag.len();
+                    }
+                    _ => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Some(most)
 }
 
 /// Whether a simple Query (its body: the text and its NUL) may be sent again to another
@@ -963,7 +1142,14 @@ mod tests {
             classify(b"RESET statement_timeout").gucs,
             ["statement_timeout"]
         );
-        assert!(classify(b"SET LOCAL search_path = a").is_empty());
+        let local = classify(b"SET LOCAL search_path = a");
+        assert!(local.gucs.is_empty());
+        assert_eq!(local.local_gucs, ["search_path"]);
+        assert_eq!(
+            classify(b"SET LOCAL TIME ZONE 'UTC'").local_gucs,
+            ["TimeZone"]
+        );
+        assert!(classify(b"SET LOCAL TRANSACTION READ ONLY").is_empty());
         assert!(classify(b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").is_empty());
         assert!(classify(b"RESET ALL").reset_all);
         assert_eq!(classify(b"SET ROLE md5user").gucs, ["role"]);
@@ -1051,6 +1237,25 @@ mod tests {
     }
 
     #[test]
+    fn parameter_count_is_the_highest_placeholder_or_the_types_given() {
+        assert_eq!(parameter_count(b"SELECT 1", 0), Some(0));
+        assert_eq!(parameter_count(b"SELECT $1::int * 2", 0), Some(1));
+        assert_eq!(parameter_count(b"SELECT $2, $1", 0), Some(2));
+        assert_eq!(parameter_count(b"SELECT $1", 3), Some(3));
+        assert_eq!(
+            parameter_count(b"SELECT '$3', \"$4\", a$5 -- $6\n/* $7 */", 0),
+            Some(0)
+        );
+        assert_eq!(
+            parameter_count(b"SELECT $q$ $8 $q$, $$ $9 $$, $10", 0),
+            Some(10)
+        );
+        assert_eq!(parameter_count(b"SELECT 'it''s' || $1", 0), Some(1));
+        assert_eq!(parameter_count(b"SELECT E'\\' || $1", 0), None);
+        assert_eq!(parameter_count(b"SELECT 'open", 0), None);
+    }
+
+    #[test]
     fn each_kind_of_statement_has_exactly_its_effects() {
         let none = Effects::default();
         let cases: Vec<(&str, Effects)> = vec![
@@ -1061,7 +1266,7 @@ mod tests {
             ),
             (
                 "SET SESSION AUTHORIZATION bob",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("SET SESSION search_path = x", fx(&["search_path"], |_| {})),
             ("SET NAMES 'UTF8'", fx(&["client_encoding"], |_| {})),
@@ -1078,7 +1283,7 @@ mod tests {
             ("RESET TIME ZONE", fx(&["TimeZone"], |_| {})),
             (
                 "RESET SESSION AUTHORIZATION",
-                fx(&["session_authorization"], |_| {}),
+                fx(&["session_authorization", "role"], |_| {}),
             ),
             ("RESET a-b", fx(&[], |e| e.gucs_unknown = true)),
             // DISCARD
@@ -1331,6 +1536,42 @@ mod tests {
             b"RESET /* c */ a",
         ] {
             assert_eq!(to_default(no), None, "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn transaction_control_effects() {
+        let after =
+            |sql: &str| tx_effect(sql.as_bytes()).map(|e| String::from_utf8(e.to_vec()).unwrap());
+        assert_eq!(after("BEGIN").as_deref(), Some("TTE"));
+        assert_eq!(
+            after(" /* x */ start transaction read only").as_deref(),
+            Some("TTE")
+        );
+        for end in [
+            "COMMIT",
+            "end",
+            "ROLLBACK WORK",
+            "abort",
+            "COMMIT AND NO CHAIN",
+        ] {
+            assert_eq!(after(end).as_deref(), Some("III"), "{end}");
+        }
+        assert_eq!(after("PREPARE TRANSACTION 'x'").as_deref(), Some("III"));
+        assert_eq!(after("ROLLBACK TO SAVEPOINT sp").as_deref(), Some("ITT"));
+        assert_eq!(after("rollback transaction to sp").as_deref(), Some("ITT"));
+        assert_eq!(after("COMMIT AND CHAIN").as_deref(), Some("ITT"));
+        assert_eq!(after("ROLLBACK; BEGIN").as_deref(), Some("TTT"));
+        assert_eq!(after("BEGIN; SELECT 1; COMMIT").as_deref(), Some("III"));
+        for none in [
+            "SELECT 1",
+            "PREPARE p AS SELECT 1",
+            "COMMIT PREPARED 'x'",
+            "SAVEPOINT a",
+            "",
+            "select 'begin'",
+        ] {
+            assert_eq!(after(none), None, "{none}");
         }
     }
 

@@ -401,12 +401,16 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let mut session = crate::client::session::VirtualSession {
         params: pool.share_session_params(to_params(&m.params)),
         startup: pool.share_startup_params(to_params(&m.startup)),
+        pool_scope: crate::client::session::pool_scope(&pool),
         ..Default::default()
     };
     for (name, rest) in m.statements {
+        // The scope of the statement's Parse did not come along: it is taken as the
+        // session's now (most clients keep their search_path).
+        let scope = session.statement_scope(&rest);
         let stmt = shared
             .statements
-            .intern(rest)
+            .intern(&scope, &rest)
             .map_err(|e| format!("cannot keep its prepared statements: {e}"))?;
         session.statements.insert(name, stmt);
     }

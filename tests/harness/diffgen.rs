@@ -73,41 +73,29 @@ pub struct GenConfig {
     pub clients: usize,
     /// Operations per client (an operation is one step, a transaction block several).
     pub ops: usize,
-    /// Issue 19 bug 2 (a reset forgets the startup value): when true, a client never
-    /// returns a setting it gave in its startup packet to its default (RESET name, SET name
-    /// TO DEFAULT), and a client with startup parameters sends no RESET ALL or DISCARD ALL
-    /// (seeds 1-3 found those lose startup values too: pgcarpool reports the server's
-    /// default in a ParameterStatus where PostgreSQL keeps the startup value).
-    pub avoid_reset_of_startup_values: bool,
-    /// Not fixed yet: pgcarpool applies a Parse of the unnamed statement and a Close of a
-    /// statement when it sends them, PostgreSQL when it runs them; after an error earlier
-    /// in the pipeline PostgreSQL skips them to the Sync (its old unnamed statement, or the
-    /// closed name, stays), so the client's statements differ afterwards. (The same for a
-    /// named Parse was found by seeds 1, 2, 4, 6 and is fixed.) When true, a pipeline has no
-    /// unnamed Parse or statement Close after a message that may fail (Parse, Bind,
-    /// Describe, Execute).
+    /// Not fixed yet (seeds 5, 6…): DISCARD ALL returns a server to its login values where
+    /// PostgreSQL returns to the client's startup values (pgcarpool reports the server's
+    /// default in a ParameterStatus). When true, a client with startup parameters sends no
+    /// DISCARD ALL. (RESET name, `TO DEFAULT` and RESET ALL of startup values are fixed.)
+    pub avoid_discard_all_with_startup_values: bool,
+    /// Fixed (seeds 4, 15, 5; tests/differential.rs sets it false): pgcarpool applied a
+    /// Parse of the unnamed statement and a Close of a statement when it sent them,
+    /// PostgreSQL when it runs them; after an error earlier in the pipeline PostgreSQL skips
+    /// them to the Sync (its old unnamed statement, or the closed name, stays). When true, a
+    /// pipeline has no unnamed Parse or statement Close after a message that may fail
+    /// (Parse, Bind, Describe, Execute), and Parse texts carry no transaction control
+    /// (messages after a transaction-ending Execute in the same pipeline were judged by the
+    /// transaction state before it, seed 15): to tell whether a new difference is one of
+    /// these again.
     pub avoid_skipped_name_changes: bool,
-    /// Not fixed yet (found by seeds 3, 4, 5, 7): a Bind of a named statement with the
-    /// wrong number of parameters gets PostgreSQL's 08P01 naming pgcarpool's internal name
-    /// (`prepared statement "PGCARPOOL_5" requires 1`) instead of the client's. When true,
-    /// Binds of named statements carry the parameter count of the statement the generator
-    /// believes the name holds (mostly right: DEALLOCATE ALL and the like are not
-    /// followed). Also avoids a difference of the same family (seed 2): `DEALLOCATE ALL` as
-    /// the text of a named statement is not followed by pgcarpool (only the unnamed
-    /// statement's SQL is mapped, as for `EXECUTE` in docs/compatibility.md), so it comes
-    /// only in unnamed Parses. And two more found later, not fixed: an Execute of the
-    /// unnamed portal with no Bind before it, in a block that a refused `EXECUTE p` failed,
-    /// gets 34000 where PostgreSQL says 25P02 (seed 5: PostgreSQL's failed EXECUTE had made
-    /// the portal, pgcarpool's probe fails before) — so Executes in message soups name
-    /// `pa`; and `SET ROLE` then `SET SESSION AUTHORIZATION` makes pgcarpool end the client
-    /// with FATAL 22023 `could not apply session parameters: permission denied to set role`
-    /// at its next checkout (seed 7) — so no SET SESSION AUTHORIZATION. Also: `DEALLOCATE
-    /// ALL` in an unnamed Parse forgets the client's statements at the Parse, PostgreSQL at
-    /// its Execute (seed 16); and messages after a transaction-ending Execute in the same
-    /// pipeline are judged by the transaction state before it (seed 15: a named Parse after
-    /// an executed ROLLBACK of a failed block is refused as if the block were still failed)
-    /// — so Parse texts carry no DEALLOCATE ALL and no transaction control.
-    pub avoid_parameter_count_errors: bool,
+    /// Not fixed yet (seeds 8, 344, 346, 400, 1004, 1015, 1019): inside a failed block, a
+    /// Describe of a statement the server at hand does not hold (another client's DISCARD
+    /// ALL or DEALLOCATE ALL dropped it there, or it was never parsed there) whose text
+    /// returns no rows: PostgreSQL describes it (ParameterDescription, NoData), pgcarpool's
+    /// Parse to prepare it is refused first (25P02). When true, a message soup describes a
+    /// portal where it would describe a statement (a round's Describe right after its
+    /// Parse stays).
+    pub avoid_statement_describes_in_soups: bool,
 }
 
 /// Settings the generator changes, with values it sets them to (SQL literals).
@@ -171,11 +159,10 @@ struct ClientGen {
     /// Parameter counts of the statements last parsed under each name.
     params: HashMap<String, usize>,
     /// Settings RESET name / SET name TO DEFAULT may not name (see GenConfig).
-    no_reset: Vec<&'static str>,
-    /// No RESET ALL or DISCARD ALL (see GenConfig).
-    no_reset_all: bool,
+    /// No DISCARD ALL (see GenConfig).
+    no_discard_all: bool,
     avoid_skipped_name_changes: bool,
-    avoid_parameter_count_errors: bool,
+    avoid_statement_describes_in_soups: bool,
     startup: Vec<(String, String)>,
 }
 
@@ -183,25 +170,20 @@ impl ClientGen {
     fn new(i: usize, seed: u64, cfg: &GenConfig) -> ClientGen {
         let mut rng = Rng::new(seed);
         let mut startup = Vec::new();
-        let mut no_reset = Vec::new();
-        for (name, value, sets) in STARTUP {
+        for (name, value, _) in STARTUP {
             if rng.chance(25) {
                 startup.push((name.to_string(), value.to_string()));
-                if cfg.avoid_reset_of_startup_values {
-                    no_reset.extend_from_slice(sets);
-                }
             }
         }
         ClientGen {
-            no_reset_all: !no_reset.is_empty(),
+            no_discard_all: cfg.avoid_discard_all_with_startup_values && !startup.is_empty(),
             avoid_skipped_name_changes: cfg.avoid_skipped_name_changes,
-            avoid_parameter_count_errors: cfg.avoid_parameter_count_errors,
+            avoid_statement_describes_in_soups: cfg.avoid_statement_describes_in_soups,
             rng,
             t: format!("t{i}"),
             i,
             steps: Vec::new(),
             params: HashMap::new(),
-            no_reset,
             startup,
         }
     }
@@ -245,7 +227,7 @@ impl ClientGen {
             15 => self.temp_table(),
             16 => self.settings_effect(),
             17 => self.role(),
-            18 if self.rng.chance(30) && !self.no_reset_all => self.push("Q DISCARD ALL".into()),
+            18 if self.rng.chance(30) && !self.no_discard_all => self.push("Q DISCARD ALL".into()),
             _ => {
                 let e = self.error_sql();
                 self.push(format!("Q {e}"));
@@ -335,26 +317,15 @@ impl ClientGen {
         }
     }
 
-    /// SQL for a Parse and its parameter count.
-    /// SQL for a Parse of `stmt` and its parameter count. With
-    /// `avoid_parameter_count_errors`, a named statement always gets texts with the same
-    /// parameter count (s1: 1, s2: 0, s3: 2), so that its Binds fit whatever it holds.
+    /// SQL for a Parse of `stmt` and its parameter count.
     fn parse_sql_for(&mut self, stmt: &str) -> (String, usize) {
-        let want = fixed_param_count(stmt);
-        for _ in 0..200 {
-            let (sql, n) = self.parse_sql(stmt.is_empty());
-            if stmt.is_empty() || !self.avoid_parameter_count_errors || n == want {
-                return (sql, n);
-            }
-        }
-        ("SELECT $1::text || $2::text AS s".to_string(), 2)
+        self.parse_sql(stmt.is_empty())
     }
 
-    /// The parameter count a Bind of `stmt` carries (see `parse_sql_for`).
+    /// The parameter count a Bind of `stmt` carries: that of the text the generator last
+    /// parsed under the name (not always what the name holds: a failed Parse, DEALLOCATE
+    /// ALL and the like are not followed, so some Binds get 08P01, as they should).
     fn param_count(&self, stmt: &str) -> usize {
-        if self.avoid_parameter_count_errors && !stmt.is_empty() {
-            return fixed_param_count(stmt);
-        }
         self.params.get(stmt).copied().unwrap_or(0)
     }
 
@@ -372,12 +343,12 @@ impl ClientGen {
             8 => ("SELECT 1/0".to_string(), 0),
             9 => ("SELEC 1".to_string(), 0),
             10 => (format!("SELECT * FROM nosuch_{}", self.i), 0),
-            // See GenConfig::avoid_parameter_count_errors (seed 15).
-            11 if !self.avoid_parameter_count_errors => (
+            // See GenConfig::avoid_skipped_name_changes (seeds 1, 15).
+            11 if !self.avoid_skipped_name_changes => (
                 self.rng.pick(&["BEGIN", "COMMIT", "ROLLBACK"]).to_string(),
                 0,
             ),
-            12 if !self.avoid_parameter_count_errors => ("SAVEPOINT sp1".to_string(), 0),
+            12 if !self.avoid_skipped_name_changes => ("SAVEPOINT sp1".to_string(), 0),
             13 => {
                 let (name, values) = self.rng.pick(SETTINGS);
                 (format!("SET {name} = {}", self.rng.pick(values)), 0)
@@ -385,7 +356,7 @@ impl ClientGen {
             14 => (format!("SHOW {}", self.shown_setting()), 0),
             // Only the unnamed statement's SQL EXECUTE is mapped (docs/compatibility.md).
             15 if unnamed => ("EXECUTE p1(5)".to_string(), 0),
-            16 if !self.avoid_parameter_count_errors => ("DEALLOCATE ALL".to_string(), 0),
+            16 => ("DEALLOCATE ALL".to_string(), 0),
             17 => (format!("COPY {t} TO STDOUT"), 0),
             18 => ("FETCH 2 FROM c1".to_string(), 0),
             19 => (format!("NOTIFY ch{}, 'from parse'", self.i), 0),
@@ -420,15 +391,9 @@ impl ClientGen {
         self.push(lines.join("\n"));
     }
 
-    /// A Parse of `stmt` with `n` parameters was sent. A named one that exists already
-    /// fails (42P05) and leaves the old one.
+    /// A Parse of `stmt` with `n` parameters was sent.
     fn parsed(&mut self, stmt: &str, n: usize) {
-        if !(self.avoid_parameter_count_errors
-            && !stmt.is_empty()
-            && self.params.contains_key(stmt))
-        {
-            self.params.insert(stmt.to_string(), n);
-        }
+        self.params.insert(stmt.to_string(), n);
     }
 
     fn statement_name(&mut self) -> String {
@@ -453,7 +418,7 @@ impl ClientGen {
         }
         let portal = self.portal_name();
         let n = self.param_count(&stmt);
-        let wrong = (stmt.is_empty() || !self.avoid_parameter_count_errors) && self.rng.chance(5);
+        let wrong = self.rng.chance(5);
         let n = if wrong { n + 1 } else { n };
         let values = self.bind_values(n);
         lines.push(format!("B {portal}|{stmt}|{values}"));
@@ -497,16 +462,10 @@ impl ClientGen {
                 let values = self.bind_values(n);
                 lines.push(format!("B {portal}|{stmt}|{values}"));
             }
+            // See GenConfig::avoid_statement_describes_in_soups.
+            5 if self.avoid_statement_describes_in_soups => lines.push(format!("D P {portal}")),
             5 => lines.push(format!("D S {stmt}")),
-            6 => {
-                // See GenConfig::avoid_parameter_count_errors (seed 5).
-                let portal = if self.avoid_parameter_count_errors && portal.is_empty() {
-                    "pa".to_string()
-                } else {
-                    portal
-                };
-                lines.push(format!("E {portal}|{}", self.rng.below(3)))
-            }
+            6 => lines.push(format!("E {portal}|{}", self.rng.below(3))),
             7 => {
                 if self.rng.chance(50) {
                     lines.push(format!("C S {stmt}"));
@@ -540,14 +499,13 @@ impl ClientGen {
     fn setting(&mut self) {
         let (name, values) = *self.rng.pick(SETTINGS);
         let v = self.rng.pick(values);
-        let resettable = !self.no_reset.contains(&name);
         let step = match self.rng.below(11) {
             0..=2 => format!("Q SET {name} = {v}"),
             3 => format!("Q SET LOCAL {name} = {v}"),
-            4 if resettable => format!("Q RESET {name}"),
-            5 if resettable => format!("Q SET {name} TO DEFAULT"),
-            6 if resettable => format!("Q SET SESSION {name} TO DEFAULT"),
-            7 if !self.no_reset_all => "Q RESET ALL".into(),
+            4 => format!("Q RESET {name}"),
+            5 => format!("Q SET {name} TO DEFAULT"),
+            6 => format!("Q SET SESSION {name} TO DEFAULT"),
+            7 => "Q RESET ALL".into(),
             8 => format!(
                 "Q SELECT set_config('{name}', {}, {})",
                 quote_literal(v),
@@ -650,13 +608,7 @@ impl ClientGen {
     }
 
     fn role(&mut self) {
-        // See GenConfig::avoid_parameter_count_errors (seed 7).
-        let kinds = if self.avoid_parameter_count_errors {
-            2
-        } else {
-            5
-        };
-        let step = match self.rng.below(kinds) {
+        let step = match self.rng.below(5) {
             0 => "Q SET ROLE trustuser",
             1 => "Q RESET ROLE",
             2 => "Q SELECT current_user, session_user",
@@ -664,16 +616,6 @@ impl ClientGen {
             _ => "Q RESET SESSION AUTHORIZATION",
         };
         self.push(step.to_string());
-    }
-}
-
-/// The parameter count of every text a named statement gets with
-/// `GenConfig::avoid_parameter_count_errors`.
-fn fixed_param_count(stmt: &str) -> usize {
-    match stmt {
-        "s1" => 1,
-        "s2" => 0,
-        _ => 2,
     }
 }
 
