@@ -1136,6 +1136,16 @@ applies to sockets opened after it. The buffer sizes are set before the TCP hand
 as PgBouncer does (on the listening socket, whose accepted sockets inherit them, and on
 a server socket before `connect`): a receive buffer shrunk after the handshake is
 smaller than the window already offered, and a stream through it crawls.
+On server connections they decide how a cut network ends: an idle server whose
+keepalive probes go unanswered is closed by the pool on its own (`server conn crashed?`),
+and a query sent into a cut network ends at `tcp_user_timeout` with `08006 server
+connection lost: …` to its client (tests/network_namespaces.rs).
+
+**server_connect_timeout.** Bounds the TCP connect and the login together. A client
+waiting for a login that times out is told `08006 could not connect to server: server
+connection timed out` at once, not at its `query_wait_timeout`; clients that come within
+`server_login_retry` get the cached failure. A server check (`server_check_query`) that
+gets no answer within it closes the server.
 
 **listen_backlog, tcp_defer_accept, unix_socket_group.** `listen_backlog` is the
 backlog of every listening socket, TCP and Unix. `tcp_defer_accept` sets
