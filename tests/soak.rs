@@ -54,6 +54,8 @@ struct Tally {
     wrong: Mutex<Vec<String>>,
     /// Queries of the real drivers' runs that passed, by driver.
     drivers: Mutex<BTreeMap<&'static str, u64>>,
+    /// The first FAIL lines of driver runs that the faults explain (printed at the end).
+    driver_errors: Mutex<Vec<String>>,
 }
 
 impl Tally {
@@ -491,7 +493,13 @@ async fn driver_client(ctx: Arc<Ctx>, driver: &'static str) {
             Err((status, fails)) => {
                 for line in fails {
                     match driver_fault(&line) {
-                        Some(kind) => ctx.tally.error(format!("{driver}: {kind}")),
+                        Some(kind) => {
+                            ctx.tally.error(format!("{driver}: {kind}"));
+                            let mut seen = ctx.tally.driver_errors.lock().unwrap();
+                            if seen.len() < 20 {
+                                seen.push(format!("{driver}: {line}"));
+                            }
+                        }
                         None if status == Some(137) || status == Some(124) => ctx
                             .tally
                             .error(format!("{driver}: killed after {DRIVER_RUN_LIMIT_S} s")),
@@ -914,6 +922,9 @@ fn report(t: &Tally, length: Duration, start: Sample, peak: Sample, end: Sample)
         );
     }
     println!("{out}");
+    for line in t.driver_errors.lock().unwrap().iter() {
+        println!("driver error (a fault's): {line}");
+    }
 }
 
 /// The classification of real drivers' FAIL lines (their formats in tests/clients).
