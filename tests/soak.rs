@@ -10,7 +10,12 @@
 //! - tokio-postgres pinned (a temp table, transaction mode): its row count checked;
 //! - tokio-postgres in a session-mode database, extended protocol;
 //! - psql (simple protocol) over TLS and not, checking its one row;
-//! - pgbench `-S` in simple and extended (prepared) protocol, over TLS and not.
+//! - pgbench `-S` in simple and extended (prepared) protocol, over TLS and not;
+//! - the real drivers of tests/clients (pgjdbc, asyncpg, psycopg, node-postgres, pgx),
+//!   each running its checked program (2 workers, 25 iterations) run after run in
+//!   transaction mode; a failed run's FAIL lines are errors when the faults explain them
+//!   (SQLSTATE class 08, 57P01–57P03, 40001, 53300, a lost, closed, reset or refused
+//!   connection, a timeout), else wrong rows.
 //!
 //! Faults, in turn, one every tenth of the run: `-R` online restart (once, first), clients
 //! killed mid-transaction (tasks aborted with a transaction open, psql SIGKILLed in one),
@@ -47,6 +52,10 @@ struct Tally {
     errors: Mutex<BTreeMap<String, u64>>,
     faults: Mutex<BTreeMap<&'static str, u64>>,
     wrong: Mutex<Vec<String>>,
+    /// Queries of the real drivers' runs that passed, by driver.
+    drivers: Mutex<BTreeMap<&'static str, u64>>,
+    /// The first FAIL lines of driver runs that the faults explain (printed at the end).
+    driver_errors: Mutex<Vec<String>>,
 }
 
 impl Tally {
@@ -343,6 +352,166 @@ async fn pgbench_client(ctx: Arc<Ctx>, mode: &'static str, tls: bool) {
     }
 }
 
+/// The real-driver programs of tests/clients that run as soak clients.
+const DRIVERS: [&str; 5] = ["pgjdbc", "asyncpg", "psycopg", "node-postgres", "pgx"];
+/// Workers (connections) and iterations of one run of a driver program: some seconds.
+const DRIVER_WORKERS: &str = "2";
+const DRIVER_ITERATIONS: &str = "25";
+/// A driver run that lasts longer than this is killed (and counted as a timeout).
+const DRIVER_RUN_LIMIT_S: &str = "120";
+
+fn clients_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// `tests/clients/install` (idempotent): the driver programs built.
+fn install_clients() {
+    let out = std::process::Command::new("bash")
+        .arg(clients_dir().join("install"))
+        .output()
+        .expect("run tests/clients/install");
+    assert!(
+        out.status.success(),
+        "tests/clients/install: {}",
+        harness::output_text(&out)
+    );
+}
+
+/// SQLSTATEs the injected faults cause: a lost or refused connection (class 08), an
+/// administrator or crash shutdown or a server starting up (57P01–57P03), a transaction
+/// ended by the lost server (40001), too many connections while servers come back (53300).
+fn fault_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || ["57P01", "57P02", "57P03", "40001", "53300"].contains(&code)
+}
+
+/// Messages of the drivers for a lost, closed, reset or refused connection or a timeout.
+const FAULT_WORDS: [&str; 22] = [
+    "connection closed",
+    "connection is closed",
+    "connection has been closed",
+    "connection was closed",
+    "connection is lost",
+    "connection lost",
+    "connection reset",
+    "connection refused",
+    "connection terminated",
+    "connection attempt failed",
+    "closed the connection",
+    "connect call failed",
+    "failed to connect",
+    "conn closed",
+    "terminating connection",
+    "the database system is",
+    "i/o error",
+    "unexpected eof",
+    "broken pipe",
+    "econnreset",
+    "timed out",
+    "timeout",
+];
+
+/// A failed driver run's FAIL line (or output) classified: `Some(kind)` when the injected
+/// faults explain it (an error of that kind), `None` when it is a wrong result.
+fn driver_fault(line: &str) -> Option<String> {
+    let lower = line.to_ascii_lowercase();
+    // `SQLSTATE 08006`, `(SQLSTATE 57P01)`, `expected SQLSTATE 22012, got 08006 (…)`.
+    for tag in ["sqlstate ", "got "] {
+        for (i, _) in lower.match_indices(tag) {
+            let rest = &lower[i + tag.len()..];
+            let code: String = rest
+                .chars()
+                .take_while(char::is_ascii_alphanumeric)
+                .collect();
+            let code = code.to_ascii_uppercase();
+            if code.len() == 5 && fault_sqlstate(&code) {
+                return Some(format!("sqlstate {code}"));
+            }
+        }
+    }
+    FAULT_WORDS
+        .iter()
+        .find(|w| lower.contains(*w))
+        .map(|w| w.to_string())
+}
+
+/// One run of `driver` through the transaction-mode database: `Ok(queries)` when every
+/// result was right, else `Err` with the FAIL lines (or the whole output).
+async fn driver_run(ctx: &Ctx, driver: &str) -> Result<u64, (Option<i32>, Vec<String>)> {
+    let port = ctx.port().to_string();
+    let password = harness::password_of("md5user").expect("test role");
+    let out = run(std::process::Command::new("timeout").args([
+        "-s",
+        "KILL",
+        DRIVER_RUN_LIMIT_S,
+        "bash",
+        &clients_dir().join("run").to_string_lossy(),
+        driver,
+        "127.0.0.1",
+        &port,
+        "md5user",
+        password,
+        "testdb",
+        DRIVER_WORKERS,
+        DRIVER_ITERATIONS,
+    ]))
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let queries = stdout.lines().find_map(|l| {
+        l.strip_prefix("ok ")?
+            .strip_suffix(" queries")?
+            .parse()
+            .ok()
+    });
+    match queries {
+        Some(n) if out.status.success() => Ok(n),
+        _ => {
+            let fails: Vec<String> = stdout
+                .lines()
+                .filter(|l| l.starts_with("FAIL"))
+                .map(String::from)
+                .collect();
+            if fails.is_empty() {
+                let all = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+                Err((out.status.code(), vec![all]))
+            } else {
+                Err((out.status.code(), fails))
+            }
+        }
+    }
+}
+
+/// A real driver (tests/clients) run after run through the transaction-mode database:
+/// its queries are counted; a failed run's FAIL lines are errors of their kind when the
+/// faults explain them, else wrong rows.
+async fn driver_client(ctx: Arc<Ctx>, driver: &'static str) {
+    while !ctx.stopped() {
+        match driver_run(&ctx, driver).await {
+            Ok(n) => {
+                ctx.tally.transactions.fetch_add(n, Ordering::Relaxed);
+                *ctx.tally.drivers.lock().unwrap().entry(driver).or_default() += n;
+            }
+            Err((status, fails)) => {
+                for line in fails {
+                    match driver_fault(&line) {
+                        Some(kind) => {
+                            ctx.tally.error(format!("{driver}: {kind}"));
+                            let mut seen = ctx.tally.driver_errors.lock().unwrap();
+                            if seen.len() < 20 {
+                                seen.push(format!("{driver}: {line}"));
+                            }
+                        }
+                        None if status == Some(137) || status == Some(124) => ctx
+                            .tally
+                            .error(format!("{driver}: killed after {DRIVER_RUN_LIMIT_S} s")),
+                        None => ctx.tally.wrong(format!("{driver}: {line}")),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// The PostgreSQL processes of `pg` (postmaster first).
 fn pg_pids(pg: &TempPostgres) -> Vec<i32> {
     let pidfile = std::fs::read_to_string(pg.data_dir().join("postmaster.pid")).unwrap_or_default();
@@ -521,6 +690,9 @@ fn start_clients(ctx: &Arc<Ctx>) -> Vec<tokio::task::JoinHandle<()>> {
     tasks.push(tokio::spawn(psql_client(ctx.clone(), false, "sess")));
     tasks.push(tokio::spawn(pgbench_client(ctx.clone(), "simple", true)));
     tasks.push(tokio::spawn(pgbench_client(ctx.clone(), "prepared", false)));
+    for driver in DRIVERS {
+        tasks.push(tokio::spawn(driver_client(ctx.clone(), driver)));
+    }
     tasks
 }
 
@@ -654,6 +826,7 @@ async fn console_dump(pooler: &PoolerProcess) -> String {
 #[ignore = "long: run by scripts/soak"]
 async fn soak() {
     let length = run_length();
+    install_clients();
     let pg = TempPostgres::start();
     prepare_database(&pg);
     let certs = tempfile::tempdir().unwrap();
@@ -731,6 +904,9 @@ fn report(t: &Tally, length: Duration, start: Sample, peak: Sample, end: Sample)
         "| wrong rows | {} |\n",
         t.wrong_rows.load(Ordering::Relaxed)
     );
+    for (k, n) in t.drivers.lock().unwrap().iter() {
+        out += &format!("| queries of {k} (in runs that passed) | {n} |\n");
+    }
     for (k, n) in t.faults.lock().unwrap().iter() {
         out += &format!("| fault: {k} | {n} |\n");
     }
@@ -746,4 +922,55 @@ fn report(t: &Tally, length: Duration, start: Sample, peak: Sample, end: Sample)
         );
     }
     println!("{out}");
+    for line in t.driver_errors.lock().unwrap().iter() {
+        println!("driver error (a fault's): {line}");
+    }
+}
+
+/// The classification of real drivers' FAIL lines (their formats in tests/clients).
+#[test]
+fn driver_failures_are_classified() {
+    let faults = [
+        (
+            "FAIL: worker 1 iteration 4: unexpected error (SQLSTATE 08006): An I/O error occurred while sending to the backend.",
+            "sqlstate 08006",
+        ),
+        (
+            "FAIL: worker 0 iteration 9: unexpected AdminShutdownError (SQLSTATE 57P01): terminating connection due to administrator command",
+            "sqlstate 57P01",
+        ),
+        (
+            "FAIL: worker 0 iteration 2 division by zero: expected SQLSTATE 22012, got 08P01 (server conn crashed?)",
+            "sqlstate 08P01",
+        ),
+        (
+            "FAIL: worker 1 iteration 3: unexpected error: Connection terminated unexpectedly",
+            "connection terminated",
+        ),
+        (
+            "FAIL: worker 0: connect: failed to connect to `user=md5user database=testdb`: 127.0.0.1:5 (127.0.0.1): dial error: dial tcp 127.0.0.1:5: connect: connection refused",
+            "connection refused",
+        ),
+        (
+            "FAIL: worker 0 iteration 7 plus 3: unexpected EOF",
+            "unexpected eof",
+        ),
+        (
+            "FAIL: worker 1 iteration 0: unexpected OperationalError (SQLSTATE None): consuming input failed: server closed the connection unexpectedly",
+            "closed the connection",
+        ),
+    ];
+    for (line, kind) in faults {
+        assert_eq!(driver_fault(line).as_deref(), Some(kind), "{line}");
+    }
+    let wrong = [
+        "FAIL: worker 0 iteration 4 plus 2: got 7, want 6",
+        "FAIL: worker 1 iteration 2 division by zero: expected SQLSTATE 22012, got success",
+        "FAIL: worker 0 iteration 3 count: row count 400012, want 4",
+        "FAIL: worker 0 iteration 3 plus 1: got 400012, want 4",
+        "FAIL: worker 1 iteration 5: unexpected error (SQLSTATE 26000): prepared statement \"S_3\" does not exist",
+    ];
+    for line in wrong {
+        assert_eq!(driver_fault(line), None, "{line}");
+    }
 }
