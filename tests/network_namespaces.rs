@@ -202,8 +202,10 @@ async fn a_query_sent_into_dropped_packets_ends_at_tcp_user_timeout() {
         .await
         .unwrap()
         .expect_err("answered through dropped packets");
+    // A statement outside a block whose server went without a word may have committed:
+    // 08007, and the client keeps its connection (docs/scale-out.md).
     assert!(
-        e.starts_with("08006 server connection lost"),
+        e.starts_with("08007 transaction resolution unknown"),
         "not the lost-server error: {e}"
     );
     no_server_left(&admin, "cut").await;

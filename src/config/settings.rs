@@ -1138,8 +1138,9 @@ a server socket before `connect`): a receive buffer shrunk after the handshake i
 smaller than the window already offered, and a stream through it crawls.
 On server connections they decide how a cut network ends: an idle server whose
 keepalive probes go unanswered is closed by the pool on its own (`server conn crashed?`),
-and a query sent into a cut network ends at `tcp_user_timeout` with `08006 server
-connection lost: …` to its client (tests/network_namespaces.rs).
+and a query sent into a cut network ends at `tcp_user_timeout`: its client gets `08007
+transaction resolution unknown` (`40001` inside a transaction block) and keeps its
+connection (tests/network_namespaces.rs; docs/scale-out.md).
 
 **server_connect_timeout.** Bounds the TCP connect and the login together. A client
 waiting for a login that times out is told `08006 could not connect to server: server
