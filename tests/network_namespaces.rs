@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::netns::NetNs;
-use harness::{TempPostgres, TestPooler, console_value, wait_for};
+use harness::{TempPostgres, TestPooler, pool_count, wait_for};
 
 /// Bound on anything that must end by itself (the timeouts configured are 1–3 s).
 const ENDS: Duration = Duration::from_secs(30);
@@ -66,18 +66,6 @@ async fn one(c: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
             _ => None,
         })
         .expect("a row"))
-}
-
-/// SHOW POOLS' `column` of database `db` (user md5user); 0 when there is no such pool.
-async fn pool_count(admin: &tokio_postgres::Client, db: &str, column: &str) -> i64 {
-    console_value(
-        admin,
-        "POOLS",
-        &[("database", db), ("user", "md5user")],
-        column,
-    )
-    .await
-    .map_or(0, |v| v.parse().unwrap())
 }
 
 /// Rows of SHOW SERVERS for database `db`.

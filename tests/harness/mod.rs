@@ -106,6 +106,18 @@ pub async fn console_value(
     })
 }
 
+/// SHOW POOLS' `column` of database `db` (user md5user); 0 when there is no such pool.
+pub async fn pool_count(admin: &tokio_postgres::Client, db: &str, column: &str) -> i64 {
+    console_value(
+        admin,
+        "POOLS",
+        &[("database", db), ("user", "md5user")],
+        column,
+    )
+    .await
+    .map_or(0, |v| v.parse().unwrap())
+}
+
 /// SHOW POOLS' `cl_waiting` for `user` on `db` through an admin console client (database
 /// `pgbouncer`, user `postgres`); 0 when the pool does not exist yet.
 pub async fn cl_waiting(admin: &tokio_postgres::Client, db: &str, user: &str) -> i64 {
