@@ -225,13 +225,14 @@ async fn servers_are_reached_over_tls_and_verified() {
         .unwrap();
     assert!(row.get::<_, bool>(0), "the server connection is TLS");
     drop(c);
-    // SHOW SERVERS: the idle server's session.
+    // SHOW SERVERS: the idle server's session (once its reset is over; a server being
+    // reset shows it too).
     let admin = p.connect("postgres", "pgbouncer").await;
     let mut tls = String::new();
     for _ in 0..500 {
         let rows = admin.simple_query("SHOW SERVERS").await.unwrap();
         if let Some(r) = rows.iter().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("state") == Some("idle") => Some(r),
             _ => None,
         }) {
             tls = r.get("tls").unwrap_or("").to_string();

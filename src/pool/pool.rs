@@ -397,6 +397,7 @@ impl Pool {
                 addr: Arc::new(crate::server::ServerAddr::clone(&s.addr)),
                 pid: s.key.0,
                 created: s.created,
+                tls: s.tls.clone(),
             });
         }
     }
@@ -652,6 +653,7 @@ impl Pool {
             addr: Arc::new(settings.target.addr.clone()),
             pid: 0,
             created: started,
+            tls: None,
         });
         let opening = Opening(self, id);
         let result = connect::connect(
@@ -1134,7 +1136,7 @@ impl Pool {
             created: t.created,
             last_used: None,
             prepared: 0,
-            tls: None,
+            tls: t.tls.clone(),
         });
         idle.chain(transit).collect()
     }
@@ -1241,6 +1243,8 @@ struct Transit {
     addr: Arc<crate::server::ServerAddr>,
     pid: i32,
     created: Instant,
+    /// Its TLS session ("" while it logs in).
+    tls: Option<Arc<str>>,
 }
 
 /// What SHOW SERVERS shows of a server no client holds.
