@@ -368,8 +368,7 @@ impl Predecessor {
 fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let m = MovedSession::decode(data).map_err(|e| e.to_string())?;
     let pool = moved_pool(shared, &m)?;
-    let mut session = moved_session(shared, &pool, &m)?;
-    session.backend_pid = m.key.0;
+    let session = moved_session(shared, &pool, &m)?;
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
     let kill = shared.stop_clients.child_token();
@@ -452,8 +451,9 @@ fn moved_pool(shared: &Arc<Shared>, m: &MovedSession) -> Result<Arc<Pool>, Strin
     Ok(pool)
 }
 
-/// A moved client's virtual session rebuilt on `pool`: its settings, startup parameters
-/// and prepared statements (interned in this process's registry).
+/// A moved client's virtual session rebuilt on `pool`: its settings, startup parameters,
+/// prepared statements (interned in this process's registry) and the pid its cancel key
+/// names.
 fn moved_session(
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -485,6 +485,7 @@ fn moved_session(
     if let Some(u) = &m.unnamed {
         session.parsed_unnamed(u);
     }
+    session.backend_pid = m.key.0;
     Ok(session)
 }
 
