@@ -141,7 +141,7 @@ pub async fn run(
     let stop = shared.stop_clients.clone();
     // A process that took the listening sockets (SHOW FDS) and went away without HANDOVER
     // leaves this one suspended: it resumes.
-    let _resume = ResumeIfAbandoned {
+    let mut resume = ResumeIfAbandoned {
         shared: shared.clone(),
         armed: std::cell::Cell::new(false),
     };
@@ -157,47 +157,20 @@ pub async fn run(
         let tag = conn.rbuf[0];
         let body = conn.rbuf[5..h.total].to_vec();
         conn.consume(h.total);
-        let mut out = BytesMut::new();
         // Online restart: the new process takes the sockets (SHOW FDS) and the clients
         // (HANDOVER) over this connection.
         let may_pass_fds = tag == frontend::QUERY
             && role == Role::Admin
             && user == "pgbouncer"
             && conn.stream.peer_is_same_os_user();
-        let special = if may_pass_fds {
-            single_command(&body)
-        } else {
-            None
-        };
-        match special {
-            Some(Command::Show(View::Fds)) => {
-                let (table, fds) = crate::takeover::show_fds(shared, true);
-                table.write_all(&mut out);
-                backend::ready_for_query(&mut out, b'I');
-                conn.flush().await?;
-                send_with_fds(conn, &out, &fds).await?;
-                _resume.armed.set(!fds.is_empty());
-                if !fds.is_empty() {
-                    tracing::info!(
-                        "online restart: {} listening socket(s) passed (SHOW FDS)",
-                        fds.len()
-                    );
-                }
-                continue;
+        if may_pass_fds {
+            match online_restart(shared, conn, &body, &mut resume).await? {
+                Some(true) => return Ok(()),
+                Some(false) => continue,
+                None => {}
             }
-            Some(Command::Handover)
-                if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
-            {
-                backend::command_complete(&mut out, "HANDOVER");
-                backend::ready_for_query(&mut out, b'I');
-                conn.queue(out.freeze());
-                conn.flush().await?;
-                _resume.armed.set(false);
-                crate::takeover::serve_handover(shared, conn).await?;
-                return Ok(());
-            }
-            _ => {}
         }
+        let mut out = BytesMut::new();
         let close = match tag {
             frontend::TERMINATE => return Ok(()),
             frontend::QUERY => simple_query(shared, role, &body, &mut out).await?,
@@ -240,6 +213,47 @@ pub async fn run(
         if close {
             return Ok(());
         }
+    }
+}
+
+/// SHOW FDS (the listening sockets passed along with the answer) and HANDOVER (the
+/// clients sent, then the session ends) asked by the process that takes this one over:
+/// `Some(session ends)` when `body` is one of them, `None` when it is any other query.
+async fn online_restart(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    body: &[u8],
+    resume: &mut ResumeIfAbandoned,
+) -> Result<Option<bool>, ClientError> {
+    let mut out = BytesMut::new();
+    match single_command(body) {
+        Some(Command::Show(View::Fds)) => {
+            let (table, fds) = crate::takeover::show_fds(shared, true);
+            table.write_all(&mut out);
+            backend::ready_for_query(&mut out, b'I');
+            conn.flush().await?;
+            send_with_fds(conn, &out, &fds).await?;
+            resume.armed.set(!fds.is_empty());
+            if !fds.is_empty() {
+                tracing::info!(
+                    "online restart: {} listening socket(s) passed (SHOW FDS)",
+                    fds.len()
+                );
+            }
+            Ok(Some(false))
+        }
+        Some(Command::Handover)
+            if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
+        {
+            backend::command_complete(&mut out, "HANDOVER");
+            backend::ready_for_query(&mut out, b'I');
+            conn.queue(out.freeze());
+            conn.flush().await?;
+            resume.armed.set(false);
+            crate::takeover::serve_handover(shared, conn).await?;
+            Ok(Some(true))
+        }
+        _ => Ok(None),
     }
 }
 
@@ -611,7 +625,14 @@ struct Session {
     skipping: bool,
 }
 
+/// A console message that does not read as its type says.
+fn malformed(e: crate::proto::ProtoError) -> AdminError {
+    AdminError::new("08P01", e.to_string())
+}
+
 impl Session {
+    /// One extended-protocol message (Parse, Bind, Describe, Execute, Close), answered
+    /// into `out`; true when the session ends after the answer (SHUTDOWN).
     async fn extended(
         &mut self,
         shared: &Arc<Shared>,
@@ -620,80 +641,20 @@ impl Session {
         body: &[u8],
         out: &mut BytesMut,
     ) -> Result<bool, AdminError> {
-        let proto = |e: crate::proto::ProtoError| AdminError::new("08P01", e.to_string());
         let mut r = Reader::new(body, "extended query message");
         match tag {
             frontend::PARSE => {
-                let name = r.cstr().map_err(proto)?.to_string();
-                let sql = r.cstr().map_err(proto)?.to_string();
+                let name = r.cstr().map_err(malformed)?.to_string();
+                let sql = r.cstr().map_err(malformed)?.to_string();
                 // Check it parses now, as a server would.
                 Command::parse(&sql).map_err(|e| AdminError::new("42601", e.0))?;
                 self.statements.insert(name, sql);
                 backend::parse_complete(out);
             }
-            frontend::BIND => {
-                let portal = r.cstr().map_err(proto)?.to_string();
-                let stmt = r.cstr().map_err(proto)?;
-                let sql = self.statements.get(stmt).cloned().ok_or_else(|| {
-                    AdminError::new(
-                        "26000",
-                        format!("prepared statement \"{stmt}\" does not exist"),
-                    )
-                })?;
-                let n = r.i16().map_err(proto)?;
-                for _ in 0..n.max(0) {
-                    r.i16().map_err(proto)?;
-                }
-                let n = r.i16().map_err(proto)?;
-                if n > 0 {
-                    return Err(AdminError::new(
-                        "42601",
-                        "admin commands take no parameters",
-                    ));
-                }
-                let n = r.i16().map_err(proto)?;
-                let mut formats = Vec::new();
-                for _ in 0..n.max(0) {
-                    formats.push(r.i16().map_err(proto)?);
-                }
-                self.portals.insert(portal, (sql, formats));
-                out.put_u8(b'2');
-                out.put_i32(4);
-            }
-            frontend::DESCRIBE => {
-                let kind = r.u8().map_err(proto)?;
-                let name = r.cstr().map_err(proto)?;
-                let (sql, formats) = if kind == b'S' {
-                    let sql = self.statements.get(name).ok_or_else(|| {
-                        AdminError::new(
-                            "26000",
-                            format!("prepared statement \"{name}\" does not exist"),
-                        )
-                    })?;
-                    // ParameterDescription: no parameters.
-                    out.put_u8(b't');
-                    out.put_i32(6);
-                    out.put_i16(0);
-                    (sql.clone(), Vec::new())
-                } else {
-                    self.portals.get(name).cloned().ok_or_else(|| {
-                        AdminError::new("34000", format!("portal \"{name}\" does not exist"))
-                    })?
-                };
-                match Command::parse(&sql) {
-                    Ok(Command::Show(v)) if v != View::Help => {
-                        let t = show::table(shared, v).expect("table view");
-                        let f = table::formats_for(&formats, t.columns.len());
-                        t.write_description(out, &f);
-                    }
-                    _ => {
-                        out.put_u8(b'n');
-                        out.put_i32(4);
-                    }
-                }
-            }
+            frontend::BIND => self.bind(&mut r, out)?,
+            frontend::DESCRIBE => self.describe(shared, &mut r, out)?,
             frontend::EXECUTE => {
-                let name = r.cstr().map_err(proto)?;
+                let name = r.cstr().map_err(malformed)?;
                 let (sql, formats) = self.portals.get(name).cloned().ok_or_else(|| {
                     AdminError::new("34000", format!("portal \"{name}\" does not exist"))
                 })?;
@@ -701,8 +662,8 @@ impl Session {
                 return Ok(write_reply(&reply, out, Some(&formats)));
             }
             frontend::CLOSE => {
-                let kind = r.u8().map_err(proto)?;
-                let name = r.cstr().map_err(proto)?;
+                let kind = r.u8().map_err(malformed)?;
+                let name = r.cstr().map_err(malformed)?;
                 if kind == b'S' {
                     self.statements.remove(name);
                 } else {
@@ -713,6 +674,79 @@ impl Session {
             _ => unreachable!("extended message tags only"),
         }
         Ok(false)
+    }
+
+    /// Bind: a portal for a statement Parse checked; admin commands take no parameters.
+    fn bind(&mut self, r: &mut Reader<'_>, out: &mut BytesMut) -> Result<(), AdminError> {
+        let portal = r.cstr().map_err(malformed)?.to_string();
+        let stmt = r.cstr().map_err(malformed)?;
+        let sql = self.statements.get(stmt).cloned().ok_or_else(|| {
+            AdminError::new(
+                "26000",
+                format!("prepared statement \"{stmt}\" does not exist"),
+            )
+        })?;
+        let n = r.i16().map_err(malformed)?;
+        for _ in 0..n.max(0) {
+            r.i16().map_err(malformed)?;
+        }
+        let n = r.i16().map_err(malformed)?;
+        if n > 0 {
+            return Err(AdminError::new(
+                "42601",
+                "admin commands take no parameters",
+            ));
+        }
+        let n = r.i16().map_err(malformed)?;
+        let mut formats = Vec::new();
+        for _ in 0..n.max(0) {
+            formats.push(r.i16().map_err(malformed)?);
+        }
+        self.portals.insert(portal, (sql, formats));
+        out.put_u8(b'2');
+        out.put_i32(4);
+        Ok(())
+    }
+
+    /// Describe a statement (no parameters) or a portal: the row a SHOW answers with, or
+    /// NoData for any other command.
+    fn describe(
+        &self,
+        shared: &Arc<Shared>,
+        r: &mut Reader<'_>,
+        out: &mut BytesMut,
+    ) -> Result<(), AdminError> {
+        let kind = r.u8().map_err(malformed)?;
+        let name = r.cstr().map_err(malformed)?;
+        let (sql, formats) = if kind == b'S' {
+            let sql = self.statements.get(name).ok_or_else(|| {
+                AdminError::new(
+                    "26000",
+                    format!("prepared statement \"{name}\" does not exist"),
+                )
+            })?;
+            // ParameterDescription: no parameters.
+            out.put_u8(b't');
+            out.put_i32(6);
+            out.put_i16(0);
+            (sql.clone(), Vec::new())
+        } else {
+            self.portals.get(name).cloned().ok_or_else(|| {
+                AdminError::new("34000", format!("portal \"{name}\" does not exist"))
+            })?
+        };
+        match Command::parse(&sql) {
+            Ok(Command::Show(v)) if v != View::Help => {
+                let t = show::table(shared, v).expect("table view");
+                let f = table::formats_for(&formats, t.columns.len());
+                t.write_description(out, &f);
+            }
+            _ => {
+                out.put_u8(b'n');
+                out.put_i32(4);
+            }
+        }
+        Ok(())
     }
 }
 

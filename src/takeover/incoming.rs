@@ -2,6 +2,7 @@
 //! SUSPEND, SHOW FDS with the descriptors), then HANDOVER: each client it sends is run here.
 use super::*;
 use crate::lock::Locked;
+use crate::pool::Pool;
 
 /// The console connection to the pgcarpool `-R` took the sockets from.
 pub struct Predecessor {
@@ -366,58 +367,8 @@ impl Predecessor {
 /// Run a client the old process sent: its socket and session. Err: refused (it stays).
 fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let m = MovedSession::decode(data).map_err(|e| e.to_string())?;
-    let cfg = shared.config.load_full();
-    let entry = cfg
-        .database(&m.db)
-        .ok_or_else(|| format!("no database {} in this config", m.db))?;
-    let server_user = entry.user.clone().unwrap_or_else(|| m.user.clone());
-    let learned = m
-        .scram_keys
-        .map(|(client_key, server_key)| Credential::ScramKeys {
-            client_key,
-            server_key,
-        });
-    let pool = shared.pools.get_or_create(&m.db, &server_user, || {
-        crate::app::pool_settings(
-            &cfg,
-            &entry,
-            &m.user,
-            crate::client::credential_for(&cfg, &entry, &server_user, learned.clone()),
-            shared,
-        )
-    });
-    if let Some(c) = learned
-        && entry.user.is_none()
-    {
-        pool.set_credential_if_missing(c);
-    }
-    let to_params = |list: &[(String, String)]| {
-        let mut p = Params::default();
-        for (k, v) in list {
-            p.set(k, v);
-        }
-        p
-    };
-    let mut session = crate::client::session::VirtualSession {
-        params: pool.share_session_params(to_params(&m.params)),
-        startup: pool.share_startup_params(to_params(&m.startup)),
-        pool_scope: crate::client::session::pool_scope(&pool),
-        ..Default::default()
-    };
-    for (name, rest) in m.statements {
-        // The scope of the statement's Parse did not come along: it is taken as the
-        // session's now (most clients keep their search_path).
-        let scope = session.statement_scope(&rest);
-        let stmt = shared
-            .statements
-            .intern(&scope, &rest)
-            .map_err(|e| format!("cannot keep its prepared statements: {e}"))?;
-        session.statements.insert(name, stmt);
-    }
-    if let Some(u) = &m.unnamed {
-        session.parsed_unnamed(u);
-    }
-    session.backend_pid = m.key.0;
+    let pool = moved_pool(shared, &m)?;
+    let session = moved_session(shared, &pool, &m)?;
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
     let kill = shared.stop_clients.child_token();
@@ -467,6 +418,75 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The pool a moved client's transactions run on (its database, with the server login
+/// of this config), taking the SCRAM keys its login learned when the pool needs them.
+fn moved_pool(shared: &Arc<Shared>, m: &MovedSession) -> Result<Arc<Pool>, String> {
+    let cfg = shared.config.load_full();
+    let entry = cfg
+        .database(&m.db)
+        .ok_or_else(|| format!("no database {} in this config", m.db))?;
+    let server_user = entry.user.clone().unwrap_or_else(|| m.user.clone());
+    let learned = m
+        .scram_keys
+        .map(|(client_key, server_key)| Credential::ScramKeys {
+            client_key,
+            server_key,
+        });
+    let pool = shared.pools.get_or_create(&m.db, &server_user, || {
+        crate::app::pool_settings(
+            &cfg,
+            &entry,
+            &m.user,
+            crate::client::credential_for(&cfg, &entry, &server_user, learned.clone()),
+            shared,
+        )
+    });
+    if let Some(c) = learned
+        && entry.user.is_none()
+    {
+        pool.set_credential_if_missing(c);
+    }
+    Ok(pool)
+}
+
+/// A moved client's virtual session rebuilt on `pool`: its settings, startup parameters,
+/// prepared statements (interned in this process's registry) and the pid its cancel key
+/// names.
+fn moved_session(
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    m: &MovedSession,
+) -> Result<crate::client::session::VirtualSession, String> {
+    let to_params = |list: &[(String, String)]| {
+        let mut p = Params::default();
+        for (k, v) in list {
+            p.set(k, v);
+        }
+        p
+    };
+    let mut session = crate::client::session::VirtualSession {
+        params: pool.share_session_params(to_params(&m.params)),
+        startup: pool.share_startup_params(to_params(&m.startup)),
+        pool_scope: crate::client::session::pool_scope(pool),
+        ..Default::default()
+    };
+    for (name, rest) in &m.statements {
+        // The scope of the statement's Parse did not come along: it is taken as the
+        // session's now (most clients keep their search_path).
+        let scope = session.statement_scope(rest);
+        let stmt = shared
+            .statements
+            .intern(&scope, rest)
+            .map_err(|e| format!("cannot keep its prepared statements: {e}"))?;
+        session.statements.insert(name.clone(), stmt);
+    }
+    if let Some(u) = &m.unnamed {
+        session.parsed_unnamed(u);
+    }
+    session.backend_pid = m.key.0;
+    Ok(session)
 }
 
 #[cfg(test)]

@@ -184,7 +184,7 @@ impl Restart {
     /// `tcp_socket_buffer` (at start, and when a reload changes it): set on every TCP
     /// listening socket, for the connections it accepts from then on.
     pub fn set_socket_buffer(&self, size: usize) {
-        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.sockets.locked();
         for b in g.iter() {
             if let Bound::Tcp(l) = b {
                 crate::net::sockopt::set_listener_buffers(socket2::SockRef::from(l), size);
