@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::ClientError;
-use crate::app::Shared;
 use crate::auth::dynamic::Found;
 use crate::config::auth_file::MAX_SECRET;
 use crate::config::{Config, Secret};
 use crate::server::{Credential, ServerError, query};
+use crate::shared::Shared;
 
 /// Longest message accepted in the answer to an auth_query (a row holds a name and a secret).
 const AUTH_QUERY_MESSAGE_LIMIT: usize = 64 * 1024;
@@ -74,14 +74,14 @@ pub async fn lookup(
         tracing::error!(%user, %db, "authentication database \"{auth_dbname}\" is not configured.");
         return Err(config_error());
     };
-    if shared.admin.is_disabled(auth_dbname) {
+    if shared.admin().is_disabled(auth_dbname) {
         return Err(ClientError::fatal(
             "08P01",
             format!("authentication database \"{auth_dbname}\" is disabled"),
         ));
     }
     let ttl = s.auth_query_cache_ttl;
-    if let Some(found) = shared.dynamic_users.get(db, user, ttl, Instant::now()) {
+    if let Some(found) = shared.dynamic_users().get(db, user, ttl, Instant::now()) {
         return Ok(Lookup::Found(found));
     }
     let sql = entry
@@ -91,7 +91,7 @@ pub async fn lookup(
 
     // The auth user's pool in the auth database: its password is auth_file's (or the
     // entry's own when the entry forces that very user).
-    let pool = shared.pools.get_or_create(auth_dbname, auth_user, || {
+    let pool = shared.pools().get_or_create(auth_dbname, auth_user, || {
         let cred = if auth_entry.user.as_deref() == Some(auth_user) {
             super::credential_for(cfg, &auth_entry, auth_user, None)
         } else {
@@ -101,9 +101,9 @@ pub async fn lookup(
                 _ => Credential::None,
             }
         };
-        crate::app::pool_settings(cfg, &auth_entry, auth_user, cred, shared)
+        crate::shared::pool_settings(cfg, &auth_entry, auth_user, cred, shared)
     });
-    if shared.admin.is_paused(auth_dbname) && !pool.counts().paused {
+    if shared.admin().is_paused(auth_dbname) && !pool.counts().paused {
         pool.pause();
     }
     let deadline =
@@ -138,7 +138,7 @@ pub async fn lookup(
         config_error()
     })?;
     shared
-        .dynamic_users
+        .dynamic_users()
         .insert(db, user, found.clone(), ttl, Instant::now());
     Ok(Lookup::Found(found))
 }
