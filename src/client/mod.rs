@@ -100,12 +100,13 @@ impl Client {
     }
 }
 
-/// Where an accepted connection's login led.
+/// Where an accepted connection's login led. Boxed: what a client task keeps for its
+/// whole life is the session that serves it, not room for this too.
 pub enum Arrival {
     /// A client of a pool, logged in: `takeover::serve` serves it.
-    Client(Client),
+    Client(Box<Client>),
     /// A console user, logged in, listed and counted: `admin::serve` runs the session.
-    Console(Console),
+    Console(Box<Console>),
 }
 
 /// A console session about to run. Listed in SHOW CLIENTS as PgBouncer lists console
@@ -291,7 +292,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             reg.handle.set_tls(tls);
         }
         reg.handle.set_state(ClientState::Active);
-        return Some(Arrival::Console(Console {
+        return Some(Arrival::Console(Box::new(Console {
             shared,
             conn,
             user,
@@ -303,7 +304,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             peer: peer.to_string(),
             born,
             log: cfg.settings.log_connections,
-        }));
+        })));
     }
     let (user, db, pool, session, reg, counted) = match entered {
         Ok(Entered::Client(l)) => *l,
@@ -344,9 +345,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         tracing::info!(client = id, %db, %user, addr = %peer,
             "login attempt: db={db} user={user} tls={tls} replication=no");
     }
-    Some(Arrival::Client(Client::new(
+    Some(Arrival::Client(Box::new(Client::new(
         shared, conn, pool, session, reg, counted,
-    )))
+    ))))
 }
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error

@@ -359,11 +359,11 @@ async fn relay_once(
         server,
         &mut c.session,
         mode,
-        &c.shared.statements(),
+        c.shared.statements(),
         pool_settings.max_prepared_statements,
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
-    relay.pools = Some(&c.shared.pools());
+    relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
     if keep_first {

@@ -119,7 +119,7 @@ impl Shared {
         self.tls.load()
     }
     /// TLS as built at start (a reload rebuilds it: `reload`).
-    pub fn set_tls(&self, tls: Tls) {
+    pub(crate) fn set_tls(&self, tls: Tls) {
         self.tls.store(Arc::new(tls));
     }
     /// The pools (one per database and server user).
@@ -192,7 +192,7 @@ impl Shared {
         self.workers.get()
     }
     /// Set the worker runtimes, once (false: they were set already).
-    pub fn set_workers(&self, workers: Workers) -> bool {
+    pub(crate) fn set_workers(&self, workers: Workers) -> bool {
         self.workers.set(workers).is_ok()
     }
     /// Online restart: SUSPEND, the listening sockets for SHOW FDS, the client handover.

@@ -211,6 +211,19 @@ impl Restart {
     }
 }
 
+/// A client that stays with the old process (pinned, session mode…), as the new process
+/// lists it in SHOW CLIENTS and forwards its cancel requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StayingClient {
+    pub user: String,
+    pub db: String,
+    pub addr: String,
+    pub connect_time_us: u64,
+    pub key: (i32, i32),
+    /// Why it stays (or that it moves when its transaction ends).
+    pub note: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,17 +254,4 @@ mod tests {
         r.resume();
         assert_eq!(r.phase(), Phase::HandingOver);
     }
-}
-
-/// A client that stays with the old process (pinned, session mode…), as the new process
-/// lists it in SHOW CLIENTS and forwards its cancel requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StayingClient {
-    pub user: String,
-    pub db: String,
-    pub addr: String,
-    pub connect_time_us: u64,
-    pub key: (i32, i32),
-    /// Why it stays (or that it moves when its transaction ends).
-    pub note: String,
 }

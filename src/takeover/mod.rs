@@ -17,7 +17,7 @@ mod outgoing;
 pub mod session;
 
 pub use incoming::{Predecessor, console_for_clients, take_listeners};
-pub use outgoing::{hand_over, serve, serve_handover};
+pub use outgoing::{hand_over, serve_handover};
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -40,3 +40,24 @@ use crate::server::{Credential, Params};
 use crate::shared::Shared;
 use crate::shared::restart::Outgoing;
 use session::{MovedSession, StayingClient, Transport};
+
+/// Serve a logged-in client (or one that moved in from the process this one took over
+/// from) until it leaves, or moves on to the process that takes over from this one.
+pub async fn serve(mut client: Client) {
+    let result = loop {
+        match crate::client::serve_here(&mut client).await {
+            Some(result) => break result,
+            None => match hand_over(&mut client).await {
+                Ok(()) => {
+                    tracing::debug!(
+                        client = client.reg.handle.id,
+                        "handed over to the new process"
+                    );
+                    return;
+                }
+                Err(why) => client.stay(why),
+            },
+        }
+    };
+    crate::client::finish(client, result).await;
+}

@@ -2,27 +2,6 @@
 //! HANDOVER (each idle client's session and socket sent to the new process).
 use super::*;
 
-/// Serve a logged-in client (or one that moved in from the process this one took over
-/// from) until it leaves, or moves on to the process that takes over from this one.
-pub async fn serve(mut client: Client) {
-    let result = loop {
-        match crate::client::serve_here(&mut client).await {
-            Some(result) => break result,
-            None => match hand_over(&mut client).await {
-                Ok(()) => {
-                    tracing::debug!(
-                        client = client.reg.handle.id,
-                        "handed over to the new process"
-                    );
-                    return;
-                }
-                Err(why) => client.stay(why),
-            },
-        }
-    };
-    crate::client::finish(client, result).await;
-}
-
 /// Move an idle client to the new process. Ok: it runs there now (this task ends without a
 /// word to the client); Err: it stays here (the reason).
 pub async fn hand_over(c: &mut Client) -> Result<(), String> {
