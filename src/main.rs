@@ -174,7 +174,7 @@ async fn serve(
         let shared = handle.shared.clone();
         handle
             .shared
-            .tracker
+            .tracker()
             .spawn(async move { from.take_clients(shared).await });
     } else if let Some(pid) = predecessor {
         tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");

@@ -6,95 +6,19 @@ pub mod metrics;
 pub mod show;
 pub mod table;
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 
-use crate::app::Shared;
 use crate::client::ClientError;
-use crate::config::Config;
-use crate::lock::Locked;
 use crate::net::Conn;
 use crate::proto::{MAX_MESSAGE_LEN, Reader, backend, frontend};
+use crate::shared::Shared;
+pub use crate::shared::console::{AdminState, Role, role_of};
 pub use command::{Command, ShutdownMode, View};
 pub use table::Table;
-
-/// What a console user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// admin_users: every command.
-    Admin,
-    /// stats_users: SHOW only.
-    Stats,
-}
-
-/// The console role of `user`, None = not allowed.
-pub fn role_of(cfg: &Config, user: &str) -> Option<Role> {
-    if cfg.settings.admin_users.iter().any(|u| u == user) {
-        Some(Role::Admin)
-    } else if cfg.settings.stats_users.iter().any(|u| u == user) {
-        Some(Role::Stats)
-    } else {
-        None
-    }
-}
-
-/// Console-set state the rest of the pooler reads: DISABLE'd databases, PAUSE'd ones.
-#[derive(Debug, Default)]
-pub struct AdminState {
-    /// Console commands run (SHOW STATS counts them on database pgbouncer).
-    commands: std::sync::atomic::AtomicU64,
-    disabled: Mutex<BTreeSet<String>>,
-    paused: Mutex<BTreeSet<String>>,
-    paused_all: AtomicBool,
-}
-
-impl AdminState {
-    /// Console commands run so far.
-    pub fn commands(&self) -> u64 {
-        self.commands.load(Ordering::Relaxed)
-    }
-
-    /// DISABLE db: the login path refuses new clients of `db`.
-    pub fn is_disabled(&self, db: &str) -> bool {
-        self.disabled.locked().contains(db)
-    }
-    pub fn set_disabled(&self, db: &str, on: bool) {
-        let mut g = self.disabled.locked();
-        if on {
-            g.insert(db.to_string());
-        } else {
-            g.remove(db);
-        }
-    }
-    pub fn is_paused(&self, db: &str) -> bool {
-        self.is_paused_all() || self.paused.locked().contains(db)
-    }
-    pub fn is_paused_all(&self) -> bool {
-        self.paused_all.load(Ordering::Relaxed)
-    }
-    /// PAUSE / RESUME state, one for the console and the signals (SIGUSR1/SIGUSR2).
-    pub(crate) fn set_paused(&self, db: Option<&str>, on: bool) {
-        let mut g = self.paused.locked();
-        match db {
-            Some(db) if on => {
-                g.insert(db.to_string());
-            }
-            Some(db) => {
-                g.remove(db);
-            }
-            None => {
-                self.paused_all.store(on, Ordering::Relaxed);
-                if !on {
-                    g.clear();
-                }
-            }
-        }
-    }
-}
 
 /// An error the console reports (ErrorResponse); the session goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +51,19 @@ pub enum Reply {
     Close(&'static str),
 }
 
+/// Serve a console session to its end: KILL_CLIENT and the shutdowns end it as they end
+/// any client; an error is reported as a failed login is.
+pub async fn serve(console: crate::client::Console) {
+    let mut c = console;
+    let shared = c.shared.clone();
+    let kill = c.kill.clone();
+    let result = tokio::select! {
+        r = run(&shared, &mut c.conn, &c.user, c.role) => r,
+        _ = kill.cancelled() => Ok(()),
+    };
+    c.end(result).await;
+}
+
 /// Serve one console session (after authentication).
 pub async fn run(
     shared: &Arc<Shared>,
@@ -138,7 +75,7 @@ pub async fn run(
     welcome(conn);
     conn.flush().await?;
     let mut session = Session::default();
-    let stop = shared.stop_clients.clone();
+    let stop = shared.stop_clients().clone();
     // A process that took the listening sockets (SHOW FDS) and went away without HANDOVER
     // leaves this one suspended: it resumes.
     let mut resume = ResumeIfAbandoned {
@@ -228,7 +165,7 @@ async fn online_restart(
     let mut out = BytesMut::new();
     match single_command(body) {
         Some(Command::Show(View::Fds)) => {
-            let (table, fds) = crate::takeover::show_fds(shared, true);
+            let (table, fds) = show::show_fds(shared, true);
             table.write_all(&mut out);
             backend::ready_for_query(&mut out, b'I');
             conn.flush().await?;
@@ -243,7 +180,7 @@ async fn online_restart(
             Ok(Some(false))
         }
         Some(Command::Handover)
-            if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
+            if shared.restart().phase() != crate::shared::restart::Phase::HandingOver =>
         {
             backend::command_complete(&mut out, "HANDOVER");
             backend::ready_for_query(&mut out, b'I');
@@ -266,11 +203,13 @@ struct ResumeIfAbandoned {
 
 impl Drop for ResumeIfAbandoned {
     fn drop(&mut self) {
-        if self.armed.get() && self.shared.restart.phase() == crate::takeover::Phase::Suspended {
+        if self.armed.get()
+            && self.shared.restart().phase() == crate::shared::restart::Phase::Suspended
+        {
             tracing::warn!(
                 "online restart: the process that took the sockets left without taking over: resuming"
             );
-            self.shared.restart.resume();
+            self.shared.restart().resume();
         }
     }
 }
@@ -426,8 +365,7 @@ pub async fn execute(shared: &Arc<Shared>, role: Role, sql: &str) -> Result<Repl
 fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
     // Databases named in [databases], or made from `*` by a client (as PgBouncer: not
     // every name the `*` entry would accept).
-    if shared.config.load().databases.contains_key(db)
-        || shared.pools.all().iter().any(|p| p.db == db)
+    if shared.config().databases.contains_key(db) || shared.pools().all().iter().any(|p| p.db == db)
     {
         Ok(())
     } else {
@@ -438,7 +376,7 @@ fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
 
 fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
     shared
-        .pools
+        .pools()
         .all()
         .into_iter()
         .filter(|p| db.is_none_or(|d| p.db == d))
@@ -446,7 +384,7 @@ fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
 }
 
 async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminError> {
-    shared.admin.commands.fetch_add(1, Ordering::Relaxed);
+    shared.admin().count_command();
     let tag = cmd.tag();
     match cmd {
         Command::Empty => Ok(Reply::Empty),
@@ -455,7 +393,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             show::table(shared, v).expect("every view but HELP has a table"),
         )),
         Command::Set { key, value } => {
-            let mut cfg = (**shared.config.load()).clone();
+            let mut cfg = (**shared.config()).clone();
             cfg.settings
                 .set(&key, &value)
                 .map_err(|e| AdminError::new("22023", e))?;
@@ -478,12 +416,12 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Err(AdminError::new("08P01", "pooler is shutting down"))
         }
         Command::Resume(None) => {
-            shared.restart.resume();
+            shared.restart().resume();
             shared.resume_all();
             Ok(Reply::Done(tag))
         }
         Command::Resume(Some(db)) => {
-            shared.admin.set_paused(Some(&db), false);
+            shared.admin().set_paused(Some(&db), false);
             for p in pools_of(shared, Some(&db)) {
                 p.resume();
             }
@@ -509,7 +447,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         }
         Command::KillClient(id) => {
             let c = shared
-                .clients
+                .clients()
                 .all()
                 .into_iter()
                 .find(|c| c.id == id)
@@ -518,7 +456,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Suspend => {
-            if shared.restart.suspend() {
+            if shared.restart().suspend() {
                 tracing::info!("SUSPEND: not accepting, idle clients not read until RESUME");
                 Ok(Reply::Done(tag))
             } else {
@@ -532,12 +470,12 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         Command::Shutdown(mode) => Ok(shutdown(shared, mode, tag)),
         Command::Enable(db) => {
             need_db(shared, &db)?;
-            shared.admin.set_disabled(&db, false);
+            shared.admin().set_disabled(&db, false);
             Ok(Reply::Done(tag))
         }
         Command::Disable(db) => {
             need_db(shared, &db)?;
-            shared.admin.set_disabled(&db, true);
+            shared.admin().set_disabled(&db, true);
             Ok(Reply::Done(tag))
         }
     }
@@ -549,7 +487,7 @@ async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError>
         None => shared.pause_all().await,
         Some(db) => {
             need_db(shared, db)?;
-            shared.admin.set_paused(Some(db), true);
+            shared.admin().set_paused(Some(db), true);
             let pools = pools_of(shared, Some(db));
             pools.iter().for_each(|p| p.pause());
             wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
@@ -564,10 +502,10 @@ fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
     if let Some(db) = db {
         need_db(shared, db)?;
     }
-    shared.admin.set_paused(db, true);
+    shared.admin().set_paused(db, true);
     let pools = pools_of(shared, db);
     pools.iter().for_each(|p| p.pause());
-    for c in shared.clients.all() {
+    for c in shared.clients().all() {
         if db.is_none_or(|d| c.db == d) {
             c.kill.cancel();
         }
@@ -753,6 +691,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn shared() -> Arc<Shared> {
         let cfg = Config::from_str(

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::ClientError;
-use crate::app::Shared;
 use crate::auth::dynamic::Found;
 use crate::config::auth_file::MAX_SECRET;
 use crate::config::{Config, Secret};
 use crate::server::{Credential, ServerError, query};
+use crate::shared::Shared;
 
 /// Longest message accepted in the answer to an auth_query (a row holds a name and a secret).
 const AUTH_QUERY_MESSAGE_LIMIT: usize = 64 * 1024;
@@ -43,14 +43,14 @@ pub async fn lookup(
     let Some(asker) = Asker::for_login(cfg, db, user)? else {
         return Ok(Lookup::NotAsked);
     };
-    if shared.admin.is_disabled(&asker.dbname) {
+    if shared.admin().is_disabled(&asker.dbname) {
         return Err(ClientError::fatal(
             "08P01",
             format!("authentication database \"{}\" is disabled", asker.dbname),
         ));
     }
     let ttl = cfg.settings.auth_query_cache_ttl;
-    if let Some(found) = shared.dynamic_users.get(db, user, ttl, Instant::now()) {
+    if let Some(found) = shared.dynamic_users().get(db, user, ttl, Instant::now()) {
         return Ok(Lookup::Found(found));
     }
     let row = asker.ask(shared, cfg, db, user).await?;
@@ -59,7 +59,7 @@ pub async fn lookup(
         config_error()
     })?;
     shared
-        .dynamic_users
+        .dynamic_users()
         .insert(db, user, found.clone(), ttl, Instant::now());
     Ok(Lookup::Found(found))
 }
@@ -137,7 +137,7 @@ impl Asker {
     ) -> Result<Vec<Option<String>>, ClientError> {
         let (auth_user, auth_dbname) = (self.user.as_str(), self.dbname.as_str());
         // Its password is auth_file's (or the entry's own when the entry forces that very user).
-        let pool = shared.pools.get_or_create(auth_dbname, auth_user, || {
+        let pool = shared.pools().get_or_create(auth_dbname, auth_user, || {
             let cred = if self.entry.user.as_deref() == Some(auth_user) {
                 super::credential_for(cfg, &self.entry, auth_user, None)
             } else {
@@ -147,9 +147,9 @@ impl Asker {
                     _ => Credential::None,
                 }
             };
-            crate::app::pool_settings(cfg, &self.entry, auth_user, cred, shared)
+            crate::shared::pool_settings(cfg, &self.entry, auth_user, cred, shared)
         });
-        if shared.admin.is_paused(auth_dbname) && !pool.counts().paused {
+        if shared.admin().is_paused(auth_dbname) && !pool.counts().paused {
             pool.pause();
         }
         let deadline =

@@ -7,7 +7,6 @@ use bytes::BytesMut;
 use sha2::Digest as _;
 
 use super::ClientError;
-use crate::app::Shared;
 use crate::auth::{md5, scram};
 use crate::config::{AuthType, Secret};
 use crate::net::conn::ConnError;
@@ -16,6 +15,7 @@ use crate::net::tls::{Accept, SslMode};
 use crate::net::{Conn, Stream};
 use crate::proto::{backend, frontend, startup};
 use crate::server::Credential;
+use crate::shared::Shared;
 
 /// Longest auth message a client may send.
 const AUTH_MESSAGE_LIMIT: usize = 8 * 1024;
@@ -182,7 +182,7 @@ pub async fn authenticate(
     };
     if result.is_err() && dynamic {
         // The password may have changed since: ask PostgreSQL again next time.
-        shared.dynamic_users.forget(db, user);
+        shared.dynamic_users().forget(db, user);
     }
     result
 }
@@ -275,7 +275,7 @@ async fn plain_login(
             // also log in to a server holding the same verifier.
             let pw = String::from_utf8_lossy(&pw);
             let (client_key, server_key) = shared
-                .scram
+                .scram()
                 .client_keys_async(&pw, &v.salt, v.iterations)
                 .await;
             let stored_key: [u8; 32] = sha2::Sha256::digest(client_key).into();
@@ -327,10 +327,10 @@ async fn scram_login(
     secret: Option<&Secret>,
 ) -> Result<Option<Credential>, ClientError> {
     let verifier = match secret {
-        Some(Secret::Plain(p)) => shared.scram.verifier_for_plain_async(user, p).await,
+        Some(Secret::Plain(p)) => shared.scram().verifier_for_plain_async(user, p).await,
         Some(Secret::Scram(v)) => v.clone(),
         Some(Secret::Md5(_)) => return Err(password_failed(user)),
-        None => shared.scram.dummy_verifier(user),
+        None => shared.scram().dummy_verifier(user),
     };
     // A failed SCRAM exchange in PgBouncer's words.
     let sasl_fail = || ClientError::fatal("28P01", "SASL authentication failed".into());
