@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::process::{PoolerProcess, ProcessDir, give_to_pooler, send_signal};
+use harness::process::{PoolerProcess, ProcessDir, give_to_pooler, signal_if_alive};
 use harness::{TempPostgres, TestPooler, dsn_for, pg_bin, try_connect};
 
 /// How much more resident memory the pooler may use at the end than at its start.
@@ -582,11 +582,11 @@ fn spawn_killable(ctx: &Arc<Ctx>, id: i32, db: &'static str) {
 async fn cut_network(pg: &TempPostgres) {
     let pids = pg_pids(pg);
     for &p in pids.iter().rev() {
-        send_signal(p, libc::SIGSTOP);
+        signal_if_alive(p, libc::SIGSTOP);
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     for &p in &pids {
-        send_signal(p, libc::SIGCONT);
+        signal_if_alive(p, libc::SIGCONT);
     }
 }
 
