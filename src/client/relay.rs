@@ -721,6 +721,32 @@ impl<'a> Relay<'a> {
                 self.server.conn.consume(h.total);
                 continue;
             }
+            if self.virt
+                && self.server.owed.learning()
+                && matches!(
+                    h.tag,
+                    backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
+                )
+            {
+                // Replies to a Describe pgcarpool added: kept as the statement's
+                // description, not passed on.
+                if h.total > MAX_INSPECTED {
+                    return Err(ProtoError::TooLong(h.total));
+                }
+                if avail < h.total {
+                    break;
+                }
+                let body = &self.server.conn.rbuf[fwd + 5..fwd + h.total];
+                if let Some(d) = self.server.owed.learn(h.tag, body) {
+                    self.session.unnamed_described = Some(d);
+                }
+                self.proto_reply(h.tag);
+                self.on_reply(h.tag, None);
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn.consume(h.total);
+                continue;
+            }
             match h.tag {
                 backend::NOTIFICATION_RESPONSE => {
                     if h.total > MAX_INSPECTED {

@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Lost, Pending, Undo, Verdict};
+use crate::server::response::{Answer, Learning, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -31,6 +31,10 @@ pub(super) fn passes_through(
                 return Ok(false);
             }
             let sql = r.cstr_bytes()?;
+            if !classify::returns_rows(sql) {
+                // Described too (`Relay::parse_unnamed`).
+                return Ok(false);
+            }
             if classify::may_matter(sql) {
                 if classify::named_statement(sql).is_some()
                     || to_startup_value(session, sql).is_some()
@@ -437,6 +441,32 @@ impl Relay<'_> {
         }
     }
 
+    /// A Describe of client statement `name` (empty: the unnamed one) that this server does
+    /// not hold, inside a failed transaction block: the statement cannot be parsed here
+    /// (25P02), but PostgreSQL describes one without a result (ParameterDescription,
+    /// NoData; it refuses only one with a result, 25P02, as the Parse does). The
+    /// ParameterDescription's body, when a server described it so (`Stmt::no_rows_params`,
+    /// `VirtualSession::unnamed_described`).
+    fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
+        if self.server.proto.status_sent() != b'E' {
+            return None;
+        }
+        if name.is_empty() {
+            let id = self.session.unnamed_id;
+            return match &self.session.unnamed_described {
+                Some((d, params)) if *d == id && id != 0 && self.server.unnamed != id => {
+                    Some(params.clone())
+                }
+                _ => None,
+            };
+        }
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        stmt.no_rows_params().cloned()
+    }
+
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
@@ -558,6 +588,13 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Describe");
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
+                if kind == b'S'
+                    && let Some(params) = self.described_in_failed_block(name)
+                {
+                    self.session.unbound.remove(name);
+                    self.answer(Answer::Described(params));
+                    return Ok(());
+                }
                 if kind == b'S' && name.is_empty() && !self.unnamed_here() {
                     self.server.probe("26000", NO_UNNAMED.into(), false);
                     return Ok(());
@@ -627,7 +664,9 @@ impl Relay<'_> {
     /// A Parse of the unnamed statement whose text needs a look: SQL PREPARE, EXECUTE or
     /// DEALLOCATE inside a Parse. EXECUTE and DEALLOCATE of the client's own statements
     /// are mapped to their server names; PREPARE, and names pgcarpool does not know, go to
-    /// the server as written and the client is checked for a pin afterwards.
+    /// the server as written and the client is checked for a pin afterwards. A text that
+    /// may return no rows is described too (`Server::learn`): a Describe of it in a failed
+    /// block on another server is answered from that (`described_in_failed_block`).
     fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
         let mut r = Reader::new(&body[1..], "Parse");
@@ -705,29 +744,27 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
+        let learn = !classify::returns_rows(&out[6..]);
         self.server.conn.queue(out);
         self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
             was,
             now: self.server.unnamed,
         }));
+        if learn {
+            let what = Learning::Unnamed(self.server.unnamed);
+            self.server.learn(b"", what);
+        }
         Ok(())
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
     /// client has): the server checks the client's own text as PostgreSQL would first (a
-    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block), sent as a
-    /// Parse of the unnamed statement whose ParseComplete is swallowed (the server's
-    /// unnamed statement goes; the client's is parsed again where it is next bound).
-    /// `rest`: the Parse body after the name.
+    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block;
+    /// `Server::check_text`: the server's unnamed statement stays). `rest`: the Parse body
+    /// after the name.
     fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        let types = &rest[sql.len() + 1..];
-        self.server.conn.queue(parse_message(sql, types));
-        self.server.unnamed = 0;
-        self.server.owed.push(Pending::Parse {
-            swallow: true,
-            stmt: None,
-        });
+        self.server.check_text(sql, &rest[sql.len() + 1..]);
         Ok(())
     }
 
@@ -884,15 +921,16 @@ impl Relay<'_> {
         let mut ready = false;
         while let Some(a) = self.server.owed.pop_answer() {
             let status = self.server.proto.tx_status;
+            ready |= matches!(a, Answer::Query(_));
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
+                Answer::Described(params) => backend::described_without_result(b, &params),
                 Answer::Query(tag) => {
                     backend::command_complete(b, tag);
                     backend::ready_for_query(b, status);
                 }
             });
-            ready |= matches!(a, Answer::Query(_));
         }
         ready
     }
