@@ -601,3 +601,26 @@ async fn a_refused_parse_leaves_the_unnamed_statement() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seed 2000 (long run): inside a failed block, a named Parse of a name the client has
+/// whose text is COMMIT or ROLLBACK (which a failed block lets PostgreSQL parse) fails with
+/// 42P05; pgcarpool's probe was refused by the failed block first (25P02).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_name_of_a_transaction_exit_in_a_failed_block_is_42p05() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "Q BEGIN",
+            "Q SELECT id FROM shared WHERE",
+            "P s1|COMMIT\nB pb|s1|\nD P pb\nE pb|0\nS",
+            "P s1|ROLLBACK\nS",
+            "P s1|SELECT 2\nS",
+            "B |s1|3\nE |0\nS",
+            "Q ROLLBACK",
+            "P s1|COMMIT\nS",
+            "B |s1|3\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

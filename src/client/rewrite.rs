@@ -495,8 +495,10 @@ impl Relay<'_> {
                     );
                     // PostgreSQL parses and analyses the text before it looks at the name:
                     // the server reports an error in the text first, else the probe fails.
+                    // Here inside a failed block only for ROLLBACK or COMMIT, which
+                    // PostgreSQL parses there: 42P05, not 25P02.
                     self.refused_parse(&body[name.len() + 1..])?;
-                    self.server.probe("42P05", m, false);
+                    self.server.probe_before_block("42P05", m);
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;

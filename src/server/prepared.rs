@@ -367,14 +367,12 @@ mod tests {
         assert_eq!(server.conn.queued(), want);
         assert_eq!(verdicts(&mut server, &[PARSE_COMPLETE]), [Verdict::Forward]);
         assert!(server.owed.learning());
+        // Its replies settle it (`Relay::learn_reply` swallows them).
         server
             .owed
             .learn(PARAMETER_DESCRIPTION, &[0, 1, 0, 0, 0, 23]);
+        assert!(server.owed.learning());
         server.owed.learn(NO_DATA, &[]);
-        assert_eq!(
-            verdicts(&mut server, &[PARAMETER_DESCRIPTION, NO_DATA]),
-            [Verdict::Swallow, Verdict::Swallow]
-        );
         assert!(server.owed.is_empty());
         assert_eq!(
             a.no_rows_params().map(|p| &p[..]),

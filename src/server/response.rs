@@ -261,26 +261,33 @@ impl Owed {
         matches!(self.queue.front(), Some(Pending::Learn { .. }))
     }
 
-    /// A whole reply (`tag`, `body`) to the Describe pgcarpool added in front: a shared
-    /// statement's description is kept once it is complete (`on_reply` then swallows the
-    /// reply). The unnamed statement's id and ParameterDescription body when the server
-    /// described it as returning no rows (the session keeps it).
+    /// A whole reply (`tag`, `body`: ParameterDescription, then NoData or RowDescription)
+    /// to the Describe pgcarpool added in front, which the client never sees: a shared
+    /// statement's description is kept once it is complete, and the Describe is settled.
+    /// The unnamed statement's id and ParameterDescription body when the server described
+    /// it as returning no rows (the session keeps it).
     pub fn learn(&mut self, tag: u8, body: &[u8]) -> Option<(u64, Bytes)> {
         let Some(Pending::Learn { what, params }) = self.queue.front_mut() else {
             return None;
         };
-        match (tag, what) {
-            (backend::PARAMETER_DESCRIPTION, _) => *params = Some(Bytes::copy_from_slice(body)),
-            (backend::NO_DATA, Learning::Stmt(stmt)) => {
-                if let Some(p) = params.take() {
-                    stmt.set_description(Some(p));
-                }
-            }
-            (backend::NO_DATA, Learning::Unnamed(id)) => return Some((*id, params.take()?)),
-            (backend::ROW_DESCRIPTION, Learning::Stmt(stmt)) => stmt.set_description(None),
-            _ => {}
+        if tag == backend::PARAMETER_DESCRIPTION {
+            *params = Some(Bytes::copy_from_slice(body));
+            return None;
         }
-        None
+        let found = match (tag, what, params.take()) {
+            (backend::NO_DATA, Learning::Stmt(stmt), Some(p)) => {
+                stmt.set_description(Some(p));
+                None
+            }
+            (backend::NO_DATA, Learning::Unnamed(id), Some(p)) => Some((*id, p)),
+            (backend::ROW_DESCRIPTION, Learning::Stmt(stmt), _) => {
+                stmt.set_description(None);
+                None
+            }
+            _ => None,
+        };
+        self.queue.pop_front();
+        found
     }
 
     /// Inside a query pgcarpool added (its replies are all dropped)?
@@ -372,8 +379,6 @@ impl Owed {
             }
             (backend::PARSE_COMPLETE, Pending::UnnamedParse(_)) => (true, false),
             (backend::PARSE_COMPLETE, Pending::Check) => (true, true),
-            (backend::PARAMETER_DESCRIPTION, Pending::Learn { .. }) => (false, true),
-            (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Learn { .. }) => (true, true),
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
             (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
@@ -458,6 +463,9 @@ impl Owed {
 /// transaction block, exactly where PostgreSQL would have failed the refused message.
 const PROBE_SQL: &str = "select pgcarpool_refused";
 
+/// What `Server::probe_before_block` parses: a syntax error (42601), in a failed block too.
+const PROBE_SYNTAX_SQL: &str = "pgcarpool_refused";
+
 /// What a probe in place of a simple query runs: it fails in execution (26000), or with
 /// 25P02 inside a failed transaction block. The statements refused in a query (EXECUTE,
 /// PREPARE, DEALLOCATE) fail in execution too, after PostgreSQL made the unnamed portal
@@ -478,19 +486,31 @@ impl Server {
             self.owed.push(Pending::Fail(Box::new((code, message))));
             self.owed.push(Pending::Ready(None));
         } else {
-            const NAME: &[u8] = b"pgcarpool_refused";
-            let len = 4 + NAME.len() + 1 + PROBE_SQL.len() + 1 + 2;
-            self.conn.queue_with(|b| {
-                b.put_u8(frontend::PARSE);
-                b.put_i32(len as i32);
-                b.put_slice(NAME);
-                b.put_u8(0);
-                b.put_slice(PROBE_SQL.as_bytes());
-                b.put_u8(0);
-                b.put_i16(0);
-            });
-            self.owed.push(Pending::Fail(Box::new((code, message))));
+            self.probe_parse(PROBE_SQL, code, message);
         }
+    }
+
+    /// As `probe` for an extended message, for an error PostgreSQL reports even inside a
+    /// failed transaction block (a named Parse of a name the client has, whose text is
+    /// ROLLBACK or COMMIT: 42P05): the probe is a syntax error, which the server reports
+    /// before it looks at the transaction.
+    pub fn probe_before_block(&mut self, code: &'static str, message: String) {
+        self.probe_parse(PROBE_SYNTAX_SQL, code, message);
+    }
+
+    fn probe_parse(&mut self, sql: &str, code: &'static str, message: String) {
+        const NAME: &[u8] = b"pgcarpool_refused";
+        let len = 4 + NAME.len() + 1 + sql.len() + 1 + 2;
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_slice(NAME);
+            b.put_u8(0);
+            b.put_slice(sql.as_bytes());
+            b.put_u8(0);
+            b.put_i16(0);
+        });
+        self.owed.push(Pending::Fail(Box::new((code, message))));
     }
 
     /// Have the server check a text pgcarpool refuses to parse for the client (`sql`, then
@@ -1030,7 +1050,7 @@ mod tests {
         assert_eq!(server.unnamed, 5);
     }
 
-    /// The replies to a Describe pgcarpool added are swallowed; NoData keeps the
+    /// The replies to a Describe pgcarpool added settle it; NoData keeps the
     /// ParameterDescription as the description (of a shared statement, or handed back for
     /// the unnamed one), RowDescription says it returns rows.
     #[test]
@@ -1038,7 +1058,6 @@ mod tests {
         let r = StatementRegistry::default();
         let a = r.intern(b"", b"insert into t values ($1)\0\0\0").unwrap();
         let b = r.intern(b"", b"select $1::int\0\0\0").unwrap();
-        let mut p = PreparedSet::default();
         let mut o = Owed::default();
         o.push(Pending::Learn {
             what: Learning::Stmt(a.clone()),
@@ -1057,7 +1076,6 @@ mod tests {
         for tag in [b't', b'n', b't', b'T', b't', b'n'] {
             assert!(o.learning());
             seen.push(o.learn(tag, if tag == b't' { &params } else { &[] }));
-            assert_eq!(reply(&mut o, &mut p, tag, None), Verdict::Swallow);
         }
         assert!(o.is_empty());
         assert_eq!(a.no_rows_params().map(|b| &b[..]), Some(&params[..]));
