@@ -1160,6 +1160,7 @@ async fn describe_in_a_failed_block_of_a_statement_the_server_lost() {
         "D S s3\nS",
         "D S \nS",
         "D S s1\nD S \nD S s2\nS",
+        "B ||1\nE \nS",
         "Q ROLLBACK",
         "D S s1\nD S s3\nS",
     ]
@@ -1187,5 +1188,12 @@ async fn describe_in_a_failed_block_of_a_statement_the_server_lost() {
         t[0][7]
     );
     has(8, "Params 2 23,25");
+    // The parameter counts are checked before the transaction (08P01), also of the
+    // unnamed statement.
+    assert!(
+        t[0][10].iter().any(|l| l.starts_with("Error 08P01")),
+        "{:?}",
+        t[0][10]
+    );
     p.shutdown().await;
 }

@@ -407,23 +407,33 @@ impl Relay<'_> {
         }
     }
 
-    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
-    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
-    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    /// A Bind (`body`) of a client's statement this server does not hold (empty name: the
+    /// unnamed one), inside a failed transaction block: the statement cannot be prepared
+    /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
+    /// message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
         if self.server.proto.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
-        let stmt = self.session.statements.get(name)?;
-        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
-            return None;
-        }
+        let rest = if name.is_empty() {
+            let id = self.session.unnamed_id;
+            if id == 0 || self.server.unnamed == id {
+                return None;
+            }
+            self.session.unnamed.clone()?
+        } else {
+            let stmt = self.session.statements.get(name)?;
+            if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+                return None;
+            }
+            stmt.parse_rest.clone()
+        };
         let formats = usize::try_from(r.i16().ok()?).ok()?;
         r.bytes(formats * 2).ok()?;
         let params = usize::try_from(r.i16().ok()?).ok()?;
-        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let mut p = Reader::new(&rest, "Parse");
         let sql = p.cstr_bytes().ok()?;
         let types = usize::try_from(p.i16().ok()?).ok()?;
         let wanted = classify::parameter_count(sql, types)?;
@@ -527,6 +537,10 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Bind");
                 let portal = r.cstr_bytes()?;
                 let name = r.cstr_bytes()?;
+                if let Some(m) = self.bind_count_error(body) {
+                    self.server.probe("08P01", m, false);
+                    return Ok(());
+                }
                 if name.is_empty() {
                     if !self.unnamed_here() {
                         self.server.probe("26000", NO_UNNAMED.into(), false);
@@ -538,10 +552,6 @@ impl Relay<'_> {
                     s.bound(portal, tx, deallocates);
                     self.server.conn.queue(msg);
                 } else {
-                    if let Some(m) = self.bind_count_error(body) {
-                        self.server.probe("08P01", m, false);
-                        return Ok(());
-                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
