@@ -624,3 +624,27 @@ async fn duplicate_name_of_a_transaction_exit_in_a_failed_block_is_42p05() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 2026 and 2042 (long run): a pipeline executes a DEALLOCATE ALL (the client's
+/// statements are kept aside until the server says it ran), then parses a name the client
+/// had before it, and an error skips them both: PostgreSQL keeps the name's old statement;
+/// pgcarpool's undoing of the skipped Parse also took the old statement out of those kept
+/// aside (a later Parse of the name was accepted where PostgreSQL says 42P05, a Describe
+/// of it got 26000). Only the statement the undone Parse made leaves them now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_after_a_deallocate_all_leaves_the_names_old_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s3|SELECT current_setting('application_name')\nB pa|s3|\nE pa|0\nS",
+            "P |SELECT * FROM nosuch_3\nP |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nS",
+            "P |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nB |nosuch|\nS",
+            "P s3|COPY t3 TO STDOUT\nD S s3\nS",
+            "D S s3\nS",
+            "P |DEALLOCATE ALL\nB pa||\nD P pa\nE pa|0\nP s3|SELECT $1::int * 2 AS x\nD S s3\nB pb|s3|1\nE pb|0\nS",
+            "P s1|DEALLOCATE ALL\nE pa|1\nP s3|SELECT current_setting('application_name')\nD S s3\nE pa|2\nS",
+            "P s2|SELECT $1::text || $2::text AS s\nD S s3\nD S s1\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

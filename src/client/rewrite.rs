@@ -527,7 +527,7 @@ impl Relay<'_> {
                 self.session
                     .parsed_name(name.clone(), self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server.owed.push(Pending::Answered(name));
+                    self.server.owed.push(Pending::Answered(name, stmt));
                 } else {
                     self.prepare_on_server(stmt, false);
                     self.server.owed.name_last_parse(name);
@@ -958,12 +958,16 @@ impl Relay<'_> {
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for u in server.owed.take_undo().into_iter().rev() {
             match u {
-                Undo::Name(name) if !self.session.statements.contains_key(&name) => {
+                Undo::Name(name, stmt) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
                     // the statements kept aside (undone newest first, a name made again
                     // after the DEALLOCATE ALL goes from the client's statements first).
+                    // Only the statement this Parse made: the name's statement from before
+                    // the Parse stays (long-run seeds 2026, 2042).
                     for (_, kept) in &mut self.session_deallocs {
-                        kept.remove(&name);
+                        if kept.get(&name).is_some_and(|k| Arc::ptr_eq(k, &stmt)) {
+                            kept.remove(&name);
+                        }
                     }
                 }
                 u => self.session.undo(u),

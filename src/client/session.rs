@@ -226,7 +226,7 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
-            Undo::Name(name) => {
+            Undo::Name(name, _) => {
                 self.statements.remove(&name);
             }
             Undo::Closed(name, stmt) => {

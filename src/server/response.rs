@@ -43,7 +43,7 @@ pub enum Pending {
     },
     /// A client's Parse of a named statement the server already holds: pgcarpool answers
     /// ParseComplete when it reaches the front; skipped, the name goes again.
-    Answered(Bytes),
+    Answered(Bytes, Arc<Stmt>),
     /// ParseComplete for a client's Parse of the unnamed statement (`Undo::Unnamed`: the
     /// client's unnamed statement before it). Skipped, the old one comes back; failed, the
     /// client has none (`Lost::Unnamed`).
@@ -136,8 +136,8 @@ pub enum Lost {
 /// the server fails or skips that message (PostgreSQL would not have made it).
 #[derive(Debug)]
 pub enum Undo {
-    /// A named Parse made this client name: it goes.
-    Name(Bytes),
+    /// A named Parse made this client name, for this statement: it goes.
+    Name(Bytes, Arc<Stmt>),
     /// A Close dropped this client name: it comes back, unless the name was taken again.
     Closed(Bytes, Arc<Stmt>),
     /// A Parse or Close of the unnamed statement replaced the client's unnamed statement
@@ -197,7 +197,7 @@ impl Owed {
     pub fn pop_answer(&mut self) -> Option<Answer> {
         let a = match self.queue.front() {
             Some(Pending::Answer(a)) => a.clone(),
-            Some(Pending::Answered(_)) => Answer::ParseComplete,
+            Some(Pending::Answered(..)) => Answer::ParseComplete,
             Some(Pending::Closed(_)) => Answer::CloseComplete,
             _ => return None,
         };
@@ -237,7 +237,7 @@ impl Owed {
                     | Pending::Check
                     | Pending::Learn { .. }
                     | Pending::NamedParse { .. }
-                    | Pending::Answered(_)
+                    | Pending::Answered(..)
                     | Pending::UnnamedParse(_)
                     | Pending::Closed(_)
                     | Pending::Describe
@@ -251,7 +251,7 @@ impl Owed {
     pub fn answer_due(&self) -> bool {
         matches!(
             self.queue.front(),
-            Some(Pending::Answer(_) | Pending::Answered(_) | Pending::Closed(_))
+            Some(Pending::Answer(_) | Pending::Answered(..) | Pending::Closed(_))
         )
     }
 
@@ -426,9 +426,9 @@ impl Owed {
                 }) => prepared.restore(id, s),
                 Some(Pending::NamedParse { stmt, name }) => {
                     prepared.remove(stmt.id);
-                    self.undo.push(Undo::Name(name));
+                    self.undo.push(Undo::Name(name, stmt));
                 }
-                Some(Pending::Answered(name)) => self.undo.push(Undo::Name(name)),
+                Some(Pending::Answered(name, stmt)) => self.undo.push(Undo::Name(name, stmt)),
                 Some(Pending::Closed(u)) => self.undo.push(u),
                 Some(Pending::UnnamedParse(u)) => {
                     // The server's unnamed statement: dropped if it failed, unknown here.
