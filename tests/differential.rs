@@ -12,12 +12,11 @@ use harness::differential::{DiffEnv, RunOptions, as_rust_test, assert_same, desc
 use harness::diffgen::{ClientScript, GenConfig, generate};
 
 /// Bugs the differential test found and this branch did not fix: DISCARD ALL forgets the
-/// startup values (`GenConfig::avoid_discard_all_with_startup_values`), and a Describe of
-/// a statement the server does not hold, inside a failed block, is refused
-/// (`GenConfig::avoid_statement_describes_in_soups`). While this is true the generator
-/// avoids them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
+/// startup values (`GenConfig::avoid_discard_all_with_startup_values`). While this is true
+/// the generator avoids it; `DIFF_KNOWN_BUGS=allow` lets it in. Set to false once fixed.
 /// (Skipped unnamed Parses and Closes, transaction control in Parse texts and Executes of
-/// the unnamed portal, `GenConfig::avoid_skipped_name_changes`, are fixed and let in.)
+/// the unnamed portal, `GenConfig::avoid_skipped_name_changes`, are fixed and let in; so
+/// are Describes of statements in failed blocks, once `avoid_statement_describes_in_soups`.)
 const AVOID_KNOWN_BUGS_DEFAULT: bool = true;
 
 static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =
@@ -34,7 +33,6 @@ fn config_for(seed: u64, ops: usize) -> (GenConfig, RunOptions) {
         ops,
         avoid_discard_all_with_startup_values: *AVOID_KNOWN_BUGS,
         avoid_skipped_name_changes: false,
-        avoid_statement_describes_in_soups: *AVOID_KNOWN_BUGS,
     };
     let opts = RunOptions {
         pool_size: 1 + (seed % 2) as usize,
@@ -575,6 +573,77 @@ async fn refused_deallocate_drops_the_unnamed_statement() {
             "P |SELECT $1::text || $2::text AS s\nB pb||2,1\nE pb|0\nS",
             "Q DEALLOCATE p1",
             "B pb||\nE pb|2\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 233: in a block failed by a named Parse refused with 42P05, a Describe of the
+/// unnamed statement got 25P02 where PostgreSQL answers ParameterDescription and NoData:
+/// pgcarpool had the refused Parse's text checked as a Parse of the unnamed statement,
+/// which replaced the client's on the server, and the Describe then needed a Parse that
+/// the failed block refused. The check is now a Parse under a name of pgcarpool's own,
+/// closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_parse_leaves_the_unnamed_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q CREATE TABLE t0 (id int PRIMARY KEY, v text)",
+            "Q START TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            "P |INSERT INTO t0 VALUES ($1, $2)\nS",
+            "P s2|SELECT 1\nB |s2|\nE |0\nP s2|SET search_path = public\nS",
+            "D S \nS",
+            "B ||1,a\nE |0\nS",
+            "Q ROLLBACK",
+            "D S \nB ||1,a\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 2000 (long run): inside a failed block, a named Parse of a name the client has
+/// whose text is COMMIT or ROLLBACK (which a failed block lets PostgreSQL parse) fails with
+/// 42P05; pgcarpool's probe was refused by the failed block first (25P02).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_name_of_a_transaction_exit_in_a_failed_block_is_42p05() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "Q BEGIN",
+            "Q SELECT id FROM shared WHERE",
+            "P s1|COMMIT\nB pb|s1|\nD P pb\nE pb|0\nS",
+            "P s1|ROLLBACK\nS",
+            "P s1|SELECT 2\nS",
+            "B |s1|3\nE |0\nS",
+            "Q ROLLBACK",
+            "P s1|COMMIT\nS",
+            "B |s1|3\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 2026 and 2042 (long run): a pipeline executes a DEALLOCATE ALL (the client's
+/// statements are kept aside until the server says it ran), then parses a name the client
+/// had before it, and an error skips them both: PostgreSQL keeps the name's old statement;
+/// pgcarpool's undoing of the skipped Parse also took the old statement out of those kept
+/// aside (a later Parse of the name was accepted where PostgreSQL says 42P05, a Describe
+/// of it got 26000). Only the statement the undone Parse made leaves them now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_after_a_deallocate_all_leaves_the_names_old_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s3|SELECT current_setting('application_name')\nB pa|s3|\nE pa|0\nS",
+            "P |SELECT * FROM nosuch_3\nP |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nS",
+            "P |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nB |nosuch|\nS",
+            "P s3|COPY t3 TO STDOUT\nD S s3\nS",
+            "D S s3\nS",
+            "P |DEALLOCATE ALL\nB pa||\nD P pa\nE pa|0\nP s3|SELECT $1::int * 2 AS x\nD S s3\nB pb|s3|1\nE pb|0\nS",
+            "P s1|DEALLOCATE ALL\nE pa|1\nP s3|SELECT current_setting('application_name')\nD S s3\nE pa|2\nS",
+            "P s2|SELECT $1::text || $2::text AS s\nD S s3\nD S s1\nS",
         ],
     )];
     assert_same(&scripts, &RunOptions::default()).await;

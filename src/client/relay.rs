@@ -721,6 +721,23 @@ impl<'a> Relay<'a> {
                 self.server.conn.consume(h.total);
                 continue;
             }
+            if self.virt
+                && self.server.owed.learning()
+                && matches!(
+                    h.tag,
+                    backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
+                )
+            {
+                if h.total > MAX_INSPECTED {
+                    return Err(ProtoError::TooLong(h.total));
+                }
+                if avail < h.total {
+                    break;
+                }
+                self.learn_reply(fwd, h.tag, h.total);
+                fwd = 0;
+                continue;
+            }
             match h.tag {
                 backend::NOTIFICATION_RESPONSE => {
                     if h.total > MAX_INSPECTED {
@@ -1055,6 +1072,19 @@ impl Relay<'_> {
         let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
         ((one || kept.msgs.is_empty()) && prompt)
             .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
+    }
+
+    /// A whole reply (`tag`, `total` bytes) at `fwd` in the server's buffer to a Describe
+    /// pgcarpool added (`Owed::learning`): kept as the statement's description, not passed
+    /// on (the run before it is).
+    fn learn_reply(&mut self, fwd: usize, tag: u8, total: usize) {
+        let body = &self.server.conn.rbuf[fwd + 5..fwd + total];
+        if let Some(d) = self.server.owed.learn(tag, body) {
+            self.session.unnamed_described = Some(d);
+        }
+        self.proto_reply(tag);
+        self.forward_server_run(fwd);
+        self.server.conn.consume(total);
     }
 
     /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE

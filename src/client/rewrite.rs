@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Lost, Pending, Undo, Verdict};
+use crate::server::response::{Answer, Learning, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -31,6 +31,10 @@ pub(super) fn passes_through(
                 return Ok(false);
             }
             let sql = r.cstr_bytes()?;
+            if !classify::returns_rows(sql) {
+                // Described too (`Relay::parse_unnamed`).
+                return Ok(false);
+            }
             if classify::may_matter(sql) {
                 if classify::named_statement(sql).is_some()
                     || to_startup_value(session, sql).is_some()
@@ -403,23 +407,33 @@ impl Relay<'_> {
         }
     }
 
-    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
-    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
-    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    /// A Bind (`body`) of a client's statement this server does not hold (empty name: the
+    /// unnamed one), inside a failed transaction block: the statement cannot be prepared
+    /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
+    /// message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
         if self.server.proto.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
-        let stmt = self.session.statements.get(name)?;
-        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
-            return None;
-        }
+        let rest = if name.is_empty() {
+            let id = self.session.unnamed_id;
+            if id == 0 || self.server.unnamed == id {
+                return None;
+            }
+            self.session.unnamed.clone()?
+        } else {
+            let stmt = self.session.statements.get(name)?;
+            if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+                return None;
+            }
+            stmt.parse_rest.clone()
+        };
         let formats = usize::try_from(r.i16().ok()?).ok()?;
         r.bytes(formats * 2).ok()?;
         let params = usize::try_from(r.i16().ok()?).ok()?;
-        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let mut p = Reader::new(&rest, "Parse");
         let sql = p.cstr_bytes().ok()?;
         let types = usize::try_from(p.i16().ok()?).ok()?;
         let wanted = classify::parameter_count(sql, types)?;
@@ -435,6 +449,32 @@ impl Relay<'_> {
         } else {
             None
         }
+    }
+
+    /// A Describe of client statement `name` (empty: the unnamed one) that this server does
+    /// not hold, inside a failed transaction block: the statement cannot be parsed here
+    /// (25P02), but PostgreSQL describes one without a result (ParameterDescription,
+    /// NoData; it refuses only one with a result, 25P02, as the Parse does). The
+    /// ParameterDescription's body, when a server described it so (`Stmt::no_rows_params`,
+    /// `VirtualSession::unnamed_described`).
+    fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
+        if self.server.proto.status_sent() != b'E' {
+            return None;
+        }
+        if name.is_empty() {
+            let id = self.session.unnamed_id;
+            return match &self.session.unnamed_described {
+                Some((d, params)) if *d == id && id != 0 && self.server.unnamed != id => {
+                    Some(params.clone())
+                }
+                _ => None,
+            };
+        }
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        stmt.no_rows_params().cloned()
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -465,8 +505,10 @@ impl Relay<'_> {
                     );
                     // PostgreSQL parses and analyses the text before it looks at the name:
                     // the server reports an error in the text first, else the probe fails.
+                    // Here inside a failed block only for ROLLBACK or COMMIT, which
+                    // PostgreSQL parses there: 42P05, not 25P02.
                     self.refused_parse(&body[name.len() + 1..])?;
-                    self.server.probe("42P05", m, false);
+                    self.server.probe_before_block("42P05", m);
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
@@ -485,7 +527,7 @@ impl Relay<'_> {
                 self.session
                     .parsed_name(name.clone(), self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server.owed.push(Pending::Answered(name));
+                    self.server.owed.push(Pending::Answered(name, stmt));
                 } else {
                     self.prepare_on_server(stmt, false);
                     self.server.owed.name_last_parse(name);
@@ -495,6 +537,10 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Bind");
                 let portal = r.cstr_bytes()?;
                 let name = r.cstr_bytes()?;
+                if let Some(m) = self.bind_count_error(body) {
+                    self.server.probe("08P01", m, false);
+                    return Ok(());
+                }
                 if name.is_empty() {
                     if !self.unnamed_here() {
                         self.server.probe("26000", NO_UNNAMED.into(), false);
@@ -506,10 +552,6 @@ impl Relay<'_> {
                     s.bound(portal, tx, deallocates);
                     self.server.conn.queue(msg);
                 } else {
-                    if let Some(m) = self.bind_count_error(body) {
-                        self.server.probe("08P01", m, false);
-                        return Ok(());
-                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
@@ -558,6 +600,13 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Describe");
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
+                if kind == b'S'
+                    && let Some(params) = self.described_in_failed_block(name)
+                {
+                    self.session.unbound.remove(name);
+                    self.answer(Answer::Described(params));
+                    return Ok(());
+                }
                 if kind == b'S' && name.is_empty() && !self.unnamed_here() {
                     self.server.probe("26000", NO_UNNAMED.into(), false);
                     return Ok(());
@@ -627,7 +676,9 @@ impl Relay<'_> {
     /// A Parse of the unnamed statement whose text needs a look: SQL PREPARE, EXECUTE or
     /// DEALLOCATE inside a Parse. EXECUTE and DEALLOCATE of the client's own statements
     /// are mapped to their server names; PREPARE, and names pgcarpool does not know, go to
-    /// the server as written and the client is checked for a pin afterwards.
+    /// the server as written and the client is checked for a pin afterwards. A text that
+    /// may return no rows is described too (`Server::learn`): a Describe of it in a failed
+    /// block on another server is answered from that (`described_in_failed_block`).
     fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
         let mut r = Reader::new(&body[1..], "Parse");
@@ -705,29 +756,27 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
+        let learn = !classify::returns_rows(&out[6..]);
         self.server.conn.queue(out);
         self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
             was,
             now: self.server.unnamed,
         }));
+        if learn {
+            let what = Learning::Unnamed(self.server.unnamed);
+            self.server.learn(b"", what);
+        }
         Ok(())
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
     /// client has): the server checks the client's own text as PostgreSQL would first (a
-    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block), sent as a
-    /// Parse of the unnamed statement whose ParseComplete is swallowed (the server's
-    /// unnamed statement goes; the client's is parsed again where it is next bound).
-    /// `rest`: the Parse body after the name.
+    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block;
+    /// `Server::check_text`: the server's unnamed statement stays). `rest`: the Parse body
+    /// after the name.
     fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        let types = &rest[sql.len() + 1..];
-        self.server.conn.queue(parse_message(sql, types));
-        self.server.unnamed = 0;
-        self.server.owed.push(Pending::Parse {
-            swallow: true,
-            stmt: None,
-        });
+        self.server.check_text(sql, &rest[sql.len() + 1..]);
         Ok(())
     }
 
@@ -884,15 +933,16 @@ impl Relay<'_> {
         let mut ready = false;
         while let Some(a) = self.server.owed.pop_answer() {
             let status = self.server.proto.tx_status;
+            ready |= matches!(a, Answer::Query(_));
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
+                Answer::Described(params) => backend::described_without_result(b, &params),
                 Answer::Query(tag) => {
                     backend::command_complete(b, tag);
                     backend::ready_for_query(b, status);
                 }
             });
-            ready |= matches!(a, Answer::Query(_));
         }
         ready
     }
@@ -908,12 +958,16 @@ impl Relay<'_> {
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for u in server.owed.take_undo().into_iter().rev() {
             match u {
-                Undo::Name(name) if !self.session.statements.contains_key(&name) => {
+                Undo::Name(name, stmt) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
                     // the statements kept aside (undone newest first, a name made again
                     // after the DEALLOCATE ALL goes from the client's statements first).
+                    // Only the statement this Parse made: the name's statement from before
+                    // the Parse stays (long-run seeds 2026, 2042).
                     for (_, kept) in &mut self.session_deallocs {
-                        kept.remove(&name);
+                        if kept.get(&name).is_some_and(|k| Arc::ptr_eq(k, &stmt)) {
+                            kept.remove(&name);
+                        }
                     }
                 }
                 u => self.session.undo(u),

@@ -45,6 +45,10 @@ pub struct VirtualSession {
     pub pool_scope: Bytes,
     /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
     pub unnamed_deallocates: u64,
+    /// The `unnamed_id` of an unnamed statement a server described as returning no rows,
+    /// and its ParameterDescription's body: a Describe of it inside a failed transaction
+    /// block on a server that does not hold it is answered with them (`Owed::learn`).
+    pub unnamed_described: Option<(u64, Bytes)>,
     /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
     /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
     pub deallocating_portals: Vec<Bytes>,
@@ -222,7 +226,7 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
-            Undo::Name(name) => {
+            Undo::Name(name, _) => {
                 self.statements.remove(&name);
             }
             Undo::Closed(name, stmt) => {

@@ -88,14 +88,6 @@ pub struct GenConfig {
     /// transaction state before it, seed 15): to tell whether a new difference is one of
     /// these again.
     pub avoid_skipped_name_changes: bool,
-    /// Not fixed yet (seeds 8, 344, 346, 400, 1004, 1015, 1019): inside a failed block, a
-    /// Describe of a statement the server at hand does not hold (another client's DISCARD
-    /// ALL or DEALLOCATE ALL dropped it there, or it was never parsed there) whose text
-    /// returns no rows: PostgreSQL describes it (ParameterDescription, NoData), pgcarpool's
-    /// Parse to prepare it is refused first (25P02). When true, a message soup describes a
-    /// portal where it would describe a statement (a round's Describe right after its
-    /// Parse stays).
-    pub avoid_statement_describes_in_soups: bool,
 }
 
 /// Settings the generator changes, with values it sets them to (SQL literals).
@@ -162,7 +154,6 @@ struct ClientGen {
     /// No DISCARD ALL (see GenConfig).
     no_discard_all: bool,
     avoid_skipped_name_changes: bool,
-    avoid_statement_describes_in_soups: bool,
     startup: Vec<(String, String)>,
 }
 
@@ -178,7 +169,6 @@ impl ClientGen {
         ClientGen {
             no_discard_all: cfg.avoid_discard_all_with_startup_values && !startup.is_empty(),
             avoid_skipped_name_changes: cfg.avoid_skipped_name_changes,
-            avoid_statement_describes_in_soups: cfg.avoid_statement_describes_in_soups,
             rng,
             t: format!("t{i}"),
             i,
@@ -462,8 +452,6 @@ impl ClientGen {
                 let values = self.bind_values(n);
                 lines.push(format!("B {portal}|{stmt}|{values}"));
             }
-            // See GenConfig::avoid_statement_describes_in_soups.
-            5 if self.avoid_statement_describes_in_soups => lines.push(format!("D P {portal}")),
             5 => lines.push(format!("D S {stmt}")),
             6 => lines.push(format!("E {portal}|{}", self.rng.below(3))),
             7 => {
