@@ -579,3 +579,35 @@ async fn refused_deallocate_drops_the_unnamed_statement() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seed 1010: a client that listened through the pool's listener, then was pinned (a temp
+/// table), sends its UNLISTEN (or `UNLISTEN *`) to its server; the pool's listener kept the
+/// channel, so its own NOTIFY still came back to it, where PostgreSQL delivers nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_clients_unlisten_stops_the_listeners_deliveries() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch0",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q UNLISTEN ch0",
+                "Q NOTIFY ch0, 'after unlisten'",
+                "Q SELECT pg_listening_channels()",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch1",
+                "Q LISTEN ch1b",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q UNLISTEN *",
+                "Q NOTIFY ch1, 'after unlisten all'",
+                "Q NOTIFY ch1b, 'after unlisten all'",
+                "Q SELECT pg_listening_channels()",
+            ],
+        ),
+    ];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

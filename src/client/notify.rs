@@ -592,6 +592,47 @@ pub(super) async fn answer(
     Ok(Some(Local::Answered))
 }
 
+/// A pinned client's request goes to its server, but the channels it listened on before
+/// it was pinned are the pool's listener's: when the request is an UNLISTEN of one of them
+/// (or `UNLISTEN *` while it has some), alone and outside a transaction block (the client
+/// is idle, so it commits at once), the listener gives them up too, as the client's own
+/// session would. Incomplete: the rest of the request has not come yet.
+pub(super) async fn unlisten_pinned(
+    c: &mut Client,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+) -> Result<Local, ClientError> {
+    if !c.listening.is_listening() {
+        return Ok(Local::NeedServer);
+    }
+    let statements = &c.session.statements;
+    let named = |name: &[u8]| {
+        statements
+            .get(name)
+            .filter(|s| s.effects.is_some())
+            .map(|s| s.parse_rest.clone())
+    };
+    let Some(req) = request(&c.conn.rbuf, named)? else {
+        return Ok(Local::NeedServer);
+    };
+    if req.len == 0 {
+        return Ok(Local::Incomplete);
+    }
+    let which = match req.stmt {
+        Stmt::Unlisten(Some(ch)) if c.listening.channels().contains(&ch) => Some(ch),
+        Stmt::Unlisten(None) => None,
+        _ => return Ok(Local::NeedServer),
+    };
+    let r = tokio::select! {
+        r = ask(c, Op::Unlisten(which)) => r,
+        _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+    };
+    r.map_err(|e| ClientError::Fatal {
+        code: lost_code(&e.code),
+        message: e.message,
+    })?;
+    Ok(Local::NeedServer)
+}
+
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.
 async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let limit = c.shared.config.load().settings.notify_queue_limit;

@@ -429,7 +429,9 @@ async fn after_transaction(
     let hidden = reset_all
         || effects.gucs_unknown
         || (effects.calls && c.shared.config.load().settings.check_function_calls);
-    let names = read_back_names(c, server, effects, reset_all, hidden);
+    // After a DISCARD ALL too: the client's startup values were set again after it
+    // (`Relay::startup_after_discard`).
+    let names = read_back_names(c, server, effects, effects.reset_all, hidden);
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
@@ -590,10 +592,9 @@ async fn wait_for_request(
             if tag == frontend::QUERY && c.shared.config.load().settings.disable_pqexec {
                 return Err(pqexec_disallowed());
             }
-            if pinned {
-                return Ok(Wait::Request);
-            }
-            let local = if let Some(block) = aborted {
+            let local = if pinned {
+                super::notify::unlisten_pinned(c, kill.as_mut()).await?
+            } else if let Some(block) = aborted {
                 let (local, over) = super::aborted::answer(c, block)?;
                 if over {
                     *aborted = None;

@@ -59,6 +59,10 @@ pub enum Pending {
     Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
+    /// An extended-protocol message pgcarpool added within a client's round: every reply
+    /// up to the one with this tag (ParseComplete, BindComplete, CommandComplete,
+    /// CloseComplete) is dropped; an error is the client's as any (`skip_to_sync`).
+    SwallowTo(u8),
     /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
     /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
     /// have); its error is replaced by this one (SQLSTATE, message).
@@ -228,6 +232,12 @@ impl Owed {
         )
     }
 
+    /// The next reply answers an extended-protocol message pgcarpool added
+    /// (`Pending::SwallowTo`): it is dropped, so it must be read whole.
+    pub fn swallows_next(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::SwallowTo(_)))
+    }
+
     /// Inside a query pgcarpool added (its replies are all dropped)?
     pub fn swallowing(&self) -> bool {
         matches!(self.queue.front(), Some(Pending::Swallow))
@@ -305,6 +315,7 @@ impl Owed {
                 let lost = self.skip_to_sync(prepared, unnamed, true);
                 return (Verdict::Forward, lost);
             }
+            (tag, Pending::SwallowTo(end)) => (tag == *end, true),
             (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
                 if let Some(s) = stmt {
                     s.set_validated();
