@@ -544,6 +544,10 @@ impl Relay<'_> {
                     // the server reports an error in the text first, else the probe fails.
                     self.refused_parse(&body[name.len() + 1..])?;
                     self.server.probe("42P05", m, false);
+                    if classify::ends_transaction(&body[name.len() + 1..]) {
+                        // Parsed in a failed block too: the name is refused there as well.
+                        self.server.owed.fail_always_last();
+                    }
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;

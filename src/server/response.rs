@@ -67,6 +67,10 @@ pub enum Pending {
     /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
     /// have); its error is replaced by this one (SQLSTATE, message).
     Fail(Box<(&'static str, String)>),
+    /// As `Fail`, and a 25P02 of the probe is replaced too: a named Parse of a text that
+    /// ends the transaction (PostgreSQL parses it in a failed block too), refused for its
+    /// name (42P05).
+    FailAlways(Box<(&'static str, String)>),
     /// Answered by pgcarpool when it reaches the front.
     Answer(Answer),
     /// One statement of the Execute or Query behind: its CommandComplete says RESET to
@@ -162,6 +166,15 @@ impl Owed {
                 stmt: stmt.clone(),
                 name,
             };
+        }
+    }
+
+    /// The probe just queued (`Server::probe`) is a `FailAlways`.
+    pub fn fail_always_last(&mut self) {
+        if let Some(last) = self.queue.back_mut()
+            && let Pending::Fail(f) = last
+        {
+            *last = Pending::FailAlways(std::mem::replace(f, Box::new(("", String::new()))));
         }
     }
 
@@ -282,16 +295,18 @@ impl Owed {
         let (done, swallow) = match (tag, front) {
             (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
             (_, Pending::Swallow) => (false, true),
-            (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
-                let Some(Pending::Fail(f)) = self.queue.pop_front() else {
-                    unreachable!("front is a Fail");
+            (backend::ERROR_RESPONSE, Pending::Fail(_) | Pending::FailAlways(_)) => {
+                let (f, always) = match self.queue.pop_front() {
+                    Some(Pending::Fail(f)) => (f, false),
+                    Some(Pending::FailAlways(f)) => (f, true),
+                    _ => unreachable!("front is a Fail"),
                 };
                 self.skip_to_sync(prepared, unnamed, false);
                 // Refused because the transaction block had already failed (25P02): what
                 // PostgreSQL would have said too, except for a name that does not exist
                 // (26000), which PostgreSQL looks up before it checks the transaction, and
                 // a Bind's wrong parameter count (08P01), checked before it too.
-                return if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
+                return if code == Some(*b"25P02") && !always && !matches!(f.0, "26000" | "08P01") {
                     (Verdict::Forward, Lost::Nothing)
                 } else {
                     (Verdict::Replace(f), Lost::Nothing)
