@@ -191,9 +191,7 @@ impl Relay<'_> {
                     }
                 }
             }
-            None if discards && !startup_settings(self.session).is_empty() => {
-                self.discard_all_to_startup(sql);
-            }
+            None if discards && self.discard_all_to_startup(sql) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
@@ -205,8 +203,12 @@ impl Relay<'_> {
     /// same round by pgcarpool's statement setting the startup values again
     /// (`startup_after_discard`), then Sync: the server reports at the one ReadyForQuery
     /// the settings whose value changed, as PostgreSQL would. (A query cannot carry both:
-    /// DISCARD ALL refuses to run in a multi-statement query or a DO block.)
-    fn discard_all_to_startup(&mut self, sql: &[u8]) {
+    /// DISCARD ALL refuses to run in a multi-statement query or a DO block.) False, nothing
+    /// sent: the startup packet gave no setting.
+    fn discard_all_to_startup(&mut self, sql: &[u8]) -> bool {
+        if startup_settings(self.session).is_empty() {
+            return false;
+        }
         let mut b = bytes::BytesMut::new();
         message(&mut b, frontend::PARSE, &[b"\0", sql, b"\0\0\0"]);
         message(&mut b, frontend::BIND, &[b"\0\0\0\0\0\0\0\0"]);
@@ -220,6 +222,7 @@ impl Relay<'_> {
         self.server.conn.queue_with(frontend::sync);
         self.server.proto.owe_ready(true);
         self.server.owed.push(Pending::Ready(None));
+        true
     }
 
     /// Right after the Execute of a client's `DISCARD ALL` (in a round that goes on): the

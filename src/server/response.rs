@@ -296,21 +296,7 @@ impl Owed {
             (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
             (_, Pending::Swallow) => (false, true),
             (backend::ERROR_RESPONSE, Pending::Fail(_) | Pending::FailAlways(_)) => {
-                let (f, always) = match self.queue.pop_front() {
-                    Some(Pending::Fail(f)) => (f, false),
-                    Some(Pending::FailAlways(f)) => (f, true),
-                    _ => unreachable!("front is a Fail"),
-                };
-                self.skip_to_sync(prepared, unnamed, false);
-                // Refused because the transaction block had already failed (25P02): what
-                // PostgreSQL would have said too, except for a name that does not exist
-                // (26000), which PostgreSQL looks up before it checks the transaction, and
-                // a Bind's wrong parameter count (08P01), checked before it too.
-                return if code == Some(*b"25P02") && !always && !matches!(f.0, "26000" | "08P01") {
-                    (Verdict::Forward, Lost::Nothing)
-                } else {
-                    (Verdict::Replace(f), Lost::Nothing)
-                };
+                return (self.probe_failed(code, prepared, unnamed), Lost::Nothing);
             }
             (backend::ERROR_RESPONSE, Pending::BindShared) if code == Some(*b"0A000") => {
                 self.skip_to_sync(prepared, unnamed, true);
@@ -363,6 +349,31 @@ impl Owed {
             Verdict::Forward
         };
         (verdict, Lost::Nothing)
+    }
+
+    /// The server refused the probe in front (`Pending::Fail`, `Pending::FailAlways`) with
+    /// this SQLSTATE: the client gets the probe's error in its place, or the server's 25P02.
+    fn probe_failed(
+        &mut self,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> Verdict {
+        let (f, always) = match self.queue.pop_front() {
+            Some(Pending::Fail(f)) => (f, false),
+            Some(Pending::FailAlways(f)) => (f, true),
+            _ => unreachable!("front is a Fail"),
+        };
+        self.skip_to_sync(prepared, unnamed, false);
+        // Refused because the transaction block had already failed (25P02): what
+        // PostgreSQL would have said too, except for a name that does not exist (26000),
+        // which PostgreSQL looks up before it checks the transaction, and a Bind's wrong
+        // parameter count (08P01), checked before it too.
+        if code == Some(*b"25P02") && !always && !matches!(f.0, "26000" | "08P01") {
+            Verdict::Forward
+        } else {
+            Verdict::Replace(f)
+        }
     }
 
     /// After an error the server skips everything up to the next Sync: the replies owed
@@ -510,6 +521,49 @@ mod tests {
             reply(&mut o, &mut p, READY_FOR_QUERY, None),
             Verdict::Forward
         );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn replies_to_added_extended_messages_are_swallowed_up_to_their_tag() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        use backend::*;
+        // The client's Execute (of DISCARD ALL), then pgcarpool's Parse, Bind, Execute,
+        // Close, then the client's Sync.
+        o.push(Pending::Execute);
+        for end in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        let r = |o: &mut Owed, p: &mut PreparedSet, tag| reply(o, p, tag, None);
+        assert_eq!(r(&mut o, &mut p, COMMAND_COMPLETE), Verdict::Forward);
+        for tag in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            assert!(o.swallows_next());
+            assert_eq!(r(&mut o, &mut p, tag), Verdict::Swallow);
+        }
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
+        assert!(o.is_empty());
+        // An error in them is the client's; the rest is skipped to the Sync.
+        for end in [PARSE_COMPLETE, BIND_COMPLETE] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        assert_eq!(r(&mut o, &mut p, PARSE_COMPLETE), Verdict::Swallow);
+        let e = reply(&mut o, &mut p, ERROR_RESPONSE, Some(b"22023"));
+        assert_eq!(e, Verdict::Forward);
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
         assert!(o.is_empty());
     }
 
