@@ -582,9 +582,22 @@ async fn refused_deallocate_drops_the_unnamed_statement() {
 /// Seed 1010: a client that listened through the pool's listener, then was pinned (a temp
 /// table), sends its UNLISTEN (or `UNLISTEN *`) to its server; the pool's listener kept the
 /// channel, so its own NOTIFY still came back to it, where PostgreSQL delivers nothing.
+/// And a LISTEN again of such a channel made its server listen too: each notification came
+/// twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_clients_unlisten_stops_the_listeners_deliveries() {
     let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch2",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q LISTEN ch2",
+                "Q NOTIFY ch2, 'once'",
+                "Q UNLISTEN ch2",
+                "Q NOTIFY ch2, 'after unlisten'",
+            ],
+        ),
         ClientScript::new(
             &[],
             &[

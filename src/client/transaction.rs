@@ -593,7 +593,8 @@ async fn wait_for_request(
                 return Err(pqexec_disallowed());
             }
             let local = if pinned {
-                super::notify::unlisten_pinned(c, kill.as_mut()).await?
+                let answered = super::notify::answer(c, kill.as_mut()).await?;
+                answered.unwrap_or(Local::NeedServer)
             } else if let Some(block) = aborted {
                 let (local, over) = super::aborted::answer(c, block)?;
                 if over {
