@@ -648,3 +648,40 @@ async fn a_duplicate_name_for_commit_in_a_failed_block_is_42p05() {
     )];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+
+/// Seeds 1022, 1029 (long run): `SET default_transaction_read_only = on`, then `RESET ALL`:
+/// the setting stayed the client's in pgcarpool (a server-role setting is not read back),
+/// so its next transaction was read-only again (25006 on a COPY FROM) and a later DISCARD
+/// ALL reported it `off` where PostgreSQL had nothing to report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_returns_default_transaction_read_only() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t12 (id int PRIMARY KEY, v text); INSERT INTO t12 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q SELECT count(*), sum(id) FROM t12; SET default_transaction_read_only = on; DELETE FROM t12 WHERE id = 2",
+                "Q RESET ALL",
+                "Q DISCARD ALL",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t9 (id int PRIMARY KEY, v text); INSERT INTO t9 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q SET default_transaction_read_only = on",
+                "Q RESET ALL",
+                "Q COPY t9 (id, v) FROM STDIN\nd 145\\tcopied145\\n\nd 146\\tcopied146\\n\nd 147\\tcopied147\\n\nc",
+                "Q SHOW default_transaction_read_only",
+            ],
+        ),
+    ];
+    for pool_size in [1, 2] {
+        let opts = RunOptions {
+            pool_size,
+            copy_waits_for_copy_in_response: false,
+            ..RunOptions::default()
+        };
+        assert_same(&scripts, &opts).await;
+    }
+}

@@ -446,6 +446,16 @@ async fn after_transaction(
             }
         }
     }
+    if reset_all
+        && c.session
+            .startup
+            .get("default_transaction_read_only")
+            .is_none()
+    {
+        // Back to the server's own (`sync::is_server_role`, not read back): no longer the
+        // client's setting.
+        c.session.remove_param("default_transaction_read_only");
+    }
     let max_settings = c.shared.config.load().settings.client_max_settings;
     if c.session.params.len() > max_settings {
         server.discard = true;
