@@ -995,13 +995,12 @@ async fn reset_all_returns_to_the_startup_values() {
     startup_values_oracle(&steps, true).await;
 }
 
-/// Not fixed yet: DISCARD ALL returns the server to its login values (PostgreSQL: to the
-/// startup values), and the client gets the server's defaults in ParameterStatus. A fix
-/// needs the server's ParameterStatus of the DISCARD ALL and of the SETs of the startup
-/// values after it merged before one ReadyForQuery (DISCARD ALL cannot share a query or a
-/// DO block with them).
+/// Seeds 5–8, 11: DISCARD ALL returns to the startup values, as RESET ALL (PostgreSQL's
+/// session defaults), in the ParameterStatus the client gets and in SHOW right after it in
+/// the same pipeline; a server's DISCARD ALL returns to its login values. pgcarpool sets
+/// the startup values again in the same round (`Relay::startup_after_discard`), so the
+/// server reports the changes once, at the round's ReadyForQuery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: DISCARD ALL loses the startup values (docs/testing.md)"]
 async fn discard_all_returns_to_the_startup_values() {
     let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
         (
@@ -1026,6 +1025,27 @@ async fn discard_all_returns_to_the_startup_values() {
                 query("SET TimeZone = 'UTC'"),
                 ext("", "DISCARD ALL"),
                 ext("", "SHOW TimeZone"),
+            ]
+            .concat(),
+            3,
+        ),
+        // In one pipeline: what follows the DISCARD ALL sees the startup values.
+        (
+            [
+                query("SET TimeZone = 'UTC'"),
+                extended("", "DISCARD ALL"),
+                extended("", "SHOW TimeZone"),
+                sync(),
+            ]
+            .concat(),
+            2,
+        ),
+        // A named statement.
+        (
+            [
+                query("SET DateStyle = 'ISO, MDY'"),
+                ext("d", "DISCARD ALL"),
+                query("SHOW DateStyle"),
             ]
             .concat(),
             3,

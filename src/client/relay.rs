@@ -623,6 +623,20 @@ impl<'a> Relay<'a> {
                             self.executing(&portal);
                         }
                     }
+                    if self.virt
+                        && avail >= h.total
+                        && self.session.discard_portal.as_deref().is_some_and(|d| {
+                            let body = &self.client.rbuf[fwd + 5..fwd + h.total];
+                            body.split(|&c| c == 0).next() == Some(d)
+                        })
+                    {
+                        // Its startup values follow the client's DISCARD ALL at once.
+                        self.session.discard_portal = None;
+                        self.forward_client_run(fwd + h.total);
+                        fwd = 0;
+                        self.startup_after_discard(true);
+                        continue;
+                    }
                 }
                 frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
                 frontend::COPY_DATA | frontend::FLUSH => {}
@@ -862,6 +876,13 @@ impl<'a> Relay<'a> {
                 // Looked at whole: it may be a FATAL the client is not to see.
                 backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
                 tag => {
+                    if self.virt && avail < h.total && self.server.owed.swallows_next() {
+                        // Dropped once it is whole (`Pending::SwallowTo`).
+                        if h.total > MAX_INSPECTED {
+                            return Err(ProtoError::TooLong(h.total));
+                        }
+                        break;
+                    }
                     if self.virt && tag == backend::COMMAND_COMPLETE {
                         if h.total > MAX_INSPECTED {
                             return Err(ProtoError::TooLong(h.total));

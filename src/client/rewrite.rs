@@ -110,6 +110,7 @@ impl Relay<'_> {
         let mut e = classify::classify(sql);
         refused_in_block(&mut e, self.server.proto.status_sent());
         self.note_effects(&e);
+        let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
             self.effects.merge(e);
@@ -194,9 +195,88 @@ impl Relay<'_> {
                     }
                 }
             }
+            None if discards && self.discard_all_to_startup(sql) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client
+    /// whose startup packet gave settings: PostgreSQL's returns them to the startup values,
+    /// a server's to its login values. It goes as Parse, Bind and Execute, followed in the
+    /// same round by pgcarpool's statement setting the startup values again
+    /// (`startup_after_discard`), then Sync: the server reports at the one ReadyForQuery
+    /// the settings whose value changed, as PostgreSQL would. (A query cannot carry both:
+    /// DISCARD ALL refuses to run in a multi-statement query or a DO block.) False, nothing
+    /// sent: the startup packet gave no setting.
+    fn discard_all_to_startup(&mut self, sql: &[u8]) -> bool {
+        if startup_settings(self.session).is_empty() {
+            return false;
+        }
+        let mut b = bytes::BytesMut::new();
+        message(&mut b, frontend::PARSE, &[b"\0", sql, b"\0\0\0"]);
+        message(&mut b, frontend::BIND, &[b"\0\0\0\0\0\0\0\0"]);
+        message(&mut b, frontend::EXECUTE, &[b"\0\0\0\0\0"]);
+        self.server.conn.queue(b.freeze());
+        let owed = &mut self.server.owed;
+        owed.push(Pending::SwallowTo(backend::PARSE_COMPLETE));
+        owed.push(Pending::SwallowTo(backend::BIND_COMPLETE));
+        owed.push(Pending::Execute);
+        self.startup_after_discard(false);
+        self.server.conn.queue_with(frontend::sync);
+        self.server.proto.owe_ready(true);
+        self.server.owed.push(Pending::Ready(None));
+        true
+    }
+
+    /// Right after the Execute of a client's `DISCARD ALL` (in a round that goes on): the
+    /// settings of the client's startup packet set again (pgcarpool's statement and portal
+    /// `PGCARPOOL_startup`, closed again; every reply dropped but an error). If the DISCARD
+    /// ALL fails, the server skips them with the rest of the round. `execute`: note the
+    /// Execute (the client's round is extended protocol).
+    pub(super) fn startup_after_discard(&mut self, execute: bool) {
+        const NAME: &[u8] = b"PGCARPOOL_startup\0";
+        let settings = startup_settings(self.session);
+        if settings.is_empty() {
+            return;
+        }
+        let calls: Vec<String> = (0..settings.len())
+            .map(|i| {
+                format!(
+                    "pg_catalog.set_config(${}, ${}, false)",
+                    2 * i + 1,
+                    2 * i + 2
+                )
+            })
+            .collect();
+        let sql = format!("SELECT {}", calls.join(", "));
+        let mut params = Vec::new();
+        params.extend_from_slice(&[0, 0]);
+        params.extend_from_slice(&(2 * settings.len() as i16).to_be_bytes());
+        for (k, v) in &settings {
+            for x in [k, v] {
+                params.extend_from_slice(&(x.len() as i32).to_be_bytes());
+                params.extend_from_slice(x.as_bytes());
+            }
+        }
+        params.extend_from_slice(&[0, 0]);
+        let mut b = bytes::BytesMut::new();
+        message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
+        message(&mut b, frontend::BIND, &[NAME, NAME, &params]);
+        message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
+        message(&mut b, frontend::CLOSE, &[b"S", NAME]);
+        self.server.conn.queue(b.freeze());
+        for end in [
+            backend::PARSE_COMPLETE,
+            backend::BIND_COMPLETE,
+            backend::COMMAND_COMPLETE,
+            backend::CLOSE_COMPLETE,
+        ] {
+            self.server.owed.push(Pending::SwallowTo(end));
+        }
+        if execute {
+            self.server.proto.sent_execute();
+        }
     }
 
     /// Send a client's query as written (or with RESETs made SETs); `tx`: what its
@@ -550,6 +630,9 @@ impl Relay<'_> {
                     let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
                     let tx = s.unnamed.as_deref().and_then(tx_effect_of);
                     s.bound(portal, tx, deallocates);
+                    if deallocates && s.unnamed.as_deref().is_some_and(discards_all) {
+                        s.discard_portal = Some(Bytes::copy_from_slice(portal));
+                    }
                     self.server.conn.queue(msg);
                 } else {
                     match self.lookup(name) {
@@ -570,6 +653,9 @@ impl Relay<'_> {
                                 stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                             let tx = tx_effect_of(&stmt.parse_rest);
                             self.session.bound(portal, tx, deallocates);
+                            if stmt.effects.as_ref().is_some_and(|e| e.discard_all) {
+                                self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
+                            }
                             if let Some(e) = &stmt.effects {
                                 self.effects.merge((**e).clone());
                             }
@@ -1075,6 +1161,35 @@ fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> 
     }
     block.push_str(&format!(" END{QUOTE}"));
     Some(block)
+}
+
+/// A Parse body after the name (the SQL, then parameter types) whose text is `DISCARD ALL`.
+fn discards_all(parse_rest: &[u8]) -> bool {
+    let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+    classify::classify(sql).discard_all
+}
+
+/// The settings of the client's startup packet that `DISCARD ALL` (as RESET ALL) returns
+/// to: all but `role` and `session_authorization` (GUC_NO_RESET_ALL).
+fn startup_settings(session: &VirtualSession) -> Vec<(String, String)> {
+    session
+        .startup
+        .iter()
+        .filter(|(k, _)| {
+            !k.eq_ignore_ascii_case("role") && !k.eq_ignore_ascii_case("session_authorization")
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// One frontend message: `tag`, its length, then `parts`.
+fn message(b: &mut bytes::BytesMut, tag: u8, parts: &[&[u8]]) {
+    let len: usize = 4 + parts.iter().map(|p| p.len()).sum::<usize>();
+    b.put_u8(tag);
+    b.put_i32(len as i32);
+    for p in parts {
+        b.put_slice(p);
+    }
 }
 
 /// A named Parse's text and types (`rest`) with `to_startup_value` applied.

@@ -52,6 +52,9 @@ pub struct VirtualSession {
     /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
     /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
     pub deallocating_portals: Vec<Bytes>,
+    /// The portal last bound to a statement whose text is `DISCARD ALL`: its Execute is
+    /// followed by the client's startup values (`Relay::startup_after_discard`).
+    pub discard_portal: Option<Bytes>,
     /// The portal last bound to a transaction-control statement, and what running it does
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`ProtoState::sent_tx_effect`).
@@ -202,6 +205,9 @@ impl VirtualSession {
                     self.tx_portal = None;
                 }
             }
+        }
+        if self.discard_portal.as_deref() == Some(portal) {
+            self.discard_portal = None;
         }
         let portals = &mut self.deallocating_portals;
         portals.retain(|p| p != portal);

@@ -70,6 +70,10 @@ pub enum Pending {
     Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
+    /// An extended-protocol message pgcarpool added within a client's round: every reply
+    /// up to the one with this tag (ParseComplete, BindComplete, CommandComplete,
+    /// CloseComplete) is dropped; an error is the client's as any (`skip_to_sync`).
+    SwallowTo(u8),
     /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
     /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
     /// have); its error is replaced by this one (SQLSTATE, message).
@@ -290,6 +294,12 @@ impl Owed {
         found
     }
 
+    /// The next reply answers an extended-protocol message pgcarpool added
+    /// (`Pending::SwallowTo`): it is dropped, so it must be read whole.
+    pub fn swallows_next(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::SwallowTo(_)))
+    }
+
     /// Inside a query pgcarpool added (its replies are all dropped)?
     pub fn swallowing(&self) -> bool {
         matches!(self.queue.front(), Some(Pending::Swallow))
@@ -335,19 +345,7 @@ impl Owed {
             (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
             (_, Pending::Swallow) => (false, true),
             (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
-                let Some(Pending::Fail(f)) = self.queue.pop_front() else {
-                    unreachable!("front is a Fail");
-                };
-                self.skip_to_sync(prepared, unnamed, false);
-                // Refused because the transaction block had already failed (25P02): what
-                // PostgreSQL would have said too, except for a name that does not exist
-                // (26000), which PostgreSQL looks up before it checks the transaction, and
-                // a Bind's wrong parameter count (08P01), checked before it too.
-                return if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
-                    (Verdict::Forward, Lost::Nothing)
-                } else {
-                    (Verdict::Replace(f), Lost::Nothing)
-                };
+                return (self.probe_failed(code, prepared, unnamed), Lost::Nothing);
             }
             (backend::ERROR_RESPONSE, Pending::BindShared) if code == Some(*b"0A000") => {
                 self.skip_to_sync(prepared, unnamed, true);
@@ -367,6 +365,7 @@ impl Owed {
                 let lost = self.skip_to_sync(prepared, unnamed, true);
                 return (Verdict::Forward, lost);
             }
+            (tag, Pending::SwallowTo(end)) => (tag == *end, true),
             (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
                 if let Some(s) = stmt {
                     s.set_validated();
@@ -400,6 +399,29 @@ impl Owed {
             Verdict::Forward
         };
         (verdict, Lost::Nothing)
+    }
+
+    /// The server refused the probe in front (`Pending::Fail`) with
+    /// this SQLSTATE: the client gets the probe's error in its place, or the server's 25P02.
+    fn probe_failed(
+        &mut self,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> Verdict {
+        let Some(Pending::Fail(f)) = self.queue.pop_front() else {
+            unreachable!("front is a Fail")
+        };
+        self.skip_to_sync(prepared, unnamed, false);
+        // Refused because the transaction block had already failed (25P02): what
+        // PostgreSQL would have said too, except for a name that does not exist (26000),
+        // which PostgreSQL looks up before it checks the transaction, and a Bind's wrong
+        // parameter count (08P01), checked before it too.
+        if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
+            Verdict::Forward
+        } else {
+            Verdict::Replace(f)
+        }
     }
 
     /// After an error the server skips everything up to the next Sync: the replies owed
@@ -593,6 +615,49 @@ mod tests {
             reply(&mut o, &mut p, READY_FOR_QUERY, None),
             Verdict::Forward
         );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn replies_to_added_extended_messages_are_swallowed_up_to_their_tag() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        use backend::*;
+        // The client's Execute (of DISCARD ALL), then pgcarpool's Parse, Bind, Execute,
+        // Close, then the client's Sync.
+        o.push(Pending::Execute);
+        for end in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        let r = |o: &mut Owed, p: &mut PreparedSet, tag| reply(o, p, tag, None);
+        assert_eq!(r(&mut o, &mut p, COMMAND_COMPLETE), Verdict::Forward);
+        for tag in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            assert!(o.swallows_next());
+            assert_eq!(r(&mut o, &mut p, tag), Verdict::Swallow);
+        }
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
+        assert!(o.is_empty());
+        // An error in them is the client's; the rest is skipped to the Sync.
+        for end in [PARSE_COMPLETE, BIND_COMPLETE] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        assert_eq!(r(&mut o, &mut p, PARSE_COMPLETE), Verdict::Swallow);
+        let e = reply(&mut o, &mut p, ERROR_RESPONSE, Some(b"22023"));
+        assert_eq!(e, Verdict::Forward);
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
         assert!(o.is_empty());
     }
 

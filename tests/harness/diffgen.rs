@@ -73,11 +73,6 @@ pub struct GenConfig {
     pub clients: usize,
     /// Operations per client (an operation is one step, a transaction block several).
     pub ops: usize,
-    /// Not fixed yet (seeds 5, 6…): DISCARD ALL returns a server to its login values where
-    /// PostgreSQL returns to the client's startup values (pgcarpool reports the server's
-    /// default in a ParameterStatus). When true, a client with startup parameters sends no
-    /// DISCARD ALL. (RESET name, `TO DEFAULT` and RESET ALL of startup values are fixed.)
-    pub avoid_discard_all_with_startup_values: bool,
     /// Fixed (seeds 4, 15, 5; tests/differential.rs sets it false): pgcarpool applied a
     /// Parse of the unnamed statement and a Close of a statement when it sent them,
     /// PostgreSQL when it runs them; after an error earlier in the pipeline PostgreSQL skips
@@ -150,9 +145,6 @@ struct ClientGen {
     steps: Vec<String>,
     /// Parameter counts of the statements last parsed under each name.
     params: HashMap<String, usize>,
-    /// Settings RESET name / SET name TO DEFAULT may not name (see GenConfig).
-    /// No DISCARD ALL (see GenConfig).
-    no_discard_all: bool,
     avoid_skipped_name_changes: bool,
     startup: Vec<(String, String)>,
 }
@@ -167,7 +159,6 @@ impl ClientGen {
             }
         }
         ClientGen {
-            no_discard_all: cfg.avoid_discard_all_with_startup_values && !startup.is_empty(),
             avoid_skipped_name_changes: cfg.avoid_skipped_name_changes,
             rng,
             t: format!("t{i}"),
@@ -217,7 +208,7 @@ impl ClientGen {
             15 => self.temp_table(),
             16 => self.settings_effect(),
             17 => self.role(),
-            18 if self.rng.chance(30) && !self.no_discard_all => self.push("Q DISCARD ALL".into()),
+            18 if self.rng.chance(30) => self.push("Q DISCARD ALL".into()),
             _ => {
                 let e = self.error_sql();
                 self.push(format!("Q {e}"));
@@ -453,6 +444,16 @@ impl ClientGen {
                 lines.push(format!("B {portal}|{stmt}|{values}"));
             }
             5 => lines.push(format!("D S {stmt}")),
+            // PostgreSQL 15 (15.18 here) reads freed memory, and may crash (a segfault
+            // that restarts every backend: seed 1003), when it executes the unnamed portal
+            // a simple query failed in, inside a transaction block, once a message came
+            // between (its statement list points into that query's reset message
+            // context; docs/testing.md has the script). So a soup executes the unnamed
+            // portal only after binding it.
+            6 if portal.is_empty() && !lines.iter().any(|l| l.starts_with("B |")) => {
+                self.rng.below(3);
+                lines.push("H".into());
+            }
             6 => lines.push(format!("E {portal}|{}", self.rng.below(3))),
             7 => {
                 if self.rng.chance(50) {
