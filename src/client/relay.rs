@@ -223,7 +223,7 @@ impl<'a> Relay<'a> {
     ) -> Self {
         let virt = mode != PoolMode::Session && max_prepared > 0;
         if virt {
-            server.owed.clear();
+            server.forget_owed();
         }
         if let Some(held) = server.take_notifications(session.backend_pid) {
             client.queue(held);
@@ -347,7 +347,9 @@ impl<'a> Relay<'a> {
 
     /// Between transactions with nothing owed either way.
     fn server_idle(&self) -> bool {
-        self.server.proto.is_idle() && self.server.conn.out_len() == 0 && self.client.out_len() == 0
+        self.server.exchange().is_idle()
+            && self.server.conn.out_len() == 0
+            && self.client.out_len() == 0
     }
 
     fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {
@@ -469,10 +471,10 @@ impl<'a> Relay<'a> {
         let mut fwd = 0;
         let mut event = None;
         loop {
-            let p = &mut self.server.proto;
             let buf = &self.client.rbuf;
-            if p.partial > 0 {
-                if stream_partial(&mut p.partial, &mut fwd, buf.len()) {
+            if self.server.exchange().partial() > 0 {
+                fwd += self.server.send_rest(buf.len() - fwd);
+                if self.server.exchange().partial() > 0 {
                     break;
                 }
                 continue;
@@ -543,8 +545,8 @@ impl<'a> Relay<'a> {
                     if avail < h.total {
                         break;
                     }
-                    self.at_sync_point = !self.server.proto.unsynced;
-                    self.server.proto.unsynced = true;
+                    self.at_sync_point = !self.server.exchange().unsynced();
+                    self.server.note_sent(h.tag, false);
                     let body = &self.client.rbuf[fwd + 5..fwd + h.total];
                     if super::rewrite::passes_through(
                         h.tag,
@@ -576,10 +578,10 @@ impl<'a> Relay<'a> {
                     self.forward_client_run(fwd);
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
-                    if self.server.proto.expected_rfq == 0 {
+                    if self.server.exchange().ready_owed() == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    self.server.proto.unsynced = false;
+                    self.server.note_query();
                     self.on_query(msg)?;
                     if let Some(why) = self.limit.take() {
                         return Ok(Some(RelayEvent::Limit(why)));
@@ -587,18 +589,12 @@ impl<'a> Relay<'a> {
                     continue;
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
-                    if p.expected_rfq == 0 {
+                    if self.server.exchange().ready_owed() == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    p.owe_ready(h.tag == frontend::QUERY);
-                    p.unsynced = false;
-                    if self.virt {
-                        self.server.owed.push(Pending::Ready(None));
-                    }
+                    self.server.note_sent(h.tag, self.virt);
                 }
                 frontend::EXECUTE => {
-                    p.unsynced = true;
-                    p.sent_execute();
                     if self.virt && self.session.tx_portal.is_some() {
                         // Messages after it are judged by the status it leaves.
                         let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
@@ -606,16 +602,14 @@ impl<'a> Relay<'a> {
                             && body.contains(&0)
                             && let Some(e) = self.session.executed(portal)
                         {
-                            p.sent_tx_effect(e);
+                            self.server.sent_tx_effect(e);
                         }
                     }
                     if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
                         // The unnamed portal runs a RESET sent as a SET.
-                        self.server.owed.push(Pending::Retag(true));
+                        self.server.expect(Pending::Retag(true));
                     }
-                    if self.virt {
-                        self.server.owed.push(Pending::Execute);
-                    }
+                    self.server.note_sent(h.tag, self.virt);
                     if self.virt && !self.session.deallocating_portals.is_empty() {
                         let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
                         if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
@@ -624,13 +618,10 @@ impl<'a> Relay<'a> {
                         }
                     }
                 }
-                frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
-                frontend::COPY_DATA | frontend::FLUSH => {}
-                _ => p.unsynced = true,
+                tag => self.server.note_sent(tag, false),
             }
-            let p = &mut self.server.proto;
             if avail < h.total {
-                p.partial = h.total - avail;
+                self.server.sent_partly(h.total - avail);
                 fwd = self.client.rbuf.len();
                 break;
             }
@@ -639,13 +630,11 @@ impl<'a> Relay<'a> {
         let forwarded = fwd > 0;
         self.forward_client_run(fwd);
         if forwarded && event.is_none() && self.mode != PoolMode::Session {
-            let p = &self.server.proto;
-            self.owes_nothing = p.is_idle() && self.server.owed.is_empty();
+            self.owes_nothing = self.server.exchange().owes_nothing();
         }
         if self.virt && self.answer_front() && event.is_none() {
             // pgcarpool answered a whole query itself: the server may be free again.
-            let p = &self.server.proto;
-            if p.is_idle() && self.server.owed.is_empty() && self.mode != PoolMode::Session {
+            if self.server.exchange().owes_nothing() && self.mode != PoolMode::Session {
                 self.xact_started = None;
                 event = Some(RelayEvent::Release);
             }
@@ -681,7 +670,7 @@ impl<'a> Relay<'a> {
         let mut withheld = 0;
         let mut event = None;
         loop {
-            if self.virt && self.server.owed.answer_due() {
+            if self.virt && self.server.exchange().answer_due() {
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.answer_front();
@@ -697,7 +686,7 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if self.virt && self.server.owed.swallowing() {
+            if self.virt && self.server.exchange().swallowing() {
                 // Replies to a query pgcarpool added: none reach the client.
                 if h.total > MAX_INSPECTED {
                     return Err(ProtoError::TooLong(h.total));
@@ -705,17 +694,7 @@ impl<'a> Relay<'a> {
                 if avail < h.total {
                     break;
                 }
-                if h.tag == backend::READY_FOR_QUERY {
-                    let status = *buf
-                        .get(fwd + 5)
-                        .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                    self.server.proto.on_ready(status);
-                    let s = &mut *self.server;
-                    s.prepared.rounds_over(s.proto.answered);
-                } else {
-                    self.proto_reply(h.tag);
-                }
-                self.on_reply(h.tag, None);
+                self.on_reply(h, fwd)?;
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.server.conn.consume(h.total);
@@ -749,8 +728,8 @@ impl<'a> Relay<'a> {
                         backend::READY_FOR_QUERY => {
                             let status =
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                            self.on_reply(h, fwd - h.total)?;
                             if self.virt {
-                                self.on_reply(h.tag, None);
                                 // The kept round is over (a replay, or no need of one).
                                 if self.replay.as_ref().is_some_and(|r| r.complete) {
                                     self.replay = None;
@@ -777,11 +756,11 @@ impl<'a> Relay<'a> {
                         }
                         backend::PARAMETER_STATUS => {
                             let (k, v) = backend::parse_parameter_status(body)?;
-                            self.server.params.set(k, v);
                             self.session.observe_parameter(k, v);
+                            self.on_reply(h, fwd - h.total)?;
                         }
                         _ => {
-                            self.proto_reply(h.tag);
+                            self.on_reply(h, fwd - h.total)?;
                         }
                     }
                 }
@@ -796,7 +775,6 @@ impl<'a> Relay<'a> {
                     if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
                         return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
                     }
-                    self.proto_reply(h.tag);
                     note_role_doubt(self.server, code);
                     if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
                         // Perhaps a statement parsed before a schema change ("cached plan
@@ -804,7 +782,7 @@ impl<'a> Relay<'a> {
                         // Parses of its text are parsed anew.
                         self.registry.bump_generation();
                     }
-                    match self.on_reply(h.tag, code) {
+                    match self.on_reply(h, fwd)? {
                         Verdict::Replace(e) => {
                             self.forward_server_run(fwd);
                             fwd = 0;
@@ -820,7 +798,7 @@ impl<'a> Relay<'a> {
                         }
                         // (An error is never swallowed outside an added query.)
                         Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
-                            let answered = self.server.proto.answered;
+                            let answered = self.server.exchange().answered();
                             let msg = &self.server.conn.rbuf[fwd..fwd + h.total];
                             match self.renamed.restore(answered, msg) {
                                 Some(restored) => {
@@ -852,14 +830,8 @@ impl<'a> Relay<'a> {
                         if avail < h.total {
                             break;
                         }
-                        self.on_command_complete(fwd, h.total);
                     }
-                    self.proto_reply(tag);
-                    let verdict = if self.virt {
-                        self.on_reply(tag, None)
-                    } else {
-                        Verdict::Forward
-                    };
+                    let verdict = self.on_reply(h, fwd)?;
                     if verdict == Verdict::Retag {
                         self.say_reset(fwd, h.total);
                         fwd = 0;
@@ -891,16 +863,12 @@ impl<'a> Relay<'a> {
 
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
         let now = Instant::now();
-        let p = &mut self.server.proto;
-        p.on_ready(status);
-        let answered = p.answered;
-        self.server.prepared.rounds_over(answered);
         if self.virt {
             self.deallocs_over();
         }
-        let p = &mut self.server.proto;
+        let owed = self.server.exchange().ready_owed();
         self.counts.queries += 1;
-        if p.expected_rfq == 0 {
+        if owed == 0 {
             if let Some(s) = self.query_started.take() {
                 self.counts.query_time_us += now.duration_since(s).as_micros() as u64;
             }
@@ -914,11 +882,11 @@ impl<'a> Relay<'a> {
             self.idle_in_xact_since = None;
         } else {
             self.xact_started.get_or_insert(now);
-            if p.expected_rfq == 0 {
+            if owed == 0 {
                 self.idle_in_xact_since = Some(now);
             }
         }
-        if !self.server.proto.is_idle_but_status() {
+        if !self.server.exchange().is_idle_but_status() {
             return None;
         }
         self.flight = (false, false);
@@ -936,22 +904,22 @@ impl Relay<'_> {
     /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
     /// under way, at a message boundary both ways, at most one ReadyForQuery owed).
     pub fn loss(&self) -> Option<super::aborted::Loss> {
-        let p = &self.server.proto;
-        let owed = p.expected_rfq + u32::from(p.unsynced);
+        let p = self.server.exchange();
+        let owed = p.ready_owed() + u32::from(p.unsynced());
         if !self.keep_client
             || self.session.pin.is_some()
             || self.effects.pin_check
             || self.server_partial > 0
-            || p.partial > 0
-            || p.copy_in
+            || p.partial() > 0
+            || p.copy_in()
             || owed > 1
         {
             return None;
         }
         Some(super::aborted::Loss {
             in_flight: owed > 0,
-            ready_owed: p.expected_rfq > 0,
-            status: p.tx_status,
+            ready_owed: p.ready_owed() > 0,
+            status: p.tx_status(),
             begins: self.flight.0,
             commits: self.flight.1,
             fatal: self.fatal_seen,
@@ -1057,16 +1025,6 @@ impl Relay<'_> {
             .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
     }
 
-    /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
-    /// ALL or DISCARD ALL the server ran drops the statements it held.
-    fn on_command_complete(&mut self, at: usize, total: usize) {
-        let body = &self.server.conn.rbuf[at + 5..at + total];
-        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
-            self.server.prepared.deallocated();
-            self.dealloc_ran();
-        }
-    }
-
     /// The whole CommandComplete after the run of `fwd` bytes answers a RESET pgcarpool
     /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
     fn say_reset(&mut self, fwd: usize, total: usize) {
@@ -1074,16 +1032,6 @@ impl Relay<'_> {
         self.server.conn.consume(total);
         self.client
             .queue_with(|b| backend::command_complete(b, "RESET"));
-    }
-
-    /// A reply other than ReadyForQuery came: the server's protocol position follows it,
-    /// and the ReadyForQuery owed for Syncs the server ignored (read while it copied in)
-    /// leave the ledger too.
-    fn proto_reply(&mut self, tag: u8) {
-        let voided = self.server.proto.on_reply(tag);
-        if voided > 0 && self.virt {
-            self.server.owed.void_readies(voided);
-        }
     }
 }
 

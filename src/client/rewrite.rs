@@ -24,7 +24,7 @@ pub(super) fn passes_through(
     effects: &mut Effects,
 ) -> Result<bool, ProtoError> {
     let mut r = Reader::new(body, "extended-protocol message");
-    let unnamed_here = session.unnamed_id != 0 && server.unnamed == session.unnamed_id;
+    let unnamed_here = session.unnamed_id != 0 && server.exchange().unnamed() == session.unnamed_id;
     let entry = match tag {
         frontend::PARSE => {
             if !r.cstr_bytes()?.is_empty() {
@@ -44,11 +44,9 @@ pub(super) fn passes_through(
                 effects.merge(e);
             }
             let was = session.unnamed_before();
-            server.unnamed = session.parsed_unnamed(&body[1..]);
-            Pending::UnnamedParse(Undo::Unnamed {
-                was,
-                now: server.unnamed,
-            })
+            let now = session.parsed_unnamed(&body[1..]);
+            server.set_unnamed(now);
+            Pending::UnnamedParse(Undo::Unnamed { was, now })
         }
         frontend::BIND => {
             let portal = r.cstr_bytes()?;
@@ -87,7 +85,7 @@ pub(super) fn passes_through(
             }
         }
     };
-    server.owed.push(entry);
+    server.expect(entry);
     Ok(true)
 }
 
@@ -96,7 +94,7 @@ impl Relay<'_> {
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         // A simple query drops the unnamed statement, the client's and the server's.
         self.session.drop_unnamed();
-        self.server.unnamed = 0;
+        self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         let tx = classify::tx_effect(sql);
         if !classify::may_matter(sql) {
@@ -104,7 +102,7 @@ impl Relay<'_> {
             return Ok(());
         }
         let mut e = classify::classify(sql);
-        refused_in_block(&mut e, self.server.proto.status_sent());
+        refused_in_block(&mut e, self.server.status_sent());
         self.note_effects(&e);
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
@@ -114,7 +112,7 @@ impl Relay<'_> {
         }
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
-        if self.server.proto.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
+        if self.server.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
             // they are.
             self.server.probe("25P02", String::new(), true);
@@ -129,12 +127,11 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all && self.server.proto.status_sent() != b'E' {
+        if e.deallocate_all && self.server.status_sent() != b'E' {
             // The client's names go, and the server's statements unless it refuses it
             // (a failed transaction block refuses it at once).
             self.session.statements.clear();
-            let round = self.server.proto.round();
-            self.server.prepared.deallocating(round);
+            self.server.deallocating();
         }
         self.effects.merge(e);
         if let Some(name) = dealloc {
@@ -162,7 +159,7 @@ impl Relay<'_> {
                 };
                 let name = Bytes::from(name.into_bytes());
                 self.session.statements.insert(name.clone(), stmt.clone());
-                if self.server.prepared.touch(stmt.id) {
+                if self.server.touch(stmt.id) {
                     // Already prepared on this server under its shared name.
                     self.answer(Answer::Query("PREPARE"));
                     return Ok(());
@@ -170,11 +167,9 @@ impl Relay<'_> {
                 let text = stmt.sql_prepare_text();
                 let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
                 self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
-                let sql = text;
-                self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
                 self.server
-                    .send_query(query_message(&sql), Some(Box::new((stmt, name))));
+                    .send_sql_prepare(query_message(&text), stmt, name);
             }
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
@@ -200,7 +195,7 @@ impl Relay<'_> {
     /// sent after it are judged by the status it leaves.
     fn send_client_query(&mut self, msg: Bytes, tx: Option<[u8; 3]>) {
         if let Some(e) = tx {
-            self.server.proto.sent_tx_effect(e);
+            self.server.sent_tx_effect(e);
         }
         self.server.send_query(msg, None);
     }
@@ -231,7 +226,7 @@ impl Relay<'_> {
                 None => out.push_str(&String::from_utf8_lossy(&sql[a..b])),
             }
             let reset = m.as_ref().is_some_and(|m| m.1);
-            self.server.owed.push(Pending::Retag(reset));
+            self.server.expect(Pending::Retag(reset));
         }
         Some(out)
     }
@@ -322,7 +317,7 @@ impl Relay<'_> {
 
     /// Make a statement usable by a simple Query (EXECUTE) on this server.
     fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
-        if !self.server.prepared.touch(stmt.id) {
+        if !self.server.touch(stmt.id) {
             self.counts.server_parses += 1;
             self.server.prepare_apart(stmt);
         }
@@ -331,8 +326,7 @@ impl Relay<'_> {
     /// The message about to be sent names the client's statement `client` by its server
     /// name: the server's errors about it name `client` again.
     fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
-        let p = &self.server.proto;
-        let (round, answered) = (p.round(), p.answered);
+        let (round, answered) = (self.server.round(), self.server.exchange().answered());
         self.renamed
             .note(round, answered, &stmt.server_name, client);
     }
@@ -347,14 +341,13 @@ impl Relay<'_> {
         rest_at: usize,
         prefix: &str,
     ) {
-        let p = &self.server.proto;
-        let rounds = (p.round(), p.answered);
+        let rounds = (self.server.round(), self.server.exchange().answered());
         let names = (&stmt.server_name, client);
         self.renamed.note_text(rounds, names, text, rest_at, prefix);
     }
 
     fn answer(&mut self, a: Answer) {
-        self.server.owed.push(Pending::Answer(a));
+        self.server.expect(Pending::Answer(a));
     }
 
     /// The client executes `portal`: when it runs `DEALLOCATE ALL`, the client's statements
@@ -366,21 +359,21 @@ impl Relay<'_> {
             .deallocating_portals
             .iter()
             .any(|p| p == portal)
-            || self.server.proto.status_sent() == b'E'
+            || self.server.status_sent() == b'E'
         {
             return;
         }
-        let round = self.server.proto.round();
+        let round = self.server.round();
         let dropped = std::mem::take(&mut self.session.statements);
         // Kept aside until the server says it ran (`dealloc_ran`): a failed or skipped
         // Execute leaves them.
         self.session_deallocs.push((round, dropped));
-        self.server.prepared.deallocating(round);
+        self.server.deallocating();
     }
 
     /// The server ran a DEALLOCATE ALL (or DISCARD ALL) of the round it is answering.
     pub(super) fn dealloc_ran(&mut self) {
-        let answered = self.server.proto.answered;
+        let answered = self.server.exchange().answered();
         if let Some(i) = self.session_deallocs.iter().position(|d| d.0 == answered) {
             self.session_deallocs.remove(i);
         }
@@ -390,7 +383,7 @@ impl Relay<'_> {
     /// DEALLOCATE ALL of theirs was to drop, and did not, are the client's again (but for
     /// names made since).
     pub(super) fn deallocs_over(&mut self) {
-        let answered = self.server.proto.answered;
+        let answered = self.server.exchange().answered();
         while self
             .session_deallocs
             .first()
@@ -407,13 +400,13 @@ impl Relay<'_> {
     /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
     /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
-        if self.server.proto.status_sent() != b'E' {
+        if self.server.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
         let stmt = self.session.statements.get(name)?;
-        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+        if self.server.holds(stmt.id) || stmt.is_sql_prepared() {
             return None;
         }
         let formats = usize::try_from(r.i16().ok()?).ok()?;
@@ -446,7 +439,7 @@ impl Relay<'_> {
                 if name.is_empty() {
                     return self.parse_unnamed(msg);
                 }
-                if self.server.proto.status_sent() == b'E'
+                if self.server.status_sent() == b'E'
                     && !classify::ends_transaction(&body[name.len() + 1..])
                 {
                     self.refused_parse(&body[name.len() + 1..])?;
@@ -484,11 +477,11 @@ impl Relay<'_> {
                 self.session.statements.insert(name.clone(), stmt.clone());
                 self.session
                     .parsed_name(name.clone(), self.registry.changes_seen());
-                if self.server.prepared.touch(stmt.id) {
-                    self.server.owed.push(Pending::Answered(name));
+                if self.server.touch(stmt.id) {
+                    self.server.expect(Pending::Answered(name));
                 } else {
                     self.prepare_on_server(stmt, false);
-                    self.server.owed.name_last_parse(name);
+                    self.server.name_last_parse(name);
                 }
             }
             frontend::BIND => {
@@ -514,7 +507,7 @@ impl Relay<'_> {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
                             if !self.unknown_statement(&name, msg.clone(), false) {
-                                self.server.owed.push(Pending::Bind);
+                                self.server.expect(Pending::Bind);
                             }
                             return Ok(());
                         }
@@ -546,13 +539,13 @@ impl Relay<'_> {
                             });
                             self.server.conn.queue(rest);
                             if self.start_replay(name, &stmt, &msg) {
-                                self.server.owed.push(Pending::BindShared);
+                                self.server.expect(Pending::BindShared);
                                 return Ok(());
                             }
                         }
                     }
                 }
-                self.server.owed.push(Pending::Bind);
+                self.server.expect(Pending::Bind);
             }
             frontend::DESCRIBE => {
                 let mut r = Reader::new(body, "Describe");
@@ -580,13 +573,13 @@ impl Relay<'_> {
                     (b'S', None) if !name.is_empty() => {
                         let name = String::from_utf8_lossy(name).into_owned();
                         if !self.unknown_statement(&name, msg.clone(), false) {
-                            self.server.owed.push(Pending::Describe);
+                            self.server.expect(Pending::Describe);
                         }
                         return Ok(());
                     }
                     _ => self.server.conn.queue(msg),
                 }
-                self.server.owed.push(Pending::Describe);
+                self.server.expect(Pending::Describe);
             }
             frontend::CLOSE => {
                 let mut r = Reader::new(body, "Close");
@@ -608,12 +601,12 @@ impl Relay<'_> {
                         stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
                     };
                     match undo {
-                        Some(u) => self.server.owed.push(Pending::Closed(u)),
+                        Some(u) => self.server.expect(Pending::Closed(u)),
                         None => self.answer(Answer::CloseComplete),
                     }
                 } else {
                     self.server.conn.queue(msg);
-                    self.server.owed.push(Pending::Close {
+                    self.server.expect(Pending::Close {
                         swallow: false,
                         evicted: None,
                     });
@@ -667,7 +660,7 @@ impl Relay<'_> {
                 // The client's name goes now (its DEALLOCATE normally runs next); the
                 // server drops the shared statement.
                 self.ensure_for_parse(&stmt);
-                self.server.prepared.remove(stmt.id);
+                self.server.forget(stmt.id);
                 self.note_rename(&stmt, name.as_bytes());
                 Some(format!("DEALLOCATE {}", quoted(&stmt.server_name)))
             });
@@ -700,16 +693,15 @@ impl Relay<'_> {
             self.effects.merge(e);
         }
         let was = self.session.unnamed_before();
-        self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
+        let now = self.session.parsed_unnamed(&out[6..]);
+        self.server.set_unnamed(now);
         if deallocates {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
         self.server.conn.queue(out);
-        self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
-            was,
-            now: self.server.unnamed,
-        }));
+        self.server
+            .expect(Pending::UnnamedParse(Undo::Unnamed { was, now }));
         Ok(())
     }
 
@@ -723,8 +715,8 @@ impl Relay<'_> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
         let types = &rest[sql.len() + 1..];
         self.server.conn.queue(parse_message(sql, types));
-        self.server.unnamed = 0;
-        self.server.owed.push(Pending::Parse {
+        self.server.set_unnamed(0);
+        self.server.expect(Pending::Parse {
             swallow: true,
             stmt: None,
         });
@@ -762,7 +754,7 @@ impl Relay<'_> {
 
     /// Make a statement usable by an EXECUTE/DEALLOCATE inside a Parse on this server.
     fn ensure_for_parse(&mut self, stmt: &Arc<Stmt>) {
-        if self.server.prepared.touch(stmt.id) {
+        if self.server.touch(stmt.id) {
             return;
         }
         if stmt.is_sql_prepared() {
@@ -780,7 +772,7 @@ impl Relay<'_> {
     /// one that another server holds, it is parsed here first (its replies swallowed).
     fn unnamed_here(&mut self) -> bool {
         let id = self.session.unnamed_id;
-        if id != 0 && self.server.unnamed == id {
+        if id != 0 && self.server.exchange().unnamed() == id {
             return true;
         }
         let Some(rest) = self.session.unnamed.clone() else {
@@ -798,9 +790,9 @@ impl Relay<'_> {
         let stmt = self.session.statements.get(name)?.clone();
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: usable from the protocol only where it already exists.
-            return self.server.prepared.touch(stmt.id).then_some(stmt);
+            return self.server.touch(stmt.id).then_some(stmt);
         }
-        if !self.server.prepared.touch(stmt.id) {
+        if !self.server.touch(stmt.id) {
             self.prepare_on_server(stmt.clone(), true);
         } else if let Some(dep) = &stmt.depends {
             self.ensure_for_parse(dep);
@@ -828,9 +820,9 @@ impl Relay<'_> {
         let seen = self.registry.changes_seen();
         let first_bind = self.session.unbound.remove(name) == Some(seen);
         if !first_bind
-            || self.server.proto.tx_status != b'I'
+            || self.server.tx_status() != b'I'
             || self.replay.is_some()
-            || !self.server.owed.before_first_bind()
+            || !self.server.exchange().before_first_bind()
             || stmt.is_sql_prepared()
         {
             return false;
@@ -850,7 +842,7 @@ impl Relay<'_> {
     /// round's error and ReadyForQuery are dropped). False: the client gets the error.
     pub(super) fn replay_stale(&mut self) -> bool {
         self.registry.bump_generation();
-        if self.server.proto.partial > 0 {
+        if self.server.exchange().partial() > 0 {
             return false;
         }
         let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
@@ -860,7 +852,7 @@ impl Relay<'_> {
         let Some(fresh) = self.intern(&scope, &rest, r.stmt.depends.clone()) else {
             return false;
         };
-        self.server.owed.swallow_to_sync();
+        self.server.swallow_to_sync();
         // The stale copy goes (after the failed round's Sync): whoever binds it here next
         // gets it parsed anew.
         self.server.unprepare(&r.stmt);
@@ -882,8 +874,8 @@ impl Relay<'_> {
     /// of them was a ReadyForQuery.
     pub(super) fn answer_front(&mut self) -> bool {
         let mut ready = false;
-        while let Some(a) = self.server.owed.pop_answer() {
-            let status = self.server.proto.tx_status;
+        while let Some(a) = self.server.pop_answer() {
+            let status = self.server.tx_status();
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
@@ -897,16 +889,19 @@ impl Relay<'_> {
         ready
     }
 
-    /// A reply with this tag (and SQLSTATE, for an ErrorResponse) came: what the server
-    /// owed is settled (`server::response`), the client's session follows, and the verdict
+    /// A reply came (its header `h`, at `at` in the server's buffer): the server settles
+    /// what it owed (`server::exchange`), the client's session follows, and the verdict
     /// says what becomes of the reply.
-    pub(super) fn on_reply(&mut self, tag: u8, code: Option<[u8; 5]>) -> Verdict {
-        let server = &mut *self.server;
-        let (verdict, lost) =
-            server
-                .owed
-                .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
-        for u in server.owed.take_undo().into_iter().rev() {
+    pub(super) fn on_reply(
+        &mut self,
+        h: crate::proto::Header,
+        at: usize,
+    ) -> Result<Verdict, ProtoError> {
+        let reply = self.server.receive(h, at, self.virt)?;
+        if reply.deallocated {
+            self.dealloc_ran();
+        }
+        for u in reply.undo.into_iter().rev() {
             match u {
                 Undo::Name(name) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
@@ -919,7 +914,7 @@ impl Relay<'_> {
                 u => self.session.undo(u),
             }
         }
-        match lost {
+        match reply.lost {
             Lost::Nothing => {}
             Lost::Unnamed => self.session.drop_unnamed(),
             Lost::Name(p) => {
@@ -934,7 +929,7 @@ impl Relay<'_> {
                 }
             }
         }
-        verdict
+        Ok(reply.verdict)
     }
 }
 

@@ -50,7 +50,7 @@ pub struct VirtualSession {
     pub deallocating_portals: Vec<Bytes>,
     /// The portal last bound to a transaction-control statement, and what running it does
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
-    /// (`ProtoState::sent_tx_effect`).
+    /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
 }
 

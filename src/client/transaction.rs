@@ -164,7 +164,7 @@ async fn transaction(
                             && !effects.gucs_unknown
                             && !effects.pin_check =>
                     {
-                        server.broken = true;
+                        server.mark_broken();
                         tracing::info!(
                             client = c.reg.handle.id,
                             server = server.id,
@@ -172,7 +172,7 @@ async fn transaction(
                         );
                     }
                     Err(e) => {
-                        server.broken = true;
+                        server.mark_broken();
                         return Err(ClientError::fatal(
                             "08006",
                             format!("server connection lost: {e}"),
@@ -211,14 +211,14 @@ async fn transaction(
         RelayEvent::ClientProtocol(e) => Err(e.into()),
         // (Taken by the loop above; never here.)
         RelayEvent::TerminatedBeforeReply(_) => {
-            server.broken = true;
+            server.mark_broken();
             Err(ClientError::fatal(
                 "57P01",
                 "terminating connection due to administrator command".into(),
             ))
         }
         RelayEvent::ServerGone(why) => {
-            server.broken = true;
+            server.mark_broken();
             if let Some(loss) = loss {
                 tracing::info!(
                     client = c.reg.handle.id,
@@ -279,14 +279,14 @@ async fn relay_replacing(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<Relayed, ClientError> {
     loop {
-        server.served = true;
+        server.mark_served();
         let claimed = super::notify::claim(c, server.key.0);
         c.reg.handle.set_server(Some(ServerLink {
             id: server.id,
             addr: server.addr.clone(),
             key: server.key,
             created: server.created,
-            prepared: server.prepared.len(),
+            prepared: server.exchange().prepared_len(),
         }));
         if server.tls.is_some() {
             c.reg.handle.set_server_tls(server.tls.clone());
@@ -323,7 +323,7 @@ async fn relay_replacing(
             "server terminated before it answered the client's first request, \
              sending it to another server"
         );
-        server.broken = true;
+        server.mark_broken();
         // The request first, as the client sent it, then what the client sent after it.
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
         c.conn.rbuf.extend_from_slice(&rest);
@@ -417,9 +417,9 @@ async fn after_transaction(
         let defaults = c
             .pool
             .server_params()
-            .unwrap_or_else(|| server.login_params.clone());
+            .unwrap_or_else(|| server.login_params().clone());
         c.session.reset_all(&defaults);
-        server.params = server.login_params.clone();
+        server.reset_params();
         c.session.statements.clear();
     }
     // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
@@ -433,15 +433,10 @@ async fn after_transaction(
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
+        server.set_param(&name, value.as_deref());
         match value {
-            Some(v) => {
-                server.params.set(&name, &v);
-                c.session.set_param(&name, &v);
-            }
-            None => {
-                server.params.remove(&name);
-                c.session.remove_param(&name);
-            }
+            Some(v) => c.session.set_param(&name, &v),
+            None => c.session.remove_param(&name),
         }
     }
     let max_settings = c.shared.config.load().settings.client_max_settings;
@@ -512,10 +507,10 @@ fn read_back_names(
         for n in ["role", "session_authorization"] {
             add(&mut names, n);
         }
-        for (k, v) in server.params.iter() {
+        for (k, v) in server.parameters().iter() {
             if !sync::is_read_only(k)
                 && !sync::is_server_role(k)
-                && server.login_params.get(k) != Some(v)
+                && server.login_params().get(k) != Some(v)
             {
                 add(&mut names, k);
             }
@@ -867,7 +862,7 @@ async fn fitted_server(
                 ));
             }
             Err(e) => {
-                server.broken = true;
+                server.mark_broken();
                 if tries < SERVER_TRIES {
                     tracing::info!(
                         client = c.reg.handle.id,

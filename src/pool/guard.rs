@@ -62,7 +62,7 @@ impl Drop for PooledServer {
             self.pool.close(s, Active);
             return;
         }
-        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.owed.is_empty();
+        let clean = s.is_clean();
         let cancel_in_flight = cancels_in_flight(&s);
         if clean && !self.reset && !self.discard && s.conn.out_len() == 0 && !cancel_in_flight {
             self.pool.checkin(s, Active);

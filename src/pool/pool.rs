@@ -806,7 +806,7 @@ impl Pool {
             self.set_state(&s, ServerState::Active, ServerState::Tested);
             let check = query::simple_query(&mut s, q);
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
-                Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
+                Ok(Ok(None)) if s.tx_status() == b'I' => {}
                 _ => {
                     self.close_because(s, ServerState::Tested, "server check query failed");
                     return None;
@@ -1121,7 +1121,7 @@ impl Pool {
             pid: s.key.0,
             created: s.created,
             last_used: Some(s.last_used),
-            prepared: s.prepared.len(),
+            prepared: s.exchange().prepared_len(),
             tls: s.tls.clone(),
         });
         let transit = g.transit.iter().map(|t| IdleServerInfo {

@@ -415,10 +415,12 @@ impl Server {
         if query {
             self.conn
                 .queue_with(|b| frontend::query(b, QUERY_PROBE_SQL));
-            self.proto.owe_ready(true);
-            self.unnamed = 0;
-            self.owed.push(Pending::Fail(Box::new((code, message))));
-            self.owed.push(Pending::Ready(None));
+            self.exchange.owe_ready(true);
+            self.exchange.unnamed = 0;
+            self.exchange
+                .owed
+                .push(Pending::Fail(Box::new((code, message))));
+            self.exchange.owed.push(Pending::Ready(None));
         } else {
             const NAME: &[u8] = b"pgcarpool_refused";
             let len = 4 + NAME.len() + 1 + PROBE_SQL.len() + 1 + 2;
@@ -431,16 +433,25 @@ impl Server {
                 b.put_u8(0);
                 b.put_i16(0);
             });
-            self.owed.push(Pending::Fail(Box::new((code, message))));
+            self.exchange
+                .owed
+                .push(Pending::Fail(Box::new((code, message))));
         }
+    }
+
+    /// Send a client's SQL PREPARE (`msg`) of `stmt`, which the server then holds, under
+    /// client name `name`: the name goes again if the server refuses the text.
+    pub fn send_sql_prepare(&mut self, msg: Bytes, stmt: Arc<Stmt>, name: Bytes) {
+        self.exchange.prepared.insert(stmt.clone());
+        self.send_query(msg, Some(Box::new((stmt, name))));
     }
 
     /// Send a client's simple Query; its ReadyForQuery is owed. `prepares`: it is a SQL
     /// PREPARE of this statement under this client name.
     pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.conn.queue(msg);
-        self.proto.owe_ready(true);
-        self.owed.push(Pending::Ready(prepares));
+        self.exchange.owe_ready(true);
+        self.exchange.owed.push(Pending::Ready(prepares));
     }
 }
 
@@ -619,20 +630,20 @@ mod tests {
     #[tokio::test]
     async fn a_probe_for_a_query_is_a_query_whose_error_is_replaced() {
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 3;
+        server.exchange.unnamed = 3;
         server.probe("42P05", "exists".into(), true);
         let mut want = bytes::BytesMut::new();
         frontend::query(&mut want, "EXECUTE pgcarpool_refused");
         assert_eq!(server.conn.queued(), &want[..]);
-        assert_eq!(server.proto.expected_rfq, 1);
+        assert_eq!(server.exchange.ready_owed(), 1);
         assert_eq!(
-            server.unnamed, 0,
+            server.exchange.unnamed, 0,
             "a simple Query drops the unnamed statement"
         );
         let mut p = PreparedSet::default();
         assert_eq!(
             reply(
-                &mut server.owed,
+                &mut server.exchange.owed,
                 &mut p,
                 backend::ERROR_RESPONSE,
                 Some(b"42703")
@@ -640,16 +651,21 @@ mod tests {
             Verdict::Replace(Box::new(("42P05", "exists".into())))
         );
         assert_eq!(
-            reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+            reply(
+                &mut server.exchange.owed,
+                &mut p,
+                backend::READY_FOR_QUERY,
+                None
+            ),
             Verdict::Forward
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[tokio::test]
     async fn a_probe_for_an_extended_message_is_a_parse() {
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 3;
+        server.exchange.unnamed = 3;
         server.probe("26000", "no such statement".into(), false);
         let mut want = vec![b'P'];
         let body = b"pgcarpool_refused\0select pgcarpool_refused\0\0\0";
@@ -657,21 +673,22 @@ mod tests {
         want.extend_from_slice(body);
         assert_eq!(server.conn.queued(), want);
         assert_eq!(
-            server.proto.expected_rfq, 0,
+            server.exchange.ready_owed(),
+            0,
             "the client's Sync comes later"
         );
-        assert_eq!(server.unnamed, 3);
+        assert_eq!(server.exchange.unnamed, 3);
         let mut p = PreparedSet::default();
         assert_eq!(
             reply(
-                &mut server.owed,
+                &mut server.exchange.owed,
                 &mut p,
                 backend::ERROR_RESPONSE,
                 Some(b"42703")
             ),
             Verdict::Replace(Box::new(("26000", "no such statement".into())))
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[tokio::test]
@@ -683,16 +700,21 @@ mod tests {
         server.send_query(q.clone(), None);
         server.send_query(q.clone(), None);
         assert_eq!(server.conn.queued(), [&q[..], &q[..]].concat());
-        assert_eq!(server.proto.expected_rfq, 2);
+        assert_eq!(server.exchange.ready_owed(), 2);
         let mut p = PreparedSet::default();
-        assert!(!server.owed.before_first_bind());
+        assert!(!server.exchange.owed.before_first_bind());
         for _ in 0..2 {
             assert_eq!(
-                reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+                reply(
+                    &mut server.exchange.owed,
+                    &mut p,
+                    backend::READY_FOR_QUERY,
+                    None
+                ),
                 Verdict::Forward
             );
         }
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[test]
