@@ -268,7 +268,7 @@ impl<'a> Relay<'a> {
         // A server of a host seen demoted meanwhile: nothing of the client's is sent to it
         // (it goes back to wait for another).
         if let Some(h) = self.fence
-            && h.demoted(self.server.host)
+            && h.demoted(self.server.host())
         {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
         }
@@ -292,7 +292,7 @@ impl<'a> Relay<'a> {
         let fence = self.fence;
         let mut demoted = std::pin::pin!(fence.map(|h| h.changed.notified()));
         if let Some(h) = fence
-            && h.demoted(self.server.host)
+            && h.demoted(self.server.host())
         {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
         }
@@ -331,7 +331,7 @@ impl<'a> Relay<'a> {
                 _ = async { demoted.as_mut().as_pin_mut().expect("guarded").await },
                     if demoted.is_some() =>
                 {
-                    if fence.is_some_and(|h| h.demoted(self.server.host)) {
+                    if fence.is_some_and(|h| h.demoted(self.server.host())) {
                         return RelayEvent::ServerGone(HOST_DEMOTED.into());
                     }
                     demoted.set(fence.map(|h| h.changed.notified()));
@@ -348,7 +348,7 @@ impl<'a> Relay<'a> {
     /// Between transactions with nothing owed either way.
     fn server_idle(&self) -> bool {
         self.server.exchange().is_idle()
-            && self.server.conn.out_len() == 0
+            && self.server.conn().out_len() == 0
             && self.client.out_len() == 0
     }
 
@@ -387,15 +387,15 @@ impl<'a> Relay<'a> {
         loop {
             let mut progress = false;
             // Writes first: they free room for reads.
-            let before = self.server.conn.out_len();
-            if self.server.conn.out_pending() {
-                if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
+            let before = self.server.conn().out_len();
+            if self.server.conn().out_pending() {
+                if let Poll::Ready(Err(e)) = self.server.conn_mut().poll_write_out(cx) {
                     if let Some(ev) = self.reset_before_reply(&e) {
                         return Poll::Ready(ev);
                     }
                     return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                 }
-                progress |= self.server.conn.out_len() < before;
+                progress |= self.server.conn().out_len() < before;
             }
             let before = self.client.out_len();
             if self.client.out_pending() {
@@ -405,7 +405,7 @@ impl<'a> Relay<'a> {
                 progress |= self.client.out_len() < before;
             }
             if self.client.out_len() < HIGH_WATER {
-                match self.server.conn.poll_read_more(cx) {
+                match self.server.conn_mut().poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
                         // A FATAL read with the end of an earlier reply (the session sync's)
                         // is still unscanned.
@@ -443,7 +443,7 @@ impl<'a> Relay<'a> {
                     Poll::Pending => {}
                 }
             }
-            if self.server.conn.out_len() < HIGH_WATER {
+            if self.server.conn().out_len() < HIGH_WATER {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(RelayEvent::ClientGone);
@@ -648,13 +648,13 @@ impl<'a> Relay<'a> {
     fn forward_client_run(&mut self, n: usize) {
         if n > 0 {
             let chunk = self.client.rbuf.split_to(n).freeze();
-            self.server.conn.queue(chunk);
+            self.server.conn_mut().queue(chunk);
         }
     }
 
     fn forward_server_run(&mut self, n: usize) {
         if n > 0 {
-            let chunk = self.server.conn.rbuf.split_to(n).freeze();
+            let chunk = self.server.conn_mut().rbuf.split_to(n).freeze();
             self.client.queue(chunk);
         }
     }
@@ -675,7 +675,7 @@ impl<'a> Relay<'a> {
                 fwd = 0;
                 self.answer_front();
             }
-            let buf = &self.server.conn.rbuf;
+            let buf = &self.server.conn().rbuf;
             if self.server_partial > 0 {
                 if stream_partial(&mut self.server_partial, &mut fwd, buf.len()) {
                     break;
@@ -697,7 +697,7 @@ impl<'a> Relay<'a> {
                 self.on_reply(h, fwd)?;
                 self.forward_server_run(fwd);
                 fwd = 0;
-                self.server.conn.consume(h.total);
+                self.server.conn_mut().consume(h.total);
                 continue;
             }
             match h.tag {
@@ -708,8 +708,8 @@ impl<'a> Relay<'a> {
                     if avail < h.total {
                         break;
                     }
-                    let (server_pid, client_pid) = (self.server.key.0, self.session.backend_pid);
-                    let msg = &mut self.server.conn.rbuf[fwd..fwd + h.total];
+                    let (server_pid, client_pid) = (self.server.key().0, self.session.backend_pid);
+                    let msg = &mut self.server.conn_mut().rbuf[fwd..fwd + h.total];
                     crate::server::rewrite_notification_pid(msg, server_pid, client_pid);
                     fwd += h.total;
                 }
@@ -786,7 +786,7 @@ impl<'a> Relay<'a> {
                         Verdict::Replace(e) => {
                             self.forward_server_run(fwd);
                             fwd = 0;
-                            self.server.conn.consume(h.total);
+                            self.server.conn_mut().consume(h.total);
                             self.client
                                 .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
                         }
@@ -794,17 +794,17 @@ impl<'a> Relay<'a> {
                             // Dropped: the client's round runs again on a fresh statement.
                             self.forward_server_run(fwd);
                             fwd = 0;
-                            self.server.conn.consume(h.total);
+                            self.server.conn_mut().consume(h.total);
                         }
                         // (An error is never swallowed outside an added query.)
                         Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
                             let answered = self.server.exchange().answered();
-                            let msg = &self.server.conn.rbuf[fwd..fwd + h.total];
+                            let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
                             match self.renamed.restore(answered, msg) {
                                 Some(restored) => {
                                     self.forward_server_run(fwd);
                                     fwd = 0;
-                                    self.server.conn.consume(h.total);
+                                    self.server.conn_mut().consume(h.total);
                                     self.client.queue(restored);
                                 }
                                 None => fwd += h.total,
@@ -841,15 +841,15 @@ impl<'a> Relay<'a> {
                         // A response to a message we added: the client never sees it.
                         self.forward_server_run(fwd);
                         fwd = 0;
-                        if self.server.conn.rbuf.len() < h.total {
+                        if self.server.conn().rbuf.len() < h.total {
                             return Err(ProtoError::Malformed("swallowed response"));
                         }
-                        self.server.conn.consume(h.total);
+                        self.server.conn_mut().consume(h.total);
                         continue;
                     }
                     if avail < h.total {
                         self.server_partial = h.total - avail;
-                        fwd = self.server.conn.rbuf.len();
+                        fwd = self.server.conn().rbuf.len();
                         break;
                     }
                     fwd += h.total;
@@ -857,7 +857,7 @@ impl<'a> Relay<'a> {
             }
         }
         self.forward_server_run(fwd);
-        self.server.conn.consume(withheld);
+        self.server.conn_mut().consume(withheld);
         Ok(event)
     }
 
@@ -948,7 +948,7 @@ impl Relay<'_> {
     ) -> RelayEvent {
         note_role_doubt(self.server, code);
         self.forward_server_run(at);
-        self.server.conn.consume(total);
+        self.server.conn_mut().consume(total);
         self.fatal_seen = true;
         RelayEvent::ServerGone(why)
     }
@@ -970,7 +970,7 @@ impl Relay<'_> {
     /// query that had been running is not overruled. The replies of a backend come in
     /// order: a statement that ran to its end would have put its reply before the FATAL.
     fn first_reply(&mut self) -> Option<Option<RelayEvent>> {
-        let buf = &self.server.conn.rbuf;
+        let buf = &self.server.conn().rbuf;
         let h = match proto::header(buf, MAX_INSPECTED) {
             Ok(Some(h)) => h,
             Ok(None) => return Some(None),
@@ -1010,7 +1010,7 @@ impl Relay<'_> {
         if !reset {
             return None;
         }
-        if !self.server.conn.rbuf.is_empty() {
+        if !self.server.conn().rbuf.is_empty() {
             // What the server said before the reset, read with the end of an earlier reply
             // (the session sync's) and not scanned yet: its FATAL, perhaps.
             return self.first_request.is_some().then(|| self.first_reply())??;
@@ -1029,7 +1029,7 @@ impl Relay<'_> {
     /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
     fn say_reset(&mut self, fwd: usize, total: usize) {
         self.forward_server_run(fwd);
-        self.server.conn.consume(total);
+        self.server.conn_mut().consume(total);
         self.client
             .queue_with(|b| backend::command_complete(b, "RESET"));
     }
@@ -1071,7 +1071,7 @@ fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
     if let Some(c) = code
         && matches!(&c, b"25006" | b"57P01" | b"57P02")
     {
-        server.role_doubt = Some(c);
+        server.note_role_doubt(c);
     }
 }
 

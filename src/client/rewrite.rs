@@ -242,7 +242,7 @@ impl Relay<'_> {
             if query {
                 self.server.send_query(msg, None);
             } else {
-                self.server.conn.queue(msg);
+                self.server.conn_mut().queue(msg);
             }
             return false;
         }
@@ -497,7 +497,7 @@ impl Relay<'_> {
                     let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
                     let tx = s.unnamed.as_deref().and_then(tx_effect_of);
                     s.bound(portal, tx, deallocates);
-                    self.server.conn.queue(msg);
+                    self.server.conn_mut().queue(msg);
                 } else {
                     if let Some(m) = self.bind_count_error(body) {
                         self.server.probe("08P01", m, false);
@@ -529,7 +529,7 @@ impl Relay<'_> {
                             let sname = stmt.server_name.clone();
                             let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
                             let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
-                            self.server.conn.queue_with(|b| {
+                            self.server.conn_mut().queue_with(|b| {
                                 b.put_u8(frontend::BIND);
                                 b.put_i32(len);
                                 b.put_slice(portal);
@@ -537,7 +537,7 @@ impl Relay<'_> {
                                 b.put_slice(&sname);
                                 b.put_u8(0);
                             });
-                            self.server.conn.queue(rest);
+                            self.server.conn_mut().queue(rest);
                             if self.start_replay(name, &stmt, &msg) {
                                 self.server.expect(Pending::BindShared);
                                 return Ok(());
@@ -562,7 +562,7 @@ impl Relay<'_> {
                     (b'S', Some(stmt)) => {
                         self.note_rename(&stmt, name);
                         let sname = stmt.server_name.clone();
-                        self.server.conn.queue_with(|b| {
+                        self.server.conn_mut().queue_with(|b| {
                             b.put_u8(frontend::DESCRIBE);
                             b.put_i32((4 + 1 + sname.len() + 1) as i32);
                             b.put_u8(b'S');
@@ -577,7 +577,7 @@ impl Relay<'_> {
                         }
                         return Ok(());
                     }
-                    _ => self.server.conn.queue(msg),
+                    _ => self.server.conn_mut().queue(msg),
                 }
                 self.server.expect(Pending::Describe);
             }
@@ -605,7 +605,7 @@ impl Relay<'_> {
                         None => self.answer(Answer::CloseComplete),
                     }
                 } else {
-                    self.server.conn.queue(msg);
+                    self.server.conn_mut().queue(msg);
                     self.server.expect(Pending::Close {
                         swallow: false,
                         evicted: None,
@@ -699,7 +699,7 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
-        self.server.conn.queue(out);
+        self.server.conn_mut().queue(out);
         self.server
             .expect(Pending::UnnamedParse(Undo::Unnamed { was, now }));
         Ok(())
@@ -714,7 +714,7 @@ impl Relay<'_> {
     fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
         let types = &rest[sql.len() + 1..];
-        self.server.conn.queue(parse_message(sql, types));
+        self.server.conn_mut().queue(parse_message(sql, types));
         self.server.set_unnamed(0);
         self.server.expect(Pending::Parse {
             swallow: true,

@@ -134,7 +134,7 @@ async fn transaction(
     )
     .await?;
     c.reg.handle.set_server(None);
-    if server.tls.is_some() {
+    if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
     }
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
@@ -167,7 +167,7 @@ async fn transaction(
                         server.mark_broken();
                         tracing::info!(
                             client = c.reg.handle.id,
-                            server = server.id,
+                            server = server.id(),
                             "server lost after the client's transaction, the client stays: {e}"
                         );
                     }
@@ -184,7 +184,7 @@ async fn transaction(
                 c.conn.queue(held);
             }
             let (notified, discard_all) = (effects.notify, effects.discard_all);
-            super::notify::after_transaction(c, server.key.0, claimed, notified, discard_all)
+            super::notify::after_transaction(c, server.key().0, claimed, notified, discard_all)
                 .await?;
             // What came meanwhile is the client's before the ReadyForQuery kept back (its
             // own notifications come before it, as from PostgreSQL).
@@ -222,11 +222,11 @@ async fn transaction(
             if let Some(loss) = loss {
                 tracing::info!(
                     client = c.reg.handle.id,
-                    server = server.id,
+                    server = server.id(),
                     "server lost under the client's transaction, the client stays: {why}"
                 );
                 if claimed {
-                    c.pool.listener.unclaim(server.key.0, c.reg.handle.id);
+                    c.pool.listener.unclaim(server.key().0, c.reg.handle.id);
                 }
                 return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
             }
@@ -237,7 +237,7 @@ async fn transaction(
         }
         RelayEvent::Timeout(kind) => {
             tracing::info!(
-                server = server.id,
+                server = server.id(),
                 db = %c.reg.handle.db,
                 user = %c.reg.handle.user,
                 "closing because: {}",
@@ -280,16 +280,16 @@ async fn relay_replacing(
 ) -> Result<Relayed, ClientError> {
     loop {
         server.mark_served();
-        let claimed = super::notify::claim(c, server.key.0);
+        let claimed = super::notify::claim(c, server.key().0);
         c.reg.handle.set_server(Some(ServerLink {
-            id: server.id,
-            addr: server.addr.clone(),
-            key: server.key,
-            created: server.created,
+            id: server.id(),
+            addr: server.addr().clone(),
+            key: server.key(),
+            created: server.created(),
             prepared: server.exchange().prepared_len(),
         }));
-        if server.tls.is_some() {
-            c.reg.handle.set_server_tls(server.tls.clone());
+        if server.tls().is_some() {
+            c.reg.handle.set_server_tls(server.tls().cloned());
         }
         c.reg.handle.set_state(ClientState::Active);
         let assigned_at = Instant::now();
@@ -319,7 +319,7 @@ async fn relay_replacing(
         replays_left -= 1;
         tracing::info!(
             client = c.reg.handle.id,
-            server = server.id,
+            server = server.id(),
             "server terminated before it answered the client's first request, \
              sending it to another server"
         );
@@ -866,7 +866,7 @@ async fn fitted_server(
                 if tries < SERVER_TRIES {
                     tracing::info!(
                         client = c.reg.handle.id,
-                        server = server.id,
+                        server = server.id(),
                         "server died before the transaction began, taking another: {e}"
                     );
                     continue;

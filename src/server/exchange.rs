@@ -121,7 +121,12 @@ impl Exchange {
     /// Nothing owed at all, replies pgcarpool gives itself included (the transaction
     /// status aside from `is_idle`): what "this server may go" is decided by.
     pub fn owes_nothing(&self) -> bool {
-        self.is_idle() && self.owed.is_empty()
+        self.is_idle() && self.ledger_empty()
+    }
+
+    /// No reply is owed in the ledger (`Owed`), whatever the protocol position says.
+    pub fn ledger_empty(&self) -> bool {
+        self.owed.is_empty()
     }
 
     /// Does the server hold this statement (whether or not a client still names it)?

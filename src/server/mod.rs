@@ -59,39 +59,39 @@ impl Params {
 
 /// One logged-in server connection.
 pub struct Server {
-    pub id: u64,
-    pub conn: Conn,
+    id: u64,
+    conn: Conn,
     /// One per server: cancel requests in flight hold clones (the pool waits for them to
     /// finish before the server is reused, see `pool::guard`).
-    pub addr: std::sync::Arc<ServerAddr>,
+    addr: std::sync::Arc<ServerAddr>,
     /// BackendKeyData (pid, secret) for cancel requests.
-    pub key: (i32, i32),
+    key: (i32, i32),
     /// Current values of the session parameters we know of.
-    pub params: Params,
+    params: Params,
     /// Values right after login (what RESET ALL/DISCARD ALL return to).
-    pub login_params: Params,
+    login_params: Params,
     /// What it owes for what was sent to it, and what it holds (`exchange`).
     exchange: Exchange,
-    pub created: Instant,
-    pub last_used: Instant,
+    created: Instant,
+    last_used: Instant,
     /// A client has run work on it (not only a login that read its parameters):
     /// `server_lifetime = 0` closes it when it comes back.
-    pub served: bool,
+    served: bool,
     /// Set when the server's state is unknown: it must be closed, not reused.
-    pub broken: bool,
+    broken: bool,
     /// The worker whose runtime drives the socket (see `crate::workers`).
-    pub home: usize,
+    home: usize,
     /// NotificationResponses that came while pgcarpool ran its own queries: they belong to
     /// the client holding the server (`take_notifications`).
-    pub notifications: bytes::BytesMut,
+    notifications: bytes::BytesMut,
     /// The TLS session as SHOW SERVERS prints it (None: plain).
-    pub tls: Option<std::sync::Arc<str>>,
+    tls: Option<std::sync::Arc<str>>,
     /// Which host of the target's host list it is on (None: no list).
-    pub host: Option<usize>,
+    host: Option<usize>,
     /// It reported what may mean its host is no longer what it was (25006 read-only
     /// transaction, 57P01/57P02 shutdown): the SQLSTATE. The server is closed and the
     /// host's role checked again.
-    pub role_doubt: Option<[u8; 5]>,
+    role_doubt: Option<[u8; 5]>,
 }
 
 impl Server {
@@ -134,6 +134,88 @@ impl Server {
             at += h.total;
         }
         Some(buf.freeze())
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The socket, for the relay and the pool's own I/O.
+    pub fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
+    pub fn conn_mut(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
+    /// Its address (cancel requests in flight hold clones, see `pool::guard`).
+    pub fn addr(&self) -> &std::sync::Arc<ServerAddr> {
+        &self.addr
+    }
+
+    /// BackendKeyData (pid, secret) for cancel requests.
+    pub fn key(&self) -> (i32, i32) {
+        self.key
+    }
+
+    pub fn created(&self) -> Instant {
+        self.created
+    }
+
+    pub fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// It went back to the pool at `t`: notifications held for its client go (nobody
+    /// listens on a server in the pool).
+    pub fn checked_in(&mut self, t: Instant) {
+        self.last_used = t;
+        self.notifications.clear();
+    }
+
+    /// A client has run work on it (not only a login that read its parameters).
+    pub fn served(&self) -> bool {
+        self.served
+    }
+
+    /// Its state is unknown: it must be closed, not reused.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// The worker whose runtime drives the socket.
+    pub fn home(&self) -> usize {
+        self.home
+    }
+
+    /// The TLS session as SHOW SERVERS prints it (None: plain).
+    pub fn tls(&self) -> Option<&std::sync::Arc<str>> {
+        self.tls.as_ref()
+    }
+
+    pub fn set_tls(&mut self, tls: Option<std::sync::Arc<str>>) {
+        self.tls = tls;
+    }
+
+    /// Which host of the target's host list it is on (None: no list).
+    pub fn host(&self) -> Option<usize> {
+        self.host
+    }
+
+    pub fn set_host(&mut self, host: Option<usize>) {
+        self.host = host;
+    }
+
+    /// The SQLSTATE of an error that may mean its host is no longer what it was.
+    pub fn role_doubt(&self) -> Option<[u8; 5]> {
+        self.role_doubt
+    }
+
+    /// It reported an error that may mean its host is no longer what it was (25006,
+    /// 57P01, 57P02): it is closed and the host's role checked again.
+    pub fn note_role_doubt(&mut self, code: [u8; 5]) {
+        self.role_doubt = Some(code);
     }
 
     /// Its state is unknown: it must be closed, not reused.
