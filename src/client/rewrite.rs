@@ -281,20 +281,13 @@ impl Relay<'_> {
         rest: &[u8],
         depends: Option<Arc<Stmt>>,
     ) -> Option<Arc<Stmt>> {
-        if self.session.statements.len() >= self.max_client_statements {
-            self.limit = Some(format!(
-                "too many prepared statements: client_max_statements is {}",
-                self.max_client_statements
-            ));
-            return None;
-        }
-        match self.registry.intern_with(scope, rest, depends) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                self.limit = Some(format!("cannot keep another prepared statement: {e}"));
-                None
-            }
-        }
+        let interned = self.session.intern(
+            self.registry,
+            self.max_client_statements,
+            (scope, rest),
+            depends,
+        );
+        interned.map_err(|why| self.limit = Some(why)).ok()
     }
 
     /// Note what the client's statements do to the shared statement registry and the pools.

@@ -737,26 +737,13 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         match h.tag {
             frontend::PARSE => {
                 let name_len = body.iter().position(|&b| b == 0).expect("checked above");
-                if c.session.statements.len() >= cfg_max_statements(c) {
-                    return Err(ClientError::fatal(
-                        "53400",
-                        format!(
-                            "too many prepared statements: client_max_statements is {}",
-                            cfg_max_statements(c)
-                        ),
-                    ));
-                }
                 let rest = &body[name_len + 1..];
+                let scope = c.session.statement_scope(rest);
+                let max = c.shared.config.load().settings.client_max_statements;
                 let stmt = c
-                    .shared
-                    .statements
-                    .intern(&c.session.statement_scope(rest), rest)
-                    .map_err(|e| {
-                        ClientError::fatal(
-                            "53400",
-                            format!("cannot keep another prepared statement: {e}"),
-                        )
-                    })?;
+                    .session
+                    .intern(&c.shared.statements, max, (&scope, rest), None)
+                    .map_err(|why| ClientError::fatal("53400", why))?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
                 PoolStats::add(&c.pool.stats.client_parse_count, 1);
                 let generation = c.shared.statements.changes_seen();
@@ -778,10 +765,6 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         at += h.total;
     }
     Ok(Local::Answered)
-}
-
-fn cfg_max_statements(c: &Client) -> usize {
-    c.shared.config.load().settings.client_max_statements
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
