@@ -818,23 +818,17 @@ mod tests {
     fn a_copy_out_is_forwarded_and_owes_nothing_more() {
         let mut x = Exchange::new();
         send(&mut x, &q("copy t to stdout"), true);
+        let h = m(backend::COPY_OUT_RESPONSE, b"\0\0\x01\0\0");
+        assert_eq!(recv(&mut x, &h, true), [Verdict::Forward]);
+        assert!(!x.copy_in(), "copying out, not in");
         let out = cat(&[
-            m(backend::COPY_OUT_RESPONSE, b"\0\0\x01\0\0"),
             m(frontend::COPY_DATA, b"1\n"),
             m(frontend::COPY_DONE, b""),
             cc("COPY 1"),
             z(b'I'),
         ]);
-        assert_eq!(
-            recv(&mut x, &out, true),
-            vec![
-                Verdict::Forward,
-                Verdict::Forward,
-                Verdict::Forward,
-                Verdict::Forward,
-                Verdict::Forward
-            ]
-        );
+        let v = recv(&mut x, &out, true);
+        assert!(v.iter().all(|v| *v == Verdict::Forward), "{v:?}");
         assert!(x.owes_nothing() && !x.copy_in());
     }
 
