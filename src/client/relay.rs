@@ -817,6 +817,8 @@ impl<'a> Relay<'a> {
                     if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
                         return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
                     }
+                    // (It may end a COPY, and the Syncs read while copying in with it.)
+                    self.on_reply(h, fwd)?;
                     note_role_doubt(self.server, code);
                     fwd += h.total;
                 }
