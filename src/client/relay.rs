@@ -3,6 +3,7 @@
 //! the slower side setting the pace. Only the messages that change state are looked at.
 use std::collections::HashMap;
 use std::future::poll_fn;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -483,50 +484,7 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if let Some(r) = &mut self.replay
-                && !r.complete
-            {
-                // Kept as sent, up to the Sync (the Bind itself is kept by on_extended).
-                if avail < h.total
-                    || r.msgs.len() + h.total > MAX_REPLAY
-                    || matches!(
-                        h.tag,
-                        frontend::QUERY | frontend::PARSE | frontend::TERMINATE
-                    )
-                {
-                    self.replay = None;
-                } else {
-                    r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
-                    r.complete = h.tag == frontend::SYNC;
-                }
-            }
-            if self.keep_client
-                && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND)
-            {
-                let (b, c) = if avail >= h.total {
-                    in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
-                } else {
-                    // Seen whole later (virtual statements), or streamed unseen: may commit.
-                    (false, !self.virt && h.tag != frontend::BIND)
-                };
-                self.flight = (self.flight.0 || b, self.flight.1 || c);
-            }
-            if let Some(k) = &mut self.first_request {
-                let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
-                if whole
-                    && h.tag == frontend::QUERY
-                    && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
-                {
-                    k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
-                    k.sent.get_or_insert_with(Instant::now);
-                } else {
-                    self.first_request = None;
-                }
-            }
-            self.idle_in_xact_since = None;
-            if self.xact_started.is_none() && self.mode != PoolMode::Session {
-                self.xact_started = Some(Instant::now());
-            }
+            self.note_client_message(h, fwd);
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
@@ -594,30 +552,7 @@ impl<'a> Relay<'a> {
                     }
                     self.server.note_sent(h.tag, self.virt);
                 }
-                frontend::EXECUTE => {
-                    if self.virt && self.session.tx_portal.is_some() {
-                        // Messages after it are judged by the status it leaves.
-                        let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
-                        if let Some(portal) = body.split(|&c| c == 0).next()
-                            && body.contains(&0)
-                            && let Some(e) = self.session.executed(portal)
-                        {
-                            self.server.sent_tx_effect(e);
-                        }
-                    }
-                    if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
-                        // The unnamed portal runs a RESET sent as a SET.
-                        self.server.expect(Pending::Retag(true));
-                    }
-                    self.server.note_sent(h.tag, self.virt);
-                    if self.virt && !self.session.deallocating_portals.is_empty() {
-                        let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
-                        if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
-                            let portal = Bytes::copy_from_slice(portal);
-                            self.executing(&portal);
-                        }
-                    }
-                }
+                frontend::EXECUTE => self.on_execute(h, fwd),
                 tag => self.server.note_sent(tag, false),
             }
             if avail < h.total {
@@ -627,6 +562,12 @@ impl<'a> Relay<'a> {
             }
             fwd += h.total;
         }
+        Ok(self.client_scanned(fwd, event))
+    }
+
+    /// The client's buffer was scanned up to `fwd` (to forward), ending with `event`: does
+    /// the server owe nothing now, or has pgcarpool answered a whole query itself?
+    fn client_scanned(&mut self, fwd: usize, mut event: Option<RelayEvent>) -> Option<RelayEvent> {
         let forwarded = fwd > 0;
         self.forward_client_run(fwd);
         if forwarded && event.is_none() && self.mode != PoolMode::Session {
@@ -642,7 +583,85 @@ impl<'a> Relay<'a> {
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
         }
-        Ok(event)
+        event
+    }
+
+    /// What each client message does besides its forwarding: kept for a replay, what it
+    /// may do to the transaction, the first request kept, the transaction's timers.
+    /// `fwd`: where it starts in the client's buffer.
+    fn note_client_message(&mut self, h: proto::Header, fwd: usize) {
+        let buf = &self.client.rbuf;
+        let avail = buf.len() - fwd;
+        if let Some(r) = &mut self.replay
+            && !r.complete
+        {
+            // Kept as sent, up to the Sync (the Bind itself is kept by on_extended).
+            if avail < h.total
+                || r.msgs.len() + h.total > MAX_REPLAY
+                || matches!(
+                    h.tag,
+                    frontend::QUERY | frontend::PARSE | frontend::TERMINATE
+                )
+            {
+                self.replay = None;
+            } else {
+                r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                r.complete = h.tag == frontend::SYNC;
+            }
+        }
+        if self.keep_client && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
+            let (b, c) = if avail >= h.total {
+                in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
+            } else {
+                // Seen whole later (virtual statements), or streamed unseen: may commit.
+                (false, !self.virt && h.tag != frontend::BIND)
+            };
+            self.flight = (self.flight.0 || b, self.flight.1 || c);
+        }
+        if let Some(k) = &mut self.first_request {
+            let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
+            if whole
+                && h.tag == frontend::QUERY
+                && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
+            {
+                k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                k.sent.get_or_insert_with(Instant::now);
+            } else {
+                self.first_request = None;
+            }
+        }
+        self.idle_in_xact_since = None;
+        if self.xact_started.is_none() && self.mode != PoolMode::Session {
+            self.xact_started = Some(Instant::now());
+        }
+    }
+
+    /// An Execute at `fwd` in the client's buffer (whole or not), forwarded as written.
+    fn on_execute(&mut self, h: proto::Header, fwd: usize) {
+        let buf = &self.client.rbuf;
+        let avail = buf.len() - fwd;
+        if self.virt && self.session.tx_portal.is_some() {
+            // Messages after it are judged by the status it leaves.
+            let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
+            if let Some(portal) = body.split(|&c| c == 0).next()
+                && body.contains(&0)
+                && let Some(e) = self.session.executed(portal)
+            {
+                self.server.sent_tx_effect(e);
+            }
+        }
+        if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
+            // The unnamed portal runs a RESET sent as a SET.
+            self.server.expect(Pending::Retag(true));
+        }
+        self.server.note_sent(h.tag, self.virt);
+        if self.virt && !self.session.deallocating_portals.is_empty() {
+            let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
+            if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
+                let portal = Bytes::copy_from_slice(portal);
+                self.executing(&portal);
+            }
+        }
     }
 
     fn forward_client_run(&mut self, n: usize) {
@@ -688,24 +707,16 @@ impl<'a> Relay<'a> {
             let avail = buf.len() - fwd;
             if self.virt && self.server.exchange().swallowing() {
                 // Replies to a query pgcarpool added: none reach the client.
-                if h.total > MAX_INSPECTED {
-                    return Err(ProtoError::TooLong(h.total));
-                }
-                if avail < h.total {
+                if !inspectable(h, avail)? {
                     break;
                 }
-                self.on_reply(h, fwd)?;
-                self.forward_server_run(fwd);
+                self.swallow(h, fwd)?;
                 fwd = 0;
-                self.server.conn_mut().consume(h.total);
                 continue;
             }
             match h.tag {
                 backend::NOTIFICATION_RESPONSE => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !inspectable(h, avail)? {
                         break;
                     }
                     let (server_pid, client_pid) = (self.server.key().0, self.session.backend_pid);
@@ -716,10 +727,7 @@ impl<'a> Relay<'a> {
                 backend::READY_FOR_QUERY
                 | backend::PARAMETER_STATUS
                 | backend::COPY_IN_RESPONSE => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !inspectable(h, avail)? {
                         break;
                     }
                     let body = &buf[fwd + 5..fwd + h.total];
@@ -728,27 +736,10 @@ impl<'a> Relay<'a> {
                         backend::READY_FOR_QUERY => {
                             let status =
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                            self.on_reply(h, fwd - h.total)?;
-                            if self.virt {
-                                // The kept round is over (a replay, or no need of one).
-                                if self.replay.as_ref().is_some_and(|r| r.complete) {
-                                    self.replay = None;
-                                }
-                            }
-                            if let Some(ev) = self.on_ready_for_query(status) {
-                                if matches!(ev, RelayEvent::StatementModeTransaction) {
-                                    // The client gets the error instead of a ReadyForQuery
-                                    // saying it is inside a transaction.
+                            if let Some((ev, withhold)) = self.on_ready(h, fwd - h.total, status)? {
+                                if withhold {
                                     withheld = h.total;
                                     fwd -= h.total;
-                                }
-                                if matches!(ev, RelayEvent::Release)
-                                    && self.hold_ready
-                                    && (self.effects.notify || self.effects.discard_all)
-                                {
-                                    withheld = h.total;
-                                    fwd -= h.total;
-                                    self.withheld_ready = Some(status);
                                 }
                                 event = Some(ev);
                                 break;
@@ -759,108 +750,167 @@ impl<'a> Relay<'a> {
                             self.session.observe_parameter(k, v);
                             self.on_reply(h, fwd - h.total)?;
                         }
-                        _ => {
-                            self.on_reply(h, fwd - h.total)?;
-                        }
+                        _ => drop(self.on_reply(h, fwd - h.total)?),
                     }
                 }
-                backend::ERROR_RESPONSE if self.virt => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                backend::ERROR_RESPONSE
+                    if self.virt || (avail >= h.total && h.total <= MAX_INSPECTED) =>
+                {
+                    if !inspectable(h, avail)? {
                         break;
                     }
-                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
-                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
-                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    match self.on_error(h, fwd)? {
+                        ControlFlow::Continue(at) => fwd = at,
+                        ControlFlow::Break(ev) => return Ok(Some(ev)),
                     }
-                    note_role_doubt(self.server, code);
-                    if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
-                        // Perhaps a statement parsed before a schema change ("cached plan
-                        // must not change result type", "cache lookup failed"): later
-                        // Parses of its text are parsed anew.
-                        self.registry.bump_generation();
-                    }
-                    match self.on_reply(h, fwd)? {
-                        Verdict::Replace(e) => {
-                            self.forward_server_run(fwd);
-                            fwd = 0;
-                            self.server.conn_mut().consume(h.total);
-                            self.client
-                                .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
-                        }
-                        Verdict::Stale if self.replay_stale() => {
-                            // Dropped: the client's round runs again on a fresh statement.
-                            self.forward_server_run(fwd);
-                            fwd = 0;
-                            self.server.conn_mut().consume(h.total);
-                        }
-                        // (An error is never swallowed outside an added query.)
-                        Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
-                            let answered = self.server.exchange().answered();
-                            let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
-                            match self.renamed.restore(answered, msg) {
-                                Some(restored) => {
-                                    self.forward_server_run(fwd);
-                                    fwd = 0;
-                                    self.server.conn_mut().consume(h.total);
-                                    self.client.queue(restored);
-                                }
-                                None => fwd += h.total,
-                            }
-                        }
-                    }
-                }
-                backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
-                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
-                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
-                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
-                    }
-                    // (It may end a COPY, and the Syncs read while copying in with it.)
-                    self.on_reply(h, fwd)?;
-                    note_role_doubt(self.server, code);
-                    fwd += h.total;
                 }
                 // Looked at whole: it may be a FATAL the client is not to see.
                 backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
-                tag => {
-                    if self.virt && tag == backend::COMMAND_COMPLETE {
-                        if h.total > MAX_INSPECTED {
-                            return Err(ProtoError::TooLong(h.total));
-                        }
-                        if avail < h.total {
-                            break;
-                        }
-                    }
-                    let verdict = self.on_reply(h, fwd)?;
-                    if verdict == Verdict::Retag {
-                        self.say_reset(fwd, h.total);
-                        fwd = 0;
-                        continue;
-                    }
-                    if verdict == Verdict::Swallow {
-                        // A response to a message we added: the client never sees it.
-                        self.forward_server_run(fwd);
-                        fwd = 0;
-                        if self.server.conn().rbuf.len() < h.total {
-                            return Err(ProtoError::Malformed("swallowed response"));
-                        }
-                        self.server.conn_mut().consume(h.total);
-                        continue;
-                    }
-                    if avail < h.total {
-                        self.server_partial = h.total - avail;
-                        fwd = self.server.conn().rbuf.len();
+                _ => match self.on_other_reply(h, fwd, avail)? {
+                    ControlFlow::Continue(at) => fwd = at,
+                    ControlFlow::Break(at) => {
+                        fwd = at;
                         break;
                     }
-                    fwd += h.total;
-                }
+                },
             }
         }
         self.forward_server_run(fwd);
         self.server.conn_mut().consume(withheld);
         Ok(event)
+    }
+
+    /// A whole ErrorResponse at `fwd` in the server's buffer: the server's exchange
+    /// settles it; the client gets it (with its own statement names), a replacement, or
+    /// nothing (a stale statement's round sent again). The run's new end, or the event
+    /// that ends the relay (a FATAL the client is not to see).
+    fn on_error(
+        &mut self,
+        h: proto::Header,
+        mut fwd: usize,
+    ) -> Result<ControlFlow<RelayEvent, usize>, ProtoError> {
+        let body = &self.server.conn().rbuf[fwd + 5..fwd + h.total];
+        let code = backend::error_code(body);
+        if let Some(why) = self.fatal_withheld(body) {
+            return Ok(ControlFlow::Break(
+                self.withhold_fatal(fwd, h.total, code, why),
+            ));
+        }
+        note_role_doubt(self.server, code);
+        if self.virt && matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
+            // Perhaps a statement parsed before a schema change ("cached plan
+            // must not change result type", "cache lookup failed"): later
+            // Parses of its text are parsed anew.
+            self.registry.bump_generation();
+        }
+        // (Without virtual statements: forwarded. It may end a COPY, and the Syncs read
+        // while copying in with it.)
+        match self.on_reply(h, fwd)? {
+            Verdict::Replace(e) => {
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn_mut().consume(h.total);
+                self.client
+                    .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
+            }
+            Verdict::Stale if self.replay_stale() => {
+                // Dropped: the client's round runs again on a fresh statement.
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn_mut().consume(h.total);
+            }
+            // (An error is never swallowed outside an added query.)
+            Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
+                let answered = self.server.exchange().answered();
+                let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
+                match self.renamed.restore(answered, msg) {
+                    Some(restored) => {
+                        self.forward_server_run(fwd);
+                        fwd = 0;
+                        self.server.conn_mut().consume(h.total);
+                        self.client.queue(restored);
+                    }
+                    None => fwd += h.total,
+                }
+            }
+        }
+        Ok(ControlFlow::Continue(fwd))
+    }
+
+    /// A whole reply at `fwd` in the server's buffer to a query pgcarpool added: settled,
+    /// never forwarded (the run before it is).
+    fn swallow(&mut self, h: proto::Header, fwd: usize) -> Result<(), ProtoError> {
+        self.on_reply(h, fwd)?;
+        self.forward_server_run(fwd);
+        self.server.conn_mut().consume(h.total);
+        Ok(())
+    }
+
+    /// A whole ReadyForQuery (`status`) at `at` in the server's buffer: the event that
+    /// ends the relay with it, if any, and whether the client is not to get it (yet).
+    fn on_ready(
+        &mut self,
+        h: proto::Header,
+        at: usize,
+        status: u8,
+    ) -> Result<Option<(RelayEvent, bool)>, ProtoError> {
+        self.on_reply(h, at)?;
+        if self.virt && self.replay.as_ref().is_some_and(|r| r.complete) {
+            // The kept round is over (a replay, or no need of one).
+            self.replay = None;
+        }
+        let Some(ev) = self.on_ready_for_query(status) else {
+            return Ok(None);
+        };
+        // In statement mode the client gets the error instead of a ReadyForQuery saying
+        // it is inside a transaction; a listening client gets it once the listener has
+        // caught up.
+        let held = matches!(ev, RelayEvent::Release)
+            && self.hold_ready
+            && (self.effects.notify || self.effects.discard_all);
+        if held {
+            self.withheld_ready = Some(status);
+        }
+        let withhold = held || matches!(ev, RelayEvent::StatementModeTransaction);
+        Ok(Some((ev, withhold)))
+    }
+
+    /// Any other reply at `fwd` in the server's buffer (`avail` bytes of it there):
+    /// forwarded (in part: the rest streams through), swallowed or retagged. The run's new
+    /// end, to go on (Continue) or to wait for more bytes (Break).
+    fn on_other_reply(
+        &mut self,
+        h: proto::Header,
+        fwd: usize,
+        avail: usize,
+    ) -> Result<ControlFlow<usize, usize>, ProtoError> {
+        if self.virt && h.tag == backend::COMMAND_COMPLETE {
+            if h.total > MAX_INSPECTED {
+                return Err(ProtoError::TooLong(h.total));
+            }
+            if avail < h.total {
+                return Ok(ControlFlow::Break(fwd));
+            }
+        }
+        let verdict = self.on_reply(h, fwd)?;
+        if verdict == Verdict::Retag {
+            self.say_reset(fwd, h.total);
+            return Ok(ControlFlow::Continue(0));
+        }
+        if verdict == Verdict::Swallow {
+            // A response to a message we added: the client never sees it.
+            self.forward_server_run(fwd);
+            if self.server.conn().rbuf.len() < h.total {
+                return Err(ProtoError::Malformed("swallowed response"));
+            }
+            self.server.conn_mut().consume(h.total);
+            return Ok(ControlFlow::Continue(0));
+        }
+        if avail < h.total {
+            self.server_partial = h.total - avail;
+            return Ok(ControlFlow::Break(self.server.conn().rbuf.len()));
+        }
+        Ok(ControlFlow::Continue(fwd + h.total))
     }
 
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
@@ -1075,6 +1125,15 @@ fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
     {
         server.note_role_doubt(c);
     }
+}
+
+/// A message the relay looks into (`MAX_INSPECTED` at most, else refused): is all of it
+/// buffered (`avail` bytes from its start)?
+fn inspectable(h: proto::Header, avail: usize) -> Result<bool, ProtoError> {
+    if h.total > MAX_INSPECTED {
+        return Err(ProtoError::TooLong(h.total));
+    }
+    Ok(avail >= h.total)
 }
 
 /// Take what is buffered of a message being streamed through in parts into the run

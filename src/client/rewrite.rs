@@ -425,187 +425,203 @@ impl Relay<'_> {
 
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
-        let body = &msg[5..];
         match tag {
-            frontend::PARSE => {
-                let name = Reader::new(body, "Parse").cstr_bytes()?;
-                if name.is_empty() {
-                    return self.parse_unnamed(msg);
-                }
-                if self.server.status_sent() == b'E'
-                    && !classify::ends_transaction(&body[name.len() + 1..])
-                {
-                    self.refused_parse(&body[name.len() + 1..])?;
-                    return Ok(());
-                }
-                if self.session.statements.contains_key(name) {
-                    // PgBouncer's words in the log (it closes the connection there); the
-                    // client gets PostgreSQL's error and its session goes on, as directly.
-                    tracing::info!(
-                        "prepared statement '{}' was already prepared",
-                        String::from_utf8_lossy(name)
-                    );
-                    let m = format!(
-                        "prepared statement \"{}\" already exists",
-                        String::from_utf8_lossy(name)
-                    );
-                    // PostgreSQL parses and analyses the text before it looks at the name:
-                    // the server reports an error in the text first, else the probe fails.
-                    self.refused_parse(&body[name.len() + 1..])?;
-                    self.server.probe("42P05", m, false);
-                    return Ok(());
-                }
-                let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
-                let rest = startup_value_rest(self.session, rest)?;
-                let scope = self.statement_scope(&rest);
-                let Some(stmt) = self.intern(&scope, &rest, depends) else {
-                    return Ok(());
-                };
-                if let Some(e) = &stmt.effects {
-                    self.note_effects(e);
-                    self.effects.merge((**e).clone());
-                }
-                self.counts.client_parses += 1;
-                let name = Bytes::copy_from_slice(name);
-                self.session.statements.insert(name.clone(), stmt.clone());
-                self.session
-                    .parsed_name(name.clone(), self.registry.changes_seen());
-                if self.server.touch(stmt.id) {
-                    self.server.expect(Pending::Answered(name));
-                } else {
-                    self.prepare_on_server(stmt, false);
-                    self.server.name_last_parse(name);
-                }
-            }
-            frontend::BIND => {
-                let mut r = Reader::new(body, "Bind");
-                let portal = r.cstr_bytes()?;
-                let name = r.cstr_bytes()?;
-                if name.is_empty() {
-                    if !self.unnamed_here() {
-                        self.server.probe("26000", NO_UNNAMED.into(), false);
-                        return Ok(());
-                    }
-                    let s = &mut *self.session;
-                    let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
-                    let tx = s.unnamed.as_deref().and_then(tx_effect_of);
-                    s.bound(portal, tx, deallocates);
-                    self.server.conn_mut().queue(msg);
-                } else {
-                    if let Some(m) = self.bind_count_error(body) {
-                        self.server.probe("08P01", m, false);
-                        return Ok(());
-                    }
-                    match self.lookup(name) {
-                        None => {
-                            let name = String::from_utf8_lossy(name).into_owned();
-                            if !self.unknown_statement(&name, msg.clone(), false) {
-                                self.server.expect(Pending::Bind);
-                            }
-                            return Ok(());
-                        }
-                        Some(stmt) => {
-                            self.counts.binds += 1;
-                            if portal.is_empty() {
-                                self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
-                            }
-                            // What running it does to the session, every time it runs.
-                            let deallocates =
-                                stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
-                            let tx = tx_effect_of(&stmt.parse_rest);
-                            self.session.bound(portal, tx, deallocates);
-                            if let Some(e) = &stmt.effects {
-                                self.effects.merge((**e).clone());
-                            }
-                            let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
-                            self.note_rename(&stmt, name);
-                            let sname = stmt.server_name.clone();
-                            let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
-                            let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
-                            self.server.conn_mut().queue_with(|b| {
-                                b.put_u8(frontend::BIND);
-                                b.put_i32(len);
-                                b.put_slice(portal);
-                                b.put_u8(0);
-                                b.put_slice(&sname);
-                                b.put_u8(0);
-                            });
-                            self.server.conn_mut().queue(rest);
-                            if self.start_replay(name, &stmt, &msg) {
-                                self.server.expect(Pending::BindShared);
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-                self.server.expect(Pending::Bind);
-            }
-            frontend::DESCRIBE => {
-                let mut r = Reader::new(body, "Describe");
-                let kind = r.u8()?;
-                let name = r.cstr_bytes()?;
-                if kind == b'S' && name.is_empty() && !self.unnamed_here() {
-                    self.server.probe("26000", NO_UNNAMED.into(), false);
-                    return Ok(());
-                }
-                if kind == b'S' {
-                    self.session.unbound.remove(name);
-                }
-                match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
-                    (b'S', Some(stmt)) => {
-                        self.note_rename(&stmt, name);
-                        let sname = stmt.server_name.clone();
-                        self.server.conn_mut().queue_with(|b| {
-                            b.put_u8(frontend::DESCRIBE);
-                            b.put_i32((4 + 1 + sname.len() + 1) as i32);
-                            b.put_u8(b'S');
-                            b.put_slice(&sname);
-                            b.put_u8(0);
-                        });
-                    }
-                    (b'S', None) if !name.is_empty() => {
-                        let name = String::from_utf8_lossy(name).into_owned();
-                        if !self.unknown_statement(&name, msg.clone(), false) {
-                            self.server.expect(Pending::Describe);
-                        }
-                        return Ok(());
-                    }
-                    _ => self.server.conn_mut().queue(msg),
-                }
-                self.server.expect(Pending::Describe);
-            }
-            frontend::CLOSE => {
-                let mut r = Reader::new(body, "Close");
-                let kind = r.u8()?;
-                let name = r.cstr_bytes()?;
-                if kind == b'S' {
-                    // Only the client's name goes: the server keeps the statement for
-                    // others. Closing a name that does not exist is no error. Skipped (an
-                    // error earlier in the pipeline), it comes back.
-                    let undo = if name.is_empty() {
-                        let was = self.session.unnamed_before();
-                        self.session.drop_unnamed();
-                        was.map(|was| Undo::Unnamed {
-                            was: Some(was),
-                            now: 0,
-                        })
-                    } else {
-                        let stmt = self.session.statements.remove(name);
-                        stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
-                    };
-                    match undo {
-                        Some(u) => self.server.expect(Pending::Closed(u)),
-                        None => self.answer(Answer::CloseComplete),
-                    }
-                } else {
-                    self.server.conn_mut().queue(msg);
-                    self.server.expect(Pending::Close {
-                        swallow: false,
-                        evicted: None,
-                    });
-                }
-            }
+            frontend::PARSE => self.on_parse(msg),
+            frontend::BIND => self.on_bind(msg),
+            frontend::DESCRIBE => self.on_describe(msg),
+            frontend::CLOSE => self.on_close(msg),
             _ => unreachable!("only extended-protocol messages come here"),
+        }
+    }
+
+    /// A whole Parse from the client that needs more than passing through.
+    fn on_parse(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let name = Reader::new(body, "Parse").cstr_bytes()?;
+        if name.is_empty() {
+            return self.parse_unnamed(msg);
+        }
+        if self.server.status_sent() == b'E' && !classify::ends_transaction(&body[name.len() + 1..])
+        {
+            self.refused_parse(&body[name.len() + 1..])?;
+            return Ok(());
+        }
+        if self.session.statements.contains_key(name) {
+            // PgBouncer's words in the log (it closes the connection there); the
+            // client gets PostgreSQL's error and its session goes on, as directly.
+            tracing::info!(
+                "prepared statement '{}' was already prepared",
+                String::from_utf8_lossy(name)
+            );
+            let m = format!(
+                "prepared statement \"{}\" already exists",
+                String::from_utf8_lossy(name)
+            );
+            // PostgreSQL parses and analyses the text before it looks at the name:
+            // the server reports an error in the text first, else the probe fails.
+            self.refused_parse(&body[name.len() + 1..])?;
+            self.server.probe("42P05", m, false);
+            return Ok(());
+        }
+        let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
+        let rest = startup_value_rest(self.session, rest)?;
+        let scope = self.statement_scope(&rest);
+        let Some(stmt) = self.intern(&scope, &rest, depends) else {
+            return Ok(());
+        };
+        if let Some(e) = &stmt.effects {
+            self.note_effects(e);
+            self.effects.merge((**e).clone());
+        }
+        self.counts.client_parses += 1;
+        let name = Bytes::copy_from_slice(name);
+        self.session.statements.insert(name.clone(), stmt.clone());
+        self.session
+            .parsed_name(name.clone(), self.registry.changes_seen());
+        if self.server.touch(stmt.id) {
+            self.server.expect(Pending::Answered(name));
+        } else {
+            self.prepare_on_server(stmt, false);
+            self.server.name_last_parse(name);
+        }
+        Ok(())
+    }
+
+    /// A whole Bind from the client that needs more than passing through.
+    fn on_bind(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Bind");
+        let portal = r.cstr_bytes()?;
+        let name = r.cstr_bytes()?;
+        if name.is_empty() {
+            if !self.unnamed_here() {
+                self.server.probe("26000", NO_UNNAMED.into(), false);
+                return Ok(());
+            }
+            let s = &mut *self.session;
+            let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
+            let tx = s.unnamed.as_deref().and_then(tx_effect_of);
+            s.bound(portal, tx, deallocates);
+            self.server.conn_mut().queue(msg);
+        } else {
+            if let Some(m) = self.bind_count_error(body) {
+                self.server.probe("08P01", m, false);
+                return Ok(());
+            }
+            match self.lookup(name) {
+                None => {
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    if !self.unknown_statement(&name, msg.clone(), false) {
+                        self.server.expect(Pending::Bind);
+                    }
+                    return Ok(());
+                }
+                Some(stmt) => {
+                    self.counts.binds += 1;
+                    if portal.is_empty() {
+                        self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
+                    }
+                    // What running it does to the session, every time it runs.
+                    let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
+                    let tx = tx_effect_of(&stmt.parse_rest);
+                    self.session.bound(portal, tx, deallocates);
+                    if let Some(e) = &stmt.effects {
+                        self.effects.merge((**e).clone());
+                    }
+                    let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
+                    self.note_rename(&stmt, name);
+                    let sname = stmt.server_name.clone();
+                    let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
+                    let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
+                    self.server.conn_mut().queue_with(|b| {
+                        b.put_u8(frontend::BIND);
+                        b.put_i32(len);
+                        b.put_slice(portal);
+                        b.put_u8(0);
+                        b.put_slice(&sname);
+                        b.put_u8(0);
+                    });
+                    self.server.conn_mut().queue(rest);
+                    if self.start_replay(name, &stmt, &msg) {
+                        self.server.expect(Pending::BindShared);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.server.expect(Pending::Bind);
+        Ok(())
+    }
+
+    /// A whole Describe from the client that needs more than passing through.
+    fn on_describe(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Describe");
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S' && name.is_empty() && !self.unnamed_here() {
+            self.server.probe("26000", NO_UNNAMED.into(), false);
+            return Ok(());
+        }
+        if kind == b'S' {
+            self.session.unbound.remove(name);
+        }
+        match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
+            (b'S', Some(stmt)) => {
+                self.note_rename(&stmt, name);
+                let sname = stmt.server_name.clone();
+                self.server.conn_mut().queue_with(|b| {
+                    b.put_u8(frontend::DESCRIBE);
+                    b.put_i32((4 + 1 + sname.len() + 1) as i32);
+                    b.put_u8(b'S');
+                    b.put_slice(&sname);
+                    b.put_u8(0);
+                });
+            }
+            (b'S', None) if !name.is_empty() => {
+                let name = String::from_utf8_lossy(name).into_owned();
+                if !self.unknown_statement(&name, msg.clone(), false) {
+                    self.server.expect(Pending::Describe);
+                }
+                return Ok(());
+            }
+            _ => self.server.conn_mut().queue(msg),
+        }
+        self.server.expect(Pending::Describe);
+        Ok(())
+    }
+
+    /// A whole Close from the client that needs more than passing through.
+    fn on_close(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Close");
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S' {
+            // Only the client's name goes: the server keeps the statement for
+            // others. Closing a name that does not exist is no error. Skipped (an
+            // error earlier in the pipeline), it comes back.
+            let undo = if name.is_empty() {
+                let was = self.session.unnamed_before();
+                self.session.drop_unnamed();
+                was.map(|was| Undo::Unnamed {
+                    was: Some(was),
+                    now: 0,
+                })
+            } else {
+                let stmt = self.session.statements.remove(name);
+                stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
+            };
+            match undo {
+                Some(u) => self.server.expect(Pending::Closed(u)),
+                None => self.answer(Answer::CloseComplete),
+            }
+        } else {
+            self.server.conn_mut().queue(msg);
+            self.server.expect(Pending::Close {
+                swallow: false,
+                evicted: None,
+            });
         }
         Ok(())
     }
