@@ -244,27 +244,8 @@ impl Owed {
         prepared: &mut PreparedSet,
         unnamed: &mut u64,
     ) -> (Verdict, Lost) {
-        if let Some(&Pending::Retag(reset)) = self.queue.front()
-            && matches!(
-                tag,
-                backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
-            )
-        {
-            self.queue.pop_front();
-            if tag != backend::ERROR_RESPONSE {
-                let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
-                return match (next, reset && tag == backend::COMMAND_COMPLETE) {
-                    // More statements follow.
-                    (true, true) => (Verdict::Retag, Lost::Nothing),
-                    (true, false) => (Verdict::Forward, Lost::Nothing),
-                    (false, r) => {
-                        let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
-                        let r = r && v == Verdict::Forward;
-                        (if r { Verdict::Retag } else { v }, lost)
-                    }
-                };
-            }
-            return self.on_reply(tag, code, prepared, unnamed);
+        if let Some(r) = self.on_retag(tag, code, prepared, unnamed) {
+            return r;
         }
         let Some(front) = self.queue.front_mut() else {
             return (Verdict::Forward, Lost::Nothing);
@@ -337,6 +318,41 @@ impl Owed {
             Verdict::Forward
         };
         (verdict, Lost::Nothing)
+    }
+
+    /// A reply that ends one statement of a query whose CommandCompletes are retagged
+    /// (`Pending::Retag` in front): what `on_reply` returns for it. None: not such a reply.
+    fn on_retag(
+        &mut self,
+        tag: u8,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> Option<(Verdict, Lost)> {
+        let Some(&Pending::Retag(reset)) = self.queue.front() else {
+            return None;
+        };
+        if !matches!(
+            tag,
+            backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
+        ) {
+            return None;
+        }
+        self.queue.pop_front();
+        if tag != backend::ERROR_RESPONSE {
+            let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
+            return Some(match (next, reset && tag == backend::COMMAND_COMPLETE) {
+                // More statements follow.
+                (true, true) => (Verdict::Retag, Lost::Nothing),
+                (true, false) => (Verdict::Forward, Lost::Nothing),
+                (false, r) => {
+                    let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
+                    let r = r && v == Verdict::Forward;
+                    (if r { Verdict::Retag } else { v }, lost)
+                }
+            });
+        }
+        Some(self.on_reply(tag, code, prepared, unnamed))
     }
 
     /// After an error the server skips everything up to the next Sync: the replies owed
