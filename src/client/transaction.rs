@@ -103,16 +103,14 @@ async fn transaction(
     // the way: the client's first request then goes to another one (`Relay::first_reply`).
     // A sweep of pg_terminate_backend can have ended every idle server of the pool, each
     // FATAL not come yet: as many tries as the pool has servers, and one more.
-    let replays_left = if fresh {
-        pool_settings.pool_size + pool_settings.reserve_pool_size + 1
-    } else {
-        0
-    };
+    let tries = pool_settings.pool_size + pool_settings.reserve_pool_size + 1;
+    let replays_left = if fresh { tries } else { 0 };
     let mode = pool_settings.mode;
+    let user = &c.reg.handle.user;
     let timeouts = RelayTimeouts {
-        query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
-        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
-        transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
+        query: config::enabled(cfg.query_timeout_for(user)),
+        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
+        transaction: config::enabled(cfg.transaction_timeout_for(user)),
     };
     let Relayed {
         mut server,
@@ -149,54 +147,8 @@ async fn transaction(
     server.discard = c.session.pin.is_some();
     match event {
         RelayEvent::Release => {
-            if !effects.is_empty() || c.session.pin.is_some() {
-                match Box::pin(after_transaction(c, &mut server, &effects)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(refused)) => return Err(refused),
-                    // The transaction is over and answered; the server went before its
-                    // settings were read back. Only a precaution was lost (code that might
-                    // have changed settings out of sight): the client stays. A SET or
-                    // something that pins it cannot be carried: it goes, as before.
-                    Err(e)
-                        if mode != PoolMode::Session
-                            && c.session.pin.is_none()
-                            && effects.gucs.is_empty()
-                            && !effects.gucs_unknown
-                            && !effects.pin_check =>
-                    {
-                        server.mark_broken();
-                        tracing::info!(
-                            client = c.reg.handle.id,
-                            server = server.id(),
-                            "server lost after the client's transaction, the client stays: {e}"
-                        );
-                    }
-                    Err(e) => {
-                        server.mark_broken();
-                        return Err(ClientError::fatal(
-                            "08006",
-                            format!("server connection lost: {e}"),
-                        ));
-                    }
-                }
-            }
-            if let Some(held) = server.take_notifications(c.session.backend_pid) {
-                c.conn.queue(held);
-            }
-            let (notified, discard_all) = (effects.notify, effects.discard_all);
-            super::notify::after_transaction(c, server.key().0, claimed, notified, discard_all)
-                .await?;
-            // What came meanwhile is the client's before the ReadyForQuery kept back (its
-            // own notifications come before it, as from PostgreSQL).
-            super::notify::deliver(c)?;
-            if let Some(status) = withheld_ready {
-                c.conn.queue_with(|b| backend::ready_for_query(b, status));
-            }
-            server.discard = c.session.pin.is_some();
-            if c.session.pin.is_some() {
-                return Ok(After::Next(Some(server)));
-            }
-            Ok(After::Next(None))
+            let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
+            Ok(After::Next(keep.then_some(server)))
         }
         RelayEvent::ClientTerminate | RelayEvent::ClientGone => Ok(After::Leave),
         // PgBouncer's words; the server is closed as it comes back (its pool marked it).
@@ -217,24 +169,7 @@ async fn transaction(
                 "terminating connection due to administrator command".into(),
             ))
         }
-        RelayEvent::ServerGone(why) => {
-            server.mark_broken();
-            if let Some(loss) = loss {
-                tracing::info!(
-                    client = c.reg.handle.id,
-                    server = server.id(),
-                    "server lost under the client's transaction, the client stays: {why}"
-                );
-                if claimed {
-                    c.pool.listener.unclaim(server.key().0, c.reg.handle.id);
-                }
-                return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
-            }
-            Err(ClientError::fatal(
-                "08006",
-                format!("server connection lost: {why}"),
-            ))
-        }
+        RelayEvent::ServerGone(why) => server_gone(c, &mut server, &why, loss, claimed),
         RelayEvent::Timeout(kind) => {
             tracing::info!(
                 server = server.id(),
@@ -249,6 +184,90 @@ async fn transaction(
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
     }
+}
+
+/// After a transaction the pool mode lets go: its settings read back, what it pins, its
+/// notifications and the ReadyForQuery kept back delivered. True: the client keeps its
+/// server (pinned).
+async fn released(
+    c: &mut Client,
+    server: &mut PooledServer,
+    effects: &Effects,
+    claimed: bool,
+    withheld_ready: Option<u8>,
+    mode: PoolMode,
+) -> Result<bool, ClientError> {
+    if !effects.is_empty() || c.session.pin.is_some() {
+        match Box::pin(after_transaction(c, server, effects)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(refused)) => return Err(refused),
+            // The transaction is over and answered; the server went before its
+            // settings were read back. Only a precaution was lost (code that might
+            // have changed settings out of sight): the client stays. A SET or
+            // something that pins it cannot be carried: it goes, as before.
+            Err(e)
+                if mode != PoolMode::Session
+                    && c.session.pin.is_none()
+                    && effects.gucs.is_empty()
+                    && !effects.gucs_unknown
+                    && !effects.pin_check =>
+            {
+                server.mark_broken();
+                tracing::info!(
+                    client = c.reg.handle.id,
+                    server = server.id(),
+                    "server lost after the client's transaction, the client stays: {e}"
+                );
+            }
+            Err(e) => {
+                server.mark_broken();
+                return Err(ClientError::fatal(
+                    "08006",
+                    format!("server connection lost: {e}"),
+                ));
+            }
+        }
+    }
+    if let Some(held) = server.take_notifications(c.session.backend_pid) {
+        c.conn.queue(held);
+    }
+    let (notified, discard_all) = (effects.notify, effects.discard_all);
+    super::notify::after_transaction(c, server.key().0, claimed, notified, discard_all).await?;
+    // What came meanwhile is the client's before the ReadyForQuery kept back (its
+    // own notifications come before it, as from PostgreSQL).
+    super::notify::deliver(c)?;
+    if let Some(status) = withheld_ready {
+        c.conn.queue_with(|b| backend::ready_for_query(b, status));
+    }
+    server.discard = c.session.pin.is_some();
+    Ok(c.session.pin.is_some())
+}
+
+/// The server was lost under the client's transaction (`why`): the client stays in the
+/// failed block pgcarpool plays for it when it may (`loss`), else it is told and goes.
+fn server_gone(
+    c: &mut Client,
+    server: &mut PooledServer,
+    why: &str,
+    loss: Option<super::aborted::Loss>,
+    claimed: bool,
+) -> Result<After, ClientError> {
+    server.mark_broken();
+    if let Some(loss) = loss {
+        tracing::info!(
+            client = c.reg.handle.id,
+            server = server.id(),
+            "server lost under the client's transaction, the client stays: {why}"
+        );
+        if claimed {
+            c.pool.listener.unclaim(server.key().0, c.reg.handle.id);
+        }
+        return Ok(After::Lost(super::aborted::begin(c, &loss, why)));
+    }
+    Err(ClientError::fatal(
+        "08006",
+        format!("server connection lost: {why}"),
+    ))
 }
 
 /// What a transaction's relay ended with.
