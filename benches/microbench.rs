@@ -283,7 +283,7 @@ fn round_trip(relay: &mut Relay<'_>, request: &[u8], reply: &[u8]) {
     feed(relay.client, request);
     black_box(relay.scan_client().unwrap());
     black_box(relay.server.conn_mut().discard_out());
-    feed(&mut relay.server.conn_mut(), reply);
+    feed(relay.server.conn_mut(), reply);
     black_box(relay.scan_server().unwrap());
     black_box(relay.client.discard_out());
 }
@@ -302,10 +302,10 @@ fn prepare_stmt(rig: &mut Rig) {
     let mut relay = rig.relay(PoolMode::Transaction);
     feed(relay.client, &parse_sync);
     relay.scan_client().unwrap();
-    feed(&mut relay.server.conn_mut(), &reply);
+    feed(relay.server.conn_mut(), &reply);
     relay.scan_server().unwrap();
     drop(relay);
-    let sent = take_written(&rig.rt, &mut rig.server.conn_mut(), &mut rig.server_peer);
+    let sent = take_written(&rig.rt, rig.server.conn_mut(), &mut rig.server_peer);
     assert!(
         sent.windows(11).any(|w| w == b"PGCARPOOL_1"),
         "Parse renamed"
@@ -330,7 +330,7 @@ fn relay_bench(c: &mut Criterion) {
         b.iter(|| {
             feed(&mut rig.client, &query);
             rig.client.rbuf.clear();
-            feed(&mut rig.server.conn_mut(), &query_reply);
+            feed(rig.server.conn_mut(), &query_reply);
             rig.server.conn_mut().rbuf.clear();
         })
     });
@@ -358,13 +358,13 @@ fn relay_bench(c: &mut Criterion) {
         let mut relay = rig.relay(PoolMode::Transaction);
         feed(relay.client, &prepared);
         assert!(relay.scan_client().unwrap().is_none());
-        feed(&mut relay.server.conn_mut(), &prepared_reply);
+        feed(relay.server.conn_mut(), &prepared_reply);
         assert!(matches!(
             relay.scan_server().unwrap(),
             Some(pgcarpool::client::relay::RelayEvent::Release)
         ));
     }
-    let sent = take_written(&rig.rt, &mut rig.server.conn_mut(), &mut rig.server_peer);
+    let sent = take_written(&rig.rt, rig.server.conn_mut(), &mut rig.server_peer);
     assert_eq!(
         sent,
         build(|b| exec_prepared(b, "PGCARPOOL_1")),

@@ -104,7 +104,7 @@ impl Drop for PooledServer {
 /// clone of the server's `addr` (taken from the client's cancel target) until PostgreSQL
 /// has closed the cancel connection, i.e. has signalled the backend.
 fn cancels_in_flight(s: &Server) -> bool {
-    Arc::strong_count(&s.addr()) > 1
+    Arc::strong_count(s.addr()) > 1
 }
 
 /// Wait (bounded by `limit`) until no cancel request for `s` is in flight.

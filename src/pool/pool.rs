@@ -394,7 +394,7 @@ impl Pool {
                 // A copy, not another handle on `s.addr`: a handle counts as a cancel
                 // request in flight (`guard::cancels_in_flight`), and the reset would wait
                 // for it until cancel_wait_timeout.
-                addr: Arc::new(crate::server::ServerAddr::clone(&s.addr())),
+                addr: Arc::new(crate::server::ServerAddr::clone(s.addr())),
                 pid: s.key().0,
                 created: s.created(),
                 tls: s.tls().cloned(),

@@ -472,6 +472,128 @@ impl Exchange {
     }
 }
 
+/// What the rest of pgcarpool asks a server, and the only ways it changes what the server
+/// owes: what is sent (`note_sent`, `expect` and the senders of `server::response` and
+/// `server::prepared`) and what comes back (`receive`).
+impl super::Server {
+    /// What it owes and holds.
+    pub fn exchange(&self) -> &Exchange {
+        &self.exchange
+    }
+
+    /// Nothing owed, nothing unread, not in a transaction: it may serve another client as
+    /// it is.
+    pub fn is_clean(&self) -> bool {
+        self.exchange.owes_nothing() && self.conn.rbuf.is_empty()
+    }
+
+    /// Transaction status from the last ReadyForQuery.
+    pub fn tx_status(&self) -> u8 {
+        self.exchange.tx_status
+    }
+
+    /// The transaction status once everything sent has run (`Exchange::status_sent`).
+    pub fn status_sent(&self) -> u8 {
+        self.exchange.status_sent()
+    }
+
+    /// The round a message sent now is part of (`Exchange::round`).
+    pub fn round(&self) -> u64 {
+        self.exchange.round()
+    }
+
+    /// Does the server hold this statement?
+    pub fn holds(&self, id: u64) -> bool {
+        self.exchange.holds(id)
+    }
+
+    /// See `Exchange::note_sent`.
+    pub fn note_sent(&mut self, tag: u8, ledger: bool) {
+        self.exchange.note_sent(tag, ledger);
+    }
+
+    /// See `Exchange::sent_partly`.
+    pub fn sent_partly(&mut self, rest: usize) {
+        self.exchange.sent_partly(rest);
+    }
+
+    /// See `Exchange::send_rest`.
+    pub fn send_rest(&mut self, avail: usize) -> usize {
+        self.exchange.send_rest(avail)
+    }
+
+    /// See `Exchange::note_query`.
+    pub fn note_query(&mut self) {
+        self.exchange.note_query();
+    }
+
+    /// See `Exchange::sent_tx_effect`.
+    pub fn sent_tx_effect(&mut self, effect: [u8; 3]) {
+        self.exchange.sent_tx_effect(effect);
+    }
+
+    /// See `Exchange::expect`.
+    pub fn expect(&mut self, p: Pending) {
+        self.exchange.expect(p);
+    }
+
+    /// See `Exchange::forget_owed`.
+    pub fn forget_owed(&mut self) -> bool {
+        self.exchange.forget_owed()
+    }
+
+    /// See `Exchange::name_last_parse`.
+    pub fn name_last_parse(&mut self, name: Bytes) {
+        self.exchange.name_last_parse(name);
+    }
+
+    /// See `Exchange::pop_answer`.
+    pub fn pop_answer(&mut self) -> Option<Answer> {
+        self.exchange.pop_answer()
+    }
+
+    /// See `Exchange::swallow_to_sync`.
+    pub fn swallow_to_sync(&mut self) {
+        self.exchange.swallow_to_sync();
+    }
+
+    /// See `Exchange::set_unnamed`.
+    pub fn set_unnamed(&mut self, id: u64) {
+        self.exchange.set_unnamed(id);
+    }
+
+    /// See `Exchange::touch`.
+    pub fn touch(&mut self, id: u64) -> bool {
+        self.exchange.touch(id)
+    }
+
+    /// See `Exchange::forget`.
+    pub fn forget(&mut self, id: u64) {
+        self.exchange.forget(id);
+    }
+
+    /// See `Exchange::deallocating`.
+    pub fn deallocating(&mut self) {
+        self.exchange.deallocating();
+    }
+
+    /// A reply came: the message with header `h` at `at` in the read buffer (whole or
+    /// not, see `Exchange::receive`). A whole ParameterStatus also sets the parameter.
+    pub fn receive(
+        &mut self,
+        h: crate::proto::Header,
+        at: usize,
+        ledger: bool,
+    ) -> Result<Reply, ProtoError> {
+        let body = self.conn.rbuf.get(at + 5..at + h.total).unwrap_or_default();
+        if h.tag == backend::PARAMETER_STATUS && !body.is_empty() {
+            let (k, v) = backend::parse_parameter_status(body)?;
+            self.params.set(k, v);
+        }
+        self.exchange.receive(h.tag, body, ledger)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -688,12 +810,10 @@ mod tests {
     fn the_ledger_follows_each_reply_of_a_pipeline_and_an_error_skips_to_the_sync() {
         let mut x = Exchange::new();
         let round = |x: &mut Exchange| {
-            for p in [Pending::Parse {
+            x.expect(Pending::Parse {
                 swallow: false,
                 stmt: None,
-            }] {
-                x.expect(p);
-            }
+            });
             x.expect(Pending::Bind);
             send(x, &cat(&[execute(), sync()]), true);
         };
@@ -788,9 +908,7 @@ mod tests {
     fn syncs_an_extended_copy_in_swallowed_are_no_longer_owed() {
         // libpq: Parse, Bind, Execute, Sync, CopyData, CopyDone, Sync: one ReadyForQuery.
         let mut x = Exchange::new();
-        for p in [Pending::Bind] {
-            x.expect(p);
-        }
+        x.expect(Pending::Bind);
         let msgs = cat(&[
             execute(),
             sync(),
@@ -955,127 +1073,5 @@ mod tests {
         assert!(matches!(&reply.undo[..], [Undo::Name(n)] if &n[..] == b"a"));
         recv(&mut x, &z(b'I'), true);
         assert!(x.owes_nothing());
-    }
-}
-
-/// What the rest of pgcarpool asks a server, and the only ways it changes what the server
-/// owes: what is sent (`note_sent`, `expect` and the senders of `server::response` and
-/// `server::prepared`) and what comes back (`receive`).
-impl super::Server {
-    /// What it owes and holds.
-    pub fn exchange(&self) -> &Exchange {
-        &self.exchange
-    }
-
-    /// Nothing owed, nothing unread, not in a transaction: it may serve another client as
-    /// it is.
-    pub fn is_clean(&self) -> bool {
-        self.exchange.owes_nothing() && self.conn.rbuf.is_empty()
-    }
-
-    /// Transaction status from the last ReadyForQuery.
-    pub fn tx_status(&self) -> u8 {
-        self.exchange.tx_status
-    }
-
-    /// The transaction status once everything sent has run (`Exchange::status_sent`).
-    pub fn status_sent(&self) -> u8 {
-        self.exchange.status_sent()
-    }
-
-    /// The round a message sent now is part of (`Exchange::round`).
-    pub fn round(&self) -> u64 {
-        self.exchange.round()
-    }
-
-    /// Does the server hold this statement?
-    pub fn holds(&self, id: u64) -> bool {
-        self.exchange.holds(id)
-    }
-
-    /// See `Exchange::note_sent`.
-    pub fn note_sent(&mut self, tag: u8, ledger: bool) {
-        self.exchange.note_sent(tag, ledger);
-    }
-
-    /// See `Exchange::sent_partly`.
-    pub fn sent_partly(&mut self, rest: usize) {
-        self.exchange.sent_partly(rest);
-    }
-
-    /// See `Exchange::send_rest`.
-    pub fn send_rest(&mut self, avail: usize) -> usize {
-        self.exchange.send_rest(avail)
-    }
-
-    /// See `Exchange::note_query`.
-    pub fn note_query(&mut self) {
-        self.exchange.note_query();
-    }
-
-    /// See `Exchange::sent_tx_effect`.
-    pub fn sent_tx_effect(&mut self, effect: [u8; 3]) {
-        self.exchange.sent_tx_effect(effect);
-    }
-
-    /// See `Exchange::expect`.
-    pub fn expect(&mut self, p: Pending) {
-        self.exchange.expect(p);
-    }
-
-    /// See `Exchange::forget_owed`.
-    pub fn forget_owed(&mut self) -> bool {
-        self.exchange.forget_owed()
-    }
-
-    /// See `Exchange::name_last_parse`.
-    pub fn name_last_parse(&mut self, name: Bytes) {
-        self.exchange.name_last_parse(name);
-    }
-
-    /// See `Exchange::pop_answer`.
-    pub fn pop_answer(&mut self) -> Option<Answer> {
-        self.exchange.pop_answer()
-    }
-
-    /// See `Exchange::swallow_to_sync`.
-    pub fn swallow_to_sync(&mut self) {
-        self.exchange.swallow_to_sync();
-    }
-
-    /// See `Exchange::set_unnamed`.
-    pub fn set_unnamed(&mut self, id: u64) {
-        self.exchange.set_unnamed(id);
-    }
-
-    /// See `Exchange::touch`.
-    pub fn touch(&mut self, id: u64) -> bool {
-        self.exchange.touch(id)
-    }
-
-    /// See `Exchange::forget`.
-    pub fn forget(&mut self, id: u64) {
-        self.exchange.forget(id);
-    }
-
-    /// See `Exchange::deallocating`.
-    pub fn deallocating(&mut self) {
-        self.exchange.deallocating();
-    }
-
-    /// A reply came: the message with header `h` at `at` in the read buffer (whole or
-    /// not, see `Exchange::receive`). A whole ParameterStatus also sets the parameter.
-    pub fn receive(
-        &mut self,
-        h: crate::proto::Header,
-        at: usize,
-        ledger: bool,
-    ) -> Result<Reply, ProtoError> {
-        let body = self.conn.rbuf.get(at + 5..at + h.total).unwrap_or_default();
-        if h.tag == backend::PARAMETER_STATUS && !body.is_empty() {
-            let (k, v) = backend::parse_parameter_status(body)?;
-            self.params.set(k, v);
-        }
-        self.exchange.receive(h.tag, body, ledger)
     }
 }
