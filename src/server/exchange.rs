@@ -1017,6 +1017,7 @@ mod tests {
         assert!(x.touch(s.id));
         x.forget(s.id);
         assert!(!x.holds(s.id) && !x.touch(s.id));
+        assert_eq!(x.prepared_len(), 0);
         // Without the ledger, no CommandComplete is looked into.
         let reply = x
             .receive(COMMAND_COMPLETE, b"DISCARD ALL\0", false)
@@ -1038,6 +1039,30 @@ mod tests {
         assert_eq!((x.tx_status(), x.status_sent()), (b'T', b'I'));
         recv(&mut x, &cat(&[cc("COMMIT"), z(b'I')]), false);
         assert_eq!(x.status_sent(), b'I');
+    }
+
+    #[test]
+    fn each_status_goes_through_its_own_column_of_an_effect() {
+        for (status, want) in [(b'I', b'a'), (b'T', b'b'), (b'E', b'c')] {
+            let mut x = Exchange::new();
+            send(&mut x, &q("x"), false);
+            recv(&mut x, &z(status), false);
+            x.sent_tx_effect(*b"abc");
+            assert_eq!(x.status_sent(), want, "from {}", status as char);
+        }
+    }
+
+    #[test]
+    fn at_most_so_many_transaction_statements_in_flight_are_followed() {
+        let mut x = Exchange::new();
+        for _ in 0..MAX_TX_SENT {
+            x.sent_tx_effect(*b"TTT");
+            send(&mut x, &q("begin"), false);
+        }
+        // One more (a ROLLBACK) is not followed: messages are judged by fewer.
+        x.sent_tx_effect(*b"III");
+        send(&mut x, &q("rollback"), false);
+        assert_eq!(x.status_sent(), b'T');
     }
 
     #[test]
