@@ -777,7 +777,7 @@ mod tests {
         send(&mut x, &q("rollback"), false);
         recv(&mut x, &cat(&[cc("ROLLBACK"), z(b'I')]), false);
         assert!(x.is_idle() && x.owes_nothing());
-        assert_eq!(x.answered(), 3);
+        assert_eq!((x.answered(), x.round()), (3, 3));
     }
 
     #[test]
@@ -928,6 +928,7 @@ mod tests {
             true,
         );
         assert_eq!(x.ready_owed(), 1, "the first Sync was read while copying");
+        assert_eq!(x.answered(), 1, "it owes nothing: as good as answered");
         assert_eq!(recv(&mut x, &z(b'I'), true), [Verdict::Forward]);
         assert!(x.owes_nothing(), "{x:?}");
     }
@@ -1000,6 +1001,8 @@ mod tests {
         x.deallocating();
         send(&mut x, &q("deallocate all"), true);
         assert!(!x.holds(s.id));
+        let reply = x.receive(COMMAND_COMPLETE, b"SELECT 1\0", true).unwrap();
+        assert!(!reply.deallocated);
         let reply = x
             .receive(COMMAND_COMPLETE, b"DEALLOCATE ALL\0", true)
             .unwrap();
@@ -1039,6 +1042,100 @@ mod tests {
         assert_eq!((x.tx_status(), x.status_sent()), (b'T', b'I'));
         recv(&mut x, &cat(&[cc("COMMIT"), z(b'I')]), false);
         assert_eq!(x.status_sent(), b'I');
+    }
+
+    #[test]
+    fn an_execute_is_owed_its_end_and_a_copy_it_starts_ends_with_it() {
+        let mut x = Exchange::new();
+        x.expect(Pending::Bind);
+        send(&mut x, &execute(), true);
+        recv(&mut x, &m(backend::BIND_COMPLETE, b""), true);
+        assert!(!x.ledger_empty(), "the Execute's end is owed");
+        recv(&mut x, &cc("SELECT 0"), true);
+        assert!(x.ledger_empty());
+        // Two Executes in a round, the second a COPY: the first one's end is not the
+        // second's, whose copy swallows the Sync sent after it.
+        let msgs = cat(&[
+            execute(),
+            execute(),
+            sync(),
+            m(frontend::COPY_DATA, b"1\n"),
+            m(frontend::COPY_DONE, b""),
+            sync(),
+        ]);
+        send(&mut x, &msgs, false);
+        recv(&mut x, &cc("SELECT 0"), false);
+        recv(
+            &mut x,
+            &m(backend::COPY_IN_RESPONSE, b"\0\0\x01\0\0"),
+            false,
+        );
+        recv(&mut x, &cc("COPY 1"), false);
+        assert_eq!(x.ready_owed(), 1);
+        recv(&mut x, &z(b'I'), false);
+        assert!(x.is_idle(), "{x:?}");
+    }
+
+    #[test]
+    fn a_copy_end_the_server_ignored_does_not_hide_a_later_copy_start() {
+        let mut x = Exchange::new();
+        // A query that could copy, a CopyDone after it (it did not copy: ignored).
+        send(
+            &mut x,
+            &cat(&[q("select 1"), m(frontend::COPY_DONE, b"")]),
+            false,
+        );
+        recv(&mut x, &cat(&[cc("SELECT 1"), z(b'I')]), false);
+        // An Execute's COPY that fails before the client ends it: the Sync sent with it
+        // was read while copying, the server still wants one.
+        send(&mut x, &cat(&[execute(), sync()]), false);
+        recv(
+            &mut x,
+            &m(backend::COPY_IN_RESPONSE, b"\0\0\x01\0\0"),
+            false,
+        );
+        recv(&mut x, &err("22P02"), false);
+        assert!(x.unsynced() && x.ready_owed() == 0, "{x:?}");
+    }
+
+    #[test]
+    fn pgcarpool_s_own_sync_and_a_query_end_an_extended_run() {
+        let mut x = Exchange::new();
+        send(&mut x, &parse("", "select 1"), false);
+        assert!(x.unsynced());
+        x.note_sync();
+        assert!(!x.unsynced());
+        assert_eq!(x.ready_owed(), 1);
+        send(&mut x, &parse("", "select 1"), false);
+        x.note_query();
+        assert!(!x.unsynced());
+    }
+
+    #[test]
+    fn without_the_ledger_the_replies_owed_are_left_alone() {
+        let mut x = Exchange::new();
+        x.expect(Pending::Ready(None));
+        x.expect(Pending::Ready(None));
+        let msgs = cat(&[
+            execute(),
+            sync(),
+            m(frontend::COPY_DATA, b"1\n"),
+            m(frontend::COPY_DONE, b""),
+            sync(),
+        ]);
+        send(&mut x, &msgs, false);
+        recv(
+            &mut x,
+            &m(backend::COPY_IN_RESPONSE, b"\0\0\x01\0\0"),
+            false,
+        );
+        recv(&mut x, &cc("COPY 1"), false);
+        assert_eq!(x.ready_owed(), 1);
+        recv(&mut x, &z(b'I'), true);
+        assert!(
+            !x.ledger_empty(),
+            "the Sync read while copying was not the ledger's"
+        );
     }
 
     #[test]
