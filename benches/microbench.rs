@@ -282,8 +282,8 @@ fn take_written(rt: &Runtime, conn: &mut Conn, peer: &mut UnixStream) -> Vec<u8>
 fn round_trip(relay: &mut Relay<'_>, request: &[u8], reply: &[u8]) {
     feed(relay.client, request);
     black_box(relay.scan_client().unwrap());
-    black_box(relay.server.conn.discard_out());
-    feed(&mut relay.server.conn, reply);
+    black_box(relay.server.conn_mut().discard_out());
+    feed(relay.server.conn_mut(), reply);
     black_box(relay.scan_server().unwrap());
     black_box(relay.client.discard_out());
 }
@@ -302,17 +302,17 @@ fn prepare_stmt(rig: &mut Rig) {
     let mut relay = rig.relay(PoolMode::Transaction);
     feed(relay.client, &parse_sync);
     relay.scan_client().unwrap();
-    feed(&mut relay.server.conn, &reply);
+    feed(relay.server.conn_mut(), &reply);
     relay.scan_server().unwrap();
     drop(relay);
-    let sent = take_written(&rig.rt, &mut rig.server.conn, &mut rig.server_peer);
+    let sent = take_written(&rig.rt, rig.server.conn_mut(), &mut rig.server_peer);
     assert!(
         sent.windows(11).any(|w| w == b"PGCARPOOL_1"),
         "Parse renamed"
     );
     let got = take_written(&rig.rt, &mut rig.client, &mut rig.client_peer);
     assert_eq!(got, reply, "ParseComplete and ReadyForQuery forwarded");
-    assert!(rig.server.owed.is_empty() && rig.server.proto.is_idle());
+    assert!(rig.server.exchange().owes_nothing());
 }
 
 fn relay_bench(c: &mut Criterion) {
@@ -330,8 +330,8 @@ fn relay_bench(c: &mut Criterion) {
         b.iter(|| {
             feed(&mut rig.client, &query);
             rig.client.rbuf.clear();
-            feed(&mut rig.server.conn, &query_reply);
-            rig.server.conn.rbuf.clear();
+            feed(rig.server.conn_mut(), &query_reply);
+            rig.server.conn_mut().rbuf.clear();
         })
     });
 
@@ -347,7 +347,7 @@ fn relay_bench(c: &mut Criterion) {
             b.iter(|| round_trip(&mut relay, &prepared, &prepared_reply))
         });
     }
-    assert!(rig.server.proto.is_idle());
+    assert!(rig.server.exchange().is_idle());
 
     // Transaction mode, virtual prepared statements on: simple Query (on_query path) and
     // Bind/Describe/Execute/Sync of a named statement (Bind rewritten to the server name).
@@ -358,13 +358,13 @@ fn relay_bench(c: &mut Criterion) {
         let mut relay = rig.relay(PoolMode::Transaction);
         feed(relay.client, &prepared);
         assert!(relay.scan_client().unwrap().is_none());
-        feed(&mut relay.server.conn, &prepared_reply);
+        feed(relay.server.conn_mut(), &prepared_reply);
         assert!(matches!(
             relay.scan_server().unwrap(),
             Some(pgcarpool::client::relay::RelayEvent::Release)
         ));
     }
-    let sent = take_written(&rig.rt, &mut rig.server.conn, &mut rig.server_peer);
+    let sent = take_written(&rig.rt, rig.server.conn_mut(), &mut rig.server_peer);
     assert_eq!(
         sent,
         build(|b| exec_prepared(b, "PGCARPOOL_1")),
@@ -381,7 +381,7 @@ fn relay_bench(c: &mut Criterion) {
             b.iter(|| round_trip(&mut relay, &prepared, &prepared_reply))
         });
     }
-    assert!(rig.server.owed.is_empty() && rig.server.proto.is_idle());
+    assert!(rig.server.exchange().owes_nothing());
     g.finish();
 }
 
@@ -401,8 +401,12 @@ fn rewrite_bench(c: &mut Criterion) {
         let mut relay = rig.relay(PoolMode::Transaction);
         feed(relay.client, &parse_msg);
         relay.scan_client().unwrap();
-        assert_eq!(relay.server.conn.out_len(), 0, "Parse answered locally");
-        assert!(relay.server.owed.is_empty());
+        assert_eq!(
+            relay.server.conn_mut().out_len(),
+            0,
+            "Parse answered locally"
+        );
+        assert!(relay.server.exchange().ledger_empty());
     }
     let got = take_written(&rig.rt, &mut rig.client, &mut rig.client_peer);
     assert_eq!(got, build(backend::parse_complete));
@@ -429,14 +433,14 @@ fn rewrite_bench(c: &mut Criterion) {
         // The client's unnamed statement, held by this server.
         relay.session.unnamed = Some(bytes::Bytes::from_static(b"select 1\0\0\0"));
         relay.session.unnamed_id = 7;
-        relay.server.unnamed = 7;
+        relay.server.set_unnamed(7);
         g.bench_function(name, |b| {
             b.iter(|| {
                 feed(relay.client, &bind_msg);
                 black_box(relay.scan_client().unwrap());
-                black_box(relay.server.conn.discard_out());
+                black_box(relay.server.conn_mut().discard_out());
                 // The BindComplete it waits for is not part of this measurement.
-                relay.server.owed.clear();
+                relay.server.forget_owed();
             })
         });
     }

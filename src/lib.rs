@@ -61,8 +61,11 @@
 //! statements the process-wide statement registry (below client/ and server/)
 //! server/    connect.rs (connect + login, host lists, role checks), roles.rs (each host's
 //!            role, target_session_attrs, fencing), query.rs (pgcarpool's own queries),
-//!            response.rs (what the server owes; each reply forwarded, swallowed or replaced;
-//!            probes), prepared.rs (the statements a server holds, preparing them),
+//!            exchange.rs (the server's half of the relay, one ledger: what it owes for
+//!            what was sent, its transaction status, the statements it holds; written by
+//!            what is sent and by `receive`, asked by the rest), response.rs (the replies
+//!            owed in order; each forwarded, swallowed or replaced; probes), prepared.rs
+//!            (the statements a server holds, preparing them),
 //!            sync.rs (apply a session at checkout, read it back, pins, cleanup, reset)
 //! pool/      pool.rs (idle list, FIFO waiters, limits, pause; Pool::change_state moves a
 //!            server between the states of state.rs, counted for SHOW POOLS), login.rs

@@ -339,6 +339,66 @@ async fn client_leaving_after_parse_without_sync_does_not_poison_the_pool() {
     p.shutdown().await;
 }
 
+/// Read a raw connection's messages up to one with `tag`; the tags seen.
+async fn read_until(sock: &mut tokio::net::TcpStream, tag: u8) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    loop {
+        let mut header = [0u8; 5];
+        sock.read_exact(&mut header).await.unwrap();
+        let len = i32::from_be_bytes(header[1..5].try_into().unwrap());
+        let mut rest = vec![0u8; usize::try_from(len - 4).unwrap()];
+        sock.read_exact(&mut rest).await.unwrap();
+        seen.push(header[0]);
+        if header[0] == tag {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_copy_that_fails_gives_its_server_back_without_virtual_statements() {
+    use tokio::io::AsyncWriteExt;
+    let pg = TempPostgres::start();
+    pg.psql_in(
+        "testdb",
+        "create table copied (v int); grant all on copied to public",
+    );
+    // No virtual statements: the relay follows the protocol position alone.
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("max_prepared_statements", "0")
+        .start()
+        .await;
+    let mut sock = raw_login(&p).await;
+    // libpq's COPY through the extended protocol: Parse, Bind, Execute, Sync, then the
+    // data, CopyDone and another Sync. The server reads the first Sync while it copies
+    // in (it owes no ReadyForQuery for it); a bad row fails the COPY.
+    let mut start = message(b'P', b"\0copy copied from stdin\0\0\0");
+    start.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    start.extend(message(b'E', b"\0\0\0\0\0"));
+    start.extend(message(b'S', b""));
+    sock.write_all(&start).await.unwrap();
+    read_until(&mut sock, b'G').await;
+    let mut rest = message(b'd', b"bad\n");
+    rest.extend(message(b'c', b""));
+    rest.extend(message(b'S', b""));
+    sock.write_all(&rest).await.unwrap();
+    let seen = read_until(&mut sock, b'Z').await;
+    assert!(seen.contains(&b'E'), "the bad row fails the COPY: {seen:?}");
+    // The client stays, idle: its server goes back to the pool for the next client.
+    let c = p.connect("trustuser", "testdb").await;
+    let next = tokio::time::timeout(Duration::from_secs(30), c.query_one("select 5", &[])).await;
+    let row = next
+        .expect("the pool's one server was kept by the idle client")
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 5);
+    drop(sock);
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_state_of_a_vanished_client_does_not_reach_the_next_one() {
     let pg = TempPostgres::start();

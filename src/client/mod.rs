@@ -685,7 +685,7 @@ async fn first_server_params(
                     }
                 }
             })?;
-            let p = s.login_params.clone();
+            let p = s.login_params().clone();
             drop(s);
             p
         }

@@ -3,6 +3,7 @@
 //! the slower side setting the pace. Only the messages that change state are looked at.
 use std::collections::HashMap;
 use std::future::poll_fn;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -223,7 +224,7 @@ impl<'a> Relay<'a> {
     ) -> Self {
         let virt = mode != PoolMode::Session && max_prepared > 0;
         if virt {
-            server.owed.clear();
+            server.forget_owed();
         }
         if let Some(held) = server.take_notifications(session.backend_pid) {
             client.queue(held);
@@ -268,7 +269,7 @@ impl<'a> Relay<'a> {
         // A server of a host seen demoted meanwhile: nothing of the client's is sent to it
         // (it goes back to wait for another).
         if let Some(h) = self.fence
-            && h.demoted(self.server.host)
+            && h.demoted(self.server.host())
         {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
         }
@@ -292,7 +293,7 @@ impl<'a> Relay<'a> {
         let fence = self.fence;
         let mut demoted = std::pin::pin!(fence.map(|h| h.changed.notified()));
         if let Some(h) = fence
-            && h.demoted(self.server.host)
+            && h.demoted(self.server.host())
         {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
         }
@@ -331,7 +332,7 @@ impl<'a> Relay<'a> {
                 _ = async { demoted.as_mut().as_pin_mut().expect("guarded").await },
                     if demoted.is_some() =>
                 {
-                    if fence.is_some_and(|h| h.demoted(self.server.host)) {
+                    if fence.is_some_and(|h| h.demoted(self.server.host())) {
                         return RelayEvent::ServerGone(HOST_DEMOTED.into());
                     }
                     demoted.set(fence.map(|h| h.changed.notified()));
@@ -347,7 +348,9 @@ impl<'a> Relay<'a> {
 
     /// Between transactions with nothing owed either way.
     fn server_idle(&self) -> bool {
-        self.server.proto.is_idle() && self.server.conn.out_len() == 0 && self.client.out_len() == 0
+        self.server.exchange().is_idle()
+            && self.server.conn().out_len() == 0
+            && self.client.out_len() == 0
     }
 
     fn deadlines(&self, t: &RelayTimeouts) -> [(TimeoutKind, Option<Instant>); 3] {
@@ -385,15 +388,15 @@ impl<'a> Relay<'a> {
         loop {
             let mut progress = false;
             // Writes first: they free room for reads.
-            let before = self.server.conn.out_len();
-            if self.server.conn.out_pending() {
-                if let Poll::Ready(Err(e)) = self.server.conn.poll_write_out(cx) {
+            let before = self.server.conn().out_len();
+            if self.server.conn().out_pending() {
+                if let Poll::Ready(Err(e)) = self.server.conn_mut().poll_write_out(cx) {
                     if let Some(ev) = self.reset_before_reply(&e) {
                         return Poll::Ready(ev);
                     }
                     return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                 }
-                progress |= self.server.conn.out_len() < before;
+                progress |= self.server.conn().out_len() < before;
             }
             let before = self.client.out_len();
             if self.client.out_pending() {
@@ -403,7 +406,7 @@ impl<'a> Relay<'a> {
                 progress |= self.client.out_len() < before;
             }
             if self.client.out_len() < HIGH_WATER {
-                match self.server.conn.poll_read_more(cx) {
+                match self.server.conn_mut().poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
                         // A FATAL read with the end of an earlier reply (the session sync's)
                         // is still unscanned.
@@ -441,7 +444,7 @@ impl<'a> Relay<'a> {
                     Poll::Pending => {}
                 }
             }
-            if self.server.conn.out_len() < HIGH_WATER {
+            if self.server.conn().out_len() < HIGH_WATER {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(RelayEvent::ClientGone);
@@ -469,10 +472,10 @@ impl<'a> Relay<'a> {
         let mut fwd = 0;
         let mut event = None;
         loop {
-            let p = &mut self.server.proto;
             let buf = &self.client.rbuf;
-            if p.partial > 0 {
-                if stream_partial(&mut p.partial, &mut fwd, buf.len()) {
+            if self.server.exchange().partial() > 0 {
+                fwd += self.server.send_rest(buf.len() - fwd);
+                if self.server.exchange().partial() > 0 {
                     break;
                 }
                 continue;
@@ -481,50 +484,7 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if let Some(r) = &mut self.replay
-                && !r.complete
-            {
-                // Kept as sent, up to the Sync (the Bind itself is kept by on_extended).
-                if avail < h.total
-                    || r.msgs.len() + h.total > MAX_REPLAY
-                    || matches!(
-                        h.tag,
-                        frontend::QUERY | frontend::PARSE | frontend::TERMINATE
-                    )
-                {
-                    self.replay = None;
-                } else {
-                    r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
-                    r.complete = h.tag == frontend::SYNC;
-                }
-            }
-            if self.keep_client
-                && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND)
-            {
-                let (b, c) = if avail >= h.total {
-                    in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
-                } else {
-                    // Seen whole later (virtual statements), or streamed unseen: may commit.
-                    (false, !self.virt && h.tag != frontend::BIND)
-                };
-                self.flight = (self.flight.0 || b, self.flight.1 || c);
-            }
-            if let Some(k) = &mut self.first_request {
-                let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
-                if whole
-                    && h.tag == frontend::QUERY
-                    && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
-                {
-                    k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
-                    k.sent.get_or_insert_with(Instant::now);
-                } else {
-                    self.first_request = None;
-                }
-            }
-            self.idle_in_xact_since = None;
-            if self.xact_started.is_none() && self.mode != PoolMode::Session {
-                self.xact_started = Some(Instant::now());
-            }
+            self.note_client_message(h, fwd);
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
@@ -543,8 +503,8 @@ impl<'a> Relay<'a> {
                     if avail < h.total {
                         break;
                     }
-                    self.at_sync_point = !self.server.proto.unsynced;
-                    self.server.proto.unsynced = true;
+                    self.at_sync_point = !self.server.exchange().unsynced();
+                    self.server.note_sent(h.tag, false);
                     let body = &self.client.rbuf[fwd + 5..fwd + h.total];
                     if super::rewrite::passes_through(
                         h.tag,
@@ -576,10 +536,10 @@ impl<'a> Relay<'a> {
                     self.forward_client_run(fwd);
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
-                    if self.server.proto.expected_rfq == 0 {
+                    if self.server.exchange().ready_owed() == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    self.server.proto.unsynced = false;
+                    self.server.note_query();
                     self.on_query(msg)?;
                     if let Some(why) = self.limit.take() {
                         return Ok(Some(RelayEvent::Limit(why)));
@@ -587,79 +547,40 @@ impl<'a> Relay<'a> {
                     continue;
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
-                    if p.expected_rfq == 0 {
+                    if self.server.exchange().ready_owed() == 0 {
                         self.query_started = Some(Instant::now());
                     }
-                    p.owe_ready(h.tag == frontend::QUERY);
-                    p.unsynced = false;
-                    if self.virt {
-                        self.server.owed.push(Pending::Ready(None));
-                    }
+                    self.server.note_sent(h.tag, self.virt);
                 }
                 frontend::EXECUTE => {
-                    p.unsynced = true;
-                    p.sent_execute();
-                    if self.virt && self.session.tx_portal.is_some() {
-                        // Messages after it are judged by the status it leaves.
-                        let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
-                        if let Some(portal) = body.split(|&c| c == 0).next()
-                            && body.contains(&0)
-                            && let Some(e) = self.session.executed(portal)
-                        {
-                            p.sent_tx_effect(e);
-                        }
-                    }
-                    if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
-                        // The unnamed portal runs a RESET sent as a SET.
-                        self.server.owed.push(Pending::Retag(true));
-                    }
-                    if self.virt {
-                        self.server.owed.push(Pending::Execute);
-                    }
-                    if self.virt && !self.session.deallocating_portals.is_empty() {
-                        let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
-                        if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
-                            let portal = Bytes::copy_from_slice(portal);
-                            self.executing(&portal);
-                        }
-                    }
-                    if self.virt
-                        && avail >= h.total
-                        && self.session.discard_portal.as_deref().is_some_and(|d| {
-                            let body = &self.client.rbuf[fwd + 5..fwd + h.total];
-                            body.split(|&c| c == 0).next() == Some(d)
-                        })
-                    {
-                        // Its startup values follow the client's DISCARD ALL at once.
-                        self.session.discard_portal = None;
-                        self.forward_client_run(fwd + h.total);
+                    if self.on_execute(h, fwd) {
                         fwd = 0;
-                        self.startup_after_discard(true);
                         continue;
                     }
                 }
-                frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
-                frontend::COPY_DATA | frontend::FLUSH => {}
-                _ => p.unsynced = true,
+                tag => self.server.note_sent(tag, false),
             }
-            let p = &mut self.server.proto;
             if avail < h.total {
-                p.partial = h.total - avail;
+                self.server.sent_partly(h.total - avail);
                 fwd = self.client.rbuf.len();
                 break;
             }
             fwd += h.total;
         }
+        Ok(self.client_scanned(fwd, event))
+    }
+
+    /// The client's buffer was scanned up to `fwd` (to forward), ending with `event`: does
+    /// the server owe nothing now, or has pgcarpool answered a whole query itself?
+    fn client_scanned(&mut self, fwd: usize, mut event: Option<RelayEvent>) -> Option<RelayEvent> {
         let forwarded = fwd > 0;
         self.forward_client_run(fwd);
         if forwarded && event.is_none() && self.mode != PoolMode::Session {
-            let p = &self.server.proto;
-            self.owes_nothing = p.is_idle() && self.server.owed.is_empty();
+            self.owes_nothing = self.server.exchange().owes_nothing();
         }
         if self.virt && self.answer_front() && event.is_none() {
             // pgcarpool answered a whole query itself: the server may be free again.
-            let p = &self.server.proto;
-            if p.is_idle() && self.server.owed.is_empty() && self.mode != PoolMode::Session {
+            if self.server.exchange().owes_nothing() && self.mode != PoolMode::Session {
                 self.xact_started = None;
                 event = Some(RelayEvent::Release);
             }
@@ -667,19 +588,113 @@ impl<'a> Relay<'a> {
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
         }
-        Ok(event)
+        event
+    }
+
+    /// What each client message does besides its forwarding: kept for a replay, what it
+    /// may do to the transaction, the first request kept, the transaction's timers.
+    /// `fwd`: where it starts in the client's buffer.
+    fn note_client_message(&mut self, h: proto::Header, fwd: usize) {
+        let buf = &self.client.rbuf;
+        let avail = buf.len() - fwd;
+        if let Some(r) = &mut self.replay
+            && !r.complete
+        {
+            // Kept as sent, up to the Sync (the Bind itself is kept by on_extended).
+            if avail < h.total
+                || r.msgs.len() + h.total > MAX_REPLAY
+                || matches!(
+                    h.tag,
+                    frontend::QUERY | frontend::PARSE | frontend::TERMINATE
+                )
+            {
+                self.replay = None;
+            } else {
+                r.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                r.complete = h.tag == frontend::SYNC;
+            }
+        }
+        if self.keep_client && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
+            let (b, c) = if avail >= h.total {
+                in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
+            } else {
+                // Seen whole later (virtual statements), or streamed unseen: may commit.
+                (false, !self.virt && h.tag != frontend::BIND)
+            };
+            self.flight = (self.flight.0 || b, self.flight.1 || c);
+        }
+        if let Some(k) = &mut self.first_request {
+            let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
+            if whole
+                && h.tag == frontend::QUERY
+                && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
+            {
+                k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
+                k.sent.get_or_insert_with(Instant::now);
+            } else {
+                self.first_request = None;
+            }
+        }
+        self.idle_in_xact_since = None;
+        if self.xact_started.is_none() && self.mode != PoolMode::Session {
+            self.xact_started = Some(Instant::now());
+        }
+    }
+
+    /// An Execute at `fwd` in the client's buffer (whole or not), forwarded as written.
+    /// True: it ran a DISCARD ALL, and the client's buffer up to its end was forwarded
+    /// with the startup values after it (the scan goes on from the buffer's start).
+    fn on_execute(&mut self, h: proto::Header, fwd: usize) -> bool {
+        let buf = &self.client.rbuf;
+        let avail = buf.len() - fwd;
+        if self.virt && self.session.tx_portal.is_some() {
+            // Messages after it are judged by the status it leaves.
+            let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
+            if let Some(portal) = body.split(|&c| c == 0).next()
+                && body.contains(&0)
+                && let Some(e) = self.session.executed(portal)
+            {
+                self.server.sent_tx_effect(e);
+            }
+        }
+        if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
+            // The unnamed portal runs a RESET sent as a SET.
+            self.server.expect(Pending::Retag(true));
+        }
+        self.server.note_sent(h.tag, self.virt);
+        if self.virt && !self.session.deallocating_portals.is_empty() {
+            let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
+            if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
+                let portal = Bytes::copy_from_slice(portal);
+                self.executing(&portal);
+            }
+        }
+        if self.virt
+            && avail >= h.total
+            && self.session.discard_portal.as_deref().is_some_and(|d| {
+                let body = &self.client.rbuf[fwd + 5..fwd + h.total];
+                body.split(|&c| c == 0).next() == Some(d)
+            })
+        {
+            // Its startup values follow the client's DISCARD ALL at once.
+            self.session.discard_portal = None;
+            self.forward_client_run(fwd + h.total);
+            self.startup_after_discard(true);
+            return true;
+        }
+        false
     }
 
     fn forward_client_run(&mut self, n: usize) {
         if n > 0 {
             let chunk = self.client.rbuf.split_to(n).freeze();
-            self.server.conn.queue(chunk);
+            self.server.conn_mut().queue(chunk);
         }
     }
 
     fn forward_server_run(&mut self, n: usize) {
         if n > 0 {
-            let chunk = self.server.conn.rbuf.split_to(n).freeze();
+            let chunk = self.server.conn_mut().rbuf.split_to(n).freeze();
             self.client.queue(chunk);
         }
     }
@@ -695,12 +710,12 @@ impl<'a> Relay<'a> {
         let mut withheld = 0;
         let mut event = None;
         loop {
-            if self.virt && self.server.owed.answer_due() {
+            if self.virt && self.server.exchange().answer_due() {
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.answer_front();
             }
-            let buf = &self.server.conn.rbuf;
+            let buf = &self.server.conn().rbuf;
             if self.server_partial > 0 {
                 if stream_partial(&mut self.server_partial, &mut fwd, buf.len()) {
                     break;
@@ -711,67 +726,43 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if self.virt && self.server.owed.swallowing() {
+            if self.virt && self.server.exchange().swallowing() {
                 // Replies to a query pgcarpool added: none reach the client.
-                if h.total > MAX_INSPECTED {
-                    return Err(ProtoError::TooLong(h.total));
-                }
-                if avail < h.total {
+                if !inspectable(h, avail)? {
                     break;
                 }
-                if h.tag == backend::READY_FOR_QUERY {
-                    let status = *buf
-                        .get(fwd + 5)
-                        .ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                    self.server.proto.on_ready(status);
-                    let s = &mut *self.server;
-                    s.prepared.rounds_over(s.proto.answered);
-                } else {
-                    self.proto_reply(h.tag);
-                }
-                self.on_reply(h.tag, None);
-                self.forward_server_run(fwd);
+                self.swallow(h, fwd)?;
                 fwd = 0;
-                self.server.conn.consume(h.total);
                 continue;
             }
             if self.virt
-                && self.server.owed.learning()
+                && self.server.exchange().learning()
                 && matches!(
                     h.tag,
                     backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
                 )
             {
-                if h.total > MAX_INSPECTED {
-                    return Err(ProtoError::TooLong(h.total));
-                }
-                if avail < h.total {
+                if !inspectable(h, avail)? {
                     break;
                 }
-                self.learn_reply(fwd, h.tag, h.total);
+                self.learn_reply(fwd, h);
                 fwd = 0;
                 continue;
             }
             match h.tag {
                 backend::NOTIFICATION_RESPONSE => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !inspectable(h, avail)? {
                         break;
                     }
-                    let (server_pid, client_pid) = (self.server.key.0, self.session.backend_pid);
-                    let msg = &mut self.server.conn.rbuf[fwd..fwd + h.total];
+                    let (server_pid, client_pid) = (self.server.key().0, self.session.backend_pid);
+                    let msg = &mut self.server.conn_mut().rbuf[fwd..fwd + h.total];
                     crate::server::rewrite_notification_pid(msg, server_pid, client_pid);
                     fwd += h.total;
                 }
                 backend::READY_FOR_QUERY
                 | backend::PARAMETER_STATUS
                 | backend::COPY_IN_RESPONSE => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !inspectable(h, avail)? {
                         break;
                     }
                     let body = &buf[fwd + 5..fwd + h.total];
@@ -780,27 +771,10 @@ impl<'a> Relay<'a> {
                         backend::READY_FOR_QUERY => {
                             let status =
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                            if self.virt {
-                                self.on_reply(h.tag, None);
-                                // The kept round is over (a replay, or no need of one).
-                                if self.replay.as_ref().is_some_and(|r| r.complete) {
-                                    self.replay = None;
-                                }
-                            }
-                            if let Some(ev) = self.on_ready_for_query(status) {
-                                if matches!(ev, RelayEvent::StatementModeTransaction) {
-                                    // The client gets the error instead of a ReadyForQuery
-                                    // saying it is inside a transaction.
+                            if let Some((ev, withhold)) = self.on_ready(h, fwd - h.total, status)? {
+                                if withhold {
                                     withheld = h.total;
                                     fwd -= h.total;
-                                }
-                                if matches!(ev, RelayEvent::Release)
-                                    && self.hold_ready
-                                    && (self.effects.notify || self.effects.discard_all)
-                                {
-                                    withheld = h.total;
-                                    fwd -= h.total;
-                                    self.withheld_ready = Some(status);
                                 }
                                 event = Some(ev);
                                 break;
@@ -808,137 +782,187 @@ impl<'a> Relay<'a> {
                         }
                         backend::PARAMETER_STATUS => {
                             let (k, v) = backend::parse_parameter_status(body)?;
-                            self.server.params.set(k, v);
                             self.session.observe_parameter(k, v);
+                            self.on_reply(h, fwd - h.total)?;
                         }
-                        _ => {
-                            self.proto_reply(h.tag);
-                        }
+                        _ => drop(self.on_reply(h, fwd - h.total)?),
                     }
                 }
-                backend::ERROR_RESPONSE if self.virt => {
-                    if h.total > MAX_INSPECTED {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                backend::ERROR_RESPONSE
+                    if self.virt || (avail >= h.total && h.total <= MAX_INSPECTED) =>
+                {
+                    if !inspectable(h, avail)? {
                         break;
                     }
-                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
-                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
-                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
+                    match self.on_error(h, fwd)? {
+                        ControlFlow::Continue(at) => fwd = at,
+                        ControlFlow::Break(ev) => return Ok(Some(ev)),
                     }
-                    self.proto_reply(h.tag);
-                    note_role_doubt(self.server, code);
-                    if matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
-                        // Perhaps a statement parsed before a schema change ("cached plan
-                        // must not change result type", "cache lookup failed"): later
-                        // Parses of its text are parsed anew.
-                        self.registry.bump_generation();
-                    }
-                    match self.on_reply(h.tag, code) {
-                        Verdict::Replace(e) => {
-                            self.forward_server_run(fwd);
-                            fwd = 0;
-                            self.server.conn.consume(h.total);
-                            self.client
-                                .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
-                        }
-                        Verdict::Stale if self.replay_stale() => {
-                            // Dropped: the client's round runs again on a fresh statement.
-                            self.forward_server_run(fwd);
-                            fwd = 0;
-                            self.server.conn.consume(h.total);
-                        }
-                        // (An error is never swallowed outside an added query.)
-                        Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
-                            let answered = self.server.proto.answered;
-                            let msg = &self.server.conn.rbuf[fwd..fwd + h.total];
-                            match self.renamed.restore(answered, msg) {
-                                Some(restored) => {
-                                    self.forward_server_run(fwd);
-                                    fwd = 0;
-                                    self.server.conn.consume(h.total);
-                                    self.client.queue(restored);
-                                }
-                                None => fwd += h.total,
-                            }
-                        }
-                    }
-                }
-                backend::ERROR_RESPONSE if avail >= h.total && h.total <= MAX_INSPECTED => {
-                    let code = backend::error_code(&buf[fwd + 5..fwd + h.total]);
-                    if let Some(why) = self.fatal_withheld(&buf[fwd + 5..fwd + h.total]) {
-                        return Ok(Some(self.withhold_fatal(fwd, h.total, code, why)));
-                    }
-                    note_role_doubt(self.server, code);
-                    fwd += h.total;
                 }
                 // Looked at whole: it may be a FATAL the client is not to see.
                 backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
-                tag => {
-                    if self.virt && avail < h.total && self.server.owed.swallows_next() {
-                        // Dropped once it is whole (`Pending::SwallowTo`).
-                        if h.total > MAX_INSPECTED {
-                            return Err(ProtoError::TooLong(h.total));
-                        }
+                _ => match self.on_other_reply(h, fwd, avail)? {
+                    ControlFlow::Continue(at) => fwd = at,
+                    ControlFlow::Break(at) => {
+                        fwd = at;
                         break;
                     }
-                    if self.virt && tag == backend::COMMAND_COMPLETE {
-                        if h.total > MAX_INSPECTED {
-                            return Err(ProtoError::TooLong(h.total));
-                        }
-                        if avail < h.total {
-                            break;
-                        }
-                        self.on_command_complete(fwd, h.total);
-                    }
-                    self.proto_reply(tag);
-                    let verdict = if self.virt {
-                        self.on_reply(tag, None)
-                    } else {
-                        Verdict::Forward
-                    };
-                    if verdict == Verdict::Retag {
-                        self.say_reset(fwd, h.total);
-                        fwd = 0;
-                        continue;
-                    }
-                    if verdict == Verdict::Swallow {
-                        // A response to a message we added: the client never sees it.
-                        self.forward_server_run(fwd);
-                        fwd = 0;
-                        if self.server.conn.rbuf.len() < h.total {
-                            return Err(ProtoError::Malformed("swallowed response"));
-                        }
-                        self.server.conn.consume(h.total);
-                        continue;
-                    }
-                    if avail < h.total {
-                        self.server_partial = h.total - avail;
-                        fwd = self.server.conn.rbuf.len();
-                        break;
-                    }
-                    fwd += h.total;
-                }
+                },
             }
         }
         self.forward_server_run(fwd);
-        self.server.conn.consume(withheld);
+        self.server.conn_mut().consume(withheld);
         Ok(event)
+    }
+
+    /// A whole ErrorResponse at `fwd` in the server's buffer: the server's exchange
+    /// settles it; the client gets it (with its own statement names), a replacement, or
+    /// nothing (a stale statement's round sent again). The run's new end, or the event
+    /// that ends the relay (a FATAL the client is not to see).
+    fn on_error(
+        &mut self,
+        h: proto::Header,
+        mut fwd: usize,
+    ) -> Result<ControlFlow<RelayEvent, usize>, ProtoError> {
+        let body = &self.server.conn().rbuf[fwd + 5..fwd + h.total];
+        let code = backend::error_code(body);
+        if let Some(why) = self.fatal_withheld(body) {
+            return Ok(ControlFlow::Break(
+                self.withhold_fatal(fwd, h.total, code, why),
+            ));
+        }
+        note_role_doubt(self.server, code);
+        if self.virt && matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
+            // Perhaps a statement parsed before a schema change ("cached plan
+            // must not change result type", "cache lookup failed"): later
+            // Parses of its text are parsed anew.
+            self.registry.bump_generation();
+        }
+        // (Without virtual statements: forwarded. It may end a COPY, and the Syncs read
+        // while copying in with it.)
+        match self.on_reply(h, fwd)? {
+            Verdict::Replace(e) => {
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn_mut().consume(h.total);
+                self.client
+                    .queue_with(|b| backend::error_response(b, "ERROR", e.0, &e.1));
+            }
+            Verdict::Stale if self.replay_stale() => {
+                // Dropped: the client's round runs again on a fresh statement.
+                self.forward_server_run(fwd);
+                fwd = 0;
+                self.server.conn_mut().consume(h.total);
+            }
+            // (An error is never swallowed outside an added query.)
+            Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
+                let answered = self.server.exchange().answered();
+                let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
+                match self.renamed.restore(answered, msg) {
+                    Some(restored) => {
+                        self.forward_server_run(fwd);
+                        fwd = 0;
+                        self.server.conn_mut().consume(h.total);
+                        self.client.queue(restored);
+                    }
+                    None => fwd += h.total,
+                }
+            }
+        }
+        Ok(ControlFlow::Continue(fwd))
+    }
+
+    /// A whole reply at `fwd` in the server's buffer to a query pgcarpool added: settled,
+    /// never forwarded (the run before it is).
+    fn swallow(&mut self, h: proto::Header, fwd: usize) -> Result<(), ProtoError> {
+        self.on_reply(h, fwd)?;
+        self.forward_server_run(fwd);
+        self.server.conn_mut().consume(h.total);
+        Ok(())
+    }
+
+    /// A whole ReadyForQuery (`status`) at `at` in the server's buffer: the event that
+    /// ends the relay with it, if any, and whether the client is not to get it (yet).
+    fn on_ready(
+        &mut self,
+        h: proto::Header,
+        at: usize,
+        status: u8,
+    ) -> Result<Option<(RelayEvent, bool)>, ProtoError> {
+        self.on_reply(h, at)?;
+        if self.virt && self.replay.as_ref().is_some_and(|r| r.complete) {
+            // The kept round is over (a replay, or no need of one).
+            self.replay = None;
+        }
+        let Some(ev) = self.on_ready_for_query(status) else {
+            return Ok(None);
+        };
+        // In statement mode the client gets the error instead of a ReadyForQuery saying
+        // it is inside a transaction; a listening client gets it once the listener has
+        // caught up.
+        let held = matches!(ev, RelayEvent::Release)
+            && self.hold_ready
+            && (self.effects.notify || self.effects.discard_all);
+        if held {
+            self.withheld_ready = Some(status);
+        }
+        let withhold = held || matches!(ev, RelayEvent::StatementModeTransaction);
+        Ok(Some((ev, withhold)))
+    }
+
+    /// Any other reply at `fwd` in the server's buffer (`avail` bytes of it there):
+    /// forwarded (in part: the rest streams through), swallowed or retagged. The run's new
+    /// end, to go on (Continue) or to wait for more bytes (Break).
+    fn on_other_reply(
+        &mut self,
+        h: proto::Header,
+        fwd: usize,
+        avail: usize,
+    ) -> Result<ControlFlow<usize, usize>, ProtoError> {
+        if self.virt && avail < h.total && self.server.exchange().swallows_next() {
+            // Dropped once it is whole (`Pending::SwallowTo`).
+            if h.total > MAX_INSPECTED {
+                return Err(ProtoError::TooLong(h.total));
+            }
+            return Ok(ControlFlow::Break(fwd));
+        }
+        if self.virt && h.tag == backend::COMMAND_COMPLETE {
+            if h.total > MAX_INSPECTED {
+                return Err(ProtoError::TooLong(h.total));
+            }
+            if avail < h.total {
+                return Ok(ControlFlow::Break(fwd));
+            }
+        }
+        let verdict = self.on_reply(h, fwd)?;
+        if verdict == Verdict::Retag {
+            self.say_reset(fwd, h.total);
+            return Ok(ControlFlow::Continue(0));
+        }
+        if verdict == Verdict::Swallow {
+            // A response to a message we added: the client never sees it.
+            self.forward_server_run(fwd);
+            if self.server.conn().rbuf.len() < h.total {
+                return Err(ProtoError::Malformed("swallowed response"));
+            }
+            self.server.conn_mut().consume(h.total);
+            return Ok(ControlFlow::Continue(0));
+        }
+        if avail < h.total {
+            self.server_partial = h.total - avail;
+            return Ok(ControlFlow::Break(self.server.conn().rbuf.len()));
+        }
+        Ok(ControlFlow::Continue(fwd + h.total))
     }
 
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
         let now = Instant::now();
-        let p = &mut self.server.proto;
-        p.on_ready(status);
-        let answered = p.answered;
-        self.server.prepared.rounds_over(answered);
         if self.virt {
             self.deallocs_over();
         }
-        let p = &mut self.server.proto;
+        let owed = self.server.exchange().ready_owed();
         self.counts.queries += 1;
-        if p.expected_rfq == 0 {
+        if owed == 0 {
             if let Some(s) = self.query_started.take() {
                 self.counts.query_time_us += now.duration_since(s).as_micros() as u64;
             }
@@ -952,11 +976,11 @@ impl<'a> Relay<'a> {
             self.idle_in_xact_since = None;
         } else {
             self.xact_started.get_or_insert(now);
-            if p.expected_rfq == 0 {
+            if owed == 0 {
                 self.idle_in_xact_since = Some(now);
             }
         }
-        if !self.server.proto.is_idle_but_status() {
+        if !self.server.exchange().is_idle_but_status() {
             return None;
         }
         self.flight = (false, false);
@@ -974,22 +998,22 @@ impl Relay<'_> {
     /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
     /// under way, at a message boundary both ways, at most one ReadyForQuery owed).
     pub fn loss(&self) -> Option<super::aborted::Loss> {
-        let p = &self.server.proto;
-        let owed = p.expected_rfq + u32::from(p.unsynced);
+        let p = self.server.exchange();
+        let owed = p.ready_owed() + u32::from(p.unsynced());
         if !self.keep_client
             || self.session.pin.is_some()
             || self.effects.pin_check
             || self.server_partial > 0
-            || p.partial > 0
-            || p.copy_in
+            || p.partial() > 0
+            || p.copy_in()
             || owed > 1
         {
             return None;
         }
         Some(super::aborted::Loss {
             in_flight: owed > 0,
-            ready_owed: p.expected_rfq > 0,
-            status: p.tx_status,
+            ready_owed: p.ready_owed() > 0,
+            status: p.tx_status(),
             begins: self.flight.0,
             commits: self.flight.1,
             fatal: self.fatal_seen,
@@ -1018,7 +1042,7 @@ impl Relay<'_> {
     ) -> RelayEvent {
         note_role_doubt(self.server, code);
         self.forward_server_run(at);
-        self.server.conn.consume(total);
+        self.server.conn_mut().consume(total);
         self.fatal_seen = true;
         RelayEvent::ServerGone(why)
     }
@@ -1040,7 +1064,7 @@ impl Relay<'_> {
     /// query that had been running is not overruled. The replies of a backend come in
     /// order: a statement that ran to its end would have put its reply before the FATAL.
     fn first_reply(&mut self) -> Option<Option<RelayEvent>> {
-        let buf = &self.server.conn.rbuf;
+        let buf = &self.server.conn().rbuf;
         let h = match proto::header(buf, MAX_INSPECTED) {
             Ok(Some(h)) => h,
             Ok(None) => return Some(None),
@@ -1080,7 +1104,7 @@ impl Relay<'_> {
         if !reset {
             return None;
         }
-        if !self.server.conn.rbuf.is_empty() {
+        if !self.server.conn().rbuf.is_empty() {
             // What the server said before the reset, read with the end of an earlier reply
             // (the session sync's) and not scanned yet: its FATAL, perhaps.
             return self.first_request.is_some().then(|| self.first_reply())??;
@@ -1095,46 +1119,24 @@ impl Relay<'_> {
             .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
     }
 
-    /// A whole reply (`tag`, `total` bytes) at `fwd` in the server's buffer to a Describe
-    /// pgcarpool added (`Owed::learning`): kept as the statement's description, not passed
-    /// on (the run before it is).
-    fn learn_reply(&mut self, fwd: usize, tag: u8, total: usize) {
-        let body = &self.server.conn.rbuf[fwd + 5..fwd + total];
-        if let Some(d) = self.server.owed.learn(tag, body) {
+    /// A whole reply (header `h`) at `fwd` in the server's buffer to a Describe pgcarpool
+    /// added (`Exchange::learning`): kept as the statement's description, not passed on
+    /// (the run before it is).
+    fn learn_reply(&mut self, fwd: usize, h: proto::Header) {
+        if let Some(d) = self.server.learned(h, fwd) {
             self.session.unnamed_described = Some(d);
         }
-        self.proto_reply(tag);
         self.forward_server_run(fwd);
-        self.server.conn.consume(total);
-    }
-
-    /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE
-    /// ALL or DISCARD ALL the server ran drops the statements it held.
-    fn on_command_complete(&mut self, at: usize, total: usize) {
-        let body = &self.server.conn.rbuf[at + 5..at + total];
-        if body == b"DEALLOCATE ALL\0" || body == b"DISCARD ALL\0" {
-            self.server.prepared.deallocated();
-            self.dealloc_ran();
-        }
+        self.server.conn_mut().consume(h.total);
     }
 
     /// The whole CommandComplete after the run of `fwd` bytes answers a RESET pgcarpool
     /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
     fn say_reset(&mut self, fwd: usize, total: usize) {
         self.forward_server_run(fwd);
-        self.server.conn.consume(total);
+        self.server.conn_mut().consume(total);
         self.client
             .queue_with(|b| backend::command_complete(b, "RESET"));
-    }
-
-    /// A reply other than ReadyForQuery came: the server's protocol position follows it,
-    /// and the ReadyForQuery owed for Syncs the server ignored (read while it copied in)
-    /// leave the ledger too.
-    fn proto_reply(&mut self, tag: u8) {
-        let voided = self.server.proto.on_reply(tag);
-        if voided > 0 && self.virt {
-            self.server.owed.void_readies(voided);
-        }
     }
 }
 
@@ -1174,8 +1176,17 @@ fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
     if let Some(c) = code
         && matches!(&c, b"25006" | b"57P01" | b"57P02")
     {
-        server.role_doubt = Some(c);
+        server.note_role_doubt(c);
     }
+}
+
+/// A message the relay looks into (`MAX_INSPECTED` at most, else refused): is all of it
+/// buffered (`avail` bytes from its start)?
+fn inspectable(h: proto::Header, avail: usize) -> Result<bool, ProtoError> {
+    if h.total > MAX_INSPECTED {
+        return Err(ProtoError::TooLong(h.total));
+    }
+    Ok(avail >= h.total)
 }
 
 /// Take what is buffered of a message being streamed through in parts into the run

@@ -13,7 +13,7 @@ const MAX_RENAMES: usize = 256;
 /// One rename sent to the server.
 #[derive(Debug)]
 struct Rename {
-    /// The round (`ProtoState::round`) of the message: its errors come while the server's
+    /// The round (`Exchange::round`) of the message: its errors come while the server's
     /// `answered` count equals it.
     round: u64,
     server: Bytes,

@@ -14,28 +14,28 @@ use crate::server::Server;
 pub async fn run(client: &mut Conn, mut server: Box<Server>) -> std::io::Result<()> {
     client.queue_with(|b| {
         backend::authentication_ok(b);
-        for (k, v) in server.login_params.iter() {
+        for (k, v) in server.login_params().iter() {
             backend::parameter_status(b, k, v);
         }
         // The server's own key: a cancel request reaches PostgreSQL's walsender through
         // pgcarpool only if it is sent to the server (replication clients rarely cancel).
-        backend::backend_key_data(b, server.key.0, server.key.1);
+        backend::backend_key_data(b, server.key().0, server.key().1);
         backend::ready_for_query(b, b'I');
     });
     client.flush().await?;
     // What either side sent beyond what was read so far goes first.
     if !client.rbuf.is_empty() {
         let early = client.rbuf.split();
-        server.conn.stream.write_all(&early).await?;
+        server.conn_mut().stream.write_all(&early).await?;
     }
-    if !server.conn.rbuf.is_empty() {
-        let early = server.conn.rbuf.split();
+    if !server.conn().rbuf.is_empty() {
+        let early = server.conn_mut().rbuf.split();
         client.stream.write_all(&early).await?;
     }
     let (up, down) =
-        tokio::io::copy_bidirectional(&mut client.stream, &mut server.conn.stream).await?;
+        tokio::io::copy_bidirectional(&mut client.stream, &mut server.conn_mut().stream).await?;
     tracing::debug!(
-        server = server.id,
+        server = server.id(),
         "replication connection closed ({up} bytes up, {down} down)"
     );
     Ok(())

@@ -24,7 +24,7 @@ pub(super) fn passes_through(
     effects: &mut Effects,
 ) -> Result<bool, ProtoError> {
     let mut r = Reader::new(body, "extended-protocol message");
-    let unnamed_here = session.unnamed_id != 0 && server.unnamed == session.unnamed_id;
+    let unnamed_here = session.unnamed_id != 0 && server.exchange().unnamed() == session.unnamed_id;
     let entry = match tag {
         frontend::PARSE => {
             if !r.cstr_bytes()?.is_empty() {
@@ -48,11 +48,9 @@ pub(super) fn passes_through(
                 effects.merge(e);
             }
             let was = session.unnamed_before();
-            server.unnamed = session.parsed_unnamed(&body[1..]);
-            Pending::UnnamedParse(Undo::Unnamed {
-                was,
-                now: server.unnamed,
-            })
+            let now = session.parsed_unnamed(&body[1..]);
+            server.set_unnamed(now);
+            Pending::UnnamedParse(Undo::Unnamed { was, now })
         }
         frontend::BIND => {
             let portal = r.cstr_bytes()?;
@@ -91,7 +89,7 @@ pub(super) fn passes_through(
             }
         }
     };
-    server.owed.push(entry);
+    server.expect(entry);
     Ok(true)
 }
 
@@ -100,7 +98,7 @@ impl Relay<'_> {
     pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         // A simple query drops the unnamed statement, the client's and the server's.
         self.session.drop_unnamed();
-        self.server.unnamed = 0;
+        self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         let tx = classify::tx_effect(sql);
         if !classify::may_matter(sql) {
@@ -108,7 +106,7 @@ impl Relay<'_> {
             return Ok(());
         }
         let mut e = classify::classify(sql);
-        refused_in_block(&mut e, self.server.proto.status_sent());
+        refused_in_block(&mut e, self.server.status_sent());
         self.note_effects(&e);
         let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
@@ -119,7 +117,7 @@ impl Relay<'_> {
         }
         let named = classify::named_statement(sql);
         let dealloc = e.deallocate.clone();
-        if self.server.proto.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
+        if self.server.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
             // they are.
             self.server.probe("25P02", String::new(), true);
@@ -134,12 +132,11 @@ impl Relay<'_> {
             self.server.probe("42939", msg, true);
             return Ok(());
         }
-        if e.deallocate_all && self.server.proto.status_sent() != b'E' {
+        if e.deallocate_all && self.server.status_sent() != b'E' {
             // The client's names go, and the server's statements unless it refuses it
             // (a failed transaction block refuses it at once).
             self.session.statements.clear();
-            let round = self.server.proto.round();
-            self.server.prepared.deallocating(round);
+            self.server.deallocating();
         }
         self.effects.merge(e);
         if let Some(name) = dealloc {
@@ -167,7 +164,7 @@ impl Relay<'_> {
                 };
                 let name = Bytes::from(name.into_bytes());
                 self.session.statements.insert(name.clone(), stmt.clone());
-                if self.server.prepared.touch(stmt.id) {
+                if self.server.touch(stmt.id) {
                     // Already prepared on this server under its shared name.
                     self.answer(Answer::Query("PREPARE"));
                     return Ok(());
@@ -175,11 +172,9 @@ impl Relay<'_> {
                 let text = stmt.sql_prepare_text();
                 let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
                 self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
-                let sql = text;
-                self.server.prepared.insert(stmt.clone());
                 // The client's name goes again if the server refuses the text.
                 self.server
-                    .send_query(query_message(&sql), Some(Box::new((stmt, name))));
+                    .send_sql_prepare(query_message(&text), stmt, name);
             }
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
@@ -217,15 +212,14 @@ impl Relay<'_> {
         message(&mut b, frontend::PARSE, &[b"\0", sql, b"\0\0\0"]);
         message(&mut b, frontend::BIND, &[b"\0\0\0\0\0\0\0\0"]);
         message(&mut b, frontend::EXECUTE, &[b"\0\0\0\0\0"]);
-        self.server.conn.queue(b.freeze());
-        let owed = &mut self.server.owed;
-        owed.push(Pending::SwallowTo(backend::PARSE_COMPLETE));
-        owed.push(Pending::SwallowTo(backend::BIND_COMPLETE));
-        owed.push(Pending::Execute);
+        self.server.conn_mut().queue(b.freeze());
+        self.server
+            .expect(Pending::SwallowTo(backend::PARSE_COMPLETE));
+        self.server
+            .expect(Pending::SwallowTo(backend::BIND_COMPLETE));
+        self.server.expect(Pending::Execute);
         self.startup_after_discard(false);
-        self.server.conn.queue_with(frontend::sync);
-        self.server.proto.owe_ready(true);
-        self.server.owed.push(Pending::Ready(None));
+        self.server.sync_for_query();
         true
     }
 
@@ -265,17 +259,17 @@ impl Relay<'_> {
         message(&mut b, frontend::BIND, &[NAME, NAME, &params]);
         message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
         message(&mut b, frontend::CLOSE, &[b"S", NAME]);
-        self.server.conn.queue(b.freeze());
+        self.server.conn_mut().queue(b.freeze());
         for end in [
             backend::PARSE_COMPLETE,
             backend::BIND_COMPLETE,
             backend::COMMAND_COMPLETE,
             backend::CLOSE_COMPLETE,
         ] {
-            self.server.owed.push(Pending::SwallowTo(end));
+            self.server.expect(Pending::SwallowTo(end));
         }
         if execute {
-            self.server.proto.sent_execute();
+            self.server.note_sent(frontend::EXECUTE, false);
         }
     }
 
@@ -284,7 +278,7 @@ impl Relay<'_> {
     /// sent after it are judged by the status it leaves.
     fn send_client_query(&mut self, msg: Bytes, tx: Option<[u8; 3]>) {
         if let Some(e) = tx {
-            self.server.proto.sent_tx_effect(e);
+            self.server.sent_tx_effect(e);
         }
         self.server.send_query(msg, None);
     }
@@ -315,7 +309,7 @@ impl Relay<'_> {
                 None => out.push_str(&String::from_utf8_lossy(&sql[a..b])),
             }
             let reset = m.as_ref().is_some_and(|m| m.1);
-            self.server.owed.push(Pending::Retag(reset));
+            self.server.expect(Pending::Retag(reset));
         }
         Some(out)
     }
@@ -331,7 +325,7 @@ impl Relay<'_> {
             if query {
                 self.server.send_query(msg, None);
             } else {
-                self.server.conn.queue(msg);
+                self.server.conn_mut().queue(msg);
             }
             return false;
         }
@@ -370,20 +364,13 @@ impl Relay<'_> {
         rest: &[u8],
         depends: Option<Arc<Stmt>>,
     ) -> Option<Arc<Stmt>> {
-        if self.session.statements.len() >= self.max_client_statements {
-            self.limit = Some(format!(
-                "too many prepared statements: client_max_statements is {}",
-                self.max_client_statements
-            ));
-            return None;
-        }
-        match self.registry.intern_with(scope, rest, depends) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                self.limit = Some(format!("cannot keep another prepared statement: {e}"));
-                None
-            }
-        }
+        let interned = self.session.intern(
+            self.registry,
+            self.max_client_statements,
+            (scope, rest),
+            depends,
+        );
+        interned.map_err(|why| self.limit = Some(why)).ok()
     }
 
     /// Note what the client's statements do to the shared statement registry and the pools.
@@ -406,7 +393,7 @@ impl Relay<'_> {
 
     /// Make a statement usable by a simple Query (EXECUTE) on this server.
     fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
-        if !self.server.prepared.touch(stmt.id) {
+        if !self.server.touch(stmt.id) {
             self.counts.server_parses += 1;
             self.server.prepare_apart(stmt);
         }
@@ -415,8 +402,7 @@ impl Relay<'_> {
     /// The message about to be sent names the client's statement `client` by its server
     /// name: the server's errors about it name `client` again.
     fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
-        let p = &self.server.proto;
-        let (round, answered) = (p.round(), p.answered);
+        let (round, answered) = (self.server.round(), self.server.exchange().answered());
         self.renamed
             .note(round, answered, &stmt.server_name, client);
     }
@@ -431,14 +417,13 @@ impl Relay<'_> {
         rest_at: usize,
         prefix: &str,
     ) {
-        let p = &self.server.proto;
-        let rounds = (p.round(), p.answered);
+        let rounds = (self.server.round(), self.server.exchange().answered());
         let names = (&stmt.server_name, client);
         self.renamed.note_text(rounds, names, text, rest_at, prefix);
     }
 
     fn answer(&mut self, a: Answer) {
-        self.server.owed.push(Pending::Answer(a));
+        self.server.expect(Pending::Answer(a));
     }
 
     /// The client executes `portal`: when it runs `DEALLOCATE ALL`, the client's statements
@@ -450,21 +435,21 @@ impl Relay<'_> {
             .deallocating_portals
             .iter()
             .any(|p| p == portal)
-            || self.server.proto.status_sent() == b'E'
+            || self.server.status_sent() == b'E'
         {
             return;
         }
-        let round = self.server.proto.round();
+        let round = self.server.round();
         let dropped = std::mem::take(&mut self.session.statements);
         // Kept aside until the server says it ran (`dealloc_ran`): a failed or skipped
         // Execute leaves them.
         self.session_deallocs.push((round, dropped));
-        self.server.prepared.deallocating(round);
+        self.server.deallocating();
     }
 
     /// The server ran a DEALLOCATE ALL (or DISCARD ALL) of the round it is answering.
     pub(super) fn dealloc_ran(&mut self) {
-        let answered = self.server.proto.answered;
+        let answered = self.server.exchange().answered();
         if let Some(i) = self.session_deallocs.iter().position(|d| d.0 == answered) {
             self.session_deallocs.remove(i);
         }
@@ -474,7 +459,7 @@ impl Relay<'_> {
     /// DEALLOCATE ALL of theirs was to drop, and did not, are the client's again (but for
     /// names made since).
     pub(super) fn deallocs_over(&mut self) {
-        let answered = self.server.proto.answered;
+        let answered = self.server.exchange().answered();
         while self
             .session_deallocs
             .first()
@@ -492,20 +477,20 @@ impl Relay<'_> {
     /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
     /// message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
-        if self.server.proto.status_sent() != b'E' {
+        if self.server.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
         let rest = if name.is_empty() {
             let id = self.session.unnamed_id;
-            if id == 0 || self.server.unnamed == id {
+            if id == 0 || self.server.exchange().unnamed() == id {
                 return None;
             }
             self.session.unnamed.clone()?
         } else {
             let stmt = self.session.statements.get(name)?;
-            if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            if self.server.holds(stmt.id) || stmt.is_sql_prepared() {
                 return None;
             }
             stmt.parse_rest.clone()
@@ -538,20 +523,22 @@ impl Relay<'_> {
     /// ParameterDescription's body, when a server described it so (`Stmt::no_rows_params`,
     /// `VirtualSession::unnamed_described`).
     fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
-        if self.server.proto.status_sent() != b'E' {
+        if self.server.status_sent() != b'E' {
             return None;
         }
         if name.is_empty() {
             let id = self.session.unnamed_id;
             return match &self.session.unnamed_described {
-                Some((d, params)) if *d == id && id != 0 && self.server.unnamed != id => {
+                Some((d, params))
+                    if *d == id && id != 0 && self.server.exchange().unnamed() != id =>
+                {
                     Some(params.clone())
                 }
                 _ => None,
             };
         }
         let stmt = self.session.statements.get(name)?;
-        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+        if self.server.holds(stmt.id) || stmt.is_sql_prepared() {
             return None;
         }
         stmt.no_rows_params().cloned()
@@ -559,202 +546,218 @@ impl Relay<'_> {
 
     /// A whole Parse, Bind, Describe or Close from the client.
     pub(super) fn on_extended(&mut self, tag: u8, msg: Bytes) -> Result<(), ProtoError> {
-        let body = &msg[5..];
         match tag {
-            frontend::PARSE => {
-                let name = Reader::new(body, "Parse").cstr_bytes()?;
-                if name.is_empty() {
-                    return self.parse_unnamed(msg);
-                }
-                if self.server.proto.status_sent() == b'E'
-                    && !classify::ends_transaction(&body[name.len() + 1..])
-                {
-                    self.refused_parse(&body[name.len() + 1..])?;
-                    return Ok(());
-                }
-                if self.session.statements.contains_key(name) {
-                    // PgBouncer's words in the log (it closes the connection there); the
-                    // client gets PostgreSQL's error and its session goes on, as directly.
-                    tracing::info!(
-                        "prepared statement '{}' was already prepared",
-                        String::from_utf8_lossy(name)
-                    );
-                    let m = format!(
-                        "prepared statement \"{}\" already exists",
-                        String::from_utf8_lossy(name)
-                    );
-                    // PostgreSQL parses and analyses the text before it looks at the name:
-                    // the server reports an error in the text first, else the probe fails.
-                    // Here inside a failed block only for ROLLBACK or COMMIT, which
-                    // PostgreSQL parses there: 42P05, not 25P02.
-                    self.refused_parse(&body[name.len() + 1..])?;
-                    self.server.probe_before_block("42P05", m);
-                    return Ok(());
-                }
-                let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
-                let rest = startup_value_rest(self.session, rest)?;
-                let scope = self.statement_scope(&rest);
-                let Some(stmt) = self.intern(&scope, &rest, depends) else {
-                    return Ok(());
-                };
-                if let Some(e) = &stmt.effects {
-                    self.note_effects(e);
-                    self.effects.merge((**e).clone());
-                }
-                self.counts.client_parses += 1;
-                let name = Bytes::copy_from_slice(name);
-                self.session.statements.insert(name.clone(), stmt.clone());
-                self.session
-                    .parsed_name(name.clone(), self.registry.changes_seen());
-                if self.server.prepared.touch(stmt.id) {
-                    self.server.owed.push(Pending::Answered(name, stmt));
-                } else {
-                    self.prepare_on_server(stmt, false);
-                    self.server.owed.name_last_parse(name);
-                }
-            }
-            frontend::BIND => {
-                let mut r = Reader::new(body, "Bind");
-                let portal = r.cstr_bytes()?;
-                let name = r.cstr_bytes()?;
-                if let Some(m) = self.bind_count_error(body) {
-                    self.server.probe("08P01", m, false);
-                    return Ok(());
-                }
-                if name.is_empty() {
-                    if !self.unnamed_here() {
-                        self.server.probe("26000", NO_UNNAMED.into(), false);
-                        return Ok(());
-                    }
-                    let s = &mut *self.session;
-                    let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
-                    let tx = s.unnamed.as_deref().and_then(tx_effect_of);
-                    s.bound(portal, tx, deallocates);
-                    if deallocates && s.unnamed.as_deref().is_some_and(discards_all) {
-                        s.discard_portal = Some(Bytes::copy_from_slice(portal));
-                    }
-                    self.server.conn.queue(msg);
-                } else {
-                    match self.lookup(name) {
-                        None => {
-                            let name = String::from_utf8_lossy(name).into_owned();
-                            if !self.unknown_statement(&name, msg.clone(), false) {
-                                self.server.owed.push(Pending::Bind);
-                            }
-                            return Ok(());
-                        }
-                        Some(stmt) => {
-                            self.counts.binds += 1;
-                            if portal.is_empty() {
-                                self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
-                            }
-                            // What running it does to the session, every time it runs.
-                            let deallocates =
-                                stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
-                            let tx = tx_effect_of(&stmt.parse_rest);
-                            self.session.bound(portal, tx, deallocates);
-                            if stmt.effects.as_ref().is_some_and(|e| e.discard_all) {
-                                self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
-                            }
-                            if let Some(e) = &stmt.effects {
-                                self.effects.merge((**e).clone());
-                            }
-                            let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
-                            self.note_rename(&stmt, name);
-                            let sname = stmt.server_name.clone();
-                            let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
-                            let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
-                            self.server.conn.queue_with(|b| {
-                                b.put_u8(frontend::BIND);
-                                b.put_i32(len);
-                                b.put_slice(portal);
-                                b.put_u8(0);
-                                b.put_slice(&sname);
-                                b.put_u8(0);
-                            });
-                            self.server.conn.queue(rest);
-                            if self.start_replay(name, &stmt, &msg) {
-                                self.server.owed.push(Pending::BindShared);
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-                self.server.owed.push(Pending::Bind);
-            }
-            frontend::DESCRIBE => {
-                let mut r = Reader::new(body, "Describe");
-                let kind = r.u8()?;
-                let name = r.cstr_bytes()?;
-                if kind == b'S'
-                    && let Some(params) = self.described_in_failed_block(name)
-                {
-                    self.session.unbound.remove(name);
-                    self.answer(Answer::Described(params));
-                    return Ok(());
-                }
-                if kind == b'S' && name.is_empty() && !self.unnamed_here() {
-                    self.server.probe("26000", NO_UNNAMED.into(), false);
-                    return Ok(());
-                }
-                if kind == b'S' {
-                    self.session.unbound.remove(name);
-                }
-                match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
-                    (b'S', Some(stmt)) => {
-                        self.note_rename(&stmt, name);
-                        let sname = stmt.server_name.clone();
-                        self.server.conn.queue_with(|b| {
-                            b.put_u8(frontend::DESCRIBE);
-                            b.put_i32((4 + 1 + sname.len() + 1) as i32);
-                            b.put_u8(b'S');
-                            b.put_slice(&sname);
-                            b.put_u8(0);
-                        });
-                    }
-                    (b'S', None) if !name.is_empty() => {
-                        let name = String::from_utf8_lossy(name).into_owned();
-                        if !self.unknown_statement(&name, msg.clone(), false) {
-                            self.server.owed.push(Pending::Describe);
-                        }
-                        return Ok(());
-                    }
-                    _ => self.server.conn.queue(msg),
-                }
-                self.server.owed.push(Pending::Describe);
-            }
-            frontend::CLOSE => {
-                let mut r = Reader::new(body, "Close");
-                let kind = r.u8()?;
-                let name = r.cstr_bytes()?;
-                if kind == b'S' {
-                    // Only the client's name goes: the server keeps the statement for
-                    // others. Closing a name that does not exist is no error. Skipped (an
-                    // error earlier in the pipeline), it comes back.
-                    let undo = if name.is_empty() {
-                        let was = self.session.unnamed_before();
-                        self.session.drop_unnamed();
-                        was.map(|was| Undo::Unnamed {
-                            was: Some(was),
-                            now: 0,
-                        })
-                    } else {
-                        let stmt = self.session.statements.remove(name);
-                        stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
-                    };
-                    match undo {
-                        Some(u) => self.server.owed.push(Pending::Closed(u)),
-                        None => self.answer(Answer::CloseComplete),
-                    }
-                } else {
-                    self.server.conn.queue(msg);
-                    self.server.owed.push(Pending::Close {
-                        swallow: false,
-                        evicted: None,
-                    });
-                }
-            }
+            frontend::PARSE => self.on_parse(msg),
+            frontend::BIND => self.on_bind(msg),
+            frontend::DESCRIBE => self.on_describe(msg),
+            frontend::CLOSE => self.on_close(msg),
             _ => unreachable!("only extended-protocol messages come here"),
+        }
+    }
+
+    /// A whole Parse from the client that needs more than passing through.
+    fn on_parse(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let name = Reader::new(body, "Parse").cstr_bytes()?;
+        if name.is_empty() {
+            return self.parse_unnamed(msg);
+        }
+        if self.server.status_sent() == b'E' && !classify::ends_transaction(&body[name.len() + 1..])
+        {
+            self.refused_parse(&body[name.len() + 1..])?;
+            return Ok(());
+        }
+        if self.session.statements.contains_key(name) {
+            // PgBouncer's words in the log (it closes the connection there); the
+            // client gets PostgreSQL's error and its session goes on, as directly.
+            tracing::info!(
+                "prepared statement '{}' was already prepared",
+                String::from_utf8_lossy(name)
+            );
+            let m = format!(
+                "prepared statement \"{}\" already exists",
+                String::from_utf8_lossy(name)
+            );
+            // PostgreSQL parses and analyses the text before it looks at the name:
+            // the server reports an error in the text first, else the probe fails.
+            // Here inside a failed block only for ROLLBACK or COMMIT, which
+            // PostgreSQL parses there: 42P05, not 25P02.
+            self.refused_parse(&body[name.len() + 1..])?;
+            self.server.probe_before_block("42P05", m);
+            return Ok(());
+        }
+        let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
+        let rest = startup_value_rest(self.session, rest)?;
+        let scope = self.statement_scope(&rest);
+        let Some(stmt) = self.intern(&scope, &rest, depends) else {
+            return Ok(());
+        };
+        if let Some(e) = &stmt.effects {
+            self.note_effects(e);
+            self.effects.merge((**e).clone());
+        }
+        self.counts.client_parses += 1;
+        let name = Bytes::copy_from_slice(name);
+        self.session.statements.insert(name.clone(), stmt.clone());
+        self.session
+            .parsed_name(name.clone(), self.registry.changes_seen());
+        if self.server.touch(stmt.id) {
+            self.server.expect(Pending::Answered(name, stmt));
+        } else {
+            self.prepare_on_server(stmt, false);
+            self.server.name_last_parse(name);
+        }
+        Ok(())
+    }
+
+    /// A whole Bind from the client that needs more than passing through.
+    fn on_bind(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Bind");
+        let portal = r.cstr_bytes()?;
+        let name = r.cstr_bytes()?;
+        if let Some(m) = self.bind_count_error(body) {
+            self.server.probe("08P01", m, false);
+            return Ok(());
+        }
+        if name.is_empty() {
+            if !self.unnamed_here() {
+                self.server.probe("26000", NO_UNNAMED.into(), false);
+                return Ok(());
+            }
+            let s = &mut *self.session;
+            let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
+            let tx = s.unnamed.as_deref().and_then(tx_effect_of);
+            s.bound(portal, tx, deallocates);
+            if deallocates && s.unnamed.as_deref().is_some_and(discards_all) {
+                s.discard_portal = Some(Bytes::copy_from_slice(portal));
+            }
+            self.server.conn_mut().queue(msg);
+        } else {
+            match self.lookup(name) {
+                None => {
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    if !self.unknown_statement(&name, msg.clone(), false) {
+                        self.server.expect(Pending::Bind);
+                    }
+                    return Ok(());
+                }
+                Some(stmt) => {
+                    self.counts.binds += 1;
+                    if portal.is_empty() {
+                        self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
+                    }
+                    // What running it does to the session, every time it runs.
+                    let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
+                    let tx = tx_effect_of(&stmt.parse_rest);
+                    self.session.bound(portal, tx, deallocates);
+                    if stmt.effects.as_ref().is_some_and(|e| e.discard_all) {
+                        self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
+                    }
+                    if let Some(e) = &stmt.effects {
+                        self.effects.merge((**e).clone());
+                    }
+                    let rest = msg.slice(5 + portal.len() + 1 + name.len() + 1..);
+                    self.note_rename(&stmt, name);
+                    let sname = stmt.server_name.clone();
+                    let len = 4 + portal.len() + 1 + sname.len() + 1 + rest.len();
+                    let len = i32::try_from(len).map_err(|_| ProtoError::TooLong(len))?;
+                    self.server.conn_mut().queue_with(|b| {
+                        b.put_u8(frontend::BIND);
+                        b.put_i32(len);
+                        b.put_slice(portal);
+                        b.put_u8(0);
+                        b.put_slice(&sname);
+                        b.put_u8(0);
+                    });
+                    self.server.conn_mut().queue(rest);
+                    if self.start_replay(name, &stmt, &msg) {
+                        self.server.expect(Pending::BindShared);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.server.expect(Pending::Bind);
+        Ok(())
+    }
+
+    /// A whole Describe from the client that needs more than passing through.
+    fn on_describe(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Describe");
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S'
+            && let Some(params) = self.described_in_failed_block(name)
+        {
+            self.session.unbound.remove(name);
+            self.answer(Answer::Described(params));
+            return Ok(());
+        }
+        if kind == b'S' && name.is_empty() && !self.unnamed_here() {
+            self.server.probe("26000", NO_UNNAMED.into(), false);
+            return Ok(());
+        }
+        if kind == b'S' {
+            self.session.unbound.remove(name);
+        }
+        match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
+            (b'S', Some(stmt)) => {
+                self.note_rename(&stmt, name);
+                let sname = stmt.server_name.clone();
+                self.server.conn_mut().queue_with(|b| {
+                    b.put_u8(frontend::DESCRIBE);
+                    b.put_i32((4 + 1 + sname.len() + 1) as i32);
+                    b.put_u8(b'S');
+                    b.put_slice(&sname);
+                    b.put_u8(0);
+                });
+            }
+            (b'S', None) if !name.is_empty() => {
+                let name = String::from_utf8_lossy(name).into_owned();
+                if !self.unknown_statement(&name, msg.clone(), false) {
+                    self.server.expect(Pending::Describe);
+                }
+                return Ok(());
+            }
+            _ => self.server.conn_mut().queue(msg),
+        }
+        self.server.expect(Pending::Describe);
+        Ok(())
+    }
+
+    /// A whole Close from the client that needs more than passing through.
+    fn on_close(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Close");
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S' {
+            // Only the client's name goes: the server keeps the statement for
+            // others. Closing a name that does not exist is no error. Skipped (an
+            // error earlier in the pipeline), it comes back.
+            let undo = if name.is_empty() {
+                let was = self.session.unnamed_before();
+                self.session.drop_unnamed();
+                was.map(|was| Undo::Unnamed {
+                    was: Some(was),
+                    now: 0,
+                })
+            } else {
+                let stmt = self.session.statements.remove(name);
+                stmt.map(|s| Undo::Closed(Bytes::copy_from_slice(name), s))
+            };
+            match undo {
+                Some(u) => self.server.expect(Pending::Closed(u)),
+                None => self.answer(Answer::CloseComplete),
+            }
+        } else {
+            self.server.conn_mut().queue(msg);
+            self.server.expect(Pending::Close {
+                swallow: false,
+                evicted: None,
+            });
         }
         Ok(())
     }
@@ -804,7 +807,7 @@ impl Relay<'_> {
                 // The client's name goes now (its DEALLOCATE normally runs next); the
                 // server drops the shared statement.
                 self.ensure_for_parse(&stmt);
-                self.server.prepared.remove(stmt.id);
+                self.server.forget(stmt.id);
                 self.note_rename(&stmt, name.as_bytes());
                 Some(format!("DEALLOCATE {}", quoted(&stmt.server_name)))
             });
@@ -837,20 +840,18 @@ impl Relay<'_> {
             self.effects.merge(e);
         }
         let was = self.session.unnamed_before();
-        self.server.unnamed = self.session.parsed_unnamed(&out[6..]);
+        let now = self.session.parsed_unnamed(&out[6..]);
+        self.server.set_unnamed(now);
         if deallocates {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
         let learn = !classify::returns_rows(&out[6..]);
-        self.server.conn.queue(out);
-        self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
-            was,
-            now: self.server.unnamed,
-        }));
+        self.server.conn_mut().queue(out);
+        self.server
+            .expect(Pending::UnnamedParse(Undo::Unnamed { was, now }));
         if learn {
-            let what = Learning::Unnamed(self.server.unnamed);
-            self.server.learn(b"", what);
+            self.server.learn(b"", Learning::Unnamed(now));
         }
         Ok(())
     }
@@ -897,7 +898,7 @@ impl Relay<'_> {
 
     /// Make a statement usable by an EXECUTE/DEALLOCATE inside a Parse on this server.
     fn ensure_for_parse(&mut self, stmt: &Arc<Stmt>) {
-        if self.server.prepared.touch(stmt.id) {
+        if self.server.touch(stmt.id) {
             return;
         }
         if stmt.is_sql_prepared() {
@@ -915,7 +916,7 @@ impl Relay<'_> {
     /// one that another server holds, it is parsed here first (its replies swallowed).
     fn unnamed_here(&mut self) -> bool {
         let id = self.session.unnamed_id;
-        if id != 0 && self.server.unnamed == id {
+        if id != 0 && self.server.exchange().unnamed() == id {
             return true;
         }
         let Some(rest) = self.session.unnamed.clone() else {
@@ -933,9 +934,9 @@ impl Relay<'_> {
         let stmt = self.session.statements.get(name)?.clone();
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: usable from the protocol only where it already exists.
-            return self.server.prepared.touch(stmt.id).then_some(stmt);
+            return self.server.touch(stmt.id).then_some(stmt);
         }
-        if !self.server.prepared.touch(stmt.id) {
+        if !self.server.touch(stmt.id) {
             self.prepare_on_server(stmt.clone(), true);
         } else if let Some(dep) = &stmt.depends {
             self.ensure_for_parse(dep);
@@ -963,9 +964,9 @@ impl Relay<'_> {
         let seen = self.registry.changes_seen();
         let first_bind = self.session.unbound.remove(name) == Some(seen);
         if !first_bind
-            || self.server.proto.tx_status != b'I'
+            || self.server.tx_status() != b'I'
             || self.replay.is_some()
-            || !self.server.owed.before_first_bind()
+            || !self.server.exchange().before_first_bind()
             || stmt.is_sql_prepared()
         {
             return false;
@@ -985,7 +986,7 @@ impl Relay<'_> {
     /// round's error and ReadyForQuery are dropped). False: the client gets the error.
     pub(super) fn replay_stale(&mut self) -> bool {
         self.registry.bump_generation();
-        if self.server.proto.partial > 0 {
+        if self.server.exchange().partial() > 0 {
             return false;
         }
         let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
@@ -995,7 +996,7 @@ impl Relay<'_> {
         let Some(fresh) = self.intern(&scope, &rest, r.stmt.depends.clone()) else {
             return false;
         };
-        self.server.owed.swallow_to_sync();
+        self.server.swallow_to_sync();
         // The stale copy goes (after the failed round's Sync): whoever binds it here next
         // gets it parsed anew.
         self.server.unprepare(&r.stmt);
@@ -1017,8 +1018,8 @@ impl Relay<'_> {
     /// of them was a ReadyForQuery.
     pub(super) fn answer_front(&mut self) -> bool {
         let mut ready = false;
-        while let Some(a) = self.server.owed.pop_answer() {
-            let status = self.server.proto.tx_status;
+        while let Some(a) = self.server.pop_answer() {
+            let status = self.server.tx_status();
             ready |= matches!(a, Answer::Query(_));
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
@@ -1033,16 +1034,19 @@ impl Relay<'_> {
         ready
     }
 
-    /// A reply with this tag (and SQLSTATE, for an ErrorResponse) came: what the server
-    /// owed is settled (`server::response`), the client's session follows, and the verdict
+    /// A reply came (its header `h`, at `at` in the server's buffer): the server settles
+    /// what it owed (`server::exchange`), the client's session follows, and the verdict
     /// says what becomes of the reply.
-    pub(super) fn on_reply(&mut self, tag: u8, code: Option<[u8; 5]>) -> Verdict {
-        let server = &mut *self.server;
-        let (verdict, lost) =
-            server
-                .owed
-                .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
-        for u in server.owed.take_undo().into_iter().rev() {
+    pub(super) fn on_reply(
+        &mut self,
+        h: crate::proto::Header,
+        at: usize,
+    ) -> Result<Verdict, ProtoError> {
+        let reply = self.server.receive(h, at, self.virt)?;
+        if reply.deallocated {
+            self.dealloc_ran();
+        }
+        for u in reply.undo.into_iter().rev() {
             match u {
                 Undo::Name(name, stmt) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
@@ -1059,7 +1063,7 @@ impl Relay<'_> {
                 u => self.session.undo(u),
             }
         }
-        match lost {
+        match reply.lost {
             Lost::Nothing => {}
             Lost::Unnamed => self.session.drop_unnamed(),
             Lost::Name(p) => {
@@ -1074,7 +1078,7 @@ impl Relay<'_> {
                 }
             }
         }
-        verdict
+        Ok(reply.verdict)
     }
 }
 

@@ -57,7 +57,7 @@ pub struct VirtualSession {
     pub discard_portal: Option<Bytes>,
     /// The portal last bound to a transaction-control statement, and what running it does
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
-    /// (`ProtoState::sent_tx_effect`).
+    /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
 }
 
@@ -85,6 +85,27 @@ const LITERAL_SCOPE: [&str; 4] = [
 ];
 
 impl VirtualSession {
+    /// The shared statement for a new client name (`scope` and `rest` as `statement_scope`
+    /// and the registry take them), within the client's limit (`max`:
+    /// client_max_statements) and the registry's. Beyond them: why, which ends the client
+    /// (53400).
+    pub fn intern(
+        &self,
+        registry: &crate::statements::StatementRegistry,
+        max: usize,
+        (scope, rest): (&[u8], &[u8]),
+        depends: Option<Arc<Stmt>>,
+    ) -> Result<Arc<Stmt>, String> {
+        if self.statements.len() >= max {
+            return Err(format!(
+                "too many prepared statements: client_max_statements is {max}"
+            ));
+        }
+        registry
+            .intern_with(scope, rest, depends)
+            .map_err(|e| format!("cannot keep another prepared statement: {e}"))
+    }
+
     /// What a statement's meaning depends on in this session besides its text
     /// (`parse_rest`: a Parse's text, NUL, parameter types, or a SQL PREPARE's key): the pool (database, user, so server), the
     /// settings that resolve its names and, when it has string literals, those that read

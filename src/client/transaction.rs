@@ -103,16 +103,14 @@ async fn transaction(
     // the way: the client's first request then goes to another one (`Relay::first_reply`).
     // A sweep of pg_terminate_backend can have ended every idle server of the pool, each
     // FATAL not come yet: as many tries as the pool has servers, and one more.
-    let replays_left = if fresh {
-        pool_settings.pool_size + pool_settings.reserve_pool_size + 1
-    } else {
-        0
-    };
+    let tries = pool_settings.pool_size + pool_settings.reserve_pool_size + 1;
+    let replays_left = if fresh { tries } else { 0 };
     let mode = pool_settings.mode;
+    let user = &c.reg.handle.user;
     let timeouts = RelayTimeouts {
-        query: config::enabled(cfg.query_timeout_for(&c.reg.handle.user)),
-        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(&c.reg.handle.user)),
-        transaction: config::enabled(cfg.transaction_timeout_for(&c.reg.handle.user)),
+        query: config::enabled(cfg.query_timeout_for(user)),
+        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
+        transaction: config::enabled(cfg.transaction_timeout_for(user)),
     };
     let Relayed {
         mut server,
@@ -134,7 +132,7 @@ async fn transaction(
     )
     .await?;
     c.reg.handle.set_server(None);
-    if server.tls.is_some() {
+    if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
     }
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
@@ -149,54 +147,8 @@ async fn transaction(
     server.discard = c.session.pin.is_some();
     match event {
         RelayEvent::Release => {
-            if !effects.is_empty() || c.session.pin.is_some() {
-                match Box::pin(after_transaction(c, &mut server, &effects)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(refused)) => return Err(refused),
-                    // The transaction is over and answered; the server went before its
-                    // settings were read back. Only a precaution was lost (code that might
-                    // have changed settings out of sight): the client stays. A SET or
-                    // something that pins it cannot be carried: it goes, as before.
-                    Err(e)
-                        if mode != PoolMode::Session
-                            && c.session.pin.is_none()
-                            && effects.gucs.is_empty()
-                            && !effects.gucs_unknown
-                            && !effects.pin_check =>
-                    {
-                        server.broken = true;
-                        tracing::info!(
-                            client = c.reg.handle.id,
-                            server = server.id,
-                            "server lost after the client's transaction, the client stays: {e}"
-                        );
-                    }
-                    Err(e) => {
-                        server.broken = true;
-                        return Err(ClientError::fatal(
-                            "08006",
-                            format!("server connection lost: {e}"),
-                        ));
-                    }
-                }
-            }
-            if let Some(held) = server.take_notifications(c.session.backend_pid) {
-                c.conn.queue(held);
-            }
-            let (notified, discard_all) = (effects.notify, effects.discard_all);
-            super::notify::after_transaction(c, server.key.0, claimed, notified, discard_all)
-                .await?;
-            // What came meanwhile is the client's before the ReadyForQuery kept back (its
-            // own notifications come before it, as from PostgreSQL).
-            super::notify::deliver(c)?;
-            if let Some(status) = withheld_ready {
-                c.conn.queue_with(|b| backend::ready_for_query(b, status));
-            }
-            server.discard = c.session.pin.is_some();
-            if c.session.pin.is_some() {
-                return Ok(After::Next(Some(server)));
-            }
-            Ok(After::Next(None))
+            let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
+            Ok(After::Next(keep.then_some(server)))
         }
         RelayEvent::ClientTerminate | RelayEvent::ClientGone => Ok(After::Leave),
         // PgBouncer's words; the server is closed as it comes back (its pool marked it).
@@ -211,33 +163,16 @@ async fn transaction(
         RelayEvent::ClientProtocol(e) => Err(e.into()),
         // (Taken by the loop above; never here.)
         RelayEvent::TerminatedBeforeReply(_) => {
-            server.broken = true;
+            server.mark_broken();
             Err(ClientError::fatal(
                 "57P01",
                 "terminating connection due to administrator command".into(),
             ))
         }
-        RelayEvent::ServerGone(why) => {
-            server.broken = true;
-            if let Some(loss) = loss {
-                tracing::info!(
-                    client = c.reg.handle.id,
-                    server = server.id,
-                    "server lost under the client's transaction, the client stays: {why}"
-                );
-                if claimed {
-                    c.pool.listener.unclaim(server.key.0, c.reg.handle.id);
-                }
-                return Ok(After::Lost(super::aborted::begin(c, &loss, &why)));
-            }
-            Err(ClientError::fatal(
-                "08006",
-                format!("server connection lost: {why}"),
-            ))
-        }
+        RelayEvent::ServerGone(why) => server_gone(c, &mut server, &why, loss, claimed),
         RelayEvent::Timeout(kind) => {
             tracing::info!(
-                server = server.id,
+                server = server.id(),
                 db = %c.reg.handle.db,
                 user = %c.reg.handle.user,
                 "closing because: {}",
@@ -249,6 +184,90 @@ async fn transaction(
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
     }
+}
+
+/// After a transaction the pool mode lets go: its settings read back, what it pins, its
+/// notifications and the ReadyForQuery kept back delivered. True: the client keeps its
+/// server (pinned).
+async fn released(
+    c: &mut Client,
+    server: &mut PooledServer,
+    effects: &Effects,
+    claimed: bool,
+    withheld_ready: Option<u8>,
+    mode: PoolMode,
+) -> Result<bool, ClientError> {
+    if !effects.is_empty() || c.session.pin.is_some() {
+        match Box::pin(after_transaction(c, server, effects)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(refused)) => return Err(refused),
+            // The transaction is over and answered; the server went before its
+            // settings were read back. Only a precaution was lost (code that might
+            // have changed settings out of sight): the client stays. A SET or
+            // something that pins it cannot be carried: it goes, as before.
+            Err(e)
+                if mode != PoolMode::Session
+                    && c.session.pin.is_none()
+                    && effects.gucs.is_empty()
+                    && !effects.gucs_unknown
+                    && !effects.pin_check =>
+            {
+                server.mark_broken();
+                tracing::info!(
+                    client = c.reg.handle.id,
+                    server = server.id(),
+                    "server lost after the client's transaction, the client stays: {e}"
+                );
+            }
+            Err(e) => {
+                server.mark_broken();
+                return Err(ClientError::fatal(
+                    "08006",
+                    format!("server connection lost: {e}"),
+                ));
+            }
+        }
+    }
+    if let Some(held) = server.take_notifications(c.session.backend_pid) {
+        c.conn.queue(held);
+    }
+    let (notified, discard_all) = (effects.notify, effects.discard_all);
+    super::notify::after_transaction(c, server.key().0, claimed, notified, discard_all).await?;
+    // What came meanwhile is the client's before the ReadyForQuery kept back (its
+    // own notifications come before it, as from PostgreSQL).
+    super::notify::deliver(c)?;
+    if let Some(status) = withheld_ready {
+        c.conn.queue_with(|b| backend::ready_for_query(b, status));
+    }
+    server.discard = c.session.pin.is_some();
+    Ok(c.session.pin.is_some())
+}
+
+/// The server was lost under the client's transaction (`why`): the client stays in the
+/// failed block pgcarpool plays for it when it may (`loss`), else it is told and goes.
+fn server_gone(
+    c: &mut Client,
+    server: &mut PooledServer,
+    why: &str,
+    loss: Option<super::aborted::Loss>,
+    claimed: bool,
+) -> Result<After, ClientError> {
+    server.mark_broken();
+    if let Some(loss) = loss {
+        tracing::info!(
+            client = c.reg.handle.id,
+            server = server.id(),
+            "server lost under the client's transaction, the client stays: {why}"
+        );
+        if claimed {
+            c.pool.listener.unclaim(server.key().0, c.reg.handle.id);
+        }
+        return Ok(After::Lost(super::aborted::begin(c, &loss, why)));
+    }
+    Err(ClientError::fatal(
+        "08006",
+        format!("server connection lost: {why}"),
+    ))
 }
 
 /// What a transaction's relay ended with.
@@ -279,17 +298,17 @@ async fn relay_replacing(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<Relayed, ClientError> {
     loop {
-        server.served = true;
-        let claimed = super::notify::claim(c, server.key.0);
+        server.mark_served();
+        let claimed = super::notify::claim(c, server.key().0);
         c.reg.handle.set_server(Some(ServerLink {
-            id: server.id,
-            addr: server.addr.clone(),
-            key: server.key,
-            created: server.created,
-            prepared: server.prepared.len(),
+            id: server.id(),
+            addr: server.addr().clone(),
+            key: server.key(),
+            created: server.created(),
+            prepared: server.exchange().prepared_len(),
         }));
-        if server.tls.is_some() {
-            c.reg.handle.set_server_tls(server.tls.clone());
+        if server.tls().is_some() {
+            c.reg.handle.set_server_tls(server.tls().cloned());
         }
         c.reg.handle.set_state(ClientState::Active);
         let assigned_at = Instant::now();
@@ -319,11 +338,11 @@ async fn relay_replacing(
         replays_left -= 1;
         tracing::info!(
             client = c.reg.handle.id,
-            server = server.id,
+            server = server.id(),
             "server terminated before it answered the client's first request, \
              sending it to another server"
         );
-        server.broken = true;
+        server.mark_broken();
         // The request first, as the client sent it, then what the client sent after it.
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
         c.conn.rbuf.extend_from_slice(&rest);
@@ -417,9 +436,9 @@ async fn after_transaction(
         let defaults = c
             .pool
             .server_params()
-            .unwrap_or_else(|| server.login_params.clone());
+            .unwrap_or_else(|| server.login_params().clone());
         c.session.reset_all(&defaults);
-        server.params = server.login_params.clone();
+        server.reset_params();
         c.session.statements.clear();
     }
     // Code pgcarpool cannot read (DO, CALL, functions it does not know) may have set or
@@ -435,15 +454,10 @@ async fn after_transaction(
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
+        server.set_param(&name, value.as_deref());
         match value {
-            Some(v) => {
-                server.params.set(&name, &v);
-                c.session.set_param(&name, &v);
-            }
-            None => {
-                server.params.remove(&name);
-                c.session.remove_param(&name);
-            }
+            Some(v) => c.session.set_param(&name, &v),
+            None => c.session.remove_param(&name),
         }
     }
     if reset_all
@@ -524,10 +538,10 @@ fn read_back_names(
         for n in ["role", "session_authorization"] {
             add(&mut names, n);
         }
-        for (k, v) in server.params.iter() {
+        for (k, v) in server.parameters().iter() {
             if !sync::is_read_only(k)
                 && !sync::is_server_role(k)
-                && server.login_params.get(k) != Some(v)
+                && server.login_params().get(k) != Some(v)
             {
                 add(&mut names, k);
             }
@@ -754,26 +768,13 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         match h.tag {
             frontend::PARSE => {
                 let name_len = body.iter().position(|&b| b == 0).expect("checked above");
-                if c.session.statements.len() >= cfg_max_statements(c) {
-                    return Err(ClientError::fatal(
-                        "53400",
-                        format!(
-                            "too many prepared statements: client_max_statements is {}",
-                            cfg_max_statements(c)
-                        ),
-                    ));
-                }
                 let rest = &body[name_len + 1..];
+                let scope = c.session.statement_scope(rest);
+                let max = c.shared.config().settings.client_max_statements;
                 let stmt = c
-                    .shared
-                    .statements()
-                    .intern(&c.session.statement_scope(rest), rest)
-                    .map_err(|e| {
-                        ClientError::fatal(
-                            "53400",
-                            format!("cannot keep another prepared statement: {e}"),
-                        )
-                    })?;
+                    .session
+                    .intern(c.shared.statements(), max, (&scope, rest), None)
+                    .map_err(|why| ClientError::fatal("53400", why))?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
                 PoolStats::add(&c.pool.stats.client_parse_count, 1);
                 let generation = c.shared.statements().changes_seen();
@@ -795,10 +796,6 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         at += h.total;
     }
     Ok(Local::Answered)
-}
-
-fn cfg_max_statements(c: &Client) -> usize {
-    c.shared.config().settings.client_max_statements
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
@@ -879,11 +876,11 @@ async fn fitted_server(
                 ));
             }
             Err(e) => {
-                server.broken = true;
+                server.mark_broken();
                 if tries < SERVER_TRIES {
                     tracing::info!(
                         client = c.reg.handle.id,
-                        server = server.id,
+                        server = server.id(),
                         "server died before the transaction began, taking another: {e}"
                     );
                     continue;

@@ -58,13 +58,13 @@ impl Drop for PooledServer {
         let Some(mut s) = self.server.take() else {
             return;
         };
-        if s.broken {
+        if s.is_broken() {
             self.pool.close(s, Active);
             return;
         }
-        let clean = s.proto.is_idle() && s.conn.rbuf.is_empty() && s.owed.is_empty();
+        let clean = s.is_clean();
         let cancel_in_flight = cancels_in_flight(&s);
-        if clean && !self.reset && !self.discard && s.conn.out_len() == 0 && !cancel_in_flight {
+        if clean && !self.reset && !self.discard && s.conn().out_len() == 0 && !cancel_in_flight {
             self.pool.checkin(s, Active);
             return;
         }
@@ -104,7 +104,7 @@ impl Drop for PooledServer {
 /// clone of the server's `addr` (taken from the client's cancel target) until PostgreSQL
 /// has closed the cancel connection, i.e. has signalled the backend.
 fn cancels_in_flight(s: &Server) -> bool {
-    Arc::strong_count(&s.addr) > 1
+    Arc::strong_count(s.addr()) > 1
 }
 
 /// Wait (bounded by `limit`) until no cancel request for `s` is in flight.

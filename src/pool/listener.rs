@@ -442,7 +442,7 @@ async fn serve(hub: Arc<Listener>, mut rx: mpsc::UnboundedReceiver<Cmd>, t: List
             return;
         }
     };
-    tracing::debug!(server = server.id, db = %t.db, "listener connection open");
+    tracing::debug!(server = server.id(), db = %t.db, "listener connection open");
     let mut plan = Plan::default();
     let mut pending: VecDeque<Cmd> = VecDeque::new();
     let end = loop {
@@ -453,16 +453,16 @@ async fn serve(hub: Arc<Listener>, mut rx: mpsc::UnboundedReceiver<Cmd>, t: List
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else { break None };
                 let sql = plan.sql(cmd.client, &cmd.op);
-                server.conn.queue_with(|b| frontend::query(b, &sql));
+                server.conn_mut().queue_with(|b| frontend::query(b, &sql));
                 pending.push_back(cmd);
             }
             r = poll_fn(|cx| {
-                if server.conn.out_pending()
-                    && let Poll::Ready(Err(e)) = server.conn.poll_write_out(cx)
+                if server.conn().out_pending()
+                    && let Poll::Ready(Err(e)) = server.conn_mut().poll_write_out(cx)
                 {
                     return Poll::Ready(Err(e));
                 }
-                server.conn.poll_read_more(cx)
+                server.conn_mut().poll_read_more(cx)
             }) => {
                 let why = match r {
                     Ok(0) => Some(Lost("08006".into(), "server closed the connection unexpectedly".into())),
@@ -477,11 +477,11 @@ async fn serve(hub: Arc<Listener>, mut rx: mpsc::UnboundedReceiver<Cmd>, t: List
     };
     match end {
         None => tracing::debug!(
-            server = server.id,
+            server = server.id(),
             "listener connection closed: nothing listened"
         ),
         Some(why) => {
-            tracing::warn!(server = server.id, db = %t.db, "listener connection lost: {}", why.1);
+            tracing::warn!(server = server.id(), db = %t.db, "listener connection lost: {}", why.1);
             hub.lost(&mut rx, pending, &why);
         }
     }
@@ -498,11 +498,13 @@ fn read_stream(
 ) -> Result<(), Lost> {
     let broken = |e: proto::ProtoError| Lost("08P01".into(), format!("server protocol error: {e}"));
     let mut refused: Option<backend::ErrorFields> = None;
-    while let Some(h) = proto::header(&server.conn.rbuf, proto::MAX_MESSAGE_LEN).map_err(broken)? {
-        if server.conn.rbuf.len() < h.total {
+    while let Some(h) =
+        proto::header(&server.conn_mut().rbuf, proto::MAX_MESSAGE_LEN).map_err(broken)?
+    {
+        if server.conn().rbuf.len() < h.total {
             break;
         }
-        let msg = &server.conn.rbuf[..h.total];
+        let msg = &server.conn_mut().rbuf[..h.total];
         match h.tag {
             backend::NOTIFICATION_RESPONSE => hub.fan_out(msg).map_err(broken)?,
             backend::ERROR_RESPONSE => {
@@ -532,7 +534,7 @@ fn read_stream(
             }
             _ => {}
         }
-        server.conn.consume(h.total);
+        server.conn_mut().consume(h.total);
     }
     Ok(())
 }

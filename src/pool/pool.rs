@@ -357,7 +357,7 @@ impl Pool {
             Some(_) => g
                 .idle
                 .iter()
-                .filter(|srv| srv.last_used.elapsed() >= s.server_check_delay)
+                .filter(|srv| srv.last_used().elapsed() >= s.server_check_delay)
                 .count(),
             None => 0,
         };
@@ -386,18 +386,18 @@ impl Pool {
     pub(crate) fn set_state(&self, s: &Server, from: ServerState, to: ServerState) {
         let mut g = self.lock();
         self.change_state(&mut g, Some(from), Some(to));
-        g.transit.retain(|t| t.id != s.id);
+        g.transit.retain(|t| t.id != s.id());
         if matches!(to, ServerState::Tested | ServerState::BeingReset) {
             g.transit.push(Transit {
-                id: s.id,
+                id: s.id(),
                 state: to,
                 // A copy, not another handle on `s.addr`: a handle counts as a cancel
                 // request in flight (`guard::cancels_in_flight`), and the reset would wait
                 // for it until cancel_wait_timeout.
-                addr: Arc::new(crate::server::ServerAddr::clone(&s.addr)),
-                pid: s.key.0,
-                created: s.created,
-                tls: s.tls.clone(),
+                addr: Arc::new(crate::server::ServerAddr::clone(s.addr())),
+                pid: s.key().0,
+                created: s.created(),
+                tls: s.tls().cloned(),
             });
         }
     }
@@ -405,7 +405,7 @@ impl Pool {
     /// Server `s`, in state `from`, leaves the servers in transit (checked in or closed).
     fn arrived(&self, g: &mut Inner, s: &Server, from: ServerState) {
         if matches!(from, ServerState::Tested | ServerState::BeingReset) {
-            g.transit.retain(|t| t.id != s.id);
+            g.transit.retain(|t| t.id != s.id());
         }
     }
 
@@ -489,8 +489,8 @@ impl Pool {
             };
             // PgBouncer's words; tools and tests look for them. The server's place (counted
             // active) is the replication connection's now.
-            tracing::info!(server = evicted.id, db = %self.db, user = %self.user,
-                "closing because: evicted (age={}s)", evicted.created.elapsed().as_secs());
+            tracing::info!(server = evicted.id(), db = %self.db, user = %self.user,
+                "closing because: evicted (age={}s)", evicted.created().elapsed().as_secs());
             close_server(evicted);
             return Ok(Slot::new(self.clone()));
         }
@@ -677,7 +677,7 @@ impl Pool {
                     g.last_login_error = None;
                     g.refused = None;
                     if g.server_params.is_none() {
-                        g.server_params = Some(s.login_params.clone());
+                        g.server_params = Some(s.login_params().clone());
                     }
                     since
                 };
@@ -763,8 +763,8 @@ impl Pool {
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
         let expired = crate::config::enabled(settings.server_lifetime)
-            .is_some_and(|l| s.created.elapsed() >= l);
-        if !settings.target.hosts.keeps(s.host) {
+            .is_some_and(|l| s.created().elapsed() >= l);
+        if !settings.target.hosts.keeps(s.host()) {
             self.close_because(s, ServerState::Active, HOST_ROLE_CHANGED);
             return Ready::Closed;
         }
@@ -781,13 +781,16 @@ impl Pool {
             Ok(false) => {}
             Ok(true) => PoolStats::add(&self.stats.server_moves, 1),
             Err(e) => {
-                tracing::warn!(server = s.id, "could not move a server to this worker: {e}");
+                tracing::warn!(
+                    server = s.id(),
+                    "could not move a server to this worker: {e}"
+                );
                 self.close(s, ServerState::Active);
                 return Ready::Closed;
             }
         }
         if settings.server_check_query.is_some()
-            && s.last_used.elapsed() >= settings.server_check_delay
+            && s.last_used().elapsed() >= settings.server_check_delay
         {
             return Ready::CheckDue(s);
         }
@@ -806,7 +809,7 @@ impl Pool {
             self.set_state(&s, ServerState::Active, ServerState::Tested);
             let check = query::simple_query(&mut s, q);
             match tokio::time::timeout(settings.server_connect_timeout, check).await {
-                Ok(Ok(None)) if s.proto.tx_status == b'I' => {}
+                Ok(Ok(None)) if s.tx_status() == b'I' => {}
                 _ => {
                     self.close_because(s, ServerState::Tested, "server check query failed");
                     return None;
@@ -820,26 +823,25 @@ impl Pool {
     /// Return a clean, idle server (now in state `from`): to the first waiter, else to the
     /// idle list (or close it when it is too old or the pool is over its size).
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>, from: ServerState) {
-        s.last_used = Instant::now();
-        // Nobody listens on a server in the pool.
-        s.notifications.clear();
+        // (Nobody listens on a server in the pool: notifications held for a client go.)
+        s.checked_in(Instant::now());
         let mut g = self.lock();
         self.arrived(&mut g, &s, from);
         // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
         let too_old = match crate::config::enabled(g.settings.server_lifetime) {
-            Some(l) => s.created.elapsed() >= l,
-            None => s.served,
-        } || g.close_before.is_some_and(|t| s.created < t);
+            Some(l) => s.created().elapsed() >= l,
+            None => s.served(),
+        } || g.close_before.is_some_and(|t| s.created() < t);
         let counted = g.servers.total().saturating_sub(g.pinned);
         let wrong_host =
-            doubts_role(&g.settings.target.hosts, &s) || !g.settings.target.hosts.keeps(s.host);
-        if s.broken
+            doubts_role(&g.settings.target.hosts, &s) || !g.settings.target.hosts.keeps(s.host());
+        if s.is_broken()
             || too_old
             || wrong_host
             || counted > g.settings.pool_size + g.settings.reserve_pool_size
         {
             drop(g);
-            if s.broken || too_old || wrong_host {
+            if s.is_broken() || too_old || wrong_host {
                 self.close(s, from);
             } else {
                 self.close_because(s, from, "too many servers in the pool");
@@ -848,7 +850,7 @@ impl Pool {
         }
         if !g.paused {
             self.change_state(&mut g, Some(from), Some(ServerState::Active));
-            while let Some(w) = next_waiter(&mut g.waiters, s.home) {
+            while let Some(w) = next_waiter(&mut g.waiters, s.home()) {
                 match w.tx.send(Grant::Server(s)) {
                     Ok(()) => return,
                     Err(Grant::Server(back)) => s = back,
@@ -859,7 +861,7 @@ impl Pool {
         } else {
             self.change_state(&mut g, Some(from), Some(ServerState::Idle));
         }
-        s.conn.shrink();
+        s.conn_mut().shrink();
         g.idle.push_back(s);
     }
 
@@ -867,26 +869,26 @@ impl Pool {
     pub(crate) fn close(self: &Arc<Self>, s: Box<Server>, from: ServerState) {
         let settings = self.settings();
         let hosts = &settings.target.hosts;
-        if let (Some(i), true) = (s.host, hosts.checks_roles()) {
+        if let (Some(i), true) = (s.host(), hosts.checks_roles()) {
             // A lost server, or one that said its host is shutting down or read-only:
             // that host's role is in doubt until checked again.
-            let why = match s.role_doubt {
+            let why = match s.role_doubt() {
                 Some(code) if doubts_role(hosts, &s) => Some(format!(
                     "a server reported SQLSTATE {}",
                     String::from_utf8_lossy(&code)
                 )),
-                _ if s.broken => Some("a server connection was lost".to_string()),
+                _ if s.is_broken() => Some("a server connection was lost".to_string()),
                 _ => None,
             };
             if let Some(why) = why {
                 hosts.forget(i, false, &why, &self.db);
             }
         }
-        let reason = if s.broken {
+        let reason = if s.is_broken() {
             "server conn crashed?"
-        } else if doubts_role(hosts, &s) || !hosts.keeps(s.host) {
+        } else if doubts_role(hosts, &s) || !hosts.keeps(s.host()) {
             HOST_ROLE_CHANGED
-        } else if self.lock().close_before.is_some_and(|t| s.created < t) {
+        } else if self.lock().close_before.is_some_and(|t| s.created() < t) {
             "database configuration changed"
         } else {
             "unclean server"
@@ -905,8 +907,8 @@ impl Pool {
     /// `S-0x…: db/user@addr closing because: reason (age=Ns)` (log_disconnections).
     fn log_close(&self, s: &Server, reason: &str) {
         if crate::logging::disconnections() {
-            tracing::info!(server = s.id, db = %self.db, user = %self.user, addr = %s.addr,
-                "closing because: {reason} (age={}s)", s.created.elapsed().as_secs());
+            tracing::info!(server = s.id(), db = %self.db, user = %self.user, addr = %s.addr(),
+                "closing because: {reason} (age={}s)", s.created().elapsed().as_secs());
         }
     }
 
@@ -978,10 +980,10 @@ impl Pool {
             let pinned = g.pinned;
             while let Some(mut srv) = g.idle.pop_front() {
                 let too_old = crate::config::enabled(s.server_lifetime)
-                    .is_some_and(|l| now.duration_since(srv.created) >= l);
+                    .is_some_and(|l| now.duration_since(srv.created()) >= l);
                 let total = g.servers.total();
                 let idle_too_long = crate::config::enabled(s.server_idle_timeout)
-                    .is_some_and(|l| now.duration_since(srv.last_used) >= l)
+                    .is_some_and(|l| now.duration_since(srv.last_used()) >= l)
                     && total > s.min_pool_size;
                 // After a reload to a smaller size: the longest idle go first.
                 let over_size = total.saturating_sub(pinned) > s.pool_size + s.reserve_pool_size;
@@ -991,7 +993,7 @@ impl Pool {
                     Some("server idle timeout")
                 } else if over_size {
                     Some("too many servers in the pool")
-                } else if !s.target.hosts.keeps(srv.host) {
+                } else if !s.target.hosts.keeps(srv.host()) {
                     Some(HOST_ROLE_CHANGED)
                 } else if !is_alive(&mut srv) {
                     Some("server conn crashed?")
@@ -1087,7 +1089,7 @@ impl Pool {
 
     /// The server was opened before a RECONNECT or a change of its database entry.
     pub fn close_needed(&self, s: &Server) -> bool {
-        self.lock().close_before.is_some_and(|t| s.created < t)
+        self.lock().close_before.is_some_and(|t| s.created() < t)
     }
 
     /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
@@ -1095,7 +1097,7 @@ impl Pool {
     pub fn reconnect_done(&self) -> bool {
         let mut g = self.lock();
         let Some(t) = g.close_before else { return true };
-        let done = g.servers.in_use() == 0 && g.idle.iter().all(|s| s.created >= t);
+        let done = g.servers.in_use() == 0 && g.idle.iter().all(|s| s.created() >= t);
         if done {
             g.close_before = None;
         }
@@ -1113,16 +1115,16 @@ impl Pool {
             .map(|_| g.settings.server_check_delay);
         let idle = g.idle.iter().map(|s| IdleServerInfo {
             state: match check_delay {
-                Some(d) if s.last_used.elapsed() >= d => "used",
+                Some(d) if s.last_used().elapsed() >= d => "used",
                 _ => "idle",
             },
-            id: s.id,
-            addr: s.addr.clone(),
-            pid: s.key.0,
-            created: s.created,
-            last_used: Some(s.last_used),
-            prepared: s.prepared.len(),
-            tls: s.tls.clone(),
+            id: s.id(),
+            addr: s.addr().clone(),
+            pid: s.key().0,
+            created: s.created(),
+            last_used: Some(s.last_used()),
+            prepared: s.exchange().prepared_len(),
+            tls: s.tls().cloned(),
         });
         let transit = g.transit.iter().map(|t| IdleServerInfo {
             state: if t.state == ServerState::Login {
@@ -1205,7 +1207,7 @@ impl Pool {
             g.idle.pop_front()
         } else {
             let here = crate::workers::current();
-            match g.idle.iter().rposition(|s| s.home == here) {
+            match g.idle.iter().rposition(|s| s.home() == here) {
                 Some(i) => g.idle.remove(i),
                 None => g.idle.pop_back(),
             }
@@ -1306,7 +1308,7 @@ const HOST_ROLE_CHANGED: &str = "host role changed (target_session_attrs)";
 /// read-only refusal matters only to a pool that wants a primary).
 fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
     hosts.checks_roles()
-        && s.role_doubt
+        && s.role_doubt()
             .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
 }
 
@@ -1315,19 +1317,19 @@ fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
 /// learns of bytes that came since it last polled only later.
 fn is_alive(s: &mut Server) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
-    match s.conn.poll_read_more(&mut cx) {
-        Poll::Pending => s.conn.rbuf.is_empty() && !s.conn.stream.input_waiting(),
+    match s.conn_mut().poll_read_more(&mut cx) {
+        Poll::Pending => s.conn().rbuf.is_empty() && !s.conn_mut().stream.input_waiting(),
         Poll::Ready(_) => false,
     }
 }
 
 /// Close a server politely (Terminate), without waiting.
 fn close_server(mut s: Box<Server>) {
-    tracing::debug!(server = s.id, addr = %s.addr, "closing server connection");
-    s.conn.queue_with(crate::proto::frontend::terminate);
+    tracing::debug!(server = s.id(), addr = %s.addr(), "closing server connection");
+    s.conn_mut().queue_with(crate::proto::frontend::terminate);
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(1), s.conn.flush()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.conn_mut().flush()).await;
         });
     }
 }

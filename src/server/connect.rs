@@ -754,108 +754,7 @@ async fn handshake(
         let body = &conn.rbuf[5..h.total];
         match h.tag {
             backend::AUTHENTICATION => {
-                let mut out = BytesMut::new();
-                match backend::parse_auth(body)? {
-                    AuthRequest::Ok => {}
-                    AuthRequest::Cleartext => match &target.credential {
-                        Credential::Plain(pw) => frontend::password(&mut out, pw.as_bytes()),
-                        _ => {
-                            return Err(ServerError::Login(
-                                "server asks for a cleartext password we do not have".into(),
-                            ));
-                        }
-                    },
-                    AuthRequest::Md5(salt) => {
-                        let hash = match &target.credential {
-                            Credential::Plain(pw) => md5::password_hash(&target.user, pw),
-                            Credential::Md5Hash(h) => h.clone(),
-                            // PgBouncer's words for a secret of the wrong kind.
-                            Credential::ScramKeys { .. } | Credential::ScramVerifier => {
-                                return Err(ServerError::Login(
-                                    "cannot do MD5 authentication: wrong password type".into(),
-                                ));
-                            }
-                            Credential::None => {
-                                return Err(ServerError::Login(
-                                    "server asks for md5 auth and no password is known".into(),
-                                ));
-                            }
-                        };
-                        frontend::password(&mut out, md5::salted_response(&hash, salt).as_bytes());
-                    }
-                    AuthRequest::Sasl(mechs) => {
-                        if !mechs.contains(&scram::MECHANISM)
-                            && !mechs.contains(&scram::MECHANISM_PLUS)
-                        {
-                            return Err(ServerError::Login(
-                                "server offers no SASL mechanism we support".into(),
-                            ));
-                        }
-                        let cred = match &target.credential {
-                            Credential::Plain(pw) => scram::ClientCredential::Password(pw.clone()),
-                            Credential::ScramKeys {
-                                client_key,
-                                server_key,
-                            } => scram::ClientCredential::Keys {
-                                client_key: *client_key,
-                                server_key: *server_key,
-                            },
-                            Credential::Md5Hash(_) | Credential::ScramVerifier => {
-                                return Err(ServerError::Login(
-                                    "cannot do SCRAM authentication: wrong password type".into(),
-                                ));
-                            }
-                            Credential::None => {
-                                return Err(ServerError::Login(
-                                    "server asks for SCRAM auth and no password is known".into(),
-                                ));
-                            }
-                        };
-                        // Over TLS, bind the login to the connection when the server
-                        // offers SCRAM-SHA-256-PLUS (libpq's channel_binding=prefer).
-                        let cb = match conn.stream.tls_end_point() {
-                            Some(d) if mechs.contains(&scram::MECHANISM_PLUS) => {
-                                scram::ChannelBinding::EndPoint(d)
-                            }
-                            _ if conn.stream.is_tls() => scram::ChannelBinding::NotOffered,
-                            _ => scram::ChannelBinding::None,
-                        };
-                        let mut c = scram::ScramClient::new(cred).with_channel_binding(cb);
-                        let first = c.client_first();
-                        let mech = c.mechanism();
-                        tracing::debug!(server = id, "SASL login with {mech}");
-                        frontend::sasl_initial_response(&mut out, mech, &first);
-                        scram = Some(c);
-                    }
-                    AuthRequest::SaslContinue(data) => {
-                        let c = scram
-                            .as_mut()
-                            .ok_or(ServerError::Login("unexpected SASL continue".into()))?;
-                        let fin = match (&target.credential, &target.scram_cache) {
-                            (Credential::Plain(pw), Some(cache)) => {
-                                let (salt, iter) = scram::server_first_params(data)
-                                    .map_err(|e| ServerError::Login(e.to_string()))?;
-                                let (ck, sk) = cache.client_keys_async(pw, &salt, iter).await;
-                                c.server_first_with_keys(data, ck, sk)
-                            }
-                            _ => c.server_first(data),
-                        }
-                        .map_err(|e| ServerError::Login(e.to_string()))?;
-                        frontend::sasl_response(&mut out, &fin);
-                    }
-                    AuthRequest::SaslFinal(data) => {
-                        let c = scram
-                            .as_mut()
-                            .ok_or(ServerError::Login("unexpected SASL final".into()))?;
-                        c.server_final(data)
-                            .map_err(|e| ServerError::Login(e.to_string()))?;
-                    }
-                    AuthRequest::Other(n) => {
-                        return Err(ServerError::Login(format!(
-                            "unsupported server auth method {n}"
-                        )));
-                    }
-                }
+                let out = authenticate(target, &conn.stream, body, &mut scram, id).await?;
                 if !out.is_empty() {
                     conn.queue(out.freeze());
                 }
@@ -890,6 +789,131 @@ async fn handshake(
     let mut server = Server::new(id, conn, addr.clone(), key, server_params);
     server.tls = tls;
     Ok(server)
+}
+
+/// The answer to a server's authentication request (`body`; empty: none to send).
+async fn authenticate(
+    target: &ServerTarget,
+    stream: &Stream,
+    body: &[u8],
+    scram: &mut Option<scram::ScramClient>,
+    id: u64,
+) -> Result<BytesMut, ServerError> {
+    let mut out = BytesMut::new();
+    match backend::parse_auth(body)? {
+        AuthRequest::Ok => {}
+        AuthRequest::Cleartext => match &target.credential {
+            Credential::Plain(pw) => frontend::password(&mut out, pw.as_bytes()),
+            _ => {
+                return Err(ServerError::Login(
+                    "server asks for a cleartext password we do not have".into(),
+                ));
+            }
+        },
+        AuthRequest::Md5(salt) => {
+            let hash = md5_secret(target)?;
+            frontend::password(&mut out, md5::salted_response(&hash, salt).as_bytes());
+        }
+        AuthRequest::Sasl(mechs) => {
+            *scram = Some(sasl_first(target, stream, &mechs, id, &mut out)?)
+        }
+        AuthRequest::SaslContinue(data) => {
+            let c = scram
+                .as_mut()
+                .ok_or(ServerError::Login("unexpected SASL continue".into()))?;
+            let fin = match (&target.credential, &target.scram_cache) {
+                (Credential::Plain(pw), Some(cache)) => {
+                    let (salt, iter) = scram::server_first_params(data)
+                        .map_err(|e| ServerError::Login(e.to_string()))?;
+                    let (ck, sk) = cache.client_keys_async(pw, &salt, iter).await;
+                    c.server_first_with_keys(data, ck, sk)
+                }
+                _ => c.server_first(data),
+            }
+            .map_err(|e| ServerError::Login(e.to_string()))?;
+            frontend::sasl_response(&mut out, &fin);
+        }
+        AuthRequest::SaslFinal(data) => {
+            let c = scram
+                .as_mut()
+                .ok_or(ServerError::Login("unexpected SASL final".into()))?;
+            c.server_final(data)
+                .map_err(|e| ServerError::Login(e.to_string()))?;
+        }
+        AuthRequest::Other(n) => {
+            return Err(ServerError::Login(format!(
+                "unsupported server auth method {n}"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// The MD5 secret to answer a server's MD5 request with.
+fn md5_secret(target: &ServerTarget) -> Result<String, ServerError> {
+    Ok(match &target.credential {
+        Credential::Plain(pw) => md5::password_hash(&target.user, pw),
+        Credential::Md5Hash(h) => h.clone(),
+        // PgBouncer's words for a secret of the wrong kind.
+        Credential::ScramKeys { .. } | Credential::ScramVerifier => {
+            return Err(ServerError::Login(
+                "cannot do MD5 authentication: wrong password type".into(),
+            ));
+        }
+        Credential::None => {
+            return Err(ServerError::Login(
+                "server asks for md5 auth and no password is known".into(),
+            ));
+        }
+    })
+}
+
+/// The first SASL message for a server offering `mechs`: the SCRAM client it starts.
+fn sasl_first(
+    target: &ServerTarget,
+    stream: &Stream,
+    mechs: &[&str],
+    id: u64,
+    out: &mut BytesMut,
+) -> Result<scram::ScramClient, ServerError> {
+    if !mechs.contains(&scram::MECHANISM) && !mechs.contains(&scram::MECHANISM_PLUS) {
+        return Err(ServerError::Login(
+            "server offers no SASL mechanism we support".into(),
+        ));
+    }
+    let cred = match &target.credential {
+        Credential::Plain(pw) => scram::ClientCredential::Password(pw.clone()),
+        Credential::ScramKeys {
+            client_key,
+            server_key,
+        } => scram::ClientCredential::Keys {
+            client_key: *client_key,
+            server_key: *server_key,
+        },
+        Credential::Md5Hash(_) | Credential::ScramVerifier => {
+            return Err(ServerError::Login(
+                "cannot do SCRAM authentication: wrong password type".into(),
+            ));
+        }
+        Credential::None => {
+            return Err(ServerError::Login(
+                "server asks for SCRAM auth and no password is known".into(),
+            ));
+        }
+    };
+    // Over TLS, bind the login to the connection when the server
+    // offers SCRAM-SHA-256-PLUS (libpq's channel_binding=prefer).
+    let cb = match stream.tls_end_point() {
+        Some(d) if mechs.contains(&scram::MECHANISM_PLUS) => scram::ChannelBinding::EndPoint(d),
+        _ if stream.is_tls() => scram::ChannelBinding::NotOffered,
+        _ => scram::ChannelBinding::None,
+    };
+    let mut c = scram::ScramClient::new(cred).with_channel_binding(cb);
+    let first = c.client_first();
+    let mech = c.mechanism();
+    tracing::debug!(server = id, "SASL login with {mech}");
+    frontend::sasl_initial_response(out, mech, &first);
+    Ok(c)
 }
 
 /// SSLRequest, and the TLS handshake if the server agrees ('S'); a server that refuses

@@ -21,7 +21,7 @@ pub struct PreparedSet {
     held: HashMap<u64, (u64, Weak<Stmt>)>,
     tick: u64,
     /// DEALLOCATE ALL (or DISCARD ALL) sent whose outcome has not come, oldest first: the
-    /// round whose ReadyForQuery ends it (`ProtoState::answered`), and the statements the
+    /// round whose ReadyForQuery ends it (`Exchange::answered`), and the statements the
     /// set dropped when it was sent (held again if it fails).
     deallocs: std::collections::VecDeque<(u64, Vec<Held>)>,
 }
@@ -140,17 +140,17 @@ impl Server {
     /// swallowed and kept (`Pending::Learn`).
     pub fn prepare(&mut self, stmt: Arc<Stmt>, swallow: bool, max: usize) {
         // After a reload to a smaller max_prepared_statements, down to the new size.
-        while self.prepared.len() >= max.max(1)
-            && let Some((old, id, s)) = self.prepared.evict_lru()
+        while self.exchange.prepared.len() >= max.max(1)
+            && let Some((old, id, s)) = self.exchange.prepared.evict_lru()
         {
             self.queue_close(&old, Some((id, s)));
         }
-        if self.prepared.dealloc_in_flight() {
+        if self.exchange.prepared.dealloc_in_flight() {
             self.queue_close(&stmt.server_name.clone(), None);
         }
         self.queue_parse(&stmt);
-        self.prepared.insert(stmt.clone());
-        self.owed.push(Pending::Parse {
+        self.exchange.prepared.insert(stmt.clone());
+        self.exchange.owed.push(Pending::Parse {
             swallow,
             stmt: Some(stmt.clone()),
         });
@@ -171,22 +171,25 @@ impl Server {
             b.put_slice(name);
             b.put_u8(0);
         });
-        self.owed.push(Pending::Learn { what, params: None });
+        self.exchange
+            .owed
+            .push(Pending::Learn { what, params: None });
     }
 
     /// Close `stmt`'s server copy (its ReadyForQuery-less CloseComplete swallowed): a later
     /// use prepares it anew.
     pub fn unprepare(&mut self, stmt: &Stmt) {
-        if !self.prepared.touch(stmt.id) {
+        if !self.exchange.prepared.touch(stmt.id) {
             return;
         }
         let held = self.prepared_weak(stmt);
-        self.prepared.remove(stmt.id);
+        self.exchange.prepared.remove(stmt.id);
         self.queue_close(&stmt.server_name, Some((stmt.id, held)));
     }
 
     fn prepared_weak(&self, stmt: &Stmt) -> Weak<Stmt> {
-        self.prepared
+        self.exchange
+            .prepared
             .get(stmt.id)
             .map(|s| Arc::downgrade(&s))
             .unwrap_or_default()
@@ -200,7 +203,7 @@ impl Server {
             b.put_slice(name);
             b.put_u8(0);
         });
-        self.owed.push(Pending::Close {
+        self.exchange.owed.push(Pending::Close {
             swallow: true,
             evicted,
         });
@@ -210,20 +213,20 @@ impl Server {
     /// by SQL PREPARE when a client made it so, else Parse and Sync.
     pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>) {
         let sql = stmt.is_sql_prepared();
-        if self.prepared.dealloc_in_flight() {
+        if self.exchange.prepared.dealloc_in_flight() {
             self.queue_close(&stmt.server_name.clone(), None);
         }
         if sql {
             let prep = stmt.sql_prepare_text();
             self.conn.queue_with(|b| frontend::query(b, &prep));
-            self.unnamed = 0;
+            self.exchange.unnamed = 0;
         } else {
             self.queue_parse(stmt);
             self.conn.queue_with(frontend::sync);
         }
-        self.proto.owe_ready(sql);
-        self.owed.push(Pending::Swallow);
-        self.prepared.insert(stmt.clone());
+        self.exchange.owe_ready(sql);
+        self.exchange.owed.push(Pending::Swallow);
+        self.exchange.prepared.insert(stmt.clone());
     }
 
     /// Parse a client's unnamed statement (`rest`: the Parse body after the name) here too,
@@ -236,8 +239,8 @@ impl Server {
             b.put_u8(0);
         });
         self.conn.queue(rest);
-        self.unnamed = id;
-        self.owed.push(Pending::Parse {
+        self.exchange.unnamed = id;
+        self.exchange.owed.push(Pending::Parse {
             swallow: true,
             stmt: None,
         });
@@ -277,13 +280,19 @@ mod tests {
 
     /// The tags of the replies still owed, as the server would send them: what each gets.
     fn verdicts(server: &mut Server, tags: &[u8]) -> Vec<crate::server::response::Verdict> {
-        let mut unnamed = server.unnamed;
-        let mut set = std::mem::take(&mut server.prepared);
+        let mut unnamed = server.exchange.unnamed;
+        let mut set = std::mem::take(&mut server.exchange.prepared);
         let v = tags
             .iter()
-            .map(|&t| server.owed.on_reply(t, None, &mut set, &mut unnamed).0)
+            .map(|&t| {
+                server
+                    .exchange
+                    .owed
+                    .on_reply(t, None, &mut set, &mut unnamed)
+                    .0
+            })
             .collect();
-        server.prepared = set;
+        server.exchange.prepared = set;
         v
     }
 
@@ -321,7 +330,7 @@ mod tests {
             server.conn.queued(),
             parse_msg(&a.server_name, &a.parse_rest)
         );
-        assert!(server.prepared.holds(a.id));
+        assert!(server.exchange.prepared.holds(a.id));
         // Full (1 of 1): `a` is closed first, its CloseComplete swallowed; the client's
         // Parse gets its ParseComplete.
         server.conn.discard_out();
@@ -329,8 +338,8 @@ mod tests {
         let mut want = close_msg(&a.server_name);
         want.extend(parse_msg(&b.server_name, &b.parse_rest));
         assert_eq!(server.conn.queued(), want);
-        assert!(!server.prepared.holds(a.id));
-        assert!(server.prepared.holds(b.id));
+        assert!(!server.exchange.prepared.holds(a.id));
+        assert!(server.exchange.prepared.holds(b.id));
         assert_eq!(
             verdicts(
                 &mut server,
@@ -338,7 +347,7 @@ mod tests {
             ),
             [Verdict::Swallow, Verdict::Swallow, Verdict::Forward]
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
         assert!(b.is_validated());
         // Room for two: nothing closed.
         server.conn.discard_out();
@@ -347,7 +356,7 @@ mod tests {
             server.conn.queued(),
             parse_msg(&a.server_name, &a.parse_rest)
         );
-        assert_eq!(server.prepared.len(), 2);
+        assert_eq!(server.exchange.prepared.len(), 2);
     }
 
     /// The first Parse of a statement on any server is followed by a Describe of it, whose
@@ -366,21 +375,22 @@ mod tests {
         want.push(0);
         assert_eq!(server.conn.queued(), want);
         assert_eq!(verdicts(&mut server, &[PARSE_COMPLETE]), [Verdict::Forward]);
-        assert!(server.owed.learning());
+        assert!(server.exchange.owed.learning());
         // Its replies settle it (`Relay::learn_reply` swallows them).
         server
+            .exchange
             .owed
             .learn(PARAMETER_DESCRIPTION, &[0, 1, 0, 0, 0, 23]);
-        assert!(server.owed.learning());
-        server.owed.learn(NO_DATA, &[]);
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.learning());
+        server.exchange.owed.learn(NO_DATA, &[]);
+        assert!(server.exchange.owed.is_empty());
         assert_eq!(
             a.no_rows_params().map(|p| &p[..]),
             Some(&[0, 1, 0, 0, 0, 23][..])
         );
         server.unprepare(&a);
         server.conn.discard_out();
-        server.owed.clear();
+        server.exchange.owed.clear();
         server.prepare(a.clone(), true, 4);
         assert_eq!(
             server.conn.queued(),
@@ -397,11 +407,11 @@ mod tests {
         let (mut server, _peer) = crate::server::test_server();
         server.unprepare(&a);
         assert!(server.conn.queued().is_empty());
-        assert!(server.owed.is_empty());
-        server.prepared.insert(a.clone());
+        assert!(server.exchange.owed.is_empty());
+        server.exchange.prepared.insert(a.clone());
         server.unprepare(&a);
         assert_eq!(server.conn.queued(), close_msg(&a.server_name));
-        assert!(!server.prepared.holds(a.id));
+        assert!(!server.exchange.prepared.holds(a.id));
         assert_eq!(verdicts(&mut server, &[CLOSE_COMPLETE]), [Verdict::Swallow]);
     }
 
@@ -412,19 +422,22 @@ mod tests {
         let r = StatementRegistry::default();
         let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 5;
+        server.exchange.unnamed = 5;
         server.prepare_apart(&a);
         let mut want = parse_msg(&a.server_name, &a.parse_rest);
         want.extend_from_slice(b"S\0\0\0\x04");
         assert_eq!(server.conn.queued(), want);
-        assert_eq!(server.proto.expected_rfq, 1);
-        assert_eq!(server.unnamed, 5, "a Parse of a named statement keeps it");
-        assert!(server.prepared.holds(a.id));
+        assert_eq!(server.exchange.ready_owed(), 1);
+        assert_eq!(
+            server.exchange.unnamed, 5,
+            "a Parse of a named statement keeps it"
+        );
+        assert!(server.exchange.prepared.holds(a.id));
         assert_eq!(
             verdicts(&mut server, &[PARSE_COMPLETE, READY_FOR_QUERY]),
             [Verdict::Swallow, Verdict::Swallow]
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
 
         // A SQL PREPARE statement is prepared by a Query, which drops the unnamed statement.
         let mut key = crate::statements::SQL_PREPARE_KEY.to_vec();
@@ -435,9 +448,9 @@ mod tests {
         let mut want = BytesMut::new();
         frontend::query(&mut want, &p.sql_prepare_text());
         assert_eq!(server.conn.queued(), &want[..]);
-        assert_eq!(server.proto.expected_rfq, 2);
-        assert_eq!(server.unnamed, 0);
-        assert!(server.prepared.holds(p.id));
+        assert_eq!(server.exchange.ready_owed(), 2);
+        assert_eq!(server.exchange.unnamed, 0);
+        assert!(server.exchange.prepared.holds(p.id));
     }
 
     #[tokio::test]
@@ -447,7 +460,7 @@ mod tests {
         let (mut server, _peer) = crate::server::test_server();
         server.reparse_unnamed(Bytes::from_static(b"select 1\0\0\0"), 42);
         assert_eq!(server.conn.queued(), parse_msg(b"", b"select 1\0\0\0"));
-        assert_eq!(server.unnamed, 42);
+        assert_eq!(server.exchange.unnamed, 42);
         assert_eq!(
             verdicts(&mut server, &[PARSE_COMPLETE, PARSE_COMPLETE]),
             [Verdict::Swallow, Verdict::Forward]

@@ -50,8 +50,8 @@ pub async fn first_row(
         .conn
         .queue_with(|b| frontend::extended_query(b, sql, params));
     // Our Parse replaces the server's unnamed statement.
-    server.unnamed = 0;
-    server.proto.owe_ready(false);
+    server.exchange.unnamed = 0;
+    server.exchange.owe_ready(false);
     let sent = server.conn.flush().await;
     if let Err(e) = sent {
         server.broken = true;
@@ -71,8 +71,8 @@ pub async fn first_row(
 async fn send(server: &mut Server, sql: &str) -> Result<(), ServerError> {
     server.conn.queue_with(|b| frontend::query(b, sql));
     // A simple query drops the server's unnamed statement.
-    server.unnamed = 0;
-    server.proto.owe_ready(true);
+    server.exchange.unnamed = 0;
+    server.exchange.owe_ready(true);
     server
         .conn
         .flush()
@@ -103,13 +103,16 @@ async fn read_replies(
     limit: usize,
 ) -> Result<Option<ErrorFields>, ServerError> {
     let mut first_error = None;
-    while server.proto.expected_rfq > 0 {
+    while server.exchange.ready_owed() > 0 {
         let h = server.conn.read_message(limit).await?;
-        if h.tag != backend::READY_FOR_QUERY {
-            // (Syncs it ignored while copying in are no longer owed.)
-            server.proto.on_reply(h.tag);
-        }
         let body = &server.conn.rbuf[5..h.total];
+        // The server's state follows (Syncs it ignored while copying in are no longer
+        // owed, parameters it reports are set).
+        server.exchange.receive(h.tag, body, false)?;
+        if h.tag == backend::PARAMETER_STATUS {
+            let (k, v) = backend::parse_parameter_status(body)?;
+            server.params.set(k, v);
+        }
         match h.tag {
             backend::DATA_ROW => match &mut rows {
                 Rows::Sets(sets) => {
@@ -124,17 +127,6 @@ async fn read_replies(
                 if let Rows::Sets(sets) = &mut rows {
                     sets.push(Vec::new());
                 }
-            }
-            backend::READY_FOR_QUERY => {
-                let status = *body
-                    .first()
-                    .ok_or(crate::proto::ProtoError::Malformed("ReadyForQuery"))?;
-                server.proto.on_ready(status);
-                server.prepared.rounds_over(server.proto.answered);
-            }
-            backend::PARAMETER_STATUS => {
-                let (k, v) = backend::parse_parameter_status(body)?;
-                server.params.set(k, v);
             }
             backend::ERROR_RESPONSE => {
                 let e = backend::parse_error(body)?;
@@ -163,7 +155,7 @@ async fn read_replies(
                     .flush()
                     .await
                     .map_err(|e| ServerError::Conn(e.into()))?;
-                server.proto.sent_copy_end();
+                server.exchange.sent_copy_end();
             }
             _ => {}
         }

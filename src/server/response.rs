@@ -316,27 +316,8 @@ impl Owed {
         prepared: &mut PreparedSet,
         unnamed: &mut u64,
     ) -> (Verdict, Lost) {
-        if let Some(&Pending::Retag(reset)) = self.queue.front()
-            && matches!(
-                tag,
-                backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
-            )
-        {
-            self.queue.pop_front();
-            if tag != backend::ERROR_RESPONSE {
-                let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
-                return match (next, reset && tag == backend::COMMAND_COMPLETE) {
-                    // More statements follow.
-                    (true, true) => (Verdict::Retag, Lost::Nothing),
-                    (true, false) => (Verdict::Forward, Lost::Nothing),
-                    (false, r) => {
-                        let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
-                        let r = r && v == Verdict::Forward;
-                        (if r { Verdict::Retag } else { v }, lost)
-                    }
-                };
-            }
-            return self.on_reply(tag, code, prepared, unnamed);
+        if let Some(r) = self.on_retag(tag, code, prepared, unnamed) {
+            return r;
         }
         let Some(front) = self.queue.front_mut() else {
             return (Verdict::Forward, Lost::Nothing);
@@ -424,6 +405,41 @@ impl Owed {
         }
     }
 
+    /// A reply that ends one statement of a query whose CommandCompletes are retagged
+    /// (`Pending::Retag` in front): what `on_reply` returns for it. None: not such a reply.
+    fn on_retag(
+        &mut self,
+        tag: u8,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> Option<(Verdict, Lost)> {
+        let Some(&Pending::Retag(reset)) = self.queue.front() else {
+            return None;
+        };
+        if !matches!(
+            tag,
+            backend::COMMAND_COMPLETE | backend::ERROR_RESPONSE | backend::EMPTY_QUERY_RESPONSE
+        ) {
+            return None;
+        }
+        self.queue.pop_front();
+        if tag != backend::ERROR_RESPONSE {
+            let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
+            return Some(match (next, reset && tag == backend::COMMAND_COMPLETE) {
+                // More statements follow.
+                (true, true) => (Verdict::Retag, Lost::Nothing),
+                (true, false) => (Verdict::Forward, Lost::Nothing),
+                (false, r) => {
+                    let (v, lost) = self.on_reply(tag, code, prepared, unnamed);
+                    let r = r && v == Verdict::Forward;
+                    (if r { Verdict::Retag } else { v }, lost)
+                }
+            });
+        }
+        Some(self.on_reply(tag, code, prepared, unnamed))
+    }
+
     /// After an error the server skips everything up to the next Sync: the replies owed
     /// for those messages never come. `failed_front`: the front entry is the message that
     /// failed.
@@ -503,10 +519,12 @@ impl Server {
         if query {
             self.conn
                 .queue_with(|b| frontend::query(b, QUERY_PROBE_SQL));
-            self.proto.owe_ready(true);
-            self.unnamed = 0;
-            self.owed.push(Pending::Fail(Box::new((code, message))));
-            self.owed.push(Pending::Ready(None));
+            self.exchange.owe_ready(true);
+            self.exchange.unnamed = 0;
+            self.exchange
+                .owed
+                .push(Pending::Fail(Box::new((code, message))));
+            self.exchange.owed.push(Pending::Ready(None));
         } else {
             self.probe_parse(PROBE_SQL, code, message);
         }
@@ -532,7 +550,9 @@ impl Server {
             b.put_u8(0);
             b.put_i16(0);
         });
-        self.owed.push(Pending::Fail(Box::new((code, message))));
+        self.exchange
+            .owed
+            .push(Pending::Fail(Box::new((code, message))));
     }
 
     /// Have the server check a text pgcarpool refuses to parse for the client (`sql`, then
@@ -552,7 +572,7 @@ impl Server {
             b.put_u8(0);
             b.put_slice(types);
         });
-        self.owed.push(Pending::Check);
+        self.exchange.owed.push(Pending::Check);
         self.conn.queue_with(|b| {
             b.put_u8(frontend::CLOSE);
             b.put_i32((4 + 1 + NAME.len() + 1) as i32);
@@ -560,18 +580,33 @@ impl Server {
             b.put_slice(NAME);
             b.put_u8(0);
         });
-        self.owed.push(Pending::Close {
+        self.exchange.owed.push(Pending::Close {
             swallow: true,
             evicted: None,
         });
+    }
+
+    /// Send a client's SQL PREPARE (`msg`) of `stmt`, which the server then holds, under
+    /// client name `name`: the name goes again if the server refuses the text.
+    pub fn send_sql_prepare(&mut self, msg: Bytes, stmt: Arc<Stmt>, name: Bytes) {
+        self.exchange.prepared.insert(stmt.clone());
+        self.send_query(msg, Some(Box::new((stmt, name))));
+    }
+
+    /// End with a Sync a round pgcarpool made of a client's simple query (its DISCARD ALL
+    /// as Parse, Bind, Execute): the ReadyForQuery is owed as the query's would be.
+    pub fn sync_for_query(&mut self) {
+        self.conn.queue_with(frontend::sync);
+        self.exchange.owe_ready(true);
+        self.exchange.owed.push(Pending::Ready(None));
     }
 
     /// Send a client's simple Query; its ReadyForQuery is owed. `prepares`: it is a SQL
     /// PREPARE of this statement under this client name.
     pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.conn.queue(msg);
-        self.proto.owe_ready(true);
-        self.owed.push(Pending::Ready(prepares));
+        self.exchange.owe_ready(true);
+        self.exchange.owed.push(Pending::Ready(prepares));
     }
 }
 
@@ -793,20 +828,20 @@ mod tests {
     #[tokio::test]
     async fn a_probe_for_a_query_is_a_query_whose_error_is_replaced() {
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 3;
+        server.exchange.unnamed = 3;
         server.probe("42P05", "exists".into(), true);
         let mut want = bytes::BytesMut::new();
         frontend::query(&mut want, "EXECUTE pgcarpool_refused");
         assert_eq!(server.conn.queued(), &want[..]);
-        assert_eq!(server.proto.expected_rfq, 1);
+        assert_eq!(server.exchange.ready_owed(), 1);
         assert_eq!(
-            server.unnamed, 0,
+            server.exchange.unnamed, 0,
             "a simple Query drops the unnamed statement"
         );
         let mut p = PreparedSet::default();
         assert_eq!(
             reply(
-                &mut server.owed,
+                &mut server.exchange.owed,
                 &mut p,
                 backend::ERROR_RESPONSE,
                 Some(b"42703")
@@ -814,16 +849,21 @@ mod tests {
             Verdict::Replace(Box::new(("42P05", "exists".into())))
         );
         assert_eq!(
-            reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+            reply(
+                &mut server.exchange.owed,
+                &mut p,
+                backend::READY_FOR_QUERY,
+                None
+            ),
             Verdict::Forward
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[tokio::test]
     async fn a_probe_for_an_extended_message_is_a_parse() {
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 3;
+        server.exchange.unnamed = 3;
         server.probe("26000", "no such statement".into(), false);
         let mut want = vec![b'P'];
         let body = b"pgcarpool_refused\0select pgcarpool_refused\0\0\0";
@@ -831,21 +871,22 @@ mod tests {
         want.extend_from_slice(body);
         assert_eq!(server.conn.queued(), want);
         assert_eq!(
-            server.proto.expected_rfq, 0,
+            server.exchange.ready_owed(),
+            0,
             "the client's Sync comes later"
         );
-        assert_eq!(server.unnamed, 3);
+        assert_eq!(server.exchange.unnamed, 3);
         let mut p = PreparedSet::default();
         assert_eq!(
             reply(
-                &mut server.owed,
+                &mut server.exchange.owed,
                 &mut p,
                 backend::ERROR_RESPONSE,
                 Some(b"42703")
             ),
             Verdict::Replace(Box::new(("26000", "no such statement".into())))
         );
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[tokio::test]
@@ -857,16 +898,21 @@ mod tests {
         server.send_query(q.clone(), None);
         server.send_query(q.clone(), None);
         assert_eq!(server.conn.queued(), [&q[..], &q[..]].concat());
-        assert_eq!(server.proto.expected_rfq, 2);
+        assert_eq!(server.exchange.ready_owed(), 2);
         let mut p = PreparedSet::default();
-        assert!(!server.owed.before_first_bind());
+        assert!(!server.exchange.owed.before_first_bind());
         for _ in 0..2 {
             assert_eq!(
-                reply(&mut server.owed, &mut p, backend::READY_FOR_QUERY, None),
+                reply(
+                    &mut server.exchange.owed,
+                    &mut p,
+                    backend::READY_FOR_QUERY,
+                    None
+                ),
                 Verdict::Forward
             );
         }
-        assert!(server.owed.is_empty());
+        assert!(server.exchange.owed.is_empty());
     }
 
     #[test]
@@ -1079,7 +1125,7 @@ mod tests {
     #[tokio::test]
     async fn a_text_check_leaves_the_servers_unnamed_statement() {
         let (mut server, _peer) = crate::server::test_server();
-        server.unnamed = 5;
+        server.exchange.unnamed = 5;
         server.check_text(b"select 1", &[0, 0]);
         let mut want = vec![b'P'];
         let body = b"pgcarpool_check\0select 1\0\0\0";
@@ -1088,22 +1134,24 @@ mod tests {
         want.extend_from_slice(&[b'C', 0, 0, 0, 21, b'S']);
         want.extend_from_slice(b"pgcarpool_check\0");
         assert_eq!(server.conn.queued(), want);
-        server.owed.push(Pending::Ready(None));
+        server.exchange.owed.push(Pending::Ready(None));
         let s = &mut server;
         let mut reply = |tag, code| {
-            s.owed
-                .on_reply(tag, code, &mut s.prepared, &mut s.unnamed)
+            let x = &mut s.exchange;
+            x.owed
+                .on_reply(tag, code, &mut x.prepared, &mut x.unnamed)
                 .0
         };
         assert_eq!(reply(backend::PARSE_COMPLETE, None), Verdict::Swallow);
         assert_eq!(reply(backend::CLOSE_COMPLETE, None), Verdict::Swallow);
         assert_eq!(reply(backend::READY_FOR_QUERY, None), Verdict::Forward);
         server.check_text(b"select 1", &[0, 0]);
-        server.owed.push(Pending::Ready(None));
+        server.exchange.owed.push(Pending::Ready(None));
         let s = &mut server;
         let mut reply = |tag, code| {
-            s.owed
-                .on_reply(tag, code, &mut s.prepared, &mut s.unnamed)
+            let x = &mut s.exchange;
+            x.owed
+                .on_reply(tag, code, &mut x.prepared, &mut x.unnamed)
                 .0
         };
         assert_eq!(
@@ -1111,8 +1159,8 @@ mod tests {
             Verdict::Forward
         );
         assert_eq!(reply(backend::READY_FOR_QUERY, None), Verdict::Forward);
-        assert!(server.owed.is_empty());
-        assert_eq!(server.unnamed, 5);
+        assert!(server.exchange.owed.is_empty());
+        assert_eq!(server.exchange.unnamed, 5);
     }
 
     /// The replies to a Describe pgcarpool added settle it; NoData keeps the

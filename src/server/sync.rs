@@ -269,11 +269,11 @@ async fn pin_result(
         let held = name
             .strip_prefix(crate::sql::classify::INTERNAL_PREFIX)
             .and_then(|id| id.parse::<u64>().ok())
-            .filter(|id| server.prepared.holds(*id));
+            .filter(|id| server.exchange.prepared.holds(*id));
         // A held statement no client names any more cannot be checked, nor reached: it stays
         // until evicted. A live one must be what pgcarpool prepared.
         let ours = held.filter(|id| {
-            server.prepared.get(*id).is_none_or(|s| {
+            server.exchange.prepared.get(*id).is_none_or(|s| {
                 (from_sql == "true") == s.is_sql_prepared()
                     && (!s.is_sql_prepared() || text.as_deref() == Some(&s.sql_prepare_text()))
             })
@@ -285,9 +285,9 @@ async fn pin_result(
             None => foreign.push(name),
         }
     }
-    for id in server.prepared.ids() {
+    for id in server.exchange.prepared.ids() {
         if !seen.contains(&id) {
-            server.prepared.remove(id);
+            server.exchange.prepared.remove(id);
         }
     }
     if !foreign.is_empty() {
@@ -318,7 +318,7 @@ pub async fn reset(server: &mut Server, reset_query: &str) -> Result<(), ServerE
         return Err(ServerError::Rejected(e));
     }
     server.params = server.login_params.clone();
-    server.prepared.clear();
+    server.exchange.prepared.clear();
     Ok(())
 }
 
@@ -333,24 +333,22 @@ pub async fn cleanup(server: &mut Server, limit: Duration) -> Result<(), ServerE
 
 async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     // Statements whose Parse outcome we did not see: the set is no longer known.
-    let uncertain = !server.owed.is_empty();
-    server.owed.clear();
-    if server.broken || server.proto.partial > 0 {
+    let uncertain = server.exchange.forget_owed();
+    if server.broken || server.exchange.partial() > 0 {
         return Err(ServerError::Login(
             "server left with a partly sent message".into(),
         ));
     }
-    if server.proto.copy_in {
+    if server.exchange.copy_in() {
         // (If the client's CopyDone went already, the server ignores this.)
         queue_copy_fail(server);
-        server.proto.sent_copy_end();
+        server.exchange.sent_copy_end();
     }
-    if server.proto.unsynced {
+    if server.exchange.unsynced() {
         server.conn.queue_with(frontend::sync);
-        server.proto.unsynced = false;
-        server.proto.owe_ready(false);
+        server.exchange.note_sync();
     }
-    if server.proto.expected_rfq > 0 {
+    if server.exchange.ready_owed() > 0 {
         // A query may be running: cancel it rather than wait for it.
         let _ = super::connect::send_cancel(&server.addr, server.key).await;
         server
@@ -360,12 +358,11 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Conn(e.into()))?;
         drain(server).await?;
     }
-    if server.proto.unsynced {
+    if server.exchange.unsynced() {
         // The COPY of an Execute failed after the Sync sent with it (which the server
         // ignored while copying in): it skips to another.
         server.conn.queue_with(frontend::sync);
-        server.proto.unsynced = false;
-        server.proto.owe_ready(false);
+        server.exchange.note_sync();
         server
             .conn
             .flush()
@@ -373,7 +370,7 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Conn(e.into()))?;
         drain(server).await?;
     }
-    if server.proto.tx_status != b'I'
+    if server.exchange.tx_status() != b'I'
         && let Some(e) = simple_query(server, "ROLLBACK").await?
     {
         return Err(ServerError::Rejected(e));
@@ -382,9 +379,9 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
         if let Some(e) = simple_query(server, "DEALLOCATE ALL").await? {
             return Err(ServerError::Rejected(e));
         }
-        server.prepared.clear();
+        server.exchange.prepared.clear();
     }
-    if !server.proto.is_idle() || !server.conn.rbuf.is_empty() {
+    if !server.is_clean() {
         return Err(ServerError::Login("server not idle after cleanup".into()));
     }
     Ok(())

@@ -574,7 +574,7 @@ pub fn ends_transaction(sql: &[u8]) -> bool {
 
 /// What a text's transaction-control statements do to the transaction status if they run:
 /// the status after them for each status before (`I`, `T`, `E`, in that order), as
-/// `server::ProtoState::sent_tx_effect` takes it; None for a text with none (allocates
+/// `server::Exchange::sent_tx_effect` takes it; None for a text with none (allocates
 /// only for a text of several statements).
 pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
     if !sql.contains(&b';') {
