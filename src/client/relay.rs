@@ -497,10 +497,7 @@ impl<'a> Relay<'a> {
                 frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
                     if self.virt =>
                 {
-                    if h.total > proto::MAX_MESSAGE_LEN {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !whole(h, avail)? {
                         break;
                     }
                     self.at_sync_point = !self.server.exchange().unsynced();
@@ -527,10 +524,7 @@ impl<'a> Relay<'a> {
                     continue;
                 }
                 frontend::QUERY if self.virt => {
-                    if h.total > proto::MAX_MESSAGE_LEN {
-                        return Err(ProtoError::TooLong(h.total));
-                    }
-                    if avail < h.total {
+                    if !whole(h, avail)? {
                         break;
                     }
                     self.forward_client_run(fwd);
@@ -726,26 +720,12 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
-            if self.virt && self.server.exchange().swallowing() {
-                // Replies to a query pgcarpool added: none reach the client.
+            if self.virt && (self.server.exchange().swallowing() || self.learns(h.tag)) {
+                // Replies to a query or a Describe pgcarpool added: none reach the client.
                 if !inspectable(h, avail)? {
                     break;
                 }
                 self.swallow(h, fwd)?;
-                fwd = 0;
-                continue;
-            }
-            if self.virt
-                && self.server.exchange().learning()
-                && matches!(
-                    h.tag,
-                    backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
-                )
-            {
-                if !inspectable(h, avail)? {
-                    break;
-                }
-                self.learn_reply(fwd, h);
                 fwd = 0;
                 continue;
             }
@@ -872,10 +852,28 @@ impl<'a> Relay<'a> {
         Ok(ControlFlow::Continue(fwd))
     }
 
-    /// A whole reply at `fwd` in the server's buffer to a query pgcarpool added: settled,
-    /// never forwarded (the run before it is).
+    /// Is a reply with this tag one to the Describe pgcarpool added in front
+    /// (`Exchange::learning`)?
+    fn learns(&self, tag: u8) -> bool {
+        self.server.exchange().learning()
+            && matches!(
+                tag,
+                backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
+            )
+    }
+
+    /// A whole reply at `fwd` in the server's buffer to a query or a Describe pgcarpool
+    /// added: settled (a Describe's kept as the statement's description), never forwarded
+    /// (the run before it is).
     fn swallow(&mut self, h: proto::Header, fwd: usize) -> Result<(), ProtoError> {
-        self.on_reply(h, fwd)?;
+        if self.learns(h.tag) {
+            // Kept as the statement's description.
+            if let Some(d) = self.server.learned(h, fwd) {
+                self.session.unnamed_described = Some(d);
+            }
+        } else {
+            self.on_reply(h, fwd)?;
+        }
         self.forward_server_run(fwd);
         self.server.conn_mut().consume(h.total);
         Ok(())
@@ -1119,17 +1117,6 @@ impl Relay<'_> {
             .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
     }
 
-    /// A whole reply (header `h`) at `fwd` in the server's buffer to a Describe pgcarpool
-    /// added (`Exchange::learning`): kept as the statement's description, not passed on
-    /// (the run before it is).
-    fn learn_reply(&mut self, fwd: usize, h: proto::Header) {
-        if let Some(d) = self.server.learned(h, fwd) {
-            self.session.unnamed_described = Some(d);
-        }
-        self.forward_server_run(fwd);
-        self.server.conn_mut().consume(h.total);
-    }
-
     /// The whole CommandComplete after the run of `fwd` bytes answers a RESET pgcarpool
     /// sent as a SET (`Verdict::Retag`): the client gets it as RESET.
     fn say_reset(&mut self, fwd: usize, total: usize) {
@@ -1178,6 +1165,15 @@ fn note_role_doubt(server: &mut Server, code: Option<[u8; 5]>) {
     {
         server.note_role_doubt(c);
     }
+}
+
+/// A client message the relay rewrites (`proto::MAX_MESSAGE_LEN` at most, else refused):
+/// is all of it buffered (`avail` bytes from its start)?
+fn whole(h: proto::Header, avail: usize) -> Result<bool, ProtoError> {
+    if h.total > proto::MAX_MESSAGE_LEN {
+        return Err(ProtoError::TooLong(h.total));
+    }
+    Ok(avail >= h.total)
 }
 
 /// A message the relay looks into (`MAX_INSPECTED` at most, else refused): is all of it
