@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(server.conn.queued(), want);
         assert_eq!(verdicts(&mut server, &[PARSE_COMPLETE]), [Verdict::Forward]);
         assert!(server.exchange.owed.learning());
-        // Its replies settle it (`Relay::learn_reply` swallows them).
+        // Its replies settle it (`Relay::swallow` swallows them).
         server
             .exchange
             .owed
