@@ -84,6 +84,20 @@ pub fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
+/// Wait (bounded: None after `limit`) for a child process to exit; its status.
+pub async fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A temp dir for a pgcarpool child, with its config written in it.
 pub struct ProcessDir {
     dir: tempfile::TempDir,
@@ -395,16 +409,7 @@ impl PoolerProcess {
 
     /// Wait (bounded) for the process to exit.
     pub async fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        exit_within(&mut self.child, limit).await
     }
 
     /// Wait (bounded) until the listener is gone (a shutdown has begun).
