@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::wire::{message, startup_message};
-use harness::{Observer, TempPostgres, TestPooler, eventually, pg_bin};
+use harness::{Observer, TempPostgres, TestPooler, eventually, first_value, pg_bin};
 use tokio::task::JoinHandle;
 
 /// Connect through `dsn` and keep the connection task's handle: aborting it closes the
@@ -19,14 +19,6 @@ async fn connect_abortable(dsn: &str) -> (tokio_postgres::Client, JoinHandle<()>
         let _ = connection.await;
     });
     (client, task)
-}
-
-/// The first column of the first row of a simple query's result.
-fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
-    msgs.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    })
 }
 
 /// The error query_timeout gives the client: FATAL 08P01 `query_timeout` (PgBouncer's
@@ -159,13 +151,7 @@ async fn client_killed_mid_query_gets_its_query_cancelled() {
     let sleeper = tokio::spawn(async move {
         let _ = c.simple_query("select pg_sleep(30)").await;
     });
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            obs.running("md5user", "pg_sleep(30)").await == 1
-        })
-        .await,
-        "pg_sleep never started"
-    );
+    obs.wait_running("md5user", "pg_sleep(30)", 1).await;
     task.abort();
     let gone = Instant::now();
     assert!(
@@ -222,13 +208,7 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
         stdin.write_all(b"1\n2\n3\n").unwrap();
         stdin.flush().unwrap();
     }
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            obs.running("md5user", "copy copied").await == 1
-        })
-        .await,
-        "COPY never started"
-    );
+    obs.wait_running("md5user", "copy copied", 1).await;
     psql.kill().expect("kill psql (our child)");
     psql.wait().unwrap();
     assert!(

@@ -7,18 +7,12 @@ mod harness;
 use std::time::Duration;
 
 use harness::process::PoolerProcess;
-use harness::{TempPostgres, TestPooler, dsn_with_password, sqlstate, try_connect};
+use harness::{TempPostgres, TestPooler, dsn_with_password, login_outcome, sqlstate, try_connect};
 
 /// What a login attempt came to: the server's SQLSTATE and message, or a client-side
 /// error (e.g. the server asked for a password the client does not have).
 async fn outcome(port: u16, user: &str, password: Option<&str>, db: &str) -> String {
-    match try_connect(&dsn_with_password(port, user, password, db)).await {
-        Ok(_) => "logged in".into(),
-        Err(e) => match e.as_db_error() {
-            Some(d) => format!("{} {}", d.code().code(), d.message()),
-            None => format!("client: {e}"),
-        },
-    }
+    login_outcome(&dsn_with_password(port, user, password, db)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,6 +162,7 @@ async fn sockets_that_never_log_in_cannot_lock_users_out() {
                         if s.write_all(&[b]).await.is_err() {
                             return;
                         }
+                        // The trickle's pace (the scenario), not a synchronisation.
                         tokio::select! {
                             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                             _ = stop.notified() => return,
