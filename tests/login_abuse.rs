@@ -217,6 +217,7 @@ async fn sockets_that_never_log_in_cannot_lock_users_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_console_session_outlives_client_login_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg)
         .setting("client_login_timeout", "1")
@@ -224,8 +225,19 @@ async fn a_console_session_outlives_client_login_timeout() {
         .await;
     let admin = p.connect("postgres", "pgbouncer").await;
     admin.simple_query("SHOW VERSION").await.unwrap();
-    // Longer than client_login_timeout: a deadline that must not fire.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A login begun after the console's and never finished: once client_login_timeout
+    // has ended it, that deadline has passed for the console session too.
+    let mut late = tokio::net::TcpStream::connect(("127.0.0.1", p.port()))
+        .await
+        .unwrap();
+    let startup = harness::wire::startup_message(&[("user", "md5user"), ("database", "testdb")]);
+    late.write_all(&startup[..4]).await.unwrap();
+    let mut reply = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), late.read_to_end(&mut reply));
+    // Ended: closed (with or without an error message first) or reset.
+    let _ = ended
+        .await
+        .expect("client_login_timeout did not end an unfinished login");
     admin
         .simple_query("SHOW VERSION")
         .await

@@ -43,6 +43,19 @@ fn sync() -> Vec<u8> {
     message(b'S', &[])
 }
 
+/// A step of simple Queries sent at once, and how many ReadyForQuerys they get.
+fn q(sqls: &[&str]) -> (Vec<u8>, usize) {
+    (
+        sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+        sqls.len(),
+    )
+}
+
+/// `extended` then Sync.
+fn ext(name: &str, sql: &str) -> Vec<u8> {
+    [extended(name, sql), sync()].concat()
+}
+
 fn copy_data(data: &[u8]) -> Vec<u8> {
     message(b'd', data)
 }
@@ -636,13 +649,6 @@ async fn statement_churn_gives_no_error_postgresql_would_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_returns_to_the_startup_value() {
     let pg = TempPostgres::start();
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET statement_timeout = 5",
@@ -852,13 +858,6 @@ async fn statements_mean_what_they_mean_in_the_session_that_parses_them() {
 /// 19's differential test, seeds 2 to 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_all_returns_to_the_startup_values() {
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET TimeZone = 'UTC'",
@@ -922,13 +921,6 @@ async fn reset_all_returns_to_the_startup_values() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "open: DISCARD ALL loses the startup values (docs/testing.md)"]
 async fn discard_all_returns_to_the_startup_values() {
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET TimeZone = 'UTC'",
