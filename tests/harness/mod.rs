@@ -341,9 +341,14 @@ fn run_checked(cmd: &mut Command, what: &str) -> Output {
     output
 }
 
+/// A file's text ("" when it cannot be read, e.g. a log not written yet).
+pub fn read_text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
 /// The last `lines` lines of a file (empty when it cannot be read).
 fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = read_text(path);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -11,14 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{TestPoolerBuilder, dsn_for, eventually, try_connect};
+use super::{TestPoolerBuilder, dsn_for, eventually, read_text, try_connect};
 
 /// The PID a pidfile names ("" when there is none).
 pub fn pidfile_pid(pidfile: &Path) -> String {
-    std::fs::read_to_string(pidfile)
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    read_text(pidfile).trim().to_string()
 }
 
 /// The pgcarpool binary cargo built for this test run.
@@ -400,7 +397,7 @@ impl PoolerProcess {
 
     /// What pgcarpool wrote to stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+        read_text(&self.dir.path().join("stderr.log"))
     }
 
     pub fn running(&mut self) -> bool {
