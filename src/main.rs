@@ -7,6 +7,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pgcarpool::cli::Cli;
+use pgcarpool::net::listen::Bound;
+use pgcarpool::takeover::Predecessor;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -32,27 +34,8 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
         println!("{}", pgcarpool::cli::version_line());
         return Ok(());
     };
-    let config_path = std::fs::canonicalize(config).unwrap_or(config.clone());
-    let mut config =
-        pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // -R: with so_reuseport the new process shares the port; without, it takes the
-    // sockets from the running one over its Unix socket (PgBouncer's way).
-    let pass_sockets = cli.reboot && !config.settings.so_reuseport;
-    if cli.reboot && !pass_sockets {
-        config.settings.so_reuseport = true;
-    }
+    let (config, pass_sockets) = load(&cli, config)?;
     let verbose = cli.verbose.max(config.settings.verbose);
-    if let Some(user) = cli.user.as_deref().or(config.settings.user.as_deref()) {
-        switch_user(user)?;
-    }
-    if nix::unistd::getuid().is_root() {
-        anyhow::bail!(
-            "pgcarpool should not run as root: start it as another user, or name one with -u USER (or user = in the config)"
-        );
-    }
-    if cli.daemon && config.settings.pidfile.is_none() {
-        anyhow::bail!("-d needs a pidfile set in the config");
-    }
     pgcarpool::logging::init(pgcarpool::logging::Options {
         stderr: !cli.quiet,
         verbose,
@@ -86,26 +69,7 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
         Some(p) => Some(Pidfile::take_over(p)),
         None => None,
     };
-    let (listeners, taken_from) = match taken {
-        Some((from, listeners)) => (listeners, Some(from)),
-        None if clients_from.is_some() => (
-            pgcarpool::net::listen::bind(&config.settings, true)?,
-            clients_from,
-        ),
-        None => match pgcarpool::net::listen::from_systemd()? {
-            Some(passed) => {
-                tracing::info!(
-                    "{} socket(s) passed by the service manager: listen_addr and unix_socket_dir are not used",
-                    passed.len()
-                );
-                (passed, None)
-            }
-            None => (
-                pgcarpool::net::listen::bind(&config.settings, cli.reboot)?,
-                None,
-            ),
-        },
-    };
+    let (listeners, taken_from) = listeners(&config.settings, cli.reboot, taken, clients_from)?;
     if cli.daemon {
         daemonize()?;
         pgcarpool::logging::stderr_off();
@@ -114,11 +78,82 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
         p.write_own_pid()?;
     }
     raise_fd_limit(config.settings.max_client_conn);
-    let workers = pgcarpool::workers::count(config.settings.workers);
     // This thread is worker 0; `app::start_on` starts the others (thread per core).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let result = runtime.block_on(serve(config, listeners, taken_from, predecessor));
+    if let Some(p) = pidfile {
+        p.release(predecessor, result.is_err());
+    }
+    if result.is_ok() {
+        tracing::info!("shutdown complete");
+    }
+    result
+}
+
+/// The config file, and whether `-R` takes the running process's sockets over (without
+/// so_reuseport) rather than sharing its port (with it, set here). Runs as the user to run
+/// as (switched to here), never root; `-d` needs a pidfile.
+fn load(cli: &Cli, path: &Path) -> anyhow::Result<(pgcarpool::config::Config, bool)> {
+    let config_path = std::fs::canonicalize(path).unwrap_or(path.to_path_buf());
+    let mut config =
+        pgcarpool::config::Config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // -R: with so_reuseport the new process shares the port; without, it takes the
+    // sockets from the running one over its Unix socket (PgBouncer's way).
+    let pass_sockets = cli.reboot && !config.settings.so_reuseport;
+    if cli.reboot && !pass_sockets {
+        config.settings.so_reuseport = true;
+    }
+    if let Some(user) = cli.user.as_deref().or(config.settings.user.as_deref()) {
+        switch_user(user)?;
+    }
+    if nix::unistd::getuid().is_root() {
+        anyhow::bail!(
+            "pgcarpool should not run as root: start it as another user, or name one with -u USER (or user = in the config)"
+        );
+    }
+    if cli.daemon && config.settings.pidfile.is_none() {
+        anyhow::bail!("-d needs a pidfile set in the config");
+    }
+    Ok((config, pass_sockets))
+}
+
+/// The sockets to listen on: those `-R` took from the running process, else those systemd
+/// passed, else bound here; and the running process to take the clients of, if any.
+fn listeners(
+    settings: &pgcarpool::config::Settings,
+    reboot: bool,
+    taken: Option<(Predecessor, Vec<Bound>)>,
+    clients_from: Option<Predecessor>,
+) -> anyhow::Result<(Vec<Bound>, Option<Predecessor>)> {
+    Ok(match taken {
+        Some((from, listeners)) => (listeners, Some(from)),
+        None if clients_from.is_some() => {
+            (pgcarpool::net::listen::bind(settings, true)?, clients_from)
+        }
+        None => match pgcarpool::net::listen::from_systemd()? {
+            Some(passed) => {
+                tracing::info!(
+                    "{} socket(s) passed by the service manager: listen_addr and unix_socket_dir are not used",
+                    passed.len()
+                );
+                (passed, None)
+            }
+            None => (pgcarpool::net::listen::bind(settings, reboot)?, None),
+        },
+    })
+}
+
+/// Run the pooler until it shuts down: start it on `listeners`, say it is ready, then
+/// take the clients of the process `-R` replaces (or ask it to finish) and serve signals.
+async fn serve(
+    config: pgcarpool::config::Config,
+    listeners: Vec<Bound>,
+    taken_from: Option<Predecessor>,
+    predecessor: Option<i32>,
+) -> anyhow::Result<()> {
+    let workers = pgcarpool::workers::count(config.settings.workers);
     let status = format!(
         "listening on {}",
         listeners
@@ -127,41 +162,32 @@ fn run(cli: Cli, logging: &std::cell::Cell<bool>) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let result = runtime.block_on(async move {
-        let signals = pgcarpool::signals::install()?;
-        let handle = pgcarpool::app::start_on(config, listeners).await?;
-        tracing::info!(
-            "process up: pgcarpool {}, {workers} worker threads",
-            env!("CARGO_PKG_VERSION")
-        );
-        pgcarpool::service::ready(&status);
-        if let Some(from) = taken_from {
-            // The old process sends its idle clients, then exits; no signal needed.
-            let shared = handle.shared.clone();
-            handle
-                .shared
-                .tracker
-                .spawn(async move { from.take_clients(shared).await });
-        } else if let Some(pid) = predecessor {
-            tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
-            if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGTERM) {
-                tracing::warn!(
-                    "could not signal pgcarpool {pid}: {}",
-                    std::io::Error::from(e)
-                );
-            }
+    let signals = pgcarpool::signals::install()?;
+    let handle = pgcarpool::app::start_on(config, listeners).await?;
+    tracing::info!(
+        "process up: pgcarpool {}, {workers} worker threads",
+        env!("CARGO_PKG_VERSION")
+    );
+    pgcarpool::service::ready(&status);
+    if let Some(from) = taken_from {
+        // The old process sends its idle clients, then exits; no signal needed.
+        let shared = handle.shared.clone();
+        handle
+            .shared
+            .tracker()
+            .spawn(async move { from.take_clients(shared).await });
+    } else if let Some(pid) = predecessor {
+        tracing::info!("took over from pgcarpool {pid}: asking it to finish (SIGTERM)");
+        if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGTERM) {
+            tracing::warn!(
+                "could not signal pgcarpool {pid}: {}",
+                std::io::Error::from(e)
+            );
         }
-        pgcarpool::signals::run(signals, handle.shared.clone()).await?;
-        handle.shutdown().await;
-        anyhow::Ok(())
-    });
-    if let Some(p) = pidfile {
-        p.release(predecessor, result.is_err());
     }
-    if result.is_ok() {
-        tracing::info!("shutdown complete");
-    }
-    result
+    pgcarpool::signals::run(signals, handle.shared.clone()).await?;
+    handle.shutdown().await;
+    Ok(())
 }
 
 /// The pidfile this process wrote (or, after `-R`, took over from its predecessor).
@@ -284,34 +310,33 @@ fn raise_fd_limit(max_client_conn: usize) {
 /// daemon is no session leader, as PgBouncer). The parents exit 0 at once: everything
 /// that can fail was checked before.
 fn daemonize() -> anyhow::Result<()> {
-    // SAFETY: called before any thread is started (the runtime is built afterwards); the
-    // parents leave with _exit, running no destructors (the sockets and pidfile are the
-    // daemon's).
-    unsafe {
-        let devnull = std::ffi::CString::new("/dev/null")?;
-        let fd = libc::open(devnull.as_ptr(), libc::O_RDWR);
-        if fd < 0 {
-            anyhow::bail!(
-                "could not open /dev/null: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        for step in 0..2 {
-            match libc::fork() {
-                -1 => anyhow::bail!("fork failed: {}", std::io::Error::last_os_error()),
-                0 => {}
-                _ => libc::_exit(0),
-            }
-            if step == 0 && libc::setsid() < 0 {
-                anyhow::bail!("setsid failed: {}", std::io::Error::last_os_error());
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::Mode;
+    use nix::unistd::{ForkResult, dup2_stderr, dup2_stdin, dup2_stdout, fork, setsid};
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    let devnull = open("/dev/null", OFlag::O_RDWR, Mode::empty())
+        .map_err(|e| anyhow::anyhow!("could not open /dev/null: {}", std::io::Error::from(e)))?;
+    for step in 0..2 {
+        // SAFETY: no other thread runs yet (the runtime is built afterwards), so the child
+        // goes on as the process did; the parent leaves with _exit, running no destructors
+        // and flushing no buffer (the sockets and pidfile are the daemon's).
+        unsafe {
+            match fork() {
+                Err(e) => anyhow::bail!("fork failed: {}", std::io::Error::from(e)),
+                Ok(ForkResult::Parent { .. }) => libc::_exit(0),
+                Ok(ForkResult::Child) => {}
             }
         }
-        libc::dup2(fd, 0);
-        libc::dup2(fd, 1);
-        libc::dup2(fd, 2);
-        if fd > 2 {
-            libc::close(fd);
+        if step == 0 {
+            setsid().map_err(|e| anyhow::anyhow!("setsid failed: {}", std::io::Error::from(e)))?;
         }
+    }
+    let _ = dup2_stdin(&devnull);
+    let _ = dup2_stdout(&devnull);
+    let _ = dup2_stderr(&devnull);
+    if devnull.as_raw_fd() <= 2 {
+        // /dev/null came as stdin, stdout or stderr (one was closed): it stays open as such.
+        let _ = devnull.into_raw_fd();
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::app::Shared;
+use crate::shared::Shared;
 
 /// The signals pgcarpool handles, caught from the moment this exists (install before
 /// telling anyone the pooler is up: an early SIGHUP must reload, not kill).
@@ -85,7 +85,7 @@ pub async fn run(signals: Signals, shared: Arc<Shared>) -> std::io::Result<()> {
                     shared.resume_all();
                 }
             }
-            _ = shared.tracker.wait() => return Ok(()),
+            _ = shared.tracker().wait() => return Ok(()),
         }
     }
 }

@@ -44,11 +44,16 @@ struct Seen {
     clean: bool,
 }
 
-/// Connection-level: the server went away (57P01/57P02/57P03, class 08) or the connection
-/// closed. Anything else (a syntax error, wrong data…) is not what an outage may cause.
+/// Connection-level: the server went away (57P01/57P02/57P03, class 08), the connection
+/// closed, or pgcarpool reports the server lost under a client that keeps its connection
+/// (40001 when nothing can have committed, docs/scale-out.md). Anything else (a syntax
+/// error, wrong data…) is not what an outage may cause.
 fn is_clean(e: &tokio_postgres::Error) -> bool {
     if let Some(code) = harness::sqlstate(e) {
-        return matches!(code, "57P01" | "57P02" | "57P03") || code.starts_with("08");
+        let lost = code == "40001"
+            && e.as_db_error()
+                .is_some_and(|db| db.message().contains("server was lost"));
+        return lost || matches!(code, "57P01" | "57P02" | "57P03") || code.starts_with("08");
     }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::process::{PoolerProcess, ProcessDir, give_to_pooler, send_signal};
+use harness::process::{PoolerProcess, ProcessDir, give_to_pooler, signal_if_alive};
 use harness::{
     TempPostgres, TestPooler, clients_dir, dsn_for, install_clients, pg_bin, try_connect,
 };
@@ -571,12 +571,12 @@ fn spawn_killable(ctx: &Arc<Ctx>, id: i32, db: &'static str) {
 async fn cut_network(pg: &TempPostgres) {
     let pids = pg_pids(pg);
     for &p in pids.iter().rev() {
-        send_signal(p, libc::SIGSTOP);
+        signal_if_alive(p, libc::SIGSTOP);
     }
     // The cut itself (the scenario), not a synchronisation.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for &p in &pids {
-        send_signal(p, libc::SIGCONT);
+        signal_if_alive(p, libc::SIGCONT);
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::app::Shared;
 use crate::config::Settings;
+use crate::shared::Shared;
 use crate::stats::histogram::{BOUNDS_US, HistSnapshot};
 
 /// Largest request head we read.
@@ -42,7 +42,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                     continue;
                 }
             },
-            _ = shared.stop_background.cancelled() => return,
+            _ = shared.stop_background().cancelled() => return,
         };
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -153,7 +153,7 @@ pub fn render(shared: &Shared) -> String {
         env!("CARGO_PKG_VERSION"),
         crate::cli::PGBOUNCER_COMPAT
     );
-    let pools = shared.pools.all();
+    let pools = shared.pools().all();
     let labels: Vec<String> = pools
         .iter()
         .map(|p| format!("database=\"{}\",user=\"{}\"", esc(&p.db), esc(&p.user)))
@@ -166,7 +166,7 @@ pub fn render(shared: &Shared) -> String {
         "gauge",
         "Connected clients (excluding the admin console).",
     );
-    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients.len());
+    let _ = writeln!(out, "pgcarpool_clients {}", shared.clients().len());
     hosts(&mut out, &pools, &labels);
     histograms(&mut out, &pools, &labels);
     out

@@ -6,95 +6,19 @@ pub mod metrics;
 pub mod show;
 pub mod table;
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 
-use crate::app::Shared;
 use crate::client::ClientError;
-use crate::config::Config;
-use crate::lock::Locked;
 use crate::net::Conn;
 use crate::proto::{MAX_MESSAGE_LEN, Reader, backend, frontend};
+use crate::shared::Shared;
+pub use crate::shared::console::{AdminState, Role, role_of};
 pub use command::{Command, ShutdownMode, View};
 pub use table::Table;
-
-/// What a console user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// admin_users: every command.
-    Admin,
-    /// stats_users: SHOW only.
-    Stats,
-}
-
-/// The console role of `user`, None = not allowed.
-pub fn role_of(cfg: &Config, user: &str) -> Option<Role> {
-    if cfg.settings.admin_users.iter().any(|u| u == user) {
-        Some(Role::Admin)
-    } else if cfg.settings.stats_users.iter().any(|u| u == user) {
-        Some(Role::Stats)
-    } else {
-        None
-    }
-}
-
-/// Console-set state the rest of the pooler reads: DISABLE'd databases, PAUSE'd ones.
-#[derive(Debug, Default)]
-pub struct AdminState {
-    /// Console commands run (SHOW STATS counts them on database pgbouncer).
-    commands: std::sync::atomic::AtomicU64,
-    disabled: Mutex<BTreeSet<String>>,
-    paused: Mutex<BTreeSet<String>>,
-    paused_all: AtomicBool,
-}
-
-impl AdminState {
-    /// Console commands run so far.
-    pub fn commands(&self) -> u64 {
-        self.commands.load(Ordering::Relaxed)
-    }
-
-    /// DISABLE db: the login path refuses new clients of `db`.
-    pub fn is_disabled(&self, db: &str) -> bool {
-        self.disabled.locked().contains(db)
-    }
-    pub fn set_disabled(&self, db: &str, on: bool) {
-        let mut g = self.disabled.locked();
-        if on {
-            g.insert(db.to_string());
-        } else {
-            g.remove(db);
-        }
-    }
-    pub fn is_paused(&self, db: &str) -> bool {
-        self.is_paused_all() || self.paused.locked().contains(db)
-    }
-    pub fn is_paused_all(&self) -> bool {
-        self.paused_all.load(Ordering::Relaxed)
-    }
-    /// PAUSE / RESUME state, one for the console and the signals (SIGUSR1/SIGUSR2).
-    pub(crate) fn set_paused(&self, db: Option<&str>, on: bool) {
-        let mut g = self.paused.locked();
-        match db {
-            Some(db) if on => {
-                g.insert(db.to_string());
-            }
-            Some(db) => {
-                g.remove(db);
-            }
-            None => {
-                self.paused_all.store(on, Ordering::Relaxed);
-                if !on {
-                    g.clear();
-                }
-            }
-        }
-    }
-}
 
 /// An error the console reports (ErrorResponse); the session goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +51,19 @@ pub enum Reply {
     Close(&'static str),
 }
 
+/// Serve a console session to its end: KILL_CLIENT and the shutdowns end it as they end
+/// any client; an error is reported as a failed login is.
+pub async fn serve(console: crate::client::Console) {
+    let mut c = console;
+    let shared = c.shared.clone();
+    let kill = c.kill.clone();
+    let result = tokio::select! {
+        r = run(&shared, &mut c.conn, &c.user, c.role) => r,
+        _ = kill.cancelled() => Ok(()),
+    };
+    c.end(result).await;
+}
+
 /// Serve one console session (after authentication).
 pub async fn run(
     shared: &Arc<Shared>,
@@ -138,10 +75,10 @@ pub async fn run(
     welcome(conn);
     conn.flush().await?;
     let mut session = Session::default();
-    let stop = shared.stop_clients.clone();
+    let stop = shared.stop_clients().clone();
     // A process that took the listening sockets (SHOW FDS) and went away without HANDOVER
     // leaves this one suspended: it resumes.
-    let _resume = ResumeIfAbandoned {
+    let mut resume = ResumeIfAbandoned {
         shared: shared.clone(),
         armed: std::cell::Cell::new(false),
     };
@@ -157,47 +94,20 @@ pub async fn run(
         let tag = conn.rbuf[0];
         let body = conn.rbuf[5..h.total].to_vec();
         conn.consume(h.total);
-        let mut out = BytesMut::new();
         // Online restart: the new process takes the sockets (SHOW FDS) and the clients
         // (HANDOVER) over this connection.
         let may_pass_fds = tag == frontend::QUERY
             && role == Role::Admin
             && user == "pgbouncer"
             && conn.stream.peer_is_same_os_user();
-        let special = if may_pass_fds {
-            single_command(&body)
-        } else {
-            None
-        };
-        match special {
-            Some(Command::Show(View::Fds)) => {
-                let (table, fds) = crate::takeover::show_fds(shared, true);
-                table.write_all(&mut out);
-                backend::ready_for_query(&mut out, b'I');
-                conn.flush().await?;
-                send_with_fds(conn, &out, &fds).await?;
-                _resume.armed.set(!fds.is_empty());
-                if !fds.is_empty() {
-                    tracing::info!(
-                        "online restart: {} listening socket(s) passed (SHOW FDS)",
-                        fds.len()
-                    );
-                }
-                continue;
+        if may_pass_fds {
+            match online_restart(shared, conn, &body, &mut resume).await? {
+                Some(true) => return Ok(()),
+                Some(false) => continue,
+                None => {}
             }
-            Some(Command::Handover)
-                if shared.restart.phase() != crate::takeover::Phase::HandingOver =>
-            {
-                backend::command_complete(&mut out, "HANDOVER");
-                backend::ready_for_query(&mut out, b'I');
-                conn.queue(out.freeze());
-                conn.flush().await?;
-                _resume.armed.set(false);
-                crate::takeover::serve_handover(shared, conn).await?;
-                return Ok(());
-            }
-            _ => {}
         }
+        let mut out = BytesMut::new();
         let close = match tag {
             frontend::TERMINATE => return Ok(()),
             frontend::QUERY => simple_query(shared, role, &body, &mut out).await?,
@@ -243,6 +153,47 @@ pub async fn run(
     }
 }
 
+/// SHOW FDS (the listening sockets passed along with the answer) and HANDOVER (the
+/// clients sent, then the session ends) asked by the process that takes this one over:
+/// `Some(session ends)` when `body` is one of them, `None` when it is any other query.
+async fn online_restart(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    body: &[u8],
+    resume: &mut ResumeIfAbandoned,
+) -> Result<Option<bool>, ClientError> {
+    let mut out = BytesMut::new();
+    match single_command(body) {
+        Some(Command::Show(View::Fds)) => {
+            let (table, fds) = show::show_fds(shared, true);
+            table.write_all(&mut out);
+            backend::ready_for_query(&mut out, b'I');
+            conn.flush().await?;
+            send_with_fds(conn, &out, &fds).await?;
+            resume.armed.set(!fds.is_empty());
+            if !fds.is_empty() {
+                tracing::info!(
+                    "online restart: {} listening socket(s) passed (SHOW FDS)",
+                    fds.len()
+                );
+            }
+            Ok(Some(false))
+        }
+        Some(Command::Handover)
+            if shared.restart().phase() != crate::shared::restart::Phase::HandingOver =>
+        {
+            backend::command_complete(&mut out, "HANDOVER");
+            backend::ready_for_query(&mut out, b'I');
+            conn.queue(out.freeze());
+            conn.flush().await?;
+            resume.armed.set(false);
+            crate::takeover::serve_handover(shared, conn).await?;
+            Ok(Some(true))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Resumes a pooler left suspended by a console session that took its sockets (SHOW FDS)
 /// and ended without HANDOVER (the new process failed to start).
 struct ResumeIfAbandoned {
@@ -252,11 +203,13 @@ struct ResumeIfAbandoned {
 
 impl Drop for ResumeIfAbandoned {
     fn drop(&mut self) {
-        if self.armed.get() && self.shared.restart.phase() == crate::takeover::Phase::Suspended {
+        if self.armed.get()
+            && self.shared.restart().phase() == crate::shared::restart::Phase::Suspended
+        {
             tracing::warn!(
                 "online restart: the process that took the sockets left without taking over: resuming"
             );
-            self.shared.restart.resume();
+            self.shared.restart().resume();
         }
     }
 }
@@ -412,8 +365,7 @@ pub async fn execute(shared: &Arc<Shared>, role: Role, sql: &str) -> Result<Repl
 fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
     // Databases named in [databases], or made from `*` by a client (as PgBouncer: not
     // every name the `*` entry would accept).
-    if shared.config.load().databases.contains_key(db)
-        || shared.pools.all().iter().any(|p| p.db == db)
+    if shared.config().databases.contains_key(db) || shared.pools().all().iter().any(|p| p.db == db)
     {
         Ok(())
     } else {
@@ -424,7 +376,7 @@ fn need_db(shared: &Shared, db: &str) -> Result<(), AdminError> {
 
 fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
     shared
-        .pools
+        .pools()
         .all()
         .into_iter()
         .filter(|p| db.is_none_or(|d| p.db == d))
@@ -432,7 +384,7 @@ fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
 }
 
 async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminError> {
-    shared.admin.commands.fetch_add(1, Ordering::Relaxed);
+    shared.admin().count_command();
     let tag = cmd.tag();
     match cmd {
         Command::Empty => Ok(Reply::Empty),
@@ -441,7 +393,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             show::table(shared, v).expect("every view but HELP has a table"),
         )),
         Command::Set { key, value } => {
-            let mut cfg = (**shared.config.load()).clone();
+            let mut cfg = (**shared.config()).clone();
             cfg.settings
                 .set(&key, &value)
                 .map_err(|e| AdminError::new("22023", e))?;
@@ -464,12 +416,12 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Err(AdminError::new("08P01", "pooler is shutting down"))
         }
         Command::Resume(None) => {
-            shared.restart.resume();
+            shared.restart().resume();
             shared.resume_all();
             Ok(Reply::Done(tag))
         }
         Command::Resume(Some(db)) => {
-            shared.admin.set_paused(Some(&db), false);
+            shared.admin().set_paused(Some(&db), false);
             for p in pools_of(shared, Some(&db)) {
                 p.resume();
             }
@@ -495,7 +447,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         }
         Command::KillClient(id) => {
             let c = shared
-                .clients
+                .clients()
                 .all()
                 .into_iter()
                 .find(|c| c.id == id)
@@ -504,7 +456,7 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
             Ok(Reply::Done(tag))
         }
         Command::Suspend => {
-            if shared.restart.suspend() {
+            if shared.restart().suspend() {
                 tracing::info!("SUSPEND: not accepting, idle clients not read until RESUME");
                 Ok(Reply::Done(tag))
             } else {
@@ -518,12 +470,12 @@ async fn run_command(shared: &Arc<Shared>, cmd: Command) -> Result<Reply, AdminE
         Command::Shutdown(mode) => Ok(shutdown(shared, mode, tag)),
         Command::Enable(db) => {
             need_db(shared, &db)?;
-            shared.admin.set_disabled(&db, false);
+            shared.admin().set_disabled(&db, false);
             Ok(Reply::Done(tag))
         }
         Command::Disable(db) => {
             need_db(shared, &db)?;
-            shared.admin.set_disabled(&db, true);
+            shared.admin().set_disabled(&db, true);
             Ok(Reply::Done(tag))
         }
     }
@@ -535,7 +487,7 @@ async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError>
         None => shared.pause_all().await,
         Some(db) => {
             need_db(shared, db)?;
-            shared.admin.set_paused(Some(db), true);
+            shared.admin().set_paused(Some(db), true);
             let pools = pools_of(shared, Some(db));
             pools.iter().for_each(|p| p.pause());
             wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
@@ -550,10 +502,10 @@ fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
     if let Some(db) = db {
         need_db(shared, db)?;
     }
-    shared.admin.set_paused(db, true);
+    shared.admin().set_paused(db, true);
     let pools = pools_of(shared, db);
     pools.iter().for_each(|p| p.pause());
-    for c in shared.clients.all() {
+    for c in shared.clients().all() {
         if db.is_none_or(|d| c.db == d) {
             c.kill.cancel();
         }
@@ -611,7 +563,14 @@ struct Session {
     skipping: bool,
 }
 
+/// A console message that does not read as its type says.
+fn malformed(e: crate::proto::ProtoError) -> AdminError {
+    AdminError::new("08P01", e.to_string())
+}
+
 impl Session {
+    /// One extended-protocol message (Parse, Bind, Describe, Execute, Close), answered
+    /// into `out`; true when the session ends after the answer (SHUTDOWN).
     async fn extended(
         &mut self,
         shared: &Arc<Shared>,
@@ -620,80 +579,20 @@ impl Session {
         body: &[u8],
         out: &mut BytesMut,
     ) -> Result<bool, AdminError> {
-        let proto = |e: crate::proto::ProtoError| AdminError::new("08P01", e.to_string());
         let mut r = Reader::new(body, "extended query message");
         match tag {
             frontend::PARSE => {
-                let name = r.cstr().map_err(proto)?.to_string();
-                let sql = r.cstr().map_err(proto)?.to_string();
+                let name = r.cstr().map_err(malformed)?.to_string();
+                let sql = r.cstr().map_err(malformed)?.to_string();
                 // Check it parses now, as a server would.
                 Command::parse(&sql).map_err(|e| AdminError::new("42601", e.0))?;
                 self.statements.insert(name, sql);
                 backend::parse_complete(out);
             }
-            frontend::BIND => {
-                let portal = r.cstr().map_err(proto)?.to_string();
-                let stmt = r.cstr().map_err(proto)?;
-                let sql = self.statements.get(stmt).cloned().ok_or_else(|| {
-                    AdminError::new(
-                        "26000",
-                        format!("prepared statement \"{stmt}\" does not exist"),
-                    )
-                })?;
-                let n = r.i16().map_err(proto)?;
-                for _ in 0..n.max(0) {
-                    r.i16().map_err(proto)?;
-                }
-                let n = r.i16().map_err(proto)?;
-                if n > 0 {
-                    return Err(AdminError::new(
-                        "42601",
-                        "admin commands take no parameters",
-                    ));
-                }
-                let n = r.i16().map_err(proto)?;
-                let mut formats = Vec::new();
-                for _ in 0..n.max(0) {
-                    formats.push(r.i16().map_err(proto)?);
-                }
-                self.portals.insert(portal, (sql, formats));
-                out.put_u8(b'2');
-                out.put_i32(4);
-            }
-            frontend::DESCRIBE => {
-                let kind = r.u8().map_err(proto)?;
-                let name = r.cstr().map_err(proto)?;
-                let (sql, formats) = if kind == b'S' {
-                    let sql = self.statements.get(name).ok_or_else(|| {
-                        AdminError::new(
-                            "26000",
-                            format!("prepared statement \"{name}\" does not exist"),
-                        )
-                    })?;
-                    // ParameterDescription: no parameters.
-                    out.put_u8(b't');
-                    out.put_i32(6);
-                    out.put_i16(0);
-                    (sql.clone(), Vec::new())
-                } else {
-                    self.portals.get(name).cloned().ok_or_else(|| {
-                        AdminError::new("34000", format!("portal \"{name}\" does not exist"))
-                    })?
-                };
-                match Command::parse(&sql) {
-                    Ok(Command::Show(v)) if v != View::Help => {
-                        let t = show::table(shared, v).expect("table view");
-                        let f = table::formats_for(&formats, t.columns.len());
-                        t.write_description(out, &f);
-                    }
-                    _ => {
-                        out.put_u8(b'n');
-                        out.put_i32(4);
-                    }
-                }
-            }
+            frontend::BIND => self.bind(&mut r, out)?,
+            frontend::DESCRIBE => self.describe(shared, &mut r, out)?,
             frontend::EXECUTE => {
-                let name = r.cstr().map_err(proto)?;
+                let name = r.cstr().map_err(malformed)?;
                 let (sql, formats) = self.portals.get(name).cloned().ok_or_else(|| {
                     AdminError::new("34000", format!("portal \"{name}\" does not exist"))
                 })?;
@@ -701,8 +600,8 @@ impl Session {
                 return Ok(write_reply(&reply, out, Some(&formats)));
             }
             frontend::CLOSE => {
-                let kind = r.u8().map_err(proto)?;
-                let name = r.cstr().map_err(proto)?;
+                let kind = r.u8().map_err(malformed)?;
+                let name = r.cstr().map_err(malformed)?;
                 if kind == b'S' {
                     self.statements.remove(name);
                 } else {
@@ -714,11 +613,85 @@ impl Session {
         }
         Ok(false)
     }
+
+    /// Bind: a portal for a statement Parse checked; admin commands take no parameters.
+    fn bind(&mut self, r: &mut Reader<'_>, out: &mut BytesMut) -> Result<(), AdminError> {
+        let portal = r.cstr().map_err(malformed)?.to_string();
+        let stmt = r.cstr().map_err(malformed)?;
+        let sql = self.statements.get(stmt).cloned().ok_or_else(|| {
+            AdminError::new(
+                "26000",
+                format!("prepared statement \"{stmt}\" does not exist"),
+            )
+        })?;
+        let n = r.i16().map_err(malformed)?;
+        for _ in 0..n.max(0) {
+            r.i16().map_err(malformed)?;
+        }
+        let n = r.i16().map_err(malformed)?;
+        if n > 0 {
+            return Err(AdminError::new(
+                "42601",
+                "admin commands take no parameters",
+            ));
+        }
+        let n = r.i16().map_err(malformed)?;
+        let mut formats = Vec::new();
+        for _ in 0..n.max(0) {
+            formats.push(r.i16().map_err(malformed)?);
+        }
+        self.portals.insert(portal, (sql, formats));
+        out.put_u8(b'2');
+        out.put_i32(4);
+        Ok(())
+    }
+
+    /// Describe a statement (no parameters) or a portal: the row a SHOW answers with, or
+    /// NoData for any other command.
+    fn describe(
+        &self,
+        shared: &Arc<Shared>,
+        r: &mut Reader<'_>,
+        out: &mut BytesMut,
+    ) -> Result<(), AdminError> {
+        let kind = r.u8().map_err(malformed)?;
+        let name = r.cstr().map_err(malformed)?;
+        let (sql, formats) = if kind == b'S' {
+            let sql = self.statements.get(name).ok_or_else(|| {
+                AdminError::new(
+                    "26000",
+                    format!("prepared statement \"{name}\" does not exist"),
+                )
+            })?;
+            // ParameterDescription: no parameters.
+            out.put_u8(b't');
+            out.put_i32(6);
+            out.put_i16(0);
+            (sql.clone(), Vec::new())
+        } else {
+            self.portals.get(name).cloned().ok_or_else(|| {
+                AdminError::new("34000", format!("portal \"{name}\" does not exist"))
+            })?
+        };
+        match Command::parse(&sql) {
+            Ok(Command::Show(v)) if v != View::Help => {
+                let t = show::table(shared, v).expect("table view");
+                let f = table::formats_for(&formats, t.columns.len());
+                t.write_description(out, &f);
+            }
+            _ => {
+                out.put_u8(b'n');
+                out.put_i32(4);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn shared() -> Arc<Shared> {
         let cfg = Config::from_str(

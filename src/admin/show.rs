@@ -6,10 +6,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::command::View;
 use super::table::{Cell, ColType, Table};
-use crate::app::Shared;
 use crate::client::registry::{ClientHandle, ClientState};
 use crate::config::{Config, PoolMode};
 use crate::pool::{Pool, ServerState};
+use crate::shared::Shared;
 use crate::stats::PoolStats;
 use crate::stats::histogram::HistSnapshot;
 use crate::stats::{Period, Totals};
@@ -20,7 +20,7 @@ use ColType::{Int, Text};
 pub fn table(shared: &Shared, view: View) -> Option<Table> {
     Some(match view {
         View::Help => return None,
-        View::Config => config(&shared.config.load()),
+        View::Config => config(&shared.config()),
         View::Databases => databases(shared),
         View::Pools => pools(shared),
         View::Clients => clients(shared),
@@ -32,15 +32,15 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Totals => totals(shared),
         View::Lists => lists(shared),
         View::Mem => mem(),
-        View::Fds => crate::takeover::show_fds(shared, false).0,
+        View::Fds => show_fds(shared, false).0,
         View::Sockets => sockets(shared, false),
         View::ActiveSockets => sockets(shared, true),
         View::DnsHosts => Table::new(&[("hostname", Text), ("ttl", Int), ("addrs", Text)]),
         View::DnsZones => Table::new(&[("zonename", Text), ("serial", Int), ("count", Int)]),
         View::Version => version(),
         View::State => state(shared),
-        View::Peers => peers(&shared.peers),
-        View::PeerPools => peer_pools(&shared.peers),
+        View::Peers => peers(shared.peers()),
+        View::PeerPools => peer_pools(shared.peers()),
         View::PreparedStatements => prepared_statements(),
         View::Carpool => carpool(shared),
         View::Handover => handover(shared),
@@ -110,12 +110,12 @@ fn mode_name(m: PoolMode) -> &'static str {
 /// Configured databases, then databases only known through pools (the `*` fallback).
 fn database_names(shared: &Shared, cfg: &Config) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = cfg.databases.keys().cloned().collect();
-    names.extend(shared.pools.all().iter().map(|p| p.db.clone()));
+    names.extend(shared.pools().all().iter().map(|p| p.db.clone()));
     names
 }
 
 pub fn databases(shared: &Shared) -> Table {
-    let cfg = shared.config.load();
+    let cfg = shared.config();
     let mut t = Table::new(&[
         ("name", Text),
         ("host", Text),
@@ -135,14 +135,14 @@ pub fn databases(shared: &Shared) -> Table {
         ("paused", Int),
         ("disabled", Int),
     ]);
-    let pools = shared.pools.all();
+    let pools = shared.pools().all();
     for name in database_names(shared, &cfg) {
         let Some(e) = cfg.database(&name) else {
             continue;
         };
         let db_pools: Vec<_> = pools.iter().filter(|p| p.db == name).collect();
         let current: usize = db_pools.iter().map(|p| p.counts().total).sum();
-        let paused = shared.admin.is_paused(&name)
+        let paused = shared.admin().is_paused(&name)
             || (!db_pools.is_empty() && db_pools.iter().all(|p| p.counts().paused));
         t.push(vec![
             name.clone().into(),
@@ -161,9 +161,9 @@ pub fn databases(shared: &Shared) -> Table {
             cfg.max_db_connections_for(&name).into(),
             current.into(),
             cfg.max_db_client_connections_for(&name).into(),
-            shared.client_counts.db(&name).into(),
+            shared.client_counts().db(&name).into(),
             paused.into(),
-            shared.admin.is_disabled(&name).into(),
+            shared.admin().is_disabled(&name).into(),
         ]);
     }
     // The console itself, as PgBouncer lists it.
@@ -182,7 +182,7 @@ pub fn databases(shared: &Shared) -> Table {
         0i64.into(),
         0i64.into(),
         cfg.settings.max_db_client_connections.into(),
-        shared.client_counts.db("pgbouncer").into(),
+        shared.client_counts().db("pgbouncer").into(),
         0i64.into(),
         0i64.into(),
     ]);
@@ -202,7 +202,7 @@ fn clients_of<'a>(
 }
 
 pub fn pools(shared: &Shared) -> Table {
-    let cfg = shared.config.load();
+    let cfg = shared.config();
     let mut t = Table::new(&[
         ("database", Text),
         ("user", Text),
@@ -222,8 +222,8 @@ pub fn pools(shared: &Shared) -> Table {
         ("pool_mode", Text),
         ("load_balance_hosts", Text),
     ]);
-    let clients = shared.clients.all();
-    for p in shared.pools.all() {
+    let clients = shared.clients().all();
+    for p in shared.pools().all() {
         let c = p.counts();
         let mine = clients_of(&cfg, &p, &clients);
         let waiting = mine
@@ -431,11 +431,11 @@ pub fn handover(shared: &Shared) -> Table {
 /// The rows of SHOW CLIENTS, each with its client's handover note.
 fn client_rows(shared: &Shared) -> Vec<(Vec<Cell>, Option<String>)> {
     let mut rows = Vec::new();
-    for c in shared.clients.all() {
+    for c in shared.clients().all() {
         rows.push((client_row(&c), c.handover()));
     }
     // After -R: the clients still with the old process (pinned, session mode…).
-    for c in shared.restart.staying() {
+    for c in shared.restart().staying() {
         let (addr, port) = split_addr(&c.addr);
         let t0 = fmt_time(UNIX_EPOCH + std::time::Duration::from_micros(c.connect_time_us));
         let mut row: Vec<Cell> = vec![
@@ -460,9 +460,9 @@ fn client_rows(shared: &Shared) -> Vec<(Vec<Cell>, Option<String>)> {
 /// Rows of the servers linked to a client (active), then of idle servers. A server being
 /// opened or reset is in neither.
 fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
-    let cfg = shared.config.load();
+    let cfg = shared.config();
     let mut rows = Vec::new();
-    for c in shared.clients.all() {
+    for c in shared.clients().all() {
         let Some(s) = c.server() else {
             continue;
         };
@@ -480,7 +480,7 @@ fn server_rows(shared: &Shared) -> Vec<Vec<Cell>> {
             tls: c.server_tls().as_deref().unwrap_or("").to_string(),
         }));
     }
-    for p in shared.pools.all() {
+    for p in shared.pools().all() {
         for s in p.idle_servers() {
             rows.push(server_row(ServerRow {
                 user: &p.user,
@@ -509,7 +509,7 @@ pub fn servers(shared: &Shared) -> Table {
 }
 
 pub fn users(shared: &Shared) -> Table {
-    let cfg = shared.config.load();
+    let cfg = shared.config();
     let mut t = Table::new(&[
         ("name", Text),
         ("pool_size", Int),
@@ -520,7 +520,7 @@ pub fn users(shared: &Shared) -> Table {
         ("max_user_client_connections", Int),
         ("current_client_connections", Int),
     ]);
-    let pools = shared.pools.all();
+    let pools = shared.pools().all();
     let mut names: BTreeSet<String> = cfg.auth.users.keys().cloned().collect();
     names.extend(cfg.users.keys().cloned());
     names.extend(pools.iter().map(|p| p.user.clone()));
@@ -539,7 +539,7 @@ pub fn users(shared: &Shared) -> Table {
                 .sum::<usize>()
                 .into(),
             cfg.max_user_client_connections_for(&name).into(),
-            shared.client_counts.user(&name).into(),
+            shared.client_counts().user(&name).into(),
         ]);
     }
     t
@@ -548,14 +548,14 @@ pub fn users(shared: &Shared) -> Table {
 /// Per-database totals and last-period deltas (pools summed).
 fn per_database(shared: &Shared) -> BTreeMap<String, (Totals, Period)> {
     let mut m: BTreeMap<String, (Totals, Period)> = BTreeMap::new();
-    for p in shared.pools.all() {
+    for p in shared.pools().all() {
         let e = m.entry(p.db.clone()).or_default();
         e.0.add(&p.stats.totals());
         e.1.add(&p.stats.period());
     }
     // The console's own commands, as PgBouncer counts them (each a transaction and a
     // query of database pgbouncer).
-    let commands = shared.admin.commands();
+    let commands = shared.admin().commands();
     if commands > 0 {
         let e = m.entry("pgbouncer".to_string()).or_default();
         e.0.xact_count += commands;
@@ -699,9 +699,9 @@ pub fn totals(shared: &Shared) -> Table {
 }
 
 pub fn lists(shared: &Shared) -> Table {
-    let cfg = shared.config.load();
-    let pools = shared.pools.all();
-    let clients = shared.clients.all();
+    let cfg = shared.config();
+    let pools = shared.pools().all();
+    let clients = shared.clients().all();
     let used_servers: usize = pools.iter().map(|p| p.counts().total).sum();
     let mut users: BTreeSet<&str> = cfg.auth.users.keys().map(String::as_str).collect();
     users.extend(cfg.users.keys().map(String::as_str));
@@ -709,9 +709,9 @@ pub fn lists(shared: &Shared) -> Table {
     for (name, n) in [
         ("databases", database_names(shared, &cfg).len()),
         ("users", users.len()),
-        ("peers", shared.peers.all().len()),
+        ("peers", shared.peers().all().len()),
         ("pools", pools.len()),
-        ("peer_pools", shared.peers.all().len()),
+        ("peer_pools", shared.peers().all().len()),
         ("free_clients", 0),
         ("used_clients", clients.len()),
         (
@@ -745,7 +745,7 @@ pub fn mem() -> Table {
 }
 
 /// SHOW FDS's columns (PgBouncer's); the rows are the listening sockets
-/// (`takeover::show_fds`).
+/// (`show_fds`).
 pub fn fds() -> Table {
     Table::new(&[
         ("fd", Int),
@@ -766,6 +766,34 @@ pub fn fds() -> Table {
     ])
 }
 
+/// SHOW FDS: one row per listening socket (task `pooler`), with PgBouncer's columns; the
+/// descriptors to pass with the rows when the caller may have them (and the pooler is
+/// suspended), else none.
+pub fn show_fds(shared: &Shared, pass: bool) -> (Table, Vec<std::os::fd::OwnedFd>) {
+    use std::os::fd::AsRawFd;
+    let mut t = fds();
+    let mut fds = Vec::new();
+    let pass = pass && shared.restart().phase() == crate::shared::restart::Phase::Suspended;
+    for (fd, addr, port) in shared.restart().listening() {
+        let mut row: Vec<Cell> = vec![
+            i64::from(fd.as_raw_fd()).into(),
+            "pooler".into(),
+            Cell::Null,
+            Cell::Null,
+            addr.into(),
+            port.into(),
+            0i64.into(),
+            0i64.into(),
+        ];
+        row.resize(t.columns.len(), Cell::Null);
+        t.push(row);
+        if pass {
+            fds.push(fd);
+        }
+    }
+    (t, fds)
+}
+
 /// SHOW SOCKETS / ACTIVE_SOCKETS: the rows of SHOW CLIENTS and SHOW SERVERS with
 /// PgBouncer's buffer columns (zero: pgcarpool's buffers are not fixed-size packets).
 pub fn sockets(shared: &Shared, active_only: bool) -> Table {
@@ -783,7 +811,7 @@ pub fn sockets(shared: &Shared, active_only: bool) -> Table {
     }
     let mut t = Table::new(&cols);
     let clients = shared
-        .clients
+        .clients()
         .all()
         .into_iter()
         .filter(|c| !active_only || c.state() == ClientState::Active)
@@ -807,10 +835,10 @@ pub fn version() -> Table {
 pub fn state(shared: &Shared) -> Table {
     let mut t = Table::text(&["key", "value"]);
     let yn = |b: bool| if b { "yes" } else { "no" };
-    let paused = shared.admin.is_paused_all();
+    let paused = shared.admin().is_paused_all();
     t.push(vec!["active".into(), yn(!paused).into()]);
     t.push(vec!["paused".into(), yn(paused).into()]);
-    let suspended = shared.restart.phase() == crate::takeover::Phase::Suspended;
+    let suspended = shared.restart().phase() == crate::shared::restart::Phase::Suspended;
     t.push(vec!["suspended".into(), yn(suspended).into()]);
     t
 }
@@ -837,7 +865,7 @@ pub fn hosts(shared: &Shared) -> Table {
         ("switchovers", Int),
         ("error", Text),
     ]);
-    for p in shared.pools.all() {
+    for p in shared.pools().all() {
         let s = p.settings();
         let list = &s.target.hosts;
         let switchovers = list.switchovers();
@@ -940,7 +968,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_prepared_statement", Int),
         ("server_moves", Int),
     ]);
-    for p in shared.pools.all() {
+    for p in shared.pools().all() {
         let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
         for h in [&p.stats.query_hist, &p.stats.xact_hist, &p.stats.wait_hist] {
             let s: HistSnapshot = h.snapshot();
@@ -950,7 +978,7 @@ pub fn carpool(shared: &Shared) -> Table {
             }
         }
         row.push(p.counts().paused.into());
-        row.push(shared.admin.is_disabled(&p.db).into());
+        row.push(shared.admin().is_disabled(&p.db).into());
         row.push(p.last_login_error().into());
         row.push(PoolStats::get(&p.stats.pinned_clients).into());
         for c in &p.stats.pins {
@@ -965,7 +993,7 @@ pub fn carpool(shared: &Shared) -> Table {
 /// pgcarpool's own: the worker threads and the clients each one serves.
 pub fn workers(shared: &Shared) -> Table {
     let mut t = Table::new(&[("worker", Int), ("clients", Int)]);
-    if let Some(ws) = shared.workers.get() {
+    if let Some(ws) = shared.workers() {
         for (w, n) in ws.clients().into_iter().enumerate() {
             t.push(vec![w.into(), n.into()]);
         }
@@ -983,7 +1011,7 @@ pub fn pins(shared: &Shared) -> Table {
         ("reasons", Text),
         ("pinned_since", Text),
     ]);
-    for c in shared.clients.all() {
+    for c in shared.clients().all() {
         if let Some((reasons, since)) = c.pin() {
             t.push(vec![
                 c.id.into(),
@@ -1048,10 +1076,16 @@ mod tests {
     }
 
     fn pool(shared: &Arc<Shared>, db: &str, user: &str) -> Arc<Pool> {
-        let cfg = shared.config.load_full();
+        let cfg = shared.config_full();
         let entry = cfg.database(db).expect("db entry");
-        shared.pools.get_or_create(db, user, || {
-            crate::app::pool_settings(&cfg, &entry, user, crate::server::Credential::None, shared)
+        shared.pools().get_or_create(db, user, || {
+            crate::shared::pool_settings(
+                &cfg,
+                &entry,
+                user,
+                crate::server::Credential::None,
+                shared,
+            )
         })
     }
 
@@ -1078,7 +1112,7 @@ mod tests {
         assert_eq!(cell(&d, 0, "port"), &Cell::Int(5999));
         assert_eq!(cell(&d, 0, "paused"), &Cell::Int(1));
         assert_eq!(cell(&d, 0, "disabled"), &Cell::Int(0));
-        sh.admin.set_disabled("app", true);
+        sh.admin().set_disabled("app", true);
         assert_eq!(cell(&databases(&sh), 0, "disabled"), &Cell::Int(1));
         // The console's own row comes last.
         assert_eq!(cell(&d, d.rows.len() - 1, "name"), &Cell::from("pgbouncer"));
@@ -1125,7 +1159,7 @@ mod tests {
             }
         }
         assert_eq!(
-            config(&sh.config.load()).column_names(),
+            config(&sh.config()).column_names(),
             ["key", "value", "default", "changeable"]
         );
     }

@@ -248,7 +248,7 @@ fn parse(c: &mut Client, a: &mut Aborted, body: Bytes) -> Result<(), ClientError
             a.skipping = true;
             return Ok(());
         }
-        let max = c.shared.config.load().settings.client_max_statements;
+        let max = c.shared.config().settings.client_max_statements;
         if c.session.statements.len() >= max {
             return Err(ClientError::fatal(
                 "53400",
@@ -256,14 +256,14 @@ fn parse(c: &mut Client, a: &mut Aborted, body: Bytes) -> Result<(), ClientError
             ));
         }
         let scope = c.session.statement_scope(&rest);
-        let stmt = c.shared.statements.intern(&scope, &rest).map_err(|e| {
+        let stmt = c.shared.statements().intern(&scope, &rest).map_err(|e| {
             ClientError::fatal(
                 "53400",
                 format!("cannot keep another prepared statement: {e}"),
             )
         })?;
         c.session.statements.insert(name.clone(), stmt);
-        let generation = c.shared.statements.changes_seen();
+        let generation = c.shared.statements().changes_seen();
         c.session.parsed_name(name, generation);
     }
     c.conn.queue_with(backend::parse_complete);

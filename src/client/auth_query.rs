@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::ClientError;
-use crate::app::Shared;
 use crate::auth::dynamic::Found;
 use crate::config::auth_file::MAX_SECRET;
 use crate::config::{Config, Secret};
 use crate::server::{Credential, ServerError, query};
+use crate::shared::Shared;
 
 /// Longest message accepted in the answer to an auth_query (a row holds a name and a secret).
 const AUTH_QUERY_MESSAGE_LIMIT: usize = 64 * 1024;
@@ -40,107 +40,152 @@ pub async fn lookup(
     db: &str,
     user: &str,
 ) -> Result<Lookup, ClientError> {
-    // The console has no [databases] entry: the global settings apply to it.
-    let entry = if crate::config::names::is_admin_db(db) {
-        None
-    } else {
-        match cfg.database(db) {
-            Some(e) => Some(e),
-            // PgBouncer does not ask for a database it does not know.
-            None => return Ok(Lookup::NotAsked),
-        }
-    };
-    let s = &cfg.settings;
-    let Some(auth_user) = entry
-        .as_ref()
-        .and_then(|e| e.auth_user.as_deref())
-        .or(s.auth_user.as_deref())
-    else {
+    let Some(asker) = Asker::for_login(cfg, db, user)? else {
         return Ok(Lookup::NotAsked);
     };
-    let auth_dbname = entry
-        .as_ref()
-        .and_then(|e| e.auth_dbname.as_deref())
-        .or(s.auth_dbname.as_deref())
-        .unwrap_or(db);
-    if crate::config::names::is_admin_db(auth_dbname) {
-        tracing::error!(
-            %user, %db,
-            "cannot use the reserved \"{auth_dbname}\" database as an auth_dbname"
-        );
-        return Err(config_error());
-    }
-    let Some(auth_entry) = cfg.database(auth_dbname) else {
-        tracing::error!(%user, %db, "authentication database \"{auth_dbname}\" is not configured.");
-        return Err(config_error());
-    };
-    if shared.admin.is_disabled(auth_dbname) {
+    if shared.admin().is_disabled(&asker.dbname) {
         return Err(ClientError::fatal(
             "08P01",
-            format!("authentication database \"{auth_dbname}\" is disabled"),
+            format!("authentication database \"{}\" is disabled", asker.dbname),
         ));
     }
-    let ttl = s.auth_query_cache_ttl;
-    if let Some(found) = shared.dynamic_users.get(db, user, ttl, Instant::now()) {
+    let ttl = cfg.settings.auth_query_cache_ttl;
+    if let Some(found) = shared.dynamic_users().get(db, user, ttl, Instant::now()) {
         return Ok(Lookup::Found(found));
     }
-    let sql = entry
-        .as_ref()
-        .and_then(|e| e.auth_query.as_deref())
-        .unwrap_or(&s.auth_query);
-
-    // The auth user's pool in the auth database: its password is auth_file's (or the
-    // entry's own when the entry forces that very user).
-    let pool = shared.pools.get_or_create(auth_dbname, auth_user, || {
-        let cred = if auth_entry.user.as_deref() == Some(auth_user) {
-            super::credential_for(cfg, &auth_entry, auth_user, None)
-        } else {
-            match cfg.auth.users.get(auth_user) {
-                Some(Secret::Plain(p)) => Credential::Plain(p.clone()),
-                Some(Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
-                _ => Credential::None,
-            }
-        };
-        crate::app::pool_settings(cfg, &auth_entry, auth_user, cred, shared)
-    });
-    if shared.admin.is_paused(auth_dbname) && !pool.counts().paused {
-        pool.pause();
-    }
-    let deadline =
-        crate::config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
-    let mut server = pool.checkout(deadline).await.map_err(|e| match e {
-        crate::pool::CheckoutError::Server(se) => {
-            tracing::warn!(%user, %db, "auth_query: no server for {auth_user} in {auth_dbname}: {se}");
-            let (code, msg) = se.client_error();
-            ClientError::fatal(super::static_code(&code), msg)
-        }
-        other => ClientError::fatal("08P01", other.to_string()),
-    })?;
-    let row = query::first_row(&mut server, sql, &[Some(user)], AUTH_QUERY_MESSAGE_LIMIT).await;
-    drop(server);
-    let row = match row {
-        Ok(Some(row)) => row,
-        Ok(None) => {
-            tracing::info!(%db, "no such user: {user}");
-            return Err(ClientError::fatal("08P01", "no such user".into()));
-        }
-        Err(ServerError::Rejected(e)) => {
-            tracing::error!(%user, %db, "error in auth_query: {} {}: {}", e.severity, e.code, e.message);
-            return Err(config_error());
-        }
-        Err(e) => {
-            tracing::error!(%user, %db, "auth_query failed: {e}");
-            return Err(config_error());
-        }
-    };
+    let row = asker.ask(shared, cfg, db, user).await?;
     let found = found_secret(&row, user).map_err(|why| {
         tracing::error!(%user, %db, "auth_query: {why}");
         config_error()
     })?;
     shared
-        .dynamic_users
+        .dynamic_users()
         .insert(db, user, found.clone(), ttl, Instant::now());
     Ok(Lookup::Found(found))
+}
+
+/// Who asks auth_query about a login, where, and with what query: the database entry's
+/// `auth_user`, `auth_dbname` and `auth_query`, else the global ones.
+struct Asker {
+    /// The auth user.
+    user: String,
+    /// The auth database, and its entry.
+    dbname: String,
+    entry: crate::config::DatabaseEntry,
+    /// The query, `$1` the user looked up.
+    sql: String,
+}
+
+impl Asker {
+    /// None when no auth_user applies to a login to `db` (or `db` is unknown); an error
+    /// when the auth database is the console's or is not configured.
+    fn for_login(cfg: &Config, db: &str, user: &str) -> Result<Option<Asker>, ClientError> {
+        // The console has no [databases] entry: the global settings apply to it.
+        let entry = if crate::config::names::is_admin_db(db) {
+            None
+        } else {
+            match cfg.database(db) {
+                Some(e) => Some(e),
+                // PgBouncer does not ask for a database it does not know.
+                None => return Ok(None),
+            }
+        };
+        let s = &cfg.settings;
+        let Some(auth_user) = entry
+            .as_ref()
+            .and_then(|e| e.auth_user.as_deref())
+            .or(s.auth_user.as_deref())
+        else {
+            return Ok(None);
+        };
+        let auth_dbname = entry
+            .as_ref()
+            .and_then(|e| e.auth_dbname.as_deref())
+            .or(s.auth_dbname.as_deref())
+            .unwrap_or(db);
+        if crate::config::names::is_admin_db(auth_dbname) {
+            tracing::error!(
+                %user, %db,
+                "cannot use the reserved \"{auth_dbname}\" database as an auth_dbname"
+            );
+            return Err(config_error());
+        }
+        let Some(auth_entry) = cfg.database(auth_dbname) else {
+            tracing::error!(%user, %db, "authentication database \"{auth_dbname}\" is not configured.");
+            return Err(config_error());
+        };
+        let sql = entry
+            .as_ref()
+            .and_then(|e| e.auth_query.as_deref())
+            .unwrap_or(&s.auth_query);
+        Ok(Some(Asker {
+            user: auth_user.to_string(),
+            dbname: auth_dbname.to_string(),
+            entry: auth_entry,
+            sql: sql.to_string(),
+        }))
+    }
+
+    /// Run the query for `user` on a server of the auth user's pool in the auth database:
+    /// its one row, or the error the client sees (`no such user` when there is no row).
+    async fn ask(
+        &self,
+        shared: &Arc<Shared>,
+        cfg: &Config,
+        db: &str,
+        user: &str,
+    ) -> Result<Vec<Option<String>>, ClientError> {
+        let (auth_user, auth_dbname) = (self.user.as_str(), self.dbname.as_str());
+        // Its password is auth_file's (or the entry's own when the entry forces that very user).
+        let pool = shared.pools().get_or_create(auth_dbname, auth_user, || {
+            let cred = if self.entry.user.as_deref() == Some(auth_user) {
+                super::credential_for(cfg, &self.entry, auth_user, None)
+            } else {
+                match cfg.auth.users.get(auth_user) {
+                    Some(Secret::Plain(p)) => Credential::Plain(p.clone()),
+                    Some(Secret::Md5(h)) => Credential::Md5Hash(h.clone()),
+                    _ => Credential::None,
+                }
+            };
+            crate::shared::pool_settings(cfg, &self.entry, auth_user, cred, shared)
+        });
+        if shared.admin().is_paused(auth_dbname) && !pool.counts().paused {
+            pool.pause();
+        }
+        let deadline =
+            crate::config::enabled(pool.settings().query_wait_timeout).map(|d| Instant::now() + d);
+        let mut server = pool.checkout(deadline).await.map_err(|e| match e {
+            crate::pool::CheckoutError::Server(se) => {
+                tracing::warn!(%user, %db, "auth_query: no server for {auth_user} in {auth_dbname}: {se}");
+                let (code, msg) = se.client_error();
+                ClientError::fatal(super::static_code(&code), msg)
+            }
+            other => ClientError::fatal("08P01", other.to_string()),
+        })?;
+        let row = query::first_row(
+            &mut server,
+            &self.sql,
+            &[Some(user)],
+            AUTH_QUERY_MESSAGE_LIMIT,
+        )
+        .await;
+        drop(server);
+        match row {
+            Ok(Some(row)) => Ok(row),
+            Ok(None) => {
+                tracing::info!(%db, "no such user: {user}");
+                Err(ClientError::fatal("08P01", "no such user".into()))
+            }
+            Err(ServerError::Rejected(e)) => {
+                tracing::error!(%user, %db, "error in auth_query: {} {}: {}", e.severity, e.code, e.message);
+                Err(config_error())
+            }
+            Err(e) => {
+                tracing::error!(%user, %db, "auth_query failed: {e}");
+                Err(config_error())
+            }
+        }
+    }
 }
 
 /// The secret in an auth_query row `(name, secret)`: None for a NULL, empty, too long or

@@ -2,9 +2,9 @@
 //! peer instance that owns the key.
 use std::sync::Arc;
 
-use crate::app::Shared;
 use crate::peers::key;
 use crate::server::connect::send_cancel;
+use crate::shared::Shared;
 
 /// Handle a CancelRequest carrying a client's key. Unknown keys and idle clients: ignored.
 ///
@@ -13,17 +13,17 @@ use crate::server::connect::send_cancel;
 /// naming another peer goes to that peer with one hop of its TTL spent (none left: dropped).
 /// `from` is the connection that carried the request (its id and address, for the log).
 pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
-    let own = shared.peers.own_id();
-    let client = shared.clients.find(k).or_else(|| {
+    let own = shared.peers().own_id();
+    let client = shared.clients().find(k).or_else(|| {
         // Our keys are handed out with a full TTL; a forwarded one has spent some.
         (own > 0)
-            .then(|| shared.clients.find(key::as_issued(k)))
+            .then(|| shared.clients().find(key::as_issued(k)))
             .flatten()
     });
     let Some(client) = client else {
         let target = key::peer_id(k);
         // Our own id: another DNS member may share it (a collision) and own the key.
-        let twin = target == own && shared.peers.has_twins(own);
+        let twin = target == own && shared.peers().has_twins(own);
         if own == 0 || target == 0 || (target == own && !twin) {
             tracing::debug!("cancel request with unknown key ignored");
             return;
@@ -32,8 +32,8 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
             tracing::debug!("failed to forward cancel request because its TTL was exhausted");
             return;
         };
-        let wait = shared.config.load().settings.cancel_wait_timeout;
-        shared.peers.forward(target, spent, wait).await;
+        let wait = shared.config().settings.cancel_wait_timeout;
+        shared.peers().forward(target, spent, wait).await;
         return;
     };
     let Some((addr, server_key)) = client.cancel_target() else {
@@ -45,7 +45,7 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
     };
     let started = std::time::Instant::now();
     let send = send_cancel(&addr, server_key);
-    let sent = match crate::config::enabled(shared.config.load().settings.cancel_wait_timeout) {
+    let sent = match crate::config::enabled(shared.config().settings.cancel_wait_timeout) {
         Some(limit) => tokio::time::timeout(limit, send).await,
         None => Ok(send.await),
     };

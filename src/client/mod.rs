@@ -1,12 +1,8 @@
 //! One task per client: startup and auth, then the transaction loop.
 pub mod aborted;
-pub mod accept;
 pub mod auth_query;
 pub mod cancel;
-pub mod counts;
-pub mod logins;
 pub mod notify;
-pub mod registry;
 pub mod relay;
 pub mod renamed;
 pub mod replication;
@@ -18,19 +14,24 @@ pub mod transaction;
 // Below client/ and server/ now; the old paths stay for the relay files (issue 20, item 1).
 pub use crate::sql::classify;
 pub use crate::statements as prepared;
+// The shared bookkeeping of clients lives below client/ (admin/ and takeover/ read it too).
+pub use crate::shared::{counts, logins, registry};
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::app::Shared;
 use crate::config::{self, Config, DatabaseEntry};
 use crate::net::conn::ConnError;
 use crate::net::{Conn, Stream};
 use crate::pool::Pool;
 use crate::proto::{ProtoError, backend, startup::parse_options};
 use crate::server::{Credential, Params};
+use crate::shared::Shared;
+use crate::shared::console::Role;
+use crate::shared::credential_for;
 use registry::{ClientState, Registration};
 use session::VirtualSession;
+use tokio_util::sync::CancellationToken;
 
 /// Why a client is being let go.
 #[derive(Debug, thiserror::Error)]
@@ -99,46 +100,110 @@ impl Client {
     }
 }
 
-/// Serve one client connection from its first byte to its last.
-pub async fn run(shared: Arc<Shared>, stream: Stream, id: u64) {
-    let cfg = shared.config.load_full();
-    // Boxed: the login's state is gone once the client is in, and is not part of the task
-    // every idle client keeps.
-    let Some(client) = Box::pin(enter(shared, stream, id, &cfg)).await else {
-        return;
-    };
-    serve(client).await;
+/// Where an accepted connection's login led. Boxed: what a client task keeps for its
+/// whole life is the session that serves it, not room for this too.
+pub enum Arrival {
+    /// A client of a pool, logged in: `takeover::serve` serves it.
+    Client(Box<Client>),
+    /// A console user, logged in, listed and counted: `admin::serve` runs the session.
+    Console(Box<Console>),
 }
 
-/// Serve a logged-in client (or one that moved in from the process this one took over
-/// from) until it leaves, or moves on to the process that takes over from this one.
-pub async fn serve(mut client: Client) {
-    let result = loop {
-        match transaction::run(&mut client).await {
-            Ok(transaction::Exit::Handover) => {
-                match crate::takeover::hand_over(&mut client).await {
-                    Ok(()) => {
-                        tracing::debug!(
-                            client = client.reg.handle.id,
-                            "handed over to the new process"
-                        );
-                        return;
-                    }
-                    Err(why) => {
-                        tracing::info!(client = client.reg.handle.id, "client stays: {why}");
-                        client
-                            .reg
-                            .handle
-                            .set_handover(Some(format!("stays: {why}")));
-                        client.stays = Some(why);
-                    }
-                }
-            }
-            Ok(transaction::Exit::Left) => break Ok(()),
-            Err(e) => break Err(e),
+/// A console session about to run. Listed in SHOW CLIENTS as PgBouncer lists console
+/// connections (database pgbouncer, active); KILL_CLIENT and shutdowns end it (`kill`).
+pub struct Console {
+    pub shared: Arc<Shared>,
+    pub conn: Conn,
+    pub user: String,
+    pub role: Role,
+    pub kill: CancellationToken,
+    reg: Registration,
+    counted: counts::Counted,
+    id: u64,
+    peer: String,
+    born: Instant,
+    /// log_connections when it logged in.
+    log: bool,
+}
+
+impl Console {
+    /// The session is over: gone from the lists and counts; an error is reported as a
+    /// failed login is.
+    pub async fn end(self, result: Result<(), ClientError>) {
+        let Console {
+            mut conn,
+            reg,
+            counted,
+            id,
+            peer,
+            born,
+            log,
+            ..
+        } = self;
+        drop((reg, counted));
+        if let Err(e) = result
+            && report(&mut conn, &e, id, &peer, log, born.elapsed())
+        {
+            conn.close().await;
         }
-    };
-    let cfg = client.shared.config.load_full();
+    }
+}
+
+/// Log one accepted connection in: the client or console session it became, or None (a
+/// cancel request, a replication connection served to its end, or a login that failed
+/// and was told why).
+pub async fn arrive(shared: Arc<Shared>, stream: Stream, id: u64) -> Option<Arrival> {
+    let cfg = shared.config_full();
+    // Boxed: the login's state is gone once the client is in, and is not part of the task
+    // every idle client keeps.
+    Box::pin(enter(shared, stream, id, &cfg)).await
+}
+
+/// Serve a logged-in client until it leaves (its result), or until, idle during an online
+/// restart, it is to move to the new process (None: `takeover::serve` hands it over).
+pub async fn serve_here(client: &mut Client) -> Option<Result<(), ClientError>> {
+    match transaction::run(client).await {
+        Ok(transaction::Exit::Handover) => None,
+        Ok(transaction::Exit::Left) => Some(Ok(())),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// Why a client cannot move to the new process now (None: it can).
+pub fn stays_because(c: &Client) -> Option<&'static str> {
+    if c.pool.settings().mode == config::PoolMode::Session {
+        return Some("session pooling mode");
+    }
+    if c.session.pin.is_some() {
+        return Some("pinned to its server");
+    }
+    if c.listening.is_listening() {
+        return Some("listening");
+    }
+    if c.session.statements.values().any(|s| s.depends.is_some()) {
+        return Some("a prepared statement runs another");
+    }
+    // Exhaustive on purpose: a new transport (TLS) must say whether it can move. A TLS
+    // client's session keys cannot be carried yet: it stays (README, "Online restart").
+    match &c.conn.stream {
+        Stream::Tcp(_) | Stream::Unix(_) => None,
+        Stream::TlsIn(_) | Stream::TlsOut(_) => Some("TLS"),
+        Stream::Gone => Some("no socket"),
+    }
+}
+
+impl Client {
+    /// A handover failed: the client stays with this process (why: in SHOW CLIENTS too).
+    pub fn stay(&mut self, why: String) {
+        tracing::info!(client = self.reg.handle.id, "client stays: {why}");
+        self.reg.handle.set_handover(Some(format!("stays: {why}")));
+        self.stays = Some(why);
+    }
+}
+
+/// A client left (Ok) or is let go (Err): logged, told why, its place given back.
+pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
+    let cfg = client.shared.config_full();
     let id = client.reg.handle.id;
     client
         .session
@@ -187,12 +252,12 @@ pub async fn serve(mut client: Client) {
 
 /// Startup, authentication and pool lookup: the client, its user and database, or None
 /// (a cancel request, or a login that failed and was told why).
-async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Client> {
+async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Option<Arrival> {
     let born = Instant::now();
     let peer = &stream.peer();
     tracing::debug!(client = id, addr = %peer, "new client connection");
     let mut conn = Conn::new(stream);
-    let ticket = shared.pending_logins.enter(id);
+    let ticket = shared.pending_logins().enter(id);
     let login = async {
         let login = async {
             match config::enabled(cfg.settings.client_login_timeout) {
@@ -214,36 +279,33 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     };
     let entered = login.await;
     drop(ticket);
-    let entered = match entered {
-        Ok(Entered::Admin(user, role, _counted)) => {
-            // Listed in SHOW CLIENTS as PgBouncer lists console connections (database
-            // pgbouncer, active), and KILL_CLIENT / shutdown end it like any client.
-            let kill = shared.stop_clients.child_token();
-            let reg = shared.clients.register(
-                id,
-                peer.to_string(),
-                user.clone(),
-                "pgbouncer".into(),
-                kill.clone(),
-            );
-            if let Some(tls) = conn.stream.tls_info() {
-                reg.handle.set_tls(tls);
-            }
-            reg.handle.set_state(ClientState::Active);
-            // The console session runs without the login's deadline.
-            let session = crate::admin::run(&shared, &mut conn, &user, role);
-            let result = tokio::select! {
-                r = session => r,
-                _ = kill.cancelled() => Ok(()),
-            };
-            // A console error is reported below, as a failed login is.
-            match result {
-                Ok(()) => return None,
-                Err(e) => Err(e),
-            }
+    if let Ok(Entered::Admin(user, role, counted)) = entered {
+        let kill = shared.stop_clients().child_token();
+        let reg = shared.clients().register(
+            id,
+            peer.to_string(),
+            user.clone(),
+            "pgbouncer".into(),
+            kill.clone(),
+        );
+        if let Some(tls) = conn.stream.tls_info() {
+            reg.handle.set_tls(tls);
         }
-        other => other,
-    };
+        reg.handle.set_state(ClientState::Active);
+        return Some(Arrival::Console(Box::new(Console {
+            shared,
+            conn,
+            user,
+            role,
+            kill,
+            reg,
+            counted,
+            id,
+            peer: peer.to_string(),
+            born,
+            log: cfg.settings.log_connections,
+        })));
+    }
     let (user, db, pool, session, reg, counted) = match entered {
         Ok(Entered::Client(l)) => *l,
         Ok(Entered::Replication(server, _slot, _counted)) => {
@@ -255,7 +317,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
                 r = replication::run(&mut conn, server) => if let Err(e) = r {
                     tracing::debug!(client = id, "replication connection ended: {e}");
                 },
-                _ = shared.stop_clients.cancelled() => {
+                _ = shared.stop_clients().cancelled() => {
                     tracing::debug!(client = id, "replication connection closed: shutting down");
                 }
             }
@@ -283,7 +345,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
         tracing::info!(client = id, %db, %user, addr = %peer,
             "login attempt: db={db} user={user} tls={tls} replication=no");
     }
-    Some(Client::new(shared, conn, pool, session, reg, counted))
+    Some(Arrival::Client(Box::new(Client::new(
+        shared, conn, pool, session, reg, counted,
+    ))))
 }
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error
@@ -335,7 +399,7 @@ fn count_client(
     } else {
         db
     };
-    let counted = shared.client_counts.enter(db, user);
+    let counted = shared.client_counts().enter(db, user);
     let max_db = cfg.max_db_client_connections_for(db);
     let console_admin =
         crate::config::names::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
@@ -360,7 +424,7 @@ enum Entered {
     /// A client of a pool.
     Client(Box<Login>),
     /// A console user, logged in (and counted on database `pgbouncer`).
-    Admin(String, crate::admin::Role, counts::Counted),
+    Admin(String, Role, counts::Counted),
     /// A replication connection with its own server.
     Replication(
         Box<crate::server::Server>,
@@ -378,11 +442,11 @@ async fn login(
     id: u64,
     cfg: &Config,
 ) -> Result<Entered, ClientError> {
-    let tls = shared.tls.load().accept.clone();
+    let tls = shared.tls().accept.clone();
     let params = match startup::hello(conn, tls.as_deref()).await? {
         startup::Hello::Cancel(key) => {
             // Online restart: a client still with the old process is cancelled there.
-            if shared.clients.find(key).is_none() && shared.restart.forward_cancel(key) {
+            if shared.clients().find(key).is_none() && shared.restart().forward_cancel(key) {
                 return Ok(Entered::Done);
             }
             cancel::handle(shared, key, (id, peer)).await;
@@ -390,7 +454,7 @@ async fn login(
         }
         startup::Hello::Startup(p) => p,
     };
-    shared.pending_logins.started(id);
+    shared.pending_logins().started(id);
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user =
         get("user").ok_or_else(|| ClientError::fatal("08P01", "no user name given".into()))?;
@@ -423,7 +487,7 @@ async fn login(
     let entry = cfg
         .database(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
-    if shared.admin.is_disabled(&db) {
+    if shared.admin().is_disabled(&db) {
         return Err(ClientError::fatal(
             "08P01",
             format!("database \"{db}\" is disabled"),
@@ -471,9 +535,9 @@ async fn console_login(
 ) -> Result<Entered, ClientError> {
     if user == "pgbouncer" && conn.stream.peer_is_same_os_user() {
         let counted = count_client(shared, cfg, db, &user)?;
-        return Ok(Entered::Admin(user, crate::admin::Role::Admin, counted));
+        return Ok(Entered::Admin(user, Role::Admin, counted));
     }
-    let role = crate::admin::role_of(cfg, &user).ok_or_else(|| {
+    let role = crate::shared::console::role_of(cfg, &user).ok_or_else(|| {
         ClientError::fatal(
             "28000",
             format!("not allowed to connect to the admin console: {user}"),
@@ -498,12 +562,12 @@ fn pool_for(
         server_user,
         entry,
     } = who;
-    let pool = shared.pools.get_or_create(db, server_user, || {
+    let pool = shared.pools().get_or_create(db, server_user, || {
         if !cfg.databases.contains_key(db) {
             // PgBouncer's words for a database made from the `*` entry.
             tracing::info!("registered new auto-database: {db}");
         }
-        crate::app::pool_settings(
+        crate::shared::pool_settings(
             cfg,
             entry,
             server_user,
@@ -511,7 +575,7 @@ fn pool_for(
             shared,
         )
     });
-    if shared.admin.is_paused(db) && !pool.counts().paused {
+    if shared.admin().is_paused(db) && !pool.counts().paused {
         pool.pause();
     }
     if let Some(c) = learned
@@ -554,7 +618,7 @@ async fn replication_server(
     } = who;
     {
         let cred = credential_for(cfg, entry, server_user, learned);
-        let settings = crate::app::pool_settings(cfg, entry, server_user, cred, shared);
+        let settings = crate::shared::pool_settings(cfg, entry, server_user, cred, shared);
         let mut target = settings.target;
         target
             .startup_params
@@ -571,7 +635,7 @@ async fn replication_server(
             .checkout_slot(deadline)
             .await
             .map_err(|e| ClientError::fatal("08P01", e.to_string()))?;
-        let server_id = shared.pools.socket_ids.next();
+        let server_id = shared.pools().socket_ids.next();
         let connect = crate::server::connect::connect(
             &target,
             db,
@@ -652,10 +716,11 @@ fn open_session(
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
     session.pool_scope = session::pool_scope(pool);
-    let kill = shared.stop_clients.child_token();
-    let reg = shared
-        .clients
-        .register(id, peer.to_string(), user.to_string(), db.to_string(), kill);
+    let kill = shared.stop_clients().child_token();
+    let reg =
+        shared
+            .clients()
+            .register(id, peer.to_string(), user.to_string(), db.to_string(), kill);
     session.backend_pid = reg.handle.key.0;
     (session, reg)
 }
@@ -735,32 +800,6 @@ fn session_params(
         out.set("application_name", &format!("{app} - {peer}"));
     }
     Ok(out)
-}
-
-/// What the pool logs in to the server with: the entry's password, else auth_file's
-/// secret; for a SCRAM verifier, or a user auth_query found, what a client's login taught
-/// (`learned`: SCRAM keys from its proof, or the md5 hash auth_query returned).
-pub(crate) fn credential_for(
-    cfg: &Config,
-    entry: &DatabaseEntry,
-    server_user: &str,
-    learned: Option<Credential>,
-) -> Credential {
-    if let Some(pw) = &entry.password {
-        return Credential::Plain(pw.clone());
-    }
-    match (cfg.auth.users.get(server_user), learned) {
-        (Some(crate::config::Secret::Plain(p)), _) => Credential::Plain(p.clone()),
-        (Some(crate::config::Secret::Md5(h)), _) => Credential::Md5Hash(h.clone()),
-        (Some(crate::config::Secret::Scram(_)), Some(c @ Credential::ScramKeys { .. }))
-            if entry.user.is_none() =>
-        {
-            c
-        }
-        (Some(crate::config::Secret::Scram(_)), _) => Credential::ScramVerifier,
-        (None, Some(c)) if entry.user.is_none() => c,
-        _ => Credential::None,
-    }
 }
 
 /// SQLSTATEs are 5 ASCII chars; keep well-known ones static, others as generic failure.

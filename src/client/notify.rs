@@ -456,20 +456,20 @@ fn prepare_request(buf: &[u8]) -> Result<Option<Prepare>, proto::ProtoError> {
 /// Answer a named Parse of a statement we answer: the name goes into the client's virtual
 /// session (a later Bind of it is answered here, or prepares it on a server as any other).
 fn prepare(c: &mut Client, p: Prepare) -> Local {
-    let max = c.shared.config.load().settings.client_max_statements;
+    let max = c.shared.config().settings.client_max_statements;
     if c.session.statements.len() >= max {
         return Local::NeedServer;
     }
     let rest = &c.conn.rbuf[p.rest.clone()];
     let scope = c.session.statement_scope(rest);
-    let Ok(stmt) = c.shared.statements.intern(&scope, rest) else {
+    let Ok(stmt) = c.shared.statements().intern(&scope, rest) else {
         // The registry is full: the relay gives the client the registry's error.
         return Local::NeedServer;
     };
     let msgs = c.conn.rbuf.split_to(p.len).freeze();
     let name = msgs.slice(p.name.clone());
     c.session.statements.insert(name.clone(), stmt);
-    let generation = c.shared.statements.changes_seen();
+    let generation = c.shared.statements().changes_seen();
     c.session.parsed_name(name, generation);
     let mut out = BytesMut::new();
     backend::parse_complete(&mut out);
@@ -594,7 +594,7 @@ pub(super) async fn answer(
 
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.
 async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
-    let limit = c.shared.config.load().settings.notify_queue_limit;
+    let limit = c.shared.config().settings.notify_queue_limit;
     let (id, pool) = (c.reg.handle.id, c.pool.clone());
     let state = c.listening.state();
     let inbox = state.inbox.get_or_insert_with(|| Inbox::new(limit)).clone();

@@ -147,7 +147,7 @@ pub struct Relay<'a> {
     /// changed database entry marks the server, the session ends as soon as the server is
     /// idle (between transactions) instead of at the client's exit.
     /// (read when the mark comes: the setting may change while a session lasts).
-    pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::app::Shared)>,
+    pub fast_close: Option<(&'a crate::pool::Pool, &'a crate::shared::Shared)>,
     /// disable_pqexec: a simple Query ends the client (PgBouncer's "PQexec disallowed").
     pub disable_pqexec: bool,
     /// The client listens through the pool's listener: a transaction that may have sent
@@ -284,7 +284,7 @@ impl<'a> Relay<'a> {
         let fast_close = self.fast_close;
         let must_close = |server: &Server| {
             fast_close.is_some_and(|(p, shared)| {
-                shared.config.load().settings.server_fast_close && p.close_needed(server)
+                shared.config().settings.server_fast_close && p.close_needed(server)
             })
         };
         let closing = std::sync::atomic::AtomicBool::new(must_close(self.server));

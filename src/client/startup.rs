@@ -7,7 +7,6 @@ use bytes::BytesMut;
 use sha2::Digest as _;
 
 use super::ClientError;
-use crate::app::Shared;
 use crate::auth::{md5, scram};
 use crate::config::{AuthType, Secret};
 use crate::net::conn::ConnError;
@@ -16,6 +15,7 @@ use crate::net::tls::{Accept, SslMode};
 use crate::net::{Conn, Stream};
 use crate::proto::{backend, frontend, startup};
 use crate::server::Credential;
+use crate::shared::Shared;
 
 /// Longest auth message a client may send.
 const AUTH_MESSAGE_LIMIT: usize = 8 * 1024;
@@ -182,7 +182,7 @@ pub async fn authenticate(
     };
     if result.is_err() && dynamic {
         // The password may have changed since: ask PostgreSQL again next time.
-        shared.dynamic_users.forget(db, user);
+        shared.dynamic_users().forget(db, user);
     }
     result
 }
@@ -211,12 +211,6 @@ async fn check(
     known: bool,
     secret: Option<&Secret>,
 ) -> Result<Option<Credential>, ClientError> {
-    let fail = || {
-        ClientError::fatal(
-            "28P01",
-            format!("password authentication failed for user \"{user}\""),
-        )
-    };
     // An unknown user (no secret) goes through the same exchange as a known one with a
     // wrong password, and fails only at its end: no user enumeration by reply or timing.
     match auth_type {
@@ -228,92 +222,126 @@ async fn check(
         )),
         AuthType::Trust => Ok(secret_credential(secret)),
         AuthType::Any => Ok(None),
-        AuthType::Plain => {
-            conn.queue_with(backend::authentication_cleartext);
-            conn.flush().await?;
-            let pw = read_password(conn).await?;
-            match secret {
-                None => Err(fail()),
-                Some(Secret::Plain(p)) => {
-                    if subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into() {
-                        Ok(secret_credential(secret))
-                    } else {
-                        Err(fail())
-                    }
-                }
-                Some(Secret::Md5(h)) => {
-                    let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
-                    if subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into() {
-                        Ok(secret_credential(secret))
-                    } else {
-                        Err(fail())
-                    }
-                }
-                Some(Secret::Scram(v)) => {
-                    // The keys of this verifier (PBKDF2 off the reactor, memoised): they
-                    // also log in to a server holding the same verifier.
-                    let pw = String::from_utf8_lossy(&pw);
-                    let (client_key, server_key) = shared
-                        .scram
-                        .client_keys_async(&pw, &v.salt, v.iterations)
-                        .await;
-                    let stored_key: [u8; 32] = sha2::Sha256::digest(client_key).into();
-                    let ok: bool =
-                        subtle::ConstantTimeEq::ct_eq(&stored_key[..], &v.stored_key[..]).into();
-                    if ok && server_key == v.server_key {
-                        Ok(Some(Credential::ScramKeys {
-                            client_key,
-                            server_key,
-                        }))
-                    } else {
-                        Err(fail())
-                    }
-                }
-            }
-        }
-        AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
-            let hash = match secret {
-                Some(Secret::Plain(p)) => md5::password_hash(user, p),
-                Some(Secret::Md5(h)) => h.clone(),
-                Some(Secret::Scram(_)) => unreachable!("checked above"),
-                // A hash of a random password: no response matches it.
-                None => md5::password_hash(user, &format!("{:032x}", rand::random::<u128>())),
-            };
-            let salt: [u8; 4] = rand::random();
-            conn.queue_with(|b| backend::authentication_md5(b, salt));
-            conn.flush().await?;
-            let pw = read_password(conn).await?;
-            if md5::verify_response(&hash, salt, &pw) && secret.is_some() {
-                Ok(secret_credential(secret))
-            } else {
-                Err(fail())
-            }
-        }
-        AuthType::Md5 | AuthType::ScramSha256 => {
-            let verifier = match secret {
-                Some(Secret::Plain(p)) => shared.scram.verifier_for_plain_async(user, p).await,
-                Some(Secret::Scram(v)) => v.clone(),
-                Some(Secret::Md5(_)) => return Err(fail()),
-                None => shared.scram.dummy_verifier(user),
-            };
-            // A failed SCRAM exchange in PgBouncer's words.
-            let sasl_fail = || ClientError::fatal("28P01", "SASL authentication failed".into());
-            let learned = scram_exchange(conn, verifier, &sasl_fail).await?;
-            if secret.is_none() {
-                return Err(sasl_fail());
-            }
-            match secret {
-                // The verifier was made here: the password itself logs in to the server.
-                Some(Secret::Plain(_)) => Ok(secret_credential(secret)),
-                _ => Ok(learned),
-            }
-        }
+        AuthType::Plain => plain_login(shared, conn, user, secret).await,
+        AuthType::Md5 => md5_login(shared, conn, user, secret).await,
+        AuthType::ScramSha256 => scram_login(shared, conn, user, secret).await,
         AuthType::Cert => cert_login(conn, cfg, db, user, map, known),
         // Resolved to a rule's method by `authenticate`.
         AuthType::Hba => Err(ClientError::fatal(
             "28000",
             "no authentication method is found".into(),
         )),
+    }
+}
+
+/// A password login that failed, in PostgreSQL's words.
+fn password_failed(user: &str) -> ClientError {
+    ClientError::fatal(
+        "28P01",
+        format!("password authentication failed for user \"{user}\""),
+    )
+}
+
+/// The `plain` method: the password in clear, compared with the secret of whatever kind.
+async fn plain_login(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Option<Credential>, ClientError> {
+    let fail = || password_failed(user);
+    conn.queue_with(backend::authentication_cleartext);
+    conn.flush().await?;
+    let pw = read_password(conn).await?;
+    match secret {
+        None => Err(fail()),
+        Some(Secret::Plain(p)) => {
+            if subtle::ConstantTimeEq::ct_eq(p.as_bytes(), pw.as_slice()).into() {
+                Ok(secret_credential(secret))
+            } else {
+                Err(fail())
+            }
+        }
+        Some(Secret::Md5(h)) => {
+            let given = md5::password_hash(user, &String::from_utf8_lossy(&pw));
+            if subtle::ConstantTimeEq::ct_eq(given.as_bytes(), h.as_bytes()).into() {
+                Ok(secret_credential(secret))
+            } else {
+                Err(fail())
+            }
+        }
+        Some(Secret::Scram(v)) => {
+            // The keys of this verifier (PBKDF2 off the reactor, memoised): they
+            // also log in to a server holding the same verifier.
+            let pw = String::from_utf8_lossy(&pw);
+            let (client_key, server_key) = shared
+                .scram()
+                .client_keys_async(&pw, &v.salt, v.iterations)
+                .await;
+            let stored_key: [u8; 32] = sha2::Sha256::digest(client_key).into();
+            let ok: bool = subtle::ConstantTimeEq::ct_eq(&stored_key[..], &v.stored_key[..]).into();
+            if ok && server_key == v.server_key {
+                Ok(Some(Credential::ScramKeys {
+                    client_key,
+                    server_key,
+                }))
+            } else {
+                Err(fail())
+            }
+        }
+    }
+}
+
+/// The `md5` method against a plain password or an md5 hash; against a SCRAM verifier,
+/// SCRAM (as PgBouncer: the md5 exchange cannot check one).
+async fn md5_login(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Option<Credential>, ClientError> {
+    let hash = match secret {
+        Some(Secret::Plain(p)) => md5::password_hash(user, p),
+        Some(Secret::Md5(h)) => h.clone(),
+        Some(Secret::Scram(_)) => return scram_login(shared, conn, user, secret).await,
+        // A hash of a random password: no response matches it.
+        None => md5::password_hash(user, &format!("{:032x}", rand::random::<u128>())),
+    };
+    let salt: [u8; 4] = rand::random();
+    conn.queue_with(|b| backend::authentication_md5(b, salt));
+    conn.flush().await?;
+    let pw = read_password(conn).await?;
+    if md5::verify_response(&hash, salt, &pw) && secret.is_some() {
+        Ok(secret_credential(secret))
+    } else {
+        Err(password_failed(user))
+    }
+}
+
+/// SCRAM-SHA-256 (`scram-sha-256`, or `md5` with a SCRAM secret) against a plain
+/// password or a SCRAM verifier.
+async fn scram_login(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Option<Credential>, ClientError> {
+    let verifier = match secret {
+        Some(Secret::Plain(p)) => shared.scram().verifier_for_plain_async(user, p).await,
+        Some(Secret::Scram(v)) => v.clone(),
+        Some(Secret::Md5(_)) => return Err(password_failed(user)),
+        None => shared.scram().dummy_verifier(user),
+    };
+    // A failed SCRAM exchange in PgBouncer's words.
+    let sasl_fail = || ClientError::fatal("28P01", "SASL authentication failed".into());
+    let learned = scram_exchange(conn, verifier, &sasl_fail).await?;
+    if secret.is_none() {
+        return Err(sasl_fail());
+    }
+    match secret {
+        // The verifier was made here: the password itself logs in to the server.
+        Some(Secret::Plain(_)) => Ok(secret_credential(secret)),
+        _ => Ok(learned),
     }
 }
 

@@ -16,8 +16,8 @@ use crate::net::conn::ConnError;
 use crate::pool::{CheckoutError, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
+use crate::shared::restart::{Phase, PhaseWatch};
 use crate::stats::PoolStats;
-use crate::takeover::{Phase, PhaseWatch};
 
 /// How a client's transaction loop ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,13 +35,13 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let kill = c.reg.handle.kill.clone().cancelled_owned();
     tokio::pin!(kill);
     // Online restart (SUSPEND, HANDOVER), watched for the client's whole life.
-    let mut phase = c.shared.restart.watch();
+    let mut phase = c.shared.restart().watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
     // A transaction whose server was lost: the failed block pgcarpool plays.
     let mut aborted: Option<super::aborted::Aborted> = None;
     loop {
-        let cfg = c.shared.config.load_full();
+        let cfg = c.shared.config_full();
         // A pinned client that also listens through the pool's listener waits here too, to
         // be given its notifications between transactions.
         if held.is_none() || c.listening.is_listening() {
@@ -359,11 +359,11 @@ async fn relay_once(
         server,
         &mut c.session,
         mode,
-        &c.shared.statements,
+        c.shared.statements(),
         pool_settings.max_prepared_statements,
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
-    relay.pools = Some(&c.shared.pools);
+    relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
     if keep_first {
@@ -428,7 +428,7 @@ async fn after_transaction(
     let reset_all = effects.reset_all && !effects.discard_all;
     let hidden = reset_all
         || effects.gucs_unknown
-        || (effects.calls && c.shared.config.load().settings.check_function_calls);
+        || (effects.calls && c.shared.config().settings.check_function_calls);
     let names = read_back_names(c, server, effects, reset_all, hidden);
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
@@ -444,7 +444,7 @@ async fn after_transaction(
             }
         }
     }
-    let max_settings = c.shared.config.load().settings.client_max_settings;
+    let max_settings = c.shared.config().settings.client_max_settings;
     if c.session.params.len() > max_settings {
         server.discard = true;
         return Ok(Err(ClientError::fatal(
@@ -587,7 +587,7 @@ async fn wait_for_request(
             if tag == frontend::TERMINATE {
                 return Ok(Wait::Terminate);
             }
-            if tag == frontend::QUERY && c.shared.config.load().settings.disable_pqexec {
+            if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
                 return Err(pqexec_disallowed());
             }
             if pinned {
@@ -614,7 +614,7 @@ async fn wait_for_request(
         let now = phase.current();
         // In a failed block it moves once the block is over.
         if now == Phase::HandingOver && c.stays.is_none() && aborted.is_none() {
-            match crate::takeover::stays_because(c) {
+            match super::stays_because(c) {
                 None => return Ok(Wait::Handover),
                 Some(why) => {
                     c.reg.handle.set_handover(Some(format!("stays: {why}")));
@@ -707,7 +707,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                     && !classify::may_matter(r.cstr_bytes()?)
                     && !c.session.statements.contains_key(name)
                     && c.shared
-                        .statements
+                        .statements()
                         .lookup(
                             &c.session.statement_scope(&body[name.len() + 1..]),
                             &body[name.len() + 1..],
@@ -754,7 +754,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                 let rest = &body[name_len + 1..];
                 let stmt = c
                     .shared
-                    .statements
+                    .statements()
                     .intern(&c.session.statement_scope(rest), rest)
                     .map_err(|e| {
                         ClientError::fatal(
@@ -764,7 +764,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                     })?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
                 PoolStats::add(&c.pool.stats.client_parse_count, 1);
-                let generation = c.shared.statements.changes_seen();
+                let generation = c.shared.statements().changes_seen();
                 c.session.parsed_name(body.slice(..name_len), generation);
                 c.conn.queue_with(backend::parse_complete);
             }
@@ -786,7 +786,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
 }
 
 fn cfg_max_statements(c: &Client) -> usize {
-    c.shared.config.load().settings.client_max_statements
+    c.shared.config().settings.client_max_statements
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
@@ -895,7 +895,7 @@ async fn checkout(
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
-    if c.shared.stop_transactions.is_cancelled() {
+    if c.shared.stop_transactions().is_cancelled() {
         return Err(shutting_down());
     }
     if let Some(s) = c.pool.checkout_now() {
@@ -944,7 +944,7 @@ async fn wait_for_server(
     );
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
     let pool = c.pool.clone();
-    let draining = c.shared.stop_transactions.clone();
+    let draining = c.shared.stop_transactions().clone();
     let mut draining = std::pin::pin!(draining.cancelled_owned());
     let mut fut = std::pin::pin!(pool.checkout(None));
     let next = |notify_at: Option<Instant>| [notify_at, deadline].into_iter().flatten().min();

@@ -122,155 +122,158 @@ pub fn may_matter(sql: &[u8]) -> bool {
     false
 }
 
+/// The well-known built-ins and keywords that may stand before a `(` without making a
+/// statement call something unknown (`calls_unknown`).
+const KNOWN_CALLS: &[&[u8]] = &[
+    b"abs",
+    b"age",
+    b"all",
+    b"and",
+    b"any",
+    b"array",
+    b"array_agg",
+    b"array_length",
+    b"array_to_string",
+    b"as",
+    b"avg",
+    b"bool_and",
+    b"bool_or",
+    b"btrim",
+    b"by",
+    b"cardinality",
+    b"case",
+    b"cast",
+    b"ceil",
+    b"char",
+    b"character",
+    b"check",
+    b"coalesce",
+    b"concat",
+    b"concat_ws",
+    b"count",
+    b"current_setting",
+    b"currval",
+    b"date_part",
+    b"date_trunc",
+    b"decimal",
+    b"decode",
+    b"default",
+    b"dense_rank",
+    b"else",
+    b"encode",
+    b"except",
+    b"exists",
+    b"extract",
+    b"filter",
+    b"float",
+    b"floor",
+    b"format",
+    b"from",
+    b"gen_random_uuid",
+    b"generate_series",
+    b"greatest",
+    b"group",
+    b"grouping",
+    b"having",
+    b"in",
+    b"index",
+    b"intersect",
+    b"interval",
+    b"into",
+    b"join",
+    b"json_agg",
+    b"json_build_array",
+    b"json_build_object",
+    b"jsonb_agg",
+    b"jsonb_build_array",
+    b"jsonb_build_object",
+    b"jsonb_set",
+    b"key",
+    b"lag",
+    b"lateral",
+    b"lead",
+    b"least",
+    b"left",
+    b"length",
+    b"like",
+    b"limit",
+    b"lower",
+    b"lpad",
+    b"ltrim",
+    b"make_interval",
+    b"max",
+    b"md5",
+    b"min",
+    b"mod",
+    b"nextval",
+    b"not",
+    b"now",
+    b"nullif",
+    b"numeric",
+    b"on",
+    b"or",
+    b"order",
+    b"over",
+    b"overlay",
+    b"partition",
+    b"pg_backend_pid",
+    b"pg_sleep",
+    b"position",
+    b"power",
+    b"primary",
+    b"random",
+    b"rank",
+    b"references",
+    b"regexp_replace",
+    b"repeat",
+    b"replace",
+    b"returning",
+    b"right",
+    b"round",
+    b"row",
+    b"row_number",
+    b"rows",
+    b"rpad",
+    b"rtrim",
+    b"select",
+    b"setval",
+    b"split_part",
+    b"sqrt",
+    b"string_agg",
+    b"strpos",
+    b"substr",
+    b"substring",
+    b"sum",
+    b"then",
+    b"time",
+    b"timestamp",
+    b"timestamptz",
+    b"to_char",
+    b"to_date",
+    b"to_json",
+    b"to_jsonb",
+    b"to_number",
+    b"to_timestamp",
+    b"trim",
+    b"trunc",
+    b"union",
+    b"unique",
+    b"unnest",
+    b"upper",
+    b"using",
+    b"values",
+    b"varchar",
+    b"when",
+    b"where",
+    b"window",
+    b"with",
+    b"within",
+];
+
 /// Is the text before a `(` a call of a function that may change the session out of sight:
-/// an identifier (quoted, or not one of the well-known built-ins and keywords below)?
-/// Quoting is not tracked: a false positive only costs a check.
+/// an identifier (quoted, or not one of the well-known built-ins and keywords in
+/// `KNOWN_CALLS`)? Quoting is not tracked: a false positive only costs a check.
 fn calls_unknown(before: &[u8]) -> bool {
-    const KNOWN: &[&[u8]] = &[
-        b"abs",
-        b"age",
-        b"all",
-        b"and",
-        b"any",
-        b"array",
-        b"array_agg",
-        b"array_length",
-        b"array_to_string",
-        b"as",
-        b"avg",
-        b"bool_and",
-        b"bool_or",
-        b"btrim",
-        b"by",
-        b"cardinality",
-        b"case",
-        b"cast",
-        b"ceil",
-        b"char",
-        b"character",
-        b"check",
-        b"coalesce",
-        b"concat",
-        b"concat_ws",
-        b"count",
-        b"current_setting",
-        b"currval",
-        b"date_part",
-        b"date_trunc",
-        b"decimal",
-        b"decode",
-        b"default",
-        b"dense_rank",
-        b"else",
-        b"encode",
-        b"except",
-        b"exists",
-        b"extract",
-        b"filter",
-        b"float",
-        b"floor",
-        b"format",
-        b"from",
-        b"gen_random_uuid",
-        b"generate_series",
-        b"greatest",
-        b"group",
-        b"grouping",
-        b"having",
-        b"in",
-        b"index",
-        b"intersect",
-        b"interval",
-        b"into",
-        b"join",
-        b"json_agg",
-        b"json_build_array",
-        b"json_build_object",
-        b"jsonb_agg",
-        b"jsonb_build_array",
-        b"jsonb_build_object",
-        b"jsonb_set",
-        b"key",
-        b"lag",
-        b"lateral",
-        b"lead",
-        b"least",
-        b"left",
-        b"length",
-        b"like",
-        b"limit",
-        b"lower",
-        b"lpad",
-        b"ltrim",
-        b"make_interval",
-        b"max",
-        b"md5",
-        b"min",
-        b"mod",
-        b"nextval",
-        b"not",
-        b"now",
-        b"nullif",
-        b"numeric",
-        b"on",
-        b"or",
-        b"order",
-        b"over",
-        b"overlay",
-        b"partition",
-        b"pg_backend_pid",
-        b"pg_sleep",
-        b"position",
-        b"power",
-        b"primary",
-        b"random",
-        b"rank",
-        b"references",
-        b"regexp_replace",
-        b"repeat",
-        b"replace",
-        b"returning",
-        b"right",
-        b"round",
-        b"row",
-        b"row_number",
-        b"rows",
-        b"rpad",
-        b"rtrim",
-        b"select",
-        b"setval",
-        b"split_part",
-        b"sqrt",
-        b"string_agg",
-        b"strpos",
-        b"substr",
-        b"substring",
-        b"sum",
-        b"then",
-        b"time",
-        b"timestamp",
-        b"timestamptz",
-        b"to_char",
-        b"to_date",
-        b"to_json",
-        b"to_jsonb",
-        b"to_number",
-        b"to_timestamp",
-        b"trim",
-        b"trunc",
-        b"union",
-        b"unique",
-        b"unnest",
-        b"upper",
-        b"using",
-        b"values",
-        b"varchar",
-        b"when",
-        b"where",
-        b"window",
-        b"with",
-        b"within",
-    ];
     let end = before.len();
     if before[end - 1] == b'"' {
         return true;
@@ -283,7 +286,7 @@ fn calls_unknown(before: &[u8]) -> bool {
     if name.is_empty() || name[0].is_ascii_digit() || name[0] == b'$' {
         return false;
     }
-    !KNOWN.iter().any(|k| name.eq_ignore_ascii_case(k))
+    !KNOWN_CALLS.iter().any(|k| name.eq_ignore_ascii_case(k))
 }
 
 /// Classify a query's text (simple Query or Parse). Unknown bytes are treated as "other".
@@ -310,69 +313,8 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
     let words = keywords(s, 4);
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     match w(0) {
-        "SET" => {
-            let mut i = 1;
-            match w(1) {
-                "LOCAL" => {
-                    let name = match w(2) {
-                        "ROLE" => Some("role".into()),
-                        "TIME" => Some("TimeZone".into()),
-                        "SCHEMA" => Some("search_path".into()),
-                        "SESSION" => Some("session_authorization".into()),
-                        "TRANSACTION" => return,
-                        _ => nth_token(s, 2),
-                    };
-                    return e.local_gucs.push(name.unwrap_or_else(|| "*".into()));
-                }
-                "TRANSACTION" => return,
-                "SESSION" if w(2) == "CHARACTERISTICS" => {
-                    // Read back: the server's own ParameterStatus for them is not taken
-                    // as the client's (see VirtualSession::observe_parameter).
-                    for g in SESSION_CHARACTERISTICS {
-                        e.gucs.push(g.into());
-                    }
-                    return;
-                }
-                "SESSION" if w(2) == "AUTHORIZATION" => {
-                    // It also ends a SET ROLE (the role becomes `none`): read both back.
-                    e.gucs.push("session_authorization".into());
-                    return e.gucs.push("role".into());
-                }
-                "SESSION" => i = 2,
-                _ => {}
-            }
-            match w(i) {
-                "ROLE" => e.gucs.push("role".into()),
-                "TIME" => e.gucs.push("TimeZone".into()),
-                "NAMES" => e.gucs.push("client_encoding".into()),
-                "SCHEMA" => e.gucs.push("search_path".into()),
-                "XML" => e.gucs.push("xmloption".into()),
-                "" => {}
-                _ => match nth_token(s, i) {
-                    Some(name) => e.gucs.push(name),
-                    None => e.gucs_unknown = true,
-                },
-            }
-        }
-        "RESET" => match w(1) {
-            // RESET ALL leaves these two as they are (PostgreSQL's GUC_NO_RESET_ALL):
-            // read back what they are.
-            "ALL" => {
-                e.reset_all = true;
-                e.gucs.push("session_authorization".into());
-                e.gucs.push("role".into());
-            }
-            "ROLE" => e.gucs.push("role".into()),
-            "TIME" => e.gucs.push("TimeZone".into()),
-            "SESSION" => {
-                e.gucs.push("session_authorization".into());
-                e.gucs.push("role".into());
-            }
-            _ => match nth_token(s, 1) {
-                Some(name) => e.gucs.push(name),
-                None => e.gucs_unknown = true,
-            },
-        },
+        "SET" => set(s, &words, e),
+        "RESET" => reset(s, w(1), e),
         "DISCARD" => match w(1) {
             "ALL" => {
                 e.discard_all = true;
@@ -425,22 +367,96 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
             e.ddl = true;
         }
         "DECLARE" if contains_ci(s, b"with hold") => e.pin_check = true,
-        _ => {
-            if contains_ci(s, b"set_config") {
-                match set_config_name(s) {
-                    Some(n) => e.gucs.push(n),
-                    None => e.gucs_unknown = true,
-                }
+        _ => other(s, e),
+    }
+}
+
+/// `SET …` (its first `words`, upper case): the settings it changes, for the session or
+/// (SET LOCAL) for the transaction.
+fn set(s: &[u8], words: &[String], e: &mut Effects) {
+    let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
+    let mut i = 1;
+    match w(1) {
+        "LOCAL" => {
+            let name = match w(2) {
+                "ROLE" => Some("role".into()),
+                "TIME" => Some("TimeZone".into()),
+                "SCHEMA" => Some("search_path".into()),
+                "SESSION" => Some("session_authorization".into()),
+                "TRANSACTION" => return,
+                _ => nth_token(s, 2),
+            };
+            return e.local_gucs.push(name.unwrap_or_else(|| "*".into()));
+        }
+        "TRANSACTION" => return,
+        "SESSION" if w(2) == "CHARACTERISTICS" => {
+            // Read back: the server's own ParameterStatus for them is not taken
+            // as the client's (see VirtualSession::observe_parameter).
+            for g in SESSION_CHARACTERISTICS {
+                e.gucs.push(g.into());
             }
-            if contains_ci(s, b"advisory") || contains_ci(s, b"pg_temp") {
-                e.pin_check = true;
-            }
-            e.calls |= s
-                .iter()
-                .enumerate()
-                .any(|(i, &c)| c == b'(' && i > 0 && calls_unknown(&s[..i]));
+            return;
+        }
+        "SESSION" if w(2) == "AUTHORIZATION" => {
+            // It also ends a SET ROLE (the role becomes `none`): read both back.
+            e.gucs.push("session_authorization".into());
+            return e.gucs.push("role".into());
+        }
+        "SESSION" => i = 2,
+        _ => {}
+    }
+    match w(i) {
+        "ROLE" => e.gucs.push("role".into()),
+        "TIME" => e.gucs.push("TimeZone".into()),
+        "NAMES" => e.gucs.push("client_encoding".into()),
+        "SCHEMA" => e.gucs.push("search_path".into()),
+        "XML" => e.gucs.push("xmloption".into()),
+        "" => {}
+        _ => match nth_token(s, i) {
+            Some(name) => e.gucs.push(name),
+            None => e.gucs_unknown = true,
+        },
+    }
+}
+
+/// `RESET …` (`what` is its second keyword): the settings it returns to their defaults.
+fn reset(s: &[u8], what: &str, e: &mut Effects) {
+    match what {
+        // RESET ALL leaves these two as they are (PostgreSQL's GUC_NO_RESET_ALL):
+        // read back what they are.
+        "ALL" => {
+            e.reset_all = true;
+            e.gucs.push("session_authorization".into());
+            e.gucs.push("role".into());
+        }
+        "ROLE" => e.gucs.push("role".into()),
+        "TIME" => e.gucs.push("TimeZone".into()),
+        "SESSION" => {
+            e.gucs.push("session_authorization".into());
+            e.gucs.push("role".into());
+        }
+        _ => match nth_token(s, 1) {
+            Some(name) => e.gucs.push(name),
+            None => e.gucs_unknown = true,
+        },
+    }
+}
+
+/// Any other statement (SELECT, INSERT, …): what the functions it calls may do.
+fn other(s: &[u8], e: &mut Effects) {
+    if contains_ci(s, b"set_config") {
+        match set_config_name(s) {
+            Some(n) => e.gucs.push(n),
+            None => e.gucs_unknown = true,
         }
     }
+    if contains_ci(s, b"advisory") || contains_ci(s, b"pg_temp") {
+        e.pin_check = true;
+    }
+    e.calls |= s
+        .iter()
+        .enumerate()
+        .any(|(i, &c)| c == b'(' && i > 0 && calls_unknown(&s[..i]));
 }
 
 /// The prefix of the names servers know shared statements by; clients cannot reach them.

@@ -1,7 +1,7 @@
 //! The new process's side of an online restart (`-R`): the old process's console (login,
 //! SUSPEND, SHOW FDS with the descriptors), then HANDOVER: each client it sends is run here.
 use super::*;
-use crate::lock::Locked;
+use crate::pool::Pool;
 
 /// The console connection to the pgcarpool `-R` took the sockets from.
 pub struct Predecessor {
@@ -264,11 +264,11 @@ impl Predecessor {
         sock.set_nonblocking(true)?;
         let mut sock = tokio::net::UnixStream::from_std(sock)?;
         let (cancel_tx, mut cancel_rx) = mpsc::unbounded_channel::<(i32, i32)>();
-        *shared.restart.cancels.locked() = Some(cancel_tx);
+        shared.restart().set_cancels(Some(cancel_tx));
         let result = Self::frames(shared, &mut sock, &mut cancel_rx).await;
         // The old process is gone: nobody stays with it.
-        shared.restart.staying.locked().clear();
-        *shared.restart.cancels.locked() = None;
+        shared.restart().set_staying(Vec::new());
+        shared.restart().set_cancels(None);
         result
     }
 
@@ -326,7 +326,7 @@ impl Predecessor {
                     }
                     b'S' if ready => match session::decode_staying(&body) {
                         Ok(list) => {
-                            *shared.restart.staying.locked() = list;
+                            shared.restart().set_staying(list);
                         }
                         Err(e) => tracing::warn!(
                             "online restart: bad client list from the old process: {e}"
@@ -366,62 +366,12 @@ impl Predecessor {
 /// Run a client the old process sent: its socket and session. Err: refused (it stays).
 fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let m = MovedSession::decode(data).map_err(|e| e.to_string())?;
-    let cfg = shared.config.load_full();
-    let entry = cfg
-        .database(&m.db)
-        .ok_or_else(|| format!("no database {} in this config", m.db))?;
-    let server_user = entry.user.clone().unwrap_or_else(|| m.user.clone());
-    let learned = m
-        .scram_keys
-        .map(|(client_key, server_key)| Credential::ScramKeys {
-            client_key,
-            server_key,
-        });
-    let pool = shared.pools.get_or_create(&m.db, &server_user, || {
-        crate::app::pool_settings(
-            &cfg,
-            &entry,
-            &m.user,
-            crate::client::credential_for(&cfg, &entry, &server_user, learned.clone()),
-            shared,
-        )
-    });
-    if let Some(c) = learned
-        && entry.user.is_none()
-    {
-        pool.set_credential_if_missing(c);
-    }
-    let to_params = |list: &[(String, String)]| {
-        let mut p = Params::default();
-        for (k, v) in list {
-            p.set(k, v);
-        }
-        p
-    };
-    let mut session = crate::client::session::VirtualSession {
-        params: pool.share_session_params(to_params(&m.params)),
-        startup: pool.share_startup_params(to_params(&m.startup)),
-        pool_scope: crate::client::session::pool_scope(&pool),
-        ..Default::default()
-    };
-    for (name, rest) in m.statements {
-        // The scope of the statement's Parse did not come along: it is taken as the
-        // session's now (most clients keep their search_path).
-        let scope = session.statement_scope(&rest);
-        let stmt = shared
-            .statements
-            .intern(&scope, &rest)
-            .map_err(|e| format!("cannot keep its prepared statements: {e}"))?;
-        session.statements.insert(name, stmt);
-    }
-    if let Some(u) = &m.unnamed {
-        session.parsed_unnamed(u);
-    }
-    session.backend_pid = m.key.0;
+    let pool = moved_pool(shared, &m)?;
+    let session = moved_session(shared, &pool, &m)?;
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
-    let kill = shared.stop_clients.child_token();
-    let Some(reg) = shared.clients.register_moved(
+    let kill = shared.stop_clients().child_token();
+    let Some(reg) = shared.clients().register_moved(
         id,
         m.key,
         m.addr.clone(),
@@ -436,7 +386,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     reg.handle.set_handover(Some("moved in".into()));
     reg.handle
         .set_state(crate::client::registry::ClientState::Idle);
-    let counted = shared.client_counts.enter(&m.db, &m.user);
+    let counted = shared.client_counts().enter(&m.db, &m.user);
     let detached = match m.transport {
         Transport::Tcp => crate::net::stream::Detached::Tcp(std::net::TcpStream::from(fd)),
         Transport::Unix => crate::net::stream::Detached::Unix(UnixStream::from(fd)),
@@ -444,7 +394,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let pending = m.pending_input;
     let s2 = shared.clone();
     let me = crate::workers::current();
-    let w = shared.workers.get().map_or(me, |ws| ws.place(me));
+    let w = shared.workers().map_or(me, |ws| ws.place(me));
     let run = async move {
         let stream = match detached.attach() {
             Ok(s) => s,
@@ -457,16 +407,85 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
         let mut conn = Conn::new(stream);
         conn.rbuf.extend_from_slice(&pending);
         let client = Client::new(s2.clone(), conn, pool, session, reg, counted);
-        crate::client::serve(client).await;
+        super::serve(client).await;
         s2.client_closed(w);
     };
-    match shared.workers.get() {
-        Some(ws) if w != me => drop(ws.handle(w).spawn(shared.tracker.track_future(run))),
+    match shared.workers() {
+        Some(ws) if w != me => drop(ws.handle(w).spawn(shared.tracker().track_future(run))),
         _ => {
-            shared.tracker.spawn(run);
+            shared.tracker().spawn(run);
         }
     }
     Ok(())
+}
+
+/// The pool a moved client's transactions run on (its database, with the server login
+/// of this config), taking the SCRAM keys its login learned when the pool needs them.
+fn moved_pool(shared: &Arc<Shared>, m: &MovedSession) -> Result<Arc<Pool>, String> {
+    let cfg = shared.config_full();
+    let entry = cfg
+        .database(&m.db)
+        .ok_or_else(|| format!("no database {} in this config", m.db))?;
+    let server_user = entry.user.clone().unwrap_or_else(|| m.user.clone());
+    let learned = m
+        .scram_keys
+        .map(|(client_key, server_key)| Credential::ScramKeys {
+            client_key,
+            server_key,
+        });
+    let pool = shared.pools().get_or_create(&m.db, &server_user, || {
+        crate::shared::pool_settings(
+            &cfg,
+            &entry,
+            &m.user,
+            crate::shared::credential_for(&cfg, &entry, &server_user, learned.clone()),
+            shared,
+        )
+    });
+    if let Some(c) = learned
+        && entry.user.is_none()
+    {
+        pool.set_credential_if_missing(c);
+    }
+    Ok(pool)
+}
+
+/// A moved client's virtual session rebuilt on `pool`: its settings, startup parameters,
+/// prepared statements (interned in this process's registry) and the pid its cancel key
+/// names.
+fn moved_session(
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    m: &MovedSession,
+) -> Result<crate::client::session::VirtualSession, String> {
+    let to_params = |list: &[(String, String)]| {
+        let mut p = Params::default();
+        for (k, v) in list {
+            p.set(k, v);
+        }
+        p
+    };
+    let mut session = crate::client::session::VirtualSession {
+        params: pool.share_session_params(to_params(&m.params)),
+        startup: pool.share_startup_params(to_params(&m.startup)),
+        pool_scope: crate::client::session::pool_scope(pool),
+        ..Default::default()
+    };
+    for (name, rest) in &m.statements {
+        // The scope of the statement's Parse did not come along: it is taken as the
+        // session's now (most clients keep their search_path).
+        let scope = session.statement_scope(rest);
+        let stmt = shared
+            .statements()
+            .intern(&scope, rest)
+            .map_err(|e| format!("cannot keep its prepared statements: {e}"))?;
+        session.statements.insert(name.clone(), stmt);
+    }
+    if let Some(u) = &m.unnamed {
+        session.parsed_unnamed(u);
+    }
+    session.backend_pid = m.key.0;
+    Ok(session)
 }
 
 #[cfg(test)]

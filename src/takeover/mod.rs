@@ -17,7 +17,7 @@ mod outgoing;
 pub mod session;
 
 pub use incoming::{Predecessor, console_for_clients, take_listeners};
-pub use outgoing::{hand_over, serve_handover, show_fds, stays_because};
+pub use outgoing::{hand_over, serve_handover};
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -25,224 +25,39 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
-use crate::app::Shared;
 use crate::client::Client;
 use crate::config::{PoolMode, Settings};
-use crate::lock::Locked;
 use crate::net::fdpass;
 use crate::net::listen::{Bound, SocketFile};
 use crate::net::{Conn, Stream};
 use crate::server::{Credential, Params};
+use crate::shared::Shared;
+use crate::shared::restart::Outgoing;
 use session::{MovedSession, StayingClient, Transport};
 
-/// Where a pooler is in an online restart (the old process's side).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Running,
-    /// SUSPEND: nothing is accepted, idle clients are not read.
-    Suspended,
-    /// HANDOVER: the listeners are the new process's; idle clients move to it.
-    HandingOver,
-}
-
-/// The online-restart phase as an idle client sees it: one receiver for the client's whole
-/// life, read only when it changed (an atomic load per wait, no lock).
-pub struct PhaseWatch {
-    rx: watch::Receiver<Phase>,
-    now: Phase,
-}
-
-impl PhaseWatch {
-    pub fn current(&mut self) -> Phase {
-        if self.rx.has_changed().unwrap_or(false) {
-            self.now = *self.rx.borrow_and_update();
+/// Serve a logged-in client (or one that moved in from the process this one took over
+/// from) until it leaves, or moves on to the process that takes over from this one.
+pub async fn serve(mut client: Client) {
+    let result = loop {
+        match crate::client::serve_here(&mut client).await {
+            Some(result) => break result,
+            None => match hand_over(&mut client).await {
+                Ok(()) => {
+                    tracing::debug!(
+                        client = client.reg.handle.id,
+                        "handed over to the new process"
+                    );
+                    return;
+                }
+                Err(why) => client.stay(why),
+            },
         }
-        self.now
-    }
-
-    /// Resolves when the phase changes (never once the sender is gone).
-    pub async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        // `changed` marked the value seen: `current` would not see it change.
-        self.now = *self.rx.borrow_and_update();
-    }
-}
-
-/// A client on its way to the new process: its session, its socket, and where to say
-/// whether the new process took it.
-struct Outgoing {
-    session: Vec<u8>,
-    fd: OwnedFd,
-    taken: oneshot::Sender<bool>,
-}
-
-/// Online-restart state in `Shared`.
-pub struct Restart {
-    phase: watch::Sender<Phase>,
-    /// Descriptors of the listening sockets, for SHOW FDS.
-    sockets: Mutex<Vec<Bound>>,
-    /// Set at HANDOVER: the connection to the new process takes clients from here.
-    outbox: OnceLock<mpsc::Sender<Outgoing>>,
-    /// Set at HANDOVER: the new process has these very listening sockets (SHOW FDS), so
-    /// they close here without accepting what is queued; otherwise (SO_REUSEPORT) this
-    /// process's own sockets accept their queue first, as on SIGTERM.
-    sockets_passed: std::sync::atomic::AtomicBool,
-    /// New process: the clients still with the old one (SHOW CLIENTS lists them).
-    staying: Mutex<Vec<StayingClient>>,
-    /// New process: cancel requests for those clients go to the old one through here.
-    cancels: Mutex<Option<mpsc::UnboundedSender<(i32, i32)>>>,
-}
-
-impl Default for Restart {
-    fn default() -> Self {
-        Restart {
-            phase: watch::Sender::new(Phase::Running),
-            sockets: Mutex::new(Vec::new()),
-            outbox: OnceLock::new(),
-            sockets_passed: Default::default(),
-            staying: Mutex::new(Vec::new()),
-            cancels: Mutex::new(None),
-        }
-    }
-}
-
-impl Restart {
-    pub fn phase(&self) -> Phase {
-        *self.phase.borrow()
-    }
-    pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.phase.subscribe()
-    }
-    pub fn watch(&self) -> PhaseWatch {
-        let mut rx = self.phase.subscribe();
-        let now = *rx.borrow_and_update();
-        PhaseWatch { rx, now }
-    }
-    /// SUSPEND: false when a handover has begun (nothing to suspend any more).
-    pub fn suspend(&self) -> bool {
-        self.phase.send_if_modified(|p| match p {
-            Phase::Running => {
-                *p = Phase::Suspended;
-                true
-            }
-            _ => false,
-        });
-        self.phase() == Phase::Suspended
-    }
-    /// RESUME after SUSPEND.
-    pub fn resume(&self) {
-        self.phase.send_if_modified(|p| match p {
-            Phase::Suspended => {
-                *p = Phase::Running;
-                true
-            }
-            _ => false,
-        });
-    }
-    /// HANDOVER came after SHOW FDS: the listening sockets are the new process's too.
-    pub fn sockets_passed(&self) -> bool {
-        self.sockets_passed.load(Ordering::Relaxed)
-    }
-
-    /// New process: the clients still with the old process.
-    pub fn staying(&self) -> Vec<StayingClient> {
-        self.staying.locked().clone()
-    }
-
-    /// New process: a cancel request for a client still with the old process goes there.
-    /// False: no such client.
-    pub fn forward_cancel(&self, key: (i32, i32)) -> bool {
-        if !self.staying.locked().iter().any(|c| c.key == key) {
-            return false;
-        }
-        let g = self.cancels.locked();
-        g.as_ref().is_some_and(|tx| tx.send(key).is_ok())
-    }
-
-    /// Keep a descriptor of each listening socket (SHOW FDS passes them).
-    pub fn keep_sockets(&self, socks: Vec<Bound>) {
-        *self.sockets.locked() = socks;
-    }
-    /// `tcp_defer_accept` changed on a reload: set it on every TCP listening socket.
-    pub fn set_defer_accept(&self, on: bool) {
-        let g = self.sockets.locked();
-        for b in g.iter() {
-            if let Bound::Tcp(l) = b {
-                crate::net::sockopt::set_defer_accept(socket2::SockRef::from(l), on);
-            }
-        }
-    }
-    /// `tcp_socket_buffer` (at start, and when a reload changes it): set on every TCP
-    /// listening socket, for the connections it accepts from then on.
-    pub fn set_socket_buffer(&self, size: usize) {
-        let g = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        for b in g.iter() {
-            if let Bound::Tcp(l) = b {
-                crate::net::sockopt::set_listener_buffers(socket2::SockRef::from(l), size);
-            }
-        }
-    }
-    /// The listening sockets: (duplicate descriptor, addr text, port).
-    fn listening(&self) -> Vec<(OwnedFd, String, Option<u16>)> {
-        let g = self.sockets.locked();
-        g.iter()
-            .filter_map(|b| {
-                let (fd, addr, port) = match b {
-                    Bound::Tcp(l) => {
-                        let a = l.local_addr().ok()?;
-                        (
-                            OwnedFd::from(l.try_clone().ok()?),
-                            a.ip().to_string(),
-                            Some(a.port()),
-                        )
-                    }
-                    Bound::Unix(l, _) => {
-                        (OwnedFd::from(l.try_clone().ok()?), "unix".to_string(), None)
-                    }
-                };
-                Some((fd, addr, port))
-            })
-            .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_watch_sees_every_change_whether_waited_for_or_not() {
-        let r = Restart::default();
-        let mut w = r.watch();
-        assert_eq!(w.current(), Phase::Running);
-        r.suspend();
-        assert_eq!(w.current(), Phase::Suspended);
-        r.resume();
-        w.changed().await;
-        assert_eq!(w.current(), Phase::Running);
-        r.suspend();
-        assert_eq!(w.current(), Phase::Suspended);
-    }
-
-    #[test]
-    fn suspend_and_resume_move_the_phase_and_handover_ends_them() {
-        let r = Restart::default();
-        assert!(r.suspend());
-        assert_eq!(r.phase(), Phase::Suspended);
-        r.resume();
-        assert_eq!(r.phase(), Phase::Running);
-        r.phase.send_replace(Phase::HandingOver);
-        assert!(!r.suspend());
-        r.resume();
-        assert_eq!(r.phase(), Phase::HandingOver);
-    }
+    };
+    crate::client::finish(client, result).await;
 }

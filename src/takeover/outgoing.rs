@@ -2,67 +2,10 @@
 //! HANDOVER (each idle client's session and socket sent to the new process).
 use super::*;
 
-/// SHOW FDS: one row per listening socket (task `pooler`), with PgBouncer's columns; the
-/// descriptors to pass with the rows when the caller may have them (and the pooler is
-/// suspended), else none.
-pub fn show_fds(shared: &Shared, pass: bool) -> (crate::admin::Table, Vec<OwnedFd>) {
-    use crate::admin::table::Cell;
-    let mut t = crate::admin::show::fds();
-    let mut fds = Vec::new();
-    let pass = pass && shared.restart.phase() == Phase::Suspended;
-    for (fd, addr, port) in shared.restart.listening() {
-        let mut row: Vec<Cell> = vec![
-            i64::from(fd.as_raw_fd()).into(),
-            "pooler".into(),
-            Cell::Null,
-            Cell::Null,
-            addr.into(),
-            port.into(),
-            0i64.into(),
-            0i64.into(),
-        ];
-        row.resize(t.columns.len(), Cell::Null);
-        t.push(row);
-        if pass {
-            fds.push(fd);
-        }
-    }
-    (t, fds)
-}
-
-/// Why a client cannot move to the new process now (None: it can).
-pub fn stays_because(c: &Client) -> Option<&'static str> {
-    if c.pool.settings().mode == PoolMode::Session {
-        return Some("session pooling mode");
-    }
-    if c.session.pin.is_some() {
-        return Some("pinned to its server");
-    }
-    if c.listening.is_listening() {
-        return Some("listening");
-    }
-    if c.session.statements.values().any(|s| s.depends.is_some()) {
-        return Some("a prepared statement runs another");
-    }
-    // Exhaustive on purpose: a new transport (TLS) must say whether it can move. A TLS
-    // client's session keys cannot be carried yet: it stays (README, "Online restart").
-    match &c.conn.stream {
-        Stream::Tcp(_) | Stream::Unix(_) => None,
-        Stream::TlsIn(_) | Stream::TlsOut(_) => Some("TLS"),
-        Stream::Gone => Some("no socket"),
-    }
-}
-
 /// Move an idle client to the new process. Ok: it runs there now (this task ends without a
 /// word to the client); Err: it stays here (the reason).
 pub async fn hand_over(c: &mut Client) -> Result<(), String> {
-    let outbox = c
-        .shared
-        .restart
-        .outbox
-        .get()
-        .ok_or("no handover under way")?
-        .clone();
+    let outbox = c.shared.restart().outbox().ok_or("no handover under way")?;
     if c.conn.out_len() > 0 {
         c.conn.flush().await.map_err(|e| e.to_string())?;
     }
@@ -141,21 +84,16 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
         return Err(io::Error::other("HANDOVER needs the Unix socket"));
     };
     let (tx, mut rx) = mpsc::channel::<Outgoing>(64);
-    if shared.restart.outbox.set(tx).is_err() {
+    if !shared.restart().open_outbox(tx) {
         return Err(io::Error::other("a handover is under way already"));
     }
     tracing::info!("online restart: the new process listens; handing over idle clients");
     crate::service::stopping("handing clients over to the new process");
     annotate_staying(shared);
-    let passed = shared.restart.phase() == Phase::Suspended;
-    shared
-        .restart
-        .sockets_passed
-        .store(passed, Ordering::Relaxed);
-    shared.restart.phase.send_replace(Phase::HandingOver);
+    shared.restart().start_handing_over();
     // Closes the TCP listeners (without accepting what is queued: see client::accept::accept_loop).
-    shared.stop_accepting.cancel();
-    shared.restart.keep_sockets(Vec::new());
+    shared.stop_accepting().cancel();
+    shared.restart().keep_sockets(Vec::new());
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let (mut moved, mut refused) = (0u64, 0u64);
     let mut connected = true;
@@ -200,9 +138,9 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
             },
             _ = tick.tick() => {
                 // Console sessions (this one among them) do not keep the process: clients do.
-                let clients = shared.clients.all();
+                let clients = shared.clients().all();
                 let consoles = clients.iter().filter(|c| c.db == "pgbouncer").count();
-                if shared.client_conns.load(Ordering::Relaxed) <= consoles {
+                if shared.client_conns() <= consoles {
                     break;
                 }
                 if !connected {
@@ -310,8 +248,8 @@ impl Inbox {
 
 /// In SHOW CLIENTS, why each client that cannot move now stays.
 fn annotate_staying(shared: &Shared) {
-    let cfg = shared.config.load();
-    for c in shared.clients.all() {
+    let cfg = shared.config();
+    for c in shared.clients().all() {
         if c.db == "pgbouncer" {
             continue;
         }

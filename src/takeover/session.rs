@@ -167,18 +167,7 @@ impl MovedSession {
     }
 }
 
-/// A client that stays with the old process (pinned, session mode…), as the new process
-/// lists it in SHOW CLIENTS and forwards its cancel requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StayingClient {
-    pub user: String,
-    pub db: String,
-    pub addr: String,
-    pub connect_time_us: u64,
-    pub key: (i32, i32),
-    /// Why it stays (or that it moves when its transaction ends).
-    pub note: String,
-}
+pub use crate::shared::restart::StayingClient;
 
 /// The clients still with the old process: `PGCSTAY\0`, u32 version, u32 count, then each
 /// client's fields in order.

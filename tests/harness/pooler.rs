@@ -215,12 +215,7 @@ impl TestPooler {
     #[allow(dead_code)]
     pub fn client_conns(&self) -> (usize, usize) {
         let shared = &self.handle().shared;
-        (
-            shared
-                .client_conns
-                .load(std::sync::atomic::Ordering::Relaxed),
-            shared.pending_logins.len(),
-        )
+        (shared.client_conns(), shared.pending_logins().len())
     }
 
     /// The address pgcarpool listens on.

@@ -63,6 +63,18 @@ pub fn give_to_pooler(path: &Path) {
     }
 }
 
+/// Send `sig` to `pid` unless it has exited meanwhile (ESRCH: a PostgreSQL backend whose
+/// client left between listing and signalling); panics on any other failure.
+pub fn signal_if_alive(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a PID of a process this test started (or one of its children).
+    let rc = unsafe { libc::kill(pid, sig) };
+    let err = std::io::Error::last_os_error();
+    assert!(
+        rc == 0 || err.raw_os_error() == Some(libc::ESRCH),
+        "kill({pid}, {sig}): {err}"
+    );
+}
+
 /// Send `sig` to `pid`; panics if it cannot be sent.
 pub fn send_signal(pid: i32, sig: libc::c_int) {
     // SAFETY: kill(2) on a PID this test started.

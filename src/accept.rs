@@ -1,33 +1,33 @@
-//! The accept policy: each accepted connection becomes a client task on this worker or a
-//! less busy one; max_client_conn (the oldest login makes room, or a short second look,
+//! The accept policy: each accepted connection becomes a task on this worker or a less
+//! busy one, a pool client's (`takeover::serve`) or a console session's (`admin::serve`); max_client_conn (the oldest login makes room, or a short second look,
 //! then refusal); SUSPEND and the online restart's handover stop accepting; a listener
 //! that stops takes what is queued on it first (closing it would reset those connections).
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use socket2::SockRef;
 
-use crate::app::Shared;
+use crate::client::Arrival;
 use crate::net::listen::Listener;
 use crate::net::{Conn, Stream};
 use crate::proto::backend;
-use crate::takeover::Phase;
+use crate::shared::Shared;
+use crate::shared::restart::Phase;
 
 /// Accept clients until `stop_accepting`, then those already queued; each gets its own task.
 pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
     // A Unix socket stays open through a waiting shutdown (for the console) and closes
     // when everything stops; TCP listeners close as soon as a shutdown begins.
     let stop = match &l {
-        Listener::Tcp(_) => shared.stop_accepting.clone(),
-        Listener::Unix(..) => shared.stop_clients.clone(),
+        Listener::Tcp(_) => shared.stop_accepting().clone(),
+        Listener::Unix(..) => shared.stop_clients().clone(),
     };
     // Online restart: SUSPEND stops accepting, HANDOVER gives the socket away.
-    let mut phase = shared.restart.subscribe();
+    let mut phase = shared.restart().subscribe();
     loop {
         let now = *phase.borrow_and_update();
         if now == Phase::HandingOver {
-            shared.restart.keep_sockets(Vec::new());
-            if shared.restart.sockets_passed() {
+            shared.restart().keep_sockets(Vec::new());
+            if shared.restart().sockets_passed() {
                 return l.hand_over();
             }
             return drain(l, &shared);
@@ -38,8 +38,8 @@ pub async fn accept_loop(l: Listener, shared: Arc<Shared>) {
             _ = stop.cancelled() => {
                 // The descriptors kept for SHOW FDS go too: the socket must close (new
                 // connections refused), not linger with nobody accepting.
-                shared.restart.keep_sockets(Vec::new());
-                if shared.restart.phase() == Phase::HandingOver && shared.restart.sockets_passed() {
+                shared.restart().keep_sockets(Vec::new());
+                if shared.restart().phase() == Phase::HandingOver && shared.restart().sockets_passed() {
                     return l.hand_over();
                 }
                 return drain(l, &shared);
@@ -83,7 +83,7 @@ fn drain(l: Listener, shared: &Arc<Shared>) {
 
 /// Start serving one accepted connection (or refuse it past max_client_conn).
 fn serve(stream: Stream, shared: &Arc<Shared>) {
-    let cfg = shared.config.load();
+    let cfg = shared.config();
     if let Stream::Tcp(t) = &stream {
         // The buffer sizes came from the listening socket (set before the handshake).
         crate::net::sockopt::TcpTuning::from_settings(&cfg.settings)
@@ -91,17 +91,17 @@ fn serve(stream: Stream, shared: &Arc<Shared>) {
             .apply_or_warn(SockRef::from(t));
     }
     let max = cfg.settings.max_client_conn;
-    if max > 0 && shared.client_conns.load(Ordering::Relaxed) >= max {
+    if max > 0 && shared.client_conns() >= max {
         // Full. Logged-in clients keep their place; the oldest connection still logging in
         // makes room when such connections hold more than their share, or when it has
         // been at it for seconds (so sockets that never log in cannot lock real users
         // out). Its task ends soon: the count may pass max for that moment.
         if !shared
-            .pending_logins
+            .pending_logins()
             .drop_oldest(std::time::Instant::now(), max)
         {
             shared
-                .tracker
+                .tracker()
                 .spawn(refuse_unless_room(stream, shared.clone(), max));
             return;
         }
@@ -121,7 +121,7 @@ const FULL_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 async fn refuse_unless_room(stream: Stream, shared: Arc<Shared>, max: usize) {
     for _ in 0..FULL_RECHECKS {
         tokio::time::sleep(FULL_RECHECK).await;
-        if shared.client_conns.load(Ordering::Relaxed) < max {
+        if shared.client_conns() < max {
             admit(stream, &shared);
             return;
         }
@@ -136,25 +136,27 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
     let me = crate::workers::current();
     let s2 = shared.clone();
     let Some((ws, w)) = shared
-        .workers
-        .get()
+        .workers()
         .map(|ws| (ws, ws.place(me)))
         .filter(|&(_, w)| w != me)
     else {
-        shared.tracker.spawn(client_task(s2, stream, id, me));
+        shared.tracker().spawn(client_task(s2, stream, id, me));
         return;
     };
     // Hand the connection to a less busy worker.
     match stream.detach() {
-        Ok(d) => drop(ws.handle(w).spawn(shared.tracker.track_future(async move {
-            match d.attach() {
-                Ok(stream) => client_task(s2, stream, id, w).await,
-                Err(e) => {
-                    tracing::warn!("could not take a connection on worker {w}: {e}");
-                    s2.client_closed(w);
-                }
-            }
-        }))),
+        Ok(d) => drop(
+            ws.handle(w)
+                .spawn(shared.tracker().track_future(async move {
+                    match d.attach() {
+                        Ok(stream) => client_task(s2, stream, id, w).await,
+                        Err(e) => {
+                            tracing::warn!("could not take a connection on worker {w}: {e}");
+                            s2.client_closed(w);
+                        }
+                    }
+                })),
+        ),
         Err(e) => {
             tracing::warn!("could not hand a connection to worker {w}: {e}");
             shared.client_closed(w);
@@ -164,7 +166,12 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
 
 /// One client's task on worker `w`, from its first byte to its last.
 async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
-    super::run(shared.clone(), stream, id).await;
+    match crate::client::arrive(shared.clone(), stream, id).await {
+        Some(Arrival::Client(client)) => crate::takeover::serve(*client).await,
+        // Boxed: a console session's state is not part of every client's task.
+        Some(Arrival::Console(console)) => Box::pin(crate::admin::serve(*console)).await,
+        None => {}
+    }
     shared.client_closed(w);
 }
 
@@ -172,7 +179,7 @@ async fn refuse(stream: Stream, why: &str) {
     let mut conn = Conn::new(stream);
     // Answer the startup packet with the error, after an SSL or GSS request if one comes
     // first (refused with 'N': an error there reads as a failed SSL exchange to libpq).
-    let first = super::startup::hello(&mut conn, None);
+    let first = crate::client::startup::hello(&mut conn, None);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), first).await;
     conn.queue_with(|b| backend::error_response(b, "FATAL", "53300", why));
     conn.close().await;
