@@ -27,6 +27,13 @@ pub struct Stmt {
     pub effects: Option<Box<Effects>>,
     /// A server accepted its Parse once: a client's Parse of it can be answered without one.
     validated: AtomicBool,
+    /// What a server's Describe of it said (`Server::prepare` asks once): `Some(params)`,
+    /// it returns no rows (NoData) and `params` is its ParameterDescription's body; `None`,
+    /// it returns rows. The same on every server for the same text and scope, and what a
+    /// Describe of it inside a failed transaction block is answered with where the server
+    /// does not hold it (PostgreSQL describes a statement without a result there; it
+    /// cannot be parsed there). At most 4 bytes a parameter.
+    description: std::sync::OnceLock<Option<Bytes>>,
     /// The registry's generation when it was made: a Parse in a later generation gets a
     /// statement of its own (parsed anew on the servers).
     generation: u64,
@@ -62,6 +69,21 @@ impl Stmt {
     }
     pub fn set_validated(&self) {
         self.validated.store(true, Ordering::Relaxed);
+    }
+
+    /// Has a server described it (`Stmt::description`)?
+    pub fn is_described(&self) -> bool {
+        self.description.get().is_some()
+    }
+    /// A server described it: `Some(params)`, its ParameterDescription's body and NoData;
+    /// `None`, it returns rows. The first description stays.
+    pub fn set_description(&self, no_rows_params: Option<Bytes>) {
+        let _ = self.description.set(no_rows_params);
+    }
+    /// The body of its ParameterDescription, when a server described it as returning no
+    /// rows.
+    pub fn no_rows_params(&self) -> Option<&Bytes> {
+        self.description.get()?.as_ref()
     }
 
     /// What the meaning of its text depended on when it was parsed
@@ -229,6 +251,7 @@ impl StatementRegistry {
             key: key.clone(),
             effects: statement_effects(parse_rest),
             validated: AtomicBool::new(false),
+            description: std::sync::OnceLock::new(),
             generation,
             registry: Arc::downgrade(&self.inner),
             depends,

@@ -11,30 +11,12 @@ use std::time::{Duration, Instant};
 use harness::differential::{DiffEnv, RunOptions, as_rust_test, assert_same, describe, shrink};
 use harness::diffgen::{ClientScript, GenConfig, generate};
 
-/// Bugs the differential test found and this branch did not fix: DISCARD ALL forgets the
-/// startup values (`GenConfig::avoid_discard_all_with_startup_values`), and a Describe of
-/// a statement the server does not hold, inside a failed block, is refused
-/// (`GenConfig::avoid_statement_describes_in_soups`). While this is true the generator
-/// avoids them; `DIFF_KNOWN_BUGS=allow` lets them in. Set to false once fixed.
-/// (Skipped unnamed Parses and Closes, transaction control in Parse texts and Executes of
-/// the unnamed portal, `GenConfig::avoid_skipped_name_changes`, are fixed and let in.)
-const AVOID_KNOWN_BUGS_DEFAULT: bool = true;
-
-static AVOID_KNOWN_BUGS: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| match std::env::var("DIFF_KNOWN_BUGS").as_deref() {
-        Ok("allow") => false,
-        Ok("avoid") => true,
-        _ => AVOID_KNOWN_BUGS_DEFAULT,
-    });
-
 /// What one seed runs: 8 to 16 clients over a pool of 1 or 2 (from the seed).
 fn config_for(seed: u64, ops: usize) -> (GenConfig, RunOptions) {
     let gen_cfg = GenConfig {
         clients: 8 + (seed % 9) as usize,
         ops,
-        avoid_discard_all_with_startup_values: *AVOID_KNOWN_BUGS,
         avoid_skipped_name_changes: false,
-        avoid_statement_describes_in_soups: *AVOID_KNOWN_BUGS,
     };
     let opts = RunOptions {
         pool_size: 1 + (seed % 2) as usize,
@@ -578,4 +560,182 @@ async fn refused_deallocate_drops_the_unnamed_statement() {
         ],
     )];
     assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 233: in a block failed by a named Parse refused with 42P05, a Describe of the
+/// unnamed statement got 25P02 where PostgreSQL answers ParameterDescription and NoData:
+/// pgcarpool had the refused Parse's text checked as a Parse of the unnamed statement,
+/// which replaced the client's on the server, and the Describe then needed a Parse that
+/// the failed block refused. The check is now a Parse under a name of pgcarpool's own,
+/// closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_parse_leaves_the_unnamed_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q CREATE TABLE t0 (id int PRIMARY KEY, v text)",
+            "Q START TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            "P |INSERT INTO t0 VALUES ($1, $2)\nS",
+            "P s2|SELECT 1\nB |s2|\nE |0\nP s2|SET search_path = public\nS",
+            "D S \nS",
+            "B ||1,a\nE |0\nS",
+            "Q ROLLBACK",
+            "D S \nB ||1,a\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 2000 (long run): inside a failed block, a named Parse of a name the client has
+/// whose text is COMMIT or ROLLBACK (which a failed block lets PostgreSQL parse) fails with
+/// 42P05; pgcarpool's probe was refused by the failed block first (25P02).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_name_of_a_transaction_exit_in_a_failed_block_is_42p05() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s1|SELECT $1::int * 2 AS x\nS",
+            "Q BEGIN",
+            "Q SELECT id FROM shared WHERE",
+            "P s1|COMMIT\nB pb|s1|\nD P pb\nE pb|0\nS",
+            "P s1|ROLLBACK\nS",
+            "P s1|SELECT 2\nS",
+            "B |s1|3\nE |0\nS",
+            "Q ROLLBACK",
+            "P s1|COMMIT\nS",
+            "B |s1|3\nE |0\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seed 1010: a client that listened through the pool's listener, then was pinned (a temp
+/// table), sends its UNLISTEN (or `UNLISTEN *`) to its server; the pool's listener kept the
+/// channel, so its own NOTIFY still came back to it, where PostgreSQL delivers nothing.
+/// And a LISTEN again of such a channel made its server listen too: each notification came
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_clients_unlisten_stops_the_listeners_deliveries() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch2",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q LISTEN ch2",
+                "Q NOTIFY ch2, 'once'",
+                "Q UNLISTEN ch2",
+                "Q NOTIFY ch2, 'after unlisten'",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch0",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q UNLISTEN ch0",
+                "Q NOTIFY ch0, 'after unlisten'",
+                "Q SELECT pg_listening_channels()",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch1",
+                "Q LISTEN ch1b",
+                "Q CREATE TEMP TABLE tt (a int)",
+                "Q UNLISTEN *",
+                "Q NOTIFY ch1, 'after unlisten all'",
+                "Q NOTIFY ch1b, 'after unlisten all'",
+                "Q SELECT pg_listening_channels()",
+            ],
+        ),
+    ];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// CI seed 6 (once DISCARD ALL with startup values was let in): inside a failed block, a
+/// named Parse of `COMMIT` (a text PostgreSQL still parses there) under a name the client
+/// has: PostgreSQL says 42P05; pgcarpool's probe for it was refused by the failed block
+/// (25P02), which was passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_name_for_commit_in_a_failed_block_is_42p05() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s3|SELECT 1/0\nB |s3|\nD P \nE |0\nP s3|SELECT id, v FROM t13 WHERE id > $1 ORDER BY id\nB |s3|15\nD P \nE |0\nC P \nC S s3\nP |SAVEPOINT sp1\nB pa||\nD P pa\nE pa|0\nC P pa\nS",
+            "Q START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "Q FETCH 2 FROM h1",
+            "P s3|COMMIT\nB pa|s3|\nE pa|0\nP |SELECT 1/0\nB ||\nE |0\nH\nS",
+            "Q ROLLBACK",
+            "P s4|SELECT 4\nS",
+            "Q BEGIN",
+            "Q SELECT 1/0",
+            "P s4|ROLLBACK\nS",
+            "P s4|END\nB |s4|\nE |0\nS",
+            "Q ROLLBACK",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 2026 and 2042 (long run): a pipeline executes a DEALLOCATE ALL (the client's
+/// statements are kept aside until the server says it ran), then parses a name the client
+/// had before it, and an error skips them both: PostgreSQL keeps the name's old statement;
+/// pgcarpool's undoing of the skipped Parse also took the old statement out of those kept
+/// aside (a later Parse of the name was accepted where PostgreSQL says 42P05, a Describe
+/// of it got 26000). Only the statement the undone Parse made leaves them now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_after_a_deallocate_all_leaves_the_names_old_statement() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s3|SELECT current_setting('application_name')\nB pa|s3|\nE pa|0\nS",
+            "P |SELECT * FROM nosuch_3\nP |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nS",
+            "P |DEALLOCATE ALL\nB pa||\nE pa|0\nP s3|DEALLOCATE ALL\nB pb|s3|\nE pb|1\nB |nosuch|\nS",
+            "P s3|COPY t3 TO STDOUT\nD S s3\nS",
+            "D S s3\nS",
+            "P |DEALLOCATE ALL\nB pa||\nD P pa\nE pa|0\nP s3|SELECT $1::int * 2 AS x\nD S s3\nB pb|s3|1\nE pb|0\nS",
+            "P s1|DEALLOCATE ALL\nE pa|1\nP s3|SELECT current_setting('application_name')\nD S s3\nE pa|2\nS",
+            "P s2|SELECT $1::text || $2::text AS s\nD S s3\nD S s1\nS",
+        ],
+    )];
+    assert_same(&scripts, &RunOptions::default()).await;
+}
+
+/// Seeds 1022, 1029 (long run): `SET default_transaction_read_only = on`, then `RESET ALL`:
+/// the setting stayed the client's in pgcarpool (a server-role setting is not read back),
+/// so its next transaction was read-only again (25006 on a COPY FROM) and a later DISCARD
+/// ALL reported it `off` where PostgreSQL had nothing to report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_returns_default_transaction_read_only() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t12 (id int PRIMARY KEY, v text); INSERT INTO t12 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q SELECT count(*), sum(id) FROM t12; SET default_transaction_read_only = on; DELETE FROM t12 WHERE id = 2",
+                "Q RESET ALL",
+                "Q DISCARD ALL",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t9 (id int PRIMARY KEY, v text); INSERT INTO t9 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q SET default_transaction_read_only = on",
+                "Q RESET ALL",
+                "Q COPY t9 (id, v) FROM STDIN\nd 145\\tcopied145\\n\nd 146\\tcopied146\\n\nd 147\\tcopied147\\n\nc",
+                "Q SHOW default_transaction_read_only",
+            ],
+        ),
+    ];
+    for pool_size in [1, 2] {
+        let opts = RunOptions {
+            pool_size,
+            copy_waits_for_copy_in_response: false,
+            ..RunOptions::default()
+        };
+        assert_same(&scripts, &opts).await;
+    }
 }

@@ -913,13 +913,12 @@ async fn reset_all_returns_to_the_startup_values() {
     startup_values_oracle(&steps, true).await;
 }
 
-/// Not fixed yet: DISCARD ALL returns the server to its login values (PostgreSQL: to the
-/// startup values), and the client gets the server's defaults in ParameterStatus. A fix
-/// needs the server's ParameterStatus of the DISCARD ALL and of the SETs of the startup
-/// values after it merged before one ReadyForQuery (DISCARD ALL cannot share a query or a
-/// DO block with them).
+/// Seeds 5–8, 11: DISCARD ALL returns to the startup values, as RESET ALL (PostgreSQL's
+/// session defaults), in the ParameterStatus the client gets and in SHOW right after it in
+/// the same pipeline; a server's DISCARD ALL returns to its login values. pgcarpool sets
+/// the startup values again in the same round (`Relay::startup_after_discard`), so the
+/// server reports the changes once, at the round's ReadyForQuery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: DISCARD ALL loses the startup values (docs/testing.md)"]
 async fn discard_all_returns_to_the_startup_values() {
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
@@ -937,6 +936,27 @@ async fn discard_all_returns_to_the_startup_values() {
                 query("SET TimeZone = 'UTC'"),
                 ext("", "DISCARD ALL"),
                 ext("", "SHOW TimeZone"),
+            ]
+            .concat(),
+            3,
+        ),
+        // In one pipeline: what follows the DISCARD ALL sees the startup values.
+        (
+            [
+                query("SET TimeZone = 'UTC'"),
+                extended("", "DISCARD ALL"),
+                extended("", "SHOW TimeZone"),
+                sync(),
+            ]
+            .concat(),
+            2,
+        ),
+        // A named statement.
+        (
+            [
+                query("SET DateStyle = 'ISO, MDY'"),
+                ext("d", "DISCARD ALL"),
+                query("SHOW DateStyle"),
             ]
             .concat(),
             3,
@@ -1044,5 +1064,71 @@ async fn wrong_parameter_count_in_a_failed_block_is_08p01() {
     .map(String::from)
     .to_vec();
     harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    p.shutdown().await;
+}
+
+/// Inside a failed transaction block, a Describe of a statement the server does not hold
+/// (evicted: max_prepared_statements 1; the unnamed one, which another client's replaced
+/// on the one server) whose text returns no rows: PostgreSQL describes it
+/// (ParameterDescription with its parameter types, NoData; it refuses only a statement
+/// with a result, 25P02), where pgcarpool's Parse to prepare it again was refused (25P02).
+/// pgcarpool now answers from the description a server gave when the statement was first
+/// parsed. Found by the differential test (seeds 8, 10, 12, 344, 346, 400, 1004, 1015,
+/// 1019).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_in_a_failed_block_of_a_statement_the_server_lost() {
+    let pg = TempPostgres::start();
+    let setup = pg.connect("postgres", "testdb").await;
+    setup
+        .batch_execute("CREATE TABLE f19 (id int PRIMARY KEY, v text)")
+        .await
+        .unwrap();
+    let p = pool_with(&pg, 1, 1).await;
+    let a: Vec<String> = [
+        "P s1|INSERT INTO f19 VALUES ($1, $2)\nS",
+        "P s2|COPY f19 TO STDOUT\nS",
+        "P s3|SELECT $1::int AS x\nS",
+        "P |UPDATE f19 SET v = $2 WHERE id = $1\nS",
+        "P b|BEGIN\nB |b|\nE \nP z|SELECT 1/0\nB |z|\nE \nS",
+        "D S s1\nS",
+        "D S s2\nS",
+        "D S s3\nS",
+        "D S \nS",
+        "D S s1\nD S \nD S s2\nS",
+        "B ||1\nE \nS",
+        "Q ROLLBACK",
+        "D S s1\nD S s3\nS",
+    ]
+    .map(String::from)
+    .to_vec();
+    // Another client's unnamed statement takes the one server's place of the first's.
+    let b: Vec<String> = [
+        "Q SELECT 1",
+        "Q SELECT 2",
+        "Q SELECT 3",
+        "P |SELECT 5\nB ||\nE \nS",
+    ]
+    .map(String::from)
+    .to_vec();
+    let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[a, b]).await;
+    // The script tests what it means to.
+    let has = |k: usize, line: &str| {
+        assert!(t[0][k].iter().any(|l| l == line), "step {k}: {:?}", t[0][k]);
+    };
+    has(5, "Params 2 23,25");
+    has(6, "Params 0 ");
+    assert!(
+        t[0][7].iter().any(|l| l.starts_with("Error 25P02")),
+        "{:?}",
+        t[0][7]
+    );
+    has(8, "Params 2 23,25");
+    // The parameter counts are checked before the transaction (08P01), also of the
+    // unnamed statement.
+    assert!(
+        t[0][10].iter().any(|l| l.starts_with("Error 08P01")),
+        "{:?}",
+        t[0][10]
+    );
     p.shutdown().await;
 }

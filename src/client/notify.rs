@@ -532,14 +532,20 @@ fn bind_without_params(body: &[u8]) -> Result<bool, proto::ProtoError> {
 /// An idle client that is not pinned and whose buffered request is a LISTEN, UNLISTEN or
 /// pg_listening_channels() call (transaction and statement mode): answered here, through
 /// the pool's listener. None: not such a request.
+///
+/// A pinned client's requests go to its server, but for the channels it listened on
+/// through the listener before it was pinned: its LISTEN or UNLISTEN of one of them is
+/// answered here too (its server never listened on them), and `UNLISTEN *` gives them up
+/// before it goes to its server.
 pub(super) async fn answer(
     c: &mut Client,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<Option<Local>, ClientError> {
-    if c.pool.settings().mode == PoolMode::Session || c.session.pin.is_some() {
+    let pinned = c.session.pin.is_some();
+    if c.pool.settings().mode == PoolMode::Session || (pinned && !c.listening.is_listening()) {
         return Ok(None);
     }
-    if let Some(p) = prepare_request(&c.conn.rbuf)? {
+    if !pinned && let Some(p) = prepare_request(&c.conn.rbuf)? {
         return Ok(Some(prepare(c, p)));
     }
     let statements = &c.session.statements;
@@ -555,6 +561,23 @@ pub(super) async fn answer(
     };
     if req.len == 0 {
         return Ok(Some(Local::Incomplete));
+    }
+    if pinned {
+        match &req.stmt {
+            Stmt::Listen(ch) | Stmt::Unlisten(Some(ch)) if c.listening.channels().contains(ch) => {}
+            Stmt::Unlisten(None) => {
+                let r = tokio::select! {
+                    r = ask(c, Op::Unlisten(None)) => r,
+                    _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+                };
+                r.map_err(|e| ClientError::Fatal {
+                    code: lost_code(&e.code),
+                    message: e.message,
+                })?;
+                return Ok(None);
+            }
+            _ => return Ok(None),
+        }
     }
     let msgs = c.conn.rbuf.split_to(req.len).freeze();
     if req.extended.is_none() {

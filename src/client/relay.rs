@@ -623,6 +623,20 @@ impl<'a> Relay<'a> {
                             self.executing(&portal);
                         }
                     }
+                    if self.virt
+                        && avail >= h.total
+                        && self.session.discard_portal.as_deref().is_some_and(|d| {
+                            let body = &self.client.rbuf[fwd + 5..fwd + h.total];
+                            body.split(|&c| c == 0).next() == Some(d)
+                        })
+                    {
+                        // Its startup values follow the client's DISCARD ALL at once.
+                        self.session.discard_portal = None;
+                        self.forward_client_run(fwd + h.total);
+                        fwd = 0;
+                        self.startup_after_discard(true);
+                        continue;
+                    }
                 }
                 frontend::COPY_DONE | frontend::COPY_FAIL => p.sent_copy_end(),
                 frontend::COPY_DATA | frontend::FLUSH => {}
@@ -719,6 +733,23 @@ impl<'a> Relay<'a> {
                 self.forward_server_run(fwd);
                 fwd = 0;
                 self.server.conn.consume(h.total);
+                continue;
+            }
+            if self.virt
+                && self.server.owed.learning()
+                && matches!(
+                    h.tag,
+                    backend::PARAMETER_DESCRIPTION | backend::ROW_DESCRIPTION | backend::NO_DATA
+                )
+            {
+                if h.total > MAX_INSPECTED {
+                    return Err(ProtoError::TooLong(h.total));
+                }
+                if avail < h.total {
+                    break;
+                }
+                self.learn_reply(fwd, h.tag, h.total);
+                fwd = 0;
                 continue;
             }
             match h.tag {
@@ -845,6 +876,13 @@ impl<'a> Relay<'a> {
                 // Looked at whole: it may be a FATAL the client is not to see.
                 backend::ERROR_RESPONSE if self.keep_client && h.total <= MAX_INSPECTED => break,
                 tag => {
+                    if self.virt && avail < h.total && self.server.owed.swallows_next() {
+                        // Dropped once it is whole (`Pending::SwallowTo`).
+                        if h.total > MAX_INSPECTED {
+                            return Err(ProtoError::TooLong(h.total));
+                        }
+                        break;
+                    }
                     if self.virt && tag == backend::COMMAND_COMPLETE {
                         if h.total > MAX_INSPECTED {
                             return Err(ProtoError::TooLong(h.total));
@@ -1055,6 +1093,19 @@ impl Relay<'_> {
         let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
         ((one || kept.msgs.is_empty()) && prompt)
             .then(|| RelayEvent::TerminatedBeforeReply(kept.msgs))
+    }
+
+    /// A whole reply (`tag`, `total` bytes) at `fwd` in the server's buffer to a Describe
+    /// pgcarpool added (`Owed::learning`): kept as the statement's description, not passed
+    /// on (the run before it is).
+    fn learn_reply(&mut self, fwd: usize, tag: u8, total: usize) {
+        let body = &self.server.conn.rbuf[fwd + 5..fwd + total];
+        if let Some(d) = self.server.owed.learn(tag, body) {
+            self.session.unnamed_described = Some(d);
+        }
+        self.proto_reply(tag);
+        self.forward_server_run(fwd);
+        self.server.conn.consume(total);
     }
 
     /// A whole CommandComplete at `at` (`total` bytes) in the server's buffer: a DEALLOCATE

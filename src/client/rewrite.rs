@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Lost, Pending, Undo, Verdict};
+use crate::server::response::{Answer, Learning, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -31,6 +31,10 @@ pub(super) fn passes_through(
                 return Ok(false);
             }
             let sql = r.cstr_bytes()?;
+            if !classify::returns_rows(sql) {
+                // Described too (`Relay::parse_unnamed`).
+                return Ok(false);
+            }
             if classify::may_matter(sql) {
                 if classify::named_statement(sql).is_some()
                     || to_startup_value(session, sql).is_some()
@@ -106,6 +110,7 @@ impl Relay<'_> {
         let mut e = classify::classify(sql);
         refused_in_block(&mut e, self.server.proto.status_sent());
         self.note_effects(&e);
+        let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
             self.effects.merge(e);
@@ -190,9 +195,88 @@ impl Relay<'_> {
                     }
                 }
             }
+            None if discards && self.discard_all_to_startup(sql) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client
+    /// whose startup packet gave settings: PostgreSQL's returns them to the startup values,
+    /// a server's to its login values. It goes as Parse, Bind and Execute, followed in the
+    /// same round by pgcarpool's statement setting the startup values again
+    /// (`startup_after_discard`), then Sync: the server reports at the one ReadyForQuery
+    /// the settings whose value changed, as PostgreSQL would. (A query cannot carry both:
+    /// DISCARD ALL refuses to run in a multi-statement query or a DO block.) False, nothing
+    /// sent: the startup packet gave no setting.
+    fn discard_all_to_startup(&mut self, sql: &[u8]) -> bool {
+        if startup_settings(self.session).is_empty() {
+            return false;
+        }
+        let mut b = bytes::BytesMut::new();
+        message(&mut b, frontend::PARSE, &[b"\0", sql, b"\0\0\0"]);
+        message(&mut b, frontend::BIND, &[b"\0\0\0\0\0\0\0\0"]);
+        message(&mut b, frontend::EXECUTE, &[b"\0\0\0\0\0"]);
+        self.server.conn.queue(b.freeze());
+        let owed = &mut self.server.owed;
+        owed.push(Pending::SwallowTo(backend::PARSE_COMPLETE));
+        owed.push(Pending::SwallowTo(backend::BIND_COMPLETE));
+        owed.push(Pending::Execute);
+        self.startup_after_discard(false);
+        self.server.conn.queue_with(frontend::sync);
+        self.server.proto.owe_ready(true);
+        self.server.owed.push(Pending::Ready(None));
+        true
+    }
+
+    /// Right after the Execute of a client's `DISCARD ALL` (in a round that goes on): the
+    /// settings of the client's startup packet set again (pgcarpool's statement and portal
+    /// `PGCARPOOL_startup`, closed again; every reply dropped but an error). If the DISCARD
+    /// ALL fails, the server skips them with the rest of the round. `execute`: note the
+    /// Execute (the client's round is extended protocol).
+    pub(super) fn startup_after_discard(&mut self, execute: bool) {
+        const NAME: &[u8] = b"PGCARPOOL_startup\0";
+        let settings = startup_settings(self.session);
+        if settings.is_empty() {
+            return;
+        }
+        let calls: Vec<String> = (0..settings.len())
+            .map(|i| {
+                format!(
+                    "pg_catalog.set_config(${}, ${}, false)",
+                    2 * i + 1,
+                    2 * i + 2
+                )
+            })
+            .collect();
+        let sql = format!("SELECT {}", calls.join(", "));
+        let mut params = Vec::new();
+        params.extend_from_slice(&[0, 0]);
+        params.extend_from_slice(&(2 * settings.len() as i16).to_be_bytes());
+        for (k, v) in &settings {
+            for x in [k, v] {
+                params.extend_from_slice(&(x.len() as i32).to_be_bytes());
+                params.extend_from_slice(x.as_bytes());
+            }
+        }
+        params.extend_from_slice(&[0, 0]);
+        let mut b = bytes::BytesMut::new();
+        message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
+        message(&mut b, frontend::BIND, &[NAME, NAME, &params]);
+        message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
+        message(&mut b, frontend::CLOSE, &[b"S", NAME]);
+        self.server.conn.queue(b.freeze());
+        for end in [
+            backend::PARSE_COMPLETE,
+            backend::BIND_COMPLETE,
+            backend::COMMAND_COMPLETE,
+            backend::CLOSE_COMPLETE,
+        ] {
+            self.server.owed.push(Pending::SwallowTo(end));
+        }
+        if execute {
+            self.server.proto.sent_execute();
+        }
     }
 
     /// Send a client's query as written (or with RESETs made SETs); `tx`: what its
@@ -403,23 +487,33 @@ impl Relay<'_> {
         }
     }
 
-    /// A Bind (`body`) of a client's statement this server does not hold, inside a failed
-    /// transaction block: the statement cannot be prepared here (25P02), but PostgreSQL
-    /// checks the Bind's parameter counts first. Its 08P01 message when they are wrong.
+    /// A Bind (`body`) of a client's statement this server does not hold (empty name: the
+    /// unnamed one), inside a failed transaction block: the statement cannot be prepared
+    /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
+    /// message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
         if self.server.proto.status_sent() != b'E' {
             return None;
         }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
-        let stmt = self.session.statements.get(name)?;
-        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
-            return None;
-        }
+        let rest = if name.is_empty() {
+            let id = self.session.unnamed_id;
+            if id == 0 || self.server.unnamed == id {
+                return None;
+            }
+            self.session.unnamed.clone()?
+        } else {
+            let stmt = self.session.statements.get(name)?;
+            if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+                return None;
+            }
+            stmt.parse_rest.clone()
+        };
         let formats = usize::try_from(r.i16().ok()?).ok()?;
         r.bytes(formats * 2).ok()?;
         let params = usize::try_from(r.i16().ok()?).ok()?;
-        let mut p = Reader::new(&stmt.parse_rest, "Parse");
+        let mut p = Reader::new(&rest, "Parse");
         let sql = p.cstr_bytes().ok()?;
         let types = usize::try_from(p.i16().ok()?).ok()?;
         let wanted = classify::parameter_count(sql, types)?;
@@ -435,6 +529,32 @@ impl Relay<'_> {
         } else {
             None
         }
+    }
+
+    /// A Describe of client statement `name` (empty: the unnamed one) that this server does
+    /// not hold, inside a failed transaction block: the statement cannot be parsed here
+    /// (25P02), but PostgreSQL describes one without a result (ParameterDescription,
+    /// NoData; it refuses only one with a result, 25P02, as the Parse does). The
+    /// ParameterDescription's body, when a server described it so (`Stmt::no_rows_params`,
+    /// `VirtualSession::unnamed_described`).
+    fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
+        if self.server.proto.status_sent() != b'E' {
+            return None;
+        }
+        if name.is_empty() {
+            let id = self.session.unnamed_id;
+            return match &self.session.unnamed_described {
+                Some((d, params)) if *d == id && id != 0 && self.server.unnamed != id => {
+                    Some(params.clone())
+                }
+                _ => None,
+            };
+        }
+        let stmt = self.session.statements.get(name)?;
+        if self.server.prepared.holds(stmt.id) || stmt.is_sql_prepared() {
+            return None;
+        }
+        stmt.no_rows_params().cloned()
     }
 
     /// A whole Parse, Bind, Describe or Close from the client.
@@ -465,8 +585,10 @@ impl Relay<'_> {
                     );
                     // PostgreSQL parses and analyses the text before it looks at the name:
                     // the server reports an error in the text first, else the probe fails.
+                    // Here inside a failed block only for ROLLBACK or COMMIT, which
+                    // PostgreSQL parses there: 42P05, not 25P02.
                     self.refused_parse(&body[name.len() + 1..])?;
-                    self.server.probe("42P05", m, false);
+                    self.server.probe_before_block("42P05", m);
                     return Ok(());
                 }
                 let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
@@ -485,7 +607,7 @@ impl Relay<'_> {
                 self.session
                     .parsed_name(name.clone(), self.registry.changes_seen());
                 if self.server.prepared.touch(stmt.id) {
-                    self.server.owed.push(Pending::Answered(name));
+                    self.server.owed.push(Pending::Answered(name, stmt));
                 } else {
                     self.prepare_on_server(stmt, false);
                     self.server.owed.name_last_parse(name);
@@ -495,6 +617,10 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Bind");
                 let portal = r.cstr_bytes()?;
                 let name = r.cstr_bytes()?;
+                if let Some(m) = self.bind_count_error(body) {
+                    self.server.probe("08P01", m, false);
+                    return Ok(());
+                }
                 if name.is_empty() {
                     if !self.unnamed_here() {
                         self.server.probe("26000", NO_UNNAMED.into(), false);
@@ -504,12 +630,11 @@ impl Relay<'_> {
                     let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
                     let tx = s.unnamed.as_deref().and_then(tx_effect_of);
                     s.bound(portal, tx, deallocates);
+                    if deallocates && s.unnamed.as_deref().is_some_and(discards_all) {
+                        s.discard_portal = Some(Bytes::copy_from_slice(portal));
+                    }
                     self.server.conn.queue(msg);
                 } else {
-                    if let Some(m) = self.bind_count_error(body) {
-                        self.server.probe("08P01", m, false);
-                        return Ok(());
-                    }
                     match self.lookup(name) {
                         None => {
                             let name = String::from_utf8_lossy(name).into_owned();
@@ -528,6 +653,9 @@ impl Relay<'_> {
                                 stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                             let tx = tx_effect_of(&stmt.parse_rest);
                             self.session.bound(portal, tx, deallocates);
+                            if stmt.effects.as_ref().is_some_and(|e| e.discard_all) {
+                                self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
+                            }
                             if let Some(e) = &stmt.effects {
                                 self.effects.merge((**e).clone());
                             }
@@ -558,6 +686,13 @@ impl Relay<'_> {
                 let mut r = Reader::new(body, "Describe");
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
+                if kind == b'S'
+                    && let Some(params) = self.described_in_failed_block(name)
+                {
+                    self.session.unbound.remove(name);
+                    self.answer(Answer::Described(params));
+                    return Ok(());
+                }
                 if kind == b'S' && name.is_empty() && !self.unnamed_here() {
                     self.server.probe("26000", NO_UNNAMED.into(), false);
                     return Ok(());
@@ -627,7 +762,9 @@ impl Relay<'_> {
     /// A Parse of the unnamed statement whose text needs a look: SQL PREPARE, EXECUTE or
     /// DEALLOCATE inside a Parse. EXECUTE and DEALLOCATE of the client's own statements
     /// are mapped to their server names; PREPARE, and names pgcarpool does not know, go to
-    /// the server as written and the client is checked for a pin afterwards.
+    /// the server as written and the client is checked for a pin afterwards. A text that
+    /// may return no rows is described too (`Server::learn`): a Describe of it in a failed
+    /// block on another server is answered from that (`described_in_failed_block`).
     fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         let body = &msg[5..];
         let mut r = Reader::new(&body[1..], "Parse");
@@ -705,29 +842,27 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.unnamed_deallocates = self.session.unnamed_id;
         }
+        let learn = !classify::returns_rows(&out[6..]);
         self.server.conn.queue(out);
         self.server.owed.push(Pending::UnnamedParse(Undo::Unnamed {
             was,
             now: self.server.unnamed,
         }));
+        if learn {
+            let what = Learning::Unnamed(self.server.unnamed);
+            self.server.learn(b"", what);
+        }
         Ok(())
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
     /// client has): the server checks the client's own text as PostgreSQL would first (a
-    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block), sent as a
-    /// Parse of the unnamed statement whose ParseComplete is swallowed (the server's
-    /// unnamed statement goes; the client's is parsed again where it is next bound).
-    /// `rest`: the Parse body after the name.
+    /// syntax error, 42601, an unknown table…, else 25P02 in a failed block;
+    /// `Server::check_text`: the server's unnamed statement stays). `rest`: the Parse body
+    /// after the name.
     fn refused_parse(&mut self, rest: &[u8]) -> Result<(), ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        let types = &rest[sql.len() + 1..];
-        self.server.conn.queue(parse_message(sql, types));
-        self.server.unnamed = 0;
-        self.server.owed.push(Pending::Parse {
-            swallow: true,
-            stmt: None,
-        });
+        self.server.check_text(sql, &rest[sql.len() + 1..]);
         Ok(())
     }
 
@@ -884,15 +1019,16 @@ impl Relay<'_> {
         let mut ready = false;
         while let Some(a) = self.server.owed.pop_answer() {
             let status = self.server.proto.tx_status;
+            ready |= matches!(a, Answer::Query(_));
             self.client.queue_with(|b| match a {
                 Answer::ParseComplete => backend::parse_complete(b),
                 Answer::CloseComplete => backend::close_complete(b),
+                Answer::Described(params) => backend::described_without_result(b, &params),
                 Answer::Query(tag) => {
                     backend::command_complete(b, tag);
                     backend::ready_for_query(b, status);
                 }
             });
-            ready |= matches!(a, Answer::Query(_));
         }
         ready
     }
@@ -908,12 +1044,16 @@ impl Relay<'_> {
                 .on_reply(tag, code, &mut server.prepared, &mut server.unnamed);
         for u in server.owed.take_undo().into_iter().rev() {
             match u {
-                Undo::Name(name) if !self.session.statements.contains_key(&name) => {
+                Undo::Name(name, stmt) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
                     // the statements kept aside (undone newest first, a name made again
                     // after the DEALLOCATE ALL goes from the client's statements first).
+                    // Only the statement this Parse made: the name's statement from before
+                    // the Parse stays (long-run seeds 2026, 2042).
                     for (_, kept) in &mut self.session_deallocs {
-                        kept.remove(&name);
+                        if kept.get(&name).is_some_and(|k| Arc::ptr_eq(k, &stmt)) {
+                            kept.remove(&name);
+                        }
                     }
                 }
                 u => self.session.undo(u),
@@ -1021,6 +1161,35 @@ fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> 
     }
     block.push_str(&format!(" END{QUOTE}"));
     Some(block)
+}
+
+/// A Parse body after the name (the SQL, then parameter types) whose text is `DISCARD ALL`.
+fn discards_all(parse_rest: &[u8]) -> bool {
+    let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+    classify::classify(sql).discard_all
+}
+
+/// The settings of the client's startup packet that `DISCARD ALL` (as RESET ALL) returns
+/// to: all but `role` and `session_authorization` (GUC_NO_RESET_ALL).
+fn startup_settings(session: &VirtualSession) -> Vec<(String, String)> {
+    session
+        .startup
+        .iter()
+        .filter(|(k, _)| {
+            !k.eq_ignore_ascii_case("role") && !k.eq_ignore_ascii_case("session_authorization")
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// One frontend message: `tag`, its length, then `parts`.
+fn message(b: &mut bytes::BytesMut, tag: u8, parts: &[&[u8]]) {
+    let len: usize = 4 + parts.iter().map(|p| p.len()).sum::<usize>();
+    b.put_u8(tag);
+    b.put_i32(len as i32);
+    for p in parts {
+        b.put_slice(p);
+    }
 }
 
 /// A named Parse's text and types (`rest`) with `to_startup_value` applied.

@@ -45,9 +45,16 @@ pub struct VirtualSession {
     pub pool_scope: Bytes,
     /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
     pub unnamed_deallocates: u64,
+    /// The `unnamed_id` of an unnamed statement a server described as returning no rows,
+    /// and its ParameterDescription's body: a Describe of it inside a failed transaction
+    /// block on a server that does not hold it is answered with them (`Owed::learn`).
+    pub unnamed_described: Option<(u64, Bytes)>,
     /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
     /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
     pub deallocating_portals: Vec<Bytes>,
+    /// The portal last bound to a statement whose text is `DISCARD ALL`: its Execute is
+    /// followed by the client's startup values (`Relay::startup_after_discard`).
+    pub discard_portal: Option<Bytes>,
     /// The portal last bound to a transaction-control statement, and what running it does
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`ProtoState::sent_tx_effect`).
@@ -199,6 +206,9 @@ impl VirtualSession {
                 }
             }
         }
+        if self.discard_portal.as_deref() == Some(portal) {
+            self.discard_portal = None;
+        }
         let portals = &mut self.deallocating_portals;
         portals.retain(|p| p != portal);
         if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
@@ -222,7 +232,7 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
-            Undo::Name(name) => {
+            Undo::Name(name, _) => {
                 self.statements.remove(&name);
             }
             Undo::Closed(name, stmt) => {

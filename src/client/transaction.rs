@@ -429,7 +429,9 @@ async fn after_transaction(
     let hidden = reset_all
         || effects.gucs_unknown
         || (effects.calls && c.shared.config().settings.check_function_calls);
-    let names = read_back_names(c, server, effects, reset_all, hidden);
+    // After a DISCARD ALL too: the client's startup values were set again after it
+    // (`Relay::startup_after_discard`).
+    let names = read_back_names(c, server, effects, effects.reset_all, hidden);
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
@@ -443,6 +445,16 @@ async fn after_transaction(
                 c.session.remove_param(&name);
             }
         }
+    }
+    if reset_all
+        && c.session
+            .startup
+            .get("default_transaction_read_only")
+            .is_none()
+    {
+        // Back to the server's own (`sync::is_server_role`, not read back): no longer the
+        // client's setting.
+        c.session.remove_param("default_transaction_read_only");
     }
     let max_settings = c.shared.config().settings.client_max_settings;
     if c.session.params.len() > max_settings {
@@ -590,10 +602,10 @@ async fn wait_for_request(
             if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
                 return Err(pqexec_disallowed());
             }
-            if pinned {
-                return Ok(Wait::Request);
-            }
-            let local = if let Some(block) = aborted {
+            let local = if pinned {
+                let answered = super::notify::answer(c, kill.as_mut()).await?;
+                answered.unwrap_or(Local::NeedServer)
+            } else if let Some(block) = aborted {
                 let (local, over) = super::aborted::answer(c, block)?;
                 if over {
                     *aborted = None;

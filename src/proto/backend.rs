@@ -15,6 +15,7 @@ pub const PARSE_COMPLETE: u8 = b'1';
 pub const CLOSE_COMPLETE: u8 = b'3';
 pub const BIND_COMPLETE: u8 = b'2';
 pub const NO_DATA: u8 = b'n';
+pub const PARAMETER_DESCRIPTION: u8 = b't';
 pub const PORTAL_SUSPENDED: u8 = b's';
 pub const COPY_IN_RESPONSE: u8 = b'G';
 pub const COPY_OUT_RESPONSE: u8 = b'H';
@@ -127,6 +128,16 @@ pub fn parse_complete(out: &mut BytesMut) {
 
 pub fn close_complete(out: &mut BytesMut) {
     let at = begin(out, CLOSE_COMPLETE);
+    finish(out, at);
+}
+
+/// ParameterDescription (`params`: its body, the count and the type OIDs), then NoData: a
+/// statement without a result described.
+pub fn described_without_result(out: &mut BytesMut, params: &[u8]) {
+    let at = begin(out, PARAMETER_DESCRIPTION);
+    out.put_slice(params);
+    finish(out, at);
+    let at = begin(out, NO_DATA);
     finish(out, at);
 }
 

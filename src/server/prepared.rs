@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 
 use super::Server;
-use super::response::Pending;
+use super::response::{Learning, Pending};
 use crate::proto::frontend;
 use crate::statements::Stmt;
 use bytes::BufMut;
@@ -136,7 +136,8 @@ impl PreparedSet {
 impl Server {
     /// Prepare `stmt` under its internal name: a Parse (after a Close of the least recently
     /// used statements when `max` or more are held), its ParseComplete expected, swallowed
-    /// or passed on to the client.
+    /// or passed on to the client; the first time, a Describe of it too, whose replies are
+    /// swallowed and kept (`Pending::Learn`).
     pub fn prepare(&mut self, stmt: Arc<Stmt>, swallow: bool, max: usize) {
         // After a reload to a smaller max_prepared_statements, down to the new size.
         while self.prepared.len() >= max.max(1)
@@ -151,8 +152,26 @@ impl Server {
         self.prepared.insert(stmt.clone());
         self.owed.push(Pending::Parse {
             swallow,
-            stmt: Some(stmt),
+            stmt: Some(stmt.clone()),
         });
+        if !stmt.is_described() {
+            self.learn(&stmt.server_name.clone(), Learning::Stmt(stmt));
+        }
+    }
+
+    /// Queue a Describe of the statement the server knows as `name` (empty: the unnamed
+    /// one), just parsed, whose replies pgcarpool keeps (`Owed::learn`) and swallows: what a
+    /// Describe of it inside a failed transaction block is answered with on a server that
+    /// does not hold it (`Stmt::no_rows_params`).
+    pub fn learn(&mut self, name: &[u8], what: Learning) {
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::DESCRIBE);
+            b.put_i32((4 + 1 + name.len() + 1) as i32);
+            b.put_u8(b'S');
+            b.put_slice(name);
+            b.put_u8(0);
+        });
+        self.owed.push(Pending::Learn { what, params: None });
     }
 
     /// Close `stmt`'s server copy (its ReadyForQuery-less CloseComplete swallowed): a later
@@ -293,6 +312,9 @@ mod tests {
         let r = StatementRegistry::default();
         let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let b = r.intern(b"", b"select 2\0\0\0").unwrap();
+        // Described already: no Describe is added (see the next test).
+        a.set_description(None);
+        b.set_description(None);
         let (mut server, _peer) = crate::server::test_server();
         server.prepare(a.clone(), true, 1);
         assert_eq!(
@@ -326,6 +348,44 @@ mod tests {
             parse_msg(&a.server_name, &a.parse_rest)
         );
         assert_eq!(server.prepared.len(), 2);
+    }
+
+    /// The first Parse of a statement on any server is followed by a Describe of it, whose
+    /// replies are kept as its description; once described, it is not described again.
+    #[tokio::test]
+    async fn the_first_prepare_describes_the_statement() {
+        use crate::proto::backend::{NO_DATA, PARAMETER_DESCRIPTION, PARSE_COMPLETE};
+        use crate::server::response::Verdict;
+        let r = StatementRegistry::default();
+        let a = r.intern(b"", b"insert into t values ($1)\0\0\0").unwrap();
+        let (mut server, _peer) = crate::server::test_server();
+        server.prepare(a.clone(), false, 4);
+        let mut want = parse_msg(&a.server_name, &a.parse_rest);
+        want.extend([b'D', 0, 0, 0, 4 + 1 + a.server_name.len() as u8 + 1, b'S']);
+        want.extend_from_slice(&a.server_name);
+        want.push(0);
+        assert_eq!(server.conn.queued(), want);
+        assert_eq!(verdicts(&mut server, &[PARSE_COMPLETE]), [Verdict::Forward]);
+        assert!(server.owed.learning());
+        // Its replies settle it (`Relay::learn_reply` swallows them).
+        server
+            .owed
+            .learn(PARAMETER_DESCRIPTION, &[0, 1, 0, 0, 0, 23]);
+        assert!(server.owed.learning());
+        server.owed.learn(NO_DATA, &[]);
+        assert!(server.owed.is_empty());
+        assert_eq!(
+            a.no_rows_params().map(|p| &p[..]),
+            Some(&[0, 1, 0, 0, 0, 23][..])
+        );
+        server.unprepare(&a);
+        server.conn.discard_out();
+        server.owed.clear();
+        server.prepare(a.clone(), true, 4);
+        assert_eq!(
+            server.conn.queued(),
+            parse_msg(&a.server_name, &a.parse_rest)
+        );
     }
 
     #[tokio::test]

@@ -30,9 +30,20 @@ pub enum Pending {
         stmt: Arc<Stmt>,
         name: Bytes,
     },
+    /// ParseComplete of pgcarpool's check of a refused Parse's text under a name of its own
+    /// (`Server::check_text`, closed at once): swallowed; failed or skipped, nothing the
+    /// server holds changes.
+    Check,
+    /// A Describe pgcarpool added after a Parse (`Server::learn`): its ParameterDescription
+    /// (`params`) and NoData or RowDescription are swallowed and kept as the statement's
+    /// description (`Owed::learn`).
+    Learn {
+        what: Learning,
+        params: Option<Bytes>,
+    },
     /// A client's Parse of a named statement the server already holds: pgcarpool answers
     /// ParseComplete when it reaches the front; skipped, the name goes again.
-    Answered(Bytes),
+    Answered(Bytes, Arc<Stmt>),
     /// ParseComplete for a client's Parse of the unnamed statement (`Undo::Unnamed`: the
     /// client's unnamed statement before it). Skipped, the old one comes back; failed, the
     /// client has none (`Lost::Unnamed`).
@@ -59,6 +70,10 @@ pub enum Pending {
     Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
+    /// An extended-protocol message pgcarpool added within a client's round: every reply
+    /// up to the one with this tag (ParseComplete, BindComplete, CommandComplete,
+    /// CloseComplete) is dropped; an error is the client's as any (`skip_to_sync`).
+    SwallowTo(u8),
     /// A message pgcarpool refused: a probe sent in its place makes the server fail (so the
     /// server skips to the next Sync, or aborts a transaction block, as PostgreSQL would
     /// have); its error is replaced by this one (SQLSTATE, message).
@@ -71,10 +86,22 @@ pub enum Pending {
     Retag(bool),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The statement a Describe pgcarpool added describes.
+#[derive(Debug)]
+pub enum Learning {
+    /// A shared statement, on its first Parse (`Stmt::set_description`).
+    Stmt(Arc<Stmt>),
+    /// The client's unnamed statement of this id (`VirtualSession::unnamed_id`).
+    Unnamed(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     ParseComplete,
     CloseComplete,
+    /// A Describe of a statement without a result, from its description: ParameterDescription
+    /// with this body, then NoData.
+    Described(Bytes),
     /// A whole simple query answered here: CommandComplete with this tag, ReadyForQuery.
     Query(&'static str),
 }
@@ -113,8 +140,8 @@ pub enum Lost {
 /// the server fails or skips that message (PostgreSQL would not have made it).
 #[derive(Debug)]
 pub enum Undo {
-    /// A named Parse made this client name: it goes.
-    Name(Bytes),
+    /// A named Parse made this client name, for this statement: it goes.
+    Name(Bytes, Arc<Stmt>),
     /// A Close dropped this client name: it comes back, unless the name was taken again.
     Closed(Bytes, Arc<Stmt>),
     /// A Parse or Close of the unnamed statement replaced the client's unnamed statement
@@ -148,7 +175,9 @@ impl Owed {
     /// The client's Parse just queued (`Server::prepare`, not swallowed) made client name
     /// `name`: owed as a `NamedParse`, so that the name goes if the server fails or skips it.
     pub fn name_last_parse(&mut self, name: Bytes) {
-        if let Some(last) = self.queue.back_mut()
+        let learning = matches!(self.queue.back(), Some(Pending::Learn { .. }));
+        let at = self.queue.len().wrapping_sub(1 + usize::from(learning));
+        if let Some(last) = self.queue.get_mut(at)
             && let Pending::Parse {
                 swallow: false,
                 stmt: Some(stmt),
@@ -171,8 +200,8 @@ impl Owed {
     /// The next reply pgcarpool gives itself, when it is next in line.
     pub fn pop_answer(&mut self) -> Option<Answer> {
         let a = match self.queue.front() {
-            Some(Pending::Answer(a)) => *a,
-            Some(Pending::Answered(_)) => Answer::ParseComplete,
+            Some(Pending::Answer(a)) => a.clone(),
+            Some(Pending::Answered(..)) => Answer::ParseComplete,
             Some(Pending::Closed(_)) => Answer::CloseComplete,
             _ => return None,
         };
@@ -209,8 +238,10 @@ impl Owed {
             matches!(
                 p,
                 Pending::Parse { .. }
+                    | Pending::Check
+                    | Pending::Learn { .. }
                     | Pending::NamedParse { .. }
-                    | Pending::Answered(_)
+                    | Pending::Answered(..)
                     | Pending::UnnamedParse(_)
                     | Pending::Closed(_)
                     | Pending::Describe
@@ -224,8 +255,49 @@ impl Owed {
     pub fn answer_due(&self) -> bool {
         matches!(
             self.queue.front(),
-            Some(Pending::Answer(_) | Pending::Answered(_) | Pending::Closed(_))
+            Some(Pending::Answer(_) | Pending::Answered(..) | Pending::Closed(_))
         )
+    }
+
+    /// Is the front a Describe pgcarpool added (`Pending::Learn`)? Its replies are to be
+    /// given to `learn` whole.
+    pub fn learning(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::Learn { .. }))
+    }
+
+    /// A whole reply (`tag`, `body`: ParameterDescription, then NoData or RowDescription)
+    /// to the Describe pgcarpool added in front, which the client never sees: a shared
+    /// statement's description is kept once it is complete, and the Describe is settled.
+    /// The unnamed statement's id and ParameterDescription body when the server described
+    /// it as returning no rows (the session keeps it).
+    pub fn learn(&mut self, tag: u8, body: &[u8]) -> Option<(u64, Bytes)> {
+        let Some(Pending::Learn { what, params }) = self.queue.front_mut() else {
+            return None;
+        };
+        if tag == backend::PARAMETER_DESCRIPTION {
+            *params = Some(Bytes::copy_from_slice(body));
+            return None;
+        }
+        let found = match (tag, what, params.take()) {
+            (backend::NO_DATA, Learning::Stmt(stmt), Some(p)) => {
+                stmt.set_description(Some(p));
+                None
+            }
+            (backend::NO_DATA, Learning::Unnamed(id), Some(p)) => Some((*id, p)),
+            (backend::ROW_DESCRIPTION, Learning::Stmt(stmt), _) => {
+                stmt.set_description(None);
+                None
+            }
+            _ => None,
+        };
+        self.queue.pop_front();
+        found
+    }
+
+    /// The next reply answers an extended-protocol message pgcarpool added
+    /// (`Pending::SwallowTo`): it is dropped, so it must be read whole.
+    pub fn swallows_next(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::SwallowTo(_)))
     }
 
     /// Inside a query pgcarpool added (its replies are all dropped)?
@@ -273,19 +345,7 @@ impl Owed {
             (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
             (_, Pending::Swallow) => (false, true),
             (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
-                let Some(Pending::Fail(f)) = self.queue.pop_front() else {
-                    unreachable!("front is a Fail");
-                };
-                self.skip_to_sync(prepared, unnamed, false);
-                // Refused because the transaction block had already failed (25P02): what
-                // PostgreSQL would have said too, except for a name that does not exist
-                // (26000), which PostgreSQL looks up before it checks the transaction, and
-                // a Bind's wrong parameter count (08P01), checked before it too.
-                return if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
-                    (Verdict::Forward, Lost::Nothing)
-                } else {
-                    (Verdict::Replace(f), Lost::Nothing)
-                };
+                return (self.probe_failed(code, prepared, unnamed), Lost::Nothing);
             }
             (backend::ERROR_RESPONSE, Pending::BindShared) if code == Some(*b"0A000") => {
                 self.skip_to_sync(prepared, unnamed, true);
@@ -305,6 +365,7 @@ impl Owed {
                 let lost = self.skip_to_sync(prepared, unnamed, true);
                 return (Verdict::Forward, lost);
             }
+            (tag, Pending::SwallowTo(end)) => (tag == *end, true),
             (backend::PARSE_COMPLETE, Pending::Parse { swallow, stmt }) => {
                 if let Some(s) = stmt {
                     s.set_validated();
@@ -316,6 +377,7 @@ impl Owed {
                 (true, false)
             }
             (backend::PARSE_COMPLETE, Pending::UnnamedParse(_)) => (true, false),
+            (backend::PARSE_COMPLETE, Pending::Check) => (true, true),
             (backend::BIND_COMPLETE, Pending::Bind | Pending::BindShared) => (true, false),
             (backend::CLOSE_COMPLETE, Pending::Close { swallow, .. }) => (true, *swallow),
             (backend::ROW_DESCRIPTION | backend::NO_DATA, Pending::Describe) => (true, false),
@@ -337,6 +399,29 @@ impl Owed {
             Verdict::Forward
         };
         (verdict, Lost::Nothing)
+    }
+
+    /// The server refused the probe in front (`Pending::Fail`) with
+    /// this SQLSTATE: the client gets the probe's error in its place, or the server's 25P02.
+    fn probe_failed(
+        &mut self,
+        code: Option<[u8; 5]>,
+        prepared: &mut PreparedSet,
+        unnamed: &mut u64,
+    ) -> Verdict {
+        let Some(Pending::Fail(f)) = self.queue.pop_front() else {
+            unreachable!("front is a Fail")
+        };
+        self.skip_to_sync(prepared, unnamed, false);
+        // Refused because the transaction block had already failed (25P02): what
+        // PostgreSQL would have said too, except for a name that does not exist (26000),
+        // which PostgreSQL looks up before it checks the transaction, and a Bind's wrong
+        // parameter count (08P01), checked before it too.
+        if code == Some(*b"25P02") && !matches!(f.0, "26000" | "08P01") {
+            Verdict::Forward
+        } else {
+            Verdict::Replace(f)
+        }
     }
 
     /// After an error the server skips everything up to the next Sync: the replies owed
@@ -363,9 +448,9 @@ impl Owed {
                 }) => prepared.restore(id, s),
                 Some(Pending::NamedParse { stmt, name }) => {
                     prepared.remove(stmt.id);
-                    self.undo.push(Undo::Name(name));
+                    self.undo.push(Undo::Name(name, stmt));
                 }
-                Some(Pending::Answered(name)) => self.undo.push(Undo::Name(name)),
+                Some(Pending::Answered(name, stmt)) => self.undo.push(Undo::Name(name, stmt)),
                 Some(Pending::Closed(u)) => self.undo.push(u),
                 Some(Pending::UnnamedParse(u)) => {
                     // The server's unnamed statement: dropped if it failed, unknown here.
@@ -400,6 +485,9 @@ impl Owed {
 /// transaction block, exactly where PostgreSQL would have failed the refused message.
 const PROBE_SQL: &str = "select pgcarpool_refused";
 
+/// What `Server::probe_before_block` parses: a syntax error (42601), in a failed block too.
+const PROBE_SYNTAX_SQL: &str = "pgcarpool_refused";
+
 /// What a probe in place of a simple query runs: it fails in execution (26000), or with
 /// 25P02 inside a failed transaction block. The statements refused in a query (EXECUTE,
 /// PREPARE, DEALLOCATE) fail in execution too, after PostgreSQL made the unnamed portal
@@ -420,19 +508,62 @@ impl Server {
             self.owed.push(Pending::Fail(Box::new((code, message))));
             self.owed.push(Pending::Ready(None));
         } else {
-            const NAME: &[u8] = b"pgcarpool_refused";
-            let len = 4 + NAME.len() + 1 + PROBE_SQL.len() + 1 + 2;
-            self.conn.queue_with(|b| {
-                b.put_u8(frontend::PARSE);
-                b.put_i32(len as i32);
-                b.put_slice(NAME);
-                b.put_u8(0);
-                b.put_slice(PROBE_SQL.as_bytes());
-                b.put_u8(0);
-                b.put_i16(0);
-            });
-            self.owed.push(Pending::Fail(Box::new((code, message))));
+            self.probe_parse(PROBE_SQL, code, message);
         }
+    }
+
+    /// As `probe` for an extended message, for an error PostgreSQL reports even inside a
+    /// failed transaction block (a named Parse of a name the client has, whose text is
+    /// ROLLBACK or COMMIT: 42P05): the probe is a syntax error, which the server reports
+    /// before it looks at the transaction.
+    pub fn probe_before_block(&mut self, code: &'static str, message: String) {
+        self.probe_parse(PROBE_SYNTAX_SQL, code, message);
+    }
+
+    fn probe_parse(&mut self, sql: &str, code: &'static str, message: String) {
+        const NAME: &[u8] = b"pgcarpool_refused";
+        let len = 4 + NAME.len() + 1 + sql.len() + 1 + 2;
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_slice(NAME);
+            b.put_u8(0);
+            b.put_slice(sql.as_bytes());
+            b.put_u8(0);
+            b.put_i16(0);
+        });
+        self.owed.push(Pending::Fail(Box::new((code, message))));
+    }
+
+    /// Have the server check a text pgcarpool refuses to parse for the client (`sql`, then
+    /// `types`: the rest of a Parse body) as PostgreSQL would have checked it: a Parse
+    /// under a name of pgcarpool's own (its ParseComplete swallowed) closed at once, so no
+    /// statement of the server's changes. It fails with the text's error (42601, 42P01…),
+    /// or 25P02 inside a failed transaction block, and the server skips to the next Sync.
+    pub fn check_text(&mut self, sql: &[u8], types: &[u8]) {
+        const NAME: &[u8] = b"pgcarpool_check";
+        let len = 4 + NAME.len() + 1 + sql.len() + 1 + types.len();
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::PARSE);
+            b.put_i32(len as i32);
+            b.put_slice(NAME);
+            b.put_u8(0);
+            b.put_slice(sql);
+            b.put_u8(0);
+            b.put_slice(types);
+        });
+        self.owed.push(Pending::Check);
+        self.conn.queue_with(|b| {
+            b.put_u8(frontend::CLOSE);
+            b.put_i32((4 + 1 + NAME.len() + 1) as i32);
+            b.put_u8(b'S');
+            b.put_slice(NAME);
+            b.put_u8(0);
+        });
+        self.owed.push(Pending::Close {
+            swallow: true,
+            evicted: None,
+        });
     }
 
     /// Send a client's simple Query; its ReadyForQuery is owed. `prepares`: it is a SQL
@@ -484,6 +615,49 @@ mod tests {
             reply(&mut o, &mut p, READY_FOR_QUERY, None),
             Verdict::Forward
         );
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn replies_to_added_extended_messages_are_swallowed_up_to_their_tag() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        use backend::*;
+        // The client's Execute (of DISCARD ALL), then pgcarpool's Parse, Bind, Execute,
+        // Close, then the client's Sync.
+        o.push(Pending::Execute);
+        for end in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        let r = |o: &mut Owed, p: &mut PreparedSet, tag| reply(o, p, tag, None);
+        assert_eq!(r(&mut o, &mut p, COMMAND_COMPLETE), Verdict::Forward);
+        for tag in [
+            PARSE_COMPLETE,
+            BIND_COMPLETE,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            CLOSE_COMPLETE,
+        ] {
+            assert!(o.swallows_next());
+            assert_eq!(r(&mut o, &mut p, tag), Verdict::Swallow);
+        }
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
+        assert!(o.is_empty());
+        // An error in them is the client's; the rest is skipped to the Sync.
+        for end in [PARSE_COMPLETE, BIND_COMPLETE] {
+            o.push(Pending::SwallowTo(end));
+        }
+        o.push(Pending::Ready(None));
+        assert_eq!(r(&mut o, &mut p, PARSE_COMPLETE), Verdict::Swallow);
+        let e = reply(&mut o, &mut p, ERROR_RESPONSE, Some(b"22023"));
+        assert_eq!(e, Verdict::Forward);
+        assert_eq!(r(&mut o, &mut p, READY_FOR_QUERY), Verdict::Forward);
         assert!(o.is_empty());
     }
 
@@ -897,5 +1071,82 @@ mod tests {
             reply(&mut o, &mut p, backend::READY_FOR_QUERY, None),
             Verdict::Forward
         );
+    }
+
+    /// The check of a refused Parse's text is a Parse under pgcarpool's own name, closed at
+    /// once: passed, both replies are swallowed; failed (25P02, 42601…), the error is the
+    /// client's and the server's unnamed statement is still the client's (seed 233).
+    #[tokio::test]
+    async fn a_text_check_leaves_the_servers_unnamed_statement() {
+        let (mut server, _peer) = crate::server::test_server();
+        server.unnamed = 5;
+        server.check_text(b"select 1", &[0, 0]);
+        let mut want = vec![b'P'];
+        let body = b"pgcarpool_check\0select 1\0\0\0";
+        want.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
+        want.extend_from_slice(body);
+        want.extend_from_slice(&[b'C', 0, 0, 0, 21, b'S']);
+        want.extend_from_slice(b"pgcarpool_check\0");
+        assert_eq!(server.conn.queued(), want);
+        server.owed.push(Pending::Ready(None));
+        let s = &mut server;
+        let mut reply = |tag, code| {
+            s.owed
+                .on_reply(tag, code, &mut s.prepared, &mut s.unnamed)
+                .0
+        };
+        assert_eq!(reply(backend::PARSE_COMPLETE, None), Verdict::Swallow);
+        assert_eq!(reply(backend::CLOSE_COMPLETE, None), Verdict::Swallow);
+        assert_eq!(reply(backend::READY_FOR_QUERY, None), Verdict::Forward);
+        server.check_text(b"select 1", &[0, 0]);
+        server.owed.push(Pending::Ready(None));
+        let s = &mut server;
+        let mut reply = |tag, code| {
+            s.owed
+                .on_reply(tag, code, &mut s.prepared, &mut s.unnamed)
+                .0
+        };
+        assert_eq!(
+            reply(backend::ERROR_RESPONSE, Some(*b"25P02")),
+            Verdict::Forward
+        );
+        assert_eq!(reply(backend::READY_FOR_QUERY, None), Verdict::Forward);
+        assert!(server.owed.is_empty());
+        assert_eq!(server.unnamed, 5);
+    }
+
+    /// The replies to a Describe pgcarpool added settle it; NoData keeps the
+    /// ParameterDescription as the description (of a shared statement, or handed back for
+    /// the unnamed one), RowDescription says it returns rows.
+    #[test]
+    fn a_describe_added_is_swallowed_and_kept() {
+        let r = StatementRegistry::default();
+        let a = r.intern(b"", b"insert into t values ($1)\0\0\0").unwrap();
+        let b = r.intern(b"", b"select $1::int\0\0\0").unwrap();
+        let mut o = Owed::default();
+        o.push(Pending::Learn {
+            what: Learning::Stmt(a.clone()),
+            params: None,
+        });
+        o.push(Pending::Learn {
+            what: Learning::Stmt(b.clone()),
+            params: None,
+        });
+        o.push(Pending::Learn {
+            what: Learning::Unnamed(7),
+            params: None,
+        });
+        let params = [0, 1, 0, 0, 0, 23];
+        let mut seen = Vec::new();
+        for tag in [b't', b'n', b't', b'T', b't', b'n'] {
+            assert!(o.learning());
+            seen.push(o.learn(tag, if tag == b't' { &params } else { &[] }));
+        }
+        assert!(o.is_empty());
+        assert_eq!(a.no_rows_params().map(|b| &b[..]), Some(&params[..]));
+        assert!(b.is_described());
+        assert_eq!(b.no_rows_params(), None);
+        assert_eq!(seen[5], Some((7, Bytes::copy_from_slice(&params))));
+        assert!(seen[..5].iter().all(Option::is_none));
     }
 }

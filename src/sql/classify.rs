@@ -641,6 +641,22 @@ fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
     Some(*b"III")
 }
 
+/// Does the statement `sql` (a Parse's text, up to a NUL) surely return rows, so that
+/// PostgreSQL describes it with a RowDescription: a SELECT without INTO, VALUES, TABLE,
+/// SHOW, EXPLAIN? False when unsure (FETCH: NoData where the cursor does not exist yet).
+/// Reads the first word (and SELECT's text for INTO); no allocation.
+pub fn returns_rows(sql: &[u8]) -> bool {
+    let sql = sql.split(|&c| c == 0).next().unwrap_or_default();
+    let Some((w, _)) = next_word(sql) else {
+        return false;
+    };
+    let is = |k: &[u8]| w.eq_ignore_ascii_case(k);
+    if is(b"SELECT") {
+        return !contains_ci(sql, b"into");
+    }
+    is(b"VALUES") || is(b"TABLE") || is(b"SHOW") || is(b"EXPLAIN")
+}
+
 /// The first word of `s` (letters, digits, `_`) after whitespace, comments and
 /// punctuation, and what follows it.
 fn next_word(s: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -1774,6 +1790,32 @@ mod tests {
             b"\0",
         ] {
             assert!(!replay_safe(no), "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn returns_rows_only_when_sure() {
+        for yes in [
+            &b"SELECT 1\0\0\0"[..],
+            b" /* c */ (select $1::int)",
+            b"values (1)",
+            b"TABLE shared",
+            b"show work_mem",
+            b"explain select 1",
+        ] {
+            assert!(returns_rows(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b"select 1 into t2\0"[..],
+            b"insert into t values ($1) returning id",
+            b"update t set a = 1",
+            b"with x as (select 1) insert into t select * from x",
+            b"FETCH 2 FROM c1",
+            b"SET a = 1",
+            b"COPY t TO STDOUT",
+            b"",
+        ] {
+            assert!(!returns_rows(no), "{}", String::from_utf8_lossy(no));
         }
     }
 }

@@ -349,7 +349,14 @@ fn describe(tag: u8, body: &[u8]) -> Option<String> {
         b's' => "Suspended".into(),
         b'Z' => format!("Ready {}", body[0] as char),
         b'C' => format!("Complete {}", cstrs(body).0),
-        b't' => format!("Params {}", i16::from_be_bytes([body[0], body[1]])),
+        b't' => {
+            let oids: Vec<String> = body[2..].chunks(4).map(|c| oid_text(be_u32(c))).collect();
+            format!(
+                "Params {} {}",
+                i16::from_be_bytes([body[0], body[1]]),
+                oids.join(",")
+            )
+        }
         b'A' => {
             let (channel, rest) = cstrs(&body[4..]);
             format!("Notify {channel} {}", cstrs(rest).0)
