@@ -5,32 +5,12 @@ mod harness;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use harness::{TempPostgres, TestPooler, cl_waiting, pg_bin, sqlstate, wait_for};
+use harness::{TempPostgres, TestPooler, cl_waiting, pg_bin, rows, sqlstate, wait_for};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 async fn console(p: &TestPooler) -> Client {
     p.connect("postgres", "pgbouncer").await
-}
-
-/// Rows of a simple-query answer as column name → text value.
-async fn rows(c: &Client, sql: &str) -> Vec<HashMap<String, Option<String>>> {
-    let msgs = c
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, col)| (col.name().to_string(), r.get(i).map(str::to_string)))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 fn num(row: &HashMap<String, Option<String>>, col: &str) -> u64 {
@@ -823,10 +803,7 @@ async fn kill_client_disconnects_that_client() {
         async move { app.simple_query("select pg_sleep(30)").await }
     });
     let obs = harness::Observer::new(&pg).await;
-    harness::wait_for("the query to run", Duration::from_secs(5), || async {
-        obs.running("postgres", "pg_sleep(30)").await == 1
-    })
-    .await;
+    obs.wait_running("postgres", "pg_sleep(30)", 1).await;
     c.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(5), busy)
         .await

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use harness::process::PoolerProcess;
-use harness::{TempPostgres, TestPooler, conninfo_quote, dsn_with_password};
+use harness::{
+    TempPostgres, TestPooler, conninfo_quote, dsn_with_password, error_text, scalar, try_connect,
+};
 
 /// How long one login may take before it counts as a hang.
 const LOGIN_LIMIT: Duration = Duration::from_secs(10);
@@ -21,20 +23,13 @@ const LOGIN_LIMIT: Duration = Duration::from_secs(10);
 /// (the server asked for a password the client does not have) or `timeout`.
 async fn outcome(dsn: &str) -> String {
     let attempt = async {
-        let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let row = client.query_one("select current_user::text", &[]).await?;
-        Ok::<_, tokio_postgres::Error>(row.get::<_, String>(0))
+        let client = try_connect(dsn).await.map_err(|e| error_text(&e))?;
+        scalar(&client, "select current_user").await
     };
     match tokio::time::timeout(LOGIN_LIMIT, attempt).await {
         Err(_) => "timeout".into(),
         Ok(Ok(user)) => format!("ok {user}"),
-        Ok(Err(e)) => match e.as_db_error() {
-            Some(d) => format!("{} {}", d.code().code(), d.message()),
-            None => format!("client: {e}"),
-        },
+        Ok(Err(e)) => e,
     }
 }
 

@@ -6,21 +6,20 @@ mod harness;
 
 use std::time::Duration;
 
-use harness::{TempPostgres, TestPooler, dsn_with_password, try_connect, wait_for};
+use harness::{
+    TempPostgres, TestPooler, dsn_with_password, error_text, scalar, try_connect, wait_for,
+};
 use pgcarpool::auth::scram;
 
 /// What a login came to: "logged in" (after a query through it), or the SQLSTATE and
 /// message, or a client-side error.
 async fn outcome(port: u16, user: &str, password: &str, db: &str) -> String {
     match try_connect(&dsn_with_password(port, user, Some(password), db)).await {
-        Ok(c) => match c.simple_query("select 1").await {
+        Ok(c) => match scalar(&c, "select 1").await {
             Ok(_) => "logged in".into(),
-            Err(e) => format!("query failed: {e:?}"),
+            Err(e) => format!("query failed: {e}"),
         },
-        Err(e) => match e.as_db_error() {
-            Some(d) => format!("{} {}", d.code().code(), d.message()),
-            None => format!("client: {e}"),
-        },
+        Err(e) => error_text(&e),
     }
 }
 

@@ -5,18 +5,8 @@ mod harness;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{Observer, TempPostgres, TestPooler, eventually, wait_for};
+use harness::{Observer, TempPostgres, TestPooler, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Wait (bounded) until PostgreSQL runs `n` active queries containing `needle` for md5user.
-async fn wait_running(obs: &Observer, needle: &str, n: i64) {
-    wait_for(
-        &format!("{n} running queries like {needle}"),
-        Duration::from_secs(10),
-        || async { obs.running("md5user", needle).await == n },
-    )
-    .await;
-}
 
 /// Send `token`'s CancelRequest and wait until pgcarpool closes the cancel connection: it
 /// does so once it has handled the request (forwarded it and PostgreSQL closed its cancel
@@ -82,7 +72,7 @@ async fn cancel_ends_the_running_query_with_57014() {
     let c = p.connect("md5user", "testdb").await;
     let token = c.cancel_token();
     let long = tokio::spawn(async move { c.simple_query("select pg_sleep(10)").await });
-    wait_running(&monitor, "pg_sleep(10)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(10)", 1).await;
     let sent = Instant::now();
     token
         .cancel_query(tokio_postgres::NoTls)
@@ -113,8 +103,8 @@ async fn cancel_leaves_other_clients_queries_alone() {
             .simple_query("select pg_sleep(30), 'bystander'")
             .await
     });
-    wait_running(&monitor, "pg_sleep(10)", 1).await;
-    wait_running(&monitor, "pg_sleep(30)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(10)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(30)", 1).await;
     token
         .cancel_query(tokio_postgres::NoTls)
         .await
@@ -140,7 +130,7 @@ async fn cancel_with_an_unknown_key_is_ignored() {
     let c = p.connect("md5user", "testdb").await;
     let token = c.cancel_token();
     let running = tokio::spawn(async move { c.simple_query("select pg_sleep(30), 'kept'").await });
-    wait_running(&monitor, "pg_sleep(30)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(30)", 1).await;
     // CancelRequest: length 16, code 80877102, a process id and key nobody was given.
     let mut msg = Vec::with_capacity(16);
     msg.extend_from_slice(&16i32.to_be_bytes());
@@ -176,7 +166,7 @@ async fn cancel_from_an_idle_client_does_not_hit_the_next_user_of_its_server() {
     let busy_token = busy.cancel_token();
     let running =
         tokio::spawn(async move { busy.simple_query("select pg_sleep(30), 'busy'").await });
-    wait_running(&monitor, "pg_sleep(30)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(30)", 1).await;
     cancel_and_wait(&idle.cancel_token(), &p).await;
     still_running("the busy client's query", &running).await;
     cancel_ends(&busy_token, running).await;
@@ -198,7 +188,7 @@ async fn cancel_works_in_session_mode() {
         let r = c.simple_query("select pg_sleep(10)").await;
         (r, c)
     });
-    wait_running(&monitor, "pg_sleep(10)", 1).await;
+    monitor.wait_running("md5user", "pg_sleep(10)", 1).await;
     token
         .cancel_query(tokio_postgres::NoTls)
         .await
@@ -283,7 +273,7 @@ async fn a_cancelled_server_serves_the_next_client_without_waiting_for_cancel_wa
         let token = a.cancel_token();
         let sleeper = a.clone();
         let long = tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });
-        wait_running(&monitor, "pg_sleep(30)", 1).await;
+        monitor.wait_running("md5user", "pg_sleep(30)", 1).await;
         cancel_ends(&token, long).await;
         let next = tokio::time::timeout(Duration::from_secs(20), b.simple_query("select 1"))
             .await

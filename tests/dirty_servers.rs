@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::wire::{message, startup_message};
-use harness::{Observer, TempPostgres, TestPooler, eventually, pg_bin};
+use harness::{Observer, TempPostgres, TestPooler, eventually, pg_bin, scalar};
 use tokio::task::JoinHandle;
 
 /// Connect through `dsn` and keep the connection task's handle: aborting it closes the
@@ -19,14 +19,6 @@ async fn connect_abortable(dsn: &str) -> (tokio_postgres::Client, JoinHandle<()>
         let _ = connection.await;
     });
     (client, task)
-}
-
-/// The first column of the first row of a simple query's result.
-fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
-    msgs.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    })
 }
 
 /// The error query_timeout gives the client: FATAL 08P01 `query_timeout` (PgBouncer's
@@ -130,12 +122,11 @@ async fn clients_vanishing_inside_transactions_leave_no_locks_behind() {
     // pgcarpool keeps serving, on clean servers.
     for _ in 0..5 {
         let c = p.connect("md5user", "testdb").await;
-        let msgs = c
-            .simple_query("select now() = statement_timestamp()")
-            .await
-            .unwrap();
         assert!(
-            first_value(&msgs).as_deref() == Some("t"),
+            scalar(&c, "select now() = statement_timestamp()")
+                .await
+                .as_deref()
+                == Ok("t"),
             "handed a server inside a transaction"
         );
     }
@@ -159,13 +150,7 @@ async fn client_killed_mid_query_gets_its_query_cancelled() {
     let sleeper = tokio::spawn(async move {
         let _ = c.simple_query("select pg_sleep(30)").await;
     });
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            obs.running("md5user", "pg_sleep(30)").await == 1
-        })
-        .await,
-        "pg_sleep never started"
-    );
+    obs.wait_running("md5user", "pg_sleep(30)", 1).await;
     task.abort();
     let gone = Instant::now();
     assert!(
@@ -182,8 +167,7 @@ async fn client_killed_mid_query_gets_its_query_cancelled() {
     let row = c2.query_one("select 41 + 1", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 42);
     assert!(started.elapsed() < Duration::from_secs(5));
-    let msgs = c2.simple_query("select 'fresh'").await.unwrap();
-    assert!(first_value(&msgs).as_deref() == Some("fresh"));
+    assert!(scalar(&c2, "select 'fresh'").await.as_deref() == Ok("fresh"));
     sleeper.abort();
     p.shutdown().await;
 }
@@ -222,13 +206,7 @@ async fn client_leaving_mid_copy_from_stdin_leaves_a_clean_server() {
         stdin.write_all(b"1\n2\n3\n").unwrap();
         stdin.flush().unwrap();
     }
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            obs.running("md5user", "copy copied").await == 1
-        })
-        .await,
-        "COPY never started"
-    );
+    obs.wait_running("md5user", "copy copied", 1).await;
     psql.kill().expect("kill psql (our child)");
     psql.wait().unwrap();
     assert!(
@@ -296,11 +274,12 @@ async fn pool_still_clean(pg: &TempPostgres, p: &TestPooler) {
     .await;
     assert!(idle, "a trustuser backend is still busy");
     let c = p.connect("trustuser", "testdb").await;
-    let msgs = c
-        .simple_query("select now() = statement_timestamp()")
-        .await
-        .unwrap();
-    assert_eq!(first_value(&msgs).as_deref(), Some("t"));
+    assert_eq!(
+        scalar(&c, "select now() = statement_timestamp()")
+            .await
+            .as_deref(),
+        Ok("t")
+    );
     let row = c.query_one("select 5", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 5);
 }
@@ -417,35 +396,32 @@ async fn session_state_of_a_vanished_client_does_not_reach_the_next_one() {
     task.abort();
     // The pool's only server, once cleaned, serves the next client.
     let next = p.connect("md5user", "testdb").await;
-    let msgs = next.simple_query("show statement_timeout").await.unwrap();
-    assert_eq!(first_value(&msgs).as_deref(), Some("0"));
-    let msgs = next
-        .simple_query(
-            "select count(*) from pg_class where relname = 'leftover' and relpersistence = 't'",
+    assert_eq!(
+        scalar(&next, "show statement_timeout").await.as_deref(),
+        Ok("0")
+    );
+    assert_eq!(
+        scalar(
+            &next,
+            "select count(*) from pg_class where relname = 'leftover' and relpersistence = 't'"
         )
         .await
-        .unwrap();
-    assert_eq!(
-        first_value(&msgs).as_deref(),
-        Some("0"),
+        .as_deref(),
+        Ok("0"),
         "temp table survived"
     );
-    let msgs = next
-        .simple_query("select count(*) from pg_prepared_statements")
-        .await
-        .unwrap();
     assert_eq!(
-        first_value(&msgs).as_deref(),
-        Some("0"),
+        scalar(&next, "select count(*) from pg_prepared_statements")
+            .await
+            .as_deref(),
+        Ok("0"),
         "prepared statement survived"
     );
-    let msgs = next
-        .simple_query("select now() = statement_timestamp()")
-        .await
-        .unwrap();
     assert_eq!(
-        first_value(&msgs).as_deref(),
-        Some("t"),
+        scalar(&next, "select now() = statement_timestamp()")
+            .await
+            .as_deref(),
+        Ok("t"),
         "still in a transaction"
     );
     p.shutdown().await;
@@ -520,13 +496,11 @@ async fn client_vanishing_mid_result_stream_does_not_poison_the_pool() {
         .expect("the next client was not served")
         .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
         assert_eq!(row.get::<_, String>(0), "clean", "round {round}");
-        let msgs = c
-            .simple_query("select now() = statement_timestamp()")
-            .await
-            .unwrap();
         assert_eq!(
-            first_value(&msgs).as_deref(),
-            Some("t"),
+            scalar(&c, "select now() = statement_timestamp()")
+                .await
+                .as_deref(),
+            Ok("t"),
             "round {round}: inside a transaction"
         );
     }
@@ -603,11 +577,12 @@ async fn idle_transaction_timeout_rolls_the_server_back() {
         .expect("the row is still locked");
     monitor.simple_query("rollback").await.unwrap();
     let next = p.connect("md5user", "testdb").await;
-    let msgs = next
-        .simple_query("select now() = statement_timestamp()")
-        .await
-        .unwrap();
-    assert_eq!(first_value(&msgs).as_deref(), Some("t"));
+    assert_eq!(
+        scalar(&next, "select now() = statement_timestamp()")
+            .await
+            .as_deref(),
+        Ok("t")
+    );
     p.shutdown().await;
 }
 

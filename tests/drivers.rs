@@ -13,11 +13,9 @@
 //! - directly against PostgreSQL (the programs themselves are right).
 mod harness;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-use harness::{TempPostgres, TestPooler, password_of};
+use harness::{TempPostgres, TestPooler, clients_dir, install_clients, output_text, password_of};
 
 /// Concurrent clients (one connection each) per program.
 const WORKERS: u32 = 16;
@@ -27,37 +25,8 @@ const ITERATIONS: u32 = 150;
 const USER: &str = "md5user";
 const DB: &str = "testdb";
 
-fn clients_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
-}
-
 fn describe(what: &str, output: &Output) -> String {
-    format!(
-        "{what}: {}\n--- stdout\n{}\n--- stderr\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// Run `tests/clients/install` once per test process; every test panics with its output
-/// when it failed.
-fn install_clients() {
-    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = INSTALL.get_or_init(|| {
-        let output = Command::new("bash")
-            .arg(clients_dir().join("install"))
-            .output()
-            .map_err(|e| format!("cannot run tests/clients/install: {e}"))?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(describe("tests/clients/install failed", &output))
-        }
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    format!("{what}: {}", output_text(output))
 }
 
 /// Run one driver program against 127.0.0.1:`port` (blocking; call from spawn_blocking)

@@ -304,10 +304,7 @@ async fn cancel_through(f: &Fleet, n: usize) -> usize {
     for c in clients {
         let token = c.cancel_token();
         let task = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
-        wait_for("the query runs", Duration::from_secs(10), || async {
-            obs.running("md5user", "pg_sleep(30)").await == 1
-        })
-        .await;
+        obs.wait_running("md5user", "pg_sleep(30)", 1).await;
         token
             .cancel_query(tokio_postgres::NoTls)
             .await
@@ -341,21 +338,12 @@ async fn every_cancel_sent_through_haproxy_lands() {
             .spawn()
             .unwrap();
         let obs = Observer::new(&f.pg).await;
-        wait_for("psql's query runs", Duration::from_secs(10), || async {
-            obs.running("md5user", "pg_sleep(30)").await == 1
-        })
-        .await;
+        obs.wait_running("md5user", "pg_sleep(30)", 1).await;
         harness::process::send_signal(psql.id() as i32, libc::SIGINT);
-        let started = Instant::now();
-        let status = loop {
-            if let Some(s) = psql.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() > Duration::from_secs(5) {
-                let _ = psql.kill();
-                panic!("psql round {round}: its query still runs 5 s after Ctrl-C");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let exited = harness::process::exit_within(&mut psql, Duration::from_secs(5)).await;
+        let Some(status) = exited else {
+            let _ = psql.kill();
+            panic!("psql round {round}: its query still runs 5 s after Ctrl-C");
         };
         let mut err = String::new();
         psql.stderr
@@ -414,12 +402,15 @@ async fn clients_carry_on_when_an_instance_dies_under_load() {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let killed_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    // Workers that committed a transaction, and that committed one after the kill.
+    let (committed, served_after) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let dsn = f.dsn("md5user");
     let mut workers = Vec::new();
     for w in 0..12 {
         let (stop, dsn, killed_at) = (stop.clone(), dsn.clone(), killed_at.clone());
+        let (committed, served_after) = (committed.clone(), served_after.clone());
         workers.push(tokio::spawn(async move {
-            let after_kill = AtomicU64::new(0);
+            let (mut before_kill, mut after_kill) = (0u64, 0u64);
             let mut reconnects = 0u64;
             let mut errors = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -427,6 +418,7 @@ async fn clients_carry_on_when_an_instance_dies_under_load() {
                     Ok(c) => c,
                     Err(e) => {
                         errors.push(format!("connect: {e}"));
+                        // Pacing a retry of the load (no synchronisation).
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -437,9 +429,16 @@ async fn clients_carry_on_when_an_instance_dies_under_load() {
                         .simple_query(&format!("BEGIN; SELECT {w}, pg_sleep(0.01); COMMIT"))
                         .await;
                     match r {
+                        Ok(_) if killed_at.lock().unwrap().is_some() => {
+                            after_kill += 1;
+                            if after_kill == 1 {
+                                served_after.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
                         Ok(_) => {
-                            if killed_at.lock().unwrap().is_some() {
-                                after_kill.fetch_add(1, Ordering::Relaxed);
+                            before_kill += 1;
+                            if before_kill == 1 {
+                                committed.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                         Err(e) => {
@@ -449,10 +448,14 @@ async fn clients_carry_on_when_an_instance_dies_under_load() {
                     }
                 }
             }
-            (after_kill.into_inner(), reconnects, errors)
+            (after_kill, reconnects, errors)
         }));
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every worker has its connection (round robin: a third of them on p2) and commits.
+    wait_for("every worker commits", Duration::from_secs(20), || async {
+        committed.load(Ordering::Relaxed) == 12
+    })
+    .await;
     let victim = f.poolers[1].take().unwrap();
     victim.signal(libc::SIGKILL);
     *killed_at.lock().unwrap() = Some(Instant::now());
@@ -462,7 +465,12 @@ async fn clients_carry_on_when_an_instance_dies_under_load() {
         f.haproxy.status("p2").starts_with("DOWN")
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_for(
+        "every worker commits after the kill",
+        Duration::from_secs(20),
+        || async { served_after.load(Ordering::Relaxed) == 12 },
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     let mut lost_clients = 0;
     for (w, t) in workers.into_iter().enumerate() {

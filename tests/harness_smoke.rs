@@ -3,6 +3,7 @@
 mod harness;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::time::Duration;
 
 use harness::{TempPostgres, TestPooler};
 
@@ -260,4 +261,51 @@ fn pooler_builder_named_databases_replace_the_fallback() {
         "{ini}"
     );
     assert!(ini.contains("md5user = pool_mode=session\n"), "{ini}");
+}
+
+/// `wait_value` returns the first value its probe gives, after polling on.
+#[tokio::test]
+async fn wait_value_returns_the_first_value_seen() {
+    let mut polls = 0;
+    let got = harness::wait_value("the third poll", Duration::from_secs(5), || {
+        polls += 1;
+        let seen = (polls >= 3).then_some(polls);
+        async move { seen }
+    })
+    .await;
+    assert_eq!(got, 3);
+}
+
+/// `wait_value` fails the test, naming what it waited for, when the deadline passes.
+#[tokio::test]
+#[should_panic(expected = "waiting for: a value that never comes")]
+async fn wait_value_gives_up_at_its_deadline() {
+    let limit = Duration::from_millis(50);
+    harness::wait_value("a value that never comes", limit, || async { None::<()> }).await;
+}
+
+/// `assert_stays` looks all through its window, not only at its end: a condition false
+/// for a moment in the middle fails it.
+#[tokio::test]
+#[should_panic(expected = "the flag stays up: no longer so")]
+async fn assert_stays_sees_a_lapse_inside_the_window() {
+    let mut polls = 0;
+    harness::assert_stays("the flag stays up", Duration::from_millis(300), || {
+        polls += 1;
+        let up = polls != 3;
+        async move { up }
+    })
+    .await;
+}
+
+/// `assert_stays` passes when the condition holds the whole window, looking more than once.
+#[tokio::test]
+async fn assert_stays_passes_when_the_condition_holds() {
+    let mut polls = 0;
+    harness::assert_stays("always", Duration::from_millis(200), || {
+        polls += 1;
+        async { true }
+    })
+    .await;
+    assert!(polls > 1, "looked {polls} time(s)");
 }

@@ -456,13 +456,7 @@ async fn current_clients(admin: &tokio_postgres::Client, view: &str, name: &str)
 
 /// The refusal a client gets, as text ("SQLSTATE message").
 async fn refusal(p: &TestPooler, user: &str, db: &str) -> String {
-    match harness::try_connect(&p.dsn(user, db)).await {
-        Ok(_) => "logged in".into(),
-        Err(e) => match e.as_db_error() {
-            Some(d) => format!("{} {}", d.code().code(), d.message()),
-            None => e.to_string(),
-        },
-    }
+    harness::login_outcome(&p.dsn(user, db)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

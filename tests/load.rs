@@ -1,13 +1,13 @@
 //! Load through pgcarpool with real clients: psql, pgbench and 1,000 tokio-postgres clients.
 mod harness;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use harness::{
-    Observer, TempPostgres, TestPooler, output_text, pg_bin, pgbench_number, run_pgbench,
+    Observer, TempPostgres, TestPooler, output_text, pgbench_number, psql_command, run_pgbench,
 };
 
 /// pgbench's report lines (`number of failed transactions` is PostgreSQL 15+).
@@ -36,10 +36,7 @@ fn last_line(out: &Output) -> String {
 
 /// psql through the pooler; returns its output.
 fn psql(dsn: &str, sql: &str) -> Output {
-    Command::new(pg_bin("psql"))
-        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-c", sql])
-        .output()
-        .expect("run psql")
+    psql_command(dsn, sql).output().expect("run psql")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,15 +6,10 @@
 //! installed by scripts/test) must find the sessions in it.
 mod harness;
 
-use std::path::Path;
 use std::process::Command;
 
 use harness::process::{PoolerProcess, ProcessDir};
-use harness::{TempPostgres, TestPooler, dsn_for, output_text, try_connect};
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
+use harness::{TempPostgres, TestPooler, dsn_for, output_text, read_text, try_connect};
 
 /// `2026-11-23 03:15:25.123 UTC [4242] LOG ` and the rest of the line, or None.
 fn split_header(line: &str) -> Option<(&str, &str)> {
@@ -85,7 +80,7 @@ async fn the_log_reads_as_pgbouncers_and_pgbadger_counts_its_connections() {
         "three 'closing because: client close request' lines",
         std::time::Duration::from_secs(10),
         || async {
-            read(&logfile)
+            read_text(&logfile)
                 .matches("closing because: client close request (age=")
                 .count()
                 >= 3
@@ -93,7 +88,7 @@ async fn the_log_reads_as_pgbouncers_and_pgbadger_counts_its_connections() {
     )
     .await;
 
-    let log = read(&logfile);
+    let log = read_text(&logfile);
     let mut logins = 0;
     let mut server_connects = 0;
     let mut closes = 0;
@@ -152,7 +147,7 @@ async fn the_log_reads_as_pgbouncers_and_pgbadger_counts_its_connections() {
         "pgbadger failed: {}",
         output_text(&out)
     );
-    let report = read(&out_file);
+    let report = read_text(&out_file);
     let section = report
         .split("- pgBouncer connections per database")
         .nth(1)

@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::faultproxy::FaultProxy;
-use harness::{TempPostgres, TestPooler, pool_count, wait_for};
+use harness::{TempPostgres, TestPooler, error_text, pool_count, scalar_within, wait_for};
 
 /// Bound on anything that must end by itself (the timeouts configured are 1–3 s).
 const ENDS: Duration = Duration::from_secs(20);
@@ -31,28 +31,12 @@ async fn pooler(pg: &TempPostgres, proxy: &FaultProxy, extra: &[(&str, &str)]) -
         .await
 }
 
-/// The SQLSTATE and message of a failed query (or the client error).
-fn error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} {}", d.code().code(), d.message()),
-        None => format!("client: {e}"),
-    }
-}
-
 /// `select n` as a simple query (no prepared statement: tokio-postgres closes those
-/// later, in the background, and a FATAL would then go to that close, not to the query).
+/// later, in the background, and a FATAL would then go to that close, not to the query):
+/// n, or the error's text (a hang fails the test).
 async fn select(c: &tokio_postgres::Client, n: i32) -> Result<i32, String> {
-    let r = tokio::time::timeout(ENDS, c.simple_query(&format!("select {n}")))
-        .await
-        .unwrap_or_else(|_| panic!("a query hung for {ENDS:?}"));
-    let msgs = r.map_err(|e| error_text(&e))?;
-    Ok(msgs
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v.parse().unwrap()),
-            _ => None,
-        })
-        .expect("a row"))
+    let v = scalar_within(c, &format!("select {n}"), ENDS).await?;
+    Ok(v.parse().expect("a number"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,13 +145,8 @@ async fn an_idle_server_behind_dropped_packets_fails_its_check_and_the_client_is
     .await;
     let faulty = p.connect("md5user", "faulty").await;
     let pid = |c: tokio_postgres::Client| async move {
-        let r = tokio::time::timeout(ENDS, c.simple_query("select pg_backend_pid()")).await;
-        let msgs = r.expect("a query hung").map_err(|e| error_text(&e))?;
-        let pid = msgs.iter().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        });
-        Ok::<_, String>((c, pid.expect("a row")))
+        let pid = scalar_within(&c, "select pg_backend_pid()", ENDS).await?;
+        Ok::<_, String>((c, pid))
     };
     let (faulty, first) = pid(faulty).await.unwrap();
     assert_eq!(proxy.open(), 1, "one server");

@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::netns::NetNs;
-use harness::{TempPostgres, TestPooler, pool_count, wait_for};
+use harness::{TempPostgres, TestPooler, pool_count, scalar_within, wait_for};
 
 /// Bound on anything that must end by itself (the timeouts configured are 1–3 s).
 const ENDS: Duration = Duration::from_secs(30);
@@ -44,28 +44,9 @@ async fn pooler(net: &Net, extra: &[(&str, &str)]) -> TestPooler {
         .await
 }
 
-/// The SQLSTATE and message of a failed query (or the client error).
-fn error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} {}", d.code().code(), d.message()),
-        None => format!("client: {e}"),
-    }
-}
-
-/// `sql` as a simple query, its first column of its first row; panics if it does not end
-/// within ENDS.
+/// The first value of `sql` through `c`, or the error's text (a hang fails the test).
 async fn one(c: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
-    let r = tokio::time::timeout(ENDS, c.simple_query(sql))
-        .await
-        .unwrap_or_else(|_| panic!("`{sql}` hung for {ENDS:?}"));
-    let msgs = r.map_err(|e| error_text(&e))?;
-    Ok(msgs
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .expect("a row"))
+    scalar_within(c, sql, ENDS).await
 }
 
 /// Rows of SHOW SERVERS for database `db`.
@@ -218,10 +199,7 @@ async fn a_query_whose_answer_is_dropped_ends_at_query_timeout() {
     let running = tokio::spawn(async move { one(&client, "select pg_sleep(0.5)::text").await });
     // Cut while it runs (the query has reached the server): its answer never comes.
     let observer = harness::Observer::new(&net.cut).await;
-    wait_for("the query running", ENDS, || async {
-        observer.running("md5user", "pg_sleep").await == 1
-    })
-    .await;
+    observer.wait_running("md5user", "pg_sleep", 1).await;
     net.ns.drop_all();
     direct_serves(&p).await;
     assert_eq!(running.await.unwrap(), Err("08P01 query timeout".into()));

@@ -15,11 +15,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 /// A column of the row of a console view whose `key` column is `value`.
 async fn view_value(c: &Client, view: &str, key: &str, value: &str, col: &str) -> Option<String> {
-    let msgs = c.simple_query(&format!("SHOW {view}")).await.unwrap();
-    msgs.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(r) if r.get(key) == Some(value) => r.get(col).map(str::to_string),
-        _ => None,
-    })
+    harness::console_value(c, view, &[(key, value)], col).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

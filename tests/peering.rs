@@ -79,13 +79,6 @@ struct RawClient {
     key: (i32, i32),
 }
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
 impl RawClient {
     async fn connect(ip: &str, port: u16) -> RawClient {
         let mut s = TcpStream::connect((ip, port)).await.unwrap();
@@ -127,7 +120,10 @@ impl RawClient {
     async fn send_query(&mut self, sql: &str) {
         let mut body = sql.as_bytes().to_vec();
         body.push(0);
-        self.s.write_all(&msg(b'Q', &body)).await.unwrap();
+        self.s
+            .write_all(&harness::wire::message(b'Q', &body))
+            .await
+            .unwrap();
     }
 
     /// The SQLSTATE the query sent ends with (None: it succeeded), within `limit`.
@@ -181,10 +177,7 @@ fn key_from(b: [u8; 8]) -> (i32, i32) {
 /// to end).
 async fn wait_running(pg: &TempPostgres) {
     let obs = Observer::new(pg).await;
-    wait_for("pg_sleep(30) runs", Duration::from_secs(10), || async {
-        obs.running("md5user", "pg_sleep(30)").await == 1
-    })
-    .await;
+    obs.wait_running("md5user", "pg_sleep(30)", 1).await;
 }
 
 /// A pg_sleep on the pooler at `owner` ends with 57014 when its cancel goes to `via`.

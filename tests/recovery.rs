@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::{TempPostgres, TestPooler, run_pgbench, try_connect};
+use harness::{TempPostgres, TestPooler, first_value, run_pgbench, try_connect};
 
 /// The goal: from PostgreSQL accepting connections to a transaction served.
 const RECOVERY_GOAL: Duration = Duration::from_secs(1);
@@ -101,6 +101,7 @@ async fn checker(dsn: String, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>) -> Chec
                         clean: is_clean(&e),
                         error: format!("connect: {}", describe(&e)),
                     });
+                    // Pacing the load's retry (no synchronisation).
                     tokio::time::sleep(POLL).await;
                     continue;
                 }
@@ -123,6 +124,7 @@ async fn checker(dsn: String, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>) -> Chec
                     clean: is_clean(&e),
                     error: describe(&e),
                 });
+                // Pacing the load's retry (no synchronisation).
                 tokio::time::sleep(POLL).await;
             }
         }
@@ -150,6 +152,7 @@ async fn direct_back(dsn: String, stop: Arc<AtomicBool>) -> Option<Instant> {
             (false, _) => seen_down = true,
             (true, false) => {}
         }
+        // The probe's interval: this loop measures when PostgreSQL is back.
         tokio::time::sleep(POLL).await;
     }
     None
@@ -179,6 +182,7 @@ async fn first_success(dsn: &str, from: Instant) -> (Option<Instant>, Vec<String
             Ok(Err(e)) => errors.push(e),
             Err(_) => break,
         }
+        // The probe's interval: this loop measures when pgcarpool serves again.
         tokio::time::sleep(POLL).await;
     }
     (None, errors)
@@ -215,11 +219,12 @@ async fn recovers_within_a_second(outage: Outage) {
     let checkers: Vec<_> = (0..CHECKERS)
         .map(|_| tokio::spawn(checker(dsn.clone(), stop.clone(), ok.clone())))
         .collect();
-    let flowing = Instant::now() + Duration::from_secs(10);
-    while ok.load(Ordering::SeqCst) < 200 {
-        assert!(Instant::now() < flowing, "no load through pgcarpool");
-        tokio::time::sleep(POLL).await;
-    }
+    harness::wait_for(
+        "load through pgcarpool",
+        Duration::from_secs(10),
+        || async { ok.load(Ordering::SeqCst) >= 200 },
+    )
+    .await;
 
     // The outage, with PostgreSQL polled directly meanwhile.
     let direct_stop = Arc::new(AtomicBool::new(false));
@@ -234,6 +239,7 @@ async fn recovers_within_a_second(outage: Outage) {
             Outage::Restart => ctl.restart(),
             Outage::StopStart(down) => {
                 ctl.stop();
+                // The outage itself (the scenario), not a synchronisation.
                 std::thread::sleep(down);
                 ctl.start_again();
             }
@@ -249,8 +255,13 @@ async fn recovers_within_a_second(outage: Outage) {
     // succeeded, whichever came first.
     let back = direct_ok.map_or(pg_ctl_back, |d| d.min(pg_ctl_back));
 
-    // Let the load run on a little, then stop the checkers and wait for pgbench.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Let the load run on until the checkers are served again, then stop them and wait
+    // for pgbench.
+    let served_before = ok.load(Ordering::SeqCst);
+    harness::wait_for("the checkers served again", HUNG, || async {
+        ok.load(Ordering::SeqCst) >= served_before + 10 * CHECKERS as u64
+    })
+    .await;
     stop.store(true, Ordering::SeqCst);
     let mut seen = Vec::new();
     // The first transaction served after PostgreSQL was back, to the clients that waited.
@@ -369,13 +380,14 @@ async fn a_query_sent_while_postgresql_is_down_waits_and_is_served_when_it_is_ba
     pg_ctl(&pg, TempPostgres::stop).await;
     // The pool's server is gone and a login is refused: the query waits for the server.
     let query = tokio::spawn(async move { c.simple_query("select 2").await.map(|_| ()) });
+    // PostgreSQL stays down for a second (the scenario): the query waits all along.
     let down_for = Duration::from_secs(1);
-    tokio::time::sleep(down_for).await;
-    assert!(
-        !query.is_finished(),
-        "the query ended while PostgreSQL was down: {:?}",
-        query.await
-    );
+    harness::assert_stays(
+        "the query waits while PostgreSQL is down",
+        down_for,
+        || async { !query.is_finished() },
+    )
+    .await;
     pg_ctl(&pg, TempPostgres::start_again).await;
     let back = Instant::now();
     let r = tokio::time::timeout(Duration::from_secs(5), query)
@@ -506,12 +518,14 @@ async fn a_first_client_waits_for_a_postgresql_that_is_starting() {
             .await
             .map(|r| r.get::<_, i32>(0))
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        !client.is_finished(),
-        "gave up while PostgreSQL was down: {:?}",
-        client.await
-    );
+    // PostgreSQL stays down for a second (the scenario): the client waits all along.
+    let down_for = Duration::from_secs(1);
+    harness::assert_stays(
+        "the first client waits while PostgreSQL is down",
+        down_for,
+        || async { !client.is_finished() },
+    )
+    .await;
     pg_ctl(&pg, TempPostgres::start_again).await;
     let answer = tokio::time::timeout(Duration::from_secs(5), client)
         .await
@@ -546,11 +560,14 @@ async fn a_refused_server_password_fails_every_waiting_client_at_once() {
             async move { c.simple_query("select 1").await },
         ));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Room for a new server: its login is refused.
     let admin = try_connect(&harness::dsn_for(p.port(), "postgres", "pgbouncer"))
         .await
         .unwrap();
+    harness::wait_for("two clients waiting", Duration::from_secs(10), || async {
+        harness::cl_waiting(&admin, "forced", "md5user").await == 2
+    })
+    .await;
+    // Room for a new server: its login is refused.
     admin
         .simple_query("SET default_pool_size = 2")
         .await
@@ -652,14 +669,6 @@ fn signal_backend(pid: i32, sig: i32) {
     // SAFETY: kill(2) of a backend pid PostgreSQL itself reported.
     let r = unsafe { libc::kill(pid, sig) };
     assert_eq!(r, 0, "kill {pid}: {}", std::io::Error::last_os_error());
-}
-
-/// The first column of the first row of a simple query's answer.
-fn first_value(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
-    msgs.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    })
 }
 
 /// The pool's one server, idle, is terminated with `pg_terminate_backend(pid)` (no wait)

@@ -26,18 +26,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn psql(dsn: &str, sql: &str) -> String {
-    let out = run(Command::new(pg_bin("psql")).args([
-        "-X",
-        "-A",
-        "-t",
-        "-v",
-        "ON_ERROR_STOP=1",
-        "-d",
-        dsn,
-        "-c",
-        sql,
-    ]));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    harness::psql(dsn, sql).unwrap_or_else(|e| panic!("psql `{sql}`: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,18 +79,12 @@ fn backup_dsn(port: u16) -> String {
 
 /// Wait up to `limit` for `child` to exit (killed, and the test failed, if it does not).
 async fn exit_within(child: &mut Child, what: &str, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for a child") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} had not ended after {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let status = harness::process::exit_within(child, limit).await;
+    status.unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what} had not ended after {limit:?}");
+    })
 }
 
 /// pg_basebackup through pgcarpool on `port` into `backup`, WAL streamed alongside; it

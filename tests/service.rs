@@ -12,21 +12,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use harness::process::{
-    BIN, PoolerProcess, ProcessDir, alive, field, give_to_pooler, pooler_os_user, port_in_status,
-    send_signal, wait_ready,
+    BIN, PoolerProcess, ProcessDir, alive, field, give_to_pooler, pidfile_pid, pooler_os_user,
+    port_in_status, send_signal, wait_ready,
 };
-use harness::{TempPostgres, TestPooler, dsn_for, eventually, output_text, try_connect};
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
+use harness::{TempPostgres, TestPooler, dsn_for, eventually, output_text, read_text, try_connect};
 
 fn dir_path(p: &PoolerProcess) -> std::path::PathBuf {
     p.dir.path().to_path_buf()
 }
 
 fn pid_in(pidfile: &Path) -> Option<i32> {
-    read(pidfile).trim().parse().ok()
+    pidfile_pid(pidfile).parse().ok()
 }
 
 /// A daemon started by a test: SIGKILLed by PID if the test ends while it runs.
@@ -90,9 +86,9 @@ async fn dash_d_daemonizes_and_writes_the_pidfile() {
         "the daemon did not stop and remove its pidfile"
     );
     assert!(
-        read(&logfile).contains("process up"),
+        read_text(&logfile).contains("process up"),
         "the daemon's log: {}",
-        read(&logfile)
+        read_text(&logfile)
     );
 }
 
@@ -163,9 +159,9 @@ async fn a_second_instance_is_refused_and_the_first_keeps_its_pidfile() {
         );
     }
     assert!(
-        read(&logfile).contains("another instance running"),
+        read_text(&logfile).contains("another instance running"),
         "the refusal is not in the logfile:\n{}",
-        read(&logfile)
+        read_text(&logfile)
     );
     let c = try_connect(&dsn_for(port, "md5user", "testdb"))
         .await
@@ -436,7 +432,7 @@ async fn the_logfile_is_reopened_on_sighup_and_a_new_one_used_after_reload() {
     let mut dir = dir;
     dir.rewrite(|b| b.setting("logfile", &log.to_string_lossy()));
     let mut p = PoolerProcess::start_in(dir, &[]).await;
-    assert!(read(&log).contains("process up"));
+    assert!(read_text(&log).contains("process up"));
     // logrotate: move the file away, then SIGHUP.
     std::fs::rename(&log, &rotated).unwrap();
     p.signal(libc::SIGHUP);
@@ -449,17 +445,17 @@ async fn the_logfile_is_reopened_on_sighup_and_a_new_one_used_after_reload() {
     c.simple_query("select 1").await.unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            read(&log).contains("login")
+            read_text(&log).contains("login")
         })
         .await,
         "no new logfile after SIGHUP; new: {:?}\nrotated:\n{}",
-        read(&log),
-        read(&rotated)
+        read_text(&log),
+        read_text(&rotated)
     );
     assert!(
-        !read(&rotated).contains("login"),
+        !read_text(&rotated).contains("login"),
         "still writing to the rotated file:\n{}",
-        read(&rotated)
+        read_text(&rotated)
     );
     // Rotated again while the config file is broken: the reload fails, the file is
     // reopened all the same (PgBouncer does too).
@@ -476,11 +472,11 @@ async fn the_logfile_is_reopened_on_sighup_and_a_new_one_used_after_reload() {
     c3.simple_query("select 1").await.unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            read(&log).contains("login")
+            read_text(&log).contains("login")
         })
         .await,
         "not reopened after a failed reload:\n{}",
-        read(&rotated2)
+        read_text(&rotated2)
     );
     // A changed logfile applies on RELOAD from the console.
     p.dir
@@ -495,20 +491,20 @@ async fn the_logfile_is_reopened_on_sighup_and_a_new_one_used_after_reload() {
     c2.simple_query("select 1").await.unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            read(&other).contains("login")
+            read_text(&other).contains("login")
         })
         .await,
         "the new logfile is not used:\n{}",
-        read(&log)
+        read_text(&log)
     );
     assert!(
-        read(&log).contains(&format!(
+        read_text(&log).contains(&format!(
             "reload: logfile: {:?} -> {:?}",
             log.display().to_string(),
             other.display().to_string()
         )),
         "{}",
-        read(&log)
+        read_text(&log)
     );
     assert!(p.running());
 }
@@ -561,7 +557,11 @@ async fn stderr_and_logfile_both_unless_quiet() {
         dir.rewrite(|b| b.setting("logfile", &log.to_string_lossy()));
         let args: &[&str] = if quiet { &["-q"] } else { &[] };
         let p = PoolerProcess::start_in(dir, args).await;
-        assert!(read(&log).contains("process up"), "logfile: {}", read(&log));
+        assert!(
+            read_text(&log).contains("process up"),
+            "logfile: {}",
+            read_text(&log)
+        );
         assert_eq!(
             p.log().contains("process up"),
             !quiet,

@@ -7,78 +7,10 @@ mod harness;
 
 use std::time::Duration;
 
-use harness::wire::{message, startup_message};
-use harness::{TempPostgres, TestPooler, console_value, eventually};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// A raw protocol client: sends bytes as given, reads whole messages.
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
+use harness::wire::{Wire, message};
+use harness::{TempPostgres, TestPooler, console_value, error_text, eventually, pool_of};
 
 type Msgs = Vec<(u8, Vec<u8>)>;
-
-impl Raw {
-    /// Log in (trust) with extra startup parameters; returns what came up to the first
-    /// ReadyForQuery, BackendKeyData left out.
-    async fn connect(port: u16, user: &str, db: &str, params: &[(&str, &str)]) -> (Raw, Msgs) {
-        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let mut r = Raw { s, buf: Vec::new() };
-        let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
-            .into_iter()
-            .chain(params.iter().copied())
-            .collect();
-        r.send(&startup_message(&all)).await;
-        let mut got = r.until_ready(1).await;
-        assert!(
-            !got.iter().any(|(t, _)| *t == b'E'),
-            "login failed: {got:?}"
-        );
-        got.retain(|(t, _)| !matches!(*t, b'K' | b'R'));
-        (r, got)
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).await.unwrap();
-    }
-
-    /// Every message up to and including the `n`th ReadyForQuery; panics after 20 s
-    /// without a message.
-    async fn until_ready(&mut self, mut n: usize) -> Msgs {
-        let mut out = Vec::new();
-        while n > 0 {
-            let (tag, body) = self.next().await;
-            if tag == b'Z' {
-                n -= 1;
-            }
-            out.push((tag, body));
-        }
-        out
-    }
-
-    async fn next(&mut self) -> (u8, Vec<u8>) {
-        loop {
-            if self.buf.len() >= 5 {
-                let len = i32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
-                if self.buf.len() > len {
-                    let body = self.buf[5..1 + len].to_vec();
-                    let tag = self.buf[0];
-                    self.buf.drain(..1 + len);
-                    return (tag, body);
-                }
-            }
-            let mut chunk = vec![0u8; 64 * 1024];
-            let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
-                .await
-                .expect("raw client: no reply within 20 s")
-                .unwrap();
-            assert!(n > 0, "raw client: connection closed");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
 
 fn cstr(b: &mut Vec<u8>, s: &str) {
     b.extend_from_slice(s.as_bytes());
@@ -109,6 +41,19 @@ fn extended(name: &str, sql: &str) -> Vec<u8> {
 
 fn sync() -> Vec<u8> {
     message(b'S', &[])
+}
+
+/// A step of simple Queries sent at once, and how many ReadyForQuerys they get.
+fn q(sqls: &[&str]) -> (Vec<u8>, usize) {
+    (
+        sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
+        sqls.len(),
+    )
+}
+
+/// `extended` then Sync.
+fn ext(name: &str, sql: &str) -> Vec<u8> {
+    [extended(name, sql), sync()].concat()
 }
 
 fn copy_data(data: &[u8]) -> Vec<u8> {
@@ -157,16 +102,6 @@ fn binary_rows(rows: usize) -> Vec<u8> {
     }
     out.extend(copy_data(&(-1i16).to_be_bytes()));
     out
-}
-
-async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
-    TestPooler::builder(pg)
-        .setting("pool_mode", "transaction")
-        .setting("auth_type", "trust")
-        .setting("default_pool_size", &size.to_string())
-        .setting("max_client_conn", "100")
-        .start()
-        .await
 }
 
 /// SHOW POOLS' sv_active and sv_idle of postgres@testdb.
@@ -394,12 +329,12 @@ async fn copy_streamed_without_waiting_gives_the_server_back_at_ready_for_query(
     let admin = p.connect("postgres", "pgbouncer").await;
     for case in copy_cases() {
         let mut want = Vec::new();
-        let (mut direct, _) = Raw::connect(pg.port(), "postgres", "testdb", &[]).await;
+        let (mut direct, _) = Wire::connect_with(pg.port(), "postgres", "testdb", &[]).await;
         for (bytes, ready) in &case.steps {
             direct.send(bytes).await;
             want.push(direct.until_ready(*ready).await);
         }
-        let (mut c, _) = Raw::connect(p.port(), "postgres", "testdb", &[]).await;
+        let (mut c, _) = Wire::connect_with(p.port(), "postgres", "testdb", &[]).await;
         for (k, (bytes, ready)) in case.steps.iter().enumerate() {
             c.send(bytes).await;
             let got = c.until_ready(*ready).await;
@@ -459,7 +394,7 @@ async fn copy_messages_after_the_copy_ended_do_not_hold_a_server() {
     let mut want = Vec::new();
     let mut got = Vec::new();
     for port in [pg.port(), p.port()] {
-        let (mut c, _) = Raw::connect(port, "postgres", "testdb", &[]).await;
+        let (mut c, _) = Wire::connect_with(port, "postgres", "testdb", &[]).await;
         c.send(&query("copy nosuch from stdin")).await;
         let mut t = c.until_ready(1).await;
         let before = received(&admin).await;
@@ -595,13 +530,6 @@ async fn internal_statement_names_follow_what_the_server_holds() {
     }
 }
 
-fn db_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} {}", d.code().code(), d.message()),
-        None => e.to_string(),
-    }
-}
-
 /// One churning client (tokio-postgres): transactions of server-prepared statements from
 /// 80 texts (60 shared by every client), its own cache of at most 40 (the ones it drops
 /// are closed), DEALLOCATE ALL inside a transaction every 37 statements,
@@ -629,7 +557,7 @@ async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
             statements += 1;
             if statements % 37 == 0 {
                 if let Err(e) = tx.batch_execute("DEALLOCATE ALL").await {
-                    errors.push(db_error(&e));
+                    errors.push(error_text(&e));
                 }
                 cache.clear();
                 continue;
@@ -649,7 +577,7 @@ async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
                     match tx.prepare(&sql).await {
                         Ok(s) => s,
                         Err(e) => {
-                            errors.push(db_error(&e));
+                            errors.push(error_text(&e));
                             break;
                         }
                     }
@@ -664,7 +592,7 @@ async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
             match tx.query(&stmt, &refs).await {
                 Ok(rows) => assert_eq!(rows.len(), n as usize),
                 Err(e) => {
-                    errors.push(db_error(&e));
+                    errors.push(error_text(&e));
                     break;
                 }
             }
@@ -679,7 +607,7 @@ async fn churn(dsn: String, client: u64, transactions: usize) -> Vec<String> {
             tx.commit().await
         };
         if let Err(e) = done {
-            errors.push(db_error(&e));
+            errors.push(error_text(&e));
         }
     }
     errors
@@ -721,13 +649,6 @@ async fn statement_churn_gives_no_error_postgresql_would_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_returns_to_the_startup_value() {
     let pg = TempPostgres::start();
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET statement_timeout = 5",
@@ -804,7 +725,11 @@ async fn reset_returns_to_the_startup_value() {
                     ("application_name", app.as_str()),
                     ("options", options.as_str()),
                 ];
-                clients.push(Raw::connect(port, "postgres", "testdb", &params).await.0);
+                clients.push(
+                    Wire::connect_with(port, "postgres", "testdb", &params)
+                        .await
+                        .0,
+                );
             }
             let mut got = vec![Vec::new(); clients.len()];
             for (bytes, ready) in &steps {
@@ -933,13 +858,6 @@ async fn statements_mean_what_they_mean_in_the_session_that_parses_them() {
 /// 19's differential test, seeds 2 to 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_all_returns_to_the_startup_values() {
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET TimeZone = 'UTC'",
@@ -1002,13 +920,6 @@ async fn reset_all_returns_to_the_startup_values() {
 /// server reports the changes once, at the round's ReadyForQuery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discard_all_returns_to_the_startup_values() {
-    let q = |sqls: &[&str]| -> (Vec<u8>, usize) {
-        (
-            sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat(),
-            sqls.len(),
-        )
-    };
-    let ext = |name: &str, sql: &str| [extended(name, sql), sync()].concat();
     let steps: Vec<(Vec<u8>, usize)> = vec![
         q(&[
             "SET TimeZone = 'UTC'",
@@ -1088,7 +999,11 @@ async fn startup_values_oracle(steps: &[(Vec<u8>, usize)], reports: bool) {
                     ("DateStyle", style),
                 ];
                 let params = if i < 4 { &params[..] } else { &[] };
-                clients.push(Raw::connect(port, "postgres", "testdb", params).await.0);
+                clients.push(
+                    Wire::connect_with(port, "postgres", "testdb", params)
+                        .await
+                        .0,
+                );
             }
             let mut got = vec![Vec::new(); clients.len()];
             for (bytes, ready) in steps {

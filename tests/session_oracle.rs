@@ -5,17 +5,7 @@
 mod harness;
 
 use harness::wire::{Wire, oracle};
-use harness::{TempPostgres, TestPooler};
-
-async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
-    TestPooler::builder(pg)
-        .setting("pool_mode", "transaction")
-        .setting("auth_type", "trust")
-        .setting("default_pool_size", &size.to_string())
-        .setting("max_client_conn", "100")
-        .start()
-        .await
-}
+use harness::{TempPostgres, TestPooler, pool_of};
 
 fn script(steps: &[String]) -> Vec<String> {
     steps.to_vec()

@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use harness::process::{PoolerProcess, ProcessDir, give_to_pooler, signal_if_alive};
-use harness::{TempPostgres, TestPooler, dsn_for, pg_bin, try_connect};
+use harness::{
+    TempPostgres, TestPooler, clients_dir, dsn_for, install_clients, pg_bin, try_connect,
+};
 
 /// How much more resident memory the pooler may use at the end than at its start.
 const RSS_BOUND_KB: u64 = 64 * 1024;
@@ -142,6 +144,7 @@ async fn connect(ctx: &Ctx, db: &str) -> Option<tokio_postgres::Client> {
             Ok(c) => return Some(c),
             Err(e) => {
                 ctx.tally.error(format!("connect: {}", kind(&e)));
+                // Pacing the retry of a load client after an error (no synchronisation).
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -322,6 +325,7 @@ async fn psql_client(ctx: Arc<Ctx>, tls: bool, db: &'static str) {
             let first = err.lines().next().unwrap_or("").to_string();
             let first = first.split(':').take(3).collect::<Vec<_>>().join(":");
             ctx.tally.error(format!("psql: {first}"));
+            // Pacing the retry of a load client after an error (no synchronisation).
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -347,6 +351,7 @@ async fn pgbench_client(ctx: Arc<Ctx>, mode: &'static str, tls: bool) {
         ctx.tally.transactions.fetch_add(done, Ordering::Relaxed);
         if !out.status.success() {
             ctx.tally.error(format!("pgbench -M {mode}: aborted"));
+            // Pacing the retry of a load client after an error (no synchronisation).
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -359,23 +364,6 @@ const DRIVER_WORKERS: &str = "2";
 const DRIVER_ITERATIONS: &str = "25";
 /// A driver run that lasts longer than this is killed (and counted as a timeout).
 const DRIVER_RUN_LIMIT_S: &str = "120";
-
-fn clients_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
-}
-
-/// `tests/clients/install` (idempotent): the driver programs built.
-fn install_clients() {
-    let out = std::process::Command::new("bash")
-        .arg(clients_dir().join("install"))
-        .output()
-        .expect("run tests/clients/install");
-    assert!(
-        out.status.success(),
-        "tests/clients/install: {}",
-        harness::output_text(&out)
-    );
-}
 
 /// SQLSTATEs the injected faults cause: a lost or refused connection (class 08), an
 /// administrator or crash shutdown or a server starting up (57P01–57P03), a transaction
@@ -506,6 +494,7 @@ async fn driver_client(ctx: Arc<Ctx>, driver: &'static str) {
                         None => ctx.tally.wrong(format!("{driver}: {line}")),
                     }
                 }
+                // Pacing the retry of a load client after an error (no synchronisation).
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -584,6 +573,7 @@ async fn cut_network(pg: &TempPostgres) {
     for &p in pids.iter().rev() {
         signal_if_alive(p, libc::SIGSTOP);
     }
+    // The cut itself (the scenario), not a synchronisation.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for &p in &pids {
         signal_if_alive(p, libc::SIGCONT);
@@ -726,6 +716,7 @@ fn start_sampler(
                 p.fds = p.fds.max(s.fds);
                 p.servers = p.servers.max(s.servers);
             }
+            // The sampling period (no synchronisation).
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     })
@@ -764,6 +755,7 @@ async fn inject_faults(
     let mut next = Instant::now() + every;
     let (mut round, mut reloads) = (0usize, 0usize);
     while next < end {
+        // The fault schedule: one fault every `every` (no synchronisation).
         tokio::time::sleep_until(next.into()).await;
         next += every;
         let fault = turns[round % turns.len()];
@@ -845,6 +837,7 @@ async fn soak() {
     let tasks = start_clients(&ctx);
     let every = (length / 10).min(Duration::from_secs(60));
     let pooler = inject_faults(&ctx, &pg, pooler, every, began + length).await;
+    // The run length (the scenario), not a synchronisation.
     tokio::time::sleep_until((began + length).into()).await;
     ctx.stop.store(true, Ordering::Relaxed);
     for t in tasks {

@@ -16,6 +16,32 @@ const PROMPTLY: Duration = Duration::from_secs(5);
 /// A timer set to 1 s must not fire much earlier.
 const NOT_BEFORE: Duration = Duration::from_millis(900);
 
+/// `select pg_sleep(10)` on `c` ends promptly with query_timeout's error.
+async fn ends_with_query_timeout(c: &tokio_postgres::Client) {
+    let started = Instant::now();
+    let err = scalar(c, "select pg_sleep(10)")
+        .await
+        .expect_err("pg_sleep(10) finished");
+    assert!(
+        started.elapsed() < PROMPTLY,
+        "query ran {:?}",
+        started.elapsed()
+    );
+    assert!(err.contains("query timeout"), "{err}");
+}
+
+/// Wait until no backend of md5user is active or idle in a transaction.
+async fn no_busy_backend(obs: &Observer) {
+    wait_for("no busy backend left", PROMPTLY, || async {
+        obs.backends_in_state("md5user", "active").await == 0
+            && obs
+                .backends_in_state("md5user", "idle in transaction")
+                .await
+                == 0
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_lifetime_replaces_an_old_server_when_it_is_released() {
     let pg = TempPostgres::start();
@@ -242,24 +268,8 @@ async fn query_timeout_fails_the_query_and_the_server_is_reused_clean() {
         .await;
     let obs = Observer::new(&pg).await;
     let c = p.connect("md5user", "testdb").await;
-    let started = Instant::now();
-    let err = scalar(&c, "select pg_sleep(10)")
-        .await
-        .expect_err("pg_sleep(10) finished");
-    assert!(
-        started.elapsed() < PROMPTLY,
-        "query ran {:?}",
-        started.elapsed()
-    );
-    assert!(err.contains("query timeout"), "{err}");
-    wait_for("no busy backend left", PROMPTLY, || async {
-        obs.backends_in_state("md5user", "active").await == 0
-            && obs
-                .backends_in_state("md5user", "idle in transaction")
-                .await
-                == 0
-    })
-    .await;
+    ends_with_query_timeout(&c).await;
+    no_busy_backend(&obs).await;
     let next = p.connect("md5user", "testdb").await;
     assert_eq!(scalar(&next, "select 1").await.as_deref(), Ok("1"));
     assert!(obs.backends("md5user").await <= 1);
@@ -402,24 +412,8 @@ async fn query_timeout_applies_to_a_query_inside_a_transaction() {
     let c = p.connect("md5user", "testdb").await;
     // The server is already held when the slow query is sent.
     c.batch_execute("begin; select 1").await.unwrap();
-    let started = Instant::now();
-    let err = scalar(&c, "select pg_sleep(10)")
-        .await
-        .expect_err("pg_sleep(10) finished");
-    assert!(
-        started.elapsed() < PROMPTLY,
-        "query ran {:?}",
-        started.elapsed()
-    );
-    assert!(err.contains("query timeout"), "{err}");
-    wait_for("no busy backend left", PROMPTLY, || async {
-        obs.backends_in_state("md5user", "active").await == 0
-            && obs
-                .backends_in_state("md5user", "idle in transaction")
-                .await
-                == 0
-    })
-    .await;
+    ends_with_query_timeout(&c).await;
+    no_busy_backend(&obs).await;
     p.shutdown().await;
 }
 
@@ -431,16 +425,7 @@ async fn user_query_timeout_overrides_the_global_one() {
         .start()
         .await;
     let c = p.connect("md5user", "testdb").await;
-    let started = Instant::now();
-    let err = scalar(&c, "select pg_sleep(10)")
-        .await
-        .expect_err("pg_sleep(10) finished");
-    assert!(
-        started.elapsed() < PROMPTLY,
-        "query ran {:?}",
-        started.elapsed()
-    );
-    assert!(err.contains("query timeout"), "{err}");
+    ends_with_query_timeout(&c).await;
     p.shutdown().await;
 }
 

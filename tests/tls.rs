@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use harness::process::PoolerProcess;
-use harness::{TempPostgres, TestPooler, TestPoolerBuilder, pg_bin};
+use harness::{TempPostgres, TestPooler, TestPoolerBuilder, pg_bin, psql};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 /// A test certificate authority and the files it signed, in one directory.
@@ -75,29 +75,6 @@ impl Pki {
         if let Some((uid, gid)) = harness::process::pooler_os_user() {
             std::os::unix::fs::chown(&key_path, Some(uid), Some(gid)).unwrap();
         }
-    }
-}
-
-/// Run psql with `conninfo`; Ok(stdout) or Err(stderr).
-fn psql(conninfo: &str, sql: &str) -> Result<String, String> {
-    let out = Command::new(pg_bin("psql"))
-        .args([
-            "-X",
-            "-At",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-d",
-            conninfo,
-            "-c",
-            sql,
-        ])
-        .env("PGCONNECT_TIMEOUT", "10")
-        .output()
-        .expect("run psql");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
@@ -228,18 +205,12 @@ async fn servers_are_reached_over_tls_and_verified() {
     // SHOW SERVERS: the idle server's session (once its reset is over; a server being
     // reset shows it too).
     let admin = p.connect("postgres", "pgbouncer").await;
-    let mut tls = String::new();
-    for _ in 0..500 {
-        let rows = admin.simple_query("SHOW SERVERS").await.unwrap();
-        if let Some(r) = rows.iter().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("state") == Some("idle") => Some(r),
-            _ => None,
-        }) {
-            tls = r.get("tls").unwrap_or("").to_string();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let tls = harness::wait_value(
+        "an idle server in SHOW SERVERS",
+        Duration::from_secs(10),
+        || harness::console_value(&admin, "SERVERS", &[("state", "idle")], "tls"),
+    )
+    .await;
     assert!(tls.starts_with("TLSv1.3/TLS_"), "{tls}");
     // A server in use (a client inside a transaction) shows its session too.
     let c = p.connect("md5user", "testdb").await;

@@ -18,6 +18,7 @@
 //! The passwords of trust roles are only what the pooler's userlist holds.
 #![allow(dead_code)]
 
+mod client;
 pub mod differential;
 pub mod diffgen;
 pub mod faultproxy;
@@ -35,6 +36,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
+pub use client::{
+    clients_dir, error_text, first_value, install_clients, login_outcome, psql, psql_command, rows,
+    scalar, scalar_within,
+};
+#[allow(unused_imports)]
 pub use observer::Observer;
 #[allow(unused_imports)]
 pub use pooler::{TestPooler, TestPoolerBuilder};
@@ -79,9 +85,59 @@ where
     );
 }
 
+/// Poll `probe` every 10 ms until it gives a value, and return it; panics with `what`
+/// when `limit` passes first.
+pub async fn wait_value<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Check every 20 ms, for all of `window`, that `check` holds; panics with `what` the
+/// first time it does not. For what must NOT happen while the scenario itself holds
+/// something back (a pause, an outage, a suspend): the window is part of the scenario, not
+/// a synchronisation; waiting for something that must happen is `wait_for`'s.
+pub async fn assert_stays<F, Fut>(what: &str, window: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + window;
+    loop {
+        assert!(check().await, "{what}: no longer so (window {window:?})");
+        if Instant::now() >= end {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A pooler config for `pg` in transaction pooling mode (the other defaults as `builder`).
 pub fn transaction_pooler(pg: &TempPostgres) -> TestPoolerBuilder {
     TestPooler::builder(pg).setting("pool_mode", "transaction")
+}
+
+/// pgcarpool for `pg` in transaction mode with trust auth, `default_pool_size` = `size`
+/// and room for 100 clients: the pooler of the session oracle tests.
+pub async fn pool_of(pg: &TempPostgres, size: usize) -> TestPooler {
+    transaction_pooler(pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", &size.to_string())
+        .setting("max_client_conn", "100")
+        .start()
+        .await
 }
 
 /// A column of the row of console view `SHOW view` whose columns match all of `keys`
@@ -285,9 +341,14 @@ fn run_checked(cmd: &mut Command, what: &str) -> Output {
     output
 }
 
+/// A file's text ("" when it cannot be read, e.g. a log not written yet).
+pub fn read_text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
 /// The last `lines` lines of a file (empty when it cannot be read).
 fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = read_text(path);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

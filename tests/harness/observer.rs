@@ -1,5 +1,7 @@
 //! `Observer`: PostgreSQL's side of a pool, from `pg_stat_activity` over a direct
 //! superuser connection (its own backend belongs to `postgres` and is never counted).
+use std::time::Duration;
+
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 
@@ -40,6 +42,17 @@ impl Observer {
             &[&user, &needle],
         )
         .await
+    }
+
+    /// Wait (bounded: 10 s) until `n` backends of `user` run a statement containing
+    /// `needle` (e.g. a `pg_sleep(30)` sent through the pooler has reached PostgreSQL).
+    pub async fn wait_running(&self, user: &str, needle: &str, n: i64) {
+        super::wait_for(
+            &format!("{n} backends of {user} running {needle}"),
+            Duration::from_secs(10),
+            || async { self.running(user, needle).await == n },
+        )
+        .await;
     }
 
     /// Client backends connected to database `db` (not the superuser's).

@@ -11,14 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{TestPoolerBuilder, dsn_for, eventually, try_connect};
+use super::{TestPoolerBuilder, dsn_for, eventually, read_text, try_connect};
 
 /// The PID a pidfile names ("" when there is none).
 pub fn pidfile_pid(pidfile: &Path) -> String {
-    std::fs::read_to_string(pidfile)
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    read_text(pidfile).trim().to_string()
 }
 
 /// The pgcarpool binary cargo built for this test run.
@@ -94,6 +91,20 @@ pub fn send_signal(pid: i32, sig: libc::c_int) {
 pub fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Wait (bounded: None after `limit`) for a child process to exit; its status.
+pub async fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A temp dir for a pgcarpool child, with its config written in it.
@@ -398,7 +409,7 @@ impl PoolerProcess {
 
     /// What pgcarpool wrote to stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+        read_text(&self.dir.path().join("stderr.log"))
     }
 
     pub fn running(&mut self) -> bool {
@@ -407,16 +418,7 @@ impl PoolerProcess {
 
     /// Wait (bounded) for the process to exit.
     pub async fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        exit_within(&mut self.child, limit).await
     }
 
     /// Wait (bounded) until the listener is gone (a shutdown has begun).

@@ -157,6 +157,26 @@ impl Wire {
         }
     }
 
+    /// Send `bytes` as they are (whole protocol messages, e.g. made by `message`).
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+        self.flush().await;
+    }
+
+    /// Every message, as (tag, body), up to and including the `n`th ReadyForQuery; panics
+    /// after 20 s without a message.
+    pub async fn until_ready(&mut self, mut n: usize) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        while n > 0 {
+            let (tag, body) = self.next().await;
+            if tag == b'Z' {
+                n -= 1;
+            }
+            out.push((tag, body));
+        }
+        out
+    }
+
     async fn flush(&mut self) {
         self.s.write_all(&self.out).await.unwrap();
         self.out.clear();

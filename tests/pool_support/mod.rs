@@ -4,26 +4,23 @@
 #![allow(dead_code)]
 
 use std::future::poll_fn;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-/// How often `assert_still_waiting` looks again.
-const POLL: Duration = Duration::from_millis(50);
+/// The harness's, re-exported for the files that name them from here.
+#[allow(unused_imports)] // each test file uses a different part
+pub use crate::harness::{error_text, scalar};
 
-/// Assert that `task` is still running after `window` (it is waiting for something).
+/// Assert that `task` is still running all through `window` (it is waiting for something).
 pub async fn assert_still_waiting<T>(
     what: &str,
     task: &tokio::task::JoinHandle<T>,
     window: Duration,
 ) {
-    let deadline = Instant::now() + window;
-    let mut tick = tokio::time::interval(POLL);
-    while Instant::now() < deadline {
-        tick.tick().await;
-        assert!(!task.is_finished(), "{what} finished instead of waiting");
-    }
+    let what = format!("{what} is still waiting");
+    crate::harness::assert_stays(&what, window, || async { !task.is_finished() }).await;
 }
 
 /// What happened on a watched client connection.
@@ -101,28 +98,6 @@ pub async fn connect_watched(dsn: &str) -> Watched {
         client,
         events: Events { rx: events },
     }
-}
-
-/// "SQLSTATE message" of a server error, else the error's text.
-pub fn error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} {}", db.code().code(), db.message()),
-        None => e.to_string(),
-    }
-}
-
-/// The first column of the first row of `sql`, run as a simple query (the pool tests stay
-/// off the extended protocol: named prepared statements are another area's concern). The
-/// result is complete only at ReadyForQuery, so in transaction mode the server is back in
-/// the pool when this returns.
-pub async fn scalar(c: &Client, sql: &str) -> Result<String, String> {
-    let msgs = c.simple_query(sql).await.map_err(|e| error_text(&e))?;
-    msgs.iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .ok_or_else(|| format!("no row from {sql}"))
 }
 
 /// The backend pid a client's next query runs on.
