@@ -300,6 +300,8 @@ impl Exchange {
                     self.marks.remove(i);
                     voided += 1;
                 }
+                // Sent inside the COPY (the server refuses it, then skips to a Sync): the
+                // Syncs after it are counted as read while copying too, a guess.
                 Mark::Query | Mark::Execute => i += 1,
             }
         }
