@@ -729,6 +729,19 @@ async fn reset_all_returns_default_transaction_read_only() {
                 "Q SHOW default_transaction_read_only",
             ],
         ),
+        // Seed 2032: a RESET ALL rolled back leaves it on.
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t6 (id int PRIMARY KEY, v text); INSERT INTO t6 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q SET default_transaction_read_only = on",
+                "Q START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                "Q RESET ALL",
+                "Q ROLLBACK",
+                "P s2|SELECT id, v FROM t6 WHERE id > $1 ORDER BY id\nB pb|s2|\\N\nD P pb\nE pb|0\nP s1|INSERT INTO t6 VALUES ($1, $2)\nD S s1\nB pa|s1|15,abc\nE pa|1\nE pa|0\nS",
+                "Q SHOW default_transaction_read_only",
+            ],
+        ),
     ];
     for pool_size in [1, 2] {
         let opts = RunOptions {

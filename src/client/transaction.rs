@@ -450,7 +450,12 @@ async fn after_transaction(
         || (effects.calls && c.shared.config().settings.check_function_calls);
     // After a DISCARD ALL too: the client's startup values were set again after it
     // (`Relay::startup_after_discard`).
-    let names = read_back_names(c, server, effects, effects.reset_all, hidden);
+    let mut names = read_back_names(c, server, effects, effects.reset_all, hidden);
+    let dtro = "default_transaction_read_only";
+    let own_dtro = c.session.startup.get(dtro).is_none() && c.session.params.get(dtro).is_some();
+    if reset_all && own_dtro {
+        names.push(dtro.to_string());
+    }
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
@@ -460,15 +465,10 @@ async fn after_transaction(
             None => c.session.remove_param(&name),
         }
     }
-    if reset_all
-        && c.session
-            .startup
-            .get("default_transaction_read_only")
-            .is_none()
-    {
-        // Back to the server's own (`sync::is_server_role`, not read back): no longer the
-        // client's setting.
-        c.session.remove_param("default_transaction_read_only");
+    if reset_all && own_dtro && server.parameters().get(dtro) == server.login_params().get(dtro) {
+        // Back to the server's own (`sync::is_server_role`): no longer the client's
+        // setting (a rollback may have undone the RESET ALL: then it stays).
+        c.session.remove_param(dtro);
     }
     let max_settings = c.shared.config().settings.client_max_settings;
     if c.session.params.len() > max_settings {
