@@ -139,6 +139,10 @@ async fn the_log_reads_as_pgbouncers_and_pgbadger_counts_its_connections() {
     let out = Command::new("pgbadger")
         .args(["--format", "pgbouncer3", "-x", "text", "--outfile"])
         .arg(&out_file)
+        // Its pid file in the test's own directory: pgbadger refuses to start while another
+        // run (another test, a concurrent checkout) holds /tmp/pgbadger.pid.
+        .arg("--pid-dir")
+        .arg(p.dir.path())
         .arg(&logfile)
         .output()
         .expect("run pgbadger (Debian package pgbadger; scripts/test installs it)");
