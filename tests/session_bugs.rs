@@ -913,6 +913,58 @@ async fn reset_all_returns_to_the_startup_values() {
     startup_values_oracle(&steps, true).await;
 }
 
+/// RESET ALL alone, in a Query or a Parse, goes to the server as written, with
+/// pgcarpool's statement setting the startup values after it: not as a DO block, which
+/// needs PL/pgSQL (a database may have dropped it) and, compiled in a fresh backend, could
+/// outlast a short statement_timeout that PostgreSQL's RESET ALL does not (CI, session 8:
+/// 57014 under `statement_timeout = 5`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_alone_needs_no_plpgsql() {
+    let steps: Vec<(Vec<u8>, usize)> = vec![
+        q(&[
+            "SET TimeZone = 'UTC'",
+            "SET application_name = 'x'",
+            "RESET ALL",
+            "SHOW TimeZone",
+            "SHOW application_name",
+        ]),
+        q(&[
+            "BEGIN",
+            "SET TimeZone = 'UTC'",
+            "RESET ALL",
+            "SHOW TimeZone",
+            "COMMIT",
+        ]),
+        q(&[
+            "BEGIN",
+            "SELECT 1/0",
+            "RESET ALL",
+            "ROLLBACK",
+            "SHOW TimeZone",
+        ]),
+        q(&["SET DateStyle = 'ISO, MDY'; RESET ALL -- back\n; SHOW DateStyle; SELECT 1/0"]),
+        q(&["SHOW DateStyle; SET DateStyle = 'ISO, MDY'; RESET ALL -- back"]),
+        (
+            [
+                query("SET TimeZone = 'UTC'"),
+                ext("", "RESET ALL"),
+                ext("", "SHOW TimeZone"),
+                query("SET application_name = 'y'"),
+                ext("ra", "RESET ALL"),
+                ext("", "SHOW application_name"),
+                query("SET application_name = 'z'"),
+                message(b'B', b"\0ra\0\0\0\0\0\0\0"),
+                message(b'E', b"\0\0\0\0\0"),
+                sync(),
+                query("SHOW application_name"),
+            ]
+            .concat(),
+            9,
+        ),
+    ];
+    startup_values_oracle_in(&steps, true, "DROP EXTENSION plpgsql").await;
+}
+
 /// Seeds 5–8, 11: DISCARD ALL returns to the startup values, as RESET ALL (PostgreSQL's
 /// session defaults), in the ParameterStatus the client gets and in SHOW right after it in
 /// the same pipeline; a server's DISCARD ALL returns to its login values. pgcarpool sets
@@ -976,7 +1028,13 @@ async fn discard_all_returns_to_the_startup_values() {
 /// message must be the same, ParameterStatus included. `reports`: the first step makes
 /// PostgreSQL report a startup TimeZone (the script tests something).
 async fn startup_values_oracle(steps: &[(Vec<u8>, usize)], reports: bool) {
+    startup_values_oracle_in(steps, reports, "SELECT 1").await;
+}
+
+/// `startup_values_oracle` after `setup` in testdb.
+async fn startup_values_oracle_in(steps: &[(Vec<u8>, usize)], reports: bool, setup: &str) {
     let pg = TempPostgres::start();
+    pg.psql_in("testdb", setup);
     for size in [1, 2] {
         let p = pool_of(&pg, size).await;
         let mut results = Vec::new();

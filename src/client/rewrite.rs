@@ -69,6 +69,13 @@ pub(super) fn passes_through(
             }
             let tx = session.unnamed.as_deref().and_then(tx_effect_of);
             session.bound(portal, tx, false);
+            if session
+                .unnamed
+                .as_deref()
+                .is_some_and(|u| startup_follows(session, u))
+            {
+                session.discard_portal = Some(Bytes::copy_from_slice(portal));
+            }
             Pending::Bind
         }
         frontend::DESCRIBE => {
@@ -294,7 +301,12 @@ impl Relay<'_> {
         let stmts = classify::split(sql);
         let made: Vec<Option<(String, bool)>> = stmts
             .iter()
-            .map(|&(a, b)| to_startup_value(self.session, &sql[a..b]))
+            .map(|&(a, b)| {
+                let one = &sql[a..b];
+                reset_all_to_startup(self.session, one)
+                    .map(|b| (b, false))
+                    .or_else(|| to_startup_value(self.session, one))
+            })
             .collect();
         if made.iter().all(Option::is_none) {
             return None;
@@ -310,6 +322,13 @@ impl Relay<'_> {
             }
             let reset = m.as_ref().is_some_and(|m| m.1);
             self.server.expect(Pending::Retag(reset));
+            if m.as_ref()
+                .is_some_and(|(set, _)| set.ends_with(RESET_ALL_END))
+            {
+                // The SELECT of the startup values after the client's RESET ALL.
+                self.server
+                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+            }
         }
         Some(out)
     }
@@ -629,7 +648,7 @@ impl Relay<'_> {
             let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
             let tx = s.unnamed.as_deref().and_then(tx_effect_of);
             s.bound(portal, tx, deallocates);
-            if deallocates && s.unnamed.as_deref().is_some_and(discards_all) {
+            if s.unnamed.as_deref().is_some_and(|u| startup_follows(s, u)) {
                 s.discard_portal = Some(Bytes::copy_from_slice(portal));
             }
             self.server.conn_mut().queue(msg);
@@ -651,7 +670,9 @@ impl Relay<'_> {
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                     let tx = tx_effect_of(&stmt.parse_rest);
                     self.session.bound(portal, tx, deallocates);
-                    if stmt.effects.as_ref().is_some_and(|e| e.discard_all) {
+                    if stmt.effects.as_ref().is_some_and(|e| {
+                        e.discard_all || (e.reset_all && !startup_settings(self.session).is_empty())
+                    }) {
                         self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
                     }
                     if let Some(e) = &stmt.effects {
@@ -1098,9 +1119,6 @@ pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
 /// gave: the SET of that value PostgreSQL's RESET would have returned to (the servers'
 /// defaults are their own), and whether it was written as RESET.
 pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(String, bool)> {
-    if let Some(block) = reset_all_to_startup(session, sql) {
-        return Some((block, true));
-    }
     let d = classify::to_default(sql)?;
     let value = session.startup.get(&d.name)?;
     let list = matches!(
@@ -1133,12 +1151,19 @@ pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(
     ))
 }
 
-/// `RESET ALL` (alone) of a client whose startup packet gave settings: PostgreSQL's returns
-/// them to the startup values, a server's to its own login values. It goes as a DO block
-/// that resets all, then sets the startup values again, in one statement: the server
-/// reports (ParameterStatus, at its ReadyForQuery) just the settings whose value changed,
-/// with the startup values, as PostgreSQL does. None: not such a statement, or a value
-/// that cannot be written in the block as it is.
+/// Ends the statements `reset_all_to_startup` makes (a comment, so the text still runs).
+const RESET_ALL_END: &str = " /* pgcarpool: startup values */";
+
+/// `RESET ALL` in a simple Query, from a client whose startup packet gave settings:
+/// PostgreSQL's returns them to the startup values, a server's to its own login values.
+/// It goes as written, followed in the same query by a SELECT setting the startup values
+/// again, whose replies are dropped: the server reports (ParameterStatus, at its
+/// ReadyForQuery) just the settings whose value changed, with the startup values, as
+/// PostgreSQL does. (Not a DO block: that needs PL/pgSQL, which a database may have
+/// dropped, and compiled in a fresh backend it can outlast a short statement_timeout that
+/// RESET ALL would not.) In a Parse it goes as written and pgcarpool's statement follows
+/// its Execute (`Relay::startup_after_discard`). None: not such a statement, or a value
+/// that cannot be written as a plain literal.
 fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> {
     if session.startup.is_empty() || !classify::may_matter(sql) || classify::split(sql).len() != 1 {
         return None;
@@ -1147,30 +1172,48 @@ fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> 
     if !e.reset_all || e.discard_all {
         return None;
     }
-    const QUOTE: &str = "$pgcarpool$";
-    let mut block = format!("DO {QUOTE}BEGIN RESET ALL;");
-    for (k, v) in session.startup.iter() {
-        // RESET ALL leaves these two alone (GUC_NO_RESET_ALL).
-        if k.eq_ignore_ascii_case("role") || k.eq_ignore_ascii_case("session_authorization") {
-            continue;
-        }
-        if [k, v].iter().any(|x| x.contains('\\') || x.contains(QUOTE)) {
+    let settings = startup_settings(session);
+    if settings.is_empty() {
+        return None;
+    }
+    let mut calls = Vec::new();
+    for (k, v) in &settings {
+        if [k, v].iter().any(|x| x.contains('\\')) {
             return None;
         }
-        block.push_str(&format!(
-            " PERFORM pg_catalog.set_config('{}', '{}', false);",
+        calls.push(format!(
+            "pg_catalog.set_config('{}', '{}', false)",
             k.replace('\'', "''"),
             v.replace('\'', "''")
         ));
     }
-    block.push_str(&format!(" END{QUOTE}"));
-    Some(block)
+    let reset = String::from_utf8_lossy(sql);
+    Some(format!(
+        // A new line first: the client's text may end in a `--` comment.
+        "{reset}\n;SELECT {}{RESET_ALL_END}",
+        calls.join(", ")
+    ))
 }
 
-/// A Parse body after the name (the SQL, then parameter types) whose text is `DISCARD ALL`.
-fn discards_all(parse_rest: &[u8]) -> bool {
+/// A Parse body after the name (the SQL, then parameter types) whose text is `RESET ALL`
+/// (or `DISCARD ALL`), from a client whose startup packet gave settings: its Execute is
+/// followed by the startup values (`Relay::startup_after_discard`).
+fn startup_follows(session: &VirtualSession, parse_rest: &[u8]) -> bool {
     let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
-    classify::classify(sql).discard_all
+    // Cheap first: this runs for every Bind of the unnamed statement.
+    let first = classify::strip_leading(sql);
+    let word = |w: &[u8]| {
+        first
+            .get(..w.len())
+            .is_some_and(|f| f.eq_ignore_ascii_case(w))
+    };
+    if session.startup.is_empty() || !(word(b"reset") || word(b"discard")) {
+        return false;
+    }
+    let e = classify::classify(sql);
+    classify::split(sql).len() == 1
+        && (e.reset_all || e.discard_all)
+        && !startup_settings(session).is_empty()
 }
 
 /// The settings of the client's startup packet that `DISCARD ALL` (as RESET ALL) returns

@@ -425,7 +425,11 @@ impl Owed {
         }
         self.queue.pop_front();
         if tag != backend::ERROR_RESPONSE {
-            let next = matches!(self.queue.front(), Some(Pending::Retag(_)));
+            // A SELECT pgcarpool added after the client's RESET ALL is one too.
+            let next = matches!(
+                self.queue.front(),
+                Some(Pending::Retag(_) | Pending::SwallowTo(_))
+            );
             return Some(match (next, reset && tag == backend::COMMAND_COMPLETE) {
                 // More statements follow.
                 (true, true) => (Verdict::Retag, Lost::Nothing),
@@ -913,6 +917,38 @@ mod tests {
             );
         }
         assert!(server.exchange.owed.is_empty());
+    }
+
+    #[test]
+    fn a_select_added_after_a_reset_all_in_a_query_is_dropped() {
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // `RESET ALL; SELECT set_config(…); SHOW x`: the SELECT is pgcarpool's.
+        o.push(Pending::Retag(false));
+        o.push(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        o.push(Pending::Retag(false));
+        o.push(Pending::Ready(None));
+        use backend::*;
+        let got: Vec<Verdict> = [
+            COMMAND_COMPLETE,
+            ROW_DESCRIPTION,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            ROW_DESCRIPTION,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            PARAMETER_STATUS,
+            READY_FOR_QUERY,
+        ]
+        .into_iter()
+        .map(|t| reply(&mut o, &mut p, t, None))
+        .collect();
+        use Verdict::*;
+        let want = [
+            Forward, Swallow, Swallow, Swallow, Forward, Forward, Forward, Forward, Forward,
+        ];
+        assert_eq!(got, want);
+        assert!(o.is_empty());
     }
 
     #[test]
