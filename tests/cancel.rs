@@ -270,6 +270,8 @@ async fn a_cancelled_server_serves_the_next_client_without_waiting_for_cancel_wa
     let a = Arc::new(p.connect("md5user", "testdb").await);
     let b = p.connect("md5user", "testdb").await;
     for round in 0..3 {
+        // The last round's backend may still show as active for a moment.
+        monitor.wait_running("md5user", "pg_sleep(30)", 0).await;
         let token = a.cancel_token();
         let sleeper = a.clone();
         let long = tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });

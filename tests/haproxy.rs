@@ -302,6 +302,9 @@ async fn cancel_through(f: &Fleet, n: usize) -> usize {
     let obs = Observer::new(&f.pg).await;
     let mut ended = 0;
     for c in clients {
+        // The last cancelled backend may still show as active for a moment: a cancel sent
+        // before this query reaches its server would have nothing to end.
+        obs.wait_running("md5user", "pg_sleep(30)", 0).await;
         let token = c.cancel_token();
         let task = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
         obs.wait_running("md5user", "pg_sleep(30)", 1).await;
@@ -331,6 +334,10 @@ async fn every_cancel_sent_through_haproxy_lands() {
     // psql: Ctrl-C (SIGINT) makes it send a cancel request on a new connection, which
     // HAProxy gives the next instance.
     for round in 0..3 {
+        Observer::new(&f.pg)
+            .await
+            .wait_running("md5user", "pg_sleep(30)", 0)
+            .await;
         let mut psql = Command::new(harness::pg_bin("psql"))
             .args([&f.dsn("md5user"), "-X", "-c", "SELECT pg_sleep(30)"])
             .stdout(Stdio::piped())

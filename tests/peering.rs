@@ -183,6 +183,11 @@ async fn wait_running(pg: &TempPostgres) {
 /// A pg_sleep on the pooler at `owner` ends with 57014 when its cancel goes to `via`.
 async fn cancel_via(pg: &TempPostgres, owner: &str, via: &str, port: u16) {
     let mut c = RawClient::connect(owner, port).await;
+    // A backend of the last call may still show as active for a moment.
+    Observer::new(pg)
+        .await
+        .wait_running("md5user", "pg_sleep(30)", 0)
+        .await;
     c.send_query("SELECT pg_sleep(30)").await;
     wait_running(pg).await;
     send_cancel(via, port, c.key).await;
