@@ -1190,3 +1190,43 @@ async fn describe_in_a_failed_block_of_a_statement_the_server_lost() {
     );
     p.shutdown().await;
 }
+
+/// A Bind or Describe that the server refuses names the client's statement as the client
+/// named it in that message, also when two of the client's names are one shared server
+/// statement (the same text) used in the same round: PostgreSQL says `"s1"` for a Bind of
+/// s1 with the wrong parameter count after a Bind of s2; pgcarpool said `"s2"` (the first
+/// client name noted for the server's name in the round). Found by the differential test
+/// (long-run seeds 2106, 2145, 2220).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_names_the_statement_of_the_message_that_failed() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let steps: Vec<String> = [
+        "P s1|SELECT $1::int + $2::int AS x\nP s2|SELECT $1::int + $2::int AS x\nS",
+        "B |s2|1,2\nE \nB |s1|1\nE \nS",
+        "B |s1|1,2\nE \nB |s2|3\nE \nS",
+        "D S s1\nB |s2|1,2,3\nE \nS",
+        "P s3|SELECT $1::int + $2::int AS x\nB |s1|1,2\nE \nB |s3|1\nE \nS",
+        "Q BEGIN",
+        "B |s2|4,5\nE \nB |s1|6\nE \nS",
+        "Q ROLLBACK",
+    ]
+    .map(String::from)
+    .to_vec();
+    let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    // The script tests what it means to.
+    let names = |k: usize, name: &str| {
+        let want = format!("prepared statement \"{name}\" requires 2");
+        assert!(
+            t[0][k].iter().any(|l| l.contains(&want)),
+            "step {k}: {:?}",
+            t[0][k]
+        );
+    };
+    names(1, "s1");
+    names(2, "s2");
+    names(3, "s2");
+    names(4, "s3");
+    names(6, "s1");
+    p.shutdown().await;
+}

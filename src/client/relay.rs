@@ -806,6 +806,8 @@ impl<'a> Relay<'a> {
     ) -> Result<ControlFlow<RelayEvent, usize>, ProtoError> {
         let body = &self.server.conn().rbuf[fwd + 5..fwd + h.total];
         let code = backend::error_code(body);
+        // The message it answers (`Renamed::restore`), before `on_reply` settles it.
+        let front = self.server.exchange().owed_front();
         if let Some(why) = self.fatal_withheld(body) {
             return Ok(ControlFlow::Break(
                 self.withhold_fatal(fwd, h.total, code, why),
@@ -838,7 +840,7 @@ impl<'a> Relay<'a> {
             Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
                 let answered = self.server.exchange().answered();
                 let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
-                match self.renamed.restore(answered, msg) {
+                match self.renamed.restore(answered, front, msg) {
                     Some(restored) => {
                         self.forward_server_run(fwd);
                         fwd = 0;

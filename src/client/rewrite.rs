@@ -421,9 +421,9 @@ impl Relay<'_> {
     /// The message about to be sent names the client's statement `client` by its server
     /// name: the server's errors about it name `client` again.
     fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
-        let (round, answered) = (self.server.round(), self.server.exchange().answered());
-        self.renamed
-            .note(round, answered, &stmt.server_name, client);
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
+        self.renamed.note(rounds, &stmt.server_name, client);
     }
 
     /// As `note_rename`, for the client's SQL `text` about to be sent as `prefix` followed
@@ -436,7 +436,8 @@ impl Relay<'_> {
         rest_at: usize,
         prefix: &str,
     ) {
-        let rounds = (self.server.round(), self.server.exchange().answered());
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
         let names = (&stmt.server_name, client);
         self.renamed.note_text(rounds, names, text, rest_at, prefix);
     }
