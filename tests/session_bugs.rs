@@ -1210,6 +1210,8 @@ async fn an_error_names_the_statement_of_the_message_that_failed() {
         "Q BEGIN",
         "B |s2|4,5\nE \nB |s1|6\nE \nS",
         "Q ROLLBACK",
+        // Long-run seed 2179 (after the fix above): each name described, then bound.
+        "D S s2\nB pb|s2|1,2\nE pb|0\nC P pb\nD S s1\nB pb|s1|\\N\nE pb|0\nS",
     ]
     .map(String::from)
     .to_vec();
@@ -1228,5 +1230,94 @@ async fn an_error_names_the_statement_of_the_message_that_failed() {
     names(3, "s2");
     names(4, "s3");
     names(6, "s1");
+    names(8, "s1");
+    p.shutdown().await;
+}
+
+/// LISTEN, UNLISTEN and `UNLISTEN *` inside a transaction block by a client that listens
+/// through the pool's listener (issue 23), pinned or not: the client gets each
+/// notification exactly once, as straight from PostgreSQL, whatever the block did (commit,
+/// rollback, rollback to a savepoint, failed). Before, the statement went to the server:
+/// a LISTEN again made the server listen too (the client was pinned, and each later
+/// notification came twice: long-run seeds 2179, 2184); an UNLISTEN never reached the
+/// listener, which kept delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_and_unlisten_in_a_block_change_the_listeners_deliveries_at_commit() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 3, 100).await;
+    let block = |inside: &[&str], end: &str, note: &str| -> Vec<String> {
+        let mut s = vec!["Q BEGIN".to_string()];
+        s.extend(inside.iter().map(|l| format!("Q {l}")));
+        s.push(format!("Q {end}"));
+        s.push(format!("Q NOTIFY ch, '{note}'"));
+        s
+    };
+    let mut a = vec!["Q LISTEN ch".to_string()];
+    a.extend(block(&["LISTEN ch"], "COMMIT", "listen again"));
+    a.extend(block(&["UNLISTEN ch"], "ROLLBACK", "unlisten rolled back"));
+    a.extend(block(
+        &["SAVEPOINT s", "UNLISTEN ch", "ROLLBACK TO SAVEPOINT s"],
+        "COMMIT",
+        "unlisten rolled back to a savepoint",
+    ));
+    a.extend(block(
+        &["SELECT 1/0", "UNLISTEN ch"],
+        "COMMIT",
+        "failed block",
+    ));
+    a.extend(block(
+        &["UNLISTEN *", "LISTEN ch", "NOTIFY ch, 'inside'"],
+        "COMMIT",
+        "unlisten all, listen again",
+    ));
+    a.extend(block(
+        &["UNLISTEN ch", "NOTIFY ch, 'inside'"],
+        "END",
+        "unlistened",
+    ));
+    a.push("Q SELECT pg_listening_channels()".into());
+    a.push("Q LISTEN ch".into());
+    a.extend(block(&["UNLISTEN *"], "COMMIT", "unlistened all"));
+    // The same, pinned (a temporary table) after it listened through the listener.
+    let mut b = vec![
+        "Q LISTEN ch".to_string(),
+        "Q CREATE TEMP TABLE tt (a int)".into(),
+    ];
+    b.extend(block(&["LISTEN ch"], "COMMIT", "listen again"));
+    b.extend(block(
+        &["UNLISTEN *"],
+        "ROLLBACK",
+        "unlisten all rolled back",
+    ));
+    b.extend(block(&["UNLISTEN ch"], "COMMIT", "unlistened"));
+    b.push("Q SELECT pg_listening_channels()".into());
+    let b: Vec<String> = b.into_iter().map(|l| l.replace("ch", "chb")).collect();
+    let t = harness::wire::oracle(pg.port(), p.port(), "postgres", "testdb", &[a, b]).await;
+    // The script tests what it means to.
+    let notes = |c: usize| -> Vec<String> {
+        t[c].iter()
+            .flatten()
+            .filter(|l| l.starts_with("Notify"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        notes(0),
+        [
+            "Notify ch listen again",
+            "Notify ch unlisten rolled back",
+            "Notify ch unlisten rolled back to a savepoint",
+            "Notify ch failed block",
+            "Notify ch inside",
+            "Notify ch unlisten all, listen again",
+        ]
+    );
+    assert_eq!(
+        notes(1),
+        [
+            "Notify chb listen again",
+            "Notify chb unlisten all rolled back",
+        ]
+    );
     p.shutdown().await;
 }

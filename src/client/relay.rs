@@ -157,6 +157,11 @@ pub struct Relay<'a> {
     pub hold_ready: bool,
     /// The ReadyForQuery kept back (its status).
     pub withheld_ready: Option<u8>,
+    /// The channels the client listens on through the pool's listener: its LISTEN or
+    /// UNLISTEN of one inside a transaction block goes as `notify::in_block_query`.
+    pub listener_channels: Vec<String>,
+    /// One went so (`notify::after_block` follows the transaction).
+    pub listen_in_block: bool,
     /// target_session_attrs=read-write/primary: the pool's hosts. When the server's host
     /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
     /// mid-transaction too: nothing more of it reaches that host.
@@ -254,6 +259,8 @@ impl<'a> Relay<'a> {
             disable_pqexec: false,
             hold_ready: false,
             withheld_ready: None,
+            listener_channels: Vec::new(),
+            listen_in_block: false,
             fence: None,
             renamed: Default::default(),
             session_deallocs: Vec::new(),

@@ -16,15 +16,22 @@ struct Rename {
     /// The round (`Exchange::round`) of the message: its errors come while the server's
     /// `answered` count equals it.
     round: u64,
-    /// The number of the reply owed for the message (`Exchange::owed_next`): of two client
-    /// names for one server name in a round, an error names the one of the message that
-    /// failed.
-    seq: u64,
+    /// The numbers of the replies owed for the messages (`Exchange::owed_next`), first and
+    /// last, that named `server` as `client` one after the other: of two client names for
+    /// one server name in a round, an error names the one of the message that failed.
+    seqs: (u64, u64),
     server: Bytes,
     client: Bytes,
     /// A SQL text rewritten as `… "server name" rest`: characters before `rest` in the
     /// server's text and in the client's.
     shift: Option<(u32, u32)>,
+}
+
+impl Rename {
+    /// Did the message whose reply is owed number `front` name it so?
+    fn names(&self, front: u64) -> bool {
+        (self.seqs.0..=self.seqs.1).contains(&front)
+    }
 }
 
 /// The renames of the rounds not yet answered, oldest first.
@@ -63,18 +70,25 @@ impl Renamed {
         shift: Option<(u32, u32)>,
     ) {
         self.renames.retain(|r| r.round >= answered);
-        let known = self.renames.iter().any(|r| {
-            r.round == round
-                && r.server == *server
-                && r.client == client
-                && (shift.is_none() || r.shift.is_some())
-        });
-        if known || self.renames.len() >= MAX_RENAMES {
+        let last = self
+            .renames
+            .iter_mut()
+            .rev()
+            .find(|r| r.round == round && r.server == *server);
+        if let Some(r) = last
+            && r.client == client
+            && (shift.is_none() || r.shift.is_some())
+        {
+            // The same name again: one run of messages.
+            r.seqs.1 = seq;
+            return;
+        }
+        if self.renames.len() >= MAX_RENAMES {
             return;
         }
         self.renames.push(Rename {
             round,
-            seq,
+            seqs: (seq, seq),
             server: server.clone(),
             client: Bytes::copy_from_slice(client),
             shift,
@@ -97,12 +111,12 @@ impl Renamed {
             .iter()
             .filter(of_round)
             .filter(|r| {
-                r.seq == front
+                r.names(front)
                     || !self
                         .renames
                         .iter()
                         .filter(of_round)
-                        .any(|o| o.server == r.server && o.seq == front)
+                        .any(|o| o.server == r.server && o.names(front))
             })
             .collect();
         let shift = round.iter().find_map(|r| r.shift);
@@ -264,6 +278,9 @@ mod tests {
         let server = Bytes::from_static(b"PGCARPOOL_3");
         r.note((1, 1, 10), &server, b"s2");
         r.note((1, 1, 12), &server, b"s1");
+        // `D S s1` then `B |s1|`: one run of s1.
+        r.note((1, 1, 13), &server, b"s1");
+        r.note((1, 1, 15), &server, b"s2");
         let msg = error(&[
             (b'C', "08P01"),
             (b'M', "prepared statement \"PGCARPOOL_3\" requires 2"),
@@ -273,7 +290,9 @@ mod tests {
             String::from_utf8_lossy(&got).into_owned()
         };
         assert!(named(12).contains("\"s1\""), "{}", named(12));
+        assert!(named(13).contains("\"s1\""), "{}", named(13));
         assert!(named(10).contains("\"s2\""), "{}", named(10));
+        assert!(named(15).contains("\"s2\""), "{}", named(15));
         // An error of another message of the round: the first name noted.
         assert!(named(11).contains("\"s2\""), "{}", named(11));
     }

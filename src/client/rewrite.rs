@@ -108,6 +108,20 @@ impl Relay<'_> {
         self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         let tx = classify::tx_effect(sql);
+        if self.server.status_sent() == b'T'
+            && let Some((text, listen)) =
+                super::notify::in_block_query(sql, &self.listener_channels)
+        {
+            // The statement's CommandComplete is the client's; the rest is pgcarpool's.
+            self.listen_in_block = true;
+            self.server.expect(Pending::Retag(false));
+            for _ in 0..1 + usize::from(listen) {
+                self.server
+                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+            }
+            self.server.send_query(query_message(&text), None);
+            return Ok(());
+        }
         if !classify::may_matter(sql) {
             self.send_client_query(msg, tx);
             return Ok(());

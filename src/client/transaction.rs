@@ -145,6 +145,10 @@ async fn transaction(
         _ => mode == PoolMode::Session || reset_always,
     };
     server.discard = c.session.pin.is_some();
+    if !matches!(event, RelayEvent::Release) && c.listening.take_in_block() {
+        // The server may keep pgcarpool's record of LISTENs in a block: reset.
+        server.discard = true;
+    }
     match event {
         RelayEvent::Release => {
             let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
@@ -197,6 +201,10 @@ async fn released(
     withheld_ready: Option<u8>,
     mode: PoolMode,
 ) -> Result<bool, ClientError> {
+    if let Err(e) = super::notify::after_block(c, server).await {
+        server.mark_broken();
+        return Err(e);
+    }
     if !effects.is_empty() || c.session.pin.is_some() {
         match Box::pin(after_transaction(c, server, effects)).await {
             Ok(Ok(())) => {}
@@ -385,6 +393,7 @@ async fn relay_once(
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
+    relay.listener_channels = c.listening.channels().to_vec();
     if keep_first {
         relay.first_request = Some(FirstRequest::default());
     }
@@ -403,6 +412,9 @@ async fn relay_once(
         ev = relay.run(timeouts) => ev,
     };
     let withheld_ready = relay.withheld_ready;
+    if relay.listen_in_block {
+        c.listening.note_in_block();
+    }
     let loss = match event {
         RelayEvent::ServerGone(_) => relay.loss(),
         _ => None,
