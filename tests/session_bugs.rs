@@ -1321,3 +1321,75 @@ async fn listen_and_unlisten_in_a_block_change_the_listeners_deliveries_at_commi
     );
     p.shutdown().await;
 }
+
+/// A listening client's round that notifies its own channel and changes a reported
+/// setting: PostgreSQL sends the NotificationResponse before the ParameterStatus (it
+/// delivers notifications before it reports settings, both before ReadyForQuery); through
+/// pgcarpool the notification comes from the pool's listener once the round is over, so
+/// the ParameterStatus the server sent came first. Now the ParameterStatus messages right
+/// before a ReadyForQuery kept back for the listener are kept back with it. Found by the
+/// differential test (long-run seed 2077). Every message is compared (`Wire::record_step`:
+/// the oracle's transcripts leave ParameterStatus out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_comes_before_the_parameter_status_of_its_round() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let steps = [
+        "Q LISTEN ch2",
+        "P |SET application_name = 'x y'\nB pa||\nE pa|0\nP s3|NOTIFY ch2, 'from parse'\nB pb|s3|\nE pb|0\nS",
+        "Q SET application_name = 'q'; NOTIFY ch2, 'query'",
+        "Q BEGIN",
+        "Q SET DateStyle = 'German'",
+        "Q NOTIFY ch2, 'block'",
+        "Q SET application_name = 'z'; COMMIT",
+        "Q SET application_name = 'alone'",
+    ];
+    // One side after the other: each listens on the channel the other notifies.
+    let limit = Duration::from_secs(30);
+    let mut sides = Vec::new();
+    for port in [pg.port(), p.port()] {
+        let mut w = Wire::connect(port, "postgres", "testdb").await;
+        let mut t = Vec::new();
+        for step in steps {
+            let (msgs, end) = w.record_step(step, false, limit).await;
+            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            t.push(msgs);
+        }
+        w.terminate().await;
+        sides.push(t);
+    }
+    let t = sides.pop().unwrap();
+    for (k, want) in sides[0].iter().enumerate() {
+        let step = steps[k];
+        assert_eq!(
+            *want, t[k],
+            "{step}: PostgreSQL (left) vs pgcarpool (right)"
+        );
+    }
+    // The script tests what it means to.
+    let order = |k: usize, want: &[&str]| {
+        let got: Vec<&str> = t[k]
+            .iter()
+            .map(String::as_str)
+            .filter(|l| l.starts_with("A ") || l.starts_with("S "))
+            .collect();
+        assert_eq!(got, want, "step {k}: {:?}", t[k]);
+    };
+    order(
+        1,
+        &[
+            "A pid=self \"ch2\" \"from parse\"",
+            "S application_name=\"x y\"",
+        ],
+    );
+    order(
+        2,
+        &["A pid=self \"ch2\" \"query\"", "S application_name=\"q\""],
+    );
+    order(4, &["S DateStyle=\"German, DMY\""]);
+    order(
+        6,
+        &["A pid=self \"ch2\" \"block\"", "S application_name=\"z\""],
+    );
+    p.shutdown().await;
+}

@@ -157,6 +157,10 @@ pub struct Relay<'a> {
     pub hold_ready: bool,
     /// The ReadyForQuery kept back (its status).
     pub withheld_ready: Option<u8>,
+    /// The ParameterStatus messages that came right before it, kept back with it:
+    /// PostgreSQL sends the notifications first (`ProcessNotifyInterrupt` before
+    /// `ReportChangedGUCOptions`), and the listener's come once it has caught up.
+    pub withheld_params: Bytes,
     /// The channels the client listens on through the pool's listener: its LISTEN or
     /// UNLISTEN of one inside a transaction block goes as `notify::in_block_query`.
     pub listener_channels: Vec<String>,
@@ -259,6 +263,7 @@ impl<'a> Relay<'a> {
             disable_pqexec: false,
             hold_ready: false,
             withheld_ready: None,
+            withheld_params: Bytes::new(),
             listener_channels: Vec::new(),
             listen_in_block: false,
             fence: None,
@@ -710,14 +715,18 @@ impl<'a> Relay<'a> {
         let mut fwd = 0;
         let mut withheld = 0;
         let mut event = None;
+        // Where the ParameterStatus messages right before `fwd` begin, if any.
+        let mut params_at = None;
         loop {
             if self.virt && self.server.exchange().answer_due() {
                 self.forward_server_run(fwd);
                 fwd = 0;
+                params_at = None;
                 self.answer_front();
             }
             let buf = &self.server.conn().rbuf;
             if self.server_partial > 0 {
+                params_at = None;
                 if stream_partial(&mut self.server_partial, &mut fwd, buf.len()) {
                     break;
                 }
@@ -727,6 +736,9 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
+            if !matches!(h.tag, backend::PARAMETER_STATUS | backend::READY_FOR_QUERY) {
+                params_at = None;
+            }
             if self.virt && (self.server.exchange().swallowing() || self.learns(h.tag)) {
                 // Replies to a query or a Describe pgcarpool added: none reach the client.
                 if !inspectable(h, avail)? {
@@ -734,6 +746,7 @@ impl<'a> Relay<'a> {
                 }
                 self.swallow(h, fwd)?;
                 fwd = 0;
+                params_at = None;
                 continue;
             }
             match h.tag {
@@ -760,14 +773,18 @@ impl<'a> Relay<'a> {
                                 *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
                             if let Some((ev, withhold)) = self.on_ready(h, fwd - h.total, status)? {
                                 if withhold {
-                                    withheld = h.total;
-                                    fwd -= h.total;
+                                    let from = params_at.unwrap_or(fwd - h.total);
+                                    let params = &self.server.conn().rbuf[from..fwd - h.total];
+                                    self.withheld_params = Bytes::copy_from_slice(params);
+                                    withheld = fwd - from;
+                                    fwd = from;
                                 }
                                 event = Some(ev);
                                 break;
                             }
                         }
                         backend::PARAMETER_STATUS => {
+                            params_at.get_or_insert(fwd - h.total);
                             let (k, v) = backend::parse_parameter_status(body)?;
                             self.session.observe_parameter(k, v);
                             self.on_reply(h, fwd - h.total)?;

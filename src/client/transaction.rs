@@ -198,7 +198,7 @@ async fn released(
     server: &mut PooledServer,
     effects: &Effects,
     claimed: bool,
-    withheld_ready: Option<u8>,
+    withheld_ready: Option<(u8, bytes::Bytes)>,
     mode: PoolMode,
 ) -> Result<bool, ClientError> {
     if let Err(e) = super::notify::after_block(c, server).await {
@@ -244,7 +244,10 @@ async fn released(
     // What came meanwhile is the client's before the ReadyForQuery kept back (its
     // own notifications come before it, as from PostgreSQL).
     super::notify::deliver(c)?;
-    if let Some(status) = withheld_ready {
+    if let Some((status, params)) = withheld_ready {
+        // The ParameterStatus messages that came with it after the notifications, as
+        // PostgreSQL sends them.
+        c.conn.queue(params);
         c.conn.queue_with(|b| backend::ready_for_query(b, status));
     }
     server.discard = c.session.pin.is_some();
@@ -285,7 +288,7 @@ struct Relayed {
     /// The pool's listener was told of the server (`notify::claim`).
     claimed: bool,
     assigned_at: Instant,
-    withheld_ready: Option<u8>,
+    withheld_ready: Option<(u8, bytes::Bytes)>,
     event: RelayEvent,
     counts: RelayCounts,
     effects: Effects,
@@ -377,7 +380,7 @@ async fn relay_once(
     RelayEvent,
     RelayCounts,
     Effects,
-    Option<u8>,
+    Option<(u8, bytes::Bytes)>,
     Option<super::aborted::Loss>,
 ) {
     let mode = pool_settings.mode;
@@ -411,7 +414,9 @@ async fn relay_once(
         _ = kill => RelayEvent::Killed,
         ev = relay.run(timeouts) => ev,
     };
-    let withheld_ready = relay.withheld_ready;
+    let withheld_ready = relay
+        .withheld_ready
+        .map(|status| (status, std::mem::take(&mut relay.withheld_params)));
     if relay.listen_in_block {
         c.listening.note_in_block();
     }
