@@ -1393,3 +1393,65 @@ async fn a_notification_comes_before_the_parameter_status_of_its_round() {
     );
     p.shutdown().await;
 }
+
+/// A statement made by SQL PREPARE, EXECUTEd inside an unnamed Parse in the middle of a
+/// pipeline on a server that lacks it (the client's next transaction got another server:
+/// here the one server was closed by RECONNECT): PostgreSQL runs it; pgcarpool prepared
+/// such a statement on a server only by a query of its own, which it sent only when the
+/// Parse came first after a Sync, so the server said 26000 `prepared statement "p1" does
+/// not exist`. Now it is prepared within the round (its PREPARE text parsed, bound and
+/// executed under pgcarpool's own names, every reply dropped). Found by the differential
+/// test (long-run seed 1033, pool of 2: flaky, it depends on which server the client gets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    // (step, whether the one server is closed before it)
+    let steps = [
+        ("Q PREPARE p1(int) AS SELECT $1 * 10 AS x", false),
+        (
+            "P s1|SELECT 1 AS one\nB pa|s1|\nE pa|0\nC P pa\nP |EXECUTE p1(5)\nB pa||\nD P pa\nE pa|0\nS",
+            true,
+        ),
+        ("Q EXECUTE p1(6)", false),
+        // Skipped after an error: the server did not prepare it.
+        (
+            "P |SELECT 1/0\nB ||\nE |0\nP |EXECUTE p1(7)\nB ||\nE |0\nS",
+            true,
+        ),
+        (
+            "P |SELECT 2 AS two\nB ||\nE |0\nP |EXECUTE p1(8)\nB ||\nE |0\nS",
+            false,
+        ),
+        ("Q EXECUTE p1(9)", false),
+    ];
+    let limit = Duration::from_secs(30);
+    let mut sides = Vec::new();
+    for (port, pooled) in [(pg.port(), false), (p.port(), true)] {
+        let mut w = Wire::connect(port, "postgres", "testdb").await;
+        let mut t = Vec::new();
+        for (step, reconnect) in steps {
+            if pooled && reconnect {
+                admin.simple_query("RECONNECT testdb").await.unwrap();
+            }
+            let (msgs, end) = w.record_step(step, false, limit).await;
+            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            t.push(msgs);
+        }
+        w.terminate().await;
+        sides.push(t);
+    }
+    let t = sides.pop().unwrap();
+    for (k, want) in sides[0].iter().enumerate() {
+        let step = steps[k].0;
+        assert_eq!(
+            *want, t[k],
+            "{step}: PostgreSQL (left) vs pgcarpool (right)"
+        );
+    }
+    // The script tests what it means to.
+    assert!(t[1].iter().any(|l| l == "Row 50"), "{:?}", t[1]);
+    assert!(t[4].iter().any(|l| l == "Row 80"), "{:?}", t[4]);
+    p.shutdown().await;
+}

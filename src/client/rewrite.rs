@@ -938,10 +938,15 @@ impl Relay<'_> {
             return;
         }
         if stmt.is_sql_prepared() {
-            // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
+            // Made by SQL PREPARE: prepared by SQL, in a query of its own at a Sync
+            // boundary, else within the round (long-run seed 1033). A failed block would
+            // refuse it as it refuses the client's Parse.
             if self.at_sync_point {
                 self.counts.server_parses += 1;
                 self.server.prepare_apart(stmt);
+            } else if self.server.status_sent() != b'E' {
+                self.counts.server_parses += 1;
+                self.server.prepare_sql_within_round(stmt);
             }
         } else {
             self.prepare_on_server(stmt.clone(), true);
