@@ -765,31 +765,12 @@ impl<'a> Relay<'a> {
                     if !inspectable(h, avail)? {
                         break;
                     }
-                    let body = &buf[fwd + 5..fwd + h.total];
                     fwd += h.total;
-                    match h.tag {
-                        backend::READY_FOR_QUERY => {
-                            let status =
-                                *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                            if let Some((ev, withhold)) = self.on_ready(h, fwd - h.total, status)? {
-                                if withhold {
-                                    let from = params_at.unwrap_or(fwd - h.total);
-                                    let params = &self.server.conn().rbuf[from..fwd - h.total];
-                                    self.withheld_params = Bytes::copy_from_slice(params);
-                                    withheld = fwd - from;
-                                    fwd = from;
-                                }
-                                event = Some(ev);
-                                break;
-                            }
-                        }
-                        backend::PARAMETER_STATUS => {
-                            params_at.get_or_insert(fwd - h.total);
-                            let (k, v) = backend::parse_parameter_status(body)?;
-                            self.session.observe_parameter(k, v);
-                            self.on_reply(h, fwd - h.total)?;
-                        }
-                        _ => drop(self.on_reply(h, fwd - h.total)?),
+                    if let Some((ev, kept)) = self.on_status(h, fwd - h.total, &mut params_at)? {
+                        withheld = fwd - kept;
+                        fwd = kept;
+                        event = Some(ev);
+                        break;
                     }
                 }
                 backend::ERROR_RESPONSE
@@ -817,6 +798,45 @@ impl<'a> Relay<'a> {
         self.forward_server_run(fwd);
         self.server.conn_mut().consume(withheld);
         Ok(event)
+    }
+
+    /// A whole ReadyForQuery, ParameterStatus or CopyInResponse at `at` in the server's
+    /// buffer (`params_at`: where the ParameterStatus messages right before it begin): the
+    /// event that ends the relay with a ReadyForQuery, and where in the buffer what is
+    /// kept back from the client starts (the ReadyForQuery and those ParameterStatus
+    /// messages, `withheld_params`, or nothing: its end).
+    fn on_status(
+        &mut self,
+        h: proto::Header,
+        at: usize,
+        params_at: &mut Option<usize>,
+    ) -> Result<Option<(RelayEvent, usize)>, ProtoError> {
+        let body = &self.server.conn().rbuf[at + 5..at + h.total];
+        match h.tag {
+            backend::READY_FOR_QUERY => {
+                let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                let Some((ev, withhold)) = self.on_ready(h, at, status)? else {
+                    return Ok(None);
+                };
+                if !withhold {
+                    return Ok(Some((ev, at + h.total)));
+                }
+                let from = params_at.unwrap_or(at);
+                self.withheld_params = Bytes::copy_from_slice(&self.server.conn().rbuf[from..at]);
+                Ok(Some((ev, from)))
+            }
+            backend::PARAMETER_STATUS => {
+                params_at.get_or_insert(at);
+                let (k, v) = backend::parse_parameter_status(body)?;
+                self.session.observe_parameter(k, v);
+                self.on_reply(h, at)?;
+                Ok(None)
+            }
+            _ => {
+                self.on_reply(h, at)?;
+                Ok(None)
+            }
+        }
     }
 
     /// A whole ErrorResponse at `fwd` in the server's buffer: the server's exchange

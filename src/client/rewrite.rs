@@ -108,18 +108,7 @@ impl Relay<'_> {
         self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         let tx = classify::tx_effect(sql);
-        if self.server.status_sent() == b'T'
-            && let Some((text, listen)) =
-                super::notify::in_block_query(sql, &self.listener_channels)
-        {
-            // The statement's CommandComplete is the client's; the rest is pgcarpool's.
-            self.listen_in_block = true;
-            self.server.expect(Pending::Retag(false));
-            for _ in 0..1 + usize::from(listen) {
-                self.server
-                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
-            }
-            self.server.send_query(query_message(&text), None);
+        if self.listen_in_block(sql) {
             return Ok(());
         }
         if !classify::may_matter(sql) {
@@ -171,32 +160,7 @@ impl Relay<'_> {
             return Ok(());
         }
         match named {
-            Some(classify::Named::Prepare { name, rest }) => {
-                if self.session.statements.contains_key(name.as_bytes()) {
-                    let m = format!("prepared statement \"{name}\" already exists");
-                    self.server.probe("42P05", m, true);
-                    return Ok(());
-                }
-                let mut key = SQL_PREPARE_KEY.to_vec();
-                key.extend_from_slice(rest);
-                let scope = self.statement_scope(&key);
-                let Some(stmt) = self.intern(&scope, &key, None) else {
-                    return Ok(());
-                };
-                let name = Bytes::from(name.into_bytes());
-                self.session.statements.insert(name.clone(), stmt.clone());
-                if self.server.touch(stmt.id) {
-                    // Already prepared on this server under its shared name.
-                    self.answer(Answer::Query("PREPARE"));
-                    return Ok(());
-                }
-                let text = stmt.sql_prepare_text();
-                let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
-                self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
-                // The client's name goes again if the server refuses the text.
-                self.server
-                    .send_sql_prepare(query_message(&text), stmt, name);
-            }
+            Some(classify::Named::Prepare { name, rest }) => self.sql_prepare(sql, name, rest),
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
                     Some(stmt) => {
@@ -215,6 +179,56 @@ impl Relay<'_> {
             None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// A client's LISTEN or UNLISTEN query inside a transaction block that goes as
+    /// `notify::in_block_query`: sent so (its CommandComplete is the client's, the rest
+    /// pgcarpool's), true; else false, nothing sent.
+    fn listen_in_block(&mut self, sql: &[u8]) -> bool {
+        if self.server.status_sent() != b'T' {
+            return false;
+        }
+        let Some((text, listen)) = super::notify::in_block_query(sql, &self.listener_channels)
+        else {
+            return false;
+        };
+        self.listen_in_block = true;
+        self.server.expect(Pending::Retag(false));
+        for _ in 0..1 + usize::from(listen) {
+            self.server
+                .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        }
+        self.server.send_query(query_message(&text), None);
+        true
+    }
+
+    /// A client's `PREPARE name rest` query (`sql`): the name goes into its session, the
+    /// statement is prepared on this server under its shared name unless it holds it.
+    fn sql_prepare(&mut self, sql: &[u8], name: String, rest: &[u8]) {
+        if self.session.statements.contains_key(name.as_bytes()) {
+            let m = format!("prepared statement \"{name}\" already exists");
+            self.server.probe("42P05", m, true);
+            return;
+        }
+        let mut key = SQL_PREPARE_KEY.to_vec();
+        key.extend_from_slice(rest);
+        let scope = self.statement_scope(&key);
+        let Some(stmt) = self.intern(&scope, &key, None) else {
+            return;
+        };
+        let name = Bytes::from(name.into_bytes());
+        self.session.statements.insert(name.clone(), stmt.clone());
+        if self.server.touch(stmt.id) {
+            // Already prepared on this server under its shared name.
+            self.answer(Answer::Query("PREPARE"));
+            return;
+        }
+        let text = stmt.sql_prepare_text();
+        let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
+        self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
+        // The client's name goes again if the server refuses the text.
+        self.server
+            .send_sql_prepare(query_message(&text), stmt, name);
     }
 
     /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client

@@ -139,16 +139,14 @@ async fn transaction(
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however
     // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
-    // back to the pool as it is.
+    // back to the pool as it is, nor one that may keep pgcarpool's record of LISTENs in a
+    // block (`notify::after_block` reads and resets it after a Release).
     server.reset = match event {
         RelayEvent::Release => reset_always,
         _ => mode == PoolMode::Session || reset_always,
     };
-    server.discard = c.session.pin.is_some();
-    if !matches!(event, RelayEvent::Release) && c.listening.take_in_block() {
-        // The server may keep pgcarpool's record of LISTENs in a block: reset.
-        server.discard = true;
-    }
+    let release = matches!(event, RelayEvent::Release);
+    server.discard = c.session.pin.is_some() || (!release && c.listening.take_in_block());
     match event {
         RelayEvent::Release => {
             let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
