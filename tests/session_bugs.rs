@@ -1278,6 +1278,17 @@ async fn listen_and_unlisten_in_a_block_change_the_listeners_deliveries_at_commi
     a.push("Q SELECT pg_listening_channels()".into());
     a.push("Q LISTEN ch".into());
     a.extend(block(&["UNLISTEN *"], "COMMIT", "unlistened all"));
+    // What pgcarpool adds takes no snapshot (long-run seed 3041: a SELECT there made the
+    // isolation level fail to change).
+    a.push("Q LISTEN ch".into());
+    a.extend(block(
+        &[
+            "LISTEN ch",
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        ],
+        "COMMIT",
+        "no snapshot taken",
+    ));
     // The same, pinned (a temporary table) after it listened through the listener.
     let mut b = vec![
         "Q LISTEN ch".to_string(),
@@ -1310,6 +1321,7 @@ async fn listen_and_unlisten_in_a_block_change_the_listeners_deliveries_at_commi
             "Notify ch failed block",
             "Notify ch inside",
             "Notify ch unlisten all, listen again",
+            "Notify ch no snapshot taken",
         ]
     );
     assert_eq!(
@@ -1402,6 +1414,8 @@ async fn a_notification_comes_before_the_parameter_status_of_its_round() {
 /// not exist`. Now it is prepared within the round (its PREPARE text parsed, bound and
 /// executed under pgcarpool's own names, every reply dropped). Found by the differential
 /// test (long-run seed 1033, pool of 2: flaky, it depends on which server the client gets).
+/// Also an unnamed statement `EXECUTE p1(3)` bound again on another server: it is parsed
+/// there again, and p1 now prepared with it (long-run seed 3005).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
     let pg = TempPostgres::start();
@@ -1425,6 +1439,10 @@ async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
             false,
         ),
         ("Q EXECUTE p1(9)", false),
+        // The client's unnamed statement runs p1: bound again on another server (long-run
+        // seed 3005).
+        ("P |EXECUTE p1(3)\nB ||\nE |0\nS", false),
+        ("B pa||\nE pa|0\nS", true),
     ];
     let limit = Duration::from_secs(30);
     let mut sides = Vec::new();
@@ -1453,5 +1471,6 @@ async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
     // The script tests what it means to.
     assert!(t[1].iter().any(|l| l == "Row 50"), "{:?}", t[1]);
     assert!(t[4].iter().any(|l| l == "Row 80"), "{:?}", t[4]);
+    assert!(t[7].iter().any(|l| l == "Row 30"), "{:?}", t[7]);
     p.shutdown().await;
 }

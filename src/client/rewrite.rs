@@ -188,11 +188,12 @@ impl Relay<'_> {
         if self.server.status_sent() != b'T' {
             return false;
         }
-        let Some((text, listen)) = super::notify::in_block_query(sql, &self.listener_channels)
+        let n = self.listen_in_block + 1;
+        let Some((text, listen)) = super::notify::in_block_query(sql, &self.listener_channels, n)
         else {
             return false;
         };
-        self.listen_in_block = true;
+        self.listen_in_block = n;
         self.server.expect(Pending::Retag(false));
         for _ in 0..1 + usize::from(listen) {
             self.server
@@ -977,8 +978,31 @@ impl Relay<'_> {
         let Some(rest) = self.session.unnamed.clone() else {
             return false;
         };
+        if let Some(dep) = self.unnamed_dependency(&rest) {
+            // `EXECUTE "PGCARPOOL_n"(…)` runs a statement this server may lack (long-run
+            // seed 3005).
+            self.ensure_for_parse(&dep);
+        }
         self.server.reparse_unnamed(rest, id);
         true
+    }
+
+    /// The client's statement that its unnamed statement (`rest`, as sent: SQL `EXECUTE`
+    /// mapped to the server name) executes, if any.
+    fn unnamed_dependency(&self, rest: &[u8]) -> Option<Arc<Stmt>> {
+        let sql = rest.split(|&c| c == 0).next()?;
+        let Some(classify::Named::Execute { name, .. }) = classify::named_statement(sql) else {
+            return None;
+        };
+        if !classify::is_internal_name(name.as_bytes()) {
+            return None;
+        }
+        let name = name.as_bytes();
+        self.session
+            .statements
+            .values()
+            .find(|s| s.server_name.eq_ignore_ascii_case(name))
+            .cloned()
     }
 
     /// The statement a client name refers to, prepared on this server (added if missing).
