@@ -1356,28 +1356,7 @@ async fn a_notification_comes_before_the_parameter_status_of_its_round() {
         "Q SET application_name = 'z'; COMMIT",
         "Q SET application_name = 'alone'",
     ];
-    // One side after the other: each listens on the channel the other notifies.
-    let limit = Duration::from_secs(30);
-    let mut sides = Vec::new();
-    for port in [pg.port(), p.port()] {
-        let mut w = Wire::connect(port, "postgres", "testdb").await;
-        let mut t = Vec::new();
-        for step in steps {
-            let (msgs, end) = w.record_step(step, false, limit).await;
-            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
-            t.push(msgs);
-        }
-        w.terminate().await;
-        sides.push(t);
-    }
-    let t = sides.pop().unwrap();
-    for (k, want) in sides[0].iter().enumerate() {
-        let step = steps[k];
-        assert_eq!(
-            *want, t[k],
-            "{step}: PostgreSQL (left) vs pgcarpool (right)"
-        );
-    }
+    let t = recorded_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.
     let order = |k: usize, want: &[&str]| {
         let got: Vec<&str> = t[k]
@@ -1472,5 +1451,63 @@ async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
     assert!(t[1].iter().any(|l| l == "Row 50"), "{:?}", t[1]);
     assert!(t[4].iter().any(|l| l == "Row 80"), "{:?}", t[4]);
     assert!(t[7].iter().any(|l| l == "Row 30"), "{:?}", t[7]);
+    p.shutdown().await;
+}
+
+/// Each step straight to PostgreSQL, then through pgcarpool, on one connection each,
+/// every message recorded (`Wire::record_step`: ParameterStatus and every error field but
+/// the source location, which the oracle's transcripts leave out); one side after the
+/// other (each may listen on the channel the other notifies). Returns pgcarpool's.
+async fn recorded_oracle(pg: &TempPostgres, p: &TestPooler, steps: &[&str]) -> Vec<Vec<String>> {
+    let limit = Duration::from_secs(30);
+    let mut sides = Vec::new();
+    for port in [pg.port(), p.port()] {
+        let mut w = Wire::connect(port, "postgres", "testdb").await;
+        let mut t = Vec::new();
+        for step in steps {
+            let (msgs, end) = w.record_step(step, false, limit).await;
+            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            t.push(msgs);
+        }
+        w.terminate().await;
+        sides.push(t);
+    }
+    let t = sides.pop().unwrap();
+    for (k, want) in sides[0].iter().enumerate() {
+        let step = steps[k];
+        assert_eq!(
+            *want, t[k],
+            "{step}: PostgreSQL (left) vs pgcarpool (right)"
+        );
+    }
+    t
+}
+
+/// The position (P) of an error in a Parse after a rewritten `EXECUTE p1(…)` Parse in the
+/// same round is the failed Parse's own: pgcarpool shifted it by the rewrite of the
+/// other Parse's text (`"PGCARPOOL_1"` for `p1`, 5 characters off). Found by the
+/// differential test (long-run seed 3149). The rewritten text's own errors are still
+/// shifted (an error in its execution with a position).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_position_is_in_the_text_of_the_message_that_failed() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let steps = [
+        "Q CREATE TABLE f3149 (id int PRIMARY KEY, v text)",
+        "Q PREPARE p1 AS SELECT id, v FROM f3149 ORDER BY id",
+        "Q PREPARE p2(int) AS SELECT $1 AS n",
+        "P |EXECUTE p1(5)\nP |UPDATE f3149 SET v = $2 WHERE id = $1\nP s1|SELECT * FROM nosuch_5\nB |s1|\nS",
+        "P |EXECUTE p2(nosuchcol)\nB ||\nE |0\nS",
+        "Q DROP TABLE f3149",
+    ];
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    for (k, code) in [(3, "C=\"42P01\""), (4, "C=\"42703\"")] {
+        assert!(
+            t[k].iter().any(|l| l.contains(code) && l.contains(" P=")),
+            "step {k}: {:?}",
+            t[k]
+        );
+    }
     p.shutdown().await;
 }

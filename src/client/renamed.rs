@@ -97,9 +97,9 @@ impl Renamed {
 
     /// The ErrorResponse `msg` (whole, tag included) that came while the server had
     /// answered `answered` rounds, in reply to the message whose reply was owed number
-    /// `front`, as PostgreSQL would have written it for the client's own names and text;
-    /// None when it needs no change (no allocation then).
-    pub fn restore(&self, answered: u64, front: u64, msg: &[u8]) -> Option<Bytes> {
+    /// `front` (a Parse when `parse`), as PostgreSQL would have written it for the client's
+    /// own names and text; None when it needs no change (no allocation then).
+    pub fn restore(&self, answered: u64, (front, parse): (u64, bool), msg: &[u8]) -> Option<Bytes> {
         if !self.renames.iter().any(|r| r.round == answered) {
             return None;
         }
@@ -119,7 +119,12 @@ impl Renamed {
                         .any(|o| o.server == r.server && o.names(front))
             })
             .collect();
-        let shift = round.iter().find_map(|r| r.shift);
+        // A failed Parse's error is about its own text: shifted only when it is the
+        // rewritten one (long-run seed 3149: another Parse after it in the round).
+        let shift = round
+            .iter()
+            .filter(|r| !parse || r.names(front))
+            .find_map(|r| r.shift);
         let body = msg.get(5..)?;
         let prefix = super::classify::INTERNAL_PREFIX.as_bytes();
         if shift.is_none() && !body.windows(prefix.len()).any(|w| w == prefix) {
@@ -236,12 +241,12 @@ mod tests {
                 "bind message supplies 2 parameters, but prepared statement \"s1\" requires 1",
             ),
         ]);
-        assert_eq!(r.restore(3, 7, &msg).unwrap()[..], want[..]);
+        assert_eq!(r.restore(3, (7, false), &msg).unwrap()[..], want[..]);
         // Another round's error is not this rename's.
-        assert!(r.restore(4, 7, &msg).is_none());
+        assert!(r.restore(4, (7, false), &msg).is_none());
         // A later round forgets round 3.
         r.note((5, 4, 9), &Bytes::from_static(b"PGCARPOOL_2"), b"s2");
-        assert!(r.restore(3, 7, &msg).is_none());
+        assert!(r.restore(3, (7, false), &msg).is_none());
     }
 
     #[test]
@@ -249,8 +254,8 @@ mod tests {
         let mut r = Renamed::default();
         r.note((0, 0, 0), &Bytes::from_static(b"PGCARPOOL_1"), b"x");
         let msg = error(&[(b'C', "22012"), (b'M', "division by zero")]);
-        assert!(r.restore(0, 0, &msg).is_none());
-        assert!(Renamed::default().restore(0, 0, &msg).is_none());
+        assert!(r.restore(0, (0, false), &msg).is_none());
+        assert!(Renamed::default().restore(0, (0, false), &msg).is_none());
     }
 
     #[test]
@@ -268,7 +273,11 @@ mod tests {
         // "x" is at 33 in the server's text, 22 in the client's.
         let msg = error(&[(b'C', "42703"), (b'P', "33")]);
         let want = error(&[(b'C', "42703"), (b'P', "22")]);
-        assert_eq!(r.restore(2, 4, &msg).unwrap()[..], want[..]);
+        assert_eq!(r.restore(2, (4, true), &msg).unwrap()[..], want[..]);
+        // An error of a later Parse in the round is about its own text.
+        assert!(r.restore(2, (6, true), &msg).is_none());
+        // One of an Execute of the rewritten statement is about the rewritten text.
+        assert_eq!(r.restore(2, (5, false), &msg).unwrap()[..], want[..]);
     }
 
     #[test]
@@ -286,7 +295,7 @@ mod tests {
             (b'M', "prepared statement \"PGCARPOOL_3\" requires 2"),
         ]);
         let named = |front| {
-            let got = r.restore(1, front, &msg).unwrap();
+            let got = r.restore(1, (front, false), &msg).unwrap();
             String::from_utf8_lossy(&got).into_owned()
         };
         assert!(named(12).contains("\"s1\""), "{}", named(12));

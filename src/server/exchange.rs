@@ -400,9 +400,9 @@ impl Exchange {
         self.owed.next_seq()
     }
 
-    /// The number of the reply owed next (`Owed::front_seq`).
-    pub fn owed_front(&self) -> u64 {
-        self.owed.front_seq()
+    /// The number of the reply owed next (`Owed::front_seq`), and whether it is a Parse's.
+    pub fn owed_front(&self) -> (u64, bool) {
+        (self.owed.front_seq(), self.owed.front_is_parse())
     }
 
     /// The next reply pgcarpool gives itself, when it is next in line.

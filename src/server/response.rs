@@ -178,6 +178,20 @@ impl Owed {
         self.pushed - self.queue.len() as u64
     }
 
+    /// Is the front entry a Parse's (an error then is about that Parse's own text)?
+    pub fn front_is_parse(&self) -> bool {
+        matches!(
+            self.queue.front(),
+            Some(
+                Pending::Parse { .. }
+                    | Pending::NamedParse { .. }
+                    | Pending::UnnamedParse(_)
+                    | Pending::Check
+                    | Pending::Answered(..)
+            )
+        )
+    }
+
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
