@@ -522,13 +522,11 @@ impl Relay<'_> {
     }
 
     /// A Bind (`body`) of a client's statement this server does not hold (empty name: the
-    /// unnamed one), inside a failed transaction block: the statement cannot be prepared
-    /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
-    /// message when they are wrong.
+    /// unnamed one): PostgreSQL checks the Bind's parameter counts first, where the
+    /// statement must be prepared here first, which may fail (25P02 inside a failed
+    /// transaction block; 42P01 when the client's search_path changed since it was
+    /// parsed: long-run seeds 3056, 3062, 3220). Its 08P01 message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
-        if self.server.status_sent() != b'E' {
-            return None;
-        }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
         let rest = if name.is_empty() {
