@@ -1519,8 +1519,8 @@ async fn an_error_position_is_in_the_text_of_the_message_that_failed() {
 /// "f3220" does not exist`). pgcarpool counts the parameters (as it did only inside a
 /// failed block) and refuses such a Bind with PostgreSQL's 08P01. Found by the
 /// differential test (long-run seeds 3056, 3062, 3220, flaky: they need the statement
-/// gone from the server). With the right count the statement still fails to parse
-/// again under the client's search_path (an open row in docs/testing.md).
+/// gone from the server). With the right count both fail alike: PostgreSQL re-parses a
+/// cached statement under the current search_path too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_parameter_count_of_a_statement_the_server_lost_is_08p01() {
     let pg = TempPostgres::start();
