@@ -30,6 +30,9 @@ pub struct ListeningState {
     owner: Option<(Arc<Pool>, u64)>,
     /// It asked the listener to LISTEN at least once.
     asked: bool,
+    /// How many LISTENs or UNLISTENs of the listener's channels its transaction sent inside
+    /// a block (`in_block_query`): what committed is read back from the server after it.
+    in_block: usize,
 }
 
 impl Listening {
@@ -44,6 +47,20 @@ impl Listening {
 
     pub fn channels(&self) -> &[String] {
         self.0.as_deref().map_or(&[], |s| &s.channels)
+    }
+
+    /// `n` LISTENs or UNLISTENs went inside a transaction block as `in_block_query`.
+    pub fn note_in_block(&mut self, n: usize) {
+        if n > 0 {
+            self.state().in_block = n;
+        }
+    }
+
+    /// How many did (since the last call)?
+    pub fn take_in_block(&mut self) -> usize {
+        self.0
+            .as_mut()
+            .map_or(0, |s| std::mem::take(&mut s.in_block))
     }
 
     fn state(&mut self) -> &mut ListeningState {
@@ -615,6 +632,130 @@ pub(super) async fn answer(
     Ok(Some(Local::Answered))
 }
 
+/// The server settings in which a transaction block records the LISTENs and UNLISTENs
+/// it made of the listener's channels (`in_block_query`), the n-th in `pgcarpool.listen_n`:
+/// set as the session's (SET takes no snapshot, as LISTEN takes none), so that a rollback
+/// (to a savepoint too) takes back what it undoes, as PostgreSQL's own pending LISTENs;
+/// read and reset after the transaction (`after_block`).
+const IN_BLOCK_SETTING: &str = "pgcarpool.listen_";
+
+/// At most this many LISTENs and UNLISTENs a transaction are recorded so; later ones go
+/// to the server as written.
+pub(super) const MAX_IN_BLOCK: usize = 64;
+
+/// A client's simple Query that is one LISTEN or UNLISTEN, inside a transaction block, of a
+/// channel it listens on through the pool's listener (`channels`; UNLISTEN * when it has
+/// any), the `n`-th of its transaction (from 1): the query to send in its place, and
+/// whether it is a LISTEN. The server runs the statement (its replies, errors and
+/// transaction are PostgreSQL's) without listening on the channel (a LISTEN is followed
+/// by an UNLISTEN: each notification would come twice, from the server and from the
+/// listener), then records the operation in `IN_BLOCK_SETTING`n, whose replies the relay
+/// drops. None: the query goes as written.
+pub(super) fn in_block_query(sql: &[u8], channels: &[String], n: usize) -> Option<(String, bool)> {
+    use crate::pool::listener::quote_ident;
+    if n == 0 || n > MAX_IN_BLOCK {
+        return None;
+    }
+    let hex = |ch: &str| ch.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let (first, op, listen) = match parse(sql)? {
+        Stmt::Listen(ch) if channels.contains(&ch) => {
+            let q = quote_ident(&ch);
+            (
+                format!("LISTEN {q}; UNLISTEN {q}"),
+                format!("L{}", hex(&ch)),
+                true,
+            )
+        }
+        Stmt::Unlisten(Some(ch)) if channels.contains(&ch) => {
+            let op = format!("U{}", hex(&ch));
+            (format!("UNLISTEN {}", quote_ident(&ch)), op, false)
+        }
+        Stmt::Unlisten(None) if !channels.is_empty() => ("UNLISTEN *".into(), "*".into(), false),
+        _ => return None,
+    };
+    Some((
+        format!("{first}; SET {IN_BLOCK_SETTING}{n} = '{op}'"),
+        listen,
+    ))
+}
+
+/// The operations recorded by `in_block_query` (`L<hex>`, `U<hex>`, `*`), comma-separated,
+/// in order.
+fn in_block_ops(recorded: &str) -> Vec<Op> {
+    let unhex = |h: &str| {
+        let bytes: Option<Vec<u8>> = (0..h.len() / 2)
+            .map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect();
+        String::from_utf8(bytes?).ok()
+    };
+    recorded
+        .split(',')
+        .filter_map(|op| match op.split_at_checked(1)? {
+            ("*", _) => Some(Op::Unlisten(None)),
+            ("L", h) => unhex(h).map(Op::Listen),
+            ("U", h) => unhex(h).map(|ch| Op::Unlisten(Some(ch))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// After a transaction in which LISTENs or UNLISTENs of the listener's channels went as
+/// `in_block_query`: what its block committed (none if it rolled back) is done through the
+/// pool's listener, and the server's records are reset (before the settings are read
+/// back: they are none of the client's). Err: the server or the listener failed.
+pub(super) async fn after_block(
+    c: &mut Client,
+    server: &mut crate::server::Server,
+) -> Result<(), ClientError> {
+    let n = c.listening.take_in_block();
+    if n == 0 {
+        return Ok(());
+    }
+    let names: Vec<String> = (1..=n).map(|k| format!("{IN_BLOCK_SETTING}{k}")).collect();
+    let reads: Vec<String> = names
+        .iter()
+        .map(|x| format!("pg_catalog.current_setting('{x}', true)"))
+        .collect();
+    let mut sql = format!("select {}", reads.join(", "));
+    for x in &names {
+        sql.push_str(&format!("; reset {x}"));
+    }
+    let sets = crate::server::query::query_sets(server, &sql)
+        .await
+        .map_err(|e| ClientError::fatal("08006", format!("server connection lost: {e}")))?;
+    let recorded: Vec<String> = sets
+        .into_iter()
+        .next()
+        .and_then(|rows| rows.into_iter().next())
+        .unwrap_or_default()
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect();
+    let mut unlistened = false;
+    for op in in_block_ops(&recorded.join(",")) {
+        unlistened |= matches!(op, Op::Unlisten(_));
+        let done = match &op {
+            Op::Listen(ch) => c.listening.channels().contains(ch),
+            Op::Unlisten(Some(ch)) => !c.listening.channels().contains(ch),
+            Op::Unlisten(None) => !c.listening.is_listening(),
+            Op::Sync => true,
+        };
+        if !done {
+            ask(c, op).await.map_err(|e| ClientError::Fatal {
+                code: lost_code(&e.code),
+                message: e.message,
+            })?;
+        }
+    }
+    if unlistened && let Some(inbox) = c.listening.inbox() {
+        // What came during the transaction is not delivered yet: as PostgreSQL, which
+        // reads it after the commit, nothing of a channel given up.
+        let channels = c.listening.channels();
+        inbox.retain_channels(|ch| channels.iter().any(|c| c.as_bytes() == ch));
+    }
+    Ok(())
+}
+
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.
 async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let limit = c.shared.config().settings.notify_queue_limit;
@@ -804,6 +945,40 @@ pub(super) async fn after_transaction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listens_in_a_block_are_recorded_and_read_back() {
+        let chans = ["ch0".to_string(), "A\"b".to_string()];
+        let (sql, listen) = in_block_query(b"LISTEN ch0", &chans, 1).unwrap();
+        assert!(listen);
+        assert_eq!(
+            sql,
+            "LISTEN \"ch0\"; UNLISTEN \"ch0\"; SET pgcarpool.listen_1 = 'L636830'"
+        );
+        let (sql, listen) = in_block_query(b"unlisten \"A\"\"b\"", &chans, 2).unwrap();
+        assert!(!listen);
+        assert_eq!(
+            sql,
+            "UNLISTEN \"A\"\"b\"; SET pgcarpool.listen_2 = 'U412262'"
+        );
+        let (sql, _) = in_block_query(b"UNLISTEN *", &chans, 3).unwrap();
+        assert_eq!(sql, "UNLISTEN *; SET pgcarpool.listen_3 = '*'");
+        assert!(in_block_query(b"LISTEN ch0", &chans, MAX_IN_BLOCK + 1).is_none());
+        // Channels the listener does not have for the client go to the server as written.
+        assert!(in_block_query(b"LISTEN ch1", &chans, 1).is_none());
+        assert!(in_block_query(b"UNLISTEN *", &[], 1).is_none());
+        assert!(in_block_query(b"NOTIFY ch0", &chans, 1).is_none());
+        assert_eq!(
+            in_block_ops("U636830,L412262,*,L636830,"),
+            vec![
+                Op::Unlisten(Some("ch0".into())),
+                Op::Listen("A\"b".into()),
+                Op::Unlisten(None),
+                Op::Listen("ch0".into()),
+            ]
+        );
+        assert!(in_block_ops("").is_empty());
+    }
 
     #[test]
     fn listen_statements_are_read_as_postgresql_reads_them() {

@@ -157,6 +157,15 @@ pub struct Relay<'a> {
     pub hold_ready: bool,
     /// The ReadyForQuery kept back (its status).
     pub withheld_ready: Option<u8>,
+    /// The ParameterStatus messages that came right before it, kept back with it:
+    /// PostgreSQL sends the notifications first (`ProcessNotifyInterrupt` before
+    /// `ReportChangedGUCOptions`), and the listener's come once it has caught up.
+    pub withheld_params: Bytes,
+    /// The channels the client listens on through the pool's listener: its LISTEN or
+    /// UNLISTEN of one inside a transaction block goes as `notify::in_block_query`.
+    pub listener_channels: Vec<String>,
+    /// How many went so (`notify::after_block` follows the transaction).
+    pub listen_in_block: usize,
     /// target_session_attrs=read-write/primary: the pool's hosts. When the server's host
     /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
     /// mid-transaction too: nothing more of it reaches that host.
@@ -254,6 +263,9 @@ impl<'a> Relay<'a> {
             disable_pqexec: false,
             hold_ready: false,
             withheld_ready: None,
+            withheld_params: Bytes::new(),
+            listener_channels: Vec::new(),
+            listen_in_block: 0,
             fence: None,
             renamed: Default::default(),
             session_deallocs: Vec::new(),
@@ -703,14 +715,18 @@ impl<'a> Relay<'a> {
         let mut fwd = 0;
         let mut withheld = 0;
         let mut event = None;
+        // Where the ParameterStatus messages right before `fwd` begin, if any.
+        let mut params_at = None;
         loop {
             if self.virt && self.server.exchange().answer_due() {
                 self.forward_server_run(fwd);
                 fwd = 0;
+                params_at = None;
                 self.answer_front();
             }
             let buf = &self.server.conn().rbuf;
             if self.server_partial > 0 {
+                params_at = None;
                 if stream_partial(&mut self.server_partial, &mut fwd, buf.len()) {
                     break;
                 }
@@ -720,6 +736,9 @@ impl<'a> Relay<'a> {
                 break;
             };
             let avail = buf.len() - fwd;
+            if !matches!(h.tag, backend::PARAMETER_STATUS | backend::READY_FOR_QUERY) {
+                params_at = None;
+            }
             if self.virt && (self.server.exchange().swallowing() || self.learns(h.tag)) {
                 // Replies to a query or a Describe pgcarpool added: none reach the client.
                 if !inspectable(h, avail)? {
@@ -727,6 +746,7 @@ impl<'a> Relay<'a> {
                 }
                 self.swallow(h, fwd)?;
                 fwd = 0;
+                params_at = None;
                 continue;
             }
             match h.tag {
@@ -745,27 +765,12 @@ impl<'a> Relay<'a> {
                     if !inspectable(h, avail)? {
                         break;
                     }
-                    let body = &buf[fwd + 5..fwd + h.total];
                     fwd += h.total;
-                    match h.tag {
-                        backend::READY_FOR_QUERY => {
-                            let status =
-                                *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
-                            if let Some((ev, withhold)) = self.on_ready(h, fwd - h.total, status)? {
-                                if withhold {
-                                    withheld = h.total;
-                                    fwd -= h.total;
-                                }
-                                event = Some(ev);
-                                break;
-                            }
-                        }
-                        backend::PARAMETER_STATUS => {
-                            let (k, v) = backend::parse_parameter_status(body)?;
-                            self.session.observe_parameter(k, v);
-                            self.on_reply(h, fwd - h.total)?;
-                        }
-                        _ => drop(self.on_reply(h, fwd - h.total)?),
+                    if let Some((ev, kept)) = self.on_status(h, fwd - h.total, &mut params_at)? {
+                        withheld = fwd - kept;
+                        fwd = kept;
+                        event = Some(ev);
+                        break;
                     }
                 }
                 backend::ERROR_RESPONSE
@@ -795,6 +800,45 @@ impl<'a> Relay<'a> {
         Ok(event)
     }
 
+    /// A whole ReadyForQuery, ParameterStatus or CopyInResponse at `at` in the server's
+    /// buffer (`params_at`: where the ParameterStatus messages right before it begin): the
+    /// event that ends the relay with a ReadyForQuery, and where in the buffer what is
+    /// kept back from the client starts (the ReadyForQuery and those ParameterStatus
+    /// messages, `withheld_params`, or nothing: its end).
+    fn on_status(
+        &mut self,
+        h: proto::Header,
+        at: usize,
+        params_at: &mut Option<usize>,
+    ) -> Result<Option<(RelayEvent, usize)>, ProtoError> {
+        let body = &self.server.conn().rbuf[at + 5..at + h.total];
+        match h.tag {
+            backend::READY_FOR_QUERY => {
+                let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                let Some((ev, withhold)) = self.on_ready(h, at, status)? else {
+                    return Ok(None);
+                };
+                if !withhold {
+                    return Ok(Some((ev, at + h.total)));
+                }
+                let from = params_at.unwrap_or(at);
+                self.withheld_params = Bytes::copy_from_slice(&self.server.conn().rbuf[from..at]);
+                Ok(Some((ev, from)))
+            }
+            backend::PARAMETER_STATUS => {
+                params_at.get_or_insert(at);
+                let (k, v) = backend::parse_parameter_status(body)?;
+                self.session.observe_parameter(k, v);
+                self.on_reply(h, at)?;
+                Ok(None)
+            }
+            _ => {
+                self.on_reply(h, at)?;
+                Ok(None)
+            }
+        }
+    }
+
     /// A whole ErrorResponse at `fwd` in the server's buffer: the server's exchange
     /// settles it; the client gets it (with its own statement names), a replacement, or
     /// nothing (a stale statement's round sent again). The run's new end, or the event
@@ -806,6 +850,8 @@ impl<'a> Relay<'a> {
     ) -> Result<ControlFlow<RelayEvent, usize>, ProtoError> {
         let body = &self.server.conn().rbuf[fwd + 5..fwd + h.total];
         let code = backend::error_code(body);
+        // The message it answers (`Renamed::restore`), before `on_reply` settles it.
+        let front = self.server.exchange().owed_front();
         if let Some(why) = self.fatal_withheld(body) {
             return Ok(ControlFlow::Break(
                 self.withhold_fatal(fwd, h.total, code, why),
@@ -838,7 +884,7 @@ impl<'a> Relay<'a> {
             Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
                 let answered = self.server.exchange().answered();
                 let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
-                match self.renamed.restore(answered, msg) {
+                match self.renamed.restore(answered, front, msg) {
                     Some(restored) => {
                         self.forward_server_run(fwd);
                         fwd = 0;

@@ -108,6 +108,9 @@ impl Relay<'_> {
         self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
         let tx = classify::tx_effect(sql);
+        if self.listen_in_block(sql) {
+            return Ok(());
+        }
         if !classify::may_matter(sql) {
             self.send_client_query(msg, tx);
             return Ok(());
@@ -157,32 +160,7 @@ impl Relay<'_> {
             return Ok(());
         }
         match named {
-            Some(classify::Named::Prepare { name, rest }) => {
-                if self.session.statements.contains_key(name.as_bytes()) {
-                    let m = format!("prepared statement \"{name}\" already exists");
-                    self.server.probe("42P05", m, true);
-                    return Ok(());
-                }
-                let mut key = SQL_PREPARE_KEY.to_vec();
-                key.extend_from_slice(rest);
-                let scope = self.statement_scope(&key);
-                let Some(stmt) = self.intern(&scope, &key, None) else {
-                    return Ok(());
-                };
-                let name = Bytes::from(name.into_bytes());
-                self.session.statements.insert(name.clone(), stmt.clone());
-                if self.server.touch(stmt.id) {
-                    // Already prepared on this server under its shared name.
-                    self.answer(Answer::Query("PREPARE"));
-                    return Ok(());
-                }
-                let text = stmt.sql_prepare_text();
-                let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
-                self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
-                // The client's name goes again if the server refuses the text.
-                self.server
-                    .send_sql_prepare(query_message(&text), stmt, name);
-            }
+            Some(classify::Named::Prepare { name, rest }) => self.sql_prepare(sql, name, rest),
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
                     Some(stmt) => {
@@ -201,6 +179,57 @@ impl Relay<'_> {
             None => self.send_client_query(msg, tx),
         }
         Ok(())
+    }
+
+    /// A client's LISTEN or UNLISTEN query inside a transaction block that goes as
+    /// `notify::in_block_query`: sent so (its CommandComplete is the client's, the rest
+    /// pgcarpool's), true; else false, nothing sent.
+    fn listen_in_block(&mut self, sql: &[u8]) -> bool {
+        if self.server.status_sent() != b'T' {
+            return false;
+        }
+        let n = self.listen_in_block + 1;
+        let Some((text, listen)) = super::notify::in_block_query(sql, &self.listener_channels, n)
+        else {
+            return false;
+        };
+        self.listen_in_block = n;
+        self.server.expect(Pending::Retag(false));
+        for _ in 0..1 + usize::from(listen) {
+            self.server
+                .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        }
+        self.server.send_query(query_message(&text), None);
+        true
+    }
+
+    /// A client's `PREPARE name rest` query (`sql`): the name goes into its session, the
+    /// statement is prepared on this server under its shared name unless it holds it.
+    fn sql_prepare(&mut self, sql: &[u8], name: String, rest: &[u8]) {
+        if self.session.statements.contains_key(name.as_bytes()) {
+            let m = format!("prepared statement \"{name}\" already exists");
+            self.server.probe("42P05", m, true);
+            return;
+        }
+        let mut key = SQL_PREPARE_KEY.to_vec();
+        key.extend_from_slice(rest);
+        let scope = self.statement_scope(&key);
+        let Some(stmt) = self.intern(&scope, &key, None) else {
+            return;
+        };
+        let name = Bytes::from(name.into_bytes());
+        self.session.statements.insert(name.clone(), stmt.clone());
+        if self.server.touch(stmt.id) {
+            // Already prepared on this server under its shared name.
+            self.answer(Answer::Query("PREPARE"));
+            return;
+        }
+        let text = stmt.sql_prepare_text();
+        let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
+        self.note_rewrite(&stmt, &name, sql, rest_at(sql, rest), &prefix);
+        // The client's name goes again if the server refuses the text.
+        self.server
+            .send_sql_prepare(query_message(&text), stmt, name);
     }
 
     /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client
@@ -421,9 +450,9 @@ impl Relay<'_> {
     /// The message about to be sent names the client's statement `client` by its server
     /// name: the server's errors about it name `client` again.
     fn note_rename(&mut self, stmt: &Stmt, client: &[u8]) {
-        let (round, answered) = (self.server.round(), self.server.exchange().answered());
-        self.renamed
-            .note(round, answered, &stmt.server_name, client);
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
+        self.renamed.note(rounds, &stmt.server_name, client);
     }
 
     /// As `note_rename`, for the client's SQL `text` about to be sent as `prefix` followed
@@ -436,7 +465,8 @@ impl Relay<'_> {
         rest_at: usize,
         prefix: &str,
     ) {
-        let rounds = (self.server.round(), self.server.exchange().answered());
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
         let names = (&stmt.server_name, client);
         self.renamed.note_text(rounds, names, text, rest_at, prefix);
     }
@@ -492,13 +522,11 @@ impl Relay<'_> {
     }
 
     /// A Bind (`body`) of a client's statement this server does not hold (empty name: the
-    /// unnamed one), inside a failed transaction block: the statement cannot be prepared
-    /// here (25P02), but PostgreSQL checks the Bind's parameter counts first. Its 08P01
-    /// message when they are wrong.
+    /// unnamed one): PostgreSQL checks the Bind's parameter counts first, where the
+    /// statement must be prepared here first, which may fail (25P02 inside a failed
+    /// transaction block; 42P01 when the client's search_path changed since it was
+    /// parsed: long-run seeds 3056, 3062, 3220). Its 08P01 message when they are wrong.
     fn bind_count_error(&mut self, body: &[u8]) -> Option<String> {
-        if self.server.status_sent() != b'E' {
-            return None;
-        }
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
         let rest = if name.is_empty() {
@@ -923,10 +951,15 @@ impl Relay<'_> {
             return;
         }
         if stmt.is_sql_prepared() {
-            // Made by SQL PREPARE: prepared by SQL, which only a Sync boundary allows.
+            // Made by SQL PREPARE: prepared by SQL, in a query of its own at a Sync
+            // boundary, else within the round (long-run seed 1033). A failed block would
+            // refuse it as it refuses the client's Parse.
             if self.at_sync_point {
                 self.counts.server_parses += 1;
                 self.server.prepare_apart(stmt);
+            } else if self.server.status_sent() != b'E' {
+                self.counts.server_parses += 1;
+                self.server.prepare_sql_within_round(stmt);
             }
         } else {
             self.prepare_on_server(stmt.clone(), true);
@@ -943,8 +976,31 @@ impl Relay<'_> {
         let Some(rest) = self.session.unnamed.clone() else {
             return false;
         };
+        if let Some(dep) = self.unnamed_dependency(&rest) {
+            // `EXECUTE "PGCARPOOL_n"(…)` runs a statement this server may lack (long-run
+            // seed 3005).
+            self.ensure_for_parse(&dep);
+        }
         self.server.reparse_unnamed(rest, id);
         true
+    }
+
+    /// The client's statement that its unnamed statement (`rest`, as sent: SQL `EXECUTE`
+    /// mapped to the server name) executes, if any.
+    fn unnamed_dependency(&self, rest: &[u8]) -> Option<Arc<Stmt>> {
+        let sql = rest.split(|&c| c == 0).next()?;
+        let Some(classify::Named::Execute { name, .. }) = classify::named_statement(sql) else {
+            return None;
+        };
+        if !classify::is_internal_name(name.as_bytes()) {
+            return None;
+        }
+        let name = name.as_bytes();
+        self.session
+            .statements
+            .values()
+            .find(|s| s.server_name.eq_ignore_ascii_case(name))
+            .cloned()
     }
 
     /// The statement a client name refers to, prepared on this server (added if missing).

@@ -139,12 +139,14 @@ async fn transaction(
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client: its session state goes with it, however
     // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
-    // back to the pool as it is.
+    // back to the pool as it is, nor one that may keep pgcarpool's record of LISTENs in a
+    // block (`notify::after_block` reads and resets it after a Release).
     server.reset = match event {
         RelayEvent::Release => reset_always,
         _ => mode == PoolMode::Session || reset_always,
     };
-    server.discard = c.session.pin.is_some();
+    let release = matches!(event, RelayEvent::Release);
+    server.discard = c.session.pin.is_some() || (!release && c.listening.take_in_block() > 0);
     match event {
         RelayEvent::Release => {
             let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
@@ -194,9 +196,13 @@ async fn released(
     server: &mut PooledServer,
     effects: &Effects,
     claimed: bool,
-    withheld_ready: Option<u8>,
+    withheld_ready: Option<(u8, bytes::Bytes)>,
     mode: PoolMode,
 ) -> Result<bool, ClientError> {
+    if let Err(e) = super::notify::after_block(c, server).await {
+        server.mark_broken();
+        return Err(e);
+    }
     if !effects.is_empty() || c.session.pin.is_some() {
         match Box::pin(after_transaction(c, server, effects)).await {
             Ok(Ok(())) => {}
@@ -236,7 +242,10 @@ async fn released(
     // What came meanwhile is the client's before the ReadyForQuery kept back (its
     // own notifications come before it, as from PostgreSQL).
     super::notify::deliver(c)?;
-    if let Some(status) = withheld_ready {
+    if let Some((status, params)) = withheld_ready {
+        // The ParameterStatus messages that came with it after the notifications, as
+        // PostgreSQL sends them.
+        c.conn.queue(params);
         c.conn.queue_with(|b| backend::ready_for_query(b, status));
     }
     server.discard = c.session.pin.is_some();
@@ -277,7 +286,7 @@ struct Relayed {
     /// The pool's listener was told of the server (`notify::claim`).
     claimed: bool,
     assigned_at: Instant,
-    withheld_ready: Option<u8>,
+    withheld_ready: Option<(u8, bytes::Bytes)>,
     event: RelayEvent,
     counts: RelayCounts,
     effects: Effects,
@@ -369,7 +378,7 @@ async fn relay_once(
     RelayEvent,
     RelayCounts,
     Effects,
-    Option<u8>,
+    Option<(u8, bytes::Bytes)>,
     Option<super::aborted::Loss>,
 ) {
     let mode = pool_settings.mode;
@@ -385,6 +394,7 @@ async fn relay_once(
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
+    relay.listener_channels = c.listening.channels().to_vec();
     if keep_first {
         relay.first_request = Some(FirstRequest::default());
     }
@@ -402,7 +412,10 @@ async fn relay_once(
         _ = kill => RelayEvent::Killed,
         ev = relay.run(timeouts) => ev,
     };
-    let withheld_ready = relay.withheld_ready;
+    let withheld_ready = relay
+        .withheld_ready
+        .map(|status| (status, std::mem::take(&mut relay.withheld_params)));
+    c.listening.note_in_block(relay.listen_in_block);
     let loss = match event {
         RelayEvent::ServerGone(_) => relay.loss(),
         _ => None,

@@ -104,6 +104,26 @@ impl Inbox {
         self.wake.notify_one();
     }
 
+    /// Drop the notifications waiting whose channel `keep` refuses (the client stopped
+    /// listening on it before they were delivered: PostgreSQL looks at its channels when it
+    /// reads a notification, not when it was sent).
+    pub fn retain_channels(&self, keep: impl Fn(&[u8]) -> bool) {
+        let mut g = self.lock();
+        let mut kept = BytesMut::with_capacity(g.queued.len());
+        let mut rest = &g.queued[..];
+        while let Ok(Some(h)) = proto::header(rest, usize::MAX) {
+            let Some(msg) = rest.get(..h.total) else {
+                break;
+            };
+            let channel = msg.get(9..).and_then(|b| b.split(|&c| c == 0).next());
+            if channel.is_none_or(&keep) {
+                kept.extend_from_slice(msg);
+            }
+            rest = &rest[h.total..];
+        }
+        g.queued = kept;
+    }
+
     fn fail(&self, end: InboxEnd) {
         let mut g = self.lock();
         if g.end.is_none() {

@@ -394,6 +394,17 @@ impl Exchange {
         self.owed.name_last_parse(name);
     }
 
+    /// The number of the reply owed for the next message sent (`Owed::next_seq`): an error
+    /// that comes while `owed_front` equals it is that message's.
+    pub fn owed_next(&self) -> u64 {
+        self.owed.next_seq()
+    }
+
+    /// The number of the reply owed next (`Owed::front_seq`), and whether it is a Parse's.
+    pub fn owed_front(&self) -> (u64, bool) {
+        (self.owed.front_seq(), self.owed.front_is_parse())
+    }
+
     /// The next reply pgcarpool gives itself, when it is next in line.
     pub fn pop_answer(&mut self) -> Option<Answer> {
         self.owed.pop_answer()

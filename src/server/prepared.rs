@@ -229,6 +229,55 @@ impl Server {
         self.exchange.prepared.insert(stmt.clone());
     }
 
+    /// Prepare `stmt`, made by a client's SQL PREPARE, within the client's round (in the
+    /// middle of a pipeline, where a query of its own cannot go): its PREPARE text parsed
+    /// under pgcarpool's statement name `PGCARPOOL_prepare`, bound to the portal of that
+    /// name and executed, both closed again; every reply dropped but an error (the client's
+    /// unnamed statement and portal stay). Skipped after an error earlier in the round, the
+    /// server does not hold it (`Pending::Parse` of `stmt`).
+    pub fn prepare_sql_within_round(&mut self, stmt: &Arc<Stmt>) {
+        use crate::proto::backend;
+        const NAME: &[u8] = b"PGCARPOOL_prepare";
+        if self.exchange.prepared.dealloc_in_flight() {
+            self.queue_close(&stmt.server_name.clone(), None);
+        }
+        let text = stmt.sql_prepare_text();
+        let msg = |b: &mut bytes::BytesMut, tag: u8, parts: &[&[u8]]| {
+            let len = 4 + parts.iter().map(|p| p.len()).sum::<usize>();
+            b.put_u8(tag);
+            b.put_i32(len as i32);
+            parts.iter().for_each(|p| b.put_slice(p));
+        };
+        self.conn.queue_with(|b| {
+            msg(
+                b,
+                frontend::PARSE,
+                &[NAME, b"\0", text.as_bytes(), b"\0\0\0"],
+            );
+            msg(b, frontend::BIND, &[NAME, b"\0", NAME, b"\0\0\0\0\0\0\0"]);
+            msg(b, frontend::EXECUTE, &[NAME, b"\0\0\0\0\0"]);
+            msg(b, frontend::CLOSE, &[b"S", NAME, b"\0"]);
+            msg(b, frontend::CLOSE, &[b"P", NAME, b"\0"]);
+        });
+        self.exchange.prepared.insert(stmt.clone());
+        self.exchange.owed.push(Pending::Parse {
+            swallow: true,
+            stmt: Some(stmt.clone()),
+        });
+        self.exchange
+            .owed
+            .push(Pending::SwallowTo(backend::BIND_COMPLETE));
+        self.exchange
+            .owed
+            .push(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        self.exchange.note_sent(frontend::EXECUTE, false);
+        for _ in 0..2 {
+            self.exchange
+                .owed
+                .push(Pending::SwallowTo(backend::CLOSE_COMPLETE));
+        }
+    }
+
     /// Parse a client's unnamed statement (`rest`: the Parse body after the name) here too,
     /// its ParseComplete swallowed; `id` identifies it (`VirtualSession::unnamed_id`).
     pub fn reparse_unnamed(&mut self, rest: Bytes, id: u64) {

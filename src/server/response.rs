@@ -157,11 +157,39 @@ pub struct Owed {
     /// Changes to the client's statements whose message the server failed or skipped,
     /// oldest first.
     undo: Vec<Undo>,
+    /// Entries pushed since the server connected: the entry pushed next is number
+    /// `pushed`, the front one `pushed - queue.len()`.
+    pushed: u64,
 }
 
 impl Owed {
     pub fn push(&mut self, p: Pending) {
         self.queue.push_back(p);
+        self.pushed += 1;
+    }
+
+    /// The number of the entry pushed next (`front_seq` once the replies before it came).
+    pub fn next_seq(&self) -> u64 {
+        self.pushed
+    }
+
+    /// The number of the front entry: the message whose reply comes next.
+    pub fn front_seq(&self) -> u64 {
+        self.pushed - self.queue.len() as u64
+    }
+
+    /// Is the front entry a Parse's (an error then is about that Parse's own text)?
+    pub fn front_is_parse(&self) -> bool {
+        matches!(
+            self.queue.front(),
+            Some(
+                Pending::Parse { .. }
+                    | Pending::NamedParse { .. }
+                    | Pending::UnnamedParse(_)
+                    | Pending::Check
+                    | Pending::Answered(..)
+            )
+        )
     }
 
     pub fn is_empty(&self) -> bool {

@@ -233,6 +233,8 @@ impl ClientGen {
                 0 => self.push("Q SAVEPOINT sp1".into()),
                 1 => self.push("Q ROLLBACK TO SAVEPOINT sp1".into()),
                 2 => self.push("Q RELEASE sp1".into()),
+                // LISTEN (again), UNLISTEN, NOTIFY inside blocks, not only by chance.
+                3 => self.listen_notify(),
                 _ => self.op(),
             }
         }
