@@ -961,6 +961,26 @@ async fn reset_all_alone_needs_no_plpgsql() {
             .concat(),
             9,
         ),
+        // Long-run seed 4175: what pgcarpool adds takes no snapshot, so the block may
+        // still choose its isolation level.
+        q(&[
+            "BEGIN READ ONLY",
+            "RESET ALL",
+            "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "SHOW transaction_isolation",
+            "COMMIT",
+        ]),
+        (
+            [
+                query("BEGIN"),
+                ext("", "RESET ALL"),
+                query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+                query("SHOW transaction_isolation"),
+                query("COMMIT"),
+            ]
+            .concat(),
+            5,
+        ),
     ];
     startup_values_oracle_in(&steps, true, "DROP EXTENSION plpgsql").await;
 }

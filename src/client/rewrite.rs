@@ -259,51 +259,35 @@ impl Relay<'_> {
         true
     }
 
-    /// Right after the Execute of a client's `DISCARD ALL` (in a round that goes on): the
-    /// settings of the client's startup packet set again (pgcarpool's statement and portal
-    /// `PGCARPOOL_startup`, closed again; every reply dropped but an error). If the DISCARD
+    /// Right after the Execute of a client's `DISCARD ALL` or `RESET ALL` (in a round that
+    /// goes on): the settings of the client's startup packet set again
+    /// (`startup_statements`, each as pgcarpool's statement and portal `PGCARPOOL_startup`,
+    /// closed again; every reply dropped but an error). If the DISCARD
     /// ALL fails, the server skips them with the rest of the round. `execute`: note the
     /// Execute (the client's round is extended protocol).
     pub(super) fn startup_after_discard(&mut self, execute: bool) {
         const NAME: &[u8] = b"PGCARPOOL_startup\0";
-        let settings = startup_settings(self.session);
-        if settings.is_empty() {
-            return;
-        }
-        let calls: Vec<String> = (0..settings.len())
-            .map(|i| {
-                format!(
-                    "pg_catalog.set_config(${}, ${}, false)",
-                    2 * i + 1,
-                    2 * i + 2
-                )
-            })
-            .collect();
-        let sql = format!("SELECT {}", calls.join(", "));
-        let mut params = Vec::new();
-        params.extend_from_slice(&[0, 0]);
-        params.extend_from_slice(&(2 * settings.len() as i16).to_be_bytes());
-        for (k, v) in &settings {
-            for x in [k, v] {
-                params.extend_from_slice(&(x.len() as i32).to_be_bytes());
-                params.extend_from_slice(x.as_bytes());
+        let mut b = bytes::BytesMut::new();
+        for sql in startup_statements(self.session) {
+            message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
+            message(&mut b, frontend::BIND, &[NAME, NAME, b"\0\0\0\0\0\0"]);
+            message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
+            message(&mut b, frontend::CLOSE, &[b"P", NAME]);
+            message(&mut b, frontend::CLOSE, &[b"S", NAME]);
+            for end in [
+                backend::PARSE_COMPLETE,
+                backend::BIND_COMPLETE,
+                backend::COMMAND_COMPLETE,
+                backend::CLOSE_COMPLETE,
+                backend::CLOSE_COMPLETE,
+            ] {
+                self.server.expect(Pending::SwallowTo(end));
             }
         }
-        params.extend_from_slice(&[0, 0]);
-        let mut b = bytes::BytesMut::new();
-        message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
-        message(&mut b, frontend::BIND, &[NAME, NAME, &params]);
-        message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
-        message(&mut b, frontend::CLOSE, &[b"S", NAME]);
-        self.server.conn_mut().queue(b.freeze());
-        for end in [
-            backend::PARSE_COMPLETE,
-            backend::BIND_COMPLETE,
-            backend::COMMAND_COMPLETE,
-            backend::CLOSE_COMPLETE,
-        ] {
-            self.server.expect(Pending::SwallowTo(end));
+        if b.is_empty() {
+            return;
         }
+        self.server.conn_mut().queue(b.freeze());
         if execute {
             self.server.note_sent(frontend::EXECUTE, false);
         }
@@ -328,13 +312,15 @@ impl Relay<'_> {
             return None;
         }
         let stmts = classify::split(sql);
-        let made: Vec<Option<(String, bool)>> = stmts
+        // Each statement as sent, whether it was a RESET, and how many statements
+        // pgcarpool added after it.
+        let made: Vec<Option<(String, bool, usize)>> = stmts
             .iter()
             .map(|&(a, b)| {
                 let one = &sql[a..b];
                 reset_all_to_startup(self.session, one)
-                    .map(|b| (b, false))
-                    .or_else(|| to_startup_value(self.session, one))
+                    .map(|(text, added)| (text, false, added))
+                    .or_else(|| to_startup_value(self.session, one).map(|(t, r)| (t, r, 0)))
             })
             .collect();
         if made.iter().all(Option::is_none) {
@@ -346,15 +332,13 @@ impl Relay<'_> {
                 out.push(';');
             }
             match m {
-                Some((set, _)) => out.push_str(set),
+                Some((set, _, _)) => out.push_str(set),
                 None => out.push_str(&String::from_utf8_lossy(&sql[a..b])),
             }
             let reset = m.as_ref().is_some_and(|m| m.1);
             self.server.expect(Pending::Retag(reset));
-            if m.as_ref()
-                .is_some_and(|(set, _)| set.ends_with(RESET_ALL_END))
-            {
-                // The SELECT of the startup values after the client's RESET ALL.
+            for _ in 0..m.as_ref().map_or(0, |m| m.2) {
+                // The statements setting the startup values after the client's RESET ALL.
                 self.server
                     .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
             }
@@ -1177,8 +1161,14 @@ pub(super) const RESET_MARK: &[u8] = b"/* pgcarpool: RESET */ ";
 pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(String, bool)> {
     let d = classify::to_default(sql)?;
     let value = session.startup.get(&d.name)?;
+    Some((set_statement(&d.name, value, d.local)?, d.reset))
+}
+
+/// `SET name TO value` of a setting as the startup packet gave it (`local`: SET LOCAL).
+/// None: a value that SET cannot carry as written here.
+fn set_statement(name: &str, value: &str, local: bool) -> Option<String> {
     let list = matches!(
-        d.name.as_str(),
+        name,
         "search_path"
             | "temp_tablespaces"
             | "session_preload_libraries"
@@ -1199,28 +1189,44 @@ pub(super) fn to_startup_value(session: &VirtualSession, sql: &[u8]) -> Option<(
     } else {
         format!("'{}'", value.replace('\'', "''"))
     };
-    let name: Vec<String> = d.name.split('.').map(|p| quoted(p.as_bytes())).collect();
-    let local = if d.local { "LOCAL " } else { "" };
-    Some((
-        format!("SET {local}{} TO {literal}", name.join(".")),
-        d.reset,
-    ))
+    let name: Vec<String> = name.split('.').map(|p| quoted(p.as_bytes())).collect();
+    let local = if local { "LOCAL " } else { "" };
+    Some(format!("SET {local}{} TO {literal}", name.join(".")))
 }
 
-/// Ends the statements `reset_all_to_startup` makes (a comment, so the text still runs).
-const RESET_ALL_END: &str = " /* pgcarpool: startup values */";
+/// The statements that set the client's startup settings (`startup_settings`) again: a
+/// SET of each (no snapshot taken: a `SET TRANSACTION` may still follow in the block),
+/// or, when a value cannot be written so, one `SELECT pg_catalog.set_config(…)` of all.
+fn startup_statements(session: &VirtualSession) -> Vec<String> {
+    let settings = startup_settings(session);
+    if settings.is_empty() {
+        return Vec::new();
+    }
+    let sets: Option<Vec<String>> = settings
+        .iter()
+        .map(|(k, v)| set_statement(k, v, false))
+        .collect();
+    sets.unwrap_or_else(|| {
+        let lit = |x: &str| format!("E'{}'", x.replace('\\', "\\\\").replace('\'', "\\'"));
+        let calls: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| format!("pg_catalog.set_config({}, {}, false)", lit(k), lit(v)))
+            .collect();
+        vec![format!("SELECT {}", calls.join(", "))]
+    })
+}
 
 /// `RESET ALL` in a simple Query, from a client whose startup packet gave settings:
 /// PostgreSQL's returns them to the startup values, a server's to its own login values.
-/// It goes as written, followed in the same query by a SELECT setting the startup values
-/// again, whose replies are dropped: the server reports (ParameterStatus, at its
-/// ReadyForQuery) just the settings whose value changed, with the startup values, as
-/// PostgreSQL does. (Not a DO block: that needs PL/pgSQL, which a database may have
-/// dropped, and compiled in a fresh backend it can outlast a short statement_timeout that
-/// RESET ALL would not.) In a Parse it goes as written and pgcarpool's statement follows
-/// its Execute (`Relay::startup_after_discard`). None: not such a statement, or a value
-/// that cannot be written as a plain literal.
-fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> {
+/// It goes as written, followed in the same query by the statements setting the startup
+/// values again (`startup_statements`), whose replies are dropped: the server reports
+/// (ParameterStatus, at its ReadyForQuery) just the settings whose value changed, with the
+/// startup values, as PostgreSQL does. (Not a DO block: that needs PL/pgSQL, which a
+/// database may have dropped, and compiled in a fresh backend it can outlast a short
+/// statement_timeout that RESET ALL would not.) In a Parse it goes as written and
+/// pgcarpool's statements follow its Execute (`Relay::startup_after_discard`). The text
+/// sent, and how many statements pgcarpool added; None: not such a statement.
+fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<(String, usize)> {
     if session.startup.is_empty() || !classify::may_matter(sql) || classify::split(sql).len() != 1 {
         return None;
     }
@@ -1228,27 +1234,13 @@ fn reset_all_to_startup(session: &VirtualSession, sql: &[u8]) -> Option<String> 
     if !e.reset_all || e.discard_all {
         return None;
     }
-    let settings = startup_settings(session);
-    if settings.is_empty() {
+    let added = startup_statements(session);
+    if added.is_empty() {
         return None;
     }
-    let mut calls = Vec::new();
-    for (k, v) in &settings {
-        if [k, v].iter().any(|x| x.contains('\\')) {
-            return None;
-        }
-        calls.push(format!(
-            "pg_catalog.set_config('{}', '{}', false)",
-            k.replace('\'', "''"),
-            v.replace('\'', "''")
-        ));
-    }
     let reset = String::from_utf8_lossy(sql);
-    Some(format!(
-        // A new line first: the client's text may end in a `--` comment.
-        "{reset}\n;SELECT {}{RESET_ALL_END}",
-        calls.join(", ")
-    ))
+    // A new line first: the client's text may end in a `--` comment.
+    Some((format!("{reset}\n;{}", added.join(";")), added.len()))
 }
 
 /// A Parse body after the name (the SQL, then parameter types) whose text is `RESET ALL`
