@@ -577,8 +577,8 @@ pub fn ends_transaction(sql: &[u8]) -> bool {
 /// `server::Exchange::sent_tx_effect` takes it; None for a text with none (allocates
 /// only for a text of several statements).
 pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
-    if !sql.contains(&b';') {
-        return statement_tx_effect(sql);
+    if let Some(one) = lone_statement(sql) {
+        return statement_tx_effect(one);
     }
     let mut all: Option<[u8; 3]> = None;
     for (a, b) in split(sql) {
@@ -729,8 +729,8 @@ pub fn transaction_control(sql: &[u8]) -> (bool, bool) {
             || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
         (begins, commits)
     }
-    if !sql.contains(&b';') {
-        return one(sql);
+    if let Some(s) = lone_statement(sql) {
+        return one(s);
     }
     split(sql).iter().fold((false, false), |(b, c), &(x, y)| {
         let (b2, c2) = one(&sql[x..y]);
@@ -797,6 +797,28 @@ pub fn named_statement(sql: &[u8]) -> Option<Named<'_>> {
     } else {
         None
     }
+}
+
+/// The text as one statement, when that needs no `split` (which allocates): no `;`, or
+/// one `;` followed only by whitespace (`SELECT …;`, as psql and pgbench send it) in a
+/// text with no quotes, comments or dollar quotes that could hide it. None: split it.
+fn lone_statement(sql: &[u8]) -> Option<&[u8]> {
+    let Some(end) = sql.iter().position(|&c| c == b';') else {
+        return Some(sql);
+    };
+    if !sql[end + 1..].iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let head = &sql[..end];
+    let plain = head.iter().enumerate().all(|(i, &c)| match c {
+        b'\'' | b'"' => false,
+        // `$1` is a parameter; any other `$` may open a dollar quote.
+        b'$' => head.get(i + 1).is_some_and(u8::is_ascii_digit),
+        b'-' => head.get(i + 1) != Some(&b'-'),
+        b'/' => head.get(i + 1) != Some(&b'*'),
+        _ => true,
+    });
+    plain.then_some(head)
 }
 
 /// Byte ranges of the statements in `sql`, split on `;` outside quotes and comments.
@@ -1107,6 +1129,69 @@ fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `lone_statement`'s shortcut gives what the split gives, for texts it takes and
+    /// texts it leaves to the split.
+    #[test]
+    fn a_lone_statement_is_classified_as_its_split_would() {
+        let texts = [
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12345;",
+            "SELECT 1 ;  \n",
+            "select $1::int8;",
+            "COMMIT;",
+            "commit and chain;",
+            "COMMIT AND NO CHAIN ; ",
+            "ROLLBACK TO s1;",
+            "begin;",
+            "PREPARE TRANSACTION 'x';",
+            "prepare transaction;",
+            ";",
+            "  ;  ",
+            "SELECT 'a;';",
+            "SELECT 'a;",
+            "SELECT \"x;\";",
+            "SELECT $$;$$;",
+            "SELECT $a$ ; $a$;",
+            "SELECT 1 -- c;",
+            "SELECT 1 /* ; */;",
+            "-- commit;",
+            "/* begin; */ commit;",
+            "COMMIT; BEGIN;",
+            "begin; select 1",
+            "END;x",
+            "select 1 - -1;",
+            "select 4 / 2;",
+            "CALL p();",
+            "DO $$ begin end $$;",
+        ];
+        for sql in texts {
+            let sql = sql.as_bytes();
+            let split_tx = {
+                let mut all: Option<[u8; 3]> = None;
+                for (a, b) in split(sql) {
+                    if let Some(e) = statement_tx_effect(&sql[a..b]) {
+                        all = Some(match all {
+                            None => e,
+                            Some(before) => before.map(|s| e[tx_index(s)]),
+                        });
+                    }
+                }
+                all
+            };
+            let text = String::from_utf8_lossy(sql);
+            if sql.contains(&b';') {
+                assert_eq!(tx_effect(sql), split_tx, "tx_effect of {text:?}");
+                let (mut b, mut c) = (false, false);
+                for (x, y) in split(sql) {
+                    let (b2, c2) = transaction_control(&sql[x..y]);
+                    (b, c) = (b || b2, c || c2);
+                }
+                assert_eq!(transaction_control(sql), (b, c), "control of {text:?}");
+            }
+        }
+        assert!(lone_statement(b"SELECT 1;").is_some());
+        assert!(lone_statement(b"SELECT '1';").is_none());
+    }
 
     #[test]
     fn databases_that_must_be_alone_are_named() {
