@@ -861,8 +861,9 @@ async fn fitted_server(
     loop {
         tries += 1;
         let mut server = checkout(c, cfg, kill.as_mut()).await?;
+        server.set_last_client(c.reg.handle.id);
         let waited_us = waited.elapsed().as_micros() as u64;
-        let applied = if sync::differs(&server, &c.session.params) {
+        let applied = if sync::differs(&mut server, &c.session.params) {
             Box::pin(sync::apply(&mut server, &c.session.params)).await
         } else {
             Ok(None)
@@ -907,7 +908,8 @@ async fn checkout(
     if c.shared.stop_transactions().is_cancelled() {
         return Err(shutting_down());
     }
-    if let Some(s) = c.pool.checkout_now() {
+    let want = (c.reg.handle.id, c.session.params.version());
+    if let Some(s) = c.pool.checkout_now(Some(want)) {
         return Ok(s);
     }
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the
