@@ -457,6 +457,10 @@ async fn after_transaction(
         names.push(dtro.to_string());
     }
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
+    // Fitted before the read-back, which makes the same changes to both: still fitted
+    // (so a session's next checkout costs the same however many settings it holds).
+    let fitted =
+        !effects.discard_all && !reset_all && !hidden && server.fitted_to(&c.session.params);
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
         server.set_param(&name, value.as_deref());
@@ -464,6 +468,9 @@ async fn after_transaction(
             Some(v) => c.session.set_param(&name, &v),
             None => c.session.remove_param(&name),
         }
+    }
+    if fitted {
+        server.mark_fitted(&c.session.params);
     }
     if reset_all && own_dtro && server.parameters().get(dtro) == server.login_params().get(dtro) {
         // Back to the server's own (`sync::is_server_role`): no longer the client's

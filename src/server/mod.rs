@@ -355,6 +355,26 @@ impl Server {
         }
     }
 
+    /// Whether `wanted` was found to need nothing applied here, and neither list changed
+    /// since (see `sync::differs`).
+    pub fn fitted_to(&self, wanted: &Params) -> bool {
+        self.fitted == Some(self.versions(wanted))
+    }
+
+    /// `wanted` needs nothing applied here: known by comparing, or by making the same
+    /// changes to both lists since `fitted_to` was last true.
+    pub fn mark_fitted(&mut self, wanted: &Params) {
+        self.fitted = Some(self.versions(wanted));
+    }
+
+    fn versions(&self, wanted: &Params) -> (u64, u64, u64) {
+        (
+            wanted.version,
+            self.params.version,
+            self.login_params.version,
+        )
+    }
+
     /// Checked out by `client` (its id): see `affinity`.
     pub fn set_last_client(&mut self, client: u64) {
         self.last_client = client;

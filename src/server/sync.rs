@@ -33,17 +33,12 @@ pub fn is_server_role(name: &str) -> bool {
 /// A server found to need nothing for these very lists (their versions) is not compared
 /// again: a client's transaction costs the same however many settings its session holds.
 pub fn differs(server: &mut Server, wanted: &Params) -> bool {
-    let versions = (
-        wanted.version(),
-        server.params.version(),
-        server.login_params.version(),
-    );
-    if server.fitted == Some(versions) {
+    if server.fitted_to(wanted) {
         return false;
     }
     let differs = compare(server, wanted);
     if !differs {
-        server.fitted = Some(versions);
+        server.mark_fitted(wanted);
     }
     differs
 }
@@ -119,11 +114,7 @@ pub async fn apply(
         }
     }
     if changes.is_empty() && back.is_empty() && reset.is_empty() {
-        server.fitted = Some((
-            wanted.version(),
-            server.params.version(),
-            server.login_params.version(),
-        ));
+        server.mark_fitted(wanted);
         return Ok(None);
     }
     // SET SESSION AUTHORIZATION decides which roles may be set: it goes first, role last.
