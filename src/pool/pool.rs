@@ -1201,9 +1201,9 @@ impl Pool {
         self.lock().last_login_error.clone()
     }
 
-    /// An idle server taken for a client, counted active: of this worker's most recently
-    /// used ones, the one `want` (a client's id and params version, `Server::affinity`)
-    /// would find as it left it, else the most recently used one of this worker, else the
+    /// An idle server taken for a client, counted active: of the most recently used ones,
+    /// the one `want` (a client's id and params version, `Server::affinity`) would find as
+    /// it left it (`preferred`), else the most recently used one of this worker, else the
     /// most recently used one (the oldest with server_round_robin). A client that holds
     /// many settings keeps its server, and others keep theirs.
     fn pop_idle(&self, g: &mut Inner, want: Option<(u64, u64)>) -> Option<Box<Server>> {
