@@ -470,6 +470,10 @@ async fn after_transaction(
         names.push(dtro.to_string());
     }
     let pins = effects.pin_check || hidden || c.session.pin.is_some();
+    // Fitted before the read-back, which makes the same changes to both: still fitted
+    // (so a session's next checkout costs the same however many settings it holds).
+    let fitted =
+        !effects.discard_all && !reset_all && !hidden && server.fitted_to(&c.session.params);
     let (changed, reasons) = sync::read_back(server, &names, hidden, pins).await?;
     for (name, value) in changed {
         server.set_param(&name, value.as_deref());
@@ -477,6 +481,9 @@ async fn after_transaction(
             Some(v) => c.session.set_param(&name, &v),
             None => c.session.remove_param(&name),
         }
+    }
+    if fitted {
+        server.mark_fitted(&c.session.params);
     }
     if reset_all && own_dtro && server.parameters().get(dtro) == server.login_params().get(dtro) {
         // Back to the server's own (`sync::is_server_role`): no longer the client's
@@ -874,8 +881,9 @@ async fn fitted_server(
     loop {
         tries += 1;
         let mut server = checkout(c, cfg, kill.as_mut()).await?;
+        server.set_last_client(c.reg.handle.id);
         let waited_us = waited.elapsed().as_micros() as u64;
-        let applied = if sync::differs(&server, &c.session.params) {
+        let applied = if sync::differs(&mut server, &c.session.params) {
             Box::pin(sync::apply(&mut server, &c.session.params)).await
         } else {
             Ok(None)
@@ -920,7 +928,8 @@ async fn checkout(
     if c.shared.stop_transactions().is_cancelled() {
         return Err(shutting_down());
     }
-    if let Some(s) = c.pool.checkout_now() {
+    let want = (c.reg.handle.id, c.session.params.version());
+    if let Some(s) = c.pool.checkout_now(Some(want)) {
         return Ok(s);
     }
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the

@@ -586,7 +586,7 @@ impl Pool {
     fn step(self: &Arc<Self>, reserve_ok: bool) -> Step {
         let mut g = self.lock();
         if !g.paused {
-            if let Some(s) = self.pop_idle(&mut g) {
+            if let Some(s) = self.pop_idle(&mut g, None) {
                 return Step::Idle(s);
             }
             if g.waiters.is_empty() && self.may_open(&mut g, reserve_ok) {
@@ -728,15 +728,16 @@ impl Pool {
     }
 
     /// The fast path of [`Pool::checkout`]: an idle server that needs no check query, now,
-    /// without waiting, timers or allocation. None: take the slow path.
-    pub fn checkout_now(self: &Arc<Self>) -> Option<PooledServer> {
+    /// without waiting, timers or allocation, the one `want` left if idle (see `pop_idle`).
+    /// None: take the slow path.
+    pub fn checkout_now(self: &Arc<Self>, want: Option<(u64, u64)>) -> Option<PooledServer> {
         loop {
             let (s, settings) = {
                 let mut g = self.lock();
                 if g.paused {
                     return None;
                 }
-                (self.pop_idle(&mut g)?, g.settings.clone())
+                (self.pop_idle(&mut g, want)?, g.settings.clone())
             };
             match self.ready_now(s, &settings) {
                 Ready::Usable(s) => return Some(PooledServer::new(s, self.clone())),
@@ -1200,21 +1201,47 @@ impl Pool {
         self.lock().last_login_error.clone()
     }
 
-    /// An idle server taken for a client, counted active: the most recently used one of this
-    /// worker, else the most recently used one (the oldest with server_round_robin).
-    fn pop_idle(&self, g: &mut Inner) -> Option<Box<Server>> {
+    /// An idle server taken for a client, counted active: of the most recently used ones,
+    /// the one `want` (a client's id and params version, `Server::affinity`) would find as
+    /// it left it (`preferred`), else the most recently used one of this worker, else the
+    /// most recently used one (the oldest with server_round_robin). A client that holds
+    /// many settings keeps its server, and others keep theirs.
+    fn pop_idle(&self, g: &mut Inner, want: Option<(u64, u64)>) -> Option<Box<Server>> {
         let s = if g.settings.server_round_robin {
             g.idle.pop_front()
         } else {
             let here = crate::workers::current();
-            match g.idle.iter().rposition(|s| s.home() == here) {
-                Some(i) => g.idle.remove(i),
-                None => g.idle.pop_back(),
+            match want {
+                Some(want) => preferred(&g.idle, here, want).and_then(|i| g.idle.remove(i)),
+                None => match g.idle.iter().rposition(|s| s.home() == here) {
+                    Some(i) => g.idle.remove(i),
+                    None => g.idle.pop_back(),
+                },
             }
         }?;
         self.change_state(g, Some(ServerState::Idle), Some(ServerState::Active));
         Some(s)
     }
+}
+
+/// Most idle servers `pop_idle` looks at for a client's own.
+const AFFINITY_SCAN: usize = 32;
+
+/// Which of the most recently used idle servers to give a client (`want`: its id and params
+/// version): the one it left as it was, then one on this worker (`here`), then the most
+/// recent.
+fn preferred(idle: &VecDeque<Box<Server>>, here: usize, want: (u64, u64)) -> Option<usize> {
+    let mut best: Option<(u8, usize)> = None;
+    for (i, s) in idle.iter().enumerate().rev().take(AFFINITY_SCAN) {
+        let score = s.affinity(want.0, want.1) * 2 + u8::from(s.home() == here);
+        if best.is_none_or(|(b, _)| score > b) {
+            best = Some((score, i));
+        }
+        if score == 5 {
+            break;
+        }
+    }
+    best.map(|(_, i)| i)
 }
 
 /// The template if it equals `p`, else `p` as the new template.

@@ -15,36 +15,115 @@ use crate::proto::backend::ErrorFields;
 pub use connect::{Credential, HostList, ServerAddr, ServerTarget};
 pub use exchange::{Exchange, Reply};
 
-/// Session parameters as an ordered list with case-insensitive names (GUC names are).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Session parameters as an ordered list with case-insensitive names (GUC names are),
+/// indexed by name once long (a client may hold thousands of custom settings), and stamped
+/// with a version that names its content: every change takes a new one, a clone keeps it,
+/// so two lists with the same version hold the same values (`sync::differs` skips them).
+#[derive(Debug, Clone, Default)]
 pub struct Params {
     items: Vec<(String, String)>,
+    /// Lower-cased name → position in `items`, once `items` is longer than `INDEX_FROM`.
+    /// Boxed: most lists never have one, and a bare map would make each list 48 bytes longer.
+    #[allow(clippy::box_collection)]
+    index: Option<Box<std::collections::HashMap<String, usize>>>,
+    /// 0: empty as made; else from `next_version`.
+    version: u64,
 }
 
+/// Lists shorter than this are searched in order (the usual dozen of a driver's settings).
+const INDEX_FROM: usize = 32;
+
+/// A version no list has had (process-wide, only ever increasing).
+fn next_version() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl PartialEq for Params {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version || self.items == other.items
+    }
+}
+impl Eq for Params {}
+
 impl Params {
+    fn position(&self, name: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => {
+                // GUC names are short (NAMEDATALEN): lower-cased on the stack.
+                let mut buf = [0u8; 64];
+                match buf.get_mut(..name.len()) {
+                    Some(folded) => {
+                        folded.copy_from_slice(name.as_bytes());
+                        folded.make_ascii_lowercase();
+                        let folded = std::str::from_utf8(folded).ok()?;
+                        index.get(folded).copied()
+                    }
+                    None => index.get(&name.to_ascii_lowercase()).copied(),
+                }
+            }
+            None => self
+                .items
+                .iter()
+                .position(|(k, _)| k.eq_ignore_ascii_case(name)),
+        }
+    }
+    fn reindex(&mut self) {
+        self.index = (self.items.len() > INDEX_FROM).then(|| {
+            let items = self.items.iter().enumerate();
+            Box::new(
+                items
+                    .map(|(i, (k, _))| (k.to_ascii_lowercase(), i))
+                    .collect(),
+            )
+        });
+    }
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.items
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.position(name).map(|i| self.items[i].1.as_str())
     }
     pub fn set(&mut self, name: &str, value: &str) {
-        match self
-            .items
-            .iter_mut()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        {
-            Some((_, v)) => {
+        match self.position(name) {
+            Some(i) => {
+                let v = &mut self.items[i].1;
                 if v != value {
                     v.clear();
                     v.push_str(value);
+                    self.version = next_version();
                 }
             }
-            None => self.items.push((name.to_string(), value.to_string())),
+            None => {
+                self.items.push((name.to_string(), value.to_string()));
+                match &mut self.index {
+                    Some(index) => {
+                        index.insert(name.to_ascii_lowercase(), self.items.len() - 1);
+                    }
+                    None => self.reindex(),
+                }
+                self.version = next_version();
+            }
         }
     }
     pub fn remove(&mut self, name: &str) {
-        self.items.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+        self.remove_all(&[name]);
+    }
+    /// Remove each of `names` (one pass over the list, however many).
+    pub fn remove_all<S: AsRef<str>>(&mut self, names: &[S]) {
+        let len = self.items.len();
+        if names.len() < 4 {
+            let gone = |k: &str| names.iter().any(|n| n.as_ref().eq_ignore_ascii_case(k));
+            self.items.retain(|(k, _)| !gone(k));
+        } else {
+            let names: std::collections::HashSet<String> = names
+                .iter()
+                .map(|n| n.as_ref().to_ascii_lowercase())
+                .collect();
+            self.items
+                .retain(|(k, _)| !names.contains(&k.to_ascii_lowercase()));
+        }
+        if self.items.len() != len {
+            self.reindex();
+            self.version = next_version();
+        }
     }
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.items.iter().map(|(k, v)| (k.as_str(), v.as_str()))
@@ -54,6 +133,10 @@ impl Params {
     }
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+    /// Names this content: equal versions, equal lists (see the type).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -92,6 +175,11 @@ pub struct Server {
     /// transaction, 57P01/57P02 shutdown): the SQLSTATE. The server is closed and the
     /// host's role checked again.
     role_doubt: Option<[u8; 5]>,
+    /// The versions of (a client's wanted params, `params`, `login_params`) last found to
+    /// need nothing applied (`sync::differs`).
+    fitted: Option<(u64, u64, u64)>,
+    /// The client that last checked it out (0: none), which finds it again first.
+    last_client: u64,
 }
 
 impl Server {
@@ -115,6 +203,8 @@ impl Server {
             tls: None,
             host: None,
             role_doubt: None,
+            fitted: None,
+            last_client: 0,
         }
     }
 
@@ -249,6 +339,47 @@ impl Server {
     /// The parameters are back to their login values (DISCARD ALL, RESET ALL).
     pub fn reset_params(&mut self) {
         self.params = self.login_params.clone();
+    }
+
+    /// Whether `client` (its id, the version of its params) would find this server as it
+    /// left it: 2 it was the last to use it, 1 its params were applied here and nothing
+    /// changed since, 0 neither.
+    pub fn affinity(&self, client: u64, params: u64) -> u8 {
+        if client != 0 && self.last_client == client {
+            2
+        } else if self
+            .fitted
+            .is_some_and(|f| f == (params, self.params.version, self.login_params.version))
+        {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Whether `wanted` was found to need nothing applied here, and neither list changed
+    /// since (see `sync::differs`).
+    pub fn fitted_to(&self, wanted: &Params) -> bool {
+        self.fitted == Some(self.versions(wanted))
+    }
+
+    /// `wanted` needs nothing applied here: known by comparing, or by making the same
+    /// changes to both lists since `fitted_to` was last true.
+    pub fn mark_fitted(&mut self, wanted: &Params) {
+        self.fitted = Some(self.versions(wanted));
+    }
+
+    fn versions(&self, wanted: &Params) -> (u64, u64, u64) {
+        (
+            wanted.version,
+            self.params.version,
+            self.login_params.version,
+        )
+    }
+
+    /// Checked out by `client` (its id): see `affinity`.
+    pub fn set_last_client(&mut self, client: u64) {
+        self.last_client = client;
     }
 
     /// Make the current worker drive this server's socket; true if it moved.

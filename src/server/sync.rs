@@ -30,7 +30,20 @@ pub fn is_server_role(name: &str) -> bool {
 }
 
 /// Whether `apply` has anything to do (checked without allocating, on every checkout).
-pub fn differs(server: &Server, wanted: &Params) -> bool {
+/// A server found to need nothing for these very lists (their versions) is not compared
+/// again: a client's transaction costs the same however many settings its session holds.
+pub fn differs(server: &mut Server, wanted: &Params) -> bool {
+    if server.fitted_to(wanted) {
+        return false;
+    }
+    let differs = compare(server, wanted);
+    if !differs {
+        server.mark_fitted(wanted);
+    }
+    differs
+}
+
+fn compare(server: &Server, wanted: &Params) -> bool {
     if same_in_order(&server.params, &server.login_params, wanted) {
         return false;
     }
@@ -101,6 +114,7 @@ pub async fn apply(
         }
     }
     if changes.is_empty() && back.is_empty() && reset.is_empty() {
+        server.mark_fitted(wanted);
         return Ok(None);
     }
     // SET SESSION AUTHORIZATION decides which roles may be set: it goes first, role last.
@@ -148,9 +162,7 @@ pub async fn apply(
         {
             server.params.set(k, v);
         }
-        for name in &reset {
-            server.params.remove(name);
-        }
+        server.params.remove_all(&reset);
     }
     Ok(err)
 }

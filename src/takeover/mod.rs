@@ -47,7 +47,9 @@ pub async fn serve(mut client: Client) {
     let result = loop {
         match crate::client::serve_here(&mut client).await {
             Some(result) => break result,
-            None => match hand_over(&mut client).await {
+            // Boxed, as `finish` below: what a client does once in its life is not room
+            // that every idle client's task keeps.
+            None => match Box::pin(hand_over(&mut client)).await {
                 Ok(()) => {
                     tracing::debug!(
                         client = client.reg.handle.id,
@@ -59,5 +61,5 @@ pub async fn serve(mut client: Client) {
             },
         }
     };
-    crate::client::finish(client, result).await;
+    Box::pin(crate::client::finish(client, result)).await;
 }
