@@ -299,10 +299,18 @@ fn prepare_stmt(rig: &mut Rig) {
         backend::parse_complete(b);
         backend::ready_for_query(b, b'I');
     });
+    // pgcarpool learns a shared statement's description on its first Parse (a Describe
+    // it adds; its replies are dropped).
+    let server_reply = build(|b| {
+        backend::parse_complete(b);
+        msg(b, b't', &[0, 1, 0, 0, 0, 23]);
+        backend::row_description(b, &[("abalance", 23)]);
+        backend::ready_for_query(b, b'I');
+    });
     let mut relay = rig.relay(PoolMode::Transaction);
     feed(relay.client, &parse_sync);
     relay.scan_client().unwrap();
-    feed(relay.server.conn_mut(), &reply);
+    feed(relay.server.conn_mut(), &server_reply);
     relay.scan_server().unwrap();
     drop(relay);
     let sent = take_written(&rig.rt, rig.server.conn_mut(), &mut rig.server_peer);
