@@ -52,8 +52,9 @@ pub struct VirtualSession {
     /// Portals bound to a statement whose text is `DEALLOCATE ALL`: the client's statements
     /// go when one of them is executed, as in PostgreSQL (not at its Parse or Bind).
     pub deallocating_portals: Vec<Bytes>,
-    /// The portal last bound to a statement whose text is `DISCARD ALL`: its Execute is
-    /// followed by the client's startup values (`Relay::startup_after_discard`).
+    /// The portal last bound to a statement whose text is `DISCARD ALL` or `RESET ALL`
+    /// (`rewrite::startup_follows`): its Execute is followed by the client's startup values
+    /// (`Relay::startup_after_discard`).
     pub discard_portal: Option<Bytes>,
     /// The portal last bound to a transaction-control statement, and what running it does
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
