@@ -580,6 +580,11 @@ pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
     if let Some(one) = lone_statement(sql) {
         return statement_tx_effect(one);
     }
+    tx_effect_of_split(sql)
+}
+
+/// `tx_effect` over every statement `split` finds, composed in order.
+fn tx_effect_of_split(sql: &[u8]) -> Option<[u8; 3]> {
     let mut all: Option<[u8; 3]> = None;
     for (a, b) in split(sql) {
         if let Some(e) = statement_tx_effect(&sql[a..b]) {
@@ -1166,18 +1171,7 @@ mod tests {
         ];
         for sql in texts {
             let sql = sql.as_bytes();
-            let split_tx = {
-                let mut all: Option<[u8; 3]> = None;
-                for (a, b) in split(sql) {
-                    if let Some(e) = statement_tx_effect(&sql[a..b]) {
-                        all = Some(match all {
-                            None => e,
-                            Some(before) => before.map(|s| e[tx_index(s)]),
-                        });
-                    }
-                }
-                all
-            };
+            let split_tx = tx_effect_of_split(sql);
             let text = String::from_utf8_lossy(sql);
             if sql.contains(&b';') {
                 assert_eq!(tx_effect(sql), split_tx, "tx_effect of {text:?}");
