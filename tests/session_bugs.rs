@@ -1486,7 +1486,12 @@ async fn recorded_oracle(pg: &TempPostgres, p: &TestPooler, steps: &[&str]) -> V
         let mut t = Vec::new();
         for step in steps {
             let (msgs, end) = w.record_step(step, false, limit).await;
-            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            assert_eq!(
+                end,
+                harness::wire::StepEnd::Done,
+                "port {port} (PostgreSQL {}): {step}: {msgs:?}",
+                pg.port()
+            );
             t.push(msgs);
         }
         w.terminate().await;
@@ -1573,6 +1578,72 @@ async fn wrong_parameter_count_of_a_statement_the_server_lost_is_08p01() {
         t[0][9].iter().any(|l| l == "Complete INSERT 0 1"),
         "{:?}",
         t[0][9]
+    );
+    p.shutdown().await;
+}
+
+/// A change to the client's statements that the server skips (an earlier message of its
+/// round failed) never happened for PostgreSQL, and messages the client pipelined after
+/// that round's Sync must be judged without it: a Close skipped keeps the statement (a
+/// Parse of its name then fails with 42P05), a named Parse skipped makes no name (a Parse
+/// of it then succeeds), a Parse of `DEALLOCATE ALL` skipped drops nothing, an unnamed
+/// Parse skipped keeps the unnamed statement before it. Each step is sent at once, two
+/// rounds in one write. pgcarpool judged the second round by the first's changes before
+/// the server's answer to the first came (the old "not generated" row of docs/testing.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_the_server_skips_does_not_judge_the_next_round() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let steps = [
+        "P s1|SELECT 1 AS one\nS",
+        // A Close skipped: s1 stays.
+        "B |nosuch|\nC S s1\nS\nP s1|SELECT 9\nS",
+        "B |s1|\nE |0\nS",
+        // A named Parse skipped: no s2.
+        "B |nosuch|\nP s2|SELECT 2 AS two\nS\nP s2|SELECT 3 AS three\nB |s2|\nE |0\nS",
+        // A DEALLOCATE ALL skipped: s1 and s2 stay.
+        "B |nosuch|\nP |DEALLOCATE ALL\nB ||\nE |0\nS\nB |s1|\nE |0\nB |s2|\nE |0\nS",
+        // An unnamed Parse skipped: the one before stays.
+        "P |SELECT 5 AS five\nS",
+        "B |nosuch|\nP |SELECT 6 AS six\nS\nB ||\nD P\nE |0\nS",
+        // The same with a simple query after the skipped round.
+        "B |nosuch|\nC S s1\nS\nQ EXECUTE s1",
+        "B |nosuch|\nC S s1\nS\nQ DEALLOCATE s1",
+        "Q DEALLOCATE s1",
+        // pgcarpool's own answer to a query pipelined after a Sync comes after the
+        // server's ReadyForQuery (it was lost once the server was released there).
+        "P s3|SELECT 3\nS",
+        "B |s3|\nE |0\nS\nQ DEALLOCATE s3",
+        // A ROLLBACK skipped leaves the block failed: a Parse pgcarpool could answer
+        // itself (its text is on the server), a DEALLOCATE it answers itself get 25P02.
+        "P s8|SELECT 8 AS eight\nS\nC S s8\nS\nP s10|SELECT 10\nS",
+        "Q BEGIN",
+        "B |nosuch|\nP |ROLLBACK\nB ||\nE |0\nS\nP s9|SELECT 8 AS eight\nS\nQ DEALLOCATE s10",
+        "Q ROLLBACK",
+        // The same when nothing else of the round can be undone: a ROLLBACK in a query
+        // after an error, a Bind of a statement that is a ROLLBACK.
+        "P sr|ROLLBACK\nS\nQ BEGIN",
+        "Q SELECT 1/0; ROLLBACK\nQ DEALLOCATE s10",
+        "B |nosuch|\nB |sr|\nE |0\nS\nQ DEALLOCATE s10",
+        "Q ROLLBACK",
+        "Q DEALLOCATE s10",
+        // A BEGIN skipped begins nothing: DISCARD ALL then runs.
+        "B |nosuch|\nP |BEGIN\nB ||\nE |0\nS\nQ DISCARD ALL",
+        "Q SHOW search_path",
+    ];
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    assert!(t[1].iter().any(|l| l.contains("C=\"42P05\"")), "{:?}", t[1]);
+    assert!(t[3].iter().any(|l| l == "Row 3"), "{:?}", t[3]);
+    assert!(t[6].iter().any(|l| l == "Row 5"), "{:?}", t[6]);
+    for k in [14, 17, 18] {
+        let last = &t[k][t[k].len() - 2];
+        assert!(last.contains("C=\"25P02\""), "step {k}: {:?}", t[k]);
+    }
+    assert!(
+        t[21].iter().any(|l| l == "Complete DISCARD ALL"),
+        "{:?}",
+        t[21]
     );
     p.shutdown().await;
 }

@@ -456,7 +456,9 @@ impl<'a> Relay<'a> {
                     Poll::Pending => {}
                 }
             }
-            if self.server.conn().out_len() < HIGH_WATER {
+            // While the scan waits for a round (`awaits_round`) the client's bytes wait in
+            // its socket.
+            if self.server.conn().out_len() < HIGH_WATER && !self.rescan_client {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(RelayEvent::ClientGone);
@@ -495,6 +497,11 @@ impl<'a> Relay<'a> {
             let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
                 break;
             };
+            if self.virt && self.awaits_round() {
+                // Scanned again once the server's replies came (`rescan_client`).
+                self.rescan_client = true;
+                break;
+            }
             let avail = buf.len() - fwd;
             self.note_client_message(h, fwd);
             match h.tag {
@@ -574,6 +581,16 @@ impl<'a> Relay<'a> {
             fwd += h.total;
         }
         Ok(self.client_scanned(fwd, event))
+    }
+
+    /// Does the next client message wait for the server's answer to a round already
+    /// synced? A change to the client's statements that the server may still skip (an
+    /// earlier message of that round failing) never happened for PostgreSQL, so what
+    /// follows the round's Sync is judged once that is known, a DEALLOCATE ALL's included.
+    fn awaits_round(&self) -> bool {
+        self.server
+            .exchange()
+            .awaits_undo(!self.session_deallocs.is_empty())
     }
 
     /// The client's buffer was scanned up to `fwd` (to forward), ending with `event`: does
@@ -797,6 +814,11 @@ impl<'a> Relay<'a> {
         }
         self.forward_server_run(fwd);
         self.server.conn_mut().consume(withheld);
+        if self.virt && withheld == 0 && self.server.exchange().answer_due() {
+            // pgcarpool's answers to what the client sent after the ReadyForQuery that
+            // ended the scan (a DEALLOCATE pipelined after a Sync): due before a release.
+            self.answer_front();
+        }
         Ok(event)
     }
 

@@ -124,6 +124,19 @@ impl Exchange {
         self.is_idle() && self.ledger_empty()
     }
 
+    /// A round whose Sync (or query) was sent may still undo a change to the client's
+    /// statements (`Owed::undo_pending`) or not make the change to the transaction status
+    /// its messages were sent to make (`status_sent` supposes they all run): what the
+    /// client sends next is judged once its answer came. `dealloc`: a DEALLOCATE ALL's
+    /// outcome is awaited too. Not while in COPY FROM STDIN, where the client's data must
+    /// flow.
+    pub fn awaits_undo(&self, dealloc: bool) -> bool {
+        !self.unsynced
+            && self.expected_rfq > 0
+            && !self.copy_in
+            && (dealloc || !self.tx_sent.is_empty() || self.owed.undo_pending())
+    }
+
     /// No reply is owed in the ledger (`Owed`), whatever the protocol position says.
     pub fn ledger_empty(&self) -> bool {
         self.owed.is_empty()

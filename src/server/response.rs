@@ -218,6 +218,22 @@ impl Owed {
         }
     }
 
+    /// Is a change to the client's statements (a named or unnamed Parse, a Close, a SQL
+    /// PREPARE) still waiting for the server's answer? It is undone if the server fails or
+    /// skips its message, so what the client sends after that message's Sync waits for it.
+    pub fn undo_pending(&self) -> bool {
+        self.queue.iter().any(|p| {
+            matches!(
+                p,
+                Pending::NamedParse { .. }
+                    | Pending::Answered(..)
+                    | Pending::UnnamedParse(_)
+                    | Pending::Closed(_)
+                    | Pending::Ready(Some(_))
+            )
+        })
+    }
+
     /// Changes to the client's statements whose message the server failed or skipped since
     /// the last call (PostgreSQL never made them), oldest first: they are undone newest
     /// first.
