@@ -752,3 +752,58 @@ async fn reset_all_returns_default_transaction_read_only() {
         assert_same(&scripts, &opts).await;
     }
 }
+
+/// Seed 10301 (long run): a client listening through the pool's listener UNLISTENs inside a
+/// block, then `RESET ALL` in the same block, then NOTIFYs itself and commits: PostgreSQL
+/// sends nothing (the UNLISTEN committed first), pgcarpool delivered the notification. The
+/// block's record of the UNLISTEN was a setting (`pgcarpool.listen_n`), which the RESET ALL
+/// took back. Also in the extended protocol, and records rolled back to a savepoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_in_a_block_keeps_its_unlisten() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t8 (id int PRIMARY KEY, v text); INSERT INTO t8 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q LISTEN ch8",
+                "Q BEGIN",
+                "Q RELEASE sp1",
+                "Q END",
+                "Q BEGIN",
+                "Q UNLISTEN ch8",
+                "Q RESET ALL",
+                "Q NOTIFY ch8, 'hello 21'",
+                "P |END\nB ||\nE \nS",
+                "Q NOTIFY ch8, 'after'",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "Q LISTEN ch9",
+                "Q BEGIN",
+                "Q UNLISTEN ch9",
+                "P |RESET ALL\nB ||\nE |0\nS",
+                "Q COMMIT",
+                "Q NOTIFY ch9, 'not for me'",
+                "Q LISTEN ch9",
+                "Q BEGIN",
+                "Q SAVEPOINT a",
+                "Q UNLISTEN ch9",
+                "Q ROLLBACK TO SAVEPOINT a",
+                "Q RESET ALL",
+                "Q COMMIT",
+                "Q NOTIFY ch9, 'still mine'",
+                "Q BEGIN",
+                "Q UNLISTEN *",
+                "Q SAVEPOINT b",
+                "Q LISTEN ch9",
+                "Q RESET ALL",
+                "Q RELEASE b",
+                "Q COMMIT",
+                "Q NOTIFY ch9, 'mine again'",
+            ],
+        ),
+    ];
+    assert_same(&scripts, &RunOptions::default()).await;
+}

@@ -30,9 +30,10 @@ pub struct ListeningState {
     owner: Option<(Arc<Pool>, u64)>,
     /// It asked the listener to LISTEN at least once.
     asked: bool,
-    /// How many LISTENs or UNLISTENs of the listener's channels its transaction sent inside
-    /// a block (`in_block_query`): what committed is read back from the server after it.
-    in_block: usize,
+    /// The LISTENs and UNLISTENs of the listener's channels its transaction sent inside a
+    /// block (`in_block_query`), in order: which committed is read back from the server
+    /// after it.
+    in_block: Vec<String>,
 }
 
 impl Listening {
@@ -49,18 +50,19 @@ impl Listening {
         self.0.as_deref().map_or(&[], |s| &s.channels)
     }
 
-    /// `n` LISTENs or UNLISTENs went inside a transaction block as `in_block_query`.
-    pub fn note_in_block(&mut self, n: usize) {
-        if n > 0 {
-            self.state().in_block = n;
+    /// These LISTENs or UNLISTENs (`in_block_query`'s operations) went inside a
+    /// transaction block.
+    pub fn note_in_block(&mut self, ops: Vec<String>) {
+        if !ops.is_empty() {
+            self.state().in_block = ops;
         }
     }
 
-    /// How many did (since the last call)?
-    pub fn take_in_block(&mut self) -> usize {
+    /// Which did (since the last call)?
+    pub fn take_in_block(&mut self) -> Vec<String> {
         self.0
             .as_mut()
-            .map_or(0, |s| std::mem::take(&mut s.in_block))
+            .map_or_else(Vec::new, |s| std::mem::take(&mut s.in_block))
     }
 
     fn state(&mut self) -> &mut ListeningState {
@@ -632,12 +634,14 @@ pub(super) async fn answer(
     Ok(Some(Local::Answered))
 }
 
-/// The server settings in which a transaction block records the LISTENs and UNLISTENs
-/// it made of the listener's channels (`in_block_query`), the n-th in `pgcarpool.listen_n`:
-/// set as the session's (SET takes no snapshot, as LISTEN takes none), so that a rollback
-/// (to a savepoint too) takes back what it undoes, as PostgreSQL's own pending LISTENs;
-/// read and reset after the transaction (`after_block`).
-const IN_BLOCK_SETTING: &str = "pgcarpool.listen_";
+/// The channels on which a transaction block records the LISTENs and UNLISTENs it made of
+/// the listener's channels (`in_block_query`), the n-th by listening on `pgcarpool_listen_n`:
+/// a LISTEN is a pending action of the transaction as the client's own (no snapshot taken;
+/// a rollback, to a savepoint too, takes back what it undoes; `RESET ALL` leaves it, which
+/// took back a record kept in a setting: long-run seed 10301), applied at commit and read
+/// back and given up after the transaction (`after_block`). What each records is kept by
+/// pgcarpool (its operations, in order).
+const IN_BLOCK_MARKER: &str = "pgcarpool_listen_";
 
 /// At most this many LISTENs and UNLISTENs a transaction are recorded so; later ones go
 /// to the server as written.
@@ -649,9 +653,14 @@ pub(super) const MAX_IN_BLOCK: usize = 64;
 /// whether it is a LISTEN. The server runs the statement (its replies, errors and
 /// transaction are PostgreSQL's) without listening on the channel (a LISTEN is followed
 /// by an UNLISTEN: each notification would come twice, from the server and from the
-/// listener), then records the operation in `IN_BLOCK_SETTING`n, whose replies the relay
-/// drops. None: the query goes as written.
-pub(super) fn in_block_query(sql: &[u8], channels: &[String], n: usize) -> Option<(String, bool)> {
+/// listener), then records the operation by listening on `IN_BLOCK_MARKER`n, whose replies
+/// the relay drops. Also the operation (`L<hex>`, `U<hex>`, `*`: `in_block_ops`). None: the
+/// query goes as written.
+pub(super) fn in_block_query(
+    sql: &[u8],
+    channels: &[String],
+    n: usize,
+) -> Option<(String, bool, String)> {
     use crate::pool::listener::quote_ident;
     if n == 0 || n > MAX_IN_BLOCK {
         return None;
@@ -673,10 +682,7 @@ pub(super) fn in_block_query(sql: &[u8], channels: &[String], n: usize) -> Optio
         Stmt::Unlisten(None) if !channels.is_empty() => ("UNLISTEN *".into(), "*".into(), false),
         _ => return None,
     };
-    Some((
-        format!("{first}; SET {IN_BLOCK_SETTING}{n} = '{op}'"),
-        listen,
-    ))
+    Some((format!("{first}; LISTEN {IN_BLOCK_MARKER}{n}"), listen, op))
 }
 
 /// The operations recorded by `in_block_query` (`L<hex>`, `U<hex>`, `*`), comma-separated,
@@ -707,30 +713,28 @@ pub(super) async fn after_block(
     c: &mut Client,
     server: &mut crate::server::Server,
 ) -> Result<(), ClientError> {
-    let n = c.listening.take_in_block();
-    if n == 0 {
+    let ops = c.listening.take_in_block();
+    if ops.is_empty() {
         return Ok(());
     }
-    let names: Vec<String> = (1..=n).map(|k| format!("{IN_BLOCK_SETTING}{k}")).collect();
-    let reads: Vec<String> = names
-        .iter()
-        .map(|x| format!("pg_catalog.current_setting('{x}', true)"))
-        .collect();
-    let mut sql = format!("select {}", reads.join(", "));
-    for x in &names {
-        sql.push_str(&format!("; reset {x}"));
+    let mut sql = "select pg_catalog.pg_listening_channels()".to_string();
+    for k in 1..=ops.len() {
+        sql.push_str(&format!("; unlisten {IN_BLOCK_MARKER}{k}"));
     }
     let sets = crate::server::query::query_sets(server, &sql)
         .await
         .map_err(|e| ClientError::fatal("08006", format!("server connection lost: {e}")))?;
-    let recorded: Vec<String> = sets
+    let mut committed: Vec<usize> = sets
         .into_iter()
         .next()
-        .and_then(|rows| rows.into_iter().next())
         .unwrap_or_default()
         .into_iter()
-        .map(Option::unwrap_or_default)
+        .filter_map(|row| row.into_iter().next().flatten())
+        .filter_map(|ch| ch.strip_prefix(IN_BLOCK_MARKER)?.parse().ok())
+        .filter(|&k| (1..=ops.len()).contains(&k))
         .collect();
+    committed.sort_unstable();
+    let recorded: Vec<&str> = committed.iter().map(|&k| ops[k - 1].as_str()).collect();
     let mut unlistened = false;
     for op in in_block_ops(&recorded.join(",")) {
         unlistened |= matches!(op, Op::Unlisten(_));
@@ -949,20 +953,20 @@ mod tests {
     #[test]
     fn listens_in_a_block_are_recorded_and_read_back() {
         let chans = ["ch0".to_string(), "A\"b".to_string()];
-        let (sql, listen) = in_block_query(b"LISTEN ch0", &chans, 1).unwrap();
+        let (sql, listen, op) = in_block_query(b"LISTEN ch0", &chans, 1).unwrap();
         assert!(listen);
         assert_eq!(
             sql,
-            "LISTEN \"ch0\"; UNLISTEN \"ch0\"; SET pgcarpool.listen_1 = 'L636830'"
+            "LISTEN \"ch0\"; UNLISTEN \"ch0\"; LISTEN pgcarpool_listen_1"
         );
-        let (sql, listen) = in_block_query(b"unlisten \"A\"\"b\"", &chans, 2).unwrap();
+        assert_eq!(op, "L636830");
+        let (sql, listen, op) = in_block_query(b"unlisten \"A\"\"b\"", &chans, 2).unwrap();
         assert!(!listen);
-        assert_eq!(
-            sql,
-            "UNLISTEN \"A\"\"b\"; SET pgcarpool.listen_2 = 'U412262'"
-        );
-        let (sql, _) = in_block_query(b"UNLISTEN *", &chans, 3).unwrap();
-        assert_eq!(sql, "UNLISTEN *; SET pgcarpool.listen_3 = '*'");
+        assert_eq!(sql, "UNLISTEN \"A\"\"b\"; LISTEN pgcarpool_listen_2");
+        assert_eq!(op, "U412262");
+        let (sql, _, op) = in_block_query(b"UNLISTEN *", &chans, 3).unwrap();
+        assert_eq!(sql, "UNLISTEN *; LISTEN pgcarpool_listen_3");
+        assert_eq!(op, "*");
         assert!(in_block_query(b"LISTEN ch0", &chans, MAX_IN_BLOCK + 1).is_none());
         // Channels the listener does not have for the client go to the server as written.
         assert!(in_block_query(b"LISTEN ch1", &chans, 1).is_none());

@@ -164,8 +164,8 @@ pub struct Relay<'a> {
     /// The channels the client listens on through the pool's listener: its LISTEN or
     /// UNLISTEN of one inside a transaction block goes as `notify::in_block_query`.
     pub listener_channels: Vec<String>,
-    /// How many went so (`notify::after_block` follows the transaction).
-    pub listen_in_block: usize,
+    /// The operations that went so (`notify::after_block` follows the transaction).
+    pub listen_in_block: Vec<String>,
     /// target_session_attrs=read-write/primary: the pool's hosts. When the server's host
     /// stops being the primary (demoted, fenced by a newer one), the relay stops at once,
     /// mid-transaction too: nothing more of it reaches that host.
@@ -265,7 +265,7 @@ impl<'a> Relay<'a> {
             withheld_ready: None,
             withheld_params: Bytes::new(),
             listener_channels: Vec::new(),
-            listen_in_block: 0,
+            listen_in_block: Vec::new(),
             fence: None,
             renamed: Default::default(),
             session_deallocs: Vec::new(),

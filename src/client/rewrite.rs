@@ -188,12 +188,13 @@ impl Relay<'_> {
         if self.server.status_sent() != b'T' {
             return false;
         }
-        let n = self.listen_in_block + 1;
-        let Some((text, listen)) = super::notify::in_block_query(sql, &self.listener_channels, n)
+        let n = self.listen_in_block.len() + 1;
+        let Some((text, listen, op)) =
+            super::notify::in_block_query(sql, &self.listener_channels, n)
         else {
             return false;
         };
-        self.listen_in_block = n;
+        self.listen_in_block.push(op);
         self.server.expect(Pending::Retag(false));
         for _ in 0..1 + usize::from(listen) {
             self.server

@@ -146,7 +146,8 @@ async fn transaction(
         _ => mode == PoolMode::Session || reset_always,
     };
     let release = matches!(event, RelayEvent::Release);
-    server.discard = c.session.pin.is_some() || (!release && c.listening.take_in_block() > 0);
+    server.discard =
+        c.session.pin.is_some() || (!release && !c.listening.take_in_block().is_empty());
     match event {
         RelayEvent::Release => {
             let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
@@ -415,7 +416,8 @@ async fn relay_once(
     let withheld_ready = relay
         .withheld_ready
         .map(|status| (status, std::mem::take(&mut relay.withheld_params)));
-    c.listening.note_in_block(relay.listen_in_block);
+    c.listening
+        .note_in_block(std::mem::take(&mut relay.listen_in_block));
     let loss = match event {
         RelayEvent::ServerGone(_) => relay.loss(),
         _ => None,
