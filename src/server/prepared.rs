@@ -44,8 +44,15 @@ impl PreparedSet {
         self.held.insert(s.id, (self.tick, Arc::downgrade(&s)));
     }
 
+    /// The server does not hold it (its Parse failed or was skipped, it was closed),
+    /// whatever becomes of a DEALLOCATE ALL on its way: it is not kept aside either
+    /// (long-run seed 10201: a Parse pgcarpool added, then a DEALLOCATE ALL, both skipped,
+    /// gave the statement back as held).
     pub fn remove(&mut self, id: u64) {
         self.held.remove(&id);
+        for (_, kept) in &mut self.deallocs {
+            kept.retain(|(k, _)| *k != id);
+        }
     }
 
     /// A statement the set dropped is held after all (the server skipped its Close).
@@ -325,6 +332,22 @@ mod tests {
         assert!(set.touch(a.id));
         assert_eq!(set.evict_lru().unwrap().0, b.server_name);
         assert_eq!(set.len(), 1);
+    }
+
+    #[test]
+    fn a_statement_removed_while_a_deallocate_all_is_on_its_way_stays_removed() {
+        let r = StatementRegistry::default();
+        let mut set = PreparedSet::default();
+        let a = r.intern(b"", b"a\0\0\0").unwrap();
+        let b = r.intern(b"", b"b\0\0\0").unwrap();
+        set.insert(a.clone());
+        set.insert(b.clone());
+        set.deallocating(3);
+        // a's Parse (sent before the DEALLOCATE ALL) was skipped; then the DEALLOCATE ALL.
+        set.remove(a.id);
+        set.rounds_over(4);
+        assert!(!set.touch(a.id));
+        assert!(set.touch(b.id));
     }
 
     /// The tags of the replies still owed, as the server would send them: what each gets.
