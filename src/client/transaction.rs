@@ -137,17 +137,16 @@ async fn transaction(
     }
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
-    // Every way out but Release ends the client: its session state goes with it, however
-    // it left (Terminate, timeout, KILL, protocol error). A pinned session never goes
-    // back to the pool as it is, nor one that may keep pgcarpool's record of LISTENs in a
-    // block (`notify::after_block` reads and resets it after a Release).
+    // Every way out but Release ends the client and its session state (Terminate,
+    // timeout, KILL, protocol error). A pinned session never goes back to the pool as it
+    // is, nor one that may keep pgcarpool's record of LISTENs in a block (after a Release
+    // `notify::after_block` reads and unlistens it).
     server.reset = match event {
         RelayEvent::Release => reset_always,
         _ => mode == PoolMode::Session || reset_always,
     };
-    let release = matches!(event, RelayEvent::Release);
-    server.discard =
-        c.session.pin.is_some() || (!release && !c.listening.take_in_block().is_empty());
+    server.discard = c.session.pin.is_some()
+        || (!matches!(event, RelayEvent::Release) && !c.listening.take_in_block().is_empty());
     match event {
         RelayEvent::Release => {
             let keep = released(c, &mut server, &effects, claimed, withheld_ready, mode).await?;
