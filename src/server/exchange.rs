@@ -1226,7 +1226,7 @@ mod tests {
         x.expect(Pending::Ready(None));
         x.owe_ready(false);
         let reply = x.receive(ERROR, &err("42601")[5..], true).unwrap();
-        assert!(matches!(&reply.undo[..], [Undo::Name(n, _)] if &n[..] == b"a"));
+        assert!(matches!(&reply.undo[..], [Undo::Name(n, _, _)] if &n[..] == b"a"));
         recv(&mut x, &z(b'I'), true);
         assert!(x.owes_nothing());
     }
