@@ -1669,3 +1669,45 @@ async fn a_refused_message_takes_no_snapshot() {
     }
     p.shutdown().await;
 }
+
+/// Inside a transaction block, a pipeline whose first message fails (a Parse of a name the
+/// client has: 42P05; a division by zero) then describes, binds and executes the client's
+/// statement `DEALLOCATE ALL`, which this server does not hold (evicted:
+/// max_prepared_statements 1): the server skips it all. In the failed block that follows,
+/// PostgreSQL describes the statement (ParameterDescription, NoData). pgcarpool's record of
+/// the statements the server holds had the statement's skipped Parse taken aside by the
+/// skipped DEALLOCATE ALL, then given back as held when the DEALLOCATE ALL turned out not
+/// to have run: its Describe went to the server, which has no such statement (26000
+/// `prepared statement "s2" does not exist`). Found by the differential test (long-run
+/// seed 4072, pool of 1: it needs the statement gone from the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_before_a_skipped_deallocate_all_leaves_no_statement_held() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 1).await;
+    let steps = [
+        "P s2|DEALLOCATE ALL\nD S s2\nS",
+        "P s3|SELECT 1 AS one\nS",
+        "Q BEGIN",
+        "P s2|NOTIFY f4072, 'from parse'\nD S s2\nB |s2|\nE |0\nH\nC P \nP s3|SELECT 2\nB |s3|\nE |0\nS",
+        "D S s2\nS",
+        "Q ROLLBACK",
+        "B |s2|\nE |0\nS",
+        "P s2|DEALLOCATE ALL\nP s3|SELECT 1 AS one\nS",
+        "Q BEGIN",
+        "P |SELECT 1/0\nB ||\nE |0\nD S s2\nB |s2|\nE |0\nS",
+        "D S s2\nS",
+        "Q ROLLBACK",
+        "B |s2|\nE |0\nB |s3|\nE |0\nS",
+    ];
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    for k in [4, 10] {
+        assert_eq!(t[k], ["t ", "n ", "Ready E"], "step {k}");
+    }
+    assert!(
+        t[6].iter().any(|l| l == "Complete DEALLOCATE ALL"),
+        "{:?}",
+        t[6]
+    );
+    p.shutdown().await;
+}

@@ -451,7 +451,7 @@ impl Exchange {
     /// go, until the server says whether it ran.
     pub fn deallocating(&mut self) {
         let round = self.round();
-        self.prepared.deallocating(round);
+        self.prepared.deallocating(round, self.owed.next_seq());
     }
 
     /// A reply came: `tag`, and its body when whole (needed for ReadyForQuery, and with

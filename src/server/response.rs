@@ -490,14 +490,14 @@ impl Owed {
             }
             let seq = self.front_seq();
             match self.queue.pop_front() {
-                Some(Pending::Parse { stmt: Some(s), .. }) => prepared.remove(s.id),
+                Some(Pending::Parse { stmt: Some(s), .. }) => prepared.unparsed(s.id, seq),
                 // Skipped: the server keeps the statement it was to close.
                 Some(Pending::Close {
                     evicted: Some((id, s)),
                     ..
                 }) => prepared.restore(id, s),
                 Some(Pending::NamedParse { stmt, name }) => {
-                    prepared.remove(stmt.id);
+                    prepared.unparsed(stmt.id, seq);
                     self.undo.push(Undo::Name(name, stmt, seq));
                 }
                 Some(Pending::Answered(name, stmt)) => {
