@@ -1453,7 +1453,12 @@ async fn sql_prepared_statement_executed_mid_pipeline_on_another_server() {
                 admin.simple_query("RECONNECT testdb").await.unwrap();
             }
             let (msgs, end) = w.record_step(step, false, limit).await;
-            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            assert_eq!(
+                end,
+                harness::wire::StepEnd::Done,
+                "port {port} (PostgreSQL {}): {step}: {msgs:?}",
+                pg.port()
+            );
             t.push(msgs);
         }
         w.terminate().await;
@@ -1578,6 +1583,141 @@ async fn wrong_parameter_count_of_a_statement_the_server_lost_is_08p01() {
         t[0][9].iter().any(|l| l == "Complete INSERT 0 1"),
         "{:?}",
         t[0][9]
+    );
+    p.shutdown().await;
+}
+
+/// A pipeline executes a statement whose text is `DEALLOCATE ALL` (the client's statements
+/// kept aside until the server says it ran), then parses the same name with the same text
+/// again and executes that too; an error earlier in the pipeline skips all of it:
+/// PostgreSQL keeps the name's statement, which the next pipeline binds and runs.
+/// pgcarpool's undoing of the skipped Parse took the name out of every set kept aside,
+/// also the one from before the Parse (the same text in the same scope is the same shared
+/// statement), so the name was gone: 26000 `prepared statement "s2" does not exist`. Found
+/// by the differential test (long-run seed 5496; reduced script as found, then the same
+/// shape with a failing Bind instead of a refused Parse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_of_the_same_text_leaves_the_name_a_deallocate_all_kept_aside() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let steps = [
+        "P s2|DEALLOCATE ALL\nD S s2\nS",
+        "P s2|SHOW DateStyle\nB pa|s2|\nE pa|1\nE pa|0\nH\nP s2|DEALLOCATE ALL\nB |s2|\nE |0\nP s1|SELEC 1\nB pb|s1|\nE pb|1\nS",
+        "B |s2|\nD P \nE |0\nP s1|ROLLBACK\nB pb|s1|\nD P pb\nE pb|0\nP s1|SELEC 1\nB pa|s1|\nD P pa\nE pa|0\nS",
+        "P s2|DEALLOCATE ALL\nP s3|SELECT $1::int AS x\nS",
+        "B |s3|1,2\nB pa|s2|\nE pa|0\nP s2|DEALLOCATE ALL\nB |s2|\nE |0\nS",
+        "B |s3|6\nE |0\nB |s2|\nE |0\nS",
+    ];
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    assert!(
+        t[2].iter().any(|l| l == "Complete DEALLOCATE ALL"),
+        "{:?}",
+        t[2]
+    );
+    assert!(t[4].iter().any(|l| l.contains("08P01")), "{:?}", t[4]);
+    for want in ["Row 6", "Complete DEALLOCATE ALL"] {
+        assert!(t[5].iter().any(|l| l == want), "{:?}", t[5]);
+    }
+    p.shutdown().await;
+}
+
+/// A message pgcarpool refuses itself (a Bind or Describe of a statement the client does
+/// not have: 26000) is replaced by a probe the server fails: inside a transaction it must
+/// take no snapshot, as PostgreSQL's refusal takes none, or a later `SET TRANSACTION
+/// ISOLATION LEVEL` fails with 25001 `… must be called before any query`. The probe was a
+/// `SELECT`, whose parse analysis takes the transaction's snapshot. Found by the
+/// differential test (long-run seed 5614: after a rollback to a savepoint, PostgreSQL says
+/// 25001 `… must not be called in a subtransaction`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_takes_no_snapshot() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let mut steps = vec![
+        "Q BEGIN READ ONLY",
+        "Q SAVEPOINT sp1",
+        "B pa|s2|\nS",
+        "Q ROLLBACK TO SAVEPOINT sp1",
+        "Q START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "Q ROLLBACK",
+    ];
+    // Each refusal in a savepoint released afterwards: the isolation level can still be
+    // set.
+    let refused = ["B pa|s2|\nS", "D S s2\nS", "B |\nE |0\nS"];
+    for r in refused {
+        steps.extend([
+            "Q BEGIN",
+            "Q SAVEPOINT sp1",
+            r,
+            "Q ROLLBACK TO SAVEPOINT sp1",
+            "Q RELEASE sp1",
+            "Q SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "Q SHOW transaction_isolation",
+            "Q COMMIT",
+        ]);
+    }
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    assert!(
+        t[4].iter()
+            .any(|l| l.contains("must not be called in a subtransaction")),
+        "{:?}",
+        t[4]
+    );
+    for k in 0..refused.len() {
+        let at = 6 + 8 * k;
+        assert!(
+            t[at + 2].iter().any(|l| l.contains("26000")),
+            "{:?}",
+            t[at + 2]
+        );
+        assert!(
+            t[at + 6].iter().any(|l| l.contains("serializable")),
+            "{:?}",
+            t[at + 6]
+        );
+    }
+    p.shutdown().await;
+}
+
+/// Inside a transaction block, a pipeline whose first message fails (a Parse of a name the
+/// client has: 42P05; a division by zero) then describes, binds and executes the client's
+/// statement `DEALLOCATE ALL`, which this server does not hold (evicted:
+/// max_prepared_statements 1): the server skips it all. In the failed block that follows,
+/// PostgreSQL describes the statement (ParameterDescription, NoData). pgcarpool's record of
+/// the statements the server holds had the statement's skipped Parse taken aside by the
+/// skipped DEALLOCATE ALL, then given back as held when the DEALLOCATE ALL turned out not
+/// to have run: its Describe went to the server, which has no such statement (26000
+/// `prepared statement "s2" does not exist`). Found by the differential test (long-run
+/// seed 4072, pool of 1: it needs the statement gone from the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parse_before_a_skipped_deallocate_all_leaves_no_statement_held() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 1).await;
+    let steps = [
+        "P s2|DEALLOCATE ALL\nD S s2\nS",
+        "P s3|SELECT 1 AS one\nS",
+        "Q BEGIN",
+        "P s2|NOTIFY f4072, 'from parse'\nD S s2\nB |s2|\nE |0\nH\nC P \nP s3|SELECT 2\nB |s3|\nE |0\nS",
+        "D S s2\nS",
+        "Q ROLLBACK",
+        "B |s2|\nE |0\nS",
+        "P s2|DEALLOCATE ALL\nP s3|SELECT 1 AS one\nS",
+        "Q BEGIN",
+        "P |SELECT 1/0\nB ||\nE |0\nD S s2\nB |s2|\nE |0\nS",
+        "D S s2\nS",
+        "Q ROLLBACK",
+        "B |s2|\nE |0\nB |s3|\nE |0\nS",
+    ];
+    let t = recorded_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    for k in [4, 10] {
+        assert_eq!(t[k], ["t ", "n ", "Ready E"], "step {k}");
+    }
+    assert!(
+        t[6].iter().any(|l| l == "Complete DEALLOCATE ALL"),
+        "{:?}",
+        t[6]
     );
     p.shutdown().await;
 }

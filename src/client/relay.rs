@@ -174,8 +174,9 @@ pub struct Relay<'a> {
     /// its errors are given back the client's names and positions.
     pub(super) renamed: super::renamed::Renamed,
     /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
-    /// server says whether it ran (see `Relay::executing`).
-    pub(super) session_deallocs: Vec<(u64, HashMap<Bytes, Arc<Stmt>>)>,
+    /// server says whether it ran (see `Relay::executing`), each with the number of the
+    /// reply owed for the message sent after its Execute (`Exchange::owed_next`).
+    pub(super) session_deallocs: Vec<(u64, u64, HashMap<Bytes, Arc<Stmt>>)>,
     /// Transaction pooling: a server lost under the client's transaction leaves the client
     /// connected (`aborted`), unless it is pinned or the loss came mid-message.
     pub keep_client: bool,

@@ -474,10 +474,11 @@ impl Relay<'_> {
             return;
         }
         let round = self.server.round();
+        let after = self.server.exchange().owed_next();
         let dropped = std::mem::take(&mut self.session.statements);
         // Kept aside until the server says it ran (`dealloc_ran`): a failed or skipped
         // Execute leaves them.
-        self.session_deallocs.push((round, dropped));
+        self.session_deallocs.push((round, after, dropped));
         self.server.deallocating();
     }
 
@@ -499,7 +500,7 @@ impl Relay<'_> {
             .first()
             .is_some_and(|d| d.0 < answered)
         {
-            let (_, kept) = self.session_deallocs.remove(0);
+            let (_, _, kept) = self.session_deallocs.remove(0);
             for (name, stmt) in kept {
                 self.session.statements.entry(name).or_insert(stmt);
             }
@@ -1110,14 +1111,16 @@ impl Relay<'_> {
         }
         for u in reply.undo.into_iter().rev() {
             match u {
-                Undo::Name(name, stmt) if !self.session.statements.contains_key(&name) => {
+                Undo::Name(name, stmt, seq) if !self.session.statements.contains_key(&name) => {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
                     // the statements kept aside (undone newest first, a name made again
                     // after the DEALLOCATE ALL goes from the client's statements first).
-                    // Only the statement this Parse made: the name's statement from before
-                    // the Parse stays (long-run seeds 2026, 2042).
-                    for (_, kept) in &mut self.session_deallocs {
-                        if kept.get(&name).is_some_and(|k| Arc::ptr_eq(k, &stmt)) {
+                    // Only the statement this Parse made, from the DEALLOCATE ALLs executed
+                    // after it: the name's statement from before the Parse stays (long-run
+                    // seeds 2026, 2042), also when it is the same (the same text in the same
+                    // scope, long-run seed 5496).
+                    for (_, after, kept) in &mut self.session_deallocs {
+                        if *after > seq && kept.get(&name).is_some_and(|k| Arc::ptr_eq(k, &stmt)) {
                             kept.remove(&name);
                         }
                     }

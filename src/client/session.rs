@@ -254,7 +254,7 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
-            Undo::Name(name, _) => {
+            Undo::Name(name, ..) => {
                 self.statements.remove(&name);
             }
             Undo::Closed(name, stmt) => {

@@ -464,7 +464,7 @@ impl Exchange {
     /// go, until the server says whether it ran.
     pub fn deallocating(&mut self) {
         let round = self.round();
-        self.prepared.deallocating(round);
+        self.prepared.deallocating(round, self.owed.next_seq());
     }
 
     /// A reply came: `tag`, and its body when whole (needed for ReadyForQuery, and with
@@ -1239,7 +1239,7 @@ mod tests {
         x.expect(Pending::Ready(None));
         x.owe_ready(false);
         let reply = x.receive(ERROR, &err("42601")[5..], true).unwrap();
-        assert!(matches!(&reply.undo[..], [Undo::Name(n, _)] if &n[..] == b"a"));
+        assert!(matches!(&reply.undo[..], [Undo::Name(n, _, _)] if &n[..] == b"a"));
         recv(&mut x, &z(b'I'), true);
         assert!(x.owes_nothing());
     }

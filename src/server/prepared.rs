@@ -21,9 +21,10 @@ pub struct PreparedSet {
     held: HashMap<u64, (u64, Weak<Stmt>)>,
     tick: u64,
     /// DEALLOCATE ALL (or DISCARD ALL) sent whose outcome has not come, oldest first: the
-    /// round whose ReadyForQuery ends it (`Exchange::answered`), and the statements the
-    /// set dropped when it was sent (held again if it fails).
-    deallocs: std::collections::VecDeque<(u64, Vec<Held>)>,
+    /// round whose ReadyForQuery ends it (`Exchange::answered`), the number of the reply
+    /// owed for the message sent after it (`Owed::next_seq`), and the statements the set
+    /// dropped when it was sent (held again if it fails).
+    deallocs: std::collections::VecDeque<(u64, u64, Vec<Held>)>,
 }
 
 impl PreparedSet {
@@ -44,15 +45,8 @@ impl PreparedSet {
         self.held.insert(s.id, (self.tick, Arc::downgrade(&s)));
     }
 
-    /// The server does not hold it (its Parse failed or was skipped, it was closed),
-    /// whatever becomes of a DEALLOCATE ALL on its way: it is not kept aside either
-    /// (long-run seed 10201: a Parse pgcarpool added, then a DEALLOCATE ALL, both skipped,
-    /// gave the statement back as held).
     pub fn remove(&mut self, id: u64) {
         self.held.remove(&id);
-        for (_, kept) in &mut self.deallocs {
-            kept.retain(|(k, _)| *k != id);
-        }
     }
 
     /// A statement the set dropped is held after all (the server skipped its Close).
@@ -92,11 +86,25 @@ impl PreparedSet {
         self.deallocs.clear();
     }
 
-    /// A DEALLOCATE ALL or DISCARD ALL was sent in this round: the statements held go
-    /// from the set, kept aside until the server says whether it ran.
-    pub fn deallocating(&mut self, round: u64) {
+    /// A DEALLOCATE ALL or DISCARD ALL was sent in this round, before the message whose
+    /// reply is number `after`: the statements held go from the set, kept aside until the
+    /// server says whether it ran.
+    pub fn deallocating(&mut self, round: u64, after: u64) {
         let dropped = self.held.drain().map(|(id, (_, s))| (id, s)).collect();
-        self.deallocs.push_back((round, dropped));
+        self.deallocs.push_back((round, after, dropped));
+    }
+
+    /// The Parse of this statement whose reply is number `seq` failed or was skipped: the
+    /// server does not hold it, also once a DEALLOCATE ALL sent after that Parse (which
+    /// took it aside) turns out not to have run. Kept aside by one sent before the Parse,
+    /// it was held before and still is if that one did not run (long-run seed 4072).
+    pub fn unparsed(&mut self, id: u64, seq: u64) {
+        self.held.remove(&id);
+        for (_, after, dropped) in &mut self.deallocs {
+            if *after > seq {
+                dropped.retain(|(i, _)| *i != id);
+            }
+        }
     }
 
     /// Is a DEALLOCATE ALL on its way? The server may still hold any statement: one to
@@ -113,10 +121,10 @@ impl PreparedSet {
     /// Rounds up to `answered` are over: a DEALLOCATE ALL of theirs that did not run
     /// (refused, skipped, or only parsed) left the statements it was to drop.
     pub fn rounds_over(&mut self, answered: u64) {
-        while let Some((round, _)) = self.deallocs.front()
+        while let Some((round, ..)) = self.deallocs.front()
             && *round < answered
         {
-            let Some((_, dropped)) = self.deallocs.pop_front() else {
+            let Some((_, _, dropped)) = self.deallocs.pop_front() else {
                 break;
             };
             for (id, s) in dropped {
@@ -335,19 +343,25 @@ mod tests {
     }
 
     #[test]
-    fn a_statement_removed_while_a_deallocate_all_is_on_its_way_stays_removed() {
+    fn a_parse_that_did_not_run_leaves_the_statements_a_later_deallocate_all_kept_aside() {
         let r = StatementRegistry::default();
         let mut set = PreparedSet::default();
         let a = r.intern(b"", b"a\0\0\0").unwrap();
         let b = r.intern(b"", b"b\0\0\0").unwrap();
+        // `a` held before; its Parse again (reply 3) and `b`'s (reply 4), then a DEALLOCATE
+        // ALL (before reply 6); all skipped.
         set.insert(a.clone());
         set.insert(b.clone());
-        set.deallocating(3);
-        // a's Parse (sent before the DEALLOCATE ALL) was skipped; then the DEALLOCATE ALL.
-        set.remove(a.id);
-        set.rounds_over(4);
-        assert!(!set.touch(a.id));
-        assert!(set.touch(b.id));
+        set.deallocating(0, 6);
+        set.unparsed(b.id, 4);
+        set.rounds_over(1);
+        assert!(!set.holds(b.id), "its Parse never ran");
+        // A DEALLOCATE ALL sent before the Parse: the statement it kept aside was held
+        // before the Parse and still is.
+        set.deallocating(1, 7);
+        set.unparsed(a.id, 9);
+        set.rounds_over(2);
+        assert!(set.holds(a.id));
     }
 
     /// The tags of the replies still owed, as the server would send them: what each gets.

@@ -140,8 +140,9 @@ pub enum Lost {
 /// the server fails or skips that message (PostgreSQL would not have made it).
 #[derive(Debug)]
 pub enum Undo {
-    /// A named Parse made this client name, for this statement: it goes.
-    Name(Bytes, Arc<Stmt>),
+    /// A named Parse made this client name, for this statement: it goes. The number of
+    /// the Parse's reply (`Owed::front_seq`) tells what was sent after it.
+    Name(Bytes, Arc<Stmt>, u64),
     /// A Close dropped this client name: it comes back, unless the name was taken again.
     Closed(Bytes, Arc<Stmt>),
     /// A Parse or Close of the unnamed statement replaced the client's unnamed statement
@@ -503,18 +504,21 @@ impl Owed {
             if matches!(p, Pending::Ready(_)) {
                 break;
             }
+            let seq = self.front_seq();
             match self.queue.pop_front() {
-                Some(Pending::Parse { stmt: Some(s), .. }) => prepared.remove(s.id),
+                Some(Pending::Parse { stmt: Some(s), .. }) => prepared.unparsed(s.id, seq),
                 // Skipped: the server keeps the statement it was to close.
                 Some(Pending::Close {
                     evicted: Some((id, s)),
                     ..
                 }) => prepared.restore(id, s),
                 Some(Pending::NamedParse { stmt, name }) => {
-                    prepared.remove(stmt.id);
-                    self.undo.push(Undo::Name(name, stmt));
+                    prepared.unparsed(stmt.id, seq);
+                    self.undo.push(Undo::Name(name, stmt, seq));
                 }
-                Some(Pending::Answered(name, stmt)) => self.undo.push(Undo::Name(name, stmt)),
+                Some(Pending::Answered(name, stmt)) => {
+                    self.undo.push(Undo::Name(name, stmt, seq));
+                }
                 Some(Pending::Closed(u)) => self.undo.push(u),
                 Some(Pending::UnnamedParse(u)) => {
                     // The server's unnamed statement: dropped if it failed, unknown here.
@@ -545,9 +549,14 @@ impl Owed {
     }
 }
 
-/// What a probe runs: it fails at parse analysis (42703), or with 25P02 inside a failed
-/// transaction block, exactly where PostgreSQL would have failed the refused message.
-const PROBE_SQL: &str = "select pgcarpool_refused";
+/// What a probe parses, with one parameter of a type left to the server: it fails after
+/// parse analysis (42P18, the parameter's type cannot be determined), or with 25P02 inside
+/// a failed transaction block, exactly where PostgreSQL would have failed the refused
+/// message. A utility statement, so its analysis takes no snapshot, as PostgreSQL's
+/// refusals (26000, 08P01, 42P05…) take none: a `SELECT` probe's did, and a later `SET
+/// TRANSACTION ISOLATION LEVEL` of the transaction failed as if a query had run (long-run
+/// seed 5614).
+const PROBE_SQL: &str = "SHOW pgcarpool.refused";
 
 /// What `Server::probe_before_block` parses: a syntax error (42601), in a failed block too.
 const PROBE_SYNTAX_SQL: &str = "pgcarpool_refused";
@@ -574,7 +583,7 @@ impl Server {
                 .push(Pending::Fail(Box::new((code, message))));
             self.exchange.owed.push(Pending::Ready(None));
         } else {
-            self.probe_parse(PROBE_SQL, code, message);
+            self.probe_parse(PROBE_SQL, 1, code, message);
         }
     }
 
@@ -583,12 +592,13 @@ impl Server {
     /// ROLLBACK or COMMIT: 42P05): the probe is a syntax error, which the server reports
     /// before it looks at the transaction.
     pub fn probe_before_block(&mut self, code: &'static str, message: String) {
-        self.probe_parse(PROBE_SYNTAX_SQL, code, message);
+        self.probe_parse(PROBE_SYNTAX_SQL, 0, code, message);
     }
 
-    fn probe_parse(&mut self, sql: &str, code: &'static str, message: String) {
+    /// A Parse of `sql` with `params` parameters of unspecified type (0).
+    fn probe_parse(&mut self, sql: &str, params: u8, code: &'static str, message: String) {
         const NAME: &[u8] = b"pgcarpool_refused";
-        let len = 4 + NAME.len() + 1 + sql.len() + 1 + 2;
+        let len = 4 + NAME.len() + 1 + sql.len() + 1 + 2 + 4 * usize::from(params);
         self.conn.queue_with(|b| {
             b.put_u8(frontend::PARSE);
             b.put_i32(len as i32);
@@ -596,7 +606,10 @@ impl Server {
             b.put_u8(0);
             b.put_slice(sql.as_bytes());
             b.put_u8(0);
-            b.put_i16(0);
+            b.put_i16(i16::from(params));
+            for _ in 0..params {
+                b.put_u32(0);
+            }
         });
         self.exchange
             .owed
@@ -914,7 +927,7 @@ mod tests {
         server.exchange.unnamed = 3;
         server.probe("26000", "no such statement".into(), false);
         let mut want = vec![b'P'];
-        let body = b"pgcarpool_refused\0select pgcarpool_refused\0\0\0";
+        let body = b"pgcarpool_refused\0SHOW pgcarpool.refused\0\0\x01\0\0\0\0";
         want.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
         want.extend_from_slice(body);
         assert_eq!(server.conn.queued(), want);
@@ -930,7 +943,7 @@ mod tests {
                 &mut server.exchange.owed,
                 &mut p,
                 backend::ERROR_RESPONSE,
-                Some(b"42703")
+                Some(b"42P18")
             ),
             Verdict::Replace(Box::new(("26000", "no such statement".into())))
         );
