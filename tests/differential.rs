@@ -807,3 +807,27 @@ async fn reset_all_in_a_block_keeps_its_unlisten() {
     ];
     assert_same(&scripts, &RunOptions::default()).await;
 }
+/// Seed 11201 (long run): an idle client's pipeline of two Parses of the same new name, of
+/// a text a server already holds: pgcarpool answers such Parses without a server, and
+/// checked each name against the session only, so both got ParseComplete where PostgreSQL
+/// refuses the second with 42P05. (The first step drops the client's statements with a
+/// `DEALLOCATE ALL` run from a named statement, as found.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parses_of_one_name_answered_without_a_server_are_42p05() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "P s3|SHOW default_transaction_read_only\nB |s3|\nE |0\nP s2|DEALLOCATE ALL\nD S s2\nB pb|s2|\nD P pb\nE pb|0\nP s3|SELECT id, name FROM shared ORDER BY id\nD S s3\nB |s3|\nE |0\nH\nC P \nS",
+            "P s2|SELECT id, name FROM shared ORDER BY id\nP s2|SELECT id, name FROM shared ORDER BY id\nS",
+        ],
+    )];
+    assert_same(
+        &scripts,
+        &RunOptions {
+            pool_size: 2,
+            copy_waits_for_copy_in_response: false,
+            ..RunOptions::default()
+        },
+    )
+    .await;
+}

@@ -739,6 +739,9 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let buf = &c.conn.rbuf;
     let mut at = 0;
     let mut end = None;
+    // Names parsed earlier in these messages: a second Parse of one is PostgreSQL's 42P05
+    // (long-run seed 11201).
+    let mut named: Vec<&[u8]> = Vec::new();
     while let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? {
         if buf.len() - at < h.total {
             break;
@@ -750,7 +753,9 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
                 let name = r.cstr_bytes()?;
                 // Text that may name the client's statements (SQL EXECUTE) is mapped by the
                 // relay.
-                !name.is_empty()
+                let fresh = !name.is_empty() && !named.contains(&name);
+                named.push(name);
+                fresh
                     && !classify::may_matter(r.cstr_bytes()?)
                     && !c.session.statements.contains_key(name)
                     && c.shared
