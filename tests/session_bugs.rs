@@ -1652,6 +1652,16 @@ async fn a_prepare_of_a_name_the_client_has_checks_its_text_first() {
         "Q ROLLBACK",
         "Q EXECUTE p1(5)",
         "Q SELECT count(*) AS n FROM pg_prepared_statements WHERE name = 'pgcarpool_check'",
+        "Q SELECT 1; PREPARE p1 AS SELECT * FROM nosuch_t4",
+        "Q PREPARE p1 AS SELECT 3; SELECT 1",
+        "Q SELECT 1 AS one; PREPARE p1 AS SELECT 3; SELECT 2",
+        "Q SELECT 1 AS one; PREPARE p1 AS SELECT nosuch_col; SELECT 2",
+        "Q SELECT 1 AS one; PREPARE p1 AS SELEC 3; SELECT 2",
+        "Q BEGIN",
+        "Q SELECT 1 AS one; PREPARE p1 AS SELECT 3",
+        "Q ROLLBACK",
+        "Q EXECUTE p1(5)",
+        "Q SELECT count(*) AS n FROM pg_prepared_statements WHERE name = 'pgcarpool_check'",
     ];
     let t = recorded_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.
@@ -1677,6 +1687,20 @@ async fn a_prepare_of_a_name_the_client_has_checks_its_text_first() {
         );
     }
     assert!(t[20].iter().any(|l| l == "Row 10|4"), "{:?}", t[20]);
+    // Several statements: those before the PREPARE run, then its text's error or 42P05.
+    for (k, code) in [(22, "42P01"), (25, "42703"), (26, "42601")] {
+        assert!(error_at(&t[k], code), "step {k}: {:?}", t[k]);
+    }
+    for k in [23, 24, 28] {
+        assert!(
+            t[k].iter().any(|l| l.contains("C=\"42P05\"")),
+            "step {k}: {:?}",
+            t[k]
+        );
+    }
+    assert!(t[24].iter().any(|l| l == "Row 1"), "{:?}", t[24]);
+    assert!(t[30].iter().any(|l| l == "Row 10|4"), "{:?}", t[30]);
+    assert!(t[31].iter().any(|l| l == "Row 0"), "{:?}", t[31]);
     p.shutdown().await;
 }
 

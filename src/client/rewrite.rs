@@ -179,6 +179,7 @@ impl Relay<'_> {
                 }
             }
             None if discards && self.discard_all_to_startup(sql) => {}
+            None if self.prepare_in_many(sql) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
@@ -244,6 +245,63 @@ impl Relay<'_> {
         // The client's name goes again if the server refuses the text.
         self.server
             .send_sql_prepare(query_message(&text), stmt, name);
+    }
+
+    /// A query of several statements with a `PREPARE` of a name the client has (outside a
+    /// failed block): PostgreSQL runs the statements before it, checks its text, then
+    /// fails with 42P05 (the statements after it never run). The server gets the query
+    /// with that PREPARE under pgcarpool's name, deallocated at once, then the probe that
+    /// fails in its place, then the rest of the client's text (a syntax error there still
+    /// fails the whole query; its position is then off by what was put in). False,
+    /// nothing sent: the query has no such PREPARE.
+    fn prepare_in_many(&mut self, sql: &[u8]) -> bool {
+        let stmts = classify::split(sql);
+        if stmts.len() < 2 || self.server.status_sent() == b'E' {
+            return false;
+        }
+        let found =
+            stmts.iter().enumerate().find_map(|(i, &(a, b))| {
+                match classify::named_statement(&sql[a..b]) {
+                    Some(classify::Named::Prepare { name, rest })
+                        if self.session.statements.contains_key(name.as_bytes()) =>
+                    {
+                        Some((i, a, name, rest))
+                    }
+                    _ => None,
+                }
+            });
+        let Some((before, a, name, rest)) = found else {
+            return false;
+        };
+        let r = rest_at(sql, rest);
+        let head = String::from_utf8_lossy(&sql[..a]);
+        let prefix = format!("{head}PREPARE {} ", quoted(CHECK_NAME.as_bytes()));
+        let text = format!(
+            "{prefix}{}; DEALLOCATE {}; {}{}",
+            String::from_utf8_lossy(rest),
+            quoted(CHECK_NAME.as_bytes()),
+            crate::server::response::QUERY_PROBE_SQL,
+            String::from_utf8_lossy(&sql[r + rest.len()..]),
+        );
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
+        let check = Bytes::from_static(CHECK_NAME.as_bytes());
+        self.renamed
+            .note_text(rounds, (&check, name.as_bytes()), sql, r, &prefix);
+        if let Some(e) = classify::tx_effect(&sql[..a]) {
+            self.server.sent_tx_effect(e);
+        }
+        for _ in 0..before {
+            self.server.expect(Pending::Retag(false));
+        }
+        for _ in 0..2 {
+            self.server
+                .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        }
+        let m = format!("prepared statement \"{name}\" already exists");
+        self.server.expect(Pending::Fail(Box::new(("42P05", m))));
+        self.server.send_query(query_message(&text), None);
+        true
     }
 
     /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client

@@ -580,7 +580,7 @@ const PROBE_SYNTAX_SQL: &str = "pgcarpool_refused";
 /// 25P02 inside a failed transaction block. The statements refused in a query (EXECUTE,
 /// PREPARE, DEALLOCATE) fail in execution too, after PostgreSQL made the unnamed portal
 /// they run in, which a failed block keeps: a later Execute of it gets 25P02, not 34000.
-const QUERY_PROBE_SQL: &str = "EXECUTE pgcarpool_refused";
+pub const QUERY_PROBE_SQL: &str = "EXECUTE pgcarpool_refused";
 
 /// The name a client's SQL PREPARE text is checked under (`Server::check_sql_prepare`).
 pub const CHECK_NAME: &str = "pgcarpool_check";
