@@ -1662,6 +1662,8 @@ async fn a_prepare_of_a_name_the_client_has_checks_its_text_first() {
         "Q ROLLBACK",
         "Q EXECUTE p1(5)",
         "Q SELECT count(*) AS n FROM pg_prepared_statements WHERE name = 'pgcarpool_check'",
+        "Q DEALLOCATE ALL; PREPARE p1 AS SELECT 7 AS seven",
+        "Q EXECUTE p1",
     ];
     let t = recorded_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.

@@ -253,7 +253,8 @@ impl Relay<'_> {
     /// with that PREPARE under pgcarpool's name, deallocated at once, then the probe that
     /// fails in its place, then the rest of the client's text (a syntax error there still
     /// fails the whole query; its position is then off by what was put in). False,
-    /// nothing sent: the query has no such PREPARE.
+    /// nothing sent: the query has no such PREPARE, or a statement before it may drop
+    /// names.
     fn prepare_in_many(&mut self, sql: &[u8]) -> bool {
         let stmts = classify::split(sql);
         if stmts.len() < 2 || self.server.status_sent() == b'E' {
@@ -273,6 +274,19 @@ impl Relay<'_> {
         let Some((before, a, name, rest)) = found else {
             return false;
         };
+        // A statement before it that may drop the name (`DEALLOCATE p1; PREPARE p1 …`):
+        // the query goes as written, as before.
+        let drops = |&(x, y): &(usize, usize)| {
+            let w = sql[x..y].trim_ascii_start();
+            ["deallocate", "discard", "do", "call"].iter().any(|k| {
+                w.len() > k.len()
+                    && w[..k.len()].eq_ignore_ascii_case(k.as_bytes())
+                    && !w[k.len()].is_ascii_alphanumeric()
+            })
+        };
+        if stmts[..before].iter().any(drops) {
+            return false;
+        }
         let r = rest_at(sql, rest);
         let head = String::from_utf8_lossy(&sql[..a]);
         let prefix = format!("{head}PREPARE {} ", quoted(CHECK_NAME.as_bytes()));
