@@ -1732,6 +1732,7 @@ async fn a_failed_prepare_again_at_an_execute_keeps_the_name() {
         ("Q EXECUTE p2", false),
         ("Q EXECUTE \"P3\"(1)", true),
         ("B |s5|\nE |0\nS", true),
+        ("Q EXECUTE s5", true),
         ("Q BEGIN", false),
         ("Q EXECUTE p2", true),
         ("Q SELECT 1", false),
@@ -1744,10 +1745,10 @@ async fn a_failed_prepare_again_at_an_execute_keeps_the_name() {
     ];
     let t = reconnect_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.
-    for k in [6, 7, 8, 9, 11] {
+    for k in [6, 7, 8, 9, 10, 12] {
         assert!(error_at(&t[k], "42P01"), "step {k}: {:?}", t[k]);
     }
-    for (k, row) in [(15, "Row 1|a"), (16, "Row a"), (17, "Row 1")] {
+    for (k, row) in [(16, "Row 1|a"), (17, "Row a"), (18, "Row 1")] {
         assert!(t[k].iter().any(|l| l == row), "step {k}: {:?}", t[k]);
     }
     p.shutdown().await;
