@@ -509,7 +509,6 @@ impl Relay<'_> {
         }
     }
 
-    /// Make a statement usable by a simple Query (EXECUTE) on this server.
     /// Make the client's statement `client` usable by its `EXECUTE` query on this server:
     /// prepared again there if it lacks it, in a round of its own whose error is the
     /// client's (long-run seed 4004: PostgreSQL analyses the statement again at the

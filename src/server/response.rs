@@ -1132,6 +1132,66 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_prepare_again_is_the_clients_error_and_its_executes_is_dropped() {
+        use backend::{
+            COMMAND_COMPLETE, DATA_ROW, ERROR_RESPONSE, READY_FOR_QUERY, ROW_DESCRIPTION,
+        };
+        let r = StatementRegistry::default();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // The round that prepares it again, then the client's EXECUTE query.
+        p.insert(s.clone());
+        o.push(Pending::Reprepare(s.clone()));
+        o.push(Pending::Ready(None));
+        let first = o.front_seq();
+        assert!(o.swallowing(COMMAND_COMPLETE) && !o.swallowing(ERROR_RESPONSE));
+        let got: Vec<Verdict> = [ERROR_RESPONSE, READY_FOR_QUERY, ERROR_RESPONSE]
+            .iter()
+            .map(|&t| {
+                let swallowed = o.swallowing(t);
+                let v = reply(&mut o, &mut p, t, Some(b"42P01"));
+                assert_eq!(swallowed, v == Verdict::Swallow, "{t}");
+                v
+            })
+            .collect();
+        assert_eq!(got, [Verdict::Forward, Verdict::Swallow, Verdict::Swallow]);
+        assert!(!p.holds(s.id), "the server lacks it");
+        assert!(!o.swallowing(READY_FOR_QUERY));
+        assert_eq!(
+            o.front_seq(),
+            first + 1,
+            "the client's Ready keeps its number"
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        // Prepared: the client's query is its own.
+        p.insert(s.clone());
+        o.push(Pending::Reprepare(s.clone()));
+        o.push(Pending::Ready(None));
+        let got: Vec<Verdict> = [
+            COMMAND_COMPLETE,
+            READY_FOR_QUERY,
+            ROW_DESCRIPTION,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            READY_FOR_QUERY,
+        ]
+        .iter()
+        .map(|&t| reply(&mut o, &mut p, t, None))
+        .collect();
+        let swallowed: Vec<bool> = got.iter().map(|v| *v == Verdict::Swallow).collect();
+        assert_eq!(swallowed, [true, true, false, false, false, false]);
+        assert!(
+            got.iter()
+                .all(|v| matches!(v, Verdict::Swallow | Verdict::Forward))
+        );
+        assert!(p.holds(s.id) && o.is_empty());
+    }
+
+    #[test]
     fn closes_describes_and_answers_in_line() {
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
