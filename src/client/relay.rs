@@ -757,7 +757,7 @@ impl<'a> Relay<'a> {
             if !matches!(h.tag, backend::PARAMETER_STATUS | backend::READY_FOR_QUERY) {
                 params_at = None;
             }
-            if self.virt && (self.server.exchange().swallowing() || self.learns(h.tag)) {
+            if self.virt && (self.server.exchange().swallowing(h.tag) || self.learns(h.tag)) {
                 // Replies to a query or a Describe pgcarpool added: none reach the client.
                 if !inspectable(h, avail)? {
                     break;

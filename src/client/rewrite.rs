@@ -11,7 +11,7 @@ use super::relay::Relay;
 use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
-use crate::server::response::{Answer, Learning, Lost, Pending, Undo, Verdict};
+use crate::server::response::{Answer, CHECK_NAME, Learning, Lost, Pending, Undo, Verdict};
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -129,8 +129,11 @@ impl Relay<'_> {
         let dealloc = e.deallocate.clone();
         if self.server.status_sent() == b'E' && (named.is_some() || dealloc.is_some()) {
             // Refused by the server (25P02) as PostgreSQL refuses it: the names stay as
-            // they are.
-            self.server.probe("25P02", String::new(), true);
+            // they are. PostgreSQL parses the query first: the server checks the client's
+            // text (a syntax error is 42601), then the probe fails.
+            self.server.check_text(sql, b"\0\0");
+            self.server.probe("25P02", String::new(), false);
+            self.server.sync_for_query();
             return Ok(());
         }
         if e.reserved_name && named.is_none() && dealloc.is_none() {
@@ -164,7 +167,7 @@ impl Relay<'_> {
             Some(classify::Named::Execute { name, rest }) => {
                 match self.session.statements.get(name.as_bytes()).cloned() {
                     Some(stmt) => {
-                        self.ensure_for_query(&stmt);
+                        self.ensure_for_query(&stmt, name.as_bytes());
                         let prefix = format!("EXECUTE {} ", quoted(&stmt.server_name));
                         self.note_rewrite(&stmt, name.as_bytes(), sql, rest_at(sql, rest), &prefix);
                         let sql = format!("{prefix}{}", String::from_utf8_lossy(rest));
@@ -176,6 +179,7 @@ impl Relay<'_> {
                 }
             }
             None if discards && self.discard_all_to_startup(sql) => {}
+            None if self.prepare_in_many(sql) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
@@ -208,8 +212,19 @@ impl Relay<'_> {
     /// statement is prepared on this server under its shared name unless it holds it.
     fn sql_prepare(&mut self, sql: &[u8], name: String, rest: &[u8]) {
         if self.session.statements.contains_key(name.as_bytes()) {
+            // PostgreSQL parses and analyses the text before it looks at the name
+            // (long-run seed 5351): the server checks it under pgcarpool's own name,
+            // its errors given back in the client's text.
+            let prefix = format!("PREPARE {} ", quoted(CHECK_NAME.as_bytes()));
+            let text = format!("{prefix}{}", String::from_utf8_lossy(rest));
+            let x = self.server.exchange();
+            let rounds = (self.server.round(), x.answered(), x.owed_next());
+            let check = Bytes::from_static(CHECK_NAME.as_bytes());
+            let names = (&check, name.as_bytes());
+            self.renamed
+                .note_text(rounds, names, sql, rest_at(sql, rest), &prefix);
             let m = format!("prepared statement \"{name}\" already exists");
-            self.server.probe("42P05", m, true);
+            self.server.check_sql_prepare(&text, "42P05", m);
             return;
         }
         let mut key = SQL_PREPARE_KEY.to_vec();
@@ -231,6 +246,77 @@ impl Relay<'_> {
         // The client's name goes again if the server refuses the text.
         self.server
             .send_sql_prepare(query_message(&text), stmt, name);
+    }
+
+    /// A query of several statements with a `PREPARE` of a name the client has (outside a
+    /// failed block): PostgreSQL runs the statements before it, checks its text, then
+    /// fails with 42P05 (the statements after it never run). The server gets the query
+    /// with that PREPARE under pgcarpool's name, deallocated at once, then the probe that
+    /// fails in its place, then the rest of the client's text (a syntax error there still
+    /// fails the whole query; its position is then off by what was put in). False,
+    /// nothing sent: the query has no such PREPARE, or a statement before it may drop
+    /// names.
+    fn prepare_in_many(&mut self, sql: &[u8]) -> bool {
+        let stmts = classify::split(sql);
+        if stmts.len() < 2 || self.server.status_sent() == b'E' {
+            return false;
+        }
+        let found =
+            stmts.iter().enumerate().find_map(|(i, &(a, b))| {
+                match classify::named_statement(&sql[a..b]) {
+                    Some(classify::Named::Prepare { name, rest })
+                        if self.session.statements.contains_key(name.as_bytes()) =>
+                    {
+                        Some((i, a, name, rest))
+                    }
+                    _ => None,
+                }
+            });
+        let Some((before, a, name, rest)) = found else {
+            return false;
+        };
+        // A statement before it that may drop the name (`DEALLOCATE p1; PREPARE p1 …`):
+        // the query goes as written, as before.
+        let drops = |&(x, y): &(usize, usize)| {
+            let w = sql[x..y].trim_ascii_start();
+            ["deallocate", "discard", "do", "call"].iter().any(|k| {
+                w.len() > k.len()
+                    && w[..k.len()].eq_ignore_ascii_case(k.as_bytes())
+                    && !w[k.len()].is_ascii_alphanumeric()
+            })
+        };
+        if stmts[..before].iter().any(drops) {
+            return false;
+        }
+        let r = rest_at(sql, rest);
+        let head = String::from_utf8_lossy(&sql[..a]);
+        let prefix = format!("{head}PREPARE {} ", quoted(CHECK_NAME.as_bytes()));
+        let text = format!(
+            "{prefix}{}; DEALLOCATE {}; {}{}",
+            String::from_utf8_lossy(rest),
+            quoted(CHECK_NAME.as_bytes()),
+            crate::server::response::QUERY_PROBE_SQL,
+            String::from_utf8_lossy(&sql[r + rest.len()..]),
+        );
+        let x = self.server.exchange();
+        let rounds = (self.server.round(), x.answered(), x.owed_next());
+        let check = Bytes::from_static(CHECK_NAME.as_bytes());
+        self.renamed
+            .note_text(rounds, (&check, name.as_bytes()), sql, r, &prefix);
+        if let Some(e) = classify::tx_effect(&sql[..a]) {
+            self.server.sent_tx_effect(e);
+        }
+        for _ in 0..before {
+            self.server.expect(Pending::Retag(false));
+        }
+        for _ in 0..2 {
+            self.server
+                .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+        }
+        let m = format!("prepared statement \"{name}\" already exists");
+        self.server.expect(Pending::Fail(Box::new(("42P05", m))));
+        self.server.send_query(query_message(&text), None);
+        true
     }
 
     /// A client's `DISCARD ALL` query (alone, outside a transaction block), from a client
@@ -424,12 +510,28 @@ impl Relay<'_> {
         }
     }
 
-    /// Make a statement usable by a simple Query (EXECUTE) on this server.
-    fn ensure_for_query(&mut self, stmt: &Arc<Stmt>) {
-        if !self.server.touch(stmt.id) {
-            self.counts.server_parses += 1;
-            self.server.prepare_apart(stmt);
+    /// Make the client's statement `client` usable by its `EXECUTE` query on this server:
+    /// prepared again there if it lacks it, in a round of its own whose error is the
+    /// client's (long-run seed 4004: PostgreSQL analyses the statement again at the
+    /// EXECUTE, under the current search_path, and fails the same way), in the client's
+    /// own text (a SQL PREPARE's text is taken as `PREPARE name …`: its position is off
+    /// when the client wrote more before the text after the name).
+    fn ensure_for_query(&mut self, stmt: &Arc<Stmt>, client: &[u8]) {
+        if self.server.touch(stmt.id) {
+            return;
         }
+        self.counts.server_parses += 1;
+        if stmt.is_sql_prepared() {
+            // (`PREPARE p(int) AS …`, `PREPARE p AS …`: spaced as most write it.)
+            let types = stmt.parse_rest.get(SQL_PREPARE_KEY.len()) == Some(&b'(');
+            let space = if types { "" } else { " " };
+            let text = format!("PREPARE {}{space}", identifier(client));
+            let prefix = format!("PREPARE {} ", quoted(&stmt.server_name));
+            self.note_rewrite(stmt, client, text.as_bytes(), text.len(), &prefix);
+        } else {
+            self.note_rename(stmt, client);
+        }
+        self.server.prepare_apart(stmt, true);
     }
 
     /// The message about to be sent names the client's statement `client` by its server
@@ -942,7 +1044,7 @@ impl Relay<'_> {
             // refuse it as it refuses the client's Parse.
             if self.at_sync_point {
                 self.counts.server_parses += 1;
-                self.server.prepare_apart(stmt);
+                self.server.prepare_apart(stmt, false);
             } else if self.server.status_sent() != b'E' {
                 self.counts.server_parses += 1;
                 self.server.prepare_sql_within_round(stmt);
@@ -1322,6 +1424,21 @@ fn parse_message(sql: &[u8], types: &[u8]) -> Bytes {
 /// Where `rest`, a part of `sql`, starts in it.
 fn rest_at(sql: &[u8], rest: &[u8]) -> usize {
     (rest.as_ptr() as usize).saturating_sub(sql.as_ptr() as usize)
+}
+
+/// A statement name as written in SQL: bare when it reads so (lower case), else quoted.
+fn identifier(name: &[u8]) -> String {
+    let bare = name
+        .first()
+        .is_some_and(|c| c.is_ascii_lowercase() || *c == b'_')
+        && name
+            .iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'$'));
+    if bare {
+        String::from_utf8_lossy(name).into_owned()
+    } else {
+        quoted(name)
+    }
 }
 
 /// An identifier in double quotes.

@@ -162,9 +162,9 @@ impl Exchange {
         self.owed.answer_due()
     }
 
-    /// Inside a query pgcarpool added (its replies are all dropped)?
-    pub fn swallowing(&self) -> bool {
-        self.owed.swallowing()
+    /// Is a reply with this tag to a query pgcarpool added (`Owed::swallowing`)?
+    pub fn swallowing(&self, tag: u8) -> bool {
+        self.owed.swallowing(tag)
     }
 
     /// Only Parse, Describe, Close and pgcarpool's own answers are owed.
@@ -904,14 +904,14 @@ mod tests {
         let mut x = Exchange::new();
         x.expect(Pending::Swallow);
         x.owe_ready(false);
-        assert!(x.swallowing());
+        assert!(x.swallowing(backend::PARSE_COMPLETE));
         let v = recv(
             &mut x,
             &cat(&[m(backend::PARSE_COMPLETE, b""), z(b'I')]),
             true,
         );
         assert_eq!(v, [Verdict::Swallow, Verdict::Swallow]);
-        assert!(!x.swallowing() && x.owes_nothing());
+        assert!(!x.swallowing(backend::PARSE_COMPLETE) && x.owes_nothing());
         // Without the ledger every reply is the client's.
         x.expect(Pending::Swallow);
         send(&mut x, &q("select 1"), false);

@@ -225,8 +225,9 @@ impl Server {
     }
 
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
-    /// by SQL PREPARE when a client made it so, else Parse and Sync.
-    pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>) {
+    /// by SQL PREPARE when a client made it so, else Parse and Sync. `execute`: the query
+    /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`).
+    pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>, execute: bool) {
         let sql = stmt.is_sql_prepared();
         if self.exchange.prepared.dealloc_in_flight() {
             self.queue_close(&stmt.server_name.clone(), None);
@@ -240,7 +241,11 @@ impl Server {
             self.conn.queue_with(frontend::sync);
         }
         self.exchange.owe_ready(sql);
-        self.exchange.owed.push(Pending::Swallow);
+        self.exchange.owed.push(if execute {
+            Pending::Reprepare(stmt.clone())
+        } else {
+            Pending::Swallow
+        });
         self.exchange.prepared.insert(stmt.clone());
     }
 
@@ -509,7 +514,7 @@ mod tests {
         let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
         server.exchange.unnamed = 5;
-        server.prepare_apart(&a);
+        server.prepare_apart(&a, false);
         let mut want = parse_msg(&a.server_name, &a.parse_rest);
         want.extend_from_slice(b"S\0\0\0\x04");
         assert_eq!(server.conn.queued(), want);
@@ -530,7 +535,7 @@ mod tests {
         key.extend_from_slice(b"AS select 2");
         let p = r.intern(b"", &key).unwrap();
         server.conn.discard_out();
-        server.prepare_apart(&p);
+        server.prepare_apart(&p, false);
         let mut want = BytesMut::new();
         frontend::query(&mut want, &p.sql_prepare_text());
         assert_eq!(server.conn.queued(), &want[..]);

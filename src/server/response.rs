@@ -70,6 +70,16 @@ pub enum Pending {
     Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
+    /// As `Swallow`, for the round that prepares this statement again right before the
+    /// client's `EXECUTE` query of it (`Server::prepare_apart`): PostgreSQL analyses a
+    /// statement again at an EXECUTE (its plan cache, e.g. after the search_path changed)
+    /// and fails the same way, so an error is the client's. The server then lacks the
+    /// statement, and the error of the client's EXECUTE that follows is dropped
+    /// (`Pending::DropError`): the client keeps its name, as in PostgreSQL.
+    Reprepare(Arc<Stmt>),
+    /// Every reply up to an ErrorResponse (included) is dropped: the client's query after
+    /// a failed `Reprepare`, which fails too; its ReadyForQuery is the client's.
+    DropError,
     /// An extended-protocol message pgcarpool added within a client's round: every reply
     /// up to the one with this tag (ParseComplete, BindComplete, CommandComplete,
     /// CloseComplete) is dropped; an error is the client's as any (`skip_to_sync`).
@@ -345,9 +355,15 @@ impl Owed {
         matches!(self.queue.front(), Some(Pending::SwallowTo(_)))
     }
 
-    /// Inside a query pgcarpool added (its replies are all dropped)?
-    pub fn swallowing(&self) -> bool {
-        matches!(self.queue.front(), Some(Pending::Swallow))
+    /// Is a reply with this tag to a query pgcarpool added (or one whose replies are
+    /// dropped), which the client never sees?
+    pub fn swallowing(&self, tag: u8) -> bool {
+        match self.queue.front() {
+            Some(Pending::Swallow) => true,
+            Some(Pending::Reprepare(_)) => tag != backend::ERROR_RESPONSE,
+            Some(Pending::DropError) => tag != backend::READY_FOR_QUERY,
+            _ => false,
+        }
     }
 
     /// A reply with this tag (and, for an ErrorResponse, this SQLSTATE) came. Statements
@@ -364,12 +380,16 @@ impl Owed {
         if let Some(r) = self.on_retag(tag, code, prepared, unnamed) {
             return r;
         }
+        if let Some(v) = self.on_reprepare(tag, prepared) {
+            return (v, Lost::Nothing);
+        }
         let Some(front) = self.queue.front_mut() else {
             return (Verdict::Forward, Lost::Nothing);
         };
         let (done, swallow) = match (tag, front) {
-            (backend::READY_FOR_QUERY, Pending::Swallow) => (true, true),
-            (_, Pending::Swallow) => (false, true),
+            (backend::READY_FOR_QUERY, Pending::Swallow | Pending::Reprepare(_)) => (true, true),
+            (backend::ERROR_RESPONSE, Pending::DropError) => (true, true),
+            (_, Pending::Swallow | Pending::Reprepare(_) | Pending::DropError) => (false, true),
             (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
                 return (self.probe_failed(code, prepared, unnamed), Lost::Nothing);
             }
@@ -425,6 +445,26 @@ impl Owed {
             Verdict::Forward
         };
         (verdict, Lost::Nothing)
+    }
+
+    /// A reply that settles a `Pending::Reprepare` in front (its error: the client's, and
+    /// the error of the client's query after it is dropped) or a `Pending::DropError` (a
+    /// ReadyForQuery: the query did not fail after all): what `on_reply` returns for it.
+    fn on_reprepare(&mut self, tag: u8, prepared: &mut PreparedSet) -> Option<Verdict> {
+        match (tag, self.queue.front()) {
+            (backend::ERROR_RESPONSE, Some(Pending::Reprepare(s))) => {
+                prepared.remove(s.id);
+                self.queue[0] = Pending::Swallow;
+                // (Not counted in `pushed`: the entries behind keep their numbers.)
+                self.queue.insert(1, Pending::DropError);
+                Some(Verdict::Forward)
+            }
+            (backend::READY_FOR_QUERY, Some(Pending::DropError)) => {
+                self.queue.pop_front();
+                None
+            }
+            _ => None,
+        }
     }
 
     /// The server refused the probe in front (`Pending::Fail`) with
@@ -565,7 +605,10 @@ const PROBE_SYNTAX_SQL: &str = "pgcarpool_refused";
 /// 25P02 inside a failed transaction block. The statements refused in a query (EXECUTE,
 /// PREPARE, DEALLOCATE) fail in execution too, after PostgreSQL made the unnamed portal
 /// they run in, which a failed block keeps: a later Execute of it gets 25P02, not 34000.
-const QUERY_PROBE_SQL: &str = "EXECUTE pgcarpool_refused";
+pub const QUERY_PROBE_SQL: &str = "EXECUTE pgcarpool_refused";
+
+/// The name a client's SQL PREPARE text is checked under (`Server::check_sql_prepare`).
+pub const CHECK_NAME: &str = "pgcarpool_check";
 
 impl Server {
     /// A client's message pgcarpool refused with this error (SQLSTATE, message): a probe
@@ -645,6 +688,55 @@ impl Server {
             swallow: true,
             evicted: None,
         });
+    }
+
+    /// A client's SQL PREPARE pgcarpool refuses with this error (SQLSTATE, message: 42P05,
+    /// a name the client has), in place of a simple query outside a failed block:
+    /// PostgreSQL parses and analyses the text, resolves its parameter types, and only
+    /// then looks at the name (`PrepareQuery`, then `StorePreparedStatement`). So the
+    /// server runs `text` (`PREPARE "pgcarpool_check" …`, the client's text under a name of
+    /// pgcarpool's own: its error, if any, is the client's), deallocates it, then fails a
+    /// second `DEALLOCATE` of it in the probe's place; as unnamed Parse, Bind and Execute,
+    /// then Sync (one round, the error skips the rest, as the client's query).
+    pub fn check_sql_prepare(&mut self, text: &str, code: &'static str, message: String) {
+        use crate::proto::backend;
+        let dealloc = format!("DEALLOCATE \"{CHECK_NAME}\"");
+        let bind_execute = |b: &mut bytes::BytesMut| {
+            b.put_u8(frontend::BIND);
+            b.put_i32(4 + 1 + 1 + 2 + 2 + 2);
+            b.put_slice(&[0; 8]);
+            b.put_u8(frontend::EXECUTE);
+            b.put_i32(4 + 1 + 4);
+            b.put_slice(&[0; 5]);
+        };
+        self.conn.queue_with(|b| {
+            for sql in [text, &dealloc] {
+                b.put_u8(frontend::PARSE);
+                b.put_i32((4 + 1 + sql.len() + 1 + 2) as i32);
+                b.put_u8(0);
+                b.put_slice(sql.as_bytes());
+                b.put_slice(&[0; 3]);
+                bind_execute(b);
+            }
+            bind_execute(b);
+        });
+        self.exchange.unnamed = 0;
+        for _ in 0..2 {
+            for end in [
+                backend::PARSE_COMPLETE,
+                backend::BIND_COMPLETE,
+                backend::COMMAND_COMPLETE,
+            ] {
+                self.exchange.owed.push(Pending::SwallowTo(end));
+            }
+        }
+        self.exchange
+            .owed
+            .push(Pending::SwallowTo(backend::BIND_COMPLETE));
+        self.exchange
+            .owed
+            .push(Pending::Fail(Box::new((code, message))));
+        self.sync_for_query();
     }
 
     /// Send a client's SQL PREPARE (`msg`) of `stmt`, which the server then holds, under
@@ -1069,6 +1161,66 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_prepare_again_is_the_clients_error_and_its_executes_is_dropped() {
+        use backend::{
+            COMMAND_COMPLETE, DATA_ROW, ERROR_RESPONSE, READY_FOR_QUERY, ROW_DESCRIPTION,
+        };
+        let r = StatementRegistry::default();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // The round that prepares it again, then the client's EXECUTE query.
+        p.insert(s.clone());
+        o.push(Pending::Reprepare(s.clone()));
+        o.push(Pending::Ready(None));
+        let first = o.front_seq();
+        assert!(o.swallowing(COMMAND_COMPLETE) && !o.swallowing(ERROR_RESPONSE));
+        let got: Vec<Verdict> = [ERROR_RESPONSE, READY_FOR_QUERY, ERROR_RESPONSE]
+            .iter()
+            .map(|&t| {
+                let swallowed = o.swallowing(t);
+                let v = reply(&mut o, &mut p, t, Some(b"42P01"));
+                assert_eq!(swallowed, v == Verdict::Swallow, "{t}");
+                v
+            })
+            .collect();
+        assert_eq!(got, [Verdict::Forward, Verdict::Swallow, Verdict::Swallow]);
+        assert!(!p.holds(s.id), "the server lacks it");
+        assert!(!o.swallowing(READY_FOR_QUERY));
+        assert_eq!(
+            o.front_seq(),
+            first + 1,
+            "the client's Ready keeps its number"
+        );
+        assert_eq!(
+            reply(&mut o, &mut p, READY_FOR_QUERY, None),
+            Verdict::Forward
+        );
+        // Prepared: the client's query is its own.
+        p.insert(s.clone());
+        o.push(Pending::Reprepare(s.clone()));
+        o.push(Pending::Ready(None));
+        let got: Vec<Verdict> = [
+            COMMAND_COMPLETE,
+            READY_FOR_QUERY,
+            ROW_DESCRIPTION,
+            DATA_ROW,
+            COMMAND_COMPLETE,
+            READY_FOR_QUERY,
+        ]
+        .iter()
+        .map(|&t| reply(&mut o, &mut p, t, None))
+        .collect();
+        let swallowed: Vec<bool> = got.iter().map(|v| *v == Verdict::Swallow).collect();
+        assert_eq!(swallowed, [true, true, false, false, false, false]);
+        assert!(
+            got.iter()
+                .all(|v| matches!(v, Verdict::Swallow | Verdict::Forward))
+        );
+        assert!(p.holds(s.id) && o.is_empty());
+    }
+
+    #[test]
     fn closes_describes_and_answers_in_line() {
         let mut p = PreparedSet::default();
         let mut o = Owed::default();
@@ -1087,7 +1239,7 @@ mod tests {
         o.push(Pending::Ready(None));
         assert!(!o.is_empty());
         assert!(!o.answer_due());
-        assert!(!o.swallowing());
+        assert!(!o.swallowing(backend::READY_FOR_QUERY));
         assert_eq!(o.pop_answer(), None, "a Close is owed first");
         use backend::*;
         assert_eq!(
@@ -1149,9 +1301,9 @@ mod tests {
         let mut o = Owed::default();
         o.push(Pending::Swallow);
         o.push(Pending::Ready(None));
-        assert!(o.swallowing());
+        assert!(o.swallowing(backend::READY_FOR_QUERY));
         reply(&mut o, &mut p, backend::READY_FOR_QUERY, None);
-        assert!(!o.swallowing());
+        assert!(!o.swallowing(backend::READY_FOR_QUERY));
     }
 
     #[test]
