@@ -250,8 +250,22 @@ impl Pool {
         })
     }
 
+    /// The pool's mutex. Taken at once in the usual case; a wait (another worker holds it)
+    /// is counted with its length (SHOW CARPOOL `lock_waits`, `lock_wait_ns`): what would
+    /// stop a many-core host from scaling (docs/performance.md "N cores").
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.locked()
+        match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let started = Instant::now();
+                let g = self.inner.locked();
+                let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                PoolStats::add(&self.stats.lock_waits, 1);
+                PoolStats::add(&self.stats.lock_wait_ns, waited);
+                g
+            }
+        }
     }
 
     /// Where the pool's shared listener connects (now), under a new server id.
@@ -1460,6 +1474,48 @@ mod tests {
         assert_eq!(pool.counts().in_use(), 0);
         assert_eq!(db_limit.count(), 0);
         drop(silent);
+    }
+
+    /// The pool's mutex taken while another thread holds it counts as a wait (SHOW CARPOOL
+    /// `lock_waits`, `lock_wait_ns`); taken free, it counts nothing.
+    #[test]
+    fn a_contended_pool_lock_is_counted() {
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(1, 1),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        drop(pool.lock());
+        assert_eq!(PoolStats::get(&pool.stats.lock_waits), 0);
+        let held = pool.inner.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid()).unwrap();
+            drop(p.lock());
+        });
+        // Released once the other thread sleeps (on the lock: it does nothing else).
+        let stat = format!("/proc/self/task/{}/stat", rx.recv().unwrap());
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = std::fs::read_to_string(&stat).unwrap();
+            let state = st.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            if state == Some("S") {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the other thread never waited: {st}"
+            );
+            std::thread::yield_now();
+        }
+        drop(held);
+        waiter.join().unwrap();
+        assert_eq!(PoolStats::get(&pool.stats.lock_waits), 1);
+        assert!(PoolStats::get(&pool.stats.lock_wait_ns) > 0);
     }
 
     #[test]
