@@ -777,13 +777,14 @@ impl Pool {
     /// The checks of an idle server that need no round trip (lifetime, liveness, moving it
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
+        let now = Instant::now();
         let expired = crate::config::enabled(settings.server_lifetime)
-            .is_some_and(|l| s.created().elapsed() >= l);
+            .is_some_and(|l| now.duration_since(s.created()) >= l);
         if !settings.target.hosts.keeps(s.host()) {
             self.close_because(s, ServerState::Active, HOST_ROLE_CHANGED);
             return Ready::Closed;
         }
-        if expired || !is_alive(&mut s) {
+        if expired || !is_alive(&mut s, now) {
             let why = if expired {
                 "server lifetime over"
             } else {
@@ -1010,7 +1011,7 @@ impl Pool {
                     Some("too many servers in the pool")
                 } else if !s.target.hosts.keeps(srv.host()) {
                     Some(HOST_ROLE_CHANGED)
-                } else if !is_alive(&mut srv) {
+                } else if !is_alive(&mut srv, now) {
                     Some("server conn crashed?")
                 } else {
                     None
@@ -1353,13 +1354,26 @@ fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
             .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
 }
 
+/// How long a server must have been idle before a checkout asks the kernel (one
+/// `recv(MSG_PEEK)`) whether it has something to say; below, the reactor's readiness alone
+/// decides (issue 21: that system call was a fifth per transaction under load).
+const ASK_KERNEL_AFTER: Duration = Duration::from_millis(1);
+
 /// An idle server must have nothing to say: any byte or EOF means it is gone or broken
-/// (a FATAL from `pg_terminate_backend`, a restart). Asked of the kernel too: the reactor
-/// learns of bytes that came since it last polled only later.
-fn is_alive(s: &mut Server) -> bool {
+/// (a FATAL from `pg_terminate_backend`, a restart). The reactor's readiness is looked at
+/// first (no system call unless it saw the socket readable). It learns of bytes that came
+/// since this worker last polled epoll only later, so a server idle for
+/// [`ASK_KERNEL_AFTER`] or longer at `now` is asked of the kernel too. One idle for less
+/// was in use a moment ago: a FATAL arriving in that gap is the same race as one arriving
+/// just after checkout, which `Relay::first_reply` answers for simple queries.
+fn is_alive(s: &mut Server, now: Instant) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     match s.conn_mut().poll_read_more(&mut cx) {
-        Poll::Pending => s.conn().rbuf.is_empty() && !s.conn_mut().stream.input_waiting(),
+        Poll::Pending => {
+            s.conn().rbuf.is_empty()
+                && (now.saturating_duration_since(s.last_used()) < ASK_KERNEL_AFTER
+                    || !s.conn_mut().stream.input_waiting())
+        }
         Poll::Ready(_) => false,
     }
 }
@@ -1474,6 +1488,27 @@ mod tests {
         assert_eq!(pool.counts().in_use(), 0);
         assert_eq!(db_limit.count(), 0);
         drop(silent);
+    }
+
+    /// Issue 21: the kernel is asked (a system call) only for a server idle for
+    /// `ASK_KERNEL_AFTER` or longer; a FATAL the reactor has seen is found without it.
+    #[tokio::test]
+    async fn an_idle_server_with_something_to_say_is_not_alive() {
+        use tokio::io::AsyncWriteExt;
+        let (mut s, mut peer) = crate::server::test_server();
+        let used = s.last_used();
+        assert!(is_alive(&mut s, used + ASK_KERNEL_AFTER));
+        peer.write_all(b"E").await.unwrap();
+        // Idle long enough: the byte waiting in the kernel is found whatever the reactor saw.
+        assert!(!is_alive(&mut s, used + ASK_KERNEL_AFTER));
+        // Once the reactor has seen the socket readable, at any age.
+        s.conn().stream.readable().await.unwrap();
+        assert!(!is_alive(&mut s, used));
+        // EOF too.
+        let (mut s, peer) = crate::server::test_server();
+        drop(peer);
+        let used = s.last_used();
+        assert!(!is_alive(&mut s, used + ASK_KERNEL_AFTER));
     }
 
     /// The pool's mutex taken while another thread holds it counts as a wait (SHOW CARPOOL
