@@ -840,12 +840,13 @@ impl Pool {
     /// idle list (or close it when it is too old or the pool is over its size).
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>, from: ServerState) {
         // (Nobody listens on a server in the pool: notifications held for a client go.)
-        s.checked_in(Instant::now());
+        let now = Instant::now();
+        s.checked_in(now);
         let mut g = self.lock();
         self.arrived(&mut g, &s, from);
         // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
         let too_old = match crate::config::enabled(g.settings.server_lifetime) {
-            Some(l) => s.created().elapsed() >= l,
+            Some(l) => now.duration_since(s.created()) >= l,
             None => s.served(),
         } || g.close_before.is_some_and(|t| s.created() < t);
         let counted = g.servers.total().saturating_sub(g.pinned);
@@ -864,19 +865,21 @@ impl Pool {
             }
             return;
         }
-        if !g.paused {
-            self.change_state(&mut g, Some(from), Some(ServerState::Active));
-            while let Some(w) = next_waiter(&mut g.waiters, s.home()) {
-                match w.tx.send(Grant::Server(s)) {
-                    Ok(()) => return,
-                    Err(Grant::Server(back)) => s = back,
-                    Err(Grant::Slot) => unreachable!("sent a server"),
-                }
+        self.change_state(&mut g, Some(from), Some(ServerState::Active));
+        while !g.paused
+            && let Some(w) = next_waiter(&mut g.waiters, s.home())
+        {
+            // The waiter is woken outside the lock: waking another worker's thread is a
+            // system call, which every worker taking this lock meanwhile would wait for.
+            drop(g);
+            match w.tx.send(Grant::Server(s)) {
+                Ok(()) => return,
+                Err(Grant::Server(back)) => s = back,
+                Err(Grant::Slot) => unreachable!("sent a server"),
             }
-            self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
-        } else {
-            self.change_state(&mut g, Some(from), Some(ServerState::Idle));
+            g = self.lock();
         }
+        self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
         s.conn_mut().shrink();
         g.idle.push_back(s);
     }
