@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
@@ -162,6 +163,9 @@ pub struct Pool {
     pub db: String,
     pub user: String,
     inner: Mutex<Inner>,
+    /// `Inner::settings`, stored again with it under the lock: read on every transaction
+    /// (`Pool::settings`) without taking the lock.
+    current: ArcSwap<PoolSettings>,
     db_limit: Arc<Limit>,
     user_limit: Arc<Limit>,
     socket_ids: Arc<super::SocketIds>,
@@ -219,11 +223,13 @@ impl Pool {
         user_limit: Arc<Limit>,
         socket_ids: Arc<super::SocketIds>,
     ) -> Arc<Pool> {
+        let settings = Arc::new(settings);
         Arc::new(Pool {
             db: db.to_string(),
             user: user.to_string(),
+            current: ArcSwap::new(settings.clone()),
             inner: Mutex::new(Inner {
-                settings: Arc::new(settings),
+                settings,
                 idle: VecDeque::new(),
                 waiters: VecDeque::new(),
                 next_waiter: 0,
@@ -280,7 +286,13 @@ impl Pool {
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {
-        self.lock().settings.clone()
+        self.current.load_full()
+    }
+
+    /// New settings in force, in `g` and for [`Pool::settings`].
+    fn set_settings(&self, g: &mut Inner, s: PoolSettings) {
+        g.settings = Arc::new(s);
+        self.current.store(g.settings.clone());
     }
 
     /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
@@ -299,7 +311,7 @@ impl Pool {
                 || old.tls.as_ref().map(|t| t.fingerprint)
                     != s.target.tls.as_ref().map(|t| t.fingerprint)
         };
-        g.settings = Arc::new(s);
+        self.set_settings(&mut g, s);
         if target_changed {
             // Each server closed says so (`closing because: database configuration changed`).
             tracing::debug!(db = %self.db, user = %self.user, "server target changed");
@@ -334,7 +346,7 @@ impl Pool {
         ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
-            g.settings = Arc::new(s);
+            self.set_settings(&mut g, s);
         }
     }
 
@@ -344,7 +356,7 @@ impl Pool {
         let mut g = self.lock();
         let mut s = (*g.settings).clone();
         s.target.credential = c;
-        g.settings = Arc::new(s);
+        self.set_settings(&mut g, s);
     }
 
     /// One shared copy of a new client's session parameters: the pool keeps the last set it
@@ -1512,6 +1524,23 @@ mod tests {
         drop(peer);
         let used = s.last_used();
         assert!(!is_alive(&mut s, used + ASK_KERNEL_AFTER));
+    }
+
+    /// `Pool::settings` (read without the lock) follows a reload at once.
+    #[test]
+    fn the_settings_read_without_the_lock_follow_a_reload() {
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(1, 1),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        assert_eq!(pool.settings().pool_size, 1);
+        pool.update_settings(settings(1, 7));
+        assert_eq!(pool.settings().pool_size, 7);
+        assert_eq!(pool.lock().settings.pool_size, 7);
     }
 
     /// The pool's mutex taken while another thread holds it counts as a wait (SHOW CARPOOL
