@@ -967,6 +967,8 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_with_hold_cursor", Int),
         ("pinned_prepared_statement", Int),
         ("server_moves", Int),
+        ("lock_waits", Int),
+        ("lock_wait_ns", Int),
     ]);
     for p in shared.pools().all() {
         let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
@@ -985,6 +987,8 @@ pub fn carpool(shared: &Shared) -> Table {
             row.push(PoolStats::get(c).into());
         }
         row.push(PoolStats::get(&p.stats.server_moves).into());
+        row.push(PoolStats::get(&p.stats.lock_waits).into());
+        row.push(PoolStats::get(&p.stats.lock_wait_ns).into());
         t.push(row);
     }
     t

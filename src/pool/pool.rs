@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
@@ -162,6 +163,9 @@ pub struct Pool {
     pub db: String,
     pub user: String,
     inner: Mutex<Inner>,
+    /// `Inner::settings`, stored again with it under the lock: read on every transaction
+    /// (`Pool::settings`) without taking the lock.
+    current: ArcSwap<PoolSettings>,
     db_limit: Arc<Limit>,
     user_limit: Arc<Limit>,
     socket_ids: Arc<super::SocketIds>,
@@ -219,11 +223,13 @@ impl Pool {
         user_limit: Arc<Limit>,
         socket_ids: Arc<super::SocketIds>,
     ) -> Arc<Pool> {
+        let settings = Arc::new(settings);
         Arc::new(Pool {
             db: db.to_string(),
             user: user.to_string(),
+            current: ArcSwap::new(settings.clone()),
             inner: Mutex::new(Inner {
-                settings: Arc::new(settings),
+                settings,
                 idle: VecDeque::new(),
                 waiters: VecDeque::new(),
                 next_waiter: 0,
@@ -250,8 +256,22 @@ impl Pool {
         })
     }
 
+    /// The pool's mutex. Taken at once in the usual case; a wait (another worker holds it)
+    /// is counted with its length (SHOW CARPOOL `lock_waits`, `lock_wait_ns`): what would
+    /// stop a many-core host from scaling (docs/performance.md "N cores").
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.locked()
+        match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let started = Instant::now();
+                let g = self.inner.locked();
+                let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                PoolStats::add(&self.stats.lock_waits, 1);
+                PoolStats::add(&self.stats.lock_wait_ns, waited);
+                g
+            }
+        }
     }
 
     /// Where the pool's shared listener connects (now), under a new server id.
@@ -266,7 +286,13 @@ impl Pool {
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {
-        self.lock().settings.clone()
+        self.current.load_full()
+    }
+
+    /// New settings in force, in `g` and for [`Pool::settings`].
+    fn set_settings(&self, g: &mut Inner, s: PoolSettings) {
+        g.settings = Arc::new(s);
+        self.current.store(g.settings.clone());
     }
 
     /// Reload: new sizes and timeouts take effect at once; servers beyond a smaller size are
@@ -285,7 +311,7 @@ impl Pool {
                 || old.tls.as_ref().map(|t| t.fingerprint)
                     != s.target.tls.as_ref().map(|t| t.fingerprint)
         };
-        g.settings = Arc::new(s);
+        self.set_settings(&mut g, s);
         if target_changed {
             // Each server closed says so (`closing because: database configuration changed`).
             tracing::debug!(db = %self.db, user = %self.user, "server target changed");
@@ -320,7 +346,7 @@ impl Pool {
         ) {
             let mut s = (*g.settings).clone();
             s.target.credential = c;
-            g.settings = Arc::new(s);
+            self.set_settings(&mut g, s);
         }
     }
 
@@ -330,7 +356,7 @@ impl Pool {
         let mut g = self.lock();
         let mut s = (*g.settings).clone();
         s.target.credential = c;
-        g.settings = Arc::new(s);
+        self.set_settings(&mut g, s);
     }
 
     /// One shared copy of a new client's session parameters: the pool keeps the last set it
@@ -763,13 +789,14 @@ impl Pool {
     /// The checks of an idle server that need no round trip (lifetime, liveness, moving it
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
+        let now = Instant::now();
         let expired = crate::config::enabled(settings.server_lifetime)
-            .is_some_and(|l| s.created().elapsed() >= l);
+            .is_some_and(|l| now.duration_since(s.created()) >= l);
         if !settings.target.hosts.keeps(s.host()) {
             self.close_because(s, ServerState::Active, HOST_ROLE_CHANGED);
             return Ready::Closed;
         }
-        if expired || !is_alive(&mut s) {
+        if expired || !is_alive(&mut s, now) {
             let why = if expired {
                 "server lifetime over"
             } else {
@@ -825,12 +852,13 @@ impl Pool {
     /// idle list (or close it when it is too old or the pool is over its size).
     pub(crate) fn checkin(self: &Arc<Self>, mut s: Box<Server>, from: ServerState) {
         // (Nobody listens on a server in the pool: notifications held for a client go.)
-        s.checked_in(Instant::now());
+        let now = Instant::now();
+        s.checked_in(now);
         let mut g = self.lock();
         self.arrived(&mut g, &s, from);
         // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
         let too_old = match crate::config::enabled(g.settings.server_lifetime) {
-            Some(l) => s.created().elapsed() >= l,
+            Some(l) => now.duration_since(s.created()) >= l,
             None => s.served(),
         } || g.close_before.is_some_and(|t| s.created() < t);
         let counted = g.servers.total().saturating_sub(g.pinned);
@@ -849,19 +877,21 @@ impl Pool {
             }
             return;
         }
-        if !g.paused {
-            self.change_state(&mut g, Some(from), Some(ServerState::Active));
-            while let Some(w) = next_waiter(&mut g.waiters, s.home()) {
-                match w.tx.send(Grant::Server(s)) {
-                    Ok(()) => return,
-                    Err(Grant::Server(back)) => s = back,
-                    Err(Grant::Slot) => unreachable!("sent a server"),
-                }
+        self.change_state(&mut g, Some(from), Some(ServerState::Active));
+        while !g.paused
+            && let Some(w) = next_waiter(&mut g.waiters, s.home())
+        {
+            // The waiter is woken outside the lock: waking another worker's thread is a
+            // system call, which every worker taking this lock meanwhile would wait for.
+            drop(g);
+            match w.tx.send(Grant::Server(s)) {
+                Ok(()) => return,
+                Err(Grant::Server(back)) => s = back,
+                Err(Grant::Slot) => unreachable!("sent a server"),
             }
-            self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
-        } else {
-            self.change_state(&mut g, Some(from), Some(ServerState::Idle));
+            g = self.lock();
         }
+        self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
         s.conn_mut().shrink();
         g.idle.push_back(s);
     }
@@ -996,7 +1026,7 @@ impl Pool {
                     Some("too many servers in the pool")
                 } else if !s.target.hosts.keeps(srv.host()) {
                     Some(HOST_ROLE_CHANGED)
-                } else if !is_alive(&mut srv) {
+                } else if !is_alive(&mut srv, now) {
                     Some("server conn crashed?")
                 } else {
                     None
@@ -1339,13 +1369,26 @@ fn doubts_role(hosts: &crate::server::HostList, s: &Server) -> bool {
             .is_some_and(|c| &c != b"25006" || hosts.attrs.wants_primary())
 }
 
+/// How long a server must have been idle before a checkout asks the kernel (one
+/// `recv(MSG_PEEK)`) whether it has something to say; below, the reactor's readiness alone
+/// decides (issue 21: that system call was a fifth per transaction under load).
+const ASK_KERNEL_AFTER: Duration = Duration::from_millis(1);
+
 /// An idle server must have nothing to say: any byte or EOF means it is gone or broken
-/// (a FATAL from `pg_terminate_backend`, a restart). Asked of the kernel too: the reactor
-/// learns of bytes that came since it last polled only later.
-fn is_alive(s: &mut Server) -> bool {
+/// (a FATAL from `pg_terminate_backend`, a restart). The reactor's readiness is looked at
+/// first (no system call unless it saw the socket readable). It learns of bytes that came
+/// since this worker last polled epoll only later, so a server idle for
+/// [`ASK_KERNEL_AFTER`] or longer at `now` is asked of the kernel too. One idle for less
+/// was in use a moment ago: a FATAL arriving in that gap is the same race as one arriving
+/// just after checkout, which `Relay::first_reply` answers for simple queries.
+fn is_alive(s: &mut Server, now: Instant) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     match s.conn_mut().poll_read_more(&mut cx) {
-        Poll::Pending => s.conn().rbuf.is_empty() && !s.conn_mut().stream.input_waiting(),
+        Poll::Pending => {
+            s.conn().rbuf.is_empty()
+                && (now.saturating_duration_since(s.last_used()) < ASK_KERNEL_AFTER
+                    || !s.conn_mut().stream.input_waiting())
+        }
         Poll::Ready(_) => false,
     }
 }
@@ -1460,6 +1503,89 @@ mod tests {
         assert_eq!(pool.counts().in_use(), 0);
         assert_eq!(db_limit.count(), 0);
         drop(silent);
+    }
+
+    /// Issue 21: the kernel is asked (a system call) only for a server idle for
+    /// `ASK_KERNEL_AFTER` or longer; a FATAL the reactor has seen is found without it.
+    #[tokio::test]
+    async fn an_idle_server_with_something_to_say_is_not_alive() {
+        use tokio::io::AsyncWriteExt;
+        let (mut s, mut peer) = crate::server::test_server();
+        let used = s.last_used();
+        assert!(is_alive(&mut s, used + ASK_KERNEL_AFTER));
+        peer.write_all(b"E").await.unwrap();
+        // Idle long enough: the byte waiting in the kernel is found whatever the reactor saw.
+        assert!(!is_alive(&mut s, used + ASK_KERNEL_AFTER));
+        // Once the reactor has seen the socket readable, at any age. (The byte is still
+        // in the kernel: peeked at, or read already if the reactor saw it in time.)
+        if s.conn().rbuf.is_empty() {
+            s.conn().stream.readable().await.unwrap();
+        }
+        assert!(!is_alive(&mut s, used));
+        // EOF too.
+        let (mut s, peer) = crate::server::test_server();
+        drop(peer);
+        let used = s.last_used();
+        assert!(!is_alive(&mut s, used + ASK_KERNEL_AFTER));
+    }
+
+    /// `Pool::settings` (read without the lock) follows a reload at once.
+    #[test]
+    fn the_settings_read_without_the_lock_follow_a_reload() {
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(1, 1),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        assert_eq!(pool.settings().pool_size, 1);
+        pool.update_settings(settings(1, 7));
+        assert_eq!(pool.settings().pool_size, 7);
+        assert_eq!(pool.lock().settings.pool_size, 7);
+    }
+
+    /// The pool's mutex taken while another thread holds it counts as a wait (SHOW CARPOOL
+    /// `lock_waits`, `lock_wait_ns`); taken free, it counts nothing.
+    #[test]
+    fn a_contended_pool_lock_is_counted() {
+        let pool = Pool::new(
+            "db",
+            "user",
+            settings(1, 1),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        drop(pool.lock());
+        assert_eq!(PoolStats::get(&pool.stats.lock_waits), 0);
+        let held = pool.inner.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid()).unwrap();
+            drop(p.lock());
+        });
+        // Released once the other thread sleeps (on the lock: it does nothing else).
+        let stat = format!("/proc/self/task/{}/stat", rx.recv().unwrap());
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = std::fs::read_to_string(&stat).unwrap();
+            let state = st.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            if state == Some("S") {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the other thread never waited: {st}"
+            );
+            std::thread::yield_now();
+        }
+        drop(held);
+        waiter.join().unwrap();
+        assert_eq!(PoolStats::get(&pool.stats.lock_waits), 1);
+        assert!(PoolStats::get(&pool.stats.lock_wait_ns) > 0);
     }
 
     #[test]

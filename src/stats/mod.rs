@@ -32,6 +32,10 @@ pub struct PoolStats {
     pub pins: [AtomicU64; 5],
     /// Servers moved to another worker's runtime at checkout (see `crate::workers`).
     pub server_moves: AtomicU64,
+    /// Takings of the pool's mutex that had to wait for another thread, and how long they
+    /// waited in all (nanoseconds).
+    pub lock_waits: AtomicU64,
+    pub lock_wait_ns: AtomicU64,
     /// Query durations (microseconds).
     pub query_hist: Histogram,
     /// Transaction durations (microseconds).
@@ -140,9 +144,13 @@ impl Period {
 pub type Averages = Totals;
 
 impl PoolStats {
+    /// Adding 0 writes nothing: the counters are shared by every worker, and a write takes
+    /// the cache line from the others (parses and binds of a simple query, say).
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
     }
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
