@@ -161,6 +161,9 @@ struct Inner {
 pub struct Pool {
     pub db: String,
     pub user: String,
+    /// `db\0user\0`: what every statement scope of the pool's clients begins with, one
+    /// copy shared by them all.
+    pub scope: bytes::Bytes,
     inner: Mutex<Inner>,
     db_limit: Arc<Limit>,
     user_limit: Arc<Limit>,
@@ -222,6 +225,7 @@ impl Pool {
         Arc::new(Pool {
             db: db.to_string(),
             user: user.to_string(),
+            scope: bytes::Bytes::from([db, "\0", user, "\0"].concat()),
             inner: Mutex::new(Inner {
                 settings: Arc::new(settings),
                 idle: VecDeque::new(),
