@@ -83,10 +83,10 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
 
 /// The idle wait: nothing read, nothing owed to the client. Returns when the client's
 /// socket is readable (true), or something was queued for it or the restart phase changed
-/// (false: the caller looks again); Err when it is killed or its idle timeout passes. This is what
-/// every idle client's task holds, so it holds little: the socket's readiness is polled
-/// (its waker lives in the socket's registration), the kill future is the caller's, and
-/// the timer and the notification wait are boxed and made only when needed.
+/// (false: the caller looks again); Err when it is killed or its idle timeout passes.
+/// This is what every idle client's task holds, so it holds little: the socket's readiness
+/// is polled (its waker lives in the socket's registration), the kill future is the
+/// caller's, and the timer and the notification wait are boxed and made only when needed.
 async fn park(
     c: &mut Client,
     deadline: Option<Instant>,
