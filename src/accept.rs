@@ -167,7 +167,7 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
 /// One client's task on worker `w`, from its first byte to its last.
 async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
     match crate::client::arrive(shared.clone(), stream, id).await {
-        Some(Arrival::Client(client)) => crate::takeover::serve(*client).await,
+        Some(Arrival::Client(client)) => crate::takeover::serve(client).await,
         // Boxed: a console session's state is not part of every client's task.
         Some(Arrival::Console(console)) => Box::pin(crate::admin::serve(*console)).await,
         None => {}

@@ -506,7 +506,7 @@ fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
     let pools = pools_of(shared, db);
     pools.iter().for_each(|p| p.pause());
     for c in shared.clients().all() {
-        if db.is_none_or(|d| c.db == d) {
+        if db.is_none_or(|d| &*c.db == d) {
             c.kill.cancel();
         }
     }

@@ -197,7 +197,7 @@ fn clients_of<'a>(
 ) -> Vec<&'a Arc<ClientHandle>> {
     clients
         .iter()
-        .filter(|c| c.db == p.db && cfg.pool_user_for(&c.db, &c.user) == p.user)
+        .filter(|c| *c.db == *p.db && cfg.pool_user_for(&c.db, &c.user) == p.user)
         .collect()
 }
 
@@ -315,8 +315,8 @@ fn client_row(c: &ClientHandle) -> Vec<Cell> {
     let link = c.server().map(|s| server_ptr(s.id));
     vec![
         "C".into(),
-        c.user.clone().into(),
-        c.db.clone().into(),
+        c.user.to_string().into(),
+        c.db.to_string().into(),
         "none".into(),
         client_state_name(c.state()).into(),
         addr.into(),
@@ -1019,8 +1019,8 @@ pub fn pins(shared: &Shared) -> Table {
         if let Some((reasons, since)) = c.pin() {
             t.push(vec![
                 c.id.into(),
-                c.user.clone().into(),
-                c.db.clone().into(),
+                c.user.to_string().into(),
+                c.db.to_string().into(),
                 c.addr.clone().into(),
                 reasons.into(),
                 fmt_time(since).into(),

@@ -281,13 +281,9 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     drop(ticket);
     if let Ok(Entered::Admin(user, role, counted)) = entered {
         let kill = shared.stop_clients().child_token();
-        let reg = shared.clients().register(
-            id,
-            peer.to_string(),
-            user.clone(),
-            "pgbouncer".into(),
-            kill.clone(),
-        );
+        let reg = shared
+            .clients()
+            .register(id, peer.to_string(), counted.names(), kill.clone());
         if let Some(tls) = conn.stream.tls_info() {
             reg.handle.set_tls(tls);
         }
@@ -513,7 +509,7 @@ async fn login(
         &pool,
         id,
         peer,
-        (&user, &db),
+        counted.names(),
         client_params,
         &server_params,
     );
@@ -699,7 +695,7 @@ fn open_session(
     pool: &Arc<Pool>,
     id: u64,
     peer: &str,
-    (user, db): (&str, &str),
+    names: (Arc<str>, Arc<str>),
     client_params: Params,
     server_params: &Params,
 ) -> (VirtualSession, Registration) {
@@ -717,10 +713,7 @@ fn open_session(
     session.startup = pool.share_startup_params(client_params);
     session.pool_scope = session::pool_scope(pool);
     let kill = shared.stop_clients().child_token();
-    let reg =
-        shared
-            .clients()
-            .register(id, peer.to_string(), user.to_string(), db.to_string(), kill);
+    let reg = shared.clients().register(id, peer.to_string(), names, kill);
     session.backend_pid = reg.handle.key.0;
     (session, reg)
 }

@@ -287,12 +287,7 @@ impl VirtualSession {
 /// The start of the statement scopes of a pool's clients: its database and user (so its
 /// servers' database, host and login role).
 pub fn pool_scope(pool: &Pool) -> Bytes {
-    let mut s = Vec::with_capacity(pool.db.len() + pool.user.len() + 2);
-    s.extend_from_slice(pool.db.as_bytes());
-    s.push(0);
-    s.extend_from_slice(pool.user.as_bytes());
-    s.push(0);
-    Bytes::from(s)
+    pool.scope.clone()
 }
 
 /// Whether a statement's text may hold a string constant: a quote, or a `$` that is not a

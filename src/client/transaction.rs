@@ -1,6 +1,7 @@
 //! The transaction loop: wait for a request, get a server, make it fit the virtual session,
 //! relay until the pool mode lets the server go, repeat.
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::task::Poll;
 use std::time::Instant;
 
 use std::pin::Pin;
@@ -38,8 +39,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut phase = c.shared.restart().watch();
     // A pinned client keeps its server between transactions.
     let mut held: Option<PooledServer> = None;
-    // A transaction whose server was lost: the failed block pgcarpool plays.
-    let mut aborted: Option<super::aborted::Aborted> = None;
+    // A transaction whose server was lost: the failed block pgcarpool plays (boxed: rare).
+    let mut aborted: Option<Box<super::aborted::Aborted>> = None;
     loop {
         let cfg = c.shared.config_full();
         // A pinned client that also listens through the pool's listener waits here too, to
@@ -47,19 +48,25 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         if held.is_none() || c.listening.is_listening() {
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
+            let deadline = idle_timeout.map(|d| Instant::now() + d);
             let pinned = held.is_some();
-            let wait = wait_for_request(
-                c,
-                idle_timeout,
-                kill.as_mut(),
-                &mut phase,
-                pinned,
-                &mut aborted,
-            );
-            match wait.await? {
-                Wait::Request => {}
-                Wait::Terminate => return Ok(Exit::Left),
-                Wait::Handover => return Ok(Exit::Handover),
+            let mut readable = false;
+            loop {
+                // Boxed, as the transaction below: an idle client's task keeps only `park`.
+                let wait = Box::pin(wait_for_request(
+                    c,
+                    (deadline, readable),
+                    kill.as_mut(),
+                    &mut phase,
+                    pinned,
+                    &mut aborted,
+                ));
+                match wait.await? {
+                    Wait::Request => break,
+                    Wait::Terminate => return Ok(Exit::Left),
+                    Wait::Handover => return Ok(Exit::Handover),
+                    Wait::Idle => readable = park(c, deadline, kill.as_mut(), &mut phase).await?,
+                }
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
@@ -68,10 +75,59 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
-            After::Lost(block) => aborted = block,
+            After::Lost(block) => aborted = block.map(Box::new),
             After::Leave => return Ok(Exit::Left),
         }
     }
+}
+
+/// The idle wait: nothing read, nothing owed to the client. Returns when the client's
+/// socket is readable (true), or something was queued for it or the restart phase changed
+/// (false: the caller looks again); Err when it is killed or its idle timeout passes.
+/// This is what every idle client's task holds, so it holds little: the socket's readiness
+/// is polled (its waker lives in the socket's registration), the kill future is the
+/// caller's, and the timer and the notification wait are boxed and made only when needed.
+async fn park(
+    c: &mut Client,
+    deadline: Option<Instant>,
+    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    phase: &mut PhaseWatch,
+) -> Result<bool, ClientError> {
+    // Idle: hold no buffers while waiting, only read once bytes are there.
+    c.conn.shrink_all();
+    let mut woken = c
+        .listening
+        .inbox()
+        .map(|inbox| Box::pin(super::notify::woken(Some(inbox))));
+    let mut timer = deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into())));
+    let changed = phase.changed();
+    tokio::pin!(changed);
+    poll_fn(|cx| {
+        if kill.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(killed(c)));
+        }
+        if let Poll::Ready(r) = c.conn.stream.poll_read_ready(cx) {
+            return Poll::Ready(r.map(|()| true).map_err(ClientError::from));
+        }
+        let woke = woken
+            .as_mut()
+            .is_some_and(|w| w.as_mut().poll(cx).is_ready());
+        if woke || changed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ok(false));
+        }
+        if timer
+            .as_mut()
+            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+        {
+            return Poll::Ready(Err(idle_timed_out()));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+fn idle_timed_out() -> ClientError {
+    ClientError::fatal("08P01", "client_idle_timeout".into())
 }
 
 /// What follows a transaction.
@@ -604,19 +660,20 @@ enum Wait {
     Terminate,
     /// Online restart: it may move to the new process now.
     Handover,
+    /// Nothing to read and nothing owed: `park` until there is.
+    Idle,
 }
 
 /// Flush what the client is owed and wait for its next request. While the pooler is
 /// suspended nothing is read; during a handover a client that may move says so.
 async fn wait_for_request(
     c: &mut Client,
-    idle_timeout: Option<std::time::Duration>,
+    (deadline, mut readable): (Option<Instant>, bool),
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
     phase: &mut PhaseWatch,
     pinned: bool,
-    aborted: &mut Option<super::aborted::Aborted>,
+    aborted: &mut Option<Box<super::aborted::Aborted>>,
 ) -> Result<Wait, ClientError> {
-    let deadline = idle_timeout.map(|d| Instant::now() + d);
     loop {
         // Between transactions: what the pool's listener queued for the client is its now.
         super::notify::deliver(c)?;
@@ -673,25 +730,13 @@ async fn wait_for_request(
             // SUSPEND: the client's bytes wait in the socket until RESUME.
             tokio::select! {
                 _ = phase.changed() => continue,
-                _ = idle_deadline(deadline) => {
-                    return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
-                }
+                _ = idle_deadline(deadline) => return Err(idle_timed_out()),
                 _ = kill.as_mut() => return Err(killed(c)),
             }
         }
-        let inbox = c.listening.inbox();
-        if c.conn.rbuf.is_empty() {
-            // Idle: hold no buffers while waiting, only read once bytes are there.
-            c.conn.shrink_all();
-            tokio::select! {
-                _ = super::notify::woken(inbox) => continue,
-                r = c.conn.stream.readable() => r?,
-                _ = idle_deadline(deadline) => {
-                    return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
-                }
-                _ = kill.as_mut() => return Err(killed(c)),
-                _ = phase.changed() => continue,
-            }
+        // Parked until the socket was readable: read it now (once), else park again.
+        if c.conn.rbuf.is_empty() && !std::mem::take(&mut readable) {
+            return Ok(Wait::Idle);
         }
         tokio::select! {
             _ = super::notify::woken(c.listening.inbox()) => continue,
@@ -700,9 +745,7 @@ async fn wait_for_request(
                     return Ok(Wait::Terminate);
                 }
             }
-            _ = idle_deadline(deadline) => {
-                return Err(ClientError::fatal("08P01", "client_idle_timeout".into()));
-            }
+            _ = idle_deadline(deadline) => return Err(idle_timed_out()),
             _ = kill.as_mut() => return Err(killed(c)),
             _ = phase.changed() => continue,
         }

@@ -174,6 +174,20 @@ impl Stream {
         }
     }
 
+    /// [`Stream::readable`] as a poll: the waker is kept in the socket's registration, so
+    /// an idle client's task holds no state for the wait.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+            Stream::TlsIn(t) if !t.tls.get_ref().1.wants_read() => Poll::Ready(Ok(())),
+            Stream::TlsIn(t) => t.tls.get_ref().0.poll_read_ready(cx),
+            Stream::TlsOut(t) if !t.get_ref().1.wants_read() => Poll::Ready(Ok(())),
+            Stream::TlsOut(t) => t.get_ref().0.poll_read_ready(cx),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+
     /// Leave this thread's runtime, to be [`Detached::attach`]ed on another worker's.
     /// Only plain sockets move this way (clients are placed before any TLS handshake).
     pub fn detach(self) -> io::Result<Detached> {

@@ -162,6 +162,9 @@ struct Inner {
 pub struct Pool {
     pub db: String,
     pub user: String,
+    /// `db\0user\0`: what every statement scope of the pool's clients begins with, one
+    /// copy shared by them all.
+    pub scope: bytes::Bytes,
     inner: Mutex<Inner>,
     /// `Inner::settings`, stored again with it under the lock: read on every transaction
     /// (`Pool::settings`) without taking the lock.
@@ -228,6 +231,7 @@ impl Pool {
             db: db.to_string(),
             user: user.to_string(),
             current: ArcSwap::new(settings.clone()),
+            scope: bytes::Bytes::from([db, "\0", user, "\0"].concat()),
             inner: Mutex::new(Inner {
                 settings,
                 idle: VecDeque::new(),

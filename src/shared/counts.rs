@@ -8,28 +8,34 @@ use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
 pub struct ClientCounts {
-    by_db: Mutex<HashMap<String, usize>>,
-    by_user: Mutex<HashMap<String, usize>>,
+    by_db: Mutex<HashMap<Arc<str>, usize>>,
+    by_user: Mutex<HashMap<Arc<str>, usize>>,
 }
 
-/// One client counted in its database and user until dropped.
+/// One client counted in its database and user until dropped. The names are the counts'
+/// own, shared by every client of the same database or user (the client registry keeps
+/// them too: `ClientHandle`).
 pub struct Counted {
     counts: Arc<ClientCounts>,
-    db: String,
-    user: String,
+    db: Arc<str>,
+    user: Arc<str>,
     /// The counts with this client in them.
     pub db_count: usize,
     pub user_count: usize,
 }
 
-fn up(m: &Mutex<HashMap<String, usize>>, key: &str) -> usize {
+/// Count one more under `key`: the count, and the map's own copy of the name.
+fn up(m: &Mutex<HashMap<Arc<str>, usize>>, key: &str) -> (usize, Arc<str>) {
     let mut g = m.locked();
-    let n = g.entry(key.to_string()).or_insert(0);
-    *n += 1;
-    *n
+    let (k, n) = match g.get_key_value(key) {
+        Some((k, n)) => (k.clone(), n + 1),
+        None => (key.into(), 1),
+    };
+    g.insert(k.clone(), n);
+    (n, k)
 }
 
-fn down(m: &Mutex<HashMap<String, usize>>, key: &str) {
+fn down(m: &Mutex<HashMap<Arc<str>, usize>>, key: &str) {
     let mut g = m.locked();
     if let Some(n) = g.get_mut(key) {
         *n = n.saturating_sub(1);
@@ -42,12 +48,14 @@ fn down(m: &Mutex<HashMap<String, usize>>, key: &str) {
 impl ClientCounts {
     /// Count a client of database `db` logged in as `user`.
     pub fn enter(self: &Arc<Self>, db: &str, user: &str) -> Counted {
+        let (db_count, db) = up(&self.by_db, db);
+        let (user_count, user) = up(&self.by_user, user);
         Counted {
-            db_count: up(&self.by_db, db),
-            user_count: up(&self.by_user, user),
+            db_count,
+            user_count,
             counts: self.clone(),
-            db: db.to_string(),
-            user: user.to_string(),
+            db,
+            user,
         }
     }
 
@@ -59,6 +67,13 @@ impl ClientCounts {
     /// Clients logged in as `user` now.
     pub fn user(&self, user: &str) -> usize {
         self.by_user.locked().get(user).copied().unwrap_or(0)
+    }
+}
+
+impl Counted {
+    /// The (user, database) names, shared.
+    pub fn names(&self) -> (Arc<str>, Arc<str>) {
+        (self.user.clone(), self.db.clone())
     }
 }
 
@@ -91,5 +106,21 @@ mod tests {
         assert_eq!(counts.db("app"), 0);
         assert_eq!(counts.user("bob"), 0);
         assert!(counts.by_db.locked().is_empty(), "no entry left behind");
+    }
+
+    #[test]
+    fn clients_of_one_database_and_user_share_one_copy_of_the_names() {
+        let counts = Arc::new(ClientCounts::default());
+        let a = counts.enter("app", "alice");
+        let b = counts.enter("app", "alice");
+        let c = counts.enter("other", "bob");
+        let (au, ad) = a.names();
+        let (bu, bd) = b.names();
+        assert!(Arc::ptr_eq(&au, &bu) && Arc::ptr_eq(&ad, &bd));
+        assert_eq!((&*c.names().0, &*c.names().1), ("bob", "other"));
+        // The last client of a name gone, a new one counts from 1 again.
+        drop((a, b, au, ad, bu, bd));
+        let d = counts.enter("app", "alice");
+        assert_eq!((d.db_count, d.user_count), (1, 1));
     }
 }

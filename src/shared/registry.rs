@@ -35,33 +35,41 @@ pub enum ClientState {
     Active = 3,
 }
 
-/// What others may see of, and do to, one client.
+/// What others may see of, and do to, one client. Kept small (every idle client has
+/// one): the user and database names are shared with every client of the same ones
+/// (`counts::Counted`), and what few clients have lives in `Rare`, made when first set.
 pub struct ClientHandle {
     pub id: u64,
     pub key: (i32, i32),
     pub addr: String,
-    pub user: String,
-    pub db: String,
+    pub user: Arc<str>,
+    pub db: Arc<str>,
     pub connect_time: SystemTime,
     /// Cancelled to make the client leave (KILL, shutdown).
     pub kill: CancellationToken,
-    /// Why it was told to leave (KILL_CLIENT: "admin forced disconnect"); None: the
-    /// database went (KILL db, shutdown).
-    kill_reason: Mutex<Option<&'static str>>,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
     server: Mutex<Option<ServerLink>>,
-    /// Why the client is pinned to its server, and since when.
-    pin: Mutex<Option<(String, SystemTime)>>,
     /// Named statements in the client's virtual session, after its last transaction.
     prepared: std::sync::atomic::AtomicUsize,
+    rare: Mutex<Option<Box<Rare>>>,
+}
+
+/// What only some clients have (TLS, a pin, a handover note, a kill reason).
+#[derive(Default)]
+struct Rare {
+    /// Why it was told to leave (KILL_CLIENT: "admin forced disconnect"); None: the
+    /// database went (KILL db, shutdown).
+    kill_reason: Option<&'static str>,
+    /// Why the client is pinned to its server, and since when.
+    pin: Option<(String, SystemTime)>,
     /// Online restart: whether it moved in, will move, or stays (SHOW CLIENTS).
-    handover: Mutex<Option<String>>,
-    /// The TLS session as SHOW CLIENTS prints it (unset: plain).
-    tls: std::sync::OnceLock<String>,
+    handover: Option<String>,
+    /// The TLS session as SHOW CLIENTS prints it (None: plain).
+    tls: Option<String>,
     /// The TLS session of the server running this client's work (SHOW SERVERS); only
     /// touched for TLS servers.
-    server_tls: Mutex<Option<Arc<str>>>,
+    server_tls: Option<Arc<str>>,
 }
 
 impl ClientHandle {
@@ -69,8 +77,7 @@ impl ClientHandle {
         id: u64,
         key: (i32, i32),
         addr: String,
-        user: String,
-        db: String,
+        (user, db): (Arc<str>, Arc<str>),
         kill: CancellationToken,
         connect_time: SystemTime,
     ) -> Arc<ClientHandle> {
@@ -82,27 +89,39 @@ impl ClientHandle {
             db,
             connect_time,
             kill,
-            kill_reason: Mutex::new(None),
             state: AtomicU8::new(ClientState::Login as u8),
             server: Mutex::new(None),
             prepared: Default::default(),
-            pin: Mutex::new(None),
-            handover: Mutex::new(None),
-            tls: Default::default(),
-            server_tls: Mutex::new(None),
+            rare: Mutex::new(None),
         })
+    }
+
+    /// Read what few clients have (None when nothing was ever set).
+    fn rare<T>(&self, f: impl FnOnce(&Rare) -> Option<T>) -> Option<T> {
+        self.rare.locked().as_deref().and_then(f)
+    }
+
+    /// Change what few clients have; `set` false: only if it exists (clearing needs no
+    /// allocation).
+    fn set_rare(&self, set: bool, f: impl FnOnce(&mut Rare)) {
+        let mut g = self.rare.locked();
+        match g.as_deref_mut() {
+            Some(r) => f(r),
+            None if set => f(g.insert(Box::default())),
+            None => {}
+        }
     }
 
     /// Make the client leave, telling it `reason` (PgBouncer's words).
     pub fn kill_with(&self, reason: &'static str) {
-        *self.kill_reason.locked() = Some(reason);
+        self.set_rare(true, |r| r.kill_reason = Some(reason));
         self.kill.cancel();
     }
 
     /// What a client made to leave is told: PgBouncer's words, "database removed" for
     /// KILL of its database and for a shutdown.
     pub fn kill_reason(&self) -> &'static str {
-        self.kill_reason.locked().unwrap_or("database removed")
+        self.rare(|r| r.kill_reason).unwrap_or("database removed")
     }
 
     pub fn state(&self) -> ClientState {
@@ -118,18 +137,20 @@ impl ClientHandle {
     }
     /// The TLS session of the server it holds, for SHOW SERVERS (None: released).
     pub fn set_server_tls(&self, tls: Option<Arc<str>>) {
-        *self.server_tls.locked() = tls;
+        self.set_rare(tls.is_some(), |r| r.server_tls = tls);
     }
     pub fn server_tls(&self) -> Option<Arc<str>> {
-        self.server_tls.locked().clone()
+        self.rare(|r| r.server_tls.clone())
     }
     /// Record the client's TLS session (once, at login).
     pub fn set_tls(&self, info: String) {
-        let _ = self.tls.set(info);
+        self.set_rare(true, |r| {
+            r.tls.get_or_insert(info);
+        });
     }
     /// The client's TLS session, "" without TLS (SHOW CLIENTS).
-    pub fn tls(&self) -> &str {
-        self.tls.get().map_or("", String::as_str)
+    pub fn tls(&self) -> String {
+        self.rare(|r| r.tls.clone()).unwrap_or_default()
     }
     pub fn set_prepared(&self, n: usize) {
         self.prepared.store(n, Ordering::Relaxed);
@@ -145,24 +166,23 @@ impl ClientHandle {
         self.server.locked().clone()
     }
     pub fn set_pin(&self, reasons: Option<String>) {
-        let mut g = self.pin.locked();
-        match reasons {
-            None => *g = None,
+        self.set_rare(reasons.is_some(), |g| match reasons {
+            None => g.pin = None,
             Some(r) => {
-                let since = g.as_ref().map_or_else(SystemTime::now, |(_, t)| *t);
-                *g = Some((r, since));
+                let since = g.pin.as_ref().map_or_else(SystemTime::now, |(_, t)| *t);
+                g.pin = Some((r, since));
             }
-        }
+        });
     }
     /// (reasons, since) when pinned.
     pub fn pin(&self) -> Option<(String, SystemTime)> {
-        self.pin.locked().clone()
+        self.rare(|r| r.pin.clone())
     }
     pub fn set_handover(&self, note: Option<String>) {
-        *self.handover.locked() = note;
+        self.set_rare(note.is_some(), |r| r.handover = note);
     }
     pub fn handover(&self) -> Option<String> {
-        self.handover.locked().clone()
+        self.rare(|r| r.handover.clone())
     }
     pub fn cancel_target(&self) -> Option<CancelTarget> {
         self.server().map(|s| (s.addr, s.key))
@@ -203,8 +223,7 @@ impl Registry {
         self: &Arc<Self>,
         id: u64,
         addr: String,
-        user: String,
-        db: String,
+        names: (Arc<str>, Arc<str>),
         kill: CancellationToken,
     ) -> Registration {
         let mut map = self.lock();
@@ -214,7 +233,7 @@ impl Registry {
                 break k;
             }
         };
-        let handle = ClientHandle::new(id, key, addr, user, db, kill, SystemTime::now());
+        let handle = ClientHandle::new(id, key, addr, names, kill, SystemTime::now());
         map.insert(key, handle.clone());
         Registration {
             registry: self.clone(),
@@ -230,8 +249,7 @@ impl Registry {
         id: u64,
         key: (i32, i32),
         addr: String,
-        user: String,
-        db: String,
+        names: (Arc<str>, Arc<str>),
         kill: CancellationToken,
         connect_time: SystemTime,
     ) -> Option<Registration> {
@@ -239,7 +257,7 @@ impl Registry {
         if map.contains_key(&key) {
             return None;
         }
-        let handle = ClientHandle::new(id, key, addr, user, db, kill, connect_time);
+        let handle = ClientHandle::new(id, key, addr, names, kill, connect_time);
         map.insert(key, handle.clone());
         Some(Registration {
             registry: self.clone(),

@@ -371,12 +371,12 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
     let kill = shared.stop_clients().child_token();
+    let counted = shared.client_counts().enter(&m.db, &m.user);
     let Some(reg) = shared.clients().register_moved(
         id,
         m.key,
         m.addr.clone(),
-        m.user.clone(),
-        m.db.clone(),
+        counted.names(),
         kill,
         connect_time.min(SystemTime::now()),
     ) else {
@@ -386,7 +386,6 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     reg.handle.set_handover(Some("moved in".into()));
     reg.handle
         .set_state(crate::client::registry::ClientState::Idle);
-    let counted = shared.client_counts().enter(&m.db, &m.user);
     let detached = match m.transport {
         Transport::Tcp => crate::net::stream::Detached::Tcp(std::net::TcpStream::from(fd)),
         Transport::Unix => crate::net::stream::Detached::Unix(UnixStream::from(fd)),
@@ -395,6 +394,8 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let s2 = shared.clone();
     let me = crate::workers::current();
     let w = shared.workers().map_or(me, |ws| ws.place(me));
+    // Boxed: the task keeps a pointer, not room for a session beside the client's own.
+    let parts = Box::new((pool, session, reg, counted, pending));
     let run = async move {
         let stream = match detached.attach() {
             Ok(s) => s,
@@ -404,10 +405,11 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
                 return;
             }
         };
+        let (pool, session, reg, counted, pending) = *parts;
         let mut conn = Conn::new(stream);
         conn.rbuf.extend_from_slice(&pending);
         let client = Client::new(s2.clone(), conn, pool, session, reg, counted);
-        super::serve(client).await;
+        super::serve(Box::new(client)).await;
         s2.client_closed(w);
     };
     match shared.workers() {

@@ -43,7 +43,9 @@ use session::{MovedSession, StayingClient, Transport};
 
 /// Serve a logged-in client (or one that moved in from the process this one took over
 /// from) until it leaves, or moves on to the process that takes over from this one.
-pub async fn serve(mut client: Client) {
+/// Boxed: the client (its session, socket, registration) is one allocation and not part
+/// of the task's future (an async fn's argument would be kept twice, rust-lang/rust#62958).
+pub async fn serve(mut client: Box<Client>) {
     let result = loop {
         match crate::client::serve_here(&mut client).await {
             Some(result) => break result,
@@ -61,5 +63,5 @@ pub async fn serve(mut client: Client) {
             },
         }
     };
-    Box::pin(crate::client::finish(client, result)).await;
+    Box::pin(crate::client::finish(*client, result)).await;
 }

@@ -54,8 +54,8 @@ fn describe(c: &Client, transport: Transport) -> MovedSession {
     };
     MovedSession {
         transport,
-        user: h.user.clone(),
-        db: h.db.clone(),
+        user: h.user.to_string(),
+        db: h.db.to_string(),
         addr: h.addr.clone(),
         connect_time_us: h
             .connect_time
@@ -139,7 +139,7 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
             _ = tick.tick() => {
                 // Console sessions (this one among them) do not keep the process: clients do.
                 let clients = shared.clients().all();
-                let consoles = clients.iter().filter(|c| c.db == "pgbouncer").count();
+                let consoles = clients.iter().filter(|c| &*c.db == "pgbouncer").count();
                 if shared.client_conns() <= consoles {
                     break;
                 }
@@ -173,10 +173,10 @@ pub async fn serve_handover(shared: &Arc<Shared>, conn: &mut Conn) -> io::Result
 fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<StayingClient> {
     clients
         .iter()
-        .filter(|c| c.db != "pgbouncer")
+        .filter(|c| &*c.db != "pgbouncer")
         .map(|c| StayingClient {
-            user: c.user.clone(),
-            db: c.db.clone(),
+            user: c.user.to_string(),
+            db: c.db.to_string(),
             addr: c.addr.clone(),
             connect_time_us: c
                 .connect_time
@@ -250,7 +250,7 @@ impl Inbox {
 fn annotate_staying(shared: &Shared) {
     let cfg = shared.config();
     for c in shared.clients().all() {
-        if c.db == "pgbouncer" {
+        if &*c.db == "pgbouncer" {
             continue;
         }
         let why = if c.pin().is_some() {
