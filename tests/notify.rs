@@ -474,7 +474,7 @@ async fn a_client_past_notify_queue_limit_is_told_and_let_go_others_are_not() {
     // FATAL is given to be written, else the connection's end in the middle of a message.
     assert!(
         end.starts_with("54000 too many notifications queued")
-            || end.starts_with("error communicating with the server")
+            || end.starts_with("client: error communicating with the server")
             || end.is_empty(),
         "{end}"
     );
