@@ -31,6 +31,10 @@ pub struct VirtualSession {
     pub unnamed: Option<bytes::Bytes>,
     /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
     pub unnamed_id: u64,
+    /// plan_once: the shared statement that serves the unnamed statement of this
+    /// `unnamed_id` (`Relay::parse_planned_once`); while the id is the client's, its Bind,
+    /// Describe and Close go to the shared statement (`shared_unnamed`).
+    pub unnamed_shared: Option<(u64, Arc<Stmt>)>,
     /// The process id the client was given (BackendKeyData).
     pub backend_pid: i32,
     /// Statement names parsed and neither described nor bound yet, with the registry's
@@ -254,6 +258,13 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
+            Undo::Name(name, stmt) if name.is_empty() => {
+                // A Parse of the unnamed statement served by a shared one failed: as
+                // PostgreSQL's, the client has no unnamed statement any more.
+                if self.shared_unnamed().is_some_and(|s| Arc::ptr_eq(s, &stmt)) {
+                    self.drop_unnamed();
+                }
+            }
             Undo::Name(name, _) => {
                 self.statements.remove(&name);
             }
@@ -268,6 +279,15 @@ impl VirtualSession {
                 None => self.drop_unnamed(),
             },
             Undo::Unnamed { .. } => {}
+        }
+    }
+
+    /// The shared statement that serves the client's current unnamed statement
+    /// (plan_once), if one does.
+    pub fn shared_unnamed(&self) -> Option<&Arc<Stmt>> {
+        match &self.unnamed_shared {
+            Some((id, s)) if *id == self.unnamed_id && *id != 0 => Some(s),
+            _ => None,
         }
     }
 
