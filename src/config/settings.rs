@@ -1411,6 +1411,7 @@ mod tests {
                     "log_format",
                     "pin_pool_size",
                     "check_function_calls",
+                    "plan_once",
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",
