@@ -214,6 +214,11 @@ impl StatementRegistry {
         self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Is `stmt` of the current generation (what a Parse of its text in its scope gets)?
+    pub fn is_current(&self, stmt: &Stmt) -> bool {
+        stmt.generation == self.generation.load(Ordering::Relaxed)
+    }
+
     /// The statement for this Parse body tail (query + types) parsed in `scope`
     /// (`VirtualSession::statement_scope`).
     pub fn intern(&self, scope: &[u8], parse_rest: &[u8]) -> Result<Arc<Stmt>, RegistryFull> {

@@ -523,6 +523,14 @@ impl Relay<'_> {
             if id == 0 || self.server.exchange().unnamed() == id {
                 return None;
             }
+            if self
+                .session
+                .shared_unnamed()
+                .is_some_and(|s| self.server.holds(s.id))
+            {
+                // plan_once: the server checks them (its error given the client's name).
+                return None;
+            }
             self.session.unnamed.clone()?
         } else {
             let stmt = self.session.statements.get(name)?;
@@ -1009,16 +1017,43 @@ impl Relay<'_> {
         if !classify::plans_once(sql) {
             return Ok(false);
         }
-        let scope = self.statement_scope(rest);
-        if scope.starts_with(super::prepared::UNSHARED) {
-            return Ok(false);
-        }
-        // Within the registry's bound, else parsed as ever.
-        let Ok(stmt) = self.registry.intern(&scope, rest) else {
-            return Ok(false);
+        // The statement of the client's previous unnamed Parse while nothing changed its
+        // scope or the registry's generation, else the registry's.
+        let kept = self.session.unnamed_shared.as_ref().filter(|s| {
+            s.stmt.parse_rest[..] == *rest
+                && Arc::ptr_eq(&s.params, &self.session.params)
+                && self.effects.is_empty()
+                && self.registry.is_current(&s.stmt)
+        });
+        let stmt = match kept {
+            Some(s) => s.stmt.clone(),
+            None => {
+                let scope = self.statement_scope(rest);
+                if scope.starts_with(super::prepared::UNSHARED) {
+                    return Ok(false);
+                }
+                // Within the registry's bound, else parsed as ever.
+                let Ok(stmt) = self.registry.intern(&scope, rest) else {
+                    return Ok(false);
+                };
+                stmt
+            }
         };
         let now = self.session.parsed_unnamed(rest);
-        self.session.unnamed_shared = Some((now, stmt.clone()));
+        match &mut self.session.unnamed_shared {
+            Some(s)
+                if Arc::ptr_eq(&s.stmt, &stmt) && Arc::ptr_eq(&s.params, &self.session.params) =>
+            {
+                s.id = now;
+            }
+            slot => {
+                *slot = Some(Box::new(super::session::SharedUnnamed {
+                    id: now,
+                    stmt: stmt.clone(),
+                    params: self.session.params.clone(),
+                }));
+            }
+        }
         self.session
             .parsed_name(Bytes::new(), self.registry.changes_seen());
         if self.server.touch(stmt.id) {
@@ -1165,8 +1200,9 @@ impl Relay<'_> {
         // gets it parsed anew.
         self.server.unprepare(&r.stmt);
         if r.name.is_empty() {
-            let id = self.session.unnamed_id;
-            self.session.unnamed_shared = Some((id, fresh));
+            if let Some(s) = &mut self.session.unnamed_shared {
+                s.stmt = fresh;
+            }
         } else {
             self.session.statements.insert(r.name.clone(), fresh);
         }

@@ -31,10 +31,9 @@ pub struct VirtualSession {
     pub unnamed: Option<bytes::Bytes>,
     /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
     pub unnamed_id: u64,
-    /// plan_once: the shared statement that serves the unnamed statement of this
-    /// `unnamed_id` (`Relay::parse_planned_once`); while the id is the client's, its Bind,
-    /// Describe and Close go to the shared statement (`shared_unnamed`).
-    pub unnamed_shared: Option<(u64, Arc<Stmt>)>,
+    /// plan_once: the shared statement that serves the client's unnamed statement
+    /// (`Relay::parse_planned_once`, `shared_unnamed`).
+    pub unnamed_shared: Option<Box<SharedUnnamed>>,
     /// The process id the client was given (BackendKeyData).
     pub backend_pid: i32,
     /// Statement names parsed and neither described nor bound yet, with the registry's
@@ -64,6 +63,18 @@ pub struct VirtualSession {
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
+}
+
+/// plan_once: the shared statement that serves the unnamed statement of `id`: while `id`
+/// is the client's `unnamed_id`, its Bind and Close go to `stmt`.
+#[derive(Debug, Clone)]
+pub struct SharedUnnamed {
+    pub id: u64,
+    pub stmt: Arc<Stmt>,
+    /// The session's parameters when `stmt` was found for the client's scope: while the
+    /// session still has these (a change copies them, this clone being held), the scope
+    /// is the same and the next Parse of the text needs no registry look-up.
+    pub params: Arc<Params>,
 }
 
 /// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
@@ -286,7 +297,7 @@ impl VirtualSession {
     /// (plan_once), if one does.
     pub fn shared_unnamed(&self) -> Option<&Arc<Stmt>> {
         match &self.unnamed_shared {
-            Some((id, s)) if *id == self.unnamed_id && *id != 0 => Some(s),
+            Some(s) if s.id == self.unnamed_id && s.id != 0 => Some(&s.stmt),
             _ => None,
         }
     }
