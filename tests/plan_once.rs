@@ -396,3 +396,28 @@ async fn many_clients_and_pg_stat_statements_as_in_postgresql() {
         assert!(c.contains("SELECT $1::int + $2 AS own 18"), "{c}");
     }
 }
+
+/// A client that describes its unnamed statement at each Parse (pgx's way: Parse, Describe
+/// statement, Sync; then Bind, Execute, Sync) gets PostgreSQL's answers from a fresh parse
+/// each time: its text is prepared under an internal name at its first repeat (before its
+/// Describe comes), never run through it, and not served by it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_describes_each_parse_is_left_alone() {
+    let pg = TempPostgres::start();
+    const SQL: &str = "SELECT $1::int * 3 AS described_probe";
+    let count = format!(
+        "SELECT count(*) || ' ' || coalesce(sum(generic_plans + custom_plans), 0) \
+         FROM pg_prepared_statements WHERE statement = '{SQL}'"
+    );
+    let parse = format!("P |{SQL}\nD S \nS");
+    let bind = "B ||14\nD P \nE \nS";
+    let p = pool(&pg, 1, true).await;
+    let steps = [&parse, bind, &parse, bind, &parse, bind, &parse, bind].map(|s| &s[..]);
+    let t = oracle(&pg, &p, &[steps.to_vec()]).await;
+    has(&t, 0, 6, "t 23");
+    has(&t, 0, 7, "Row 42");
+    let c = p.connect("postgres", "testdb").await;
+    assert_eq!(scalar(&c, &count).await.unwrap(), "1 0");
+    drop(c);
+    p.shutdown().await;
+}

@@ -762,8 +762,12 @@ impl Relay<'_> {
                 // plan_once: the client is told the statement's columns, which a server's
                 // copy prepared before a schema change pgcarpool did not see would give
                 // stale (0A000 where a fresh Parse describes the new ones): described, and
-                // run, as its own unnamed statement, parsed anew on the server.
-                self.session.unnamed_shared = None;
+                // run, as its own unnamed statement, parsed anew on the server. Its next
+                // Parses too (`Relay::parse_planned_once`).
+                if let Some(s) = &mut self.session.unnamed_shared {
+                    s.described |= s.id == self.session.unnamed_id;
+                    s.id = 0;
+                }
             }
         }
         if kind == b'S' && name.is_empty() && shared.is_none() && !self.unnamed_here() {
@@ -1017,6 +1021,12 @@ impl Relay<'_> {
         if !classify::plans_once(sql) {
             return Ok(false);
         }
+        if (self.session.unnamed_shared.as_ref())
+            .is_some_and(|s| s.described && s.stmt.parse_rest[..] == *rest)
+        {
+            // Described each time (pgx): a Parse of its own either way.
+            return Ok(false);
+        }
         // The statement of the client's previous unnamed Parse while nothing changed its
         // scope or the registry's generation, else the registry's.
         let kept = self.session.unnamed_shared.as_ref().filter(|s| {
@@ -1051,6 +1061,7 @@ impl Relay<'_> {
                     id: now,
                     stmt: stmt.clone(),
                     params: self.session.params.clone(),
+                    described: false,
                 }));
             }
         }

@@ -75,6 +75,9 @@ pub struct SharedUnnamed {
     /// session still has these (a change copies them, this clone being held), the scope
     /// is the same and the next Parse of the text needs no registry look-up.
     pub params: Arc<Params>,
+    /// The client described the statement (`id` is 0 then): its text is parsed on the
+    /// server at each Parse from now on, not served by `stmt` (a Describe of it is).
+    pub described: bool,
 }
 
 /// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
