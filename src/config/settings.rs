@@ -1176,7 +1176,8 @@ TABLE, WITH, INSERT, UPDATE or DELETE that changes no session state and calls no
 function pgcarpool does not know, of a client that is not pinned, first in a round
 outside a transaction block; the unnamed statement is the client's as in PostgreSQL (the
 next unnamed Parse, a simple query, `Close` replace it; a failed Parse drops it); a
-Describe of it is answered by a fresh parse. See docs/compatibility.md for what a
+Describe of it is answered by a fresh parse, and that client's later Parses of the text go
+to the server as written. See docs/compatibility.md for what a
 server's log and `pg_prepared_statements` show. 0: every unnamed Parse goes to the server.
 
 **autodb_idle_timeout, pool_idle_timeout.** The janitor frees a pool (database, user)
