@@ -412,7 +412,7 @@ async fn a_client_that_describes_each_parse_is_left_alone() {
     let parse = format!("P |{SQL}\nD S \nS");
     let bind = "B ||14\nD P \nE \nS";
     let p = pool(&pg, 1, true).await;
-    let steps = [&parse, bind, &parse, bind, &parse, bind, &parse, bind].map(|s| &s[..]);
+    let steps = [&parse[..], bind, &parse, bind, &parse, bind, &parse, bind];
     let t = oracle(&pg, &p, &[steps.to_vec()]).await;
     has(&t, 0, 6, "t 23");
     has(&t, 0, 7, "Row 42");
