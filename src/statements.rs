@@ -107,11 +107,14 @@ fn registry_key(scope: &[u8], parse_rest: &[u8]) -> Bytes {
     Bytes::from(k)
 }
 
+/// How every unshared scope (`unshared_scope`) starts.
+pub const UNSHARED: &[u8] = b"\xffunshared ";
+
 /// A scope no other Parse has: its statement is shared with no one (the client's settings
 /// at its Parse are not known, see `Relay::statement_scope`).
 pub fn unshared_scope() -> Vec<u8> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let mut s = b"\xffunshared ".to_vec();
+    let mut s = UNSHARED.to_vec();
     s.extend_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
     s
 }
@@ -209,6 +212,11 @@ impl StatementRegistry {
     /// statements interned so far are used only by the clients that already named them.
     pub fn bump_generation(&self) {
         self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Is `stmt` of the current generation (what a Parse of its text in its scope gets)?
+    pub fn is_current(&self, stmt: &Stmt) -> bool {
+        stmt.generation == self.generation.load(Ordering::Relaxed)
     }
 
     /// The statement for this Parse body tail (query + types) parsed in `scope`

@@ -131,6 +131,9 @@ pub struct Relay<'a> {
     pub(super) at_sync_point: bool,
     /// Most statement names the client may hold (client_max_statements).
     pub max_client_statements: usize,
+    /// plan_once: a repeated unnamed Parse may be served by a shared statement
+    /// (`Relay::parse_planned_once`).
+    pub plan_once: bool,
     /// Set when the client's message went past a limit: the relay stops with it.
     pub(super) limit: Option<String>,
     /// The client's messages from a Bind of a shared statement up to its Sync, kept to be
@@ -255,6 +258,7 @@ impl<'a> Relay<'a> {
             effects: Effects::default(),
             at_sync_point: true,
             max_client_statements: usize::MAX,
+            plan_once: false,
             limit: None,
             replay: None,
             rescan_client: false,

@@ -30,6 +30,11 @@ pub(super) fn passes_through(
             if !r.cstr_bytes()?.is_empty() {
                 return Ok(false);
             }
+            if session.unnamed.as_deref() == Some(&body[1..]) {
+                // Parsed just before: perhaps served by a shared statement
+                // (`Relay::parse_planned_once`).
+                return Ok(false);
+            }
             let sql = r.cstr_bytes()?;
             if !classify::returns_rows(sql) {
                 // Described too (`Relay::parse_unnamed`).
@@ -622,6 +627,14 @@ impl Relay<'_> {
             if id == 0 || self.server.exchange().unnamed() == id {
                 return None;
             }
+            if self
+                .session
+                .shared_unnamed()
+                .is_some_and(|s| self.server.holds(s.id))
+            {
+                // plan_once: the server checks them (its error given the client's name).
+                return None;
+            }
             self.session.unnamed.clone()?
         } else {
             let stmt = self.session.statements.get(name)?;
@@ -660,6 +673,12 @@ impl Relay<'_> {
     fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
         if self.server.status_sent() != b'E' {
             return None;
+        }
+        if let Some(stmt) = self.session.shared_unnamed().filter(|_| name.is_empty()) {
+            if self.server.holds(stmt.id) {
+                return None;
+            }
+            return stmt.no_rows_params().cloned();
         }
         if name.is_empty() {
             let id = self.session.unnamed_id;
@@ -755,7 +774,12 @@ impl Relay<'_> {
             self.server.probe("08P01", m, false);
             return Ok(());
         }
-        if name.is_empty() {
+        let shared = if name.is_empty() {
+            self.shared_unnamed()
+        } else {
+            None
+        };
+        if name.is_empty() && shared.is_none() {
             if !self.unnamed_here() {
                 self.server.probe("26000", NO_UNNAMED.into(), false);
                 return Ok(());
@@ -769,7 +793,7 @@ impl Relay<'_> {
             }
             self.server.conn_mut().queue(msg);
         } else {
-            match self.lookup(name) {
+            match shared.or_else(|| self.lookup(name)) {
                 None => {
                     let name = String::from_utf8_lossy(name).into_owned();
                     if !self.unknown_statement(&name, msg.clone(), false) {
@@ -832,14 +856,33 @@ impl Relay<'_> {
             self.answer(Answer::Described(params));
             return Ok(());
         }
-        if kind == b'S' && name.is_empty() && !self.unnamed_here() {
+        let mut shared = None;
+        if kind == b'S' && name.is_empty() {
+            if self.server.status_sent() == b'E' {
+                // (PostgreSQL refuses a statement with a result there before it looks at
+                // its plan, and describes one without from its parameters.)
+                shared = self.shared_unnamed();
+            } else {
+                // plan_once: the client is told the statement's columns, which a server's
+                // copy prepared before a schema change pgcarpool did not see would give
+                // stale (0A000 where a fresh Parse describes the new ones): described, and
+                // run, as its own unnamed statement, parsed anew on the server. Its next
+                // Parses too (`Relay::parse_planned_once`).
+                if let Some(s) = &mut self.session.unnamed_shared {
+                    s.described |= s.id == self.session.unnamed_id;
+                    s.id = 0;
+                }
+            }
+        }
+        if kind == b'S' && name.is_empty() && shared.is_none() && !self.unnamed_here() {
             self.server.probe("26000", NO_UNNAMED.into(), false);
             return Ok(());
         }
         if kind == b'S' {
             self.session.unbound.remove(name);
         }
-        match (kind, self.lookup(if kind == b'S' { name } else { b"" })) {
+        let stmt = shared.or_else(|| self.lookup(if kind == b'S' { name } else { b"" }));
+        match (kind, stmt) {
             (b'S', Some(stmt)) => {
                 self.note_rename(&stmt, name);
                 let sname = stmt.server_name.clone();
@@ -906,6 +949,9 @@ impl Relay<'_> {
     /// may return no rows is described too (`Server::learn`): a Describe of it in a failed
     /// block on another server is answered from that (`described_in_failed_block`).
     fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+        if self.parse_planned_once(&msg)? {
+            return Ok(());
+        }
         let body = &msg[5..];
         let mut r = Reader::new(&body[1..], "Parse");
         let sql = r.cstr_bytes()?;
@@ -1054,6 +1100,97 @@ impl Relay<'_> {
         }
     }
 
+    /// plan_once: a client's Parse of the unnamed statement with the text of its previous
+    /// one is served by a shared statement (`VirtualSession::unnamed_shared`), which the
+    /// server plans once, where that cannot change what the client sees: a plain
+    /// SELECT/INSERT/UPDATE/DELETE (`classify::plans_once`) of an unpinned client, parsed
+    /// in the client's known scope, first in a round outside a transaction block (a stale
+    /// plan's 0A000 at the Bind is then sent again on a fresh statement,
+    /// `Relay::replay_stale`). Answered here when the server holds it, else prepared under
+    /// its server name (the client gets that ParseComplete or error). True when served.
+    fn parse_planned_once(&mut self, msg: &Bytes) -> Result<bool, ProtoError> {
+        let rest = &msg[6..];
+        if !self.plan_once
+            || msg[5] != 0
+            || self.session.unnamed.as_deref() != Some(rest)
+            || self.session.pin.is_some()
+            || !self.at_sync_point
+            || self.server.tx_status() != b'I'
+            || self.server.status_sent() != b'I'
+            || !self.server.exchange().before_first_bind()
+        {
+            return Ok(false);
+        }
+        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
+        if !classify::plans_once(sql) {
+            return Ok(false);
+        }
+        if (self.session.unnamed_shared.as_ref())
+            .is_some_and(|s| s.described && s.stmt.parse_rest[..] == *rest)
+        {
+            // Described each time (pgx): a Parse of its own either way.
+            return Ok(false);
+        }
+        // The statement of the client's previous unnamed Parse while nothing changed its
+        // scope or the registry's generation, else the registry's.
+        let kept = self.session.unnamed_shared.as_ref().filter(|s| {
+            s.stmt.parse_rest[..] == *rest
+                && Arc::ptr_eq(&s.params, &self.session.params)
+                && self.effects.is_empty()
+                && self.registry.is_current(&s.stmt)
+        });
+        let stmt = match kept {
+            Some(s) => s.stmt.clone(),
+            None => {
+                let scope = self.statement_scope(rest);
+                if scope.starts_with(super::prepared::UNSHARED) {
+                    return Ok(false);
+                }
+                // Within the registry's bound, else parsed as ever.
+                let Ok(stmt) = self.registry.intern(&scope, rest) else {
+                    return Ok(false);
+                };
+                stmt
+            }
+        };
+        let now = self.session.parsed_unnamed(rest);
+        match &mut self.session.unnamed_shared {
+            Some(s)
+                if Arc::ptr_eq(&s.stmt, &stmt) && Arc::ptr_eq(&s.params, &self.session.params) =>
+            {
+                s.id = now;
+            }
+            slot => {
+                *slot = Some(Box::new(super::session::SharedUnnamed {
+                    id: now,
+                    stmt: stmt.clone(),
+                    params: self.session.params.clone(),
+                    described: false,
+                }));
+            }
+        }
+        self.session
+            .parsed_name(Bytes::new(), self.registry.changes_seen());
+        if self.server.touch(stmt.id) {
+            self.server.expect(Pending::Answered(Bytes::new(), stmt));
+        } else {
+            self.prepare_on_server(stmt, false);
+            // Failed, the client has no unnamed statement (`VirtualSession::undo`).
+            self.server.name_last_parse(Bytes::new());
+        }
+        Ok(true)
+    }
+
+    /// The shared statement serving the client's unnamed statement (plan_once), prepared
+    /// on this server (added if missing).
+    fn shared_unnamed(&mut self) -> Option<Arc<Stmt>> {
+        let stmt = self.session.shared_unnamed()?.clone();
+        if !self.server.touch(stmt.id) {
+            self.prepare_on_server(stmt.clone(), true);
+        }
+        Some(stmt)
+    }
+
     /// Does this server hold the client's current unnamed statement? If the client has
     /// one that another server holds, it is parsed here first (its replies swallowed).
     fn unnamed_here(&mut self) -> bool {
@@ -1157,15 +1294,33 @@ impl Relay<'_> {
         let Some(r) = self.replay.take_if(|r| r.complete && !r.replayed) else {
             return false;
         };
+        if r.name.is_empty()
+            && !(self.session.shared_unnamed()).is_some_and(|s| Arc::ptr_eq(s, &r.stmt))
+        {
+            // The client's unnamed statement is another one by now.
+            return false;
+        }
         let (scope, rest) = (r.stmt.scope().to_vec(), r.stmt.parse_rest.clone());
-        let Some(fresh) = self.intern(&scope, &rest, r.stmt.depends.clone()) else {
+        let fresh = if r.name.is_empty() {
+            // (The unnamed statement counts against no client limit.)
+            self.registry.intern(&scope, &rest).ok()
+        } else {
+            self.intern(&scope, &rest, r.stmt.depends.clone())
+        };
+        let Some(fresh) = fresh else {
             return false;
         };
         self.server.swallow_to_sync();
         // The stale copy goes (after the failed round's Sync): whoever binds it here next
         // gets it parsed anew.
         self.server.unprepare(&r.stmt);
-        self.session.statements.insert(r.name.clone(), fresh);
+        if r.name.is_empty() {
+            if let Some(s) = &mut self.session.unnamed_shared {
+                s.stmt = fresh;
+            }
+        } else {
+            self.session.statements.insert(r.name.clone(), fresh);
+        }
         let mut again = r.msgs;
         again.extend_from_slice(&self.client.rbuf);
         self.client.rbuf = again;
@@ -1213,7 +1368,9 @@ impl Relay<'_> {
         }
         for u in reply.undo.into_iter().rev() {
             match u {
-                Undo::Name(name, stmt, seq) if !self.session.statements.contains_key(&name) => {
+                Undo::Name(name, stmt, seq)
+                    if !name.is_empty() && !self.session.statements.contains_key(&name) =>
+                {
                     // Made before a DEALLOCATE ALL whose fate is not known yet: it leaves
                     // the statements kept aside (undone newest first, a name made again
                     // after the DEALLOCATE ALL goes from the client's statements first).

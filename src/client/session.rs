@@ -31,6 +31,9 @@ pub struct VirtualSession {
     pub unnamed: Option<bytes::Bytes>,
     /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
     pub unnamed_id: u64,
+    /// plan_once: the shared statement that serves the client's unnamed statement
+    /// (`Relay::parse_planned_once`, `shared_unnamed`).
+    pub unnamed_shared: Option<Box<SharedUnnamed>>,
     /// The process id the client was given (BackendKeyData).
     pub backend_pid: i32,
     /// Statement names parsed and neither described nor bound yet, with the registry's
@@ -60,6 +63,21 @@ pub struct VirtualSession {
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
+}
+
+/// plan_once: the shared statement that serves the unnamed statement of `id`: while `id`
+/// is the client's `unnamed_id`, its Bind and Close go to `stmt`.
+#[derive(Debug, Clone)]
+pub struct SharedUnnamed {
+    pub id: u64,
+    pub stmt: Arc<Stmt>,
+    /// The session's parameters when `stmt` was found for the client's scope: while the
+    /// session still has these (a change copies them, this clone being held), the scope
+    /// is the same and the next Parse of the text needs no registry look-up.
+    pub params: Arc<Params>,
+    /// The client described the statement (`id` is 0 then): its text is parsed on the
+    /// server at each Parse from now on, not served by `stmt` (a Describe of it is).
+    pub described: bool,
 }
 
 /// Most portals kept that run `DEALLOCATE ALL` (a client binding more at once gets the
@@ -254,6 +272,13 @@ impl VirtualSession {
     /// failed or skipped the message (PostgreSQL never made the change).
     pub fn undo(&mut self, u: Undo) {
         match u {
+            Undo::Name(name, stmt, _) if name.is_empty() => {
+                // A Parse of the unnamed statement served by a shared one failed: as
+                // PostgreSQL's, the client has no unnamed statement any more.
+                if self.shared_unnamed().is_some_and(|s| Arc::ptr_eq(s, &stmt)) {
+                    self.drop_unnamed();
+                }
+            }
             Undo::Name(name, ..) => {
                 self.statements.remove(&name);
             }
@@ -268,6 +293,15 @@ impl VirtualSession {
                 None => self.drop_unnamed(),
             },
             Undo::Unnamed { .. } => {}
+        }
+    }
+
+    /// The shared statement that serves the client's current unnamed statement
+    /// (plan_once), if one does.
+    pub fn shared_unnamed(&self) -> Option<&Arc<Stmt>> {
+        match &self.unnamed_shared {
+            Some(s) if s.id == self.unnamed_id && s.id != 0 => Some(&s.stmt),
+            _ => None,
         }
     }
 

@@ -447,6 +447,7 @@ async fn relay_once(
         pool_settings.max_prepared_statements,
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
+    relay.plan_once = cfg.settings.plan_once;
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();

@@ -119,6 +119,10 @@ pub struct Settings {
     /// After a transaction that called a function pgcarpool does not know, read back the
     /// session's settings and pins (what the function may have changed out of sight).
     pub check_function_calls: bool,
+    /// pgcarpool extension: a client's unnamed Parse of a plain SELECT/INSERT/UPDATE/DELETE
+    /// text it parsed just before is served by a statement the server prepared once
+    /// (planned once per server, as with named statements) instead of a new parse.
+    pub plan_once: bool,
     /// Most prepared statement names one client may hold (beyond: 53400, client let go).
     pub client_max_statements: usize,
     /// Most session settings one client may have changed (beyond: 53400, client let go).
@@ -743,6 +747,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(log_format, "pgbouncer", reload: true, implemented: true, parse_log_format, Value::show),
     typed!(pin_pool_size, "20", reload: true, implemented: true),
     typed!(check_function_calls, "1", reload: true, implemented: true),
+    typed!(plan_once, "1", reload: true, implemented: true),
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
@@ -915,6 +920,7 @@ impl Settings {
             log_format: "pgbouncer".into(),
             pin_pool_size: 20,
             check_function_calls: true,
+            plan_once: true,
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
@@ -1160,6 +1166,20 @@ with several statements, as PgBouncer) ends it with `FATAL: PQexec disallowed` (
 and the log says `client used \"Query\" packet type`. The extended protocol is served; the
 admin console is not affected.
 
+**plan_once** (pgcarpool's own; default 1). In transaction and statement mode with
+`max_prepared_statements` above 0, a client's unnamed Parse of the same text as its
+previous unnamed Parse is served by a statement a server prepared once under pgcarpool's
+internal name, as its named statements are: PostgreSQL parses and plans the text once per
+server, not once per transaction (what `pgbench -M extended` and drivers that send
+unnamed statements cost). Only where a client cannot tell: one plain SELECT, VALUES,
+TABLE, WITH, INSERT, UPDATE or DELETE that changes no session state and calls no
+function pgcarpool does not know, of a client that is not pinned, first in a round
+outside a transaction block; the unnamed statement is the client's as in PostgreSQL (the
+next unnamed Parse, a simple query, `Close` replace it; a failed Parse drops it); a
+Describe of it is answered by a fresh parse, and that client's later Parses of the text go
+to the server as written. See docs/compatibility.md for what a
+server's log and `pg_prepared_statements` show. 0: every unnamed Parse goes to the server.
+
 **autodb_idle_timeout, pool_idle_timeout.** The janitor frees a pool (database, user)
 that has had no client, no server and no waiting client for this long; its statistics go
 with it. `autodb_idle_timeout` applies to databases made from the `*` entry (PgBouncer's
@@ -1392,6 +1412,7 @@ mod tests {
                     "log_format",
                     "pin_pool_size",
                     "check_function_calls",
+                    "plan_once",
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",

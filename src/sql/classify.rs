@@ -662,6 +662,29 @@ pub fn returns_rows(sql: &[u8]) -> bool {
     is(b"VALUES") || is(b"TABLE") || is(b"SHOW") || is(b"EXPLAIN")
 }
 
+/// May a repeated unnamed Parse of `sql` be served by a statement a server prepared
+/// before (plan_once)? One plain SELECT, VALUES, TABLE or WITH without INTO, INSERT,
+/// UPDATE or DELETE, in which `may_matter` finds nothing: no utility statement, nothing
+/// that changes a session or pins (set_config, advisory locks, pg_temp), no call of a
+/// function pgcarpool does not know. A `;` only at the end. No allocation.
+pub fn plans_once(sql: &[u8]) -> bool {
+    let sql = sql.split(|&c| c == 0).next().unwrap_or_default();
+    let Some((w, _)) = next_word(sql) else {
+        return false;
+    };
+    let is = |k: &[u8]| w.eq_ignore_ascii_case(k);
+    let plain = if is(b"SELECT") || is(b"WITH") || is(b"VALUES") || is(b"TABLE") {
+        !contains_ci(sql, b"into")
+    } else {
+        is(b"INSERT") || is(b"UPDATE") || is(b"DELETE")
+    };
+    let one = match sql.iter().position(|&c| c == b';') {
+        Some(i) => sql[i + 1..].iter().all(u8::is_ascii_whitespace),
+        None => true,
+    };
+    plain && one && !may_matter(sql)
+}
+
 /// The first word of `s` (letters, digits, `_`) after whitespace, comments and
 /// punctuation, and what follows it.
 fn next_word(s: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -1869,6 +1892,39 @@ mod tests {
             b"\0",
         ] {
             assert!(!replay_safe(no), "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn plans_once_only_plain_dml() {
+        for yes in [
+            &b"SELECT abalance FROM pgbench_accounts WHERE aid = $1;\0\0\0"[..],
+            b" /* c */ (select $1::int)",
+            b"values (1)",
+            b"TABLE shared",
+            b"insert into t values ($1) returning id",
+            b"update t set a = 1",
+            b"delete from t where a = $1 ;  ",
+            b"with x as (select 1) select * from x",
+        ] {
+            assert!(plans_once(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b"select 1 into t2\0"[..],
+            b"with x as (select 1) insert into t select * from x",
+            b"show work_mem",
+            b"explain select 1",
+            b"select 1; select 2",
+            b"set search_path = a",
+            b"create table t (a int)",
+            b"select set_config('a.b', '1', false)",
+            b"select pg_advisory_lock(1)",
+            b"select * from pg_temp.t",
+            b"select my_function(1)",
+            b"begin",
+            b"",
+        ] {
+            assert!(!plans_once(no), "{}", String::from_utf8_lossy(no));
         }
     }
 
