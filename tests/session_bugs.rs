@@ -2024,3 +2024,64 @@ async fn a_failed_prepare_again_at_an_execute_keeps_the_name() {
     }
     p.shutdown().await;
 }
+
+/// A Describe of a statement without a result (an INSERT) that the server no longer holds,
+/// after the client changed its search_path so that the statement's text no longer
+/// parses: PostgreSQL describes it from its Parse (ParameterDescription, NoData) without
+/// analysing it again; pgcarpool parsed it again on the server first and got 42P01.
+/// pgcarpool now answers such a Describe from the description it learned, as it did inside
+/// failed blocks. A statement with a result is analysed again by PostgreSQL too, at its
+/// Bind (fails alike) or Describe (an open row of docs/testing.md: PostgreSQL sends the
+/// ParameterDescription before the error). Found by the differential test (long-run seed
+/// 13520, flaky: the server must lack the statement).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_without_a_result_is_described_from_its_parse() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    // (step, whether the one server is closed before it)
+    let steps = [
+        ("Q CREATE TABLE f13520 (id int PRIMARY KEY, v text)", false),
+        (
+            "P s1|INSERT INTO f13520 VALUES ($1, $2)\nP s2|SELECT id, v FROM f13520\nS",
+            false,
+        ),
+        ("Q SET search_path = pg_catalog", false),
+        ("D S s1\nS", true),
+        ("D S s1\nB |s2|\nE |0\nS", true),
+        ("Q RESET search_path", false),
+        ("D S s1\nB |s1|7,seven\nE |0\nS", true),
+        ("Q DROP TABLE f13520", false),
+    ];
+    let limit = Duration::from_secs(30);
+    let mut sides = Vec::new();
+    for (port, pooled) in [(pg.port(), false), (p.port(), true)] {
+        let mut w = Wire::connect(port, "postgres", "testdb").await;
+        let mut t = Vec::new();
+        for (step, reconnect) in steps {
+            if pooled && reconnect {
+                admin.simple_query("RECONNECT testdb").await.unwrap();
+            }
+            let (msgs, end) = w.record_step(step, false, limit).await;
+            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
+            t.push(msgs);
+        }
+        w.terminate().await;
+        sides.push(t);
+    }
+    for (k, want) in sides[0].iter().enumerate() {
+        let step = steps[k].0;
+        assert_eq!(
+            *want, sides[1][k],
+            "{step}: PostgreSQL (left) vs pgcarpool (right)"
+        );
+    }
+    // The script tests what it means to.
+    assert!(sides[1][3].iter().any(|l| l == "n "), "{:?}", sides[1][3]);
+    assert!(
+        sides[1][4].iter().any(|l| l.contains("C=\"42P01\"")),
+        "{:?}",
+        sides[1][4]
+    );
+    p.shutdown().await;
+}

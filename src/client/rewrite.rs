@@ -665,13 +665,15 @@ impl Relay<'_> {
     }
 
     /// A Describe of client statement `name` (empty: the unnamed one) that this server does
-    /// not hold, inside a failed transaction block: the statement cannot be parsed here
-    /// (25P02), but PostgreSQL describes one without a result (ParameterDescription,
-    /// NoData; it refuses only one with a result, 25P02, as the Parse does). The
-    /// ParameterDescription's body, when a server described it so (`Stmt::no_rows_params`,
-    /// `VirtualSession::unnamed_described`).
+    /// not hold: PostgreSQL describes a statement without a result from what its Parse
+    /// found (ParameterDescription, NoData), without analysing it again, also inside a
+    /// failed transaction block, where it could not be parsed here (25P02; one with a
+    /// result is refused there, as the Parse is), and after a search_path change under
+    /// which its text no longer parses (long-run seed 13520). The ParameterDescription's
+    /// body, when a server described it so (`Stmt::no_rows_params`,
+    /// `VirtualSession::unnamed_described`). The unnamed statement only in a failed block.
     fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
-        if self.server.status_sent() != b'E' {
+        if self.server.status_sent() != b'E' && name.is_empty() {
             return None;
         }
         if let Some(stmt) = self.session.shared_unnamed().filter(|_| name.is_empty()) {
