@@ -851,3 +851,33 @@ async fn two_parses_of_one_name_answered_without_a_server_are_42p05() {
     )
     .await;
 }
+
+/// Seed 14000 (long run): `EXECUTE p2(4)` of a statement the server holds, after a schema
+/// change and a search_path change under which its text no longer parses: PostgreSQL
+/// analyses it again and places the 42P01 in the PREPARE text (33); pgcarpool's EXECUTE
+/// text had a space added after the server name, so the position came back one short (32).
+/// The EXECUTE sent keeps the client's text after the name as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_of_a_statement_analysed_again_at_its_execute_is_placed_in_its_prepare() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q CREATE TABLE t5 (id int PRIMARY KEY, v text); INSERT INTO t5 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+            "Q PREPARE p2 AS SELECT id, v FROM t5 ORDER BY id",
+            "Q ALTER TABLE t5 ADD COLUMN IF NOT EXISTS c4 int; SET lock_timeout = '10s'; SET search_path = pg_catalog",
+            "Q EXECUTE p2(4)",
+            "Q EXECUTE p2 (4)",
+            "Q RESET search_path",
+            "Q EXECUTE p2",
+            "Q EXECUTE p2(nosuchcol)",
+        ],
+    )];
+    assert_same(
+        &scripts,
+        &RunOptions {
+            pool_size: 1,
+            ..RunOptions::default()
+        },
+    )
+    .await;
+}
