@@ -881,3 +881,30 @@ async fn an_error_of_a_statement_analysed_again_at_its_execute_is_placed_in_its_
     )
     .await;
 }
+
+/// Seeds 14178, 14207 (long run; 9004, 9010, 9012 with `DIFF_REPEAT_UNNAMED=1`): a client
+/// listening through the pool's listener binds again, in a later transaction, its unnamed
+/// statement `NOTIFY ch2, …` (no Parse): PostgreSQL sends the notification before the
+/// ReadyForQuery; pgcarpool let the ReadyForQuery go first, since only a Query's or a
+/// Parse's text told it the transaction may notify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_of_an_unnamed_notify_waits_for_its_notification() {
+    let scripts = [ClientScript::new(
+        &[],
+        &[
+            "Q LISTEN ch2",
+            "P |NOTIFY ch2, 'from parse'\nH\nP s3|FETCH 2 FROM c1\nB |s3|\nB |s1|2,7\nP s2|SELECT id, v FROM t2 WHERE id > $1 ORDER BY id\nS",
+            "B ||\nE |0\nS",
+            "P |NOTIFY ch2, 'again'\nB ||\nE |0\nS",
+            "B pa||\nE pa|0\nS",
+        ],
+    )];
+    assert_same(
+        &scripts,
+        &RunOptions {
+            pool_size: 1,
+            ..RunOptions::default()
+        },
+    )
+    .await;
+}

@@ -642,6 +642,11 @@ impl<'a> Relay<'a> {
                 r.complete = h.tag == frontend::SYNC;
             }
         }
+        if self.hold_ready && h.tag == frontend::BIND && avail >= h.total {
+            // A Bind of the unnamed statement parsed in an earlier transaction: its text
+            // decides whether this one may notify (long-run seeds 14178, 14207).
+            self.effects.notify |= binds_unnamed_notify(&buf[fwd + 5..fwd + h.total], self.session);
+        }
         if self.keep_client && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
             let (b, c) = if avail >= h.total {
                 in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
@@ -1227,6 +1232,19 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
             rest.map_or((false, false), text)
         }
     }
+}
+
+/// A Bind (`body`) of the client's unnamed statement whose text mentions NOTIFY.
+fn binds_unnamed_notify(body: &[u8], session: &VirtualSession) -> bool {
+    let mut r = proto::Reader::new(body, "Bind");
+    let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
+        return false;
+    };
+    stmt.is_empty()
+        && session.unnamed.as_deref().is_some_and(|u| {
+            let end = u.iter().position(|&b| b == 0).unwrap_or(u.len());
+            super::classify::mentions_notify(&u[..end])
+        })
 }
 
 /// An error that may mean the server's host is no longer what the pool wants (25006: a

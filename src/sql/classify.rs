@@ -297,8 +297,13 @@ pub fn classify(sql: &[u8]) -> Effects {
     for (a, b) in stmts {
         statement(&sql[a..b], single, &mut e);
     }
-    e.notify = contains_ci(sql, b"notify");
+    e.notify = mentions_notify(sql);
     e
+}
+
+/// The text mentions NOTIFY or pg_notify: running it may send notifications.
+pub fn mentions_notify(sql: &[u8]) -> bool {
+    contains_ci(sql, b"notify")
 }
 
 /// What `SET SESSION CHARACTERISTICS AS TRANSACTION …` sets.

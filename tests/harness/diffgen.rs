@@ -394,12 +394,7 @@ impl ClientGen {
             let describe = if self.rng.chance(20) { "D S \n" } else { "" };
             self.push(format!("P |{sql}\n{describe}B ||{values}\nD P \nE \nS"));
         }
-        // (Not of a NOTIFY: a Bind alone of an unnamed NOTIFY by a client that listens
-        // through the pool's listener returns before the listener delivered the
-        // notification, which PostgreSQL sends before ReadyForQuery: long-run seeds 9004,
-        // 9010, 9012 with DIFF_REPEAT_UNNAMED=1; not plan_once's, which leaves NOTIFY
-        // texts alone.)
-        if !sql.contains("NOTIFY") && self.rng.chance(30) {
+        if self.rng.chance(30) {
             let values = self.bind_values(n);
             self.push(format!("B ||{values}\nD P \nE \nS"));
         }
