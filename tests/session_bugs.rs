@@ -1799,7 +1799,6 @@ async fn a_change_the_server_skips_does_not_judge_the_next_round() {
 async fn a_statement_whose_parse_was_skipped_is_prepared_again() {
     let pg = TempPostgres::start();
     let p = pool_with(&pg, 1, 100).await;
-    let admin = p.connect("postgres", "pgbouncer").await;
     // (step, whether the one server is closed before it)
     let steps = [
         ("P s2|SELECT $1::int * 2 AS x\nS", false),
@@ -1811,40 +1810,10 @@ async fn a_statement_whose_parse_was_skipped_is_prepared_again() {
         ),
         ("D S s2\nB |s2|5\nE |0\nS", false),
     ];
-    let limit = Duration::from_secs(30);
-    let mut sides = Vec::new();
-    for (port, pooled) in [(pg.port(), false), (p.port(), true)] {
-        let mut w = Wire::connect(port, "postgres", "testdb").await;
-        let mut t = Vec::new();
-        for (step, reconnect) in steps {
-            if pooled && reconnect {
-                admin.simple_query("RECONNECT testdb").await.unwrap();
-            }
-            let (msgs, end) = w.record_step(step, false, limit).await;
-            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
-            t.push(msgs);
-        }
-        w.terminate().await;
-        sides.push(t);
-    }
-    for (k, want) in sides[0].iter().enumerate() {
-        let step = steps[k].0;
-        assert_eq!(
-            *want, sides[1][k],
-            "{step}: PostgreSQL (left) vs pgcarpool (right)"
-        );
-    }
+    let t = reconnect_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.
-    assert!(
-        sides[1][2].iter().any(|l| l == "Row 8"),
-        "{:?}",
-        sides[1][2]
-    );
-    assert!(
-        sides[1][4].iter().any(|l| l == "Row 10"),
-        "{:?}",
-        sides[1][4]
-    );
+    assert!(t[2].iter().any(|l| l == "Row 8"), "{:?}", t[2]);
+    assert!(t[4].iter().any(|l| l == "Row 10"), "{:?}", t[4]);
     p.shutdown().await;
 }
 
@@ -2038,7 +2007,6 @@ async fn a_failed_prepare_again_at_an_execute_keeps_the_name() {
 async fn a_statement_without_a_result_is_described_from_its_parse() {
     let pg = TempPostgres::start();
     let p = pool_with(&pg, 1, 100).await;
-    let admin = p.connect("postgres", "pgbouncer").await;
     // (step, whether the one server is closed before it)
     let steps = [
         ("Q CREATE TABLE f13520 (id int PRIMARY KEY, v text)", false),
@@ -2053,35 +2021,9 @@ async fn a_statement_without_a_result_is_described_from_its_parse() {
         ("D S s1\nB |s1|7,seven\nE |0\nS", true),
         ("Q DROP TABLE f13520", false),
     ];
-    let limit = Duration::from_secs(30);
-    let mut sides = Vec::new();
-    for (port, pooled) in [(pg.port(), false), (p.port(), true)] {
-        let mut w = Wire::connect(port, "postgres", "testdb").await;
-        let mut t = Vec::new();
-        for (step, reconnect) in steps {
-            if pooled && reconnect {
-                admin.simple_query("RECONNECT testdb").await.unwrap();
-            }
-            let (msgs, end) = w.record_step(step, false, limit).await;
-            assert_eq!(end, harness::wire::StepEnd::Done, "{step}: {msgs:?}");
-            t.push(msgs);
-        }
-        w.terminate().await;
-        sides.push(t);
-    }
-    for (k, want) in sides[0].iter().enumerate() {
-        let step = steps[k].0;
-        assert_eq!(
-            *want, sides[1][k],
-            "{step}: PostgreSQL (left) vs pgcarpool (right)"
-        );
-    }
+    let t = reconnect_oracle(&pg, &p, &steps).await;
     // The script tests what it means to.
-    assert!(sides[1][3].iter().any(|l| l == "n "), "{:?}", sides[1][3]);
-    assert!(
-        sides[1][4].iter().any(|l| l.contains("C=\"42P01\"")),
-        "{:?}",
-        sides[1][4]
-    );
+    assert!(t[3].iter().any(|l| l == "n "), "{:?}", t[3]);
+    assert!(t[4].iter().any(|l| l.contains("C=\"42P01\"")), "{:?}", t[4]);
     p.shutdown().await;
 }
