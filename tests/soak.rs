@@ -416,6 +416,14 @@ fn driver_fault(line: &str) -> Option<String> {
             }
         }
     }
+    // asyncpg's own state machine after a connection error: a query started while it
+    // still consumes the failed one ("cannot switch to state 12; another operation (2) is
+    // in progress"), seen against PostgreSQL alone in failovers (MagicStack/asyncpg#1069,
+    // #784); once in a soak run, beside the other worker's 08007 of the same PostgreSQL
+    // restart. Counted as a fault's error of its own kind, not a wrong row.
+    if lower.contains("internalclienterror") && lower.contains("another operation") {
+        return Some("asyncpg: internal state after a lost connection".into());
+    }
     FAULT_WORDS
         .iter()
         .find(|w| lower.contains(*w))
