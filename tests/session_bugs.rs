@@ -2027,3 +2027,45 @@ async fn a_statement_without_a_result_is_described_from_its_parse() {
     assert!(t[4].iter().any(|l| l.contains("C=\"42P01\"")), "{:?}", t[4]);
     p.shutdown().await;
 }
+
+/// A statement the server must parse again after the client changed its search_path so
+/// that its text no longer parses: PostgreSQL keeps the statement as it was parsed and
+/// analyses it again only when it is used, so a Describe sends the ParameterDescription
+/// before the 42P01, and a Bind reads its parameters first (22P02 for a bad one).
+/// pgcarpool's Parse to prepare it there ran under the new search_path and failed before
+/// either. It now goes under the search_path the statement was parsed with, the client's
+/// set back right after it, and the server analyses it at its use. Found by the
+/// differential test (long-run seeds 15299, 16182, flaky: the server must lack the
+/// statement).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_parsed_again_is_analysed_at_its_use_as_in_postgresql() {
+    let pg = TempPostgres::start();
+    let p = pool_with(&pg, 1, 100).await;
+    // (step, whether the one server is closed before it)
+    let steps = [
+        ("Q CREATE TABLE f15299 (id int PRIMARY KEY, v text)", false),
+        ("Q INSERT INTO f15299 VALUES (1, 'one')", false),
+        ("P s1|SELECT id, v FROM f15299 WHERE id = $1\nS", false),
+        ("Q SET search_path = pg_catalog", false),
+        ("D S s1\nS", true),
+        ("B |s1|abc\nE |0\nS", true),
+        ("B |s1|1\nE |0\nS", true),
+        ("Q BEGIN", false),
+        ("D S s1\nB |s1|1\nE |0\nS", true),
+        ("Q ROLLBACK", false),
+        ("Q RESET search_path", false),
+        ("B |s1|1\nE |0\nS", true),
+        ("Q SHOW search_path", false),
+        ("Q DROP TABLE f15299", false),
+    ];
+    let t = reconnect_oracle(&pg, &p, &steps).await;
+    // The script tests what it means to.
+    assert!(
+        t[4].first().is_some_and(|l| l.starts_with("t ")),
+        "{:?}",
+        t[4]
+    );
+    assert!(t[5].iter().any(|l| l.contains("C=\"22P02\"")), "{:?}", t[5]);
+    assert!(t[11].iter().any(|l| l == "Row 1|one"), "{:?}", t[11]);
+    p.shutdown().await;
+}

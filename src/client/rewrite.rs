@@ -356,31 +356,36 @@ impl Relay<'_> {
     /// ALL fails, the server skips them with the rest of the round. `execute`: note the
     /// Execute (the client's round is extended protocol).
     pub(super) fn startup_after_discard(&mut self, execute: bool) {
-        const NAME: &[u8] = b"PGCARPOOL_startup\0";
-        let mut b = bytes::BytesMut::new();
-        for sql in startup_statements(self.session) {
-            message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
-            message(&mut b, frontend::BIND, &[NAME, NAME, b"\0\0\0\0\0\0"]);
-            message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
-            message(&mut b, frontend::CLOSE, &[b"P", NAME]);
-            message(&mut b, frontend::CLOSE, &[b"S", NAME]);
-            for end in [
-                backend::PARSE_COMPLETE,
-                backend::BIND_COMPLETE,
-                backend::COMMAND_COMPLETE,
-                backend::CLOSE_COMPLETE,
-                backend::CLOSE_COMPLETE,
-            ] {
-                self.server.expect(Pending::SwallowTo(end));
-            }
+        let sets = startup_statements(self.session);
+        for sql in &sets {
+            self.set_within_round(sql);
         }
-        if b.is_empty() {
-            return;
-        }
-        self.server.conn_mut().queue(b.freeze());
-        if execute {
+        if execute && !sets.is_empty() {
             self.server.note_sent(frontend::EXECUTE, false);
         }
+    }
+
+    /// Run pgcarpool's statement `sql` (a SET) within the client's round: parsed, bound,
+    /// executed and closed under its own name, every reply dropped but an error (skipped
+    /// after an earlier one, as the client's messages around it).
+    fn set_within_round(&mut self, sql: &str) {
+        const NAME: &[u8] = b"PGCARPOOL_startup\0";
+        let mut b = bytes::BytesMut::new();
+        message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
+        message(&mut b, frontend::BIND, &[NAME, NAME, b"\0\0\0\0\0\0"]);
+        message(&mut b, frontend::EXECUTE, &[NAME, b"\0\0\0\0"]);
+        message(&mut b, frontend::CLOSE, &[b"P", NAME]);
+        message(&mut b, frontend::CLOSE, &[b"S", NAME]);
+        for end in [
+            backend::PARSE_COMPLETE,
+            backend::BIND_COMPLETE,
+            backend::COMMAND_COMPLETE,
+            backend::CLOSE_COMPLETE,
+            backend::CLOSE_COMPLETE,
+        ] {
+            self.server.expect(Pending::SwallowTo(end));
+        }
+        self.server.conn_mut().queue(b.freeze());
     }
 
     /// Send a client's query as written (or with RESETs made SETs); `tx`: what its
@@ -1269,7 +1274,41 @@ impl Relay<'_> {
             self.ensure_for_parse(dep);
         }
         self.counts.server_parses += 1;
+        let back = if swallow {
+            self.under_parse_scope(&stmt)
+        } else {
+            None
+        };
         self.server.prepare(stmt, swallow, self.max_prepared);
+        if let Some(sql) = back {
+            self.set_within_round(&sql);
+        }
+    }
+
+    /// `stmt` parsed again here for a Bind or a Describe of it. PostgreSQL keeps a
+    /// statement as it was parsed and analyses it again under a changed search_path only
+    /// when it is used: after a Bind's parameters are read, after a Describe's
+    /// ParameterDescription (long-run seeds 15299, 16182). So when the client's search_path
+    /// changed since its Parse, this Parse goes under the one it was parsed with (a SET
+    /// before it, within the round; the server's copy then means what it means to the
+    /// other clients of its scope too), and the server analyses it again at its use as
+    /// PostgreSQL does. The SET putting the client's back, to follow the Parse.
+    fn under_parse_scope(&mut self, stmt: &Stmt) -> Option<String> {
+        if self.server.status_sent() == b'E' {
+            return None;
+        }
+        let then = self.session.scoped_search_path(stmt.scope())?;
+        let now = self.session.params.get("search_path").map(str::to_string);
+        if then == now {
+            return None;
+        }
+        let set = |v: &Option<String>| match v {
+            Some(v) => set_statement("search_path", v, false),
+            None => Some("SET search_path TO DEFAULT".to_string()),
+        };
+        let (before, after) = (set(&then)?, set(&now)?);
+        self.set_within_round(&before);
+        Some(after)
     }
 
     /// A Bind of a shared statement that starts a round outside a transaction block: keep

@@ -159,6 +159,17 @@ impl VirtualSession {
         scope
     }
 
+    /// The search_path a statement of this scope (`Stmt::scope`, made by
+    /// `statement_scope`) was parsed under: Some(None) when the session had none of its own.
+    pub fn scoped_search_path(&self, scope: &[u8]) -> Option<Option<String>> {
+        // (`NAME_SCOPE` begins with search_path: present, length, value.)
+        let rest = scope.get(self.pool_scope.len()..)?;
+        let present = *rest.first()? != 0;
+        let len = u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?) as usize;
+        let value = std::str::from_utf8(rest.get(5..5 + len)?).ok()?;
+        Some(present.then(|| value.to_string()))
+    }
+
     /// RESET ALL: the servers' defaults (`server_params`) overlaid with the startup packet's.
     pub fn reset_all(&mut self, server_params: &Params) {
         let mut p = Params::default();
