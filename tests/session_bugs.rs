@@ -2000,9 +2000,9 @@ async fn a_failed_prepare_again_at_an_execute_keeps_the_name() {
 /// analysing it again; pgcarpool parsed it again on the server first and got 42P01.
 /// pgcarpool now answers such a Describe from the description it learned, as it did inside
 /// failed blocks. A statement with a result is analysed again by PostgreSQL too, at its
-/// Bind (fails alike) or Describe (an open row of docs/testing.md: PostgreSQL sends the
-/// ParameterDescription before the error). Found by the differential test (long-run seed
-/// 13520, flaky: the server must lack the statement).
+/// Bind or Describe (`a_statement_parsed_again_is_analysed_at_its_use_as_in_postgresql`).
+/// Found by the differential test (long-run seed 13520, flaky: the server must lack the
+/// statement).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_without_a_result_is_described_from_its_parse() {
     let pg = TempPostgres::start();
