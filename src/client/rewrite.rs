@@ -693,7 +693,7 @@ impl Relay<'_> {
     /// which its text no longer parses (long-run seed 13520). The ParameterDescription's
     /// body, when a server described it so (`Stmt::no_rows_params`,
     /// `VirtualSession::unnamed_described`). The unnamed statement only in a failed block.
-    fn described_in_failed_block(&self, name: &[u8]) -> Option<Bytes> {
+    fn described_from_parse(&self, name: &[u8]) -> Option<Bytes> {
         if self.server.status_sent() != b'E' && name.is_empty() {
             return None;
         }
@@ -873,7 +873,7 @@ impl Relay<'_> {
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
         if kind == b'S'
-            && let Some(params) = self.described_in_failed_block(name)
+            && let Some(params) = self.described_from_parse(name)
         {
             self.session.unbound.remove(name);
             self.answer(Answer::Described(params));
@@ -970,7 +970,7 @@ impl Relay<'_> {
     /// are mapped to their server names; PREPARE, and names pgcarpool does not know, go to
     /// the server as written and the client is checked for a pin afterwards. A text that
     /// may return no rows is described too (`Server::learn`): a Describe of it in a failed
-    /// block on another server is answered from that (`described_in_failed_block`).
+    /// block on another server is answered from that (`described_from_parse`).
     fn parse_unnamed(&mut self, msg: Bytes) -> Result<(), ProtoError> {
         if self.parse_planned_once(&msg)? {
             return Ok(());
