@@ -166,13 +166,19 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
 
 /// One client's task on worker `w`, from its first byte to its last.
 async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
-    match crate::client::arrive(shared.clone(), stream, id).await {
+    let ended_here = match crate::client::arrive(shared.clone(), stream, id).await {
+        // False: it moved to another worker, where it is counted now.
         Some(Arrival::Client(client)) => crate::takeover::serve(client).await,
         // Boxed: a console session's state is not part of every client's task.
-        Some(Arrival::Console(console)) => Box::pin(crate::admin::serve(*console)).await,
-        None => {}
+        Some(Arrival::Console(console)) => {
+            Box::pin(crate::admin::serve(*console)).await;
+            true
+        }
+        None => true,
+    };
+    if ended_here {
+        shared.client_closed(w);
     }
-    shared.client_closed(w);
 }
 
 async fn refuse(stream: Stream, why: &str) {

@@ -70,8 +70,29 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         .find_map(|l| l.local_tcp_addr())
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
     let n = crate::workers::count(shared.config().settings.workers);
-    let _ = shared.set_workers(crate::workers::Workers::start(n)?);
+    let spread_at = shared.config().settings.worker_spread_load.min(100) * 10;
+    let _ = shared.set_workers(crate::workers::Workers::start(n, spread_at)?);
     let workers = shared.workers().expect("just set");
+    if n > 1 {
+        // Which workers take clients, from their load (ends with the pooler).
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::workers::LOAD_PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut seen = None;
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                match shared.workers() {
+                    Some(ws) if !ws.stopped() => {
+                        let spread_at = shared.config().settings.worker_spread_load.min(100);
+                        ws.look(&mut seen, spread_at * 10);
+                    }
+                    _ => return,
+                }
+            }
+        });
+    }
     // A descriptor of each listening socket for SHOW FDS (an online restart takes them).
     shared.restart().keep_sockets(
         listeners

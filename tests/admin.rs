@@ -987,14 +987,15 @@ async fn shutdown_answers_and_stops_the_pooler() {
     p.shutdown().await;
 }
 
-/// Clients are spread over the worker threads; servers follow the clients that use them
-/// but mostly stay on their worker (SHOW WORKERS, SHOW CARPOOL server_moves); every
-/// answer is right.
+/// With `worker_spread_load = 0`, clients are spread over the worker threads; servers
+/// follow the clients that use them but mostly stay on their worker (SHOW WORKERS, SHOW
+/// CARPOOL server_moves); every answer is right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_are_spread_over_workers() {
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg)
         .setting("workers", "2")
+        .setting("worker_spread_load", "0")
         .setting("pool_mode", "transaction")
         .setting("default_pool_size", "4")
         .start()
@@ -1089,6 +1090,103 @@ async fn clients_are_spread_over_workers() {
     );
     let servers = rows(&c, "SHOW SERVERS").await;
     assert!(servers.len() <= 4, "{servers:?}");
+    p.shutdown().await;
+}
+
+/// Clients gather on the workers the load needs (one, for a few idle clients, by
+/// default) and spread when `worker_spread_load` says so, moving between their
+/// transactions with their sessions (prepared statements, settings) intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_workers_with_their_sessions() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("workers", "2")
+        .setting("pool_mode", "transaction")
+        .setting("max_prepared_statements", "10")
+        .setting("default_pool_size", "4")
+        .start()
+        .await;
+    let c = console(&p).await;
+    let per_worker = |rows: Vec<HashMap<String, Option<String>>>| -> Vec<u64> {
+        rows.iter().map(|r| num(r, "clients")).collect()
+    };
+    // Idle, the default gathers every client on worker 0 (the console is one of them).
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(p.connect("md5user", "testdb").await);
+    }
+    assert_eq!(per_worker(rows(&c, "SHOW WORKERS").await), [9, 0]);
+    // Each client: a prepared statement and a setting of its own.
+    let mut stmts = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        client
+            .simple_query(&format!("SET application_name = 'mover{i}'"))
+            .await
+            .unwrap();
+        stmts.push(
+            client
+                .prepare(&format!("select $1::int8 + {i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    // Every client's session, after however many moves.
+    let check = |round: i64| {
+        let clients = &clients;
+        let stmts = &stmts;
+        async move {
+            for (i, (client, stmt)) in clients.iter().zip(stmts).enumerate() {
+                let row = client.query_one(stmt, &[&round]).await.unwrap();
+                assert_eq!(row.get::<_, i64>(0), round + i as i64);
+                let name = client.simple_query("SHOW application_name").await.unwrap();
+                let name = name.iter().find_map(|m| match m {
+                    SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                    _ => None,
+                });
+                assert_eq!(name.as_deref(), Some(format!("mover{i}").as_str()));
+            }
+        }
+    };
+    // Spread: clients move to worker 1 after their next transactions.
+    c.simple_query("SET worker_spread_load = 0").await.unwrap();
+    let mut round = 0;
+    wait_for(
+        "clients to spread over both workers",
+        Duration::from_secs(20),
+        || {
+            round += 1;
+            let check = check(round);
+            let c = &c;
+            async move {
+                check.await;
+                per_worker(rows(c, "SHOW WORKERS").await)
+                    .iter()
+                    .all(|&n| n >= 3)
+            }
+        },
+    )
+    .await;
+    // Gather again: worker 1's clients come back (the console, which does not move, may
+    // be there).
+    c.simple_query("SET worker_spread_load = 75").await.unwrap();
+    wait_for(
+        "clients to gather on worker 0",
+        Duration::from_secs(20),
+        || {
+            round += 1;
+            let check = check(round);
+            let c = &c;
+            async move {
+                check.await;
+                per_worker(rows(c, "SHOW WORKERS").await)[0] >= 8
+            }
+        },
+    )
+    .await;
+    let workers = rows(&c, "SHOW WORKERS").await;
+    assert_eq!(workers[0]["active"].as_deref(), Some("1"), "{workers:?}");
+    assert_eq!(workers[1]["active"].as_deref(), Some("0"), "{workers:?}");
+    check(round + 1).await;
     p.shutdown().await;
 }
 

@@ -994,12 +994,25 @@ pub fn carpool(shared: &Shared) -> Table {
     t
 }
 
-/// pgcarpool's own: the worker threads and the clients each one serves.
+/// pgcarpool's own: the worker threads, the clients each one serves, whether it takes
+/// clients (`active`) and how busy it was lately (percent of a core).
 pub fn workers(shared: &Shared) -> Table {
-    let mut t = Table::new(&[("worker", Int), ("clients", Int)]);
+    let mut t = Table::new(&[
+        ("worker", Int),
+        ("clients", Int),
+        ("active", Int),
+        ("busy", Int),
+    ]);
     if let Some(ws) = shared.workers() {
+        let busy = ws.busy();
         for (w, n) in ws.clients().into_iter().enumerate() {
-            t.push(vec![w.into(), n.into()]);
+            let active = usize::from(w < ws.active());
+            t.push(vec![
+                w.into(),
+                n.into(),
+                active.into(),
+                u64::from(busy[w] / 10).into(),
+            ]);
         }
     }
     t

@@ -159,13 +159,24 @@ pub async fn arrive(shared: Arc<Shared>, stream: Stream, id: u64) -> Option<Arri
     Box::pin(enter(shared, stream, id, &cfg)).await
 }
 
-/// Serve a logged-in client until it leaves (its result), or until, idle during an online
-/// restart, it is to move to the new process (None: `takeover::serve` hands it over).
-pub async fn serve_here(client: &mut Client) -> Option<Result<(), ClientError>> {
+/// How a client's time on this worker ended.
+pub enum Served {
+    /// It left (Ok) or is let go (Err).
+    Ended(Result<(), ClientError>),
+    /// Idle during an online restart: `takeover::serve` hands it to the new process.
+    Handover,
+    /// Between transactions: it moves to worker N (counted there).
+    Move(usize),
+}
+
+/// Serve a logged-in client on this worker until it leaves, or may move to another
+/// worker or (idle during an online restart) to the new process.
+pub async fn serve_here(client: &mut Client) -> Served {
     match transaction::run(client).await {
-        Ok(transaction::Exit::Handover) => None,
-        Ok(transaction::Exit::Left) => Some(Ok(())),
-        Err(e) => Some(Err(e)),
+        Ok(transaction::Exit::Handover) => Served::Handover,
+        Ok(transaction::Exit::Move(w)) => Served::Move(w),
+        Ok(transaction::Exit::Left) => Served::Ended(Ok(())),
+        Err(e) => Served::Ended(Err(e)),
     }
 }
 

@@ -27,6 +27,8 @@ pub enum Exit {
     Left,
     /// Online restart: it is idle and may move to the new process.
     Handover,
+    /// Between transactions, holding nothing: it is to move to worker N (counted there).
+    Move(usize),
 }
 
 /// Serve requests until the client leaves or may move (Ok) or must be told why it is let
@@ -46,6 +48,10 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
         // A pinned client that also listens through the pool's listener waits here too, to
         // be given its notifications between transactions.
         if held.is_none() || c.listening.is_listening() {
+            // Clients gather on the workers that carry the load (workers.rs).
+            if let Some(to) = move_to(c, held.is_none() && aborted.is_none()).await? {
+                return Ok(Exit::Move(to));
+            }
             c.reg.handle.set_state(ClientState::Idle);
             let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
             let deadline = idle_timeout.map(|d| Instant::now() + d);
@@ -79,6 +85,22 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             After::Leave => return Ok(Exit::Left),
         }
     }
+}
+
+/// The worker a client between transactions is to move to, if its worker sheds clients
+/// and it can move (`free`: it holds no server and no failed block; it does not listen);
+/// what it is owed is written first, and nothing of a next request may be read yet.
+async fn move_to(c: &mut Client, free: bool) -> Result<Option<usize>, ClientError> {
+    let Some(ws) = c.shared.workers() else {
+        return Ok(None);
+    };
+    let me = crate::workers::current();
+    if !free || c.listening.is_listening() || !ws.sheds(me) {
+        return Ok(None);
+    }
+    c.conn.flush().await?;
+    let can = c.conn.rbuf.is_empty() && !c.conn.out_pending();
+    Ok(if can { ws.wants_move(me) } else { None })
 }
 
 /// The idle wait: nothing read, nothing owed to the client. Returns when the client's

@@ -107,6 +107,9 @@ pub struct Settings {
     pub prometheus_addr: String,
     /// pgcarpool extension: worker threads (0 = one per core).
     pub workers: usize,
+    /// pgcarpool extension: percent of a core a worker may be busy before clients spread to
+    /// one more worker (0: clients are spread over every worker at all times).
+    pub worker_spread_load: u32,
     /// pgcarpool extension: what a session feature that cannot be shared does in transaction
     /// mode: `pin` (keep the client on its server while it lives) or `error`.
     pub pin_mode: String,
@@ -743,6 +746,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(prometheus_addr, "127.0.0.1", reload: false, implemented: true),
     typed!(prometheus_port, "0", reload: false, implemented: true),
     typed!(workers, "0", reload: false, implemented: true),
+    typed!(worker_spread_load, "75", reload: true, implemented: true),
     typed!(pin_mode, "pin", reload: true, implemented: true, parse_pin_mode, Value::show),
     typed!(log_format, "pgbouncer", reload: true, implemented: true, parse_log_format, Value::show),
     typed!(pin_pool_size, "20", reload: true, implemented: true),
@@ -916,6 +920,7 @@ impl Settings {
             prometheus_port: 0,
             prometheus_addr: String::new(),
             workers: 0,
+            worker_spread_load: 75,
             pin_mode: "pin".into(),
             log_format: "pgbouncer".into(),
             pin_pool_size: 20,
@@ -1408,6 +1413,7 @@ mod tests {
                     "prometheus_addr",
                     "prometheus_port",
                     "workers",
+                    "worker_spread_load",
                     "pin_mode",
                     "log_format",
                     "pin_pool_size",

@@ -409,8 +409,9 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
         let mut conn = Conn::new(stream);
         conn.rbuf.extend_from_slice(&pending);
         let client = Client::new(s2.clone(), conn, pool, session, reg, counted);
-        super::serve(Box::new(client)).await;
-        s2.client_closed(w);
+        if super::serve(Box::new(client)).await {
+            s2.client_closed(w);
+        }
     };
     match shared.workers() {
         Some(ws) if w != me => drop(ws.handle(w).spawn(shared.tracker().track_future(run))),

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, Bytes};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::client::Client;
+use crate::client::{Client, ClientError, Served};
 use crate::config::{PoolMode, Settings};
 use crate::net::fdpass;
 use crate::net::listen::{Bound, SocketFile};
@@ -42,26 +42,57 @@ use crate::shared::restart::Outgoing;
 use session::{MovedSession, StayingClient, Transport};
 
 /// Serve a logged-in client (or one that moved in from the process this one took over
-/// from) until it leaves, or moves on to the process that takes over from this one.
+/// from) until it leaves, or moves on to the process that takes over from this one or to
+/// another worker. False: it moved to another worker, whose task gives its place back.
 /// Boxed: the client (its session, socket, registration) is one allocation and not part
 /// of the task's future (an async fn's argument would be kept twice, rust-lang/rust#62958).
-pub async fn serve(mut client: Box<Client>) {
+pub async fn serve(mut client: Box<Client>) -> bool {
     let result = loop {
         match crate::client::serve_here(&mut client).await {
-            Some(result) => break result,
+            Served::Ended(result) => break result,
+            Served::Move(to) => {
+                move_to(client, to);
+                return false;
+            }
             // Boxed, as `finish` below: what a client does once in its life is not room
             // that every idle client's task keeps.
-            None => match Box::pin(hand_over(&mut client)).await {
+            Served::Handover => match Box::pin(hand_over(&mut client)).await {
                 Ok(()) => {
                     tracing::debug!(
                         client = client.reg.handle.id,
                         "handed over to the new process"
                     );
-                    return;
+                    return true;
                 }
                 Err(why) => client.stay(why),
             },
         }
     };
     Box::pin(crate::client::finish(*client, result)).await;
+    true
+}
+
+/// Go on serving `client` on worker `to`, its socket registered there; the task there
+/// gives its place back when it ends.
+fn move_to(client: Box<Client>, to: usize) {
+    let shared = client.shared.clone();
+    let Some(ws) = shared.workers() else { return };
+    let s2 = shared.clone();
+    let run = async move {
+        let mut client = client;
+        if let Err(e) = client.conn.stream.rehome() {
+            tracing::warn!("could not move a client to worker {to}: {e}");
+            let lost = ClientError::fatal("08006", format!("could not move to a worker: {e}"));
+            Box::pin(crate::client::finish(*client, Err(lost))).await;
+        } else if !Box::pin(serve_boxed(client)).await {
+            return;
+        }
+        s2.client_closed(to);
+    };
+    drop(ws.handle(to).spawn(shared.tracker().track_future(run)));
+}
+
+/// `serve`, boxed and `Send`: a moved client's task on its new worker.
+fn serve_boxed(client: Box<Client>) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send>> {
+    Box::pin(serve(client))
 }
