@@ -69,30 +69,7 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
         .iter()
         .find_map(|l| l.local_tcp_addr())
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let n = crate::workers::count(shared.config().settings.workers);
-    let spread_at = shared.config().settings.worker_spread_load.min(100) * 10;
-    let _ = shared.set_workers(crate::workers::Workers::start(n, spread_at)?);
-    let workers = shared.workers().expect("just set");
-    if n > 1 {
-        // Which workers take clients, from their load (ends with the pooler).
-        let weak = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::workers::LOAD_PERIOD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut seen = None;
-            loop {
-                tick.tick().await;
-                let Some(shared) = weak.upgrade() else { return };
-                match shared.workers() {
-                    Some(ws) if !ws.stopped() => {
-                        let spread_at = shared.config().settings.worker_spread_load.min(100);
-                        ws.look(&mut seen, spread_at * 10);
-                    }
-                    _ => return,
-                }
-            }
-        });
-    }
+    let workers = start_workers(&shared)?;
     // A descriptor of each listening socket for SHOW FDS (an online restart takes them).
     shared.restart().keep_sockets(
         listeners
@@ -160,6 +137,39 @@ pub async fn start_on(config: Config, listeners: Vec<listen::Bound>) -> std::io:
             .spawn(crate::admin::metrics::serve(metrics, shared.clone()));
     }
     Ok(AppHandle { addr, shared })
+}
+
+/// Start the worker threads (`workers`) and, with more than one, the look at their load.
+fn start_workers(shared: &Arc<Shared>) -> std::io::Result<&crate::workers::Workers> {
+    let n = crate::workers::count(shared.config().settings.workers);
+    let spread_at = shared.config().settings.worker_spread_load.min(100) * 10;
+    let _ = shared.set_workers(crate::workers::Workers::start(n, spread_at)?);
+    if n > 1 {
+        watch_load(shared);
+    }
+    Ok(shared.workers().expect("just set"))
+}
+
+/// Which workers take clients, from their load: a look every `LOAD_PERIOD` until the
+/// pooler is gone (workers.rs).
+fn watch_load(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::workers::LOAD_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = None;
+        loop {
+            tick.tick().await;
+            let Some(shared) = weak.upgrade() else { return };
+            match shared.workers() {
+                Some(ws) if !ws.stopped() => {
+                    let spread_at = shared.config().settings.worker_spread_load.min(100);
+                    ws.look(&mut seen, spread_at * 10);
+                }
+                _ => return,
+            }
+        }
+    });
 }
 
 /// Keep the `peers_dns` members current: every `dns_max_ttl` (at least 1 s) after the
