@@ -41,7 +41,8 @@
 //! lock       the one way to take a Mutex (a panicked holder does not poison it)
 //! logging    stderr, logfile (reopened on reload), syslog
 //! service    systemd: sd_notify readiness, socket activation
-//! workers    thread per core: one single-threaded runtime per worker, placement of clients
+//! workers    thread per core: one single-threaded runtime per worker; clients placed on and
+//!            moved to the fewest workers their load needs (worker_spread_load)
 //!
 //! config/    pgbouncer.ini: ini.rs syntax, settings.rs (one table), databases.rs, auth_file.rs,
 //!            hba.rs (auth_hba_file rules), ident.rs (auth_ident_file maps), names.rs (the

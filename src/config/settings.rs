@@ -1185,6 +1185,16 @@ Describe of it is answered by a fresh parse, and that client's later Parses of t
 to the server as written. See docs/compatibility.md for what a
 server's log and `pg_prepared_statements` show. 0: every unnamed Parse goes to the server.
 
+**worker_spread_load** (pgcarpool's own; default 75; reloadable). How busy a worker
+thread may be, in percent of a core (its thread's CPU time over the last quarter
+seconds), before clients spread to one more worker. Clients gather on the fewest workers
+that carry the load: the first `active` workers take new connections, one more when one
+of them is busier than this, one fewer when their load would fit on one fewer at under
+80 % of it each; the other workers give their clients to the active ones between
+transactions (a client holding a server, listening or in a failed block it was left in
+waits for its next transaction). `SHOW WORKERS` says which workers are active and how busy
+each is. 0: every worker takes clients, spread by their number (as before 2026-11-26).
+
 **autodb_idle_timeout, pool_idle_timeout.** The janitor frees a pool (database, user)
 that has had no client, no server and no waiting client for this long; its statistics go
 with it. `autodb_idle_timeout` applies to databases made from the `*` entry (PgBouncer's
