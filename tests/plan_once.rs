@@ -421,3 +421,61 @@ async fn a_client_that_describes_each_parse_is_left_alone() {
     drop(c);
     p.shutdown().await;
 }
+
+/// A skipped Parse's ParseComplete waits for the server's reply, to be written with it
+/// (one write and one wake-up of the client, not two): while the server's statement waits
+/// for a lock, the client has been sent nothing; then it gets every message in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_parses_answer_is_written_with_the_servers_reply() {
+    let pg = TempPostgres::start();
+    let direct = pg.connect("postgres", "testdb").await;
+    direct
+        .batch_execute("CREATE TABLE held_answer (x int); INSERT INTO held_answer VALUES (7)")
+        .await
+        .unwrap();
+    let p = pool(&pg, 1, true).await;
+    let mut w = Wire::connect(p.port(), "postgres", "testdb").await;
+    const SQL: &str = "SELECT x FROM held_answer";
+    let parse = harness::wire::message(
+        b'P',
+        &[b"\0".as_slice(), SQL.as_bytes(), b"\0\0\0"].concat(),
+    );
+    let bind = harness::wire::message(b'B', b"\0\0\0\0\0\0\0\0");
+    let round = [
+        parse,
+        bind,
+        harness::wire::message(b'E', b"\0\0\0\0\0"),
+        harness::wire::message(b'S', b""),
+    ]
+    .concat();
+    // Twice: the second Parse is the first one served by the prepared statement.
+    for _ in 0..2 {
+        w.send(&round).await;
+        let tags: Vec<u8> = w.until_ready(1).await.iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, b"12DCZ");
+    }
+    let mut locker = pg.connect("postgres", "testdb").await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE held_answer IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    w.send(&round).await;
+    harness::wait_for("the round to wait for the lock", LIMIT, || async {
+        let n = scalar(
+            &direct,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%held_answer%'",
+        )
+        .await
+        .unwrap();
+        n == "1"
+    })
+    .await;
+    // Before the change the ParseComplete was written before the Bind reached the server.
+    assert_eq!(w.bytes_waiting(), 0, "nothing before the server's reply");
+    tx.rollback().await.unwrap();
+    let tags: Vec<u8> = w.until_ready(1).await.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tags, b"12DCZ");
+    w.terminate().await;
+    p.shutdown().await;
+}

@@ -141,6 +141,10 @@ pub struct Relay<'a> {
     pub(super) replay: Option<Replay>,
     /// Replayed messages wait in the client's buffer: scan it again.
     pub(super) rescan_client: bool,
+    /// What is queued for the client is pgcarpool's own answers (a skipped Parse's
+    /// ParseComplete) and the server owes a ReadyForQuery: they wait to be written with the
+    /// server's reply, one write and one wake-up of the client instead of two.
+    hold_answers: bool,
     /// The client sent only messages an idle server ignores (CopyData, CopyDone or
     /// CopyFail after its COPY ended, Flush): the server owes nothing and goes back once
     /// they are written.
@@ -262,6 +266,7 @@ impl<'a> Relay<'a> {
             limit: None,
             replay: None,
             rescan_client: false,
+            hold_answers: false,
             owes_nothing: false,
             pools: None,
             fast_close: None,
@@ -416,7 +421,7 @@ impl<'a> Relay<'a> {
                 progress |= self.server.conn().out_len() < before;
             }
             let before = self.client.out_len();
-            if self.client.out_pending() {
+            if self.client.out_pending() && !self.hold_answers {
                 if let Poll::Ready(Err(_)) = self.client.poll_write_out(cx) {
                     return Poll::Ready(RelayEvent::ClientGone);
                 }
@@ -606,6 +611,7 @@ impl<'a> Relay<'a> {
         if forwarded && event.is_none() && self.mode != PoolMode::Session {
             self.owes_nothing = self.server.exchange().owes_nothing();
         }
+        let before = self.client.out_len();
         if self.virt && self.answer_front() && event.is_none() {
             // pgcarpool answered a whole query itself: the server may be free again.
             if self.server.exchange().owes_nothing() && self.mode != PoolMode::Session {
@@ -613,6 +619,12 @@ impl<'a> Relay<'a> {
                 event = Some(RelayEvent::Release);
             }
         }
+        // Only pgcarpool's answers queued, and the server's reply sure to follow (a
+        // ReadyForQuery owed): written with that reply (`scan_server` ends the hold).
+        self.hold_answers = before == 0
+            && self.client.out_len() > 0
+            && event.is_none()
+            && self.server.exchange().ready_owed() > 0;
         if let Some(RelayEvent::ClientTerminate) = event {
             self.client.consume(5);
         }
@@ -734,6 +746,7 @@ impl<'a> Relay<'a> {
 
     /// Forward what the server sent, keeping its state and the client's session current.
     pub fn scan_server(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
+        self.hold_answers = false;
         if self.first_request.is_some()
             && let Some(ev) = self.first_reply()
         {

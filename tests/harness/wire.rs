@@ -177,6 +177,19 @@ impl Wire {
         out
     }
 
+    /// Bytes come and not read as messages yet, without waiting for any: what the other
+    /// end has written so far.
+    pub fn bytes_waiting(&mut self) -> usize {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = self.s.try_read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        self.buf.len()
+    }
+
     async fn flush(&mut self) {
         self.s.write_all(&self.out).await.unwrap();
         self.out.clear();
