@@ -122,6 +122,16 @@ pub fn may_matter(sql: &[u8]) -> bool {
     false
 }
 
+/// The text's first word (after whitespace and comments) is `word` (ASCII, any case): a
+/// check of a few bytes for what only a statement starting so can be.
+pub fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
+    let first = strip_leading(sql);
+    starts_with_ci(first, word)
+        && first
+            .get(word.len())
+            .is_none_or(|c| !c.is_ascii_alphanumeric() && *c != b'_')
+}
+
 /// The well-known built-ins and keywords that may stand before a `(` without making a
 /// statement call something unknown (`calls_unknown`).
 const KNOWN_CALLS: &[&[u8]] = &[
@@ -1869,6 +1879,29 @@ mod tests {
             b";;;",
         ] {
             let _ = classify(s);
+        }
+    }
+
+    #[test]
+    fn starts_with_word_looks_at_the_first_word_only() {
+        for (sql, want) in [
+            (&b"DEALLOCATE p1"[..], true),
+            (b"  /* c */ deallocate all", true),
+            (b"-- c\nDeAllocate\tp", true),
+            (b"deallocate", true),
+            (b"deallocate;", true),
+            (b"deallocated", false),
+            (b"deallocate_x", false),
+            (b"select 1; deallocate p1", false),
+            (b"dealloc", false),
+            (b"", false),
+        ] {
+            assert_eq!(
+                starts_with_word(sql, b"deallocate"),
+                want,
+                "{}",
+                String::from_utf8_lossy(sql)
+            );
         }
     }
 
