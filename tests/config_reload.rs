@@ -144,6 +144,8 @@ async fn sigint_waits_for_servers_to_be_released() {
     let c = p.connect("md5user").await;
     let idle = p.connect("md5user").await;
     c.simple_query("begin").await.unwrap();
+    // A second server, idle in the pool: a new transaction would find it at once.
+    idle.simple_query("select 0").await.unwrap();
     p.signal(libc::SIGINT);
     assert!(p.stops_accepting().await, "still accepting after SIGINT");
     // The transaction in progress may finish.

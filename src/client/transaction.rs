@@ -950,13 +950,13 @@ async fn fitted_server(
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
 ) -> Result<PooledServer, ClientError> {
     c.reg.handle.set_state(ClientState::Waiting);
-    let waited = Instant::now();
     let mut tries = 0;
+    let mut waited_us = 0;
     loop {
         tries += 1;
-        let mut server = checkout(c, cfg, kill.as_mut()).await?;
+        let (mut server, waited) = checkout(c, cfg, kill.as_mut()).await?;
+        waited_us += waited;
         server.set_last_client(c.reg.handle.id);
-        let waited_us = waited.elapsed().as_micros() as u64;
         let applied = if sync::differs(&mut server, &c.session.params) {
             Box::pin(sync::apply(&mut server, &c.session.params)).await
         } else {
@@ -993,22 +993,25 @@ async fn fitted_server(
 /// Most a waiting client may send ahead before we stop reading it.
 const WAIT_READ_LIMIT: usize = 256 * 1024;
 
-/// Get a server for the client, telling it when it has to wait (query_wait_notify).
+/// Get a server for the client, telling it when it has to wait (query_wait_notify), and
+/// how long it waited (µs; 0 without a wait, and no clock read).
 async fn checkout(
     c: &mut Client,
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
-) -> Result<PooledServer, ClientError> {
-    if c.shared.stop_transactions().is_cancelled() {
+) -> Result<(PooledServer, u64), ClientError> {
+    if c.shared.transactions_stopped() {
         return Err(shutting_down());
     }
     let want = (c.reg.handle.id, c.session.params.version());
     if let Some(s) = c.pool.checkout_now(Some(want)) {
-        return Ok(s);
+        return Ok((s, 0));
     }
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the
     // room for it.
-    Box::pin(wait_for_server(c, cfg, kill.as_mut())).await
+    let start = Instant::now();
+    let s = Box::pin(wait_for_server(c, cfg, kill.as_mut(), start)).await?;
+    Ok((s, start.elapsed().as_micros() as u64))
 }
 
 /// When a client waiting for a server gives up, and what it is told: query_timeout
@@ -1040,8 +1043,8 @@ async fn wait_for_server(
     c: &mut Client,
     cfg: &config::Config,
     mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    start: Instant,
 ) -> Result<PooledServer, ClientError> {
-    let start = Instant::now();
     let (deadline, timeout_text) = wait_deadline(
         start,
         c.pool.settings().query_wait_timeout,

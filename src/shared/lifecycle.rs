@@ -208,7 +208,7 @@ impl Shared {
     pub async fn shutdown_wait_for_servers(&self) {
         crate::service::stopping("shutting down once every server is released");
         self.stop_listening().await;
-        self.stop_transactions.cancel();
+        self.stop_transactions_now();
         self.wait_servers_released().await;
         self.shutdown_now();
     }

@@ -51,6 +51,9 @@ pub struct Shared {
     /// Cancelled by SHUTDOWN WAIT_FOR_SERVERS: a client that needs a server for a new
     /// transaction (or waits for one) is let go ("server shutting down").
     stop_transactions: CancellationToken,
+    /// `stop_transactions` was cancelled: read with one atomic load on every checkout (the
+    /// token's own check takes a mutex).
+    transactions_stopped: std::sync::atomic::AtomicBool,
     /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
     stop_clients: CancellationToken,
     /// Cancelled to stop background tasks (janitor).
@@ -91,6 +94,7 @@ impl Shared {
             statements: Arc::new(statements),
             stop_accepting: CancellationToken::new(),
             stop_transactions: CancellationToken::new(),
+            transactions_stopped: std::sync::atomic::AtomicBool::new(false),
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -150,6 +154,15 @@ impl Shared {
     /// transaction (or waits for one) is let go.
     pub fn stop_transactions(&self) -> &CancellationToken {
         &self.stop_transactions
+    }
+    /// SHUTDOWN WAIT_FOR_SERVERS has begun: no new transactions.
+    pub fn transactions_stopped(&self) -> bool {
+        self.transactions_stopped.load(Ordering::Acquire)
+    }
+    /// Begin SHUTDOWN WAIT_FOR_SERVERS' drain: no new transactions, waiters let go.
+    pub(crate) fn stop_transactions_now(&self) {
+        self.transactions_stopped.store(true, Ordering::Release);
+        self.stop_transactions.cancel();
     }
     /// Cancelled to make every client leave; each client's kill token is a child.
     pub fn stop_clients(&self) -> &CancellationToken {
