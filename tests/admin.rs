@@ -1147,42 +1147,33 @@ async fn clients_move_between_workers_with_their_sessions() {
             }
         }
     };
-    // Spread: clients move to worker 1 after their next transactions.
-    c.simple_query("SET worker_spread_load = 0").await.unwrap();
+    // Spread (clients move to worker 1 after their next transactions), then gather again
+    // (worker 1's clients come back; the console, which does not move, may be there).
+    let spread = |n: &[u64]| n.iter().all(|&n| n >= 3);
+    let gathered = |n: &[u64]| n[0] >= 8;
     let mut round = 0;
-    wait_for(
-        "clients to spread over both workers",
-        Duration::from_secs(20),
-        || {
+    for (load, what, done) in [
+        (
+            "0",
+            "clients to spread over both workers",
+            &spread as &dyn Fn(&[u64]) -> bool,
+        ),
+        ("75", "clients to gather on worker 0", &gathered),
+    ] {
+        c.simple_query(&format!("SET worker_spread_load = {load}"))
+            .await
+            .unwrap();
+        wait_for(what, Duration::from_secs(20), || {
             round += 1;
             let check = check(round);
             let c = &c;
             async move {
                 check.await;
-                per_worker(rows(c, "SHOW WORKERS").await)
-                    .iter()
-                    .all(|&n| n >= 3)
+                done(&per_worker(rows(c, "SHOW WORKERS").await))
             }
-        },
-    )
-    .await;
-    // Gather again: worker 1's clients come back (the console, which does not move, may
-    // be there).
-    c.simple_query("SET worker_spread_load = 75").await.unwrap();
-    wait_for(
-        "clients to gather on worker 0",
-        Duration::from_secs(20),
-        || {
-            round += 1;
-            let check = check(round);
-            let c = &c;
-            async move {
-                check.await;
-                per_worker(rows(c, "SHOW WORKERS").await)[0] >= 8
-            }
-        },
-    )
-    .await;
+        })
+        .await;
+    }
     let workers = rows(&c, "SHOW WORKERS").await;
     assert_eq!(workers[0]["active"].as_deref(), Some("1"), "{workers:?}");
     assert_eq!(workers[1]["active"].as_deref(), Some("0"), "{workers:?}");
