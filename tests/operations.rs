@@ -44,7 +44,8 @@ async fn pause_then_resume_under_pgbench_load_fails_no_transaction() {
             let out = bench.await.unwrap();
             panic!("pgbench made no progress in 10 s: {}", output_text(&out));
         }
-        tokio::task::yield_now().await;
+        // Not a spin: the pooler's clients share this runtime (worker 0).
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for _ in 0..2 {
         // PAUSE returns once every server is released: transactions in flight finish.
@@ -210,7 +211,8 @@ async fn reload_of_default_pool_size_shows_in_show_pools() {
             "pool never reached 2 active / 2 waiting: {:?}",
             md5user_pool(&console).await
         );
-        tokio::task::yield_now().await;
+        // Not a spin: the pooler's clients share this runtime (worker 0).
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     p.rewrite_config(|b| b.setting("default_pool_size", "4"));
     console.batch_execute("RELOAD").await.unwrap();
@@ -221,7 +223,8 @@ async fn reload_of_default_pool_size_shows_in_show_pools() {
             "reload did not grow the pool: {:?}",
             md5user_pool(&console).await
         );
-        tokio::task::yield_now().await;
+        // Not a spin: the pooler's clients share this runtime (worker 0).
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for (c, w) in waits {
         w.await.unwrap().unwrap();
