@@ -987,6 +987,31 @@ async fn shutdown_answers_and_stops_the_pooler() {
     p.shutdown().await;
 }
 
+/// A shutdown ends every client, idle ones too (KILL flags each client's handle and wakes
+/// its task: `Registry::kill_all`), each told why before its connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tells_idle_clients_why_they_are_let_go() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("auth_type", "trust")
+        .start()
+        .await;
+    let mut idle = harness::wire::Wire::connect(p.port(), "postgres", "testdb").await;
+    let c = console(&p).await;
+    c.simple_query("SHUTDOWN").await.unwrap();
+    let words = idle.until_closed().await;
+    let told: Vec<_> = words
+        .iter()
+        .map(|(tag, body)| (*tag as char, harness::wire::error_fields(body)))
+        .collect();
+    assert_eq!(
+        told,
+        [('E', ("08P01".to_string(), "database removed".to_string()))]
+    );
+    p.shutdown().await;
+}
+
 /// With `worker_spread_load = 0`, clients are spread over the worker threads; servers
 /// follow the clients that use them but mostly stay on their worker (SHOW WORKERS, SHOW
 /// CARPOOL server_moves); every answer is right.

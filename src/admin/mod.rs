@@ -59,7 +59,7 @@ pub async fn serve(console: crate::client::Console) {
     let kill = c.kill.clone();
     let result = tokio::select! {
         r = run(&shared, &mut c.conn, &c.user, c.role) => r,
-        _ = kill.cancelled() => Ok(()),
+        _ = kill.killed() => Ok(()),
     };
     c.end(result).await;
 }
@@ -507,7 +507,7 @@ fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError> {
     pools.iter().for_each(|p| p.pause());
     for c in shared.clients().all() {
         if db.is_none_or(|d| &*c.db == d) {
-            c.kill.cancel();
+            c.kill();
         }
     }
     pools.iter().for_each(|p| p.reconnect());

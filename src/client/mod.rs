@@ -31,7 +31,6 @@ use crate::shared::console::Role;
 use crate::shared::credential_for;
 use registry::{ClientState, Registration};
 use session::VirtualSession;
-use tokio_util::sync::CancellationToken;
 
 /// Why a client is being let go.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +115,8 @@ pub struct Console {
     pub conn: Conn,
     pub user: String,
     pub role: Role,
-    pub kill: CancellationToken,
+    /// Its own handle: `killed` resolves on KILL_CLIENT and shutdowns.
+    pub kill: Arc<registry::ClientHandle>,
     reg: Registration,
     counted: counts::Counted,
     id: u64,
@@ -291,10 +291,11 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let entered = login.await;
     drop(ticket);
     if let Ok(Entered::Admin(user, role, counted)) = entered {
-        let kill = shared.stop_clients().child_token();
-        let reg = shared
-            .clients()
-            .register(id, peer.to_string(), counted.names(), kill.clone());
+        let reg =
+            shared
+                .clients()
+                .register(id, peer.to_string(), counted.names(), shared.stop_clients());
+        let kill = reg.handle.clone();
         if let Some(tls) = conn.stream.tls_info() {
             reg.handle.set_tls(tls);
         }
@@ -723,8 +724,9 @@ fn open_session(
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
     session.pool_scope = session::pool_scope(pool);
-    let kill = shared.stop_clients().child_token();
-    let reg = shared.clients().register(id, peer.to_string(), names, kill);
+    let reg = shared
+        .clients()
+        .register(id, peer.to_string(), names, shared.stop_clients());
     session.backend_pid = reg.handle.key.0;
     (session, reg)
 }

@@ -1,11 +1,10 @@
 //! LISTEN without a pin: a client's LISTEN, UNLISTEN and `pg_listening_channels()` answered
 //! from its virtual session and the pool's shared listener (`pool::listener`), and the
 //! notifications it receives delivered between its transactions.
-use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::shared::registry::ClientHandle;
 use bytes::{BufMut, BytesMut};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::transaction::Local;
 use super::{Client, ClientError};
@@ -558,7 +557,7 @@ fn bind_without_params(body: &[u8]) -> Result<bool, proto::ProtoError> {
 /// before it goes to its server.
 pub(super) async fn answer(
     c: &mut Client,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> Result<Option<Local>, ClientError> {
     let pinned = c.session.pin.is_some();
     if c.pool.settings().mode == PoolMode::Session || (pinned && !c.listening.is_listening()) {
@@ -587,7 +586,7 @@ pub(super) async fn answer(
             Stmt::Unlisten(None) => {
                 let r = tokio::select! {
                     r = ask(c, Op::Unlisten(None)) => r,
-                    _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+                    _ = kill.killed() => return Err(super::transaction::killed(c)),
                 };
                 r.map_err(|e| ClientError::Fatal {
                     code: lost_code(&e.code),
@@ -617,14 +616,14 @@ pub(super) async fn answer(
             let op = Op::Listen(ch.clone());
             tokio::select! {
                 r = ask(c, op) => r,
-                _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+                _ = kill.killed() => return Err(super::transaction::killed(c)),
             }
         }
         Stmt::Unlisten(which) => {
             let op = Op::Unlisten(which.clone());
             tokio::select! {
                 r = ask(c, op) => r,
-                _ = kill.as_mut() => return Err(super::transaction::killed(c)),
+                _ = kill.killed() => return Err(super::transaction::killed(c)),
             }
         }
     };

@@ -4,9 +4,7 @@ use std::future::{Future, poll_fn};
 use std::task::Poll;
 use std::time::Instant;
 
-use std::pin::Pin;
-
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use crate::shared::registry::ClientHandle;
 
 use super::classify::{self, Effects};
 use super::registry::ServerLink;
@@ -35,8 +33,8 @@ pub enum Exit {
 /// go (Err).
 pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     // One registration for the client's whole life, polled by every wait below.
-    let kill = c.reg.handle.kill.clone().cancelled_owned();
-    tokio::pin!(kill);
+    let handle = c.reg.handle.clone();
+    let kill = &*handle;
     // Online restart (SUSPEND, HANDOVER), watched for the client's whole life.
     let mut phase = c.shared.restart().watch();
     // A pinned client keeps its server between transactions.
@@ -62,7 +60,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                 let wait = Box::pin(wait_for_request(
                     c,
                     (deadline, readable),
-                    kill.as_mut(),
+                    kill,
                     &mut phase,
                     pinned,
                     &mut aborted,
@@ -71,13 +69,13 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     Wait::Request => break,
                     Wait::Terminate => return Ok(Exit::Left),
                     Wait::Handover => return Ok(Exit::Handover),
-                    Wait::Idle => readable = park(c, deadline, kill.as_mut(), &mut phase).await?,
+                    Wait::Idle => readable = park(c, deadline, kill, &phase).await?,
                 }
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task.
-        let after = Box::pin(transaction(c, held.take(), &cfg, kill.as_mut())).await?;
+        let after = Box::pin(transaction(c, held.take(), &cfg, kill)).await?;
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
@@ -107,13 +105,15 @@ async fn move_to(c: &mut Client, free: bool) -> Result<Option<usize>, ClientErro
 /// socket is readable (true), or something was queued for it or the restart phase changed
 /// (false: the caller looks again); Err when it is killed or its idle timeout passes.
 /// This is what every idle client's task holds, so it holds little: the socket's readiness
-/// is polled (its waker lives in the socket's registration), the kill future is the
-/// caller's, and the timer and the notification wait are boxed and made only when needed.
+/// is polled (its waker lives in the socket's registration), a kill and a restart phase
+/// change wake the waker in the client's handle (`ClientHandle::poll_killed`,
+/// `Restart::change`), and the timer and the notification wait are boxed and made only
+/// when needed.
 async fn park(
     c: &mut Client,
     deadline: Option<Instant>,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
-    phase: &mut PhaseWatch,
+    kill: &ClientHandle,
+    phase: &PhaseWatch,
 ) -> Result<bool, ClientError> {
     // Idle: hold no buffers while waiting, only read once bytes are there.
     c.conn.shrink_all();
@@ -122,11 +122,13 @@ async fn park(
         .inbox()
         .map(|inbox| Box::pin(super::notify::woken(Some(inbox))));
     let mut timer = deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into())));
-    let changed = phase.changed();
-    tokio::pin!(changed);
     poll_fn(|cx| {
-        if kill.as_mut().poll(cx).is_ready() {
+        if kill.poll_killed(cx).is_ready() {
             return Poll::Ready(Err(killed(c)));
+        }
+        // After the waker is registered: a change from now on wakes it.
+        if phase.moved() {
+            return Poll::Ready(Ok(false));
         }
         if let Poll::Ready(r) = c.conn.stream.poll_read_ready(cx) {
             return Poll::Ready(r.map(|()| true).map_err(ClientError::from));
@@ -134,7 +136,7 @@ async fn park(
         let woke = woken
             .as_mut()
             .is_some_and(|w| w.as_mut().poll(cx).is_ready());
-        if woke || changed.as_mut().poll(cx).is_ready() {
+        if woke {
             return Poll::Ready(Ok(false));
         }
         if timer
@@ -169,12 +171,12 @@ async fn transaction(
     c: &mut Client,
     held: Option<PooledServer>,
     cfg: &config::Config,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> Result<After, ClientError> {
     let fresh = held.is_none();
     let server = match held {
         Some(s) => s,
-        None => fitted_server(c, cfg, kill.as_mut()).await?,
+        None => fitted_server(c, cfg, kill).await?,
     };
     let pool_settings = c.pool.settings();
     // A server just checked out may have been terminated while idle, its FATAL still on
@@ -199,16 +201,7 @@ async fn transaction(
         counts,
         effects,
         loss,
-    } = relay_replacing(
-        c,
-        server,
-        cfg,
-        &pool_settings,
-        timeouts,
-        replays_left,
-        kill.as_mut(),
-    )
-    .await?;
+    } = relay_replacing(c, server, cfg, &pool_settings, timeouts, replays_left, kill).await?;
     c.reg.handle.set_server(None);
     if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
@@ -382,7 +375,7 @@ async fn relay_replacing(
     pool_settings: &crate::pool::PoolSettings,
     timeouts: RelayTimeouts,
     mut replays_left: usize,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> Result<Relayed, ClientError> {
     loop {
         server.mark_served();
@@ -407,7 +400,7 @@ async fn relay_replacing(
             pool_settings,
             timeouts,
             keep_first,
-            kill.as_mut(),
+            kill,
         )
         .await;
         let RelayEvent::TerminatedBeforeReply(first) = event else {
@@ -437,7 +430,7 @@ async fn relay_replacing(
         // Back to the pool (it closes it: broken) before another is asked for: its place
         // may be the one the next server takes.
         drop(server);
-        server = fitted_server(c, cfg, kill.as_mut()).await?;
+        server = fitted_server(c, cfg, kill).await?;
     }
 }
 
@@ -451,7 +444,7 @@ async fn relay_once(
     pool_settings: &crate::pool::PoolSettings,
     timeouts: RelayTimeouts,
     keep_first: bool,
-    kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> (
     RelayEvent,
     RelayCounts,
@@ -488,7 +481,7 @@ async fn relay_once(
     }
     let event = tokio::select! {
         biased;
-        _ = kill => RelayEvent::Killed,
+        _ = kill.killed() => RelayEvent::Killed,
         ev = relay.run(timeouts) => ev,
     };
     let withheld_ready = relay
@@ -692,7 +685,7 @@ enum Wait {
 async fn wait_for_request(
     c: &mut Client,
     (deadline, mut readable): (Option<Instant>, bool),
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
     phase: &mut PhaseWatch,
     pinned: bool,
     aborted: &mut Option<Box<super::aborted::Aborted>>,
@@ -704,7 +697,7 @@ async fn wait_for_request(
             let inbox = c.listening.inbox();
             tokio::select! {
                 biased;
-                _ = kill.as_mut() => return Err(killed(c)),
+                _ = kill.killed() => return Err(killed(c)),
                 r = c.conn.flush() => r?,
                 // A client that does not read: its notifications count against its bound.
                 _ = super::notify::woken(inbox) => continue,
@@ -718,7 +711,7 @@ async fn wait_for_request(
                 return Err(pqexec_disallowed());
             }
             let local = if pinned {
-                let answered = super::notify::answer(c, kill.as_mut()).await?;
+                let answered = super::notify::answer(c, kill).await?;
                 answered.unwrap_or(Local::NeedServer)
             } else if let Some(block) = aborted {
                 let (local, over) = super::aborted::answer(c, block)?;
@@ -727,7 +720,7 @@ async fn wait_for_request(
                 }
                 local
             } else {
-                match super::notify::answer(c, kill.as_mut()).await? {
+                match super::notify::answer(c, kill).await? {
                     Some(local) => local,
                     None => answer_without_server(c)?,
                 }
@@ -754,7 +747,7 @@ async fn wait_for_request(
             tokio::select! {
                 _ = phase.changed() => continue,
                 _ = idle_deadline(deadline) => return Err(idle_timed_out()),
-                _ = kill.as_mut() => return Err(killed(c)),
+                _ = kill.killed() => return Err(killed(c)),
             }
         }
         // Parked until the socket was readable: read it now (once), else park again.
@@ -769,7 +762,7 @@ async fn wait_for_request(
                 }
             }
             _ = idle_deadline(deadline) => return Err(idle_timed_out()),
-            _ = kill.as_mut() => return Err(killed(c)),
+            _ = kill.killed() => return Err(killed(c)),
             _ = phase.changed() => continue,
         }
     }
@@ -947,14 +940,14 @@ const SERVER_TRIES: usize = 3;
 async fn fitted_server(
     c: &mut Client,
     cfg: &config::Config,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> Result<PooledServer, ClientError> {
     c.reg.handle.set_state(ClientState::Waiting);
     let mut tries = 0;
     let mut waited_us = 0;
     loop {
         tries += 1;
-        let (mut server, waited) = checkout(c, cfg, kill.as_mut()).await?;
+        let (mut server, waited) = checkout(c, cfg, kill).await?;
         waited_us += waited;
         server.set_last_client(c.reg.handle.id);
         let applied = if sync::differs(&mut server, &c.session.params) {
@@ -998,7 +991,7 @@ const WAIT_READ_LIMIT: usize = 256 * 1024;
 async fn checkout(
     c: &mut Client,
     cfg: &config::Config,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
 ) -> Result<(PooledServer, u64), ClientError> {
     if c.shared.transactions_stopped() {
         return Err(shutting_down());
@@ -1010,7 +1003,7 @@ async fn checkout(
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the
     // room for it.
     let start = Instant::now();
-    let s = Box::pin(wait_for_server(c, cfg, kill.as_mut(), start)).await?;
+    let s = Box::pin(wait_for_server(c, cfg, kill, start)).await?;
     Ok((s, start.elapsed().as_micros() as u64))
 }
 
@@ -1042,7 +1035,7 @@ fn shutting_down() -> ClientError {
 async fn wait_for_server(
     c: &mut Client,
     cfg: &config::Config,
-    mut kill: Pin<&mut WaitForCancellationFutureOwned>,
+    kill: &ClientHandle,
     start: Instant,
 ) -> Result<PooledServer, ClientError> {
     let (deadline, timeout_text) = wait_deadline(
@@ -1098,7 +1091,7 @@ async fn wait_for_server(
             }
             // Not inside a transaction block while it waits: its notifications are its now.
             _ = super::notify::woken(c.listening.inbox()) => super::notify::deliver(c)?,
-            _ = kill.as_mut() => return Err(killed(c)),
+            _ = kill.killed() => return Err(killed(c)),
         }
     }
 }

@@ -146,6 +146,7 @@ impl Shared {
         }
         self.stop_accepting.cancel();
         self.stop_clients.cancel();
+        self.clients.kill_all();
         self.stop_background.cancel();
         for p in self.pools.all() {
             p.close_idle("pooler is shutting down");

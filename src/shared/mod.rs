@@ -85,10 +85,12 @@ impl Shared {
     /// Fresh state for `config`: no pools, no clients, nothing running yet.
     pub fn new(config: Config) -> Arc<Shared> {
         let statements = StatementRegistry::with_max_bytes(config.settings.statement_registry_size);
+        let clients = Arc::new(Registry::default());
         Arc::new(Shared {
             config: ArcSwap::from_pointee(config),
             pools: Arc::new(Pools::default()),
-            clients: Arc::new(Registry::default()),
+            restart: Restart::new(clients.clone()),
+            clients,
             scram: Arc::new(ScramCache::new()),
             dynamic_users: Default::default(),
             statements: Arc::new(statements),
@@ -105,7 +107,6 @@ impl Shared {
             admin: AdminState::default(),
             peers: Default::default(),
             workers: std::sync::OnceLock::new(),
-            restart: Default::default(),
             tls: ArcSwap::from_pointee(Tls::default()),
         })
     }

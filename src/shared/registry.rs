@@ -1,9 +1,11 @@
 //! Connected clients by cancel key and id: cancel requests, SHOW CLIENTS, KILL.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::SystemTime;
 
+use atomic_waker::AtomicWaker;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock::Locked;
@@ -45,8 +47,12 @@ pub struct ClientHandle {
     pub user: Arc<str>,
     pub db: Arc<str>,
     pub connect_time: SystemTime,
-    /// Cancelled to make the client leave (KILL, shutdown).
-    pub kill: CancellationToken,
+    /// Set to make the client leave (KILL, shutdown); its task sees it at its next wake.
+    killed: AtomicBool,
+    /// The client's task, as it last waited: woken by `kill` and by `wake` (an
+    /// online-restart phase change). A flag and a waker instead of a cancellation token:
+    /// no tree node and no registered future per client, and a poll is two atomic loads.
+    waker: AtomicWaker,
     state: AtomicU8,
     /// The server running this client's work, for cancel requests.
     server: Mutex<Option<ServerLink>>,
@@ -78,7 +84,6 @@ impl ClientHandle {
         key: (i32, i32),
         addr: String,
         (user, db): (Arc<str>, Arc<str>),
-        kill: CancellationToken,
         connect_time: SystemTime,
     ) -> Arc<ClientHandle> {
         Arc::new(ClientHandle {
@@ -88,7 +93,8 @@ impl ClientHandle {
             user,
             db,
             connect_time,
-            kill,
+            killed: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
             state: AtomicU8::new(ClientState::Login as u8),
             server: Mutex::new(None),
             prepared: Default::default(),
@@ -115,7 +121,43 @@ impl ClientHandle {
     /// Make the client leave, telling it `reason` (PgBouncer's words).
     pub fn kill_with(&self, reason: &'static str) {
         self.set_rare(true, |r| r.kill_reason = Some(reason));
-        self.kill.cancel();
+        self.kill();
+    }
+
+    /// Make the client leave (told `kill_reason`).
+    pub fn kill(&self) {
+        self.killed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::Acquire)
+    }
+
+    /// Ready once the client is to leave; otherwise the task polling is woken when it is,
+    /// or when `wake` is called. Only the client's own task polls this.
+    pub fn poll_killed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_killed() {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // Killed between the first look and the registration: its wake may have missed.
+        if self.is_killed() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Resolves once the client is to leave.
+    pub fn killed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| self.poll_killed(cx))
+    }
+
+    /// Wake the client's task so that it looks again at what it waits for (an
+    /// online-restart phase change).
+    pub fn wake(&self) {
+        self.waker.wake();
     }
 
     /// What a client made to leave is told: PgBouncer's words, "database removed" for
@@ -219,12 +261,14 @@ impl Registry {
     }
 
     /// Register a client under a fresh random cancel key (naming this instance when peered).
+    /// `stop`: the shutdown's token (`Shared::stop_clients`); a client registered after it
+    /// was cancelled is killed at once (`kill_all` walks only the clients it finds).
     pub fn register(
         self: &Arc<Self>,
         id: u64,
         addr: String,
         names: (Arc<str>, Arc<str>),
-        kill: CancellationToken,
+        stop: &CancellationToken,
     ) -> Registration {
         let mut map = self.lock();
         let key = loop {
@@ -233,7 +277,10 @@ impl Registry {
                 break k;
             }
         };
-        let handle = ClientHandle::new(id, key, addr, names, kill, SystemTime::now());
+        let handle = ClientHandle::new(id, key, addr, names, SystemTime::now());
+        if stop.is_cancelled() {
+            handle.kill();
+        }
         map.insert(key, handle.clone());
         Registration {
             registry: self.clone(),
@@ -250,19 +297,37 @@ impl Registry {
         key: (i32, i32),
         addr: String,
         names: (Arc<str>, Arc<str>),
-        kill: CancellationToken,
+        stop: &CancellationToken,
         connect_time: SystemTime,
     ) -> Option<Registration> {
         let mut map = self.lock();
         if map.contains_key(&key) {
             return None;
         }
-        let handle = ClientHandle::new(id, key, addr, names, kill, connect_time);
+        let handle = ClientHandle::new(id, key, addr, names, connect_time);
+        if stop.is_cancelled() {
+            handle.kill();
+        }
         map.insert(key, handle.clone());
         Some(Registration {
             registry: self.clone(),
             handle,
         })
+    }
+
+    /// Shutdown: every client leaves (after `Shared::stop_clients` is cancelled, so that a
+    /// client registering meanwhile kills itself, see `register`).
+    pub fn kill_all(&self) {
+        for c in self.lock().values() {
+            c.kill();
+        }
+    }
+
+    /// An online-restart phase changed: every client looks again.
+    pub fn wake_all(&self) {
+        for c in self.lock().values() {
+            c.wake();
+        }
     }
 
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {

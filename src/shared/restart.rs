@@ -3,10 +3,11 @@
 //! way to the new process, and (new process) the clients still with the old one.
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::registry::Registry;
 use crate::lock::Locked;
 use crate::net::listen::Bound;
 
@@ -33,6 +34,11 @@ impl PhaseWatch {
             self.now = *self.rx.borrow_and_update();
         }
         self.now
+    }
+
+    /// Whether the phase changed since `current` last looked (without looking).
+    pub fn moved(&self) -> bool {
+        self.rx.has_changed().unwrap_or(false)
     }
 
     /// Resolves when the phase changes (never once the sender is gone).
@@ -68,11 +74,21 @@ pub struct Restart {
     staying: Mutex<Vec<StayingClient>>,
     /// New process: cancel requests for those clients go to the old one through here.
     cancels: Mutex<Option<mpsc::UnboundedSender<(i32, i32)>>>,
+    /// Woken at each phase change: idle clients wait on their own handle's waker, not on
+    /// the phase's channel (`transaction::park`).
+    clients: Arc<Registry>,
 }
 
 impl Default for Restart {
     fn default() -> Self {
+        Restart::new(Arc::default())
+    }
+}
+
+impl Restart {
+    pub fn new(clients: Arc<Registry>) -> Restart {
         Restart {
+            clients,
             phase: watch::Sender::new(Phase::Running),
             sockets: Mutex::new(Vec::new()),
             outbox: OnceLock::new(),
@@ -81,9 +97,14 @@ impl Default for Restart {
             cancels: Mutex::new(None),
         }
     }
-}
 
-impl Restart {
+    /// Change the phase with `f`; every client looks again if it changed.
+    fn change(&self, f: impl FnOnce(&mut Phase) -> bool) {
+        if self.phase.send_if_modified(f) {
+            self.clients.wake_all();
+        }
+    }
+
     pub fn phase(&self) -> Phase {
         *self.phase.borrow()
     }
@@ -97,7 +118,7 @@ impl Restart {
     }
     /// SUSPEND: false when a handover has begun (nothing to suspend any more).
     pub fn suspend(&self) -> bool {
-        self.phase.send_if_modified(|p| match p {
+        self.change(|p| match p {
             Phase::Running => {
                 *p = Phase::Suspended;
                 true
@@ -108,7 +129,7 @@ impl Restart {
     }
     /// RESUME after SUSPEND.
     pub fn resume(&self) {
-        self.phase.send_if_modified(|p| match p {
+        self.change(|p| match p {
             Phase::Suspended => {
                 *p = Phase::Running;
                 true
@@ -170,7 +191,7 @@ impl Restart {
     pub fn start_handing_over(&self) {
         let passed = self.phase() == Phase::Suspended;
         self.sockets_passed.store(passed, Ordering::Relaxed);
-        self.phase.send_replace(Phase::HandingOver);
+        self.change(|p| std::mem::replace(p, Phase::HandingOver) != Phase::HandingOver);
     }
 
     /// Where a client on its way to the new process goes (None: no handover under way).

@@ -370,14 +370,13 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let session = moved_session(shared, &pool, &m)?;
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
-    let kill = shared.stop_clients().child_token();
     let counted = shared.client_counts().enter(&m.db, &m.user);
     let Some(reg) = shared.clients().register_moved(
         id,
         m.key,
         m.addr.clone(),
         counted.names(),
-        kill,
+        shared.stop_clients(),
         connect_time.min(SystemTime::now()),
     ) else {
         shared.client_closed(crate::workers::current());

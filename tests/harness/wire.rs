@@ -203,6 +203,15 @@ impl Wire {
             .expect("wire client: connection closed")
     }
 
+    /// Every message until the connection closes (the last words of a client let go).
+    pub async fn until_closed(&mut self) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(m) = self.read_message().await {
+            out.push(m);
+        }
+        out
+    }
+
     /// The next whole message; None when the connection closed. Panics after 20 s.
     async fn read_message(&mut self) -> Option<(u8, Vec<u8>)> {
         loop {
