@@ -140,16 +140,21 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
         .map(|ws| (ws, ws.place(me)))
         .filter(|&(_, w)| w != me)
     else {
-        shared.tracker().spawn(client_task(s2, stream, id, me));
+        shared.tracker().spawn(client_task(s2, stream, id));
         return;
     };
-    // Hand the connection to a less busy worker.
+    // Hand the connection to a less busy worker: a first task there registers the socket
+    // with that worker's reactor and spawns the client's own task (which then does not
+    // carry the hand-off's state for its whole life).
     match stream.detach() {
         Ok(d) => drop(
             ws.handle(w)
                 .spawn(shared.tracker().track_future(async move {
                     match d.attach() {
-                        Ok(stream) => client_task(s2, stream, id, w).await,
+                        Ok(stream) => {
+                            let task = client_task(s2.clone(), stream, id);
+                            s2.tracker().spawn(task);
+                        }
                         Err(e) => {
                             tracing::warn!("could not take a connection on worker {w}: {e}");
                             s2.client_closed(w);
@@ -159,25 +164,36 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
         ),
         Err(e) => {
             tracing::warn!("could not hand a connection to worker {w}: {e}");
-            shared.client_closed(w);
+            shared.client_closed(crate::workers::current());
         }
     }
 }
 
-/// One client's task on worker `w`, from its first byte to its last.
-async fn client_task(shared: Arc<Shared>, stream: Stream, id: u64, w: usize) {
-    let ended_here = match crate::client::arrive(shared.clone(), stream, id).await {
-        // False: it moved to another worker, where it is counted now.
-        Some(Arrival::Client(client)) => crate::takeover::serve(client).await,
-        // Boxed: a console session's state is not part of every client's task.
-        Some(Arrival::Console(console)) => {
-            Box::pin(crate::admin::serve(*console)).await;
-            true
+/// One client's task on this worker, from its first byte to its last. Not an `async fn`:
+/// its future keeps the boxed login and what it needs at the end, not room for the
+/// arguments too (every idle client's task is this future; a task stays on the worker
+/// it was spawned on, which it gives its place back to).
+fn client_task(
+    shared: Arc<Shared>,
+    stream: Stream,
+    id: u64,
+) -> impl std::future::Future<Output = ()> {
+    // Boxed: the login's state is gone once the client is in.
+    let arriving = Box::pin(crate::client::arrive(shared.clone(), stream, id));
+    async move {
+        let ended_here = match arriving.await {
+            // False: it moved to another worker, where it is counted now.
+            Some(Arrival::Client(client)) => crate::takeover::serve(client).await,
+            // Boxed: a console session's state is not part of every client's task.
+            Some(Arrival::Console(console)) => {
+                Box::pin(crate::admin::serve(*console)).await;
+                true
+            }
+            None => true,
+        };
+        if ended_here {
+            shared.client_closed(crate::workers::current());
         }
-        None => true,
-    };
-    if ended_here {
-        shared.client_closed(w);
     }
 }
 

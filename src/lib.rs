@@ -87,7 +87,7 @@
 //!            restart.rs (the online-restart phase, SHOW FDS sockets, the handover outbox,
 //!            the clients still with the old process)
 //! client/    one task per client: mod.rs (arrive: login to a Client or a console session;
-//!            serve_here, finish; why a client stays), startup.rs (first packets, auth),
+//!            finish; why a client stays), startup.rs (first packets, auth),
 //!            auth_query.rs (a user's secret asked of PostgreSQL over the auth user's
 //!            pool), transaction.rs (the loop), relay.rs (forwarding both ways while a
 //!            server is held), rewrite.rs (virtual statements on the relay), renamed.rs

@@ -152,32 +152,11 @@ impl Console {
 /// Log one accepted connection in: the client or console session it became, or None (a
 /// cancel request, a replication connection served to its end, or a login that failed
 /// and was told why).
+/// The caller boxes it: the login's state is gone once the client is in, and is not part
+/// of the task every idle client keeps.
 pub async fn arrive(shared: Arc<Shared>, stream: Stream, id: u64) -> Option<Arrival> {
     let cfg = shared.config_full();
-    // Boxed: the login's state is gone once the client is in, and is not part of the task
-    // every idle client keeps.
-    Box::pin(enter(shared, stream, id, &cfg)).await
-}
-
-/// How a client's time on this worker ended.
-pub enum Served {
-    /// It left (Ok) or is let go (Err).
-    Ended(Result<(), ClientError>),
-    /// Idle during an online restart: `takeover::serve` hands it to the new process.
-    Handover,
-    /// Between transactions: it moves to worker N (counted there).
-    Move(usize),
-}
-
-/// Serve a logged-in client on this worker until it leaves, or may move to another
-/// worker or (idle during an online restart) to the new process.
-pub async fn serve_here(client: &mut Client) -> Served {
-    match transaction::run(client).await {
-        Ok(transaction::Exit::Handover) => Served::Handover,
-        Ok(transaction::Exit::Move(w)) => Served::Move(w),
-        Ok(transaction::Exit::Left) => Served::Ended(Ok(())),
-        Err(e) => Served::Ended(Err(e)),
-    }
+    enter(shared, stream, id, &cfg).await
 }
 
 /// Why a client cannot move to the new process now (None: it can).

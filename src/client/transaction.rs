@@ -32,9 +32,9 @@ pub enum Exit {
 /// Serve requests until the client leaves or may move (Ok) or must be told why it is let
 /// go (Err).
 pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
-    // One registration for the client's whole life, polled by every wait below.
-    let handle = c.reg.handle.clone();
-    let kill = &*handle;
+    // What lives across the idle wait is what every idle client's task holds: the phase,
+    // a held server, a failed block, the deadline and `park`. Everything else (the config,
+    // the handle polled for a kill) is taken inside the boxed futures that use it.
     // Online restart (SUSPEND, HANDOVER), watched for the client's whole life.
     let mut phase = c.shared.restart().watch();
     // A pinned client keeps its server between transactions.
@@ -42,17 +42,23 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     // A transaction whose server was lost: the failed block pgcarpool plays (boxed: rare).
     let mut aborted: Option<Box<super::aborted::Aborted>> = None;
     loop {
-        let cfg = c.shared.config_full();
         // A pinned client that also listens through the pool's listener waits here too, to
         // be given its notifications between transactions.
         if held.is_none() || c.listening.is_listening() {
             // Clients gather on the workers that carry the load (workers.rs).
-            if let Some(to) = move_to(c, held.is_none() && aborted.is_none()).await? {
+            // Boxed, and only when this worker sheds clients: its flush is not room every
+            // idle client's task keeps.
+            if may_move(c, held.is_none() && aborted.is_none())
+                && let Some(to) = Box::pin(move_to(c)).await?
+            {
                 return Ok(Exit::Move(to));
             }
             c.reg.handle.set_state(ClientState::Idle);
-            let idle_timeout = config::enabled(cfg.client_idle_timeout_for(&c.reg.handle.user));
-            let deadline = idle_timeout.map(|d| Instant::now() + d);
+            let idle_timeout = c
+                .shared
+                .config()
+                .client_idle_timeout_for(&c.reg.handle.user);
+            let deadline = config::enabled(idle_timeout).map(|d| Instant::now() + d);
             let pinned = held.is_some();
             let mut readable = false;
             loop {
@@ -60,7 +66,6 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                 let wait = Box::pin(wait_for_request(
                     c,
                     (deadline, readable),
-                    kill,
                     &mut phase,
                     pinned,
                     &mut aborted,
@@ -69,13 +74,13 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     Wait::Request => break,
                     Wait::Terminate => return Ok(Exit::Left),
                     Wait::Handover => return Ok(Exit::Handover),
-                    Wait::Idle => readable = park(c, deadline, kill, &phase).await?,
+                    Wait::Idle => readable = park(c, deadline, &phase).await?,
                 }
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task.
-        let after = Box::pin(transaction(c, held.take(), &cfg, kill)).await?;
+        let after = Box::pin(transaction(c, held.take())).await?;
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
@@ -85,20 +90,28 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     }
 }
 
-/// The worker a client between transactions is to move to, if its worker sheds clients
-/// and it can move (`free`: it holds no server and no failed block; it does not listen);
-/// what it is owed is written first, and nothing of a next request may be read yet.
-async fn move_to(c: &mut Client, free: bool) -> Result<Option<usize>, ClientError> {
+/// Whether a client between transactions may move: its worker sheds clients and it can
+/// (`free`: it holds no server and no failed block; it does not listen).
+fn may_move(c: &Client, free: bool) -> bool {
+    free && !c.listening.is_listening()
+        && c.shared
+            .workers()
+            .is_some_and(|ws| ws.sheds(crate::workers::current()))
+}
+
+/// The worker a client that `may_move` is to move to: what it is owed is written first,
+/// and nothing of a next request may be read yet.
+async fn move_to(c: &mut Client) -> Result<Option<usize>, ClientError> {
     let Some(ws) = c.shared.workers() else {
         return Ok(None);
     };
-    let me = crate::workers::current();
-    if !free || c.listening.is_listening() || !ws.sheds(me) {
-        return Ok(None);
-    }
     c.conn.flush().await?;
     let can = c.conn.rbuf.is_empty() && !c.conn.out_pending();
-    Ok(if can { ws.wants_move(me) } else { None })
+    Ok(if can {
+        ws.wants_move(crate::workers::current())
+    } else {
+        None
+    })
 }
 
 /// The idle wait: nothing read, nothing owed to the client. Returns when the client's
@@ -109,12 +122,13 @@ async fn move_to(c: &mut Client, free: bool) -> Result<Option<usize>, ClientErro
 /// change wake the waker in the client's handle (`ClientHandle::poll_killed`,
 /// `Restart::change`), and the timer and the notification wait are boxed and made only
 /// when needed.
-async fn park(
-    c: &mut Client,
+/// Not an `async fn`: its future is the closure's four fields, without room for the
+/// arguments beside them.
+fn park<'a>(
+    c: &'a mut Client,
     deadline: Option<Instant>,
-    kill: &ClientHandle,
-    phase: &PhaseWatch,
-) -> Result<bool, ClientError> {
+    phase: &'a PhaseWatch,
+) -> impl Future<Output = Result<bool, ClientError>> + 'a {
     // Idle: hold no buffers while waiting, only read once bytes are there.
     c.conn.shrink_all();
     let mut woken = c
@@ -122,8 +136,8 @@ async fn park(
         .inbox()
         .map(|inbox| Box::pin(super::notify::woken(Some(inbox))));
     let mut timer = deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into())));
-    poll_fn(|cx| {
-        if kill.poll_killed(cx).is_ready() {
+    poll_fn(move |cx| {
+        if c.reg.handle.poll_killed(cx).is_ready() {
             return Poll::Ready(Err(killed(c)));
         }
         // After the waker is registered: a change from now on wakes it.
@@ -147,7 +161,6 @@ async fn park(
         }
         Poll::Pending
     })
-    .await
 }
 
 fn idle_timed_out() -> ClientError {
@@ -167,12 +180,10 @@ enum After {
 
 /// One transaction (in session mode: the whole session): get a server unless one is held,
 /// make it fit the session, relay, then release, keep or close it.
-async fn transaction(
-    c: &mut Client,
-    held: Option<PooledServer>,
-    cfg: &config::Config,
-    kill: &ClientHandle,
-) -> Result<After, ClientError> {
+async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After, ClientError> {
+    let cfg = &*c.shared.config_full();
+    let handle = c.reg.handle.clone();
+    let kill = &*handle;
     let fresh = held.is_none();
     let server = match held {
         Some(s) => s,
@@ -685,11 +696,12 @@ enum Wait {
 async fn wait_for_request(
     c: &mut Client,
     (deadline, mut readable): (Option<Instant>, bool),
-    kill: &ClientHandle,
     phase: &mut PhaseWatch,
     pinned: bool,
     aborted: &mut Option<Box<super::aborted::Aborted>>,
 ) -> Result<Wait, ClientError> {
+    let handle = c.reg.handle.clone();
+    let kill = &*handle;
     loop {
         // Between transactions: what the pool's listener queued for the client is its now.
         super::notify::deliver(c)?;

@@ -31,7 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, Bytes};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::client::{Client, ClientError, Served};
+use crate::client::transaction::Exit;
+use crate::client::{Client, ClientError};
 use crate::config::{PoolMode, Settings};
 use crate::net::fdpass;
 use crate::net::listen::{Bound, SocketFile};
@@ -48,15 +49,17 @@ use session::{MovedSession, StayingClient, Transport};
 /// of the task's future (an async fn's argument would be kept twice, rust-lang/rust#62958).
 pub async fn serve(mut client: Box<Client>) -> bool {
     let result = loop {
-        match crate::client::serve_here(&mut client).await {
-            Served::Ended(result) => break result,
-            Served::Move(to) => {
+        // The transaction loop itself, not a wrapper: this is every idle client's task.
+        match crate::client::transaction::run(&mut client).await {
+            Ok(Exit::Left) => break Ok(()),
+            Err(e) => break Err(e),
+            Ok(Exit::Move(to)) => {
                 move_to(client, to);
                 return false;
             }
             // Boxed, as `finish` below: what a client does once in its life is not room
             // that every idle client's task keeps.
-            Served::Handover => match Box::pin(hand_over(&mut client)).await {
+            Ok(Exit::Handover) => match Box::pin(hand_over(&mut client)).await {
                 Ok(()) => {
                     tracing::debug!(
                         client = client.reg.handle.id,
