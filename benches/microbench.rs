@@ -439,8 +439,8 @@ fn rewrite_bench(c: &mut Criterion) {
         let bind_msg = build(|b| bind(b, stmt, "48213"));
         let mut relay = rig.relay(PoolMode::Transaction);
         // The client's unnamed statement, held by this server.
-        relay.session.unnamed = Some(bytes::Bytes::from_static(b"select 1\0\0\0"));
-        relay.session.unnamed_id = 7;
+        relay.session.ext.unnamed = Some(bytes::Bytes::from_static(b"select 1\0\0\0"));
+        relay.session.ext.unnamed_id = 7;
         relay.server.set_unnamed(7);
         g.bench_function(name, |b| {
             b.iter(|| {

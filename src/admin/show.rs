@@ -311,7 +311,7 @@ fn split_addr(a: &str) -> (String, Option<u16>) {
 
 fn client_row(c: &ClientHandle) -> Vec<Cell> {
     let (addr, port) = split_addr(&c.addr);
-    let t = fmt_time(c.connect_time);
+    let t = fmt_time(c.connect_time());
     let link = c.server().map(|s| server_ptr(s.id));
     vec![
         "C".into(),
@@ -1034,7 +1034,7 @@ pub fn pins(shared: &Shared) -> Table {
                 c.id.into(),
                 c.user.to_string().into(),
                 c.db.to_string().into(),
-                c.addr.clone().into(),
+                c.addr.to_string().into(),
                 reasons.into(),
                 fmt_time(since).into(),
             ]);

@@ -275,6 +275,7 @@ fn statement_exit(c: &Client, name: &[u8]) -> Option<BlockExit> {
     if name.is_empty() {
         return c
             .session
+            .ext
             .unnamed
             .as_deref()
             .and_then(|r| classify::block_exit(text_of(r)));

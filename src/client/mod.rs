@@ -70,7 +70,7 @@ pub struct Client {
     /// Counted in its database and user (client connection limits) while it lives.
     pub counted: counts::Counted,
     /// Online restart: why this client stays with this process (None: it moves when idle).
-    pub stays: Option<String>,
+    pub stays: Option<Box<str>>,
     /// The channels it listens on through the pool's shared listener.
     pub listening: notify::Listening,
 }
@@ -187,7 +187,7 @@ impl Client {
     pub fn stay(&mut self, why: String) {
         tracing::info!(client = self.reg.handle.id, "client stays: {why}");
         self.reg.handle.set_handover(Some(format!("stays: {why}")));
-        self.stays = Some(why);
+        self.stays = Some(why.into());
     }
 }
 
@@ -199,7 +199,12 @@ pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
         .session
         .set_pin(&client.pool, &client.reg.handle, Vec::new());
     // PgBouncer's age: since the connection came.
-    let age = client.reg.handle.connect_time.elapsed().unwrap_or_default();
+    let age = client
+        .reg
+        .handle
+        .connect_time()
+        .elapsed()
+        .unwrap_or_default();
     // Logged before the client is told (tools read the log once the client has its error).
     if cfg.settings.log_disconnections {
         let reason = match &result {
@@ -386,18 +391,22 @@ fn count_client(
     } else {
         db
     };
-    let counted = shared.client_counts().enter(db, user);
+    let counts::Admitted {
+        counted,
+        db_count,
+        user_count,
+    } = shared.client_counts().enter(db, user);
     let max_db = cfg.max_db_client_connections_for(db);
     let console_admin =
         crate::config::names::is_admin_db(db) && cfg.settings.admin_users.iter().any(|u| u == user);
-    if max_db > 0 && counted.db_count > max_db && !console_admin {
+    if max_db > 0 && db_count > max_db && !console_admin {
         return Err(ClientError::fatal(
             "08P01",
             "client connections exceeded (max_db_client_connections)".into(),
         ));
     }
     let max_user = cfg.max_user_client_connections_for(user);
-    if max_user > 0 && counted.user_count > max_user && !console_admin {
+    if max_user > 0 && user_count > max_user && !console_admin {
         return Err(ClientError::fatal(
             "08P01",
             "client connections exceeded (max_user_client_connections)".into(),
@@ -797,4 +806,27 @@ pub(crate) fn static_code(code: &str) -> &'static str {
         .find(|k| **k == code)
         .copied()
         .unwrap_or("08006")
+}
+
+/// What every idle client keeps is kept small (issue 21: memory per idle client). These
+/// budgets are the sizes at which the allocator's next size class down is reached; a
+/// field added beyond them costs every idle client a size class.
+#[cfg(test)]
+mod idle_budget {
+    use std::mem::size_of;
+
+    #[test]
+    fn a_client_and_its_handle_fit_their_size_classes() {
+        // 384: `Client` was 632 bytes before the extended protocol's
+        // state went into a box made on first use (`session::Extended`).
+        assert!(
+            size_of::<super::Client>() <= 384,
+            "{}",
+            size_of::<super::Client>()
+        );
+        assert!(size_of::<super::session::VirtualSession>() <= 136);
+        // 176 + Arc's two counts = 192.
+        let handle = size_of::<super::registry::ClientHandle>();
+        assert!(handle <= 176, "{handle}");
+    }
 }

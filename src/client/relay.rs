@@ -692,7 +692,7 @@ impl<'a> Relay<'a> {
     fn on_execute(&mut self, h: proto::Header, fwd: usize) -> bool {
         let buf = &self.client.rbuf;
         let avail = buf.len() - fwd;
-        if self.virt && self.session.tx_portal.is_some() {
+        if self.virt && self.session.ext.tx_portal.is_some() {
             // Messages after it are judged by the status it leaves.
             let body = &buf[fwd + 5..buf.len().min(fwd + h.total)];
             if let Some(portal) = body.split(|&c| c == 0).next()
@@ -702,12 +702,12 @@ impl<'a> Relay<'a> {
                 self.server.sent_tx_effect(e);
             }
         }
-        if self.virt && self.session.retag_portal && buf.get(fwd + 5) == Some(&0) {
+        if self.virt && self.session.ext.retag_portal && buf.get(fwd + 5) == Some(&0) {
             // The unnamed portal runs a RESET sent as a SET.
             self.server.expect(Pending::Retag(true));
         }
         self.server.note_sent(h.tag, self.virt);
-        if self.virt && !self.session.deallocating_portals.is_empty() {
+        if self.virt && !self.session.ext.deallocating_portals.is_empty() {
             let body = buf.get(fwd + 5..fwd + h.total.min(avail)).unwrap_or(&[]);
             if let Ok(portal) = proto::Reader::new(body, "Execute").cstr_bytes() {
                 let portal = Bytes::copy_from_slice(portal);
@@ -716,13 +716,13 @@ impl<'a> Relay<'a> {
         }
         if self.virt
             && avail >= h.total
-            && self.session.discard_portal.as_deref().is_some_and(|d| {
+            && self.session.ext.discard_portal.as_deref().is_some_and(|d| {
                 let body = &self.client.rbuf[fwd + 5..fwd + h.total];
                 body.split(|&c| c == 0).next() == Some(d)
             })
         {
             // Its startup values follow the client's DISCARD ALL at once.
-            self.session.discard_portal = None;
+            self.session.ext.discard_portal = None;
             self.forward_client_run(fwd + h.total);
             self.startup_after_discard(true);
             return true;
@@ -960,7 +960,7 @@ impl<'a> Relay<'a> {
         if self.learns(h.tag) {
             // Kept as the statement's description.
             if let Some(d) = self.server.learned(h, fwd) {
-                self.session.unnamed_described = Some(d);
+                self.session.ext.unnamed_described = Some(d);
             }
         } else {
             self.on_reply(h, fwd)?;
@@ -1237,7 +1237,7 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
                 return (false, true);
             };
             let rest = if stmt.is_empty() {
-                session.unnamed.as_deref()
+                session.ext.unnamed.as_deref()
             } else {
                 session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
             };
@@ -1254,7 +1254,7 @@ fn binds_unnamed_notify(body: &[u8], session: &VirtualSession) -> bool {
         return false;
     };
     stmt.is_empty()
-        && session.unnamed.as_deref().is_some_and(|u| {
+        && session.ext.unnamed.as_deref().is_some_and(|u| {
             let end = u.iter().position(|&b| b == 0).unwrap_or(u.len());
             super::classify::mentions_notify(&u[..end])
         })

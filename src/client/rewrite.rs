@@ -24,13 +24,14 @@ pub(super) fn passes_through(
     effects: &mut Effects,
 ) -> Result<bool, ProtoError> {
     let mut r = Reader::new(body, "extended-protocol message");
-    let unnamed_here = session.unnamed_id != 0 && server.exchange().unnamed() == session.unnamed_id;
+    let unnamed_here =
+        session.ext.unnamed_id != 0 && server.exchange().unnamed() == session.ext.unnamed_id;
     let entry = match tag {
         frontend::PARSE => {
             if !r.cstr_bytes()?.is_empty() {
                 return Ok(false);
             }
-            if session.unnamed.as_deref() == Some(&body[1..]) {
+            if session.ext.unnamed.as_deref() == Some(&body[1..]) {
                 // Parsed just before: perhaps served by a shared statement
                 // (`Relay::parse_planned_once`).
                 return Ok(false);
@@ -61,25 +62,28 @@ pub(super) fn passes_through(
             let portal = r.cstr_bytes()?;
             if !r.cstr_bytes()?.is_empty()
                 || !unnamed_here
-                || !session.deallocating_portals.is_empty()
-                || (session.unnamed_id != 0 && session.unnamed_deallocates == session.unnamed_id)
+                || !session.ext.deallocating_portals.is_empty()
+                || (session.ext.unnamed_id != 0
+                    && session.ext.unnamed_deallocates == session.ext.unnamed_id)
             {
                 return Ok(false);
             }
             if portal.is_empty() {
-                session.retag_portal = session
+                session.ext.retag_portal = session
+                    .ext
                     .unnamed
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
-            let tx = session.unnamed.as_deref().and_then(tx_effect_of);
+            let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
             session.bound(portal, tx, false);
             if session
+                .ext
                 .unnamed
                 .as_deref()
                 .is_some_and(|u| startup_follows(session, u))
             {
-                session.discard_portal = Some(Bytes::copy_from_slice(portal));
+                session.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
             }
             Pending::Bind
         }
@@ -594,6 +598,7 @@ impl Relay<'_> {
     pub(super) fn executing(&mut self, portal: &[u8]) {
         if !self
             .session
+            .ext
             .deallocating_portals
             .iter()
             .any(|p| p == portal)
@@ -644,7 +649,7 @@ impl Relay<'_> {
         let mut r = Reader::new(body, "Bind");
         let (_portal, name) = (r.cstr_bytes().ok()?, r.cstr_bytes().ok()?);
         let rest = if name.is_empty() {
-            let id = self.session.unnamed_id;
+            let id = self.session.ext.unnamed_id;
             if id == 0 || self.server.exchange().unnamed() == id {
                 return None;
             }
@@ -656,7 +661,7 @@ impl Relay<'_> {
                 // plan_once: the server checks them (its error given the client's name).
                 return None;
             }
-            self.session.unnamed.clone()?
+            self.session.ext.unnamed.clone()?
         } else {
             let stmt = self.session.statements.get(name)?;
             if self.server.holds(stmt.id) || stmt.is_sql_prepared() {
@@ -704,8 +709,8 @@ impl Relay<'_> {
             return stmt.no_rows_params().cloned();
         }
         if name.is_empty() {
-            let id = self.session.unnamed_id;
-            return match &self.session.unnamed_described {
+            let id = self.session.ext.unnamed_id;
+            return match &self.session.ext.unnamed_described {
                 Some((d, params))
                     if *d == id && id != 0 && self.server.exchange().unnamed() != id =>
                 {
@@ -808,11 +813,16 @@ impl Relay<'_> {
                 return Ok(());
             }
             let s = &mut *self.session;
-            let deallocates = s.unnamed_id != 0 && s.unnamed_deallocates == s.unnamed_id;
-            let tx = s.unnamed.as_deref().and_then(tx_effect_of);
+            let deallocates =
+                s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
+            let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
             s.bound(portal, tx, deallocates);
-            if s.unnamed.as_deref().is_some_and(|u| startup_follows(s, u)) {
-                s.discard_portal = Some(Bytes::copy_from_slice(portal));
+            if s.ext
+                .unnamed
+                .as_deref()
+                .is_some_and(|u| startup_follows(s, u))
+            {
+                s.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
             }
             self.server.conn_mut().queue(msg);
         } else {
@@ -827,7 +837,7 @@ impl Relay<'_> {
                 Some(stmt) => {
                     self.counts.binds += 1;
                     if portal.is_empty() {
-                        self.session.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
+                        self.session.ext.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
                     }
                     // What running it does to the session, every time it runs.
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
@@ -836,7 +846,7 @@ impl Relay<'_> {
                     if stmt.effects.as_ref().is_some_and(|e| {
                         e.discard_all || (e.reset_all && !startup_settings(self.session).is_empty())
                     }) {
-                        self.session.discard_portal = Some(Bytes::copy_from_slice(portal));
+                        self.session.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
                     }
                     if let Some(e) = &stmt.effects {
                         self.effects.merge((**e).clone());
@@ -875,7 +885,7 @@ impl Relay<'_> {
         if kind == b'S'
             && let Some(params) = self.described_from_parse(name)
         {
-            self.session.unbound.remove(name);
+            self.session.ext.unbound.remove(name);
             self.answer(Answer::Described(params));
             return Ok(());
         }
@@ -891,8 +901,9 @@ impl Relay<'_> {
                 // stale (0A000 where a fresh Parse describes the new ones): described, and
                 // run, as its own unnamed statement, parsed anew on the server. Its next
                 // Parses too (`Relay::parse_planned_once`).
-                if let Some(s) = &mut self.session.unnamed_shared {
-                    s.described |= s.id == self.session.unnamed_id;
+                let ext = &mut *self.session.ext;
+                if let Some(s) = &mut ext.unnamed_shared {
+                    s.described |= s.id == ext.unnamed_id;
                     s.id = 0;
                 }
             }
@@ -902,7 +913,7 @@ impl Relay<'_> {
             return Ok(());
         }
         if kind == b'S' {
-            self.session.unbound.remove(name);
+            self.session.ext.unbound.remove(name);
         }
         let stmt = shared.or_else(|| self.lookup(if kind == b'S' { name } else { b"" }));
         match (kind, stmt) {
@@ -1048,7 +1059,7 @@ impl Relay<'_> {
         self.server.set_unnamed(now);
         if deallocates {
             // The client's statements go when it is executed (`Relay::executing`).
-            self.session.unnamed_deallocates = self.session.unnamed_id;
+            self.session.ext.unnamed_deallocates = self.session.ext.unnamed_id;
         }
         let learn = !classify::returns_rows(&out[6..]);
         self.server.conn_mut().queue(out);
@@ -1133,7 +1144,7 @@ impl Relay<'_> {
         let rest = &msg[6..];
         if !self.plan_once
             || msg[5] != 0
-            || self.session.unnamed.as_deref() != Some(rest)
+            || self.session.ext.unnamed.as_deref() != Some(rest)
             || self.session.pin.is_some()
             || !self.at_sync_point
             || self.server.tx_status() != b'I'
@@ -1146,7 +1157,7 @@ impl Relay<'_> {
         if !classify::plans_once(sql) {
             return Ok(false);
         }
-        if (self.session.unnamed_shared.as_ref())
+        if (self.session.ext.unnamed_shared.as_ref())
             .is_some_and(|s| s.described && s.stmt.parse_rest[..] == *rest)
         {
             // Described each time (pgx): a Parse of its own either way.
@@ -1154,7 +1165,7 @@ impl Relay<'_> {
         }
         // The statement of the client's previous unnamed Parse while nothing changed its
         // scope or the registry's generation, else the registry's.
-        let kept = self.session.unnamed_shared.as_ref().filter(|s| {
+        let kept = self.session.ext.unnamed_shared.as_ref().filter(|s| {
             s.stmt.parse_rest[..] == *rest
                 && Arc::ptr_eq(&s.params, &self.session.params)
                 && self.effects.is_empty()
@@ -1175,7 +1186,7 @@ impl Relay<'_> {
             }
         };
         let now = self.session.parsed_unnamed(rest);
-        match &mut self.session.unnamed_shared {
+        match &mut self.session.ext.unnamed_shared {
             Some(s)
                 if Arc::ptr_eq(&s.stmt, &stmt) && Arc::ptr_eq(&s.params, &self.session.params) =>
             {
@@ -1215,11 +1226,11 @@ impl Relay<'_> {
     /// Does this server hold the client's current unnamed statement? If the client has
     /// one that another server holds, it is parsed here first (its replies swallowed).
     fn unnamed_here(&mut self) -> bool {
-        let id = self.session.unnamed_id;
+        let id = self.session.ext.unnamed_id;
         if id != 0 && self.server.exchange().unnamed() == id {
             return true;
         }
-        let Some(rest) = self.session.unnamed.clone() else {
+        let Some(rest) = self.session.ext.unnamed.clone() else {
             return false;
         };
         if let Some(dep) = self.unnamed_dependency(&rest) {
@@ -1319,7 +1330,7 @@ impl Relay<'_> {
         // Only a client that parsed after the registry's last change, and was not told the
         // stale copy's columns (Describe), may have its round sent again.
         let seen = self.registry.changes_seen();
-        let first_bind = self.session.unbound.remove(name) == Some(seen);
+        let first_bind = self.session.ext.unbound.remove(name) == Some(seen);
         if !first_bind
             || self.server.tx_status() != b'I'
             || self.replay.is_some()
@@ -1370,7 +1381,7 @@ impl Relay<'_> {
         // gets it parsed anew.
         self.server.unprepare(&r.stmt);
         if r.name.is_empty() {
-            if let Some(s) = &mut self.session.unnamed_shared {
+            if let Some(s) = &mut self.session.ext.unnamed_shared {
                 s.stmt = fresh;
             }
         } else {

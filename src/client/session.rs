@@ -26,6 +26,20 @@ pub struct VirtualSession {
     pub startup: Arc<Params>,
     /// Why the client must keep its server, if it must.
     pub pin: Option<Vec<&'static str>>,
+    /// The process id the client was given (BackendKeyData).
+    pub backend_pid: i32,
+    /// The client's pool (database, user): the start of every `statement_scope`.
+    pub pool_scope: Bytes,
+    /// The extended protocol's state (the unnamed statement, portals, statements parsed
+    /// and not bound): boxed, made on first use and let go when empty again
+    /// (`Extended::release_if_empty`): a client of the simple protocol, and every idle
+    /// client that left none, keeps 8 bytes of it.
+    pub ext: Extended,
+}
+
+/// The extended protocol's part of a `VirtualSession`.
+#[derive(Debug, Clone, Default)]
+pub struct ExtendedState {
     /// The unnamed statement (its Parse body after the name), prepared again on another
     /// server when the client binds it there; None when the client has none.
     pub unnamed: Option<bytes::Bytes>,
@@ -34,8 +48,6 @@ pub struct VirtualSession {
     /// plan_once: the shared statement that serves the client's unnamed statement
     /// (`Relay::parse_planned_once`, `shared_unnamed`).
     pub unnamed_shared: Option<Box<SharedUnnamed>>,
-    /// The process id the client was given (BackendKeyData).
-    pub backend_pid: i32,
     /// Statement names parsed and neither described nor bound yet, with the registry's
     /// count of schema changes seen at their Parse: a change pgcarpool did not see before
     /// then is not theirs to see (a stale server copy is prepared anew, see
@@ -44,8 +56,6 @@ pub struct VirtualSession {
     /// The unnamed portal runs a RESET pgcarpool sent as a SET of the startup value
     /// (its CommandComplete says RESET).
     pub retag_portal: bool,
-    /// The client's pool (database, user): the start of every `statement_scope`.
-    pub pool_scope: Bytes,
     /// The `unnamed_id` of an unnamed statement whose text is `DEALLOCATE ALL` (0: none).
     pub unnamed_deallocates: u64,
     /// The `unnamed_id` of an unnamed statement a server described as returning no rows,
@@ -63,6 +73,50 @@ pub struct VirtualSession {
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
+}
+
+impl ExtendedState {
+    fn is_empty(&self) -> bool {
+        self.unnamed.is_none()
+            && self.unnamed_id == 0
+            && self.unnamed_shared.is_none()
+            && self.unbound.is_empty()
+            && !self.retag_portal
+            && self.unnamed_deallocates == 0
+            && self.unnamed_described.is_none()
+            && self.deallocating_portals.is_empty()
+            && self.discard_portal.is_none()
+            && self.tx_portal.is_none()
+    }
+}
+
+/// `ExtendedState`, boxed when there is any: reading an absent one reads an empty one,
+/// changing it makes it.
+#[derive(Debug, Clone, Default)]
+pub struct Extended(Option<Box<ExtendedState>>);
+
+impl Extended {
+    /// Let the state go if it is empty (an idle client's).
+    pub fn release_if_empty(&mut self) {
+        if self.0.as_deref().is_some_and(ExtendedState::is_empty) {
+            self.0 = None;
+        }
+    }
+}
+
+impl std::ops::Deref for Extended {
+    type Target = ExtendedState;
+    fn deref(&self) -> &ExtendedState {
+        static EMPTY: std::sync::LazyLock<ExtendedState> =
+            std::sync::LazyLock::new(Default::default);
+        self.0.as_deref().unwrap_or(&EMPTY)
+    }
+}
+
+impl std::ops::DerefMut for Extended {
+    fn deref_mut(&mut self) -> &mut ExtendedState {
+        self.0.get_or_insert_with(Box::default)
+    }
 }
 
 /// plan_once: the shared statement that serves the unnamed statement of `id`: while `id`
@@ -230,37 +284,37 @@ impl VirtualSession {
     /// A statement name just parsed (not bound yet). Names closed before they were bound
     /// leave the set when it outgrows the statements.
     pub fn parsed_name(&mut self, name: Bytes, generation: u64) {
-        self.unbound.insert(name, generation);
-        if self.unbound.len() > self.statements.len() + 16 {
+        self.ext.unbound.insert(name, generation);
+        if self.ext.unbound.len() > self.statements.len() + 16 {
             let statements = &self.statements;
-            self.unbound.retain(|n, _| statements.contains_key(n));
+            self.ext.unbound.retain(|n, _| statements.contains_key(n));
         }
     }
 
     /// The client's Parse of the unnamed statement (`rest`: the body after the name).
     pub fn parsed_unnamed(&mut self, rest: &[u8]) -> u64 {
-        if self.unnamed.as_deref() != Some(rest) {
-            self.unnamed = Some(bytes::Bytes::copy_from_slice(rest));
+        if self.ext.unnamed.as_deref() != Some(rest) {
+            self.ext.unnamed = Some(bytes::Bytes::copy_from_slice(rest));
         }
-        self.unnamed_id = crate::statements::next_unnamed_id();
-        self.unnamed_id
+        self.ext.unnamed_id = crate::statements::next_unnamed_id();
+        self.ext.unnamed_id
     }
 
     /// A Bind of `portal` to a statement whose transaction control does `tx` (None: it has
     /// none), and whose text is `DEALLOCATE ALL` when `deallocates`.
     pub fn bound(&mut self, portal: &[u8], tx: Option<[u8; 3]>, deallocates: bool) {
         match tx {
-            Some(e) => self.tx_portal = Some((Bytes::copy_from_slice(portal), e)),
+            Some(e) => self.ext.tx_portal = Some((Bytes::copy_from_slice(portal), e)),
             None => {
-                if self.tx_portal.as_ref().is_some_and(|p| p.0 == portal) {
-                    self.tx_portal = None;
+                if self.ext.tx_portal.as_ref().is_some_and(|p| p.0 == portal) {
+                    self.ext.tx_portal = None;
                 }
             }
         }
-        if self.discard_portal.as_deref() == Some(portal) {
-            self.discard_portal = None;
+        if self.ext.discard_portal.as_deref() == Some(portal) {
+            self.ext.discard_portal = None;
         }
-        let portals = &mut self.deallocating_portals;
+        let portals = &mut self.ext.deallocating_portals;
         portals.retain(|p| p != portal);
         if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
             portals.push(Bytes::copy_from_slice(portal));
@@ -270,13 +324,13 @@ impl VirtualSession {
     /// An Execute of `portal` was sent: what it does to the transaction status, if its
     /// statement is transaction control.
     pub fn executed(&mut self, portal: &[u8]) -> Option<[u8; 3]> {
-        let e = self.tx_portal.take_if(|p| p.0 == portal)?;
+        let e = self.ext.tx_portal.take_if(|p| p.0 == portal)?;
         Some(e.1)
     }
 
     /// The unnamed statement and its id, for `Undo::Unnamed`.
     pub fn unnamed_before(&self) -> Option<(Bytes, u64)> {
-        self.unnamed.clone().map(|u| (u, self.unnamed_id))
+        self.ext.unnamed.clone().map(|u| (u, self.ext.unnamed_id))
     }
 
     /// A change to the statements made when a message was sent is undone: the server
@@ -296,10 +350,10 @@ impl VirtualSession {
             Undo::Closed(name, stmt) => {
                 self.statements.entry(name).or_insert(stmt);
             }
-            Undo::Unnamed { was, now } if now == self.unnamed_id => match was {
+            Undo::Unnamed { was, now } if now == self.ext.unnamed_id => match was {
                 Some((rest, id)) => {
-                    self.unnamed = Some(rest);
-                    self.unnamed_id = id;
+                    self.ext.unnamed = Some(rest);
+                    self.ext.unnamed_id = id;
                 }
                 None => self.drop_unnamed(),
             },
@@ -310,16 +364,16 @@ impl VirtualSession {
     /// The shared statement that serves the client's current unnamed statement
     /// (plan_once), if one does.
     pub fn shared_unnamed(&self) -> Option<&Arc<Stmt>> {
-        match &self.unnamed_shared {
-            Some(s) if s.id == self.unnamed_id && s.id != 0 => Some(&s.stmt),
+        match &self.ext.unnamed_shared {
+            Some(s) if s.id == self.ext.unnamed_id && s.id != 0 => Some(&s.stmt),
             _ => None,
         }
     }
 
     /// The unnamed statement is gone (a simple Query, Close, a failed Parse).
     pub fn drop_unnamed(&mut self) {
-        self.unnamed = None;
-        self.unnamed_id = 0;
+        self.ext.unnamed = None;
+        self.ext.unnamed_id = 0;
     }
 
     pub fn remove_param(&mut self, name: &str) {

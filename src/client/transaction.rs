@@ -129,8 +129,10 @@ fn park<'a>(
     deadline: Option<Instant>,
     phase: &'a PhaseWatch,
 ) -> impl Future<Output = Result<bool, ClientError>> + 'a {
-    // Idle: hold no buffers while waiting, only read once bytes are there.
+    // Idle: hold no buffers while waiting, only read once bytes are there, and no empty
+    // extended-protocol state.
     c.conn.shrink_all();
+    c.session.ext.release_if_empty();
     let mut woken = c
         .listening
         .inbox()
@@ -750,7 +752,7 @@ async fn wait_for_request(
                 None => return Ok(Wait::Handover),
                 Some(why) => {
                     c.reg.handle.set_handover(Some(format!("stays: {why}")));
-                    c.stays = Some(why.to_string());
+                    c.stays = Some(why.into());
                 }
             }
         }

@@ -19,7 +19,12 @@ pub struct Counted {
     counts: Arc<ClientCounts>,
     db: Arc<str>,
     user: Arc<str>,
-    /// The counts with this client in them.
+}
+
+/// A client just counted, and the counts with it in them (for the limits checked at
+/// login; not kept by the client).
+pub struct Admitted {
+    pub counted: Counted,
     pub db_count: usize,
     pub user_count: usize,
 }
@@ -47,15 +52,17 @@ fn down(m: &Mutex<HashMap<Arc<str>, usize>>, key: &str) {
 
 impl ClientCounts {
     /// Count a client of database `db` logged in as `user`.
-    pub fn enter(self: &Arc<Self>, db: &str, user: &str) -> Counted {
+    pub fn enter(self: &Arc<Self>, db: &str, user: &str) -> Admitted {
         let (db_count, db) = up(&self.by_db, db);
         let (user_count, user) = up(&self.by_user, user);
-        Counted {
+        Admitted {
             db_count,
             user_count,
-            counts: self.clone(),
-            db,
-            user,
+            counted: Counted {
+                counts: self.clone(),
+                db,
+                user,
+            },
         }
     }
 
@@ -99,10 +106,10 @@ mod tests {
         assert_eq!((c.db_count, c.user_count), (1, 2));
         assert_eq!(counts.db("app"), 2);
         assert_eq!(counts.user("alice"), 2);
-        drop(a);
+        drop(a.counted);
         assert_eq!(counts.db("app"), 1);
         assert_eq!(counts.user("alice"), 1);
-        drop((b, c));
+        drop((b.counted, c.counted));
         assert_eq!(counts.db("app"), 0);
         assert_eq!(counts.user("bob"), 0);
         assert!(counts.by_db.locked().is_empty(), "no entry left behind");
@@ -114,10 +121,13 @@ mod tests {
         let a = counts.enter("app", "alice");
         let b = counts.enter("app", "alice");
         let c = counts.enter("other", "bob");
-        let (au, ad) = a.names();
-        let (bu, bd) = b.names();
+        let (au, ad) = a.counted.names();
+        let (bu, bd) = b.counted.names();
         assert!(Arc::ptr_eq(&au, &bu) && Arc::ptr_eq(&ad, &bd));
-        assert_eq!((&*c.names().0, &*c.names().1), ("bob", "other"));
+        assert_eq!(
+            (&*c.counted.names().0, &*c.counted.names().1),
+            ("bob", "other")
+        );
         // The last client of a name gone, a new one counts from 1 again.
         drop((a, b, au, ad, bu, bd));
         let d = counts.enter("app", "alice");

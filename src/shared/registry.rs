@@ -43,10 +43,11 @@ pub enum ClientState {
 pub struct ClientHandle {
     pub id: u64,
     pub key: (i32, i32),
-    pub addr: String,
+    pub addr: Box<str>,
     pub user: Arc<str>,
     pub db: Arc<str>,
-    pub connect_time: SystemTime,
+    /// When it connected, in microseconds since the epoch (`connect_time`).
+    connect_us: u64,
     /// Set to make the client leave (KILL, shutdown); its task sees it at its next wake.
     killed: AtomicBool,
     /// The client's task, as it last waited: woken by `kill` and by `wake` (an
@@ -54,10 +55,10 @@ pub struct ClientHandle {
     /// no tree node and no registered future per client, and a poll is two atomic loads.
     waker: AtomicWaker,
     state: AtomicU8,
+    /// Named statements in the client's virtual session, after its last transaction.
+    prepared: std::sync::atomic::AtomicU32,
     /// The server running this client's work, for cancel requests.
     server: Mutex<Option<ServerLink>>,
-    /// Named statements in the client's virtual session, after its last transaction.
-    prepared: std::sync::atomic::AtomicUsize,
     rare: Mutex<Option<Box<Rare>>>,
 }
 
@@ -89,10 +90,12 @@ impl ClientHandle {
         Arc::new(ClientHandle {
             id,
             key,
-            addr,
+            addr: addr.into_boxed_str(),
             user,
             db,
-            connect_time,
+            connect_us: connect_time
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
             killed: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             state: AtomicU8::new(ClientState::Login as u8),
@@ -195,10 +198,15 @@ impl ClientHandle {
         self.rare(|r| r.tls.clone()).unwrap_or_default()
     }
     pub fn set_prepared(&self, n: usize) {
-        self.prepared.store(n, Ordering::Relaxed);
+        self.prepared
+            .store(n.try_into().unwrap_or(u32::MAX), Ordering::Relaxed);
     }
     pub fn prepared(&self) -> usize {
-        self.prepared.load(Ordering::Relaxed)
+        self.prepared.load(Ordering::Relaxed) as usize
+    }
+    /// When the client connected (SHOW CLIENTS; kept across an online restart).
+    pub fn connect_time(&self) -> SystemTime {
+        std::time::UNIX_EPOCH + std::time::Duration::from_micros(self.connect_us)
     }
     pub fn set_server(&self, s: Option<ServerLink>) {
         *self.server.locked() = s;

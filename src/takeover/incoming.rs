@@ -370,7 +370,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let session = moved_session(shared, &pool, &m)?;
     let id = shared.client_opened();
     let connect_time = UNIX_EPOCH + Duration::from_micros(m.connect_time_us);
-    let counted = shared.client_counts().enter(&m.db, &m.user);
+    let counted = shared.client_counts().enter(&m.db, &m.user).counted;
     let Some(reg) = shared.clients().register_moved(
         id,
         m.key,

@@ -56,9 +56,9 @@ fn describe(c: &Client, transport: Transport) -> MovedSession {
         transport,
         user: h.user.to_string(),
         db: h.db.to_string(),
-        addr: h.addr.clone(),
+        addr: h.addr.to_string(),
         connect_time_us: h
-            .connect_time
+            .connect_time()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0),
@@ -71,7 +71,7 @@ fn describe(c: &Client, transport: Transport) -> MovedSession {
             .iter()
             .map(|(name, s)| (name.clone(), s.parse_rest.clone()))
             .collect(),
-        unnamed: c.session.unnamed.clone(),
+        unnamed: c.session.ext.unnamed.clone(),
         scram_keys,
         pending_input: Bytes::copy_from_slice(&c.conn.rbuf),
     }
@@ -177,9 +177,9 @@ fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<Stayin
         .map(|c| StayingClient {
             user: c.user.to_string(),
             db: c.db.to_string(),
-            addr: c.addr.clone(),
+            addr: c.addr.to_string(),
             connect_time_us: c
-                .connect_time
+                .connect_time()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_micros() as u64)
                 .unwrap_or(0),
