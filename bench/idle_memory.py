@@ -8,7 +8,7 @@ stay idle, and reports the pooler's RSS growth per client. Removes everything af
     bench/idle_memory.py PGCARPOOL_BIN [--clients 5000] [--auth md5|scram|tls]
 """
 import argparse, asyncio, base64, glob, hashlib, hmac, os, shutil, socket, ssl, struct
-import subprocess, sys, tempfile, time
+import resource, subprocess, sys, tempfile, time
 
 PG = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
 ROOT = os.getuid() == 0
@@ -149,7 +149,13 @@ def main():
                 for x in files:
                     if not root.startswith(f"{d}/data"):
                         shutil.chown(os.path.join(root, x), "postgres")
-        pooler = subprocess.Popen((["runuser", "-u", "postgres", "--"] if ROOT else []) + [a.bin, f"{d}/pgbouncer.ini"],
+        # Room for every client's socket: PgBouncer does not raise its own soft limit, and
+        # runuser sets it back to the system's default (prlimit execs: the pid is the pooler's).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = max(soft, min(hard, a.clients + 1000))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        limit = ["prlimit", f"--nofile={want}:{hard}"]
+        pooler = subprocess.Popen((["runuser", "-u", "postgres", "--"] if ROOT else []) + limit + [a.bin, f"{d}/pgbouncer.ini"],
                                   stdout=subprocess.DEVNULL, stderr=open(f"{d}/stderr", "w"))
         procs_err = f"{d}/stderr"
         procs.append(pooler)
