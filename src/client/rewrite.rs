@@ -836,8 +836,11 @@ impl Relay<'_> {
                 }
                 Some(stmt) => {
                     self.counts.binds += 1;
-                    if portal.is_empty() {
-                        self.session.ext.retag_portal = stmt.parse_rest.starts_with(RESET_MARK);
+                    // Written only when it changes: the usual Bind of a named statement
+                    // makes no extended-protocol state (`session::Extended`).
+                    let retag = stmt.parse_rest.starts_with(RESET_MARK);
+                    if portal.is_empty() && self.session.ext.retag_portal != retag {
+                        self.session.ext.retag_portal = retag;
                     }
                     // What running it does to the session, every time it runs.
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
@@ -885,7 +888,7 @@ impl Relay<'_> {
         if kind == b'S'
             && let Some(params) = self.described_from_parse(name)
         {
-            self.session.ext.unbound.remove(name);
+            self.session.take_unbound(name);
             self.answer(Answer::Described(params));
             return Ok(());
         }
@@ -913,7 +916,7 @@ impl Relay<'_> {
             return Ok(());
         }
         if kind == b'S' {
-            self.session.ext.unbound.remove(name);
+            self.session.take_unbound(name);
         }
         let stmt = shared.or_else(|| self.lookup(if kind == b'S' { name } else { b"" }));
         match (kind, stmt) {
@@ -1330,7 +1333,7 @@ impl Relay<'_> {
         // Only a client that parsed after the registry's last change, and was not told the
         // stale copy's columns (Describe), may have its round sent again.
         let seen = self.registry.changes_seen();
-        let first_bind = self.session.ext.unbound.remove(name) == Some(seen);
+        let first_bind = self.session.take_unbound(name) == Some(seen);
         if !first_bind
             || self.server.tx_status() != b'I'
             || self.replay.is_some()

@@ -96,6 +96,11 @@ impl ExtendedState {
 pub struct Extended(Option<Box<ExtendedState>>);
 
 impl Extended {
+    /// Whether there is a state (boxed) now.
+    pub fn is_made(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Let the state go if it is empty (an idle client's).
     pub fn release_if_empty(&mut self) {
         if self.0.as_deref().is_some_and(ExtendedState::is_empty) {
@@ -300,8 +305,20 @@ impl VirtualSession {
         self.ext.unnamed_id
     }
 
+    /// A statement name parsed and not bound yet is bound or described now: its Parse's
+    /// count of schema changes, if it was one. (Looked at first: a client without
+    /// extended-protocol state gets none made for this.)
+    pub fn take_unbound(&mut self, name: &[u8]) -> Option<u64> {
+        if !self.ext.unbound.contains_key(name) {
+            return None;
+        }
+        self.ext.unbound.remove(name)
+    }
+
     /// A Bind of `portal` to a statement whose transaction control does `tx` (None: it has
-    /// none), and whose text is `DEALLOCATE ALL` when `deallocates`.
+    /// none), and whose text is `DEALLOCATE ALL` when `deallocates`. What it changes is
+    /// looked at first: a Bind that changes nothing makes no extended-protocol state (the
+    /// usual Bind of a named statement, every transaction).
     pub fn bound(&mut self, portal: &[u8], tx: Option<[u8; 3]>, deallocates: bool) {
         match tx {
             Some(e) => self.ext.tx_portal = Some((Bytes::copy_from_slice(portal), e)),
@@ -314,6 +331,9 @@ impl VirtualSession {
         if self.ext.discard_portal.as_deref() == Some(portal) {
             self.ext.discard_portal = None;
         }
+        if !deallocates && self.ext.deallocating_portals.is_empty() {
+            return;
+        }
         let portals = &mut self.ext.deallocating_portals;
         portals.retain(|p| p != portal);
         if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
@@ -324,7 +344,8 @@ impl VirtualSession {
     /// An Execute of `portal` was sent: what it does to the transaction status, if its
     /// statement is transaction control.
     pub fn executed(&mut self, portal: &[u8]) -> Option<[u8; 3]> {
-        let e = self.ext.tx_portal.take_if(|p| p.0 == portal)?;
+        self.ext.tx_portal.as_ref().filter(|p| p.0 == portal)?;
+        let e = self.ext.tx_portal.take()?;
         Some(e.1)
     }
 
@@ -372,8 +393,12 @@ impl VirtualSession {
 
     /// The unnamed statement is gone (a simple Query, Close, a failed Parse).
     pub fn drop_unnamed(&mut self) {
-        self.ext.unnamed = None;
-        self.ext.unnamed_id = 0;
+        // Looked at first: a simple Query of a client with no extended-protocol state
+        // makes none.
+        if self.ext.unnamed.is_some() || self.ext.unnamed_id != 0 {
+            self.ext.unnamed = None;
+            self.ext.unnamed_id = 0;
+        }
     }
 
     pub fn remove_param(&mut self, name: &str) {
@@ -431,6 +456,37 @@ pub fn canonical_encoding(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{VirtualSession, canonical_encoding};
+
+    /// What the relay does to the session for a simple Query, and for a Bind and Execute
+    /// of a named statement, makes no extended-protocol state: a client of the simple
+    /// protocol or of named statements does not allocate and free it every transaction.
+    #[test]
+    fn rounds_that_change_nothing_make_no_extended_state() {
+        let mut s = VirtualSession::default();
+        for _ in 0..3 {
+            s.drop_unnamed(); // a simple Query
+            assert_eq!(s.take_unbound(b"S_1"), None); // a Bind of a named statement
+            s.bound(b"", None, false);
+            assert_eq!(s.executed(b""), None);
+        }
+        assert!(!s.ext.is_made());
+        // A Parse makes it; once the statement is bound and the unnamed one gone, the idle
+        // wait lets it go.
+        s.parsed_name(bytes::Bytes::from_static(b"S_1"), 7);
+        assert!(s.ext.is_made());
+        assert_eq!(s.take_unbound(b"S_1"), Some(7));
+        s.ext.release_if_empty();
+        assert!(!s.ext.is_made());
+        s.parsed_unnamed(b"select 1\0\0\0");
+        s.ext.release_if_empty();
+        assert!(
+            s.ext.is_made(),
+            "the unnamed statement is the client's until dropped"
+        );
+        s.drop_unnamed();
+        s.ext.release_if_empty();
+        assert!(!s.ext.is_made());
+    }
     use crate::server::Params;
     use std::sync::Arc;
 
