@@ -228,7 +228,6 @@ mod tests {
         .expect("config");
         let task = client_task(Shared::new(cfg), Stream::Tcp(c), 1);
         let size = std::mem::size_of_val(&task);
-        eprintln!("PROBE client_task {size}");
         assert!(size <= 272, "{size}");
     }
 }

@@ -86,7 +86,10 @@ impl ClientHandle {
         addr: String,
         (user, db): (Arc<str>, Arc<str>),
         connect_time: SystemTime,
+        stop: &CancellationToken,
     ) -> Arc<ClientHandle> {
+        // Registered after the shutdown began (`Registry::kill_all` walks only the clients
+        // it finds): killed at once.
         Arc::new(ClientHandle {
             id,
             key,
@@ -96,7 +99,7 @@ impl ClientHandle {
             connect_us: connect_time
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
-            killed: AtomicBool::new(false),
+            killed: AtomicBool::new(stop.is_cancelled()),
             waker: AtomicWaker::new(),
             state: AtomicU8::new(ClientState::Login as u8),
             server: Mutex::new(None),
@@ -285,10 +288,7 @@ impl Registry {
                 break k;
             }
         };
-        let handle = ClientHandle::new(id, key, addr, names, SystemTime::now());
-        if stop.is_cancelled() {
-            handle.kill();
-        }
+        let handle = ClientHandle::new(id, key, addr, names, SystemTime::now(), stop);
         map.insert(key, handle.clone());
         Registration {
             registry: self.clone(),
@@ -312,10 +312,7 @@ impl Registry {
         if map.contains_key(&key) {
             return None;
         }
-        let handle = ClientHandle::new(id, key, addr, names, connect_time);
-        if stop.is_cancelled() {
-            handle.kill();
-        }
+        let handle = ClientHandle::new(id, key, addr, names, connect_time, stop);
         map.insert(key, handle.clone());
         Some(Registration {
             registry: self.clone(),
