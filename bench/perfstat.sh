@@ -1,5 +1,5 @@
 #!/bin/bash
-# Per-transaction costs of poolers side by side (issue 21): CPU (from /proc), system calls,
+# Per-transaction costs of poolers side by side (issue 21): CPU and its user part (from /proc), system calls,
 # epoll_wait returns (wake-ups) and context switches (perf stat), in interleaved rounds of
 # `pgbench -n -S` against a throwaway PostgreSQL on free loopback ports; for pgcarpool also
 # SHOW CARPOOL's server_moves and pool-mutex waits per transaction. Removes everything after.
@@ -75,8 +75,9 @@ EOF
     echo "$1 did not start" >&2
     exit 1
 }
-# utime + stime of the pooler (clock ticks).
+# utime + stime of the pooler (clock ticks); utime alone.
 ticks() { awk '{print $14 + $15}' "/proc/$POOLPID/stat"; }
+uticks() { awk '{print $14}' "/proc/$POOLPID/stat"; }
 # A SHOW CARPOOL column of the postgres pool (empty if the column is not there).
 carpool() {
     "$PGBIN/psql" -h 127.0.0.1 -p "$POOLPORT" -U postgres -d pgbouncer -A -c 'show carpool' \
@@ -84,7 +85,7 @@ carpool() {
             NR > 1 && $1 == "postgres" && c {print $c}' || true
 }
 HZ=$(getconf CLK_TCK)
-printf "%-10s %5s %9s %9s %11s %9s %9s %9s %11s %9s\n" target round tps "cpu_us/tx" "syscalls/tx" \
+printf "%-10s %5s %9s %9s %9s %11s %9s %9s %9s %11s %9s\n" target round tps "cpu_us/tx" "user_us/tx" "syscalls/tx" \
     "wakes/tx" "cs/tx" "moves/tx" "lockwait/tx" "ns/wait"
 for round in $(seq "$ROUNDS"); do
     for t in "$@"; do
@@ -95,7 +96,7 @@ for round in $(seq "$ROUNDS"); do
             -c "$CLIENTS" -j 2 postgres)
         "${pgb[@]}" -T 1 >/dev/null 2>&1
         m0=$(carpool server_moves) l0=$(carpool lock_waits) n0=$(carpool lock_wait_ns)
-        c0=$(ticks)
+        c0=$(ticks) u0=$(uticks)
         perf stat -x, -o "$DIR/perf.csv" -e raw_syscalls:sys_enter,syscalls:sys_exit_epoll_wait,context-switches \
             -p "$POOLPID" -- sleep $((SECS + 1)) &
         PERF=$! PREC=
@@ -105,20 +106,20 @@ for round in $(seq "$ROUNDS"); do
             PREC=$!
         fi
         "${pgb[@]}" -T "$SECS" >"$DIR/pgbench.out" 2>&1
-        c1=$(ticks)
+        c1=$(ticks) u1=$(uticks)
         wait "$PERF" ${PREC:+"$PREC"}
         m1=$(carpool server_moves) l1=$(carpool lock_waits) n1=$(carpool lock_wait_ns)
         tx=$(awk '/number of transactions actually processed/ {print $NF}' "$DIR/pgbench.out" | cut -d/ -f1)
         tps=$(awk '/^tps/ {printf "%.0f", $3}' "$DIR/pgbench.out")
         ev() { awk -F, -v e="$1" '$3 == e {print $1}' "$DIR/perf.csv"; }
         # perf counts 1 s longer than pgbench runs (a quiet second, few events).
-        awk -v n="$name" -v r="$round" -v tps="$tps" -v tx="$tx" -v c="$((c1 - c0))" -v hz="$HZ" \
+        awk -v n="$name" -v r="$round" -v tps="$tps" -v tx="$tx" -v c="$((c1 - c0))" -v u="$((u1 - u0))" -v hz="$HZ" \
             -v sc="$(ev raw_syscalls:sys_enter)" -v w="$(ev syscalls:sys_exit_epoll_wait)" \
             -v cs="$(ev context-switches)" -v m="${m1:-0}-${m0:-0}" -v l="${l1:-0}-${l0:-0}" \
             -v ns="${n1:-0}-${n0:-0}" \
             'BEGIN {split(m, a, "-"); split(l, b, "-"); split(ns, d, "-"); waits = b[1] - b[2];
-                printf "%-10s %5d %9d %9.1f %11.2f %9.3f %9.3f %9.4f %11.4f %9.0f\n", n, r, tps,
-                c / hz * 1e6 / tx, sc / tx, w / tx, cs / tx, (a[1] - a[2]) / tx, waits / tx,
+                printf "%-10s %5d %9d %9.1f %9.1f %11.2f %9.3f %9.3f %9.4f %11.4f %9.0f\n", n, r, tps,
+                c / hz * 1e6 / tx, u / hz * 1e6 / tx, sc / tx, w / tx, cs / tx, (a[1] - a[2]) / tx, waits / tx,
                 waits ? (d[1] - d[2]) / waits : 0}'
         kill "$POOLPID"
         wait "$POOLPID" 2>/dev/null || true
