@@ -1,7 +1,7 @@
 #!/bin/bash
-# A client with many custom settings behind pgcarpool (issue 21, item 5): the time of its
-# SETs, then the mean latency of its next transactions against a client that set nothing,
-# and a bystander's latency meanwhile. Starts a throwaway PostgreSQL and pgcarpool on free
+# A client with many custom settings behind pgcarpool (issue 21, item 5): the mean latency
+# of its transactions after its SETs against a client that set nothing (both alone), then
+# the time of its SETs and a bystander's latency while it runs them again. Starts a throwaway PostgreSQL and pgcarpool on free
 # loopback ports (as user postgres when run as root), pgbench only; removes everything after.
 #
 #   bench/settings.sh [PGCARPOOL_BIN] [SETTINGS=9000] [TRANSACTIONS=1000]
@@ -65,6 +65,9 @@ mean() { awk -v from="$2" -v to="$3" '/^ +[0-9.]+ +[0-9]+ +/ {n++; if (n >= from
 
 "$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -n -t 1 -r -f "$DIR/heavy.sql" postgres \
     >"$DIR/direct.out" 2>&1
+# Both clients alone first, in the same conditions (a new connection each): the one with
+# the settings, then the one without.
+pgb -t 1 -r -f "$DIR/heavy.sql" >"$DIR/heavy.out" 2>&1
 pgb -t 1 -r -f "$DIR/tx.sql" >"$DIR/plain.out" 2>&1
 plain=$(mean "$DIR/plain.out" 1 "$TX")
 
@@ -74,20 +77,22 @@ pgb -T 5 -f "$DIR/one.sql" -l --log-prefix="$DIR/alone" >/dev/null 2>&1
     --log-prefix="$DIR/beside" postgres >/dev/null 2>&1 &
 BY=$!
 start=$(date +%s.%N)
-pgb -t 1 -r -f "$DIR/heavy.sql" >"$DIR/heavy.out" 2>&1
+pgb -t 1 -r -f "$DIR/heavy.sql" >"$DIR/heavy-beside.out" 2>&1
 end=$(date +%s.%N)
 kill "$BY" 2>/dev/null || true
 wait "$BY" 2>/dev/null || true
 sets_total() { awk -v s="$SETTINGS" '/^ +[0-9.]+ +[0-9]+ +/ {n++; if (n <= s) t += $1} END {printf "%.0f", t}' "$1"; }
 direct_ms=$(sets_total "$DIR/direct.out")
 direct_tx=$(mean "$DIR/direct.out" $((SETTINGS + 1)) $((SETTINGS + TX)))
-sets_ms=$(awk -v s="$SETTINGS" '/^ +[0-9.]+ +[0-9]+ +/ {n++; if (n <= s) t += $1} END {printf "%.0f", t}' "$DIR/heavy.out")
+sets_ms=$(sets_total "$DIR/heavy-beside.out")
 heavy=$(mean "$DIR/heavy.out" $((SETTINGS + 1)) $((SETTINGS + TX)))
 # Latency percentiles (ms) of pgbench -l logs (3rd column: µs).
 pct() { cat "$@" 2>/dev/null | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "p50 %.2f p99 %.2f max %.2f (n=%d)", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000, a[NR]/1000, NR}'; }
 echo "pgcarpool: $BIN"
 echo "$SETTINGS SETs: ${sets_ms} ms in all (sum of command latencies), wall $(echo "$end - $start" | bc) s"
 echo "the same straight to PostgreSQL: ${direct_ms} ms, then $TX transactions: mean ${direct_tx} ms"
-echo "then $TX transactions: mean ${heavy} ms; a client with no settings: ${plain} ms"
+echo "then $TX transactions (alone): mean ${heavy} ms; a client with no settings: ${plain} ms;" \
+    "ratio $(echo "scale=2; $heavy / $plain" | bc)"
+echo "beside the bystander, the $SETTINGS SETs and $TX transactions' mean: $(mean "$DIR/heavy-beside.out" $((SETTINGS + 1)) $((SETTINGS + TX))) ms"
 echo "bystander alone:          $(pct "$DIR"/alone.*)"
 echo "bystander beside the SETs: $(pct "$DIR"/beside.*)"
