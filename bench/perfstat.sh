@@ -1,8 +1,9 @@
 #!/bin/bash
-# Per-transaction costs of poolers side by side (issue 21): CPU and its user part (from /proc), system calls,
-# epoll_wait returns (wake-ups) and context switches (perf stat), in interleaved rounds of
-# `pgbench -n -S` against a throwaway PostgreSQL on free loopback ports; for pgcarpool also
-# SHOW CARPOOL's server_moves and pool-mutex waits per transaction. Removes everything after.
+# Per-transaction costs of poolers side by side (issue 21): CPU and its user part (from
+# /proc), system calls, epoll_wait returns (wake-ups) and context switches (perf stat), in
+# interleaved rounds of `pgbench -n -S` against a throwaway PostgreSQL on free loopback
+# ports; for pgcarpool also SHOW CARPOOL's server_moves and pool-mutex waits per
+# transaction. Removes everything after.
 #
 #   bench/perfstat.sh [-r ROUNDS=3] [-T SECONDS=5] [-c CLIENTS=16] [-M simple|extended]
 #                     [-w WORKERS] [-P NAME] NAME=BIN[@WORKERS] ...

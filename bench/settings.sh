@@ -1,8 +1,9 @@
 #!/bin/bash
 # A client with many custom settings behind pgcarpool (issue 21, item 5): the mean latency
 # of its transactions after its SETs against a client that set nothing (both alone), then
-# the time of its SETs and a bystander's latency while it runs them again. Starts a throwaway PostgreSQL and pgcarpool on free
-# loopback ports (as user postgres when run as root), pgbench only; removes everything after.
+# the time of its SETs and a bystander's latency while it runs them again. Starts a
+# throwaway PostgreSQL and pgcarpool on free loopback ports (as user postgres when run as
+# root), pgbench only; removes everything after.
 #
 #   bench/settings.sh [PGCARPOOL_BIN] [SETTINGS=9000] [TRANSACTIONS=1000]
 set -euo pipefail
@@ -92,7 +93,7 @@ echo "pgcarpool: $BIN"
 echo "$SETTINGS SETs: ${sets_ms} ms in all (sum of command latencies), wall $(echo "$end - $start" | bc) s"
 echo "the same straight to PostgreSQL: ${direct_ms} ms, then $TX transactions: mean ${direct_tx} ms"
 echo "then $TX transactions (alone): mean ${heavy} ms; a client with no settings: ${plain} ms;" \
-    "ratio $(echo "scale=2; $heavy / $plain" | bc)"
+    "ratio $(awk -v h="$heavy" -v p="$plain" 'BEGIN {printf "%.2f", h / p}')"
 echo "beside the bystander, the $SETTINGS SETs and $TX transactions' mean: $(mean "$DIR/heavy-beside.out" $((SETTINGS + 1)) $((SETTINGS + TX))) ms"
 echo "bystander alone:          $(pct "$DIR"/alone.*)"
 echo "bystander beside the SETs: $(pct "$DIR"/beside.*)"
