@@ -1038,9 +1038,10 @@ impl<'a> Relay<'a> {
         // In statement mode the client gets the error instead of a ReadyForQuery saying
         // it is inside a transaction; a listening client gets it once the listener has
         // caught up.
+        // So does one that listened: its channels go to the pool's listener first.
         let held = matches!(ev, RelayEvent::Release)
-            && self.hold_ready
-            && (self.effects.notify || self.effects.discard_all);
+            && ((self.hold_ready && (self.effects.notify || self.effects.discard_all))
+                || (self.effects.listen && self.mode != PoolMode::Session));
         if held {
             self.withheld_ready = Some(status);
         }

@@ -591,37 +591,56 @@ async fn after_transaction(
             format!("too many session settings: client_max_settings is {max_settings}"),
         )));
     }
-    if let Some(reasons) = reasons {
-        if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
-            server.discard = true;
-            return Ok(Err(ClientError::fatal(
-                "0A000",
-                format!(
-                    "{} cannot be used in {} pooling mode (pin_mode = error)",
-                    reasons.join(", "),
-                    if c.pool.settings().mode == PoolMode::Statement {
-                        "statement"
-                    } else {
-                        "transaction"
-                    }
-                ),
-            )));
-        }
-        if !reasons.is_empty() && c.session.pin.is_none() && !c.pool.pin() {
-            // Every server this pool may keep for pinned clients is taken: this client
-            // cannot keep one, and others must not wait for it.
-            server.discard = true;
-            return Ok(Err(ClientError::fatal(
-                "53300",
-                format!(
-                    "too many pinned clients: {} would keep a server, and pin_pool_size ({}) servers are kept already",
-                    reasons.join(", "),
-                    c.pool.settings().pin_pool_size
-                ),
-            )));
-        }
-        c.session.set_pin(&c.pool, &c.reg.handle, reasons);
+    match reasons {
+        Some(reasons) => pin(c, server, reasons).await,
+        None => Ok(Ok(())),
     }
+}
+
+/// What the server holds after the transaction (`reasons`, from `sync::PIN_REASONS`): its
+/// channels go to the pool's listener, the rest pins the client, if it may.
+async fn pin(
+    c: &mut Client,
+    server: &mut PooledServer,
+    mut reasons: Vec<&'static str>,
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
+    if reasons.contains(&"listen") && c.pool.settings().mode != PoolMode::Session {
+        // Its channels go to the pool's listener: LISTEN pins no client.
+        reasons.retain(|r| *r != "listen");
+        if let Err(e) = super::notify::take_channels(c, server).await? {
+            server.discard = true;
+            return Ok(Err(e));
+        }
+    }
+    if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
+        server.discard = true;
+        return Ok(Err(ClientError::fatal(
+            "0A000",
+            format!(
+                "{} cannot be used in {} pooling mode (pin_mode = error)",
+                reasons.join(", "),
+                if c.pool.settings().mode == PoolMode::Statement {
+                    "statement"
+                } else {
+                    "transaction"
+                }
+            ),
+        )));
+    }
+    if !reasons.is_empty() && c.session.pin.is_none() && !c.pool.pin() {
+        // Every server this pool may keep for pinned clients is taken: this client
+        // cannot keep one, and others must not wait for it.
+        server.discard = true;
+        return Ok(Err(ClientError::fatal(
+            "53300",
+            format!(
+                "too many pinned clients: {} would keep a server, and pin_pool_size ({}) servers are kept already",
+                reasons.join(", "),
+                c.pool.settings().pin_pool_size
+            ),
+        )));
+    }
+    c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     Ok(Ok(()))
 }
 
