@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::peers::key;
 use crate::server::connect::send_cancel;
 use crate::shared::Shared;
+use crate::shared::registry::client_event;
 
 /// Handle a CancelRequest carrying a client's key. Unknown keys and idle clients: ignored.
 ///
@@ -37,10 +38,7 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
         return;
     };
     let Some((addr, server_key)) = client.cancel_target() else {
-        tracing::debug!(
-            client = client.id,
-            "cancel request for an idle client ignored"
-        );
+        client_event!(debug, client, "cancel request for an idle client ignored");
         return;
     };
     let started = std::time::Instant::now();
@@ -51,8 +49,9 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
     };
     match sent {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(
-            client = client.id,
+        Ok(Err(e)) => client_event!(
+            warn,
+            client,
             "could not forward cancel request to {addr}: {e}"
         ),
         // The server is unreachable: the cancel is given up and its connection closed
@@ -63,8 +62,9 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
                 tracing::info!(client = from.0, addr = %from.1,
                     "closing because: cancel_wait_timeout (age={age}s)");
             }
-            tracing::warn!(
-                client = client.id,
+            client_event!(
+                warn,
+                client,
                 "cancel request to {addr} not sent within cancel_wait_timeout"
             );
         }

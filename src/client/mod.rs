@@ -29,6 +29,7 @@ use crate::server::{Credential, Params};
 use crate::shared::Shared;
 use crate::shared::console::Role;
 use crate::shared::credential_for;
+use crate::shared::registry::client_event;
 use registry::{ClientState, Registration};
 use session::VirtualSession;
 
@@ -150,7 +151,7 @@ impl Console {
         } = self;
         drop((reg, counted));
         if let Err(e) = result
-            && report(&mut conn, &e, id, &peer, log, born.elapsed())
+            && report(&mut conn, &e, (id, &peer, None), log, born.elapsed())
         {
             conn.close().await;
         }
@@ -193,7 +194,7 @@ pub fn stays_because(c: &Client) -> Option<&'static str> {
 impl Client {
     /// A handover failed: the client stays with this process (why: in SHOW CLIENTS too).
     pub fn stay(&mut self, why: String) {
-        tracing::info!(client = self.reg.handle.id, "client stays: {why}");
+        client_event!(info, self.reg.handle, "client stays: {why}");
         self.reg.handle.set_handover(Some(format!("stays: {why}")));
         self.stays = Some(why.into());
     }
@@ -219,17 +220,19 @@ pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
             Ok(()) => "client close request".to_string(),
             Err(e) => e.to_string(),
         };
-        let h = &client.reg.handle;
-        tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
-            "closing because: {reason} (age={}s)", age.as_secs());
+        client_event!(
+            info,
+            client.reg.handle,
+            "closing because: {reason} (age={}s)",
+            age.as_secs()
+        );
     }
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
         let told = report(
             &mut client.conn,
             e,
-            id,
-            &h.addr,
+            (id, &h.addr, Some(&h)),
             !cfg.settings.log_disconnections,
             age,
         );
@@ -315,10 +318,11 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             // An immediate shutdown (SIGQUIT) ends it too: nothing else would.
             tokio::select! {
                 r = replication::run(&mut conn, server) => if let Err(e) = r {
-                    tracing::debug!(client = id, "replication connection ended: {e}");
+                    tracing::debug!(client = id, addr = %peer, "replication connection ended: {e}");
                 },
                 _ = shared.stop_clients().cancelled() => {
-                    tracing::debug!(client = id, "replication connection closed: shutting down");
+                    tracing::debug!(client = id, addr = %peer,
+                        "replication connection closed: shutting down");
                 }
             }
             return None;
@@ -328,8 +332,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             if report(
                 &mut conn,
                 &e,
-                id,
-                peer,
+                (id, peer, None),
                 cfg.settings.log_connections,
                 born.elapsed(),
             ) {
@@ -352,11 +355,11 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error
 /// to deliver (the caller then ends the connection with [`Conn::close`], which delivers it).
+/// `handle`: the client's, once it is logged in (the line names its database and user).
 fn report(
     conn: &mut Conn,
     e: &ClientError,
-    id: u64,
-    peer: &str,
+    (id, peer, handle): (u64, &str, Option<&registry::ClientHandle>),
     log: bool,
     age: std::time::Duration,
 ) -> bool {
@@ -365,14 +368,21 @@ fn report(
             // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
             // grep them.
             let age = age.as_secs();
-            tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
+            match handle {
+                Some(h) => client_event!(info, h, "closing because: {message} (age={age}s)"),
+                None => tracing::info!(client = id, addr = %peer,
+                    "closing because: {message} (age={age}s)"),
+            }
         }
         if let ClientError::Fatal { code, message } = e {
             conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         }
         true
     } else {
-        tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");
+        match handle {
+            Some(h) => client_event!(debug, h, "client connection lost: {e}"),
+            None => tracing::debug!(client = id, addr = %peer, "client connection lost: {e}"),
+        }
         false
     }
 }

@@ -1039,9 +1039,15 @@ impl<'a> Relay<'a> {
         // it is inside a transaction; a listening client gets it once the listener has
         // caught up.
         // So does one that listened: its channels go to the pool's listener first.
+        // So does one whose transaction may have pinned it: the pin may be refused
+        // (pin_pool_size, pin_mode = error), and the client is then told so instead of
+        // getting it, as PostgreSQL's FATAL comes before a ReadyForQuery; one that has its
+        // ReadyForQuery already reads the FATAL as a notice while idle, then "server closed
+        // the connection unexpectedly" (libpq).
+        let may_pin = self.effects.pin_check && self.session.pin.is_none();
         let held = matches!(ev, RelayEvent::Release)
             && ((self.hold_ready && (self.effects.notify || self.effects.discard_all))
-                || (self.effects.listen && self.mode != PoolMode::Session));
+                || ((self.effects.listen || may_pin) && self.mode != PoolMode::Session));
         if held {
             self.withheld_ready = Some(status);
         }

@@ -37,6 +37,19 @@ pub enum ClientState {
     Active = 3,
 }
 
+/// Log an event about a logged-in client, named as PgBouncer names it
+/// (`C-0x…: db/user@addr`): `client_event!(info, handle, fields…, "message", args…)`.
+/// Every line about a client goes through here, whichever task writes it (the client's
+/// own, on whatever worker it runs now, or another's: a cancel request): the names come
+/// from the client's handle, never from the line's author.
+macro_rules! client_event {
+    ($level:ident, $handle:expr, $($rest:tt)+) => {{
+        let h: &$crate::shared::registry::ClientHandle = &$handle;
+        tracing::$level!(client = h.id, db = %h.db, user = %h.user, addr = %h.addr, $($rest)+)
+    }};
+}
+pub(crate) use client_event;
+
 /// What others may see of, and do to, one client. Kept small (every idle client has
 /// one): the user and database names are shared with every client of the same ones
 /// (`counts::Counted`), and what few clients have lives in `Rare`, made when first set.
