@@ -38,6 +38,10 @@ pub enum ClientError {
     /// Tell the client (FATAL with this SQLSTATE), then close.
     #[error("{message}")]
     Fatal { code: &'static str, message: String },
+    /// The client was told already (its server's FATAL, of the client's own doing, was
+    /// forwarded as PostgreSQL sends it): close, with what came before it delivered.
+    #[error("{0}")]
+    Told(String),
     #[error(transparent)]
     Conn(#[from] ConnError),
 }
@@ -360,6 +364,12 @@ fn report(
             tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
         }
         conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        true
+    } else if let ClientError::Told(message) = e {
+        if log {
+            let age = age.as_secs();
+            tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
+        }
         true
     } else {
         tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");

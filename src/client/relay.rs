@@ -60,6 +60,10 @@ pub enum RelayEvent {
     /// any of the client's first request (`Relay::first_request`): the request as the
     /// client sent it, to go to another server.
     TerminatedBeforeReply(BytesMut),
+    /// The server ended with a FATAL of the client's own doing (`Relay::own_fatal`), which
+    /// the client was given as PostgreSQL sends it: the client's session ends too (its
+    /// SQLSTATE and words, for the log).
+    ServerEnded(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +196,9 @@ pub struct Relay<'a> {
     flight: (bool, bool),
     /// The server said FATAL (withheld from the client) before it went.
     fatal_seen: bool,
+    /// The server said FATAL and the client was given it (its SQLSTATE and words): the
+    /// client ends with the server (`RelayEvent::ServerEnded`), as with PostgreSQL.
+    pub told_fatal: Option<String>,
     /// The client's first request on a server just checked out, kept as sent while the
     /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
     pub first_request: Option<FirstRequest>,
@@ -282,6 +289,7 @@ impl<'a> Relay<'a> {
             keep_client: false,
             flight: (false, false),
             fatal_seen: false,
+            told_fatal: None,
             first_request: None,
         }
     }
@@ -902,6 +910,11 @@ impl<'a> Relay<'a> {
                 self.withhold_fatal(fwd, h.total, code, why),
             ));
         }
+        if let Ok(e) = backend::parse_error(body)
+            && matches!(e.severity.as_str(), "FATAL" | "PANIC")
+        {
+            self.told_fatal = Some(format!("{} {}", e.code, e.message));
+        }
         note_role_doubt(self.server, code);
         if self.virt && matches!(code, Some(c) if &c == b"0A000" || &c == b"XX000") {
             // Perhaps a statement parsed before a schema change ("cached plan
@@ -1116,9 +1129,22 @@ impl Relay<'_> {
             return None;
         }
         let e = backend::parse_error(body).ok()?;
-        let own = matches!(e.code.as_str(), "25P03" | "25P04" | "57P05");
-        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && !own && self.loss().is_some())
-            .then(|| format!("{} {}", e.code, e.message))
+        (matches!(e.severity.as_str(), "FATAL" | "PANIC")
+            && !self.own_fatal(&e.code)
+            && self.loss().is_some())
+        .then(|| format!("{} {}", e.code, e.message))
+    }
+
+    /// A FATAL of the client's own doing, which ends its session as with PostgreSQL: its
+    /// session timeouts (idle_in_transaction_session_timeout, transaction_timeout,
+    /// idle_session_timeout), and a termination (57P01) in a transaction whose text asked
+    /// for one (`pg_terminate_backend`) or ran code that may (a function pgcarpool does
+    /// not know, DO, CALL). Another session's termination of the server elsewhere is a lost
+    /// server the client survives (`aborted`).
+    fn own_fatal(&self, code: &str) -> bool {
+        let e = &self.effects;
+        matches!(code, "25P03" | "25P04" | "57P05")
+            || (code == "57P01" && (e.introspects || e.calls || e.gucs_unknown))
     }
 
     /// Forward what came before the FATAL at `at`, drop it, and stop: the server is gone.

@@ -12,6 +12,7 @@ use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
 use crate::server::response::{Answer, CHECK_NAME, Learning, Lost, Pending, Undo, Verdict};
+use crate::sql::selfview;
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -48,7 +49,12 @@ pub(super) fn passes_through(
                     return Ok(false);
                 }
                 let e = classify::classify(sql);
-                if e.reserved_name || e.deallocate.is_some() || e.deallocate_all || e.ddl {
+                if e.reserved_name
+                    || e.deallocate.is_some()
+                    || e.deallocate_all
+                    || e.ddl
+                    || e.introspects
+                {
                     return Ok(false);
                 }
                 effects.merge(e);
@@ -127,6 +133,11 @@ impl Relay<'_> {
         let mut e = classify::classify(sql);
         refused_in_block(&mut e, self.server.status_sent());
         self.note_effects(&e);
+        // The client's own pid where it asks for it (`selfview::rewrite`).
+        let own = e
+            .introspects
+            .then(|| selfview::rewrite(sql, self.session.backend_pid))
+            .flatten();
         let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
@@ -187,7 +198,10 @@ impl Relay<'_> {
             }
             None if discards && self.discard_all_to_startup(sql) => {}
             None if self.prepare_in_many(sql) => {}
-            None => self.send_client_query(msg, tx),
+            None => {
+                let msg = own.map_or(msg, |sql| query_bytes(&sql));
+                self.send_client_query(msg, tx)
+            }
         }
         Ok(())
     }
@@ -771,9 +785,18 @@ impl Relay<'_> {
         let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
         let rest = startup_value_rest(self.session, rest)?;
         let scope = self.statement_scope(&rest);
-        let Some(stmt) = self.intern(&scope, &rest, depends) else {
+        let Some(mut stmt) = self.intern(&scope, &rest, depends.clone()) else {
             return Ok(());
         };
+        if stmt.effects.as_ref().is_some_and(|e| e.introspects)
+            && let Some(own) = self.own_view_rest(&rest)?
+        {
+            // A statement of the client's own: its text asks about its session.
+            let Some(own) = self.intern(&scope, &own, depends) else {
+                return Ok(());
+            };
+            stmt = own;
+        }
         if let Some(e) = &stmt.effects {
             self.note_effects(e);
             self.effects.merge((**e).clone());
@@ -1052,6 +1075,12 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
+                    if e.introspects
+                        && named.is_none()
+                        && let Some(own) = selfview::rewrite(sql, self.session.backend_pid)
+                    {
+                        out = parse_message(&own, &msg[types_at..]);
+                    }
                 }
             }
             deallocates = e.deallocate_all;
@@ -1072,6 +1101,19 @@ impl Relay<'_> {
             self.server.learn(b"", Learning::Unnamed(now));
         }
         Ok(())
+    }
+
+    /// A Parse body after the name (`rest`: text, NUL, types) with the text rewritten for
+    /// the client's session (`selfview::rewrite`); None: nothing to rewrite.
+    fn own_view_rest(&self, rest: &[u8]) -> Result<Option<Bytes>, ProtoError> {
+        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
+        let Some(own) = selfview::rewrite(sql, self.session.backend_pid) else {
+            return Ok(None);
+        };
+        let mut b = bytes::BytesMut::with_capacity(own.len() + rest.len() - sql.len());
+        b.put_slice(&own);
+        b.put_slice(&rest[sql.len()..]);
+        Ok(Some(b.freeze()))
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
@@ -1670,6 +1712,16 @@ fn identifier(name: &[u8]) -> String {
 /// An identifier in double quotes.
 fn quoted(name: &[u8]) -> String {
     format!("\"{}\"", String::from_utf8_lossy(name).replace('"', "\"\""))
+}
+
+/// A Query message of SQL text that may not be UTF-8 (the client's, rewritten).
+fn query_bytes(sql: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
+    b.put_u8(frontend::QUERY);
+    b.put_i32((4 + sql.len() + 1) as i32);
+    b.put_slice(sql);
+    b.put_u8(0);
+    b.freeze()
 }
 
 fn query_message(sql: &str) -> Bytes {

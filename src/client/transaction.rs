@@ -256,6 +256,12 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
             ))
         }
         RelayEvent::ServerGone(why) => server_gone(c, &mut server, &why, loss, claimed),
+        RelayEvent::ServerEnded(why) => {
+            server.mark_broken();
+            Err(ClientError::Told(format!(
+                "server ended the session: {why}"
+            )))
+        }
         RelayEvent::Timeout(kind) => {
             tracing::info!(
                 server = server.id(),
@@ -502,6 +508,10 @@ async fn relay_once(
         .map(|status| (status, std::mem::take(&mut relay.withheld_params)));
     c.listening
         .note_in_block(std::mem::take(&mut relay.listen_in_block));
+    let event = match (event, relay.told_fatal.take()) {
+        (RelayEvent::ServerGone(_), Some(told)) => RelayEvent::ServerEnded(told),
+        (event, _) => event,
+    };
     let loss = match event {
         RelayEvent::ServerGone(_) => relay.loss(),
         _ => None,
