@@ -134,3 +134,49 @@ async fn terminating_its_own_backend_ends_the_client_as_postgresql_does() {
     }
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_lists_the_sessions_own() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let list = "select name, statement, from_sql, parameter_types from pg_prepared_statements order by name";
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            vec![
+                either(i, "select count(*) from pg_prepared_statements"),
+                // The same names in every client, for other texts.
+                format!("P s1|select {i}::int + $1\nS"),
+                format!("Q PREPARE q1(int) AS select $1 + {i}"),
+                format!("P s2|select 'client {i}'\nB |s2|\nE \nS"),
+                either(i, list),
+                either(i, "select p.name, p.from_sql from pg_catalog.pg_prepared_statements p join (values ('s1')) v(n) on v.n = p.name"),
+                "Q DEALLOCATE q1".into(),
+                format!("Q begin\n{}\nQ commit", either(i, list)),
+                "C S s1\nS".into(),
+                either(i, "with x as (select 1) select count(*) from x, pg_prepared_statements"),
+                // Its own statement reading the view.
+                "P own|select name from pg_prepared_statements order by name\nB |own|\nE \nS".into(),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[0].contains(&"Row 0".to_string()), "{:?}", c[0]);
+        assert!(
+            c[4].contains(&format!("Row s1|select {i}::int + $1|f|{{integer}}")),
+            "{:?}",
+            c[4]
+        );
+        assert!(
+            c[4].contains(&format!(
+                "Row q1|PREPARE q1(int) AS select $1 + {i}|t|{{integer}}"
+            )),
+            "{:?}",
+            c[4]
+        );
+        assert!(c[5].contains(&"Row s1|f".to_string()), "{:?}", c[5]);
+        assert!(c[9].contains(&"Row 1".to_string()), "{:?}", c[9]);
+        assert!(c[10].contains(&"Row own".to_string()), "{:?}", c[10]);
+    }
+    p.shutdown().await;
+}

@@ -136,7 +136,7 @@ impl Relay<'_> {
         // The client's own pid where it asks for it (`selfview::rewrite`).
         let own = e
             .introspects
-            .then(|| selfview::rewrite(sql, self.session.backend_pid))
+            .then(|| self.own_session(sql, true, None))
             .flatten();
         let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
@@ -789,7 +789,7 @@ impl Relay<'_> {
             return Ok(());
         };
         if stmt.effects.as_ref().is_some_and(|e| e.introspects)
-            && let Some(own) = self.own_view_rest(&rest)?
+            && let Some(own) = self.own_view_rest(name, &rest)?
         {
             // A statement of the client's own: its text asks about its session.
             let Some(own) = self.intern(&scope, &own, depends) else {
@@ -1077,7 +1077,7 @@ impl Relay<'_> {
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
                     if e.introspects
                         && named.is_none()
-                        && let Some(own) = selfview::rewrite(sql, self.session.backend_pid)
+                        && let Some(own) = self.own_session(sql, false, None)
                     {
                         out = parse_message(&own, &msg[types_at..]);
                     }
@@ -1103,17 +1103,78 @@ impl Relay<'_> {
         Ok(())
     }
 
-    /// A Parse body after the name (`rest`: text, NUL, types) with the text rewritten for
-    /// the client's session (`selfview::rewrite`); None: nothing to rewrite.
-    fn own_view_rest(&self, rest: &[u8]) -> Result<Option<Bytes>, ProtoError> {
+    /// The body after the name (`rest`: text, NUL, types) of a Parse of statement `name`,
+    /// with the text rewritten for the client's session (`selfview::rewrite`); None:
+    /// nothing to rewrite.
+    fn own_view_rest(&mut self, name: &[u8], rest: &[u8]) -> Result<Option<Bytes>, ProtoError> {
         let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        let Some(own) = selfview::rewrite(sql, self.session.backend_pid) else {
+        let Some(own) = self.own_session(sql, false, Some(name)) else {
             return Ok(None);
         };
         let mut b = bytes::BytesMut::with_capacity(own.len() + rest.len() - sql.len());
         b.put_slice(&own);
         b.put_slice(&rest[sql.len()..]);
         Ok(Some(b.freeze()))
+    }
+
+    /// A client's SQL text (`query`: a simple Query's, else a Parse's) that asks about its
+    /// own session, rewritten so that the server answers for the client's virtual session
+    /// (`selfview::rewrite`). Where it reads `pg_prepared_statements`, the client's
+    /// statements are first made sure of on this server (so that the server says what their
+    /// parameter and result types are) and listed under the client's names. None: nothing
+    /// to rewrite. `parsing`: the name of the statement this text is parsed as, which
+    /// PostgreSQL lists too when it runs (as of its Parse: pgcarpool lists the statements
+    /// the client had then, and this one without what the server would say of it).
+    fn own_session(&mut self, sql: &[u8], query: bool, parsing: Option<&[u8]>) -> Option<Vec<u8>> {
+        let view = classify::contains_ci(sql, b"pg_prepared_statements").then(|| {
+            let mut stmts: Vec<(Bytes, Arc<Stmt>)> = (self.session.statements.iter())
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect();
+            stmts.sort_by_key(|(_, s)| s.id);
+            for (name, stmt) in &stmts {
+                if query {
+                    self.ensure_for_query(stmt, name);
+                } else {
+                    self.ensure_for_parse(stmt);
+                }
+            }
+            let mut texts: Vec<Vec<u8>> = (stmts.iter())
+                .map(
+                    |(name, s)| match s.parse_rest.strip_prefix(SQL_PREPARE_KEY) {
+                        // (As most write it: `PREPARE p(int) AS …`, `PREPARE p AS …`.)
+                        Some(rest) if rest.starts_with(b"(") => {
+                            [b"PREPARE ", &name[..], rest].concat()
+                        }
+                        Some(rest) => [b"PREPARE ", &name[..], b" ", rest].concat(),
+                        None => s
+                            .parse_rest
+                            .split(|&c| c == 0)
+                            .next()
+                            .unwrap_or_default()
+                            .to_vec(),
+                    },
+                )
+                .collect();
+            texts.push(sql.to_vec());
+            let mut rows: Vec<selfview::Prepared> = (stmts.iter().zip(&texts))
+                .map(|((name, s), text)| selfview::Prepared {
+                    name,
+                    statement: text,
+                    server_name: &s.server_name,
+                    from_sql: s.is_sql_prepared(),
+                })
+                .collect();
+            if let Some(name) = parsing {
+                rows.push(selfview::Prepared {
+                    name,
+                    statement: &texts[texts.len() - 1],
+                    server_name: b"",
+                    from_sql: false,
+                });
+            }
+            selfview::view_query(&rows)
+        });
+        selfview::rewrite(sql, self.session.backend_pid, view.as_deref())
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the

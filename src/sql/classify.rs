@@ -1171,7 +1171,7 @@ fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
 }
 
-fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
+pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len()
         && hay
             .windows(needle.len())

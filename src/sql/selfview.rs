@@ -33,45 +33,141 @@ const QUERIES: [&[u8]; 9] = [
     b"select", b"with", b"values", b"table", b"insert", b"update", b"delete", b"explain", b"merge",
 ];
 
-/// `sql` with every `pg_backend_pid()` at the top level of its queries (outside quotes,
-/// comments and dollar quotes; unqualified or `pg_catalog.`) made `(SELECT vpid AS
-/// pg_backend_pid)` (a scalar subquery: the column keeps its name and type), but where it
-/// is the argument of `pg_terminate_backend` or `pg_cancel_backend` (the server signals
-/// itself, as the session's own server). None: nothing to change.
-pub fn rewrite(sql: &[u8], vpid: i32) -> Option<Vec<u8>> {
-    let mut out: Vec<u8> = Vec::new();
-    let mut copied = 0;
+/// `sql` as the client's own session would run it, for the queries among its statements
+/// (outside quotes, comments and dollar quotes):
+/// - every `pg_backend_pid()` (unqualified or `pg_catalog.`) made `(SELECT vpid AS
+///   pg_backend_pid)` (a scalar subquery: the column keeps its name and type), but where it
+///   is the argument of `pg_terminate_backend` or `pg_cancel_backend` (the server signals
+///   itself, as the session's own server);
+/// - with `view` (the body of `view_query`), a statement that reads `pg_prepared_statements`
+///   gets it as a CTE of that name in front (a `pg_catalog.` qualification dropped), which
+///   shadows the catalog view for the whole statement.
+///
+/// None: nothing to change.
+pub fn rewrite(sql: &[u8], vpid: i32, view: Option<&str>) -> Option<Vec<u8>> {
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
     for (a, b) in super::classify::split(sql) {
         let stmt = &sql[a..b];
         let first = super::classify::strip_leading(stmt);
+        let at = a + (stmt.len() - first.len());
         let word_end = first
             .iter()
             .position(|c| !c.is_ascii_alphabetic())
             .unwrap_or(first.len());
-        let query = first.starts_with(b"(")
-            || QUERIES
-                .iter()
-                .any(|k| first[..word_end].eq_ignore_ascii_case(k));
+        let word = &first[..word_end];
+        let query = first.starts_with(b"(") || QUERIES.iter().any(|k| word.eq_ignore_ascii_case(k));
         if !query {
             continue;
         }
+        let before = edits.len();
+        let mut reads_view = false;
         for_each_word(stmt, |i| {
-            let Some((start, end)) = backend_pid_call(stmt, i) else {
-                return;
-            };
-            if signal_argument(&stmt[..start]) {
-                return;
+            if let Some((start, end)) = backend_pid_call(stmt, i)
+                && !signal_argument(&stmt[..start])
+            {
+                let own = format!("(SELECT {vpid} AS pg_backend_pid)");
+                edits.push((a + start, a + end, own));
+            } else if view.is_some()
+                && let Some(start) = view_name(stmt, i)
+            {
+                reads_view = true;
+                if start < i {
+                    edits.push((a + start, a + i, String::new()));
+                }
             }
-            out.extend_from_slice(&sql[copied..a + start]);
-            out.extend_from_slice(format!("(SELECT {vpid} AS pg_backend_pid)").as_bytes());
-            copied = a + end;
         });
+        if let (true, Some(body)) = (reads_view, view) {
+            let cte = if word.eq_ignore_ascii_case(b"with") {
+                let mut after = at + word_end;
+                let rest = &sql[after..b];
+                let skip = skip_space(rest);
+                if starts_with_ci(&rest[skip..], b"recursive") {
+                    after += skip + b"recursive".len();
+                }
+                (after, format!(" pg_prepared_statements AS ({body}),"))
+            } else {
+                (at, format!("WITH pg_prepared_statements AS ({body}) "))
+            };
+            edits.insert(before, (cte.0, cte.0, cte.1));
+        }
     }
-    if copied == 0 {
+    if edits.is_empty() {
         return None;
+    }
+    let mut out = Vec::with_capacity(sql.len() + 64);
+    let mut copied = 0;
+    for (start, end, text) in edits {
+        out.extend_from_slice(&sql[copied..start]);
+        out.extend_from_slice(text.as_bytes());
+        copied = end;
     }
     out.extend_from_slice(&sql[copied..]);
     Some(out)
+}
+
+/// `pg_prepared_statements` as a word starting at `i` in `s` (not followed by `(`): where
+/// its name starts with a `pg_catalog.` qualification, else `i`. None: not it, or another
+/// schema's.
+fn view_name(s: &[u8], i: usize) -> Option<usize> {
+    const NAME: &[u8] = b"pg_prepared_statements";
+    if !starts_with_ci(&s[i..], NAME) || s.get(i + NAME.len()).is_some_and(|c| is_ident(*c)) {
+        return None;
+    }
+    match s[..i].strip_suffix(b".") {
+        None => Some(i),
+        Some(before) if ends_with_ci(before, b"pg_catalog") => {
+            let at = before.len() - b"pg_catalog".len();
+            (at == 0 || !is_ident(s[at - 1])).then_some(at)
+        }
+        Some(_) => None,
+    }
+}
+
+/// One of the client's prepared statements, as its `pg_prepared_statements` row shows it.
+pub struct Prepared<'a> {
+    /// The client's name for it.
+    pub name: &'a [u8],
+    /// Its text as the client gave it.
+    pub statement: &'a [u8],
+    /// The name the server holds it by.
+    pub server_name: &'a [u8],
+    /// Made by SQL PREPARE.
+    pub from_sql: bool,
+}
+
+/// The query that stands for `pg_prepared_statements` in a client's statement: the
+/// client's statements (its names, texts, `from_sql`), each with what the server holding
+/// it under its own name says of it (prepare time, parameter and result types, plan
+/// counts, whichever of them this PostgreSQL version has), the columns in the catalog
+/// view's order (the view's row type is filled in by `jsonb_populate_record`).
+pub fn view_query(rows: &[Prepared]) -> String {
+    let lit = |b: &[u8]| {
+        let t = String::from_utf8_lossy(b);
+        format!("E'{}'", t.replace('\\', "\\\\").replace('\'', "\\'"))
+    };
+    let values: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "({}, {}, {}, {})",
+                lit(r.name),
+                lit(r.statement),
+                lit(r.server_name),
+                r.from_sql
+            )
+        })
+        .collect();
+    let v = if values.is_empty() {
+        "SELECT NULL::text, NULL::text, NULL::text, NULL::bool WHERE false".to_string()
+    } else {
+        format!("VALUES {}", values.join(", "))
+    };
+    format!(
+        "SELECT r.* FROM ({v}) AS v(name, statement, server_name, from_sql) \
+         LEFT JOIN pg_catalog.pg_prepared_statements s ON s.name = v.server_name, \
+         LATERAL pg_catalog.jsonb_populate_record(s, pg_catalog.jsonb_build_object(\
+         'name', v.name, 'statement', v.statement, 'from_sql', v.from_sql)) AS r"
+    )
 }
 
 /// A call `pg_backend_pid()` (or `pg_catalog.pg_backend_pid ( )`) whose name starts at
@@ -217,7 +313,55 @@ mod tests {
     use super::*;
 
     fn rw(sql: &str) -> Option<String> {
-        rewrite(sql.as_bytes(), 4242).map(|v| String::from_utf8(v).unwrap())
+        rewrite(sql.as_bytes(), 4242, None).map(|v| String::from_utf8(v).unwrap())
+    }
+
+    fn rv(sql: &str) -> Option<String> {
+        rewrite(sql.as_bytes(), 1, Some("V")).map(|v| String::from_utf8(v).unwrap())
+    }
+
+    #[test]
+    fn prepared_statements_is_shadowed_by_the_sessions_own() {
+        assert_eq!(
+            rv("select count(*) from pg_prepared_statements").as_deref(),
+            Some("WITH pg_prepared_statements AS (V) select count(*) from pg_prepared_statements")
+        );
+        assert_eq!(
+            rv(" /* c */ WITH recursive x AS (select 1) select * from x, PG_CATALOG.pg_prepared_statements p; select 1")
+                .as_deref(),
+            Some(
+                " /* c */ WITH recursive pg_prepared_statements AS (V), x AS (select 1) select * from x, pg_prepared_statements p; select 1"
+            )
+        );
+        assert_eq!(
+            rv("select pg_backend_pid() from pg_prepared_statements").as_deref(),
+            Some(
+                "WITH pg_prepared_statements AS (V) select (SELECT 1 AS pg_backend_pid) from pg_prepared_statements"
+            )
+        );
+        for sql in [
+            "select 'pg_prepared_statements'",
+            "select * from other.pg_prepared_statements",
+            "create view v as select * from pg_prepared_statements",
+            "select * from pg_prepared_statements_x",
+        ] {
+            assert_eq!(rv(sql), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_view_query_quotes_what_the_client_wrote() {
+        let q = view_query(&[Prepared {
+            name: b"a'b",
+            statement: b"select '\\'",
+            server_name: b"PGCARPOOL_1",
+            from_sql: false,
+        }]);
+        assert!(
+            q.contains("VALUES (E'a\\'b', E'select \\'\\\\\\'', E'PGCARPOOL_1', false)"),
+            "{q}"
+        );
+        assert!(view_query(&[]).contains("WHERE false"));
     }
 
     #[test]
