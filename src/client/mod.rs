@@ -38,8 +38,7 @@ pub enum ClientError {
     /// Tell the client (FATAL with this SQLSTATE), then close.
     #[error("{message}")]
     Fatal { code: &'static str, message: String },
-    /// The client was told already (its server's FATAL, of the client's own doing, was
-    /// forwarded as PostgreSQL sends it): close, with what came before it delivered.
+    /// It was told already (a FATAL from its server that it caused, forwarded): close.
     #[error("{0}")]
     Told(String),
     #[error(transparent)]
@@ -54,7 +53,12 @@ impl ClientError {
 
 impl From<ProtoError> for ClientError {
     fn from(e: ProtoError) -> Self {
-        ClientError::fatal("08P01", format!("protocol violation: {e}"))
+        let message = match e {
+            // PostgreSQL's own words for it.
+            ProtoError::UnknownType(_) => e.to_string(),
+            e => format!("protocol violation: {e}"),
+        };
+        ClientError::fatal("08P01", message)
     }
 }
 
@@ -356,19 +360,15 @@ fn report(
     log: bool,
     age: std::time::Duration,
 ) -> bool {
-    if let ClientError::Fatal { code, message } = e {
+    if let ClientError::Fatal { message, .. } | ClientError::Told(message) = e {
         if log {
             // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
             // grep them.
             let age = age.as_secs();
             tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
         }
-        conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
-        true
-    } else if let ClientError::Told(message) = e {
-        if log {
-            let age = age.as_secs();
-            tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
+        if let ClientError::Fatal { code, message } = e {
+            conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
         }
         true
     } else {

@@ -44,6 +44,9 @@ pub struct Effects {
     /// rewritten for the client's virtual session (`selfview::rewrite`), and a FATAL 57P01
     /// of its server is the client's own.
     pub introspects: bool,
+    /// A LISTEN: after the transaction the server's channels go to the pool's shared
+    /// listener (its ReadyForQuery waits for that).
+    pub listen: bool,
 }
 
 impl Effects {
@@ -72,6 +75,7 @@ impl Effects {
         self.calls |= o.calls;
         self.notify |= o.notify;
         self.introspects |= o.introspects;
+        self.listen |= o.listen;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
         }
@@ -364,7 +368,11 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
         }
         "PREPARE" if w(1) != "TRANSACTION" => statement_name(s, single, e),
         "EXECUTE" => statement_name(s, single, e),
-        "LISTEN" | "UNLISTEN" => e.pin_check = true,
+        "LISTEN" => {
+            e.pin_check = true;
+            e.listen = true;
+        }
+        "UNLISTEN" => e.pin_check = true,
         "CREATE"
             if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
         {
@@ -1484,7 +1492,13 @@ mod tests {
             ("EXECUTE p", none.clone()),
             ("EXECUTE p; select 1", fx(&[], |e| e.pin_check = true)),
             // Pins and DDL
-            ("LISTEN ch", fx(&[], |e| e.pin_check = true)),
+            (
+                "LISTEN ch",
+                fx(&[], |e| {
+                    e.pin_check = true;
+                    e.listen = true;
+                }),
+            ),
             ("UNLISTEN *", fx(&[], |e| e.pin_check = true)),
             (
                 "CREATE GLOBAL TEMPORARY TABLE t (a int)",
