@@ -4,11 +4,14 @@
 //! about itself (its pid, its termination) and where that ends it.
 //!
 //! In a step, `{pid}` is the process id the client's BackendKeyData gave it, `{pid:k}`
-//! client k's. A step after which the connection closed reads `Closed` last.
+//! client k's. A step after which the connection closed reads `Closed` last; the step
+//! `wait closed` reads what comes until the connection closes.
 mod harness;
 
+use std::time::Duration;
+
 use harness::wire::Wire;
-use harness::{TempPostgres, pool_of};
+use harness::{Observer, TempPostgres, pool_of, wait_for};
 
 /// Every client's transcript, step by step, in lockstep; a closed client skips its later
 /// steps.
@@ -28,6 +31,25 @@ async fn transcripts(port: u16, scripts: &[Vec<String>]) -> Vec<Vec<Vec<String>>
             let mut step = step.replace("{pid}", &pids[i].to_string());
             for (j, pid) in pids.iter().enumerate() {
                 step = step.replace(&format!("{{pid:{j}}}"), &pid.to_string());
+            }
+            if step == "wait closed" {
+                // Told and let go while idle: what came, up to the close.
+                let mut t: Vec<String> = w
+                    .until_closed()
+                    .await
+                    .iter()
+                    .map(|(tag, body)| match tag {
+                        b'E' => {
+                            let (code, message) = harness::wire::error_fields(body);
+                            format!("Error {code} {message}")
+                        }
+                        t => format!("{}", *t as char),
+                    })
+                    .collect();
+                t.push("Closed".into());
+                out[i].push(t);
+                conns[i] = None;
+                continue;
             }
             match w.try_step(&step).await {
                 Ok(t) => out[i].push(t),
@@ -177,6 +199,88 @@ async fn prepared_statements_lists_the_sessions_own() {
         assert!(c[5].contains(&"Row s1|f".to_string()), "{:?}", c[5]);
         assert!(c[9].contains(&"Row 1".to_string()), "{:?}", c[9]);
         assert!(c[10].contains(&"Row own".to_string()), "{:?}", c[10]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_another_clients_pid_ends_that_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    // Even clients terminate the next one, by the pid its BackendKeyData gave it.
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            if i % 2 == 0 {
+                vec![
+                    "Q select 1".into(),
+                    either(
+                        i,
+                        &format!("select pg_terminate_backend({{pid:{}}})", i + 1),
+                    ),
+                    "Q select 2".into(),
+                ]
+            } else {
+                // (Terminated in this step, by client i - 1, which comes first.)
+                vec!["Q select 1".into(), "wait closed".into()]
+            }
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        if i % 2 == 0 {
+            assert!(c[1].contains(&"Row t".to_string()), "{:?}", c[1]);
+        } else {
+            assert!(
+                c[1].iter().any(|l| l.starts_with("Error 57P01")),
+                "{:?}",
+                c[1]
+            );
+        }
+    }
+    p.shutdown().await;
+}
+
+/// Client 0 runs `pg_sleep`; client 1 cancels it by the pid client 0 was given: the
+/// transcripts of both, straight to PostgreSQL or through `port`.
+async fn cancel_by_pid(port: u16, obs: &Observer, extended: bool) -> (Vec<String>, Vec<String>) {
+    let mut sleeper = Wire::connect(port, "postgres", "testdb").await;
+    let mut canceller = Wire::connect(port, "postgres", "testdb").await;
+    let pid = sleeper.pid;
+    let run = tokio::spawn(async move { sleeper.step("Q select 'sleeper', pg_sleep(30)").await });
+    wait_for(
+        "the sleeper's query runs",
+        Duration::from_secs(20),
+        || async {
+            obs.count("query like '%''sleeper''%' and state = 'active'", &[])
+                .await
+                == 1
+        },
+    )
+    .await;
+    let sql = format!("select pg_cancel_backend({pid})");
+    let step = if extended {
+        format!("P |{sql}\nB ||\nD P \nE \nS")
+    } else {
+        format!("Q {sql}")
+    };
+    let cancelled = canceller.step(&step).await;
+    (run.await.unwrap(), cancelled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_another_clients_pid_cancels_its_query() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let obs = Observer::new(&pg).await;
+    for extended in [false, true] {
+        let want = cancel_by_pid(pg.port(), &obs, extended).await;
+        let got = cancel_by_pid(p.port(), &obs, extended).await;
+        assert_eq!(want, got, "PostgreSQL (left) vs pgcarpool (right)");
+        assert!(
+            got.0.iter().any(|l| l.starts_with("Error 57014")),
+            "{got:?}"
+        );
+        assert!(got.1.contains(&"Row t".to_string()), "{got:?}");
     }
     p.shutdown().await;
 }

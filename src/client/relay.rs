@@ -154,6 +154,9 @@ pub struct Relay<'a> {
     owes_nothing: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
+    /// Every client of this process, and this client's user: a client's query may signal
+    /// another by the pid it was given (`Relay::signal_client`).
+    pub clients: Option<(&'a super::registry::Registry, &'a str)>,
     /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
     /// changed database entry marks the server, the session ends as soon as the server is
     /// idle (between transactions) instead of at the client's exit.
@@ -277,6 +280,7 @@ impl<'a> Relay<'a> {
             hold_answers: false,
             owes_nothing: false,
             pools: None,
+            clients: None,
             fast_close: None,
             disable_pqexec: false,
             hold_ready: false,

@@ -1174,7 +1174,14 @@ impl Relay<'_> {
             }
             selfview::view_query(&rows)
         });
-        selfview::rewrite(sql, self.session.backend_pid, view.as_deref())
+        let clients = self.clients;
+        let mut signal = |kind, pid| clients.is_some_and(|c| signal_client(c, kind, pid));
+        let mut own = selfview::Own {
+            vpid: self.session.backend_pid,
+            view: view.as_deref(),
+            signal: &mut signal,
+        };
+        selfview::rewrite(sql, &mut own)
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
@@ -1579,6 +1586,39 @@ impl Relay<'_> {
 }
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// A client's query signals the client of this process given pid `pid` (`clients`: all,
+/// and the caller's user), as PostgreSQL signals a session: allowed to the same user
+/// (PostgreSQL also allows members of the target's role and of `pg_signal_backend`, which
+/// pgcarpool cannot tell: the query then goes to the server, where the pid is no backend).
+/// Terminated, the target is told `FATAL 57P01` and goes (a transaction it was running is
+/// rolled back with its server); cancelled, its running query is (as a cancel request
+/// would). True when it was signalled.
+fn signal_client(
+    (clients, user): (&super::registry::Registry, &str),
+    kind: selfview::Signal,
+    pid: i32,
+) -> bool {
+    let Some(target) = clients.find_pid(pid) else {
+        return false;
+    };
+    if *target.user != *user {
+        return false;
+    }
+    match kind {
+        selfview::Signal::Terminate => target.kill_with(super::registry::TERMINATED),
+        selfview::Signal::Cancel => {
+            if let Some((addr, key)) = target.cancel_target() {
+                tokio::spawn(async move {
+                    if let Err(e) = crate::server::connect::send_cancel(&addr, key).await {
+                        tracing::warn!("could not forward cancel request to {addr}: {e}");
+                    }
+                });
+            }
+        }
+    }
+    true
+}
 
 /// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
 fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {

@@ -43,8 +43,14 @@ const QUERIES: [&[u8]; 9] = [
 ///   gets it as a CTE of that name in front (a `pg_catalog.` qualification dropped), which
 ///   shadows the catalog view for the whole statement.
 ///
+/// - `pg_terminate_backend(N)` / `pg_cancel_backend(N)` with an integer literal `N`: the
+///   client's own pid becomes `pg_catalog.pg_backend_pid()` (its server signals itself);
+///   another client's pid is given to `own.signal`, and when it signalled that client the
+///   call becomes `(SELECT true AS pg_terminate_backend)` (or `pg_cancel_backend`).
+///
 /// None: nothing to change.
-pub fn rewrite(sql: &[u8], vpid: i32, view: Option<&str>) -> Option<Vec<u8>> {
+pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
+    let (vpid, view) = (own.vpid, own.view);
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
     for (a, b) in super::classify::split(sql) {
         let stmt = &sql[a..b];
@@ -67,6 +73,8 @@ pub fn rewrite(sql: &[u8], vpid: i32, view: Option<&str>) -> Option<Vec<u8>> {
             {
                 let own = format!("(SELECT {vpid} AS pg_backend_pid)");
                 edits.push((a + start, a + end, own));
+            } else if let Some((start, end, text)) = signal_edit(stmt, i, own) {
+                edits.push((a + start, a + end, text));
             } else if view.is_some()
                 && let Some(start) = view_name(stmt, i)
             {
@@ -168,6 +176,85 @@ pub fn view_query(rows: &[Prepared]) -> String {
          LATERAL pg_catalog.jsonb_populate_record(s, pg_catalog.jsonb_build_object(\
          'name', v.name, 'statement', v.statement, 'from_sql', v.from_sql)) AS r"
     )
+}
+
+/// What `rewrite` is to know and do for the client's session.
+pub struct Own<'a> {
+    /// The client's pid (its BackendKeyData's).
+    pub vpid: i32,
+    /// The body of `view_query`, when the text reads `pg_prepared_statements`.
+    pub view: Option<&'a str>,
+    /// A pid the text signals that is not the client's own: true when it is another
+    /// client's and pgcarpool signalled it.
+    pub signal: &'a mut dyn FnMut(Signal, i32) -> bool,
+}
+
+/// What `pg_terminate_backend` and `pg_cancel_backend` ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Terminate,
+    Cancel,
+}
+
+/// A call `pg_terminate_backend(N …)` or `pg_cancel_backend(N …)` whose name starts at `i`
+/// in `s`, with an integer literal `N` (a cast after it allowed): the edit that makes it
+/// the client's (`rewrite`).
+fn signal_edit(s: &[u8], i: usize, own: &mut Own) -> Option<(usize, usize, String)> {
+    let (kind, name): (Signal, &[u8]) = if starts_with_ci(&s[i..], b"pg_terminate_backend") {
+        (Signal::Terminate, b"pg_terminate_backend")
+    } else if starts_with_ci(&s[i..], b"pg_cancel_backend") {
+        (Signal::Cancel, b"pg_cancel_backend")
+    } else {
+        return None;
+    };
+    let mut j = i + name.len();
+    j += skip_space(&s[j..]);
+    if s.get(j) != Some(&b'(') {
+        return None;
+    }
+    j += 1;
+    j += skip_space(&s[j..]);
+    let lit_start = j;
+    if s.get(j) == Some(&b'-') {
+        j += 1;
+    }
+    let digits = s[j..].iter().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    j += digits;
+    let lit_end = j;
+    let pid: i32 = std::str::from_utf8(&s[lit_start..lit_end])
+        .ok()?
+        .parse()
+        .ok()?;
+    if s.get(j).is_some_and(|c| is_ident(*c) || *c == b'.') {
+        return None;
+    }
+    if pid == own.vpid {
+        return Some((lit_start, lit_end, "pg_catalog.pg_backend_pid()".into()));
+    }
+    // The whole call, to its closing parenthesis (a timeout argument and casts in it).
+    let mut depth = 1;
+    while depth > 0 {
+        match s.get(j)? {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b'\'' | b'"' | b'$' | b';' => return None,
+            _ => {}
+        }
+        j += 1;
+    }
+    let start = match s[..i].strip_suffix(b".") {
+        None => i,
+        Some(before) if ends_with_ci(before, b"pg_catalog") => before.len() - b"pg_catalog".len(),
+        Some(_) => return None,
+    };
+    if !(own.signal)(kind, pid) {
+        return None;
+    }
+    let column = String::from_utf8_lossy(name);
+    Some((start, j, format!("(SELECT true AS {column})")))
 }
 
 /// A call `pg_backend_pid()` (or `pg_catalog.pg_backend_pid ( )`) whose name starts at
@@ -312,12 +399,52 @@ fn ends_with_ci(hay: &[u8], needle: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    fn with(sql: &str, vpid: i32, view: Option<&str>) -> Option<String> {
+        // 77 is another client's pid.
+        let mut signal = |_: Signal, pid: i32| pid == 77;
+        let mut own = Own {
+            vpid,
+            view,
+            signal: &mut signal,
+        };
+        rewrite(sql.as_bytes(), &mut own).map(|v| String::from_utf8(v).unwrap())
+    }
+
     fn rw(sql: &str) -> Option<String> {
-        rewrite(sql.as_bytes(), 4242, None).map(|v| String::from_utf8(v).unwrap())
+        with(sql, 4242, None)
     }
 
     fn rv(sql: &str) -> Option<String> {
-        rewrite(sql.as_bytes(), 1, Some("V")).map(|v| String::from_utf8(v).unwrap())
+        with(sql, 1, Some("V"))
+    }
+
+    #[test]
+    fn a_signal_to_a_virtual_pid_is_the_clients() {
+        assert_eq!(
+            rw("select pg_terminate_backend(4242)").as_deref(),
+            Some("select pg_terminate_backend(pg_catalog.pg_backend_pid())")
+        );
+        assert_eq!(
+            rw("select pg_cancel_backend( 4242::int )").as_deref(),
+            Some("select pg_cancel_backend( pg_catalog.pg_backend_pid()::int )")
+        );
+        assert_eq!(
+            rw("select pg_catalog.pg_terminate_backend(77, 1000), 1").as_deref(),
+            Some("select (SELECT true AS pg_terminate_backend), 1")
+        );
+        assert_eq!(
+            rw("select pg_cancel_backend(77::int)").as_deref(),
+            Some("select (SELECT true AS pg_cancel_backend)")
+        );
+        for sql in [
+            "select pg_terminate_backend(78)",
+            "select pg_terminate_backend(pid) from pg_stat_activity",
+            "select pg_terminate_backend(77.5)",
+            "select pg_terminate_backend($1)",
+            "select 'pg_terminate_backend(77)'",
+        ] {
+            assert_eq!(rw(sql), None, "{sql}");
+        }
     }
 
     #[test]
