@@ -126,7 +126,7 @@ async fn a_listening_client_gets_every_notification_once() {
         .await;
     let (l, mut got) = listener(&p.dsn("md5user", "testdb")).await;
     l.batch_execute("LISTEN ch").await.unwrap();
-    let my_pid: i32 = scalar(&l, "select pg_backend_pid()")
+    let my_pid: i32 = scalar(&l, "select \"pg_backend_pid\"()")
         .await
         .unwrap()
         .parse()
@@ -222,16 +222,19 @@ async fn every_pin_is_made_and_released_as_its_state_comes_and_goes() {
     ] {
         assert!(show_pins(&admin).await.is_empty(), "before {reason}");
         c.batch_execute(make).await.unwrap();
-        let pid = scalar(&c, "select pg_backend_pid()").await.unwrap();
+        let pid = scalar(&c, "select \"pg_backend_pid\"()").await.unwrap();
         // Another client's transactions do not get that server meanwhile.
         for _ in 0..5 {
             assert_ne!(
-                scalar(&other, "select pg_backend_pid()").await.unwrap(),
+                scalar(&other, "select \"pg_backend_pid\"()").await.unwrap(),
                 pid
             );
         }
         assert_eq!(show_pins(&admin).await, [reason], "after: {make}");
-        assert_eq!(scalar(&c, "select pg_backend_pid()").await.unwrap(), pid);
+        assert_eq!(
+            scalar(&c, "select \"pg_backend_pid\"()").await.unwrap(),
+            pid
+        );
         c.batch_execute(release).await.unwrap();
         assert!(show_pins(&admin).await.is_empty(), "after: {release}");
     }

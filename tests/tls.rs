@@ -195,7 +195,7 @@ async fn servers_are_reached_over_tls_and_verified() {
     let c = p.connect("md5user", "testdb").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -252,7 +252,7 @@ async fn servers_are_reached_over_tls_and_verified() {
     let c = p.connect("md5user", "testdb").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -272,7 +272,7 @@ async fn scram_towards_a_tls_server_uses_channel_binding() {
     let c = p.connect("scramuser").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -493,7 +493,7 @@ async fn a_new_certificate_is_served_after_reload() {
 }
 
 async fn pid(c: &tokio_postgres::Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
+    c.query_one("SELECT \"pg_backend_pid\"()", &[])
         .await
         .unwrap()
         .get::<_, i32>(0)
@@ -655,7 +655,7 @@ async fn x509_v1_certificates_work_as_with_openssl() {
     assert_eq!(
         psql(
             &conn,
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()"
         )
         .unwrap(),
         "t"

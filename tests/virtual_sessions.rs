@@ -315,7 +315,7 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
         .collect();
     assert_eq!(rows, ["temp table"]);
     assert_eq!(pinned_count(&admin, "pinned_temp_table").await, 1);
-    let pid1 = text(&c.simple_query("select pg_backend_pid()").await.unwrap());
+    let pid1 = text(&c.simple_query("select \"pg_backend_pid\"()").await.unwrap());
     c.batch_execute("DROP TABLE t").await.unwrap();
     // Advisory lock: pinned while held.
     c.batch_execute("select pg_advisory_lock(42)")
@@ -324,11 +324,11 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
     for o in &others {
         o.batch_execute("select 1").await.unwrap();
     }
-    let pid2 = text(&c.simple_query("select pg_backend_pid()").await.unwrap());
+    let pid2 = text(&c.simple_query("select \"pg_backend_pid\"()").await.unwrap());
     assert_eq!(pid1, pid2, "pinned client stays on its server");
     let held = text(
         &c.simple_query(
-            "select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()",
+            "select count(*) from pg_locks where locktype = 'advisory' and pid = \"pg_backend_pid\"()",
         )
         .await
         .unwrap(),

@@ -483,6 +483,7 @@ async fn relay_once(
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
     relay.plan_once = cfg.settings.plan_once;
+    relay.clients = Some((c.shared.clients(), &c.reg.handle.user));
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
@@ -683,7 +684,13 @@ fn read_back_names(
 }
 
 pub(super) fn killed(c: &Client) -> ClientError {
-    ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
+    let reason = c.reg.handle.kill_reason();
+    let code = if reason == super::registry::TERMINATED {
+        "57P01"
+    } else {
+        "08P01"
+    };
+    ClientError::fatal(code, reason.into())
 }
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).

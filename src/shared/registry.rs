@@ -75,6 +75,10 @@ pub struct ClientHandle {
     rare: Mutex<Option<Box<Rare>>>,
 }
 
+/// The kill reason of a client another one terminated (`pg_terminate_backend` of its pid):
+/// PostgreSQL's words, told with its SQLSTATE 57P01.
+pub const TERMINATED: &str = "terminating connection due to administrator command";
+
 /// What only some clients have (TLS, a pin, a handover note, a kill reason).
 #[derive(Default)]
 struct Rare {
@@ -346,6 +350,15 @@ impl Registry {
         for c in self.lock().values() {
             c.wake();
         }
+    }
+
+    /// The client given process id `pid` in its BackendKeyData (a walk of every client:
+    /// for the rare query that signals one, `pg_terminate_backend(pid)`).
+    pub fn find_pid(&self, pid: i32) -> Option<Arc<ClientHandle>> {
+        self.lock()
+            .iter()
+            .find(|(k, _)| k.0 == pid)
+            .map(|(_, c)| c.clone())
     }
 
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {
