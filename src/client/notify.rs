@@ -759,6 +759,37 @@ pub(super) async fn after_block(
     Ok(())
 }
 
+/// After a transaction that left its server listening (a LISTEN pgcarpool did not answer
+/// itself: in a transaction block, in the extended protocol, among other statements, in
+/// code it cannot read): the channels the server listens on now are exactly what
+/// PostgreSQL committed (a rollback, to a savepoint too, took its LISTENs back). They go to
+/// the pool's listener and the server stops listening, so that the client needs no pin.
+/// What the server was sent meanwhile is held for the client (`Server::take_notifications`).
+/// Err (outer): the server failed; (inner): the listener did.
+pub(super) async fn take_channels(
+    c: &mut Client,
+    server: &mut crate::server::Server,
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
+    let sql = "select pg_catalog.pg_listening_channels(); unlisten *";
+    let sets = crate::server::query::query_sets(server, sql).await?;
+    let channels = sets.into_iter().next().unwrap_or_default();
+    for ch in channels
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+    {
+        if c.listening.channels().contains(&ch) {
+            continue;
+        }
+        if let Err(e) = ask(c, Op::Listen(ch)).await {
+            return Ok(Err(ClientError::Fatal {
+                code: lost_code(&e.code),
+                message: e.message,
+            }));
+        }
+    }
+    Ok(Ok(()))
+}
+
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.
 async fn ask(c: &mut Client, op: Op) -> Result<(), backend::ErrorFields> {
     let limit = c.shared.config().settings.notify_queue_limit;

@@ -454,8 +454,8 @@ pub static DESCRIPTIONS: &[Description] = &[
         Sessions,
         "`pin` or `error`",
         "What a session feature that cannot move between servers (temporary table, session \
-         advisory lock, `WITH HOLD` cursor, LISTEN pgcarpool cannot answer, a server-side \
-         statement name of the client's own) does in transaction mode: `pin` keeps the \
+         advisory lock, `WITH HOLD` cursor, a server-side statement name of the \
+         client's own) does in transaction mode: `pin` keeps the \
          client on its server while it lives; `error` ends the client's session with a \
          clear error. Also per database.",
         OWN
@@ -799,14 +799,17 @@ pub static DESCRIPTIONS: &[Description] = &[
         prometheus_port,
         Observability,
         "TCP port; 0: off",
-        "Serve Prometheus metrics at `/metrics` on this port.",
+        "Serve Prometheus metrics at `/metrics` on this port, and the status page at `/` \
+         (live pools, clients, servers, hosts, latency, last switchovers and errors; \
+         `/status.json` for scripts).",
         OWN
     ),
     d!(
         prometheus_addr,
         Observability,
         "address",
-        "The address the metrics listener binds.",
+        "The address the metrics listener (`/metrics` and the status page) binds; anyone \
+         who can reach it can read both. Empty: 127.0.0.1.",
         OWN
     ),
     // TLS.

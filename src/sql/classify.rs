@@ -39,6 +39,9 @@ pub struct Effects {
     /// pool's shared listener then sees them through before the server goes back, so that
     /// a listening sender gets its own with its own pid).
     pub notify: bool,
+    /// A LISTEN: after the transaction the server's channels go to the pool's shared
+    /// listener (its ReadyForQuery waits for that).
+    pub listen: bool,
 }
 
 impl Effects {
@@ -66,6 +69,7 @@ impl Effects {
         self.reserved_name |= o.reserved_name;
         self.calls |= o.calls;
         self.notify |= o.notify;
+        self.listen |= o.listen;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
         }
@@ -355,7 +359,11 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
         }
         "PREPARE" if w(1) != "TRANSACTION" => statement_name(s, single, e),
         "EXECUTE" => statement_name(s, single, e),
-        "LISTEN" | "UNLISTEN" => e.pin_check = true,
+        "LISTEN" => {
+            e.pin_check = true;
+            e.listen = true;
+        }
+        "UNLISTEN" => e.pin_check = true,
         "CREATE"
             if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
         {
@@ -1475,7 +1483,13 @@ mod tests {
             ("EXECUTE p", none.clone()),
             ("EXECUTE p; select 1", fx(&[], |e| e.pin_check = true)),
             // Pins and DDL
-            ("LISTEN ch", fx(&[], |e| e.pin_check = true)),
+            (
+                "LISTEN ch",
+                fx(&[], |e| {
+                    e.pin_check = true;
+                    e.listen = true;
+                }),
+            ),
             ("UNLISTEN *", fx(&[], |e| e.pin_check = true)),
             (
                 "CREATE GLOBAL TEMPORARY TABLE t (a int)",
