@@ -525,6 +525,17 @@ async fn a_planned_switchover_moves_idle_sessions_to_the_new_primary() {
     )
     .await;
     assert_eq!(primary.as_deref(), Some("1"));
+    // SHOW EVENTS (and the status page with it) tells the switchover.
+    let old = format!("127.0.0.1:{}", c.primary.port());
+    let moved = format!("primary moved from {old} to {new}");
+    let event = console_value(
+        &admin,
+        "EVENTS",
+        &[("database", "app"), ("event", "switchover")],
+        "detail",
+    )
+    .await;
+    assert_eq!(event.as_deref(), Some(moved.as_str()));
     let body = metrics(metrics_port).await;
     assert!(
         body.contains("pgcarpool_switchovers_total{database=\"app\",user=\"postgres\"} 1"),

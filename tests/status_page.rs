@@ -252,6 +252,12 @@ async fn the_status_page_shows_what_the_console_shows() {
         dom.contains("<div id=\"error\" hidden=\"\">"),
         "the page reached status.json:\n{dom}"
     );
+    // Refreshed without reloading: 4 s of the page's time is two polls at least.
+    let polls: u32 = attr(&dom[dom.find("<body").expect("body")..], "data-polls")
+        .expect("the page counts its polls")
+        .parse()
+        .unwrap();
+    assert!(polls >= 2, "the page polled {polls} time(s)");
     // The held pool stood still while the browser read it, so the page must show exactly
     // what SHOW POOLS shows.
     let (was, now) = (
