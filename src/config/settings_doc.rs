@@ -454,8 +454,8 @@ pub static DESCRIPTIONS: &[Description] = &[
         Sessions,
         "`pin` or `error`",
         "What a session feature that cannot move between servers (temporary table, session \
-         advisory lock, `WITH HOLD` cursor, LISTEN pgcarpool cannot answer, a server-side \
-         statement name of the client's own) does in transaction mode: `pin` keeps the \
+         advisory lock, `WITH HOLD` cursor, a server-side statement name of the \
+         client's own) does in transaction mode: `pin` keeps the \
          client on its server while it lives; `error` ends the client's session with a \
          clear error. Also per database.",
         OWN
