@@ -13,7 +13,9 @@ use crate::shared::registry::client_event;
 /// changed on RELOAD, or two instances may share one). Otherwise, with peering on, a key
 /// naming another peer goes to that peer with one hop of its TTL spent (none left: dropped).
 /// `from` is the connection that carried the request (its id and address, for the log).
-pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
+/// `rest`: the secret's bytes after `k`'s 4 (protocol 3.2), which must be the client's
+/// (none for a client of protocol 3.0); a key that is not wholly a client's is unknown.
+pub async fn handle(shared: &Arc<Shared>, (k, rest): ((i32, i32), &[u8]), from: (u64, &str)) {
     let own = shared.peers().own_id();
     let client = shared.clients().find(k).or_else(|| {
         // Our keys are handed out with a full TTL; a forwarded one has spent some.
@@ -21,6 +23,10 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
             .then(|| shared.clients().find(key::as_issued(k)))
             .flatten()
     });
+    if client.as_ref().is_some_and(|c| !c.is_key_rest(rest)) {
+        tracing::debug!("cancel request with a wrong secret ignored");
+        return;
+    }
     let Some(client) = client else {
         let target = key::peer_id(k);
         // Our own id: another DNS member may share it (a collision) and own the key.
@@ -34,7 +40,7 @@ pub async fn handle(shared: &Arc<Shared>, k: (i32, i32), from: (u64, &str)) {
             return;
         };
         let wait = shared.config().settings.cancel_wait_timeout;
-        shared.peers().forward(target, spent, wait).await;
+        shared.peers().forward(target, (spent, rest), wait).await;
         return;
     };
     let Some((addr, server_key)) = client.cancel_target() else {

@@ -286,10 +286,13 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let entered = login.await;
     drop(ticket);
     if let Ok(Entered::Admin(user, role, counted)) = entered {
-        let reg =
-            shared
-                .clients()
-                .register(id, peer.to_string(), counted.names(), shared.stop_clients());
+        let reg = shared.clients().register(
+            id,
+            peer.to_string(),
+            counted.names(),
+            shared.stop_clients(),
+            false,
+        );
         let kill = reg.handle.clone();
         if let Some(tls) = conn.stream.tls_info() {
             reg.handle.set_tls(tls);
@@ -459,16 +462,16 @@ async fn login(
     cfg: &Config,
 ) -> Result<Entered, ClientError> {
     let tls = shared.tls().accept.clone();
-    let params = match startup::hello(conn, tls.as_deref()).await? {
-        startup::Hello::Cancel(key) => {
+    let (params, minor) = match startup::hello(conn, tls.as_deref()).await? {
+        startup::Hello::Cancel(key, rest) => {
             // Online restart: a client still with the old process is cancelled there.
-            if shared.clients().find(key).is_none() && shared.restart().forward_cancel(key) {
+            if shared.clients().find(key).is_none() && shared.restart().forward_cancel(key, &rest) {
                 return Ok(Entered::Done);
             }
-            cancel::handle(shared, key, (id, peer)).await;
+            cancel::handle(shared, (key, &rest), (id, peer)).await;
             return Ok(Entered::Done);
         }
-        startup::Hello::Startup(p) => p,
+        startup::Hello::Startup(p, minor) => (p, minor),
     };
     shared.pending_logins().started(id);
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
@@ -527,8 +530,7 @@ async fn login(
     let (session, reg) = open_session(
         shared,
         &pool,
-        id,
-        peer,
+        (id, peer, minor),
         counted.names(),
         client_params,
         &server_params,
@@ -713,8 +715,7 @@ async fn first_server_params(
 fn open_session(
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
-    id: u64,
-    peer: &str,
+    (id, peer, minor): (u64, &str, u16),
     names: (Arc<str>, Arc<str>),
     client_params: Params,
     server_params: &Params,
@@ -732,9 +733,13 @@ fn open_session(
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
     session.pool_scope = session::pool_scope(pool);
-    let reg = shared
-        .clients()
-        .register(id, peer.to_string(), names, shared.stop_clients());
+    let reg = shared.clients().register(
+        id,
+        peer.to_string(),
+        names,
+        shared.stop_clients(),
+        minor >= 2,
+    );
     session.backend_pid = reg.handle.key.0;
     (session, reg)
 }
@@ -754,7 +759,9 @@ async fn welcome(
             let v = session.params.get(k).unwrap_or(v);
             backend::parameter_status(b, k, v);
         }
-        backend::backend_key_data(b, reg.handle.key.0, reg.handle.key.1);
+        let (pid, secret) = reg.handle.key;
+        let rest = reg.handle.key_rest();
+        backend::backend_key_data_long(b, pid, secret, rest.as_ref().map_or(&[], |r| &r[..]));
         // login_notify_message: a NOTICE every client gets at login.
         if let Some(text) = &cfg.settings.login_notify_message {
             backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);
