@@ -967,6 +967,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_with_hold_cursor", Int),
         ("pinned_prepared_statement", Int),
         ("server_moves", Int),
+        ("server_logins", Int),
         ("lock_waits", Int),
         ("lock_wait_ns", Int),
     ]);
@@ -987,6 +988,7 @@ pub fn carpool(shared: &Shared) -> Table {
             row.push(PoolStats::get(c).into());
         }
         row.push(PoolStats::get(&p.stats.server_moves).into());
+        row.push(PoolStats::get(&p.stats.server_logins).into());
         row.push(PoolStats::get(&p.stats.lock_waits).into());
         row.push(PoolStats::get(&p.stats.lock_wait_ns).into());
         t.push(row);
