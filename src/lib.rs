@@ -102,7 +102,8 @@
 //!            clients sent), session.rs (versioned wire form of a session)
 //! admin/     mod.rs (serve: one console session), command.rs (enum of commands), show.rs
 //!            (one fn per view → Table; SHOW FDS with the sockets to pass), table.rs,
-//!            metrics.rs (the same counters for Prometheus, /metrics)
+//!            metrics.rs (the same counters for Prometheus, /metrics), status.rs (the
+//!            status page `/` on the metrics listener and its /status.json: the SHOW tables)
 //! fuzz       fuzz target bodies (cargo-fuzz in fuzz/, bounded runs in tests/fuzz_smoke.rs)
 //! ```
 pub mod accept;

@@ -416,6 +416,9 @@ async fn sql_prepare_and_execute_with_clashing_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_dump_and_pg_restore_work_in_transaction_mode() {
+    let Some(pg_dump) = harness::pg_bin_for_server_or_skip("pg_dump") else {
+        return;
+    };
     let pg = TempPostgres::start();
     pg.psql("create database restored");
     pg.psql_in(
@@ -427,7 +430,7 @@ async fn pg_dump_and_pg_restore_work_in_transaction_mode() {
     let p = tx_pooler(&pg).await;
     let dir = tempfile::tempdir().unwrap();
     let dump = dir.path().join("dump.custom");
-    let out = std::process::Command::new(harness::pg_bin("pg_dump"))
+    let out = std::process::Command::new(pg_dump)
         .args([
             "-Fc",
             "-f",

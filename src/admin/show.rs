@@ -47,6 +47,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Pins => pins(shared),
         View::Workers => workers(shared),
         View::Hosts => hosts(shared),
+        View::Events => events(shared),
     })
 }
 
@@ -64,6 +65,7 @@ pub fn help() -> String {
         "SHOW PINS (pgcarpool: clients pinned to their server)",
         "SHOW HOSTS (pgcarpool: role, lag and health of each host of a pool)",
         "SHOW HANDOVER (pgcarpool: each client in an online restart)",
+        "SHOW EVENTS (pgcarpool: the last switchovers and login errors of each pool)",
         "SET key = arg",
         "RELOAD",
         "PAUSE [<db>]",
@@ -891,6 +893,45 @@ pub fn hosts(shared: &Shared) -> Table {
                 h.state.why.clone().into(),
             ]);
         }
+    }
+    t
+}
+
+/// SHOW EVENTS (pgcarpool's own): newest first, the last switchovers of each pool's host
+/// list and the last login errors of each pool (kept after its logins succeed again), with
+/// how many times in a row each error came and when it came last.
+pub fn events(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("time", Text),
+        ("database", Text),
+        ("user", Text),
+        ("event", Text),
+        ("count", Int),
+        ("detail", Text),
+    ]);
+    let mut events: Vec<(SystemTime, Vec<Cell>)> = Vec::new();
+    for p in shared.pools().all() {
+        let pool = |event: &str, count: u64, detail: String| -> Vec<Cell> {
+            vec![
+                p.db.clone().into(),
+                p.user.clone().into(),
+                event.into(),
+                count.into(),
+                detail.into(),
+            ]
+        };
+        for (at, from, to) in p.settings().target.hosts.recent_switchovers() {
+            let detail = format!("primary moved from {from} to {to}");
+            events.push((at, pool("switchover", 1, detail)));
+        }
+        for e in p.recent_login_errors() {
+            events.push((e.last, pool("login error", e.count, e.text)));
+        }
+    }
+    events.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (at, mut row) in events {
+        row.insert(0, fmt_time(at).into());
+        t.push(row);
     }
     t
 }

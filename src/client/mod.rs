@@ -38,6 +38,9 @@ pub enum ClientError {
     /// Tell the client (FATAL with this SQLSTATE), then close.
     #[error("{message}")]
     Fatal { code: &'static str, message: String },
+    /// It was told already (a FATAL from its server that it caused, forwarded): close.
+    #[error("{0}")]
+    Told(String),
     #[error(transparent)]
     Conn(#[from] ConnError),
 }
@@ -50,7 +53,12 @@ impl ClientError {
 
 impl From<ProtoError> for ClientError {
     fn from(e: ProtoError) -> Self {
-        ClientError::fatal("08P01", format!("protocol violation: {e}"))
+        let message = match e {
+            // PostgreSQL's own words for it.
+            ProtoError::UnknownType(_) => e.to_string(),
+            e => format!("protocol violation: {e}"),
+        };
+        ClientError::fatal("08P01", message)
     }
 }
 
@@ -352,14 +360,16 @@ fn report(
     log: bool,
     age: std::time::Duration,
 ) -> bool {
-    if let ClientError::Fatal { code, message } = e {
+    if let ClientError::Fatal { message, .. } | ClientError::Told(message) = e {
         if log {
             // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
             // grep them.
             let age = age.as_secs();
             tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
         }
-        conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        if let ClientError::Fatal { code, message } = e {
+            conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        }
         true
     } else {
         tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");

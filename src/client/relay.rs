@@ -43,6 +43,9 @@ pub enum RelayEvent {
     ClientGone,
     /// The client broke the protocol.
     ClientProtocol(ProtoError),
+    /// The server ended the session with a FATAL the client caused (`client_caused`),
+    /// forwarded to it: its SQLSTATE and words. The client goes as from PostgreSQL.
+    ClientFatal(String),
     /// The server's socket closed, failed or broke the protocol.
     ServerGone(String),
     Timeout(TimeoutKind),
@@ -192,6 +195,11 @@ pub struct Relay<'a> {
     flight: (bool, bool),
     /// The server said FATAL (withheld from the client) before it went.
     fatal_seen: bool,
+    /// The client's next message is one PostgreSQL refuses on its header
+    /// (`frontend::header`): nothing more is read from the client, nothing of it reaches
+    /// the server, and the relay ends with `ClientProtocol` once the server has answered
+    /// what came before it.
+    refused: Option<ProtoError>,
     /// The client's first request on a server just checked out, kept as sent while the
     /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
     pub first_request: Option<FirstRequest>,
@@ -282,6 +290,7 @@ impl<'a> Relay<'a> {
             keep_client: false,
             flight: (false, false),
             fatal_seen: false,
+            refused: None,
             first_request: None,
         }
     }
@@ -408,6 +417,9 @@ impl<'a> Relay<'a> {
     /// One pass over both sockets; Ready only for an event.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RelayEvent> {
         loop {
+            if let Some(e) = self.refusal_due() {
+                return Poll::Ready(RelayEvent::ClientProtocol(e));
+            }
             let mut progress = false;
             // Writes first: they free room for reads.
             let before = self.server.conn().out_len();
@@ -468,7 +480,10 @@ impl<'a> Relay<'a> {
             }
             // While the scan waits for a round (`awaits_round`) the client's bytes wait in
             // its socket.
-            if self.server.conn().out_len() < HIGH_WATER && !self.rescan_client {
+            if self.server.conn().out_len() < HIGH_WATER
+                && !self.rescan_client
+                && self.refused.is_none()
+            {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(RelayEvent::ClientGone);
@@ -491,20 +506,49 @@ impl<'a> Relay<'a> {
         }
     }
 
+    /// The client's refused message (`refused`) is due: the server owes nothing more of
+    /// what came before it, or will say nothing more without the client (a round without
+    /// its Sync, COPY FROM STDIN under way).
+    fn refusal_due(&mut self) -> Option<ProtoError> {
+        self.refused.as_ref()?;
+        let p = self.server.exchange();
+        (p.ready_owed() == 0 || p.unsynced() || p.copy_in())
+            .then(|| self.refused.take())
+            .flatten()
+    }
+
+    /// The header of the client's message at `at` in its buffer, checked as PostgreSQL
+    /// checks it outside COPY FROM STDIN (inside, PostgreSQL reads by its COPY rules and
+    /// judges itself). None: not all here yet, or refused (`refused`: the scan stops there).
+    fn client_header(&mut self, at: usize) -> Option<proto::Header> {
+        if self.refused.is_some() {
+            return None;
+        }
+        let buf = &self.client.rbuf[at..];
+        let next = if self.server.exchange().copy_in() {
+            proto::header(buf, MAX_FORWARDED)
+        } else {
+            frontend::header(buf)
+        };
+        next.unwrap_or_else(|e| {
+            self.refused = Some(e);
+            None
+        })
+    }
+
     /// Forward what the client sent, noting what the server will owe.
     pub fn scan_client(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
         let mut fwd = 0;
         let mut event = None;
         loop {
-            let buf = &self.client.rbuf;
             if self.server.exchange().partial() > 0 {
-                fwd += self.server.send_rest(buf.len() - fwd);
+                fwd += self.server.send_rest(self.client.rbuf.len() - fwd);
                 if self.server.exchange().partial() > 0 {
                     break;
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+            let Some(h) = self.client_header(fwd) else {
                 break;
             };
             if self.virt && self.awaits_round() {
@@ -512,7 +556,7 @@ impl<'a> Relay<'a> {
                 self.rescan_client = true;
                 break;
             }
-            let avail = buf.len() - fwd;
+            let avail = self.client.rbuf.len() - fwd;
             self.note_client_message(h, fwd);
             match h.tag {
                 frontend::TERMINATE => {
@@ -897,6 +941,11 @@ impl<'a> Relay<'a> {
         let code = backend::error_code(body);
         // The message it answers (`Renamed::restore`), before `on_reply` settles it.
         let front = self.server.exchange().owed_front();
+        if let Some(why) = fatal_caused_by_client(body) {
+            // Forwarded as it is: the session is over, as it is straight on PostgreSQL.
+            self.forward_server_run(fwd + h.total);
+            return Ok(ControlFlow::Break(RelayEvent::ClientFatal(why)));
+        }
         if let Some(why) = self.fatal_withheld(body) {
             return Ok(ControlFlow::Break(
                 self.withhold_fatal(fwd, h.total, code, why),
@@ -1083,6 +1132,18 @@ impl<'a> Relay<'a> {
     }
 }
 
+/// A FATAL the client's own doing caused (a message PostgreSQL could not read, a session
+/// timeout the client set): its SQLSTATE and words. The server is not to blame and the
+/// client is not to be kept: it ends as its own PostgreSQL session would.
+fn fatal_caused_by_client(body: &[u8]) -> Option<String> {
+    let code = backend::error_code(body)?;
+    if !matches!(&code, b"08P01" | b"25P03" | b"25P04" | b"57P05") {
+        return None;
+    }
+    let e = backend::parse_error(body).ok()?;
+    (e.severity == "FATAL").then(|| format!("{} {}", e.code, e.message))
+}
+
 impl Relay<'_> {
     /// The server was lost (RelayEvent::ServerGone): what the client's transaction was
     /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
@@ -1117,8 +1178,7 @@ impl Relay<'_> {
             return None;
         }
         let e = backend::parse_error(body).ok()?;
-        let own = matches!(e.code.as_str(), "25P03" | "25P04" | "57P05");
-        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && !own && self.loss().is_some())
+        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && self.loss().is_some())
             .then(|| format!("{} {}", e.code, e.message))
     }
 

@@ -247,6 +247,10 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
             "transaction blocks not allowed in statement pooling mode".into(),
         )),
         RelayEvent::ClientProtocol(e) => Err(e.into()),
+        RelayEvent::ClientFatal(why) => {
+            server.mark_broken();
+            Err(ClientError::Told(why))
+        }
         // (Taken by the loop above; never here.)
         RelayEvent::TerminatedBeforeReply(_) => {
             server.mark_broken();
@@ -737,13 +741,18 @@ async fn wait_for_request(
             }
         }
         if let Some(&tag) = c.conn.rbuf.first() {
+            // A message PostgreSQL would refuse on its header ends the client here, before
+            // any server is asked for (`RelayEvent::ClientProtocol` when one is held).
+            let header = frontend::header(&c.conn.rbuf)?;
             if tag == frontend::TERMINATE {
                 return Ok(Wait::Terminate);
             }
             if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
                 return Err(pqexec_disallowed());
             }
-            let local = if pinned {
+            let local = if let Some(local) = ignored_copy_message(c, header) {
+                local
+            } else if pinned {
                 let answered = super::notify::answer(c, kill).await?;
                 answered.unwrap_or(Local::NeedServer)
             } else if let Some(block) = aborted {
@@ -801,6 +810,30 @@ async fn wait_for_request(
     }
 }
 
+/// Most bytes of a CopyData outside COPY held to be ignored without a server (a larger
+/// one goes to a server, which ignores it as well).
+const MAX_IGNORED_COPY: usize = 64 * 1024;
+
+/// CopyData, CopyDone or CopyFail from a client between transactions, so with no COPY
+/// under way (the rest of a COPY that failed while it was sending): PostgreSQL reads and
+/// ignores them, and so does pgcarpool, without a server: Answered (dropped, nothing to
+/// say) or Incomplete (not all here yet); None: not such a message (or one too large).
+fn ignored_copy_message(c: &mut Client, header: Option<proto::Header>) -> Option<Local> {
+    let h = header?;
+    let copy = matches!(
+        h.tag,
+        frontend::COPY_DATA | frontend::COPY_DONE | frontend::COPY_FAIL
+    );
+    if !copy || h.total > MAX_IGNORED_COPY {
+        return None;
+    }
+    if c.conn.rbuf.len() < h.total {
+        return Some(Local::Incomplete);
+    }
+    c.conn.consume(h.total);
+    Some(Local::Answered)
+}
+
 /// Resolves at `deadline`, never without one. The timer is boxed and made only when there
 /// is a deadline: most idle clients have none, and their tasks do not carry its room.
 async fn idle_deadline(deadline: Option<Instant>) {
@@ -834,7 +867,20 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     // Names parsed earlier in these messages: a second Parse of one is PostgreSQL's 42P05
     // (long-run seed 11201).
     let mut named: Vec<&[u8]> = Vec::new();
-    while let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? {
+    loop {
+        let h = match frontend::header(&buf[at..]) {
+            Ok(Some(h)) if h.total <= proto::MAX_MESSAGE_LEN => h,
+            Ok(None) => break,
+            // Too large to hold (a server streams it), or refused by PostgreSQL on its
+            // header (the client is let go once it is at the front): the rounds before it
+            // are answered here.
+            _ => {
+                if end.is_none() {
+                    return Ok(Local::NeedServer);
+                }
+                break;
+            }
+        };
         if buf.len() - at < h.total {
             break;
         }
@@ -878,6 +924,12 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let Some(end) = end else {
         return Ok(Local::Incomplete);
     };
+    answer_rounds(c, end)?;
+    Ok(Local::Answered)
+}
+
+/// Answer the client's first `end` bytes, rounds `answer_without_server` found it may.
+fn answer_rounds(c: &mut Client, end: usize) -> Result<(), ClientError> {
     let msgs = c.conn.rbuf.split_to(end).freeze();
     let mut at = 0;
     while at < msgs.len() {
@@ -913,7 +965,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         }
         at += h.total;
     }
-    Ok(Local::Answered)
+    Ok(())
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its

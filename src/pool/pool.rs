@@ -174,6 +174,8 @@ struct Inner {
     /// Failed logins since the last successful one: when to try again, who waits.
     login: LoginBackoff,
     last_login_error: Option<String>,
+    /// The last login errors, kept after a login succeeds.
+    login_errors: super::login::RecentErrors,
     /// The server refused the pool's credentials (28xxx), and when: clients already
     /// waiting then fail with the server's error at once, as PgBouncer's kill_pool_logins
     /// (retrying cannot help them). Cleared by a successful login.
@@ -274,6 +276,7 @@ impl Pool {
                 startup_template: None,
                 login: LoginBackoff::default(),
                 last_login_error: None,
+                login_errors: Default::default(),
                 refused: None,
                 close_before: None,
                 unused_since: None,
@@ -763,7 +766,9 @@ impl Pool {
                     let was_failing = g.login.is_failing();
                     g.login
                         .failed(kind, started, Instant::now(), settings.server_login_retry);
-                    g.last_login_error = Some(e.to_string());
+                    let text = e.to_string();
+                    g.login_errors.record(&text, std::time::SystemTime::now());
+                    g.last_login_error = Some(text);
                     if let ServerError::Rejected(f) = &e
                         && f.code.starts_with("28")
                     {
@@ -1280,6 +1285,11 @@ impl Pool {
 
     pub fn last_login_error(&self) -> Option<String> {
         self.lock().last_login_error.clone()
+    }
+
+    /// The last login errors, oldest first (kept after a login succeeds).
+    pub fn recent_login_errors(&self) -> Vec<super::login::RecentError> {
+        self.lock().login_errors.list()
     }
 
     /// An idle server taken for a client, counted active: of the most recently used ones,

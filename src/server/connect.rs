@@ -310,6 +310,16 @@ impl HostList {
         self.book().switchovers
     }
 
+    /// The last switchovers, oldest first: when, and the hosts the primary moved between.
+    pub fn recent_switchovers(&self) -> Vec<(std::time::SystemTime, String, String)> {
+        let b = self.book();
+        let name = |i: usize| self.addrs.get(i).map(|a| a.to_string()).unwrap_or_default();
+        b.recent
+            .iter()
+            .map(|s| (s.at, name(s.from), name(s.to)))
+            .collect()
+    }
+
     /// Every host, its state, and whether new servers may go there.
     pub fn view(&self) -> Vec<HostView> {
         let b = self.book();
