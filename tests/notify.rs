@@ -753,6 +753,31 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
         "Q BEGIN; LISTEN self1; NOTIFY self1, 'mine'; COMMIT",
         "Q LISTEN x1",
         "Q select pg_listening_channels()",
+        // UNLISTEN of channels it listens on, in blocks, as drivers send it.
+        "Q BEGIN",
+        "P |UNLISTEN x1\nB ||\nD P \nE \nS",
+        "Q COMMIT",
+        "Q BEGIN",
+        "P |UNLISTEN x2\nB ||\nE \nS",
+        "Q ROLLBACK",
+        "P s9|UNLISTEN m1\nD S s9\nS",
+        "Q BEGIN",
+        "B |s9|\nE \nS",
+        "Q COMMIT",
+        "Q BEGIN",
+        "P |LISTEN m2\nB ||\nE \nS",
+        "Q SAVEPOINT a",
+        "P |UNLISTEN m2\nB ||\nE \nS",
+        "Q ROLLBACK TO a",
+        "Q COMMIT",
+        "P |UNLISTEN m3\nB ||\nE \nP |select 3\nB ||\nE \nS",
+        "Q select pg_listening_channels()",
+        "Q BEGIN",
+        "P |UNLISTEN *\nB ||\nE \nS",
+        "P |LISTEN fin\nB ||\nE \nS",
+        "P |LISTEN z1\nB ||\nE \nS",
+        "Q COMMIT",
+        "Q select pg_listening_channels()",
     ];
     let mut seen = Vec::new();
     for port in [pg.port(), p.port()] {
@@ -787,7 +812,7 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
         let mut n = Wire::connect(port, "trustuser", "testdb").await;
         for ch in [
             "x1", "x2", "r1", "sp1", "sp2", "m1", "m2", "m3", "e1", "f1", "p1", "p2", "p3",
-            "self1", "fin",
+            "self1", "z1", "fin",
         ] {
             n.step(&format!("Q NOTIFY {ch}, 'n-{ch}'")).await;
         }

@@ -77,6 +77,8 @@ pub(super) fn passes_through(
             }
             let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
             session.bound(portal, tx, false);
+            let listen = session.ext.unnamed.clone().filter(|u| listens(u));
+            session.bound_listen(portal, listen.as_ref());
             if session
                 .ext
                 .unnamed
@@ -362,17 +364,17 @@ impl Relay<'_> {
     pub(super) fn startup_after_discard(&mut self, execute: bool) {
         let sets = startup_statements(self.session);
         for sql in &sets {
-            self.set_within_round(sql);
+            self.statement_within_round(sql);
         }
         if execute && !sets.is_empty() {
             self.server.note_sent(frontend::EXECUTE, false);
         }
     }
 
-    /// Run pgcarpool's statement `sql` (a SET) within the client's round: parsed, bound,
+    /// Run pgcarpool's statement `sql` (a SET, a LISTEN) within the client's round: parsed, bound,
     /// executed and closed under its own name, every reply dropped but an error (skipped
     /// after an earlier one, as the client's messages around it).
-    fn set_within_round(&mut self, sql: &str) {
+    pub(super) fn statement_within_round(&mut self, sql: &str) {
         const NAME: &[u8] = b"PGCARPOOL_startup\0";
         let mut b = bytes::BytesMut::new();
         message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
@@ -817,6 +819,8 @@ impl Relay<'_> {
                 s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
             let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
             s.bound(portal, tx, deallocates);
+            let listen = s.ext.unnamed.clone().filter(|u| listens(u));
+            s.bound_listen(portal, listen.as_ref());
             if s.ext
                 .unnamed
                 .as_deref()
@@ -846,6 +850,9 @@ impl Relay<'_> {
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                     let tx = tx_effect_of(&stmt.parse_rest);
                     self.session.bound(portal, tx, deallocates);
+                    let listen = stmt.effects.is_some() && listens(&stmt.parse_rest);
+                    self.session
+                        .bound_listen(portal, listen.then_some(&stmt.parse_rest));
                     if stmt.effects.as_ref().is_some_and(|e| {
                         e.discard_all || (e.reset_all && !startup_settings(self.session).is_empty())
                     }) {
@@ -1295,7 +1302,7 @@ impl Relay<'_> {
         };
         self.server.prepare(stmt, swallow, self.max_prepared);
         if let Some(sql) = back {
-            self.set_within_round(&sql);
+            self.statement_within_round(&sql);
         }
     }
 
@@ -1321,7 +1328,7 @@ impl Relay<'_> {
             None => Some("SET search_path TO DEFAULT".to_string()),
         };
         let (before, after) = (set(&then)?, set(&now)?);
-        self.set_within_round(&before);
+        self.statement_within_round(&before);
         Some(after)
     }
 
@@ -1478,6 +1485,15 @@ impl Relay<'_> {
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
 
 /// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
+/// Is a statement's text (its Parse body after the name) one LISTEN or UNLISTEN?
+fn listens(parse_rest: &[u8]) -> bool {
+    let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+    matches!(
+        super::notify::parse(sql),
+        Some(super::notify::Stmt::Listen(_) | super::notify::Stmt::Unlisten(_))
+    )
+}
+
 fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
     let sql = parse_rest.split(|&c| c == 0).next()?;
     classify::tx_effect(sql)
