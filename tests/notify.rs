@@ -772,6 +772,12 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
         "Q COMMIT",
         "P |UNLISTEN m3\nB ||\nE \nP |select 3\nB ||\nE \nS",
         "Q select pg_listening_channels()",
+        // In queries of several statements.
+        "Q BEGIN; UNLISTEN p1; COMMIT",
+        "Q UNLISTEN p3; select 4",
+        "Q BEGIN; UNLISTEN self1; LISTEN sp2; ROLLBACK",
+        "Q UNLISTEN sp2; LISTEN x2; select 1/0",
+        "Q select pg_listening_channels()",
         "Q BEGIN",
         "P |UNLISTEN *\nB ||\nE \nS",
         "P |LISTEN fin\nB ||\nE \nS",

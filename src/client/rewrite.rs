@@ -189,6 +189,7 @@ impl Relay<'_> {
             }
             None if discards && self.discard_all_to_startup(sql) => {}
             None if self.prepare_in_many(sql) => {}
+            None if self.listen_in_many(sql, tx) => {}
             None => self.send_client_query(msg, tx),
         }
         Ok(())
@@ -214,6 +215,63 @@ impl Relay<'_> {
                 .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
         }
         self.server.send_query(query_message(&text), None);
+        true
+    }
+
+    /// A query of several statements with a LISTEN or UNLISTEN of a channel the pool's
+    /// listener has for the client (`UNLISTEN *`: when it has any): each such statement
+    /// goes as `notify::in_block_query` makes it (its CommandComplete is the client's, the
+    /// rest pgcarpool's, dropped), the others as written; what committed is done by the
+    /// listener after the transaction (`notify::after_block`). False, nothing sent: none.
+    fn listen_in_many(&mut self, sql: &[u8], tx: Option<[u8; 3]>) -> bool {
+        if self.listener_channels.is_empty() {
+            return false;
+        }
+        let stmts = classify::split(sql);
+        let mut text = Vec::with_capacity(sql.len() + 64);
+        // Per statement up to the last one rewritten: the statements pgcarpool added.
+        let mut added = Vec::new();
+        let mut ops = Vec::new();
+        let mut copied = 0;
+        for &(a, b) in &stmts {
+            let n = self.listen_in_block.len() + ops.len() + 1;
+            let Some((q, listen, op)) =
+                super::notify::in_block_query(&sql[a..b], &self.listener_channels, n)
+            else {
+                added.push(0);
+                continue;
+            };
+            text.extend_from_slice(&sql[copied..a]);
+            text.extend_from_slice(q.as_bytes());
+            copied = b;
+            added.push(1 + usize::from(listen));
+            ops.push(op);
+        }
+        if ops.is_empty() || stmts.len() < 2 {
+            return false;
+        }
+        text.extend_from_slice(&sql[copied..]);
+        let Ok(len) = i32::try_from(4 + text.len() + 1) else {
+            return false;
+        };
+        let last = added.iter().rposition(|&k| k > 0).unwrap_or(0);
+        for &k in &added[..=last] {
+            self.server.expect(Pending::Retag(false));
+            for _ in 0..k {
+                self.server
+                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+            }
+        }
+        self.listen_in_block.extend(ops);
+        if let Some(e) = tx {
+            self.server.sent_tx_effect(e);
+        }
+        let mut b = bytes::BytesMut::with_capacity(text.len() + 6);
+        b.put_u8(frontend::QUERY);
+        b.put_i32(len);
+        b.put_slice(&text);
+        b.put_u8(0);
+        self.server.send_query(b.freeze(), None);
         true
     }
 
