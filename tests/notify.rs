@@ -833,6 +833,14 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
             );
         }
         t.push(got);
+        // Its own notification carries its own pid, the others another.
+        let own = w.pid;
+        t.push(
+            w.notify_pids
+                .iter()
+                .map(|&p| if p == own { "self" } else { "other" }.to_string())
+                .collect(),
+        );
         seen.push(t);
     }
     for (k, (d, g)) in seen[0].iter().zip(&seen[1]).enumerate() {
