@@ -455,7 +455,8 @@ pub static DESCRIPTIONS: &[Description] = &[
         "`pin` or `error`",
         "What a session feature that cannot move between servers (temporary table, session \
          advisory lock, `WITH HOLD` cursor, a server-side statement name of the \
-         client's own) does in transaction mode: `pin` keeps the \
+         client's own; not `LISTEN`, which the pool's shared listener takes) does in \
+         transaction mode: `pin` keeps the \
          client on its server while it lives; `error` ends the client's session with a \
          clear error. Also per database.",
         OWN
@@ -466,7 +467,10 @@ pub static DESCRIPTIONS: &[Description] = &[
         "servers per pool; 0: none",
         "Servers a pool may keep for pinned clients on top of its size: a pinned server \
          stops counting against the pool's size. A client that would pin beyond it gets \
-         `53300 too many pinned clients …` and is let go; the others never wait for it.",
+         `53300 too many pinned clients …` and is let go; the others never wait for it. \
+         A server a pin gave back while the pool had opened another in its place is kept \
+         idle for the next pin (up to this many with the pinned ones), which takes it \
+         instead of a new login.",
         OWN
     ),
     d!(
