@@ -586,13 +586,13 @@ async fn in_session_mode_the_clients_own_server_listens() {
     let dsn = p.dsn("md5user", "testdb");
     let (a, mut rx) = listener_client(&dsn).await;
     a.batch_execute("LISTEN sess").await.unwrap();
-    let own = scalar(&a, "select pg_backend_pid()").await.unwrap();
+    let own = scalar(&a, "select \"pg_backend_pid\"()").await.unwrap();
     let listening = obs
         .count("usename = 'md5user' and query like 'LISTEN%'", &[])
         .await;
     assert_eq!(
         listening, 0,
-        "no listener: the server ran select pg_backend_pid() last"
+        "no listener: the server ran select \"pg_backend_pid\"() last"
     );
     assert_eq!(
         scalar(&a, "select pg_listening_channels()").await.unwrap(),

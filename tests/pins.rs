@@ -54,11 +54,17 @@ async fn pinned_clients_do_not_take_the_pools_servers() {
         obs.backends("md5user").await <= 4,
         "pool 2 + pin_pool_size 2"
     );
-    // A third pin is refused, to that client only.
+    // A third pin is refused, to that client only: the error answers its statement, and
+    // the connection ends.
     let mut e = connect_watched(&p.dsn("md5user", "testdb")).await;
-    let _ = e.client.batch_execute("create temp table te(x int)").await;
-    let why = e.events.closed_within(Duration::from_secs(5)).await;
+    let refused = e
+        .client
+        .batch_execute("create temp table te(x int)")
+        .await
+        .expect_err("a pin past pin_pool_size");
+    let why = harness::error_text(&refused);
     assert!(why.starts_with("53300 too many pinned clients"), "{why}");
+    e.events.closed_within(Duration::from_secs(5)).await;
     assert_eq!(scalar(&c, "select 2").await.unwrap(), "2");
     // The pinned clients still have what they pinned.
     a.batch_execute("insert into ta values (1)").await.unwrap();
@@ -120,7 +126,7 @@ async fn a_listening_client_gets_every_notification_once() {
         .await;
     let (l, mut got) = listener(&p.dsn("md5user", "testdb")).await;
     l.batch_execute("LISTEN ch").await.unwrap();
-    let my_pid: i32 = scalar(&l, "select pg_backend_pid()")
+    let my_pid: i32 = scalar(&l, "select \"pg_backend_pid\"()")
         .await
         .unwrap()
         .parse()
@@ -216,18 +222,63 @@ async fn every_pin_is_made_and_released_as_its_state_comes_and_goes() {
     ] {
         assert!(show_pins(&admin).await.is_empty(), "before {reason}");
         c.batch_execute(make).await.unwrap();
-        let pid = scalar(&c, "select pg_backend_pid()").await.unwrap();
+        let pid = scalar(&c, "select \"pg_backend_pid\"()").await.unwrap();
         // Another client's transactions do not get that server meanwhile.
         for _ in 0..5 {
             assert_ne!(
-                scalar(&other, "select pg_backend_pid()").await.unwrap(),
+                scalar(&other, "select \"pg_backend_pid\"()").await.unwrap(),
                 pid
             );
         }
         assert_eq!(show_pins(&admin).await, [reason], "after: {make}");
-        assert_eq!(scalar(&c, "select pg_backend_pid()").await.unwrap(), pid);
+        assert_eq!(
+            scalar(&c, "select \"pg_backend_pid\"()").await.unwrap(),
+            pid
+        );
         c.batch_execute(release).await.unwrap();
         assert!(show_pins(&admin).await.is_empty(), "after: {release}");
     }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_refused_a_pin_reports_why() {
+    use harness::{clients_dir, install_python_clients, output_text};
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .setting("pin_pool_size", "1")
+        .start()
+        .await;
+    // Three psycopg clients each take an advisory lock: the first keeps its server, the
+    // others are refused, and psycopg reports pgcarpool's FATAL for the statement itself
+    // (not, later, "server closed the connection unexpectedly").
+    let port = p.port().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        install_python_clients();
+        std::process::Command::new(clients_dir().join("python/.venv/bin/python"))
+            .arg(clients_dir().join("python/pin_refused.py"))
+            .args(["127.0.0.1", &port, "md5user", "md5pass", "testdb", "3"])
+            .output()
+            .expect("run pin_refused.py")
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", output_text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let refused = "53300 too many pinned clients: advisory lock would keep a server, \
+                   and pin_pool_size (1) servers are kept already";
+    let want = vec![
+        "ok 0".to_string(),
+        format!("error 1 {refused}"),
+        format!("error 2 {refused}"),
+    ];
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        want,
+        "{}",
+        output_text(&out)
+    );
     p.shutdown().await;
 }

@@ -108,6 +108,9 @@ pub(super) fn answer(c: &mut Client, a: &mut Aborted) -> Result<(Local, bool), C
     let mut answered = false;
     // A message PostgreSQL refuses on its header ends the client, in a failed block too.
     while let Some(h) = frontend::header(&c.conn.rbuf)? {
+        if h.total > proto::MAX_MESSAGE_LEN {
+            return Err(proto::ProtoError::TooLong(h.total).into());
+        }
         if c.conn.rbuf.len() < h.total || h.tag == frontend::TERMINATE {
             break;
         }

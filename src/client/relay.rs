@@ -154,6 +154,9 @@ pub struct Relay<'a> {
     owes_nothing: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
+    /// Every client of this process, and this client's user: a client's query may signal
+    /// another by the pid it was given (`Relay::signal_client`).
+    pub clients: Option<(&'a super::registry::Registry, &'a str)>,
     /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
     /// changed database entry marks the server, the session ends as soon as the server is
     /// idle (between transactions) instead of at the client's exit.
@@ -277,6 +280,7 @@ impl<'a> Relay<'a> {
             hold_answers: false,
             owes_nothing: false,
             pools: None,
+            clients: None,
             fast_close: None,
             disable_pqexec: false,
             hold_ready: false,
@@ -941,7 +945,7 @@ impl<'a> Relay<'a> {
         let code = backend::error_code(body);
         // The message it answers (`Renamed::restore`), before `on_reply` settles it.
         let front = self.server.exchange().owed_front();
-        if let Some(why) = fatal_caused_by_client(body) {
+        if let Some(why) = fatal_caused_by_client(body, self.may_terminate_itself()) {
             // Forwarded as it is: the session is over, as it is straight on PostgreSQL.
             self.forward_server_run(fwd + h.total);
             return Ok(ControlFlow::Break(RelayEvent::ClientFatal(why)));
@@ -1039,9 +1043,15 @@ impl<'a> Relay<'a> {
         // it is inside a transaction; a listening client gets it once the listener has
         // caught up.
         // So does one that listened: its channels go to the pool's listener first.
+        // So does one whose transaction may have pinned it: the pin may be refused
+        // (pin_pool_size, pin_mode = error), and the client is then told so instead of
+        // getting it, as PostgreSQL's FATAL comes before a ReadyForQuery; one that has its
+        // ReadyForQuery already reads the FATAL as a notice while idle, then "server closed
+        // the connection unexpectedly" (libpq).
+        let may_pin = self.effects.pin_check && self.session.pin.is_none();
         let held = matches!(ev, RelayEvent::Release)
             && ((self.hold_ready && (self.effects.notify || self.effects.discard_all))
-                || (self.effects.listen && self.mode != PoolMode::Session));
+                || ((self.effects.listen || may_pin) && self.mode != PoolMode::Session));
         if held {
             self.withheld_ready = Some(status);
         }
@@ -1133,11 +1143,13 @@ impl<'a> Relay<'a> {
 }
 
 /// A FATAL the client's own doing caused (a message PostgreSQL could not read, a session
-/// timeout the client set): its SQLSTATE and words. The server is not to blame and the
-/// client is not to be kept: it ends as its own PostgreSQL session would.
-fn fatal_caused_by_client(body: &[u8]) -> Option<String> {
+/// timeout the client set, with `terminates` a termination, 57P01): its SQLSTATE and
+/// words. The server is not to blame and the client is not to be kept: it ends as its own
+/// PostgreSQL session would.
+fn fatal_caused_by_client(body: &[u8], terminates: bool) -> Option<String> {
     let code = backend::error_code(body)?;
-    if !matches!(&code, b"08P01" | b"25P03" | b"25P04" | b"57P05") {
+    let terminated = terminates && &code == b"57P01";
+    if !(terminated || matches!(&code, b"08P01" | b"25P03" | b"25P04" | b"57P05")) {
         return None;
     }
     let e = backend::parse_error(body).ok()?;
@@ -1145,6 +1157,17 @@ fn fatal_caused_by_client(body: &[u8]) -> Option<String> {
 }
 
 impl Relay<'_> {
+    /// May the transaction have terminated its own server: its text names
+    /// `pg_terminate_backend` (`Effects::introspects`) or runs code that may call it (a
+    /// function pgcarpool does not know, DO, CALL)? A termination (57P01) is then the
+    /// client's own doing and ends it, as with PostgreSQL; another session's termination of
+    /// the server under a transaction that does neither is a lost server the client
+    /// survives (`aborted`).
+    fn may_terminate_itself(&self) -> bool {
+        let e = &self.effects;
+        e.introspects || e.calls || e.gucs_unknown
+    }
+
     /// The server was lost (RelayEvent::ServerGone): what the client's transaction was
     /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
     /// under way, at a message boundary both ways, at most one ReadyForQuery owed).

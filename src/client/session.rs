@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::statements::Stmt;
 use std::sync::atomic::Ordering;
 
-use super::registry::ClientHandle;
+use super::registry::{ClientHandle, client_event};
 use crate::pool::Pool;
 use crate::server::Params;
 use crate::server::response::Undo;
@@ -259,11 +259,11 @@ impl VirtualSession {
         }
         if now && !was {
             pool.stats.pinned_clients.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(client = handle.id, reasons = ?reasons, "client pinned to its server");
+            client_event!(info, handle, reasons = ?reasons, "client pinned to its server");
         } else if was && !now {
             pool.stats.pinned_clients.fetch_sub(1, Ordering::Relaxed);
             pool.unpin();
-            tracing::debug!(client = handle.id, "client unpinned");
+            client_event!(debug, handle, "client unpinned");
         }
         handle.set_pin(now.then(|| reasons.join(", ")));
         self.pin = now.then_some(reasons);

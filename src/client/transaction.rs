@@ -4,7 +4,7 @@ use std::future::{Future, poll_fn};
 use std::task::Poll;
 use std::time::Instant;
 
-use crate::shared::registry::ClientHandle;
+use crate::shared::registry::{ClientHandle, client_event};
 
 use super::classify::{self, Effects};
 use super::registry::ServerLink;
@@ -272,7 +272,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         }
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
-        RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
+        RelayEvent::PqexecDisallowed => Err(pqexec_disallowed(c)),
     }
 }
 
@@ -307,8 +307,9 @@ async fn released(
                     && !effects.pin_check =>
             {
                 server.mark_broken();
-                tracing::info!(
-                    client = c.reg.handle.id,
+                client_event!(
+                    info,
+                    c.reg.handle,
                     server = server.id(),
                     "server lost after the client's transaction, the client stays: {e}"
                 );
@@ -351,8 +352,9 @@ fn server_gone(
 ) -> Result<After, ClientError> {
     server.mark_broken();
     if let Some(loss) = loss {
-        tracing::info!(
-            client = c.reg.handle.id,
+        client_event!(
+            info,
+            c.reg.handle,
             server = server.id(),
             "server lost under the client's transaction, the client stays: {why}"
         );
@@ -433,8 +435,9 @@ async fn relay_replacing(
             });
         };
         replays_left -= 1;
-        tracing::info!(
-            client = c.reg.handle.id,
+        client_event!(
+            info,
+            c.reg.handle,
             server = server.id(),
             "server terminated before it answered the client's first request, \
              sending it to another server"
@@ -480,6 +483,7 @@ async fn relay_once(
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
     relay.plan_once = cfg.settings.plan_once;
+    relay.clients = Some((c.shared.clients(), &c.reg.handle.user));
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
@@ -520,8 +524,8 @@ async fn relay_once(
 }
 
 /// disable_pqexec: a simple Query closes the client, in PgBouncer's words.
-fn pqexec_disallowed() -> ClientError {
-    tracing::error!("client used \"Query\" packet type");
+fn pqexec_disallowed(c: &Client) -> ClientError {
+    client_event!(error, c.reg.handle, "client used \"Query\" packet type");
     ClientError::fatal("08P01", "PQexec disallowed".into())
 }
 
@@ -680,7 +684,13 @@ fn read_back_names(
 }
 
 pub(super) fn killed(c: &Client) -> ClientError {
-    ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
+    let reason = c.reg.handle.kill_reason();
+    let code = if reason == super::registry::TERMINATED {
+        "57P01"
+    } else {
+        "08P01"
+    };
+    ClientError::fatal(code, reason.into())
 }
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).
@@ -748,7 +758,7 @@ async fn wait_for_request(
                 return Ok(Wait::Terminate);
             }
             if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
-                return Err(pqexec_disallowed());
+                return Err(pqexec_disallowed(c));
             }
             let local = if let Some(local) = ignored_copy_message(c, header) {
                 local
@@ -1051,8 +1061,9 @@ async fn fitted_server(
             Err(e) => {
                 server.mark_broken();
                 if tries < SERVER_TRIES {
-                    tracing::info!(
-                        client = c.reg.handle.id,
+                    client_event!(
+                        info,
+                        c.reg.handle,
                         server = server.id(),
                         "server died before the transaction began, taking another: {e}"
                     );

@@ -980,13 +980,14 @@ async fn start_tls(
 
 /// Send a CancelRequest for `key` to the server at `addr`.
 pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<()> {
-    send_cancel_over(addr.connect().await?, key).await
+    send_cancel_over(addr.connect().await?, key, &[]).await
 }
 
-/// Send a CancelRequest over a connection just opened (to a server or a peer pooler).
-pub async fn send_cancel_over(stream: Stream, key: (i32, i32)) -> std::io::Result<()> {
+/// Send a CancelRequest over a connection just opened (to a server or a peer pooler);
+/// `rest`: the rest of a long (protocol 3.2) secret after `key`'s 4 bytes.
+pub async fn send_cancel_over(stream: Stream, key: (i32, i32), rest: &[u8]) -> std::io::Result<()> {
     let mut conn = Conn::new(stream);
-    conn.queue_with(|b| startup::cancel_request(b, key.0, key.1));
+    conn.queue_with(|b| startup::cancel_request_long(b, key.0, key.1, rest));
     conn.flush().await?;
     // PostgreSQL closes the connection when done; wait for that, bounded.
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.fill(1)).await;

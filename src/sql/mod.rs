@@ -1,3 +1,5 @@
 //! What pgcarpool knows of SQL text, below the client and the server: classify.rs (leading
-//! keywords, statement splitting, internal statement names).
+//! keywords, statement splitting, internal statement names), selfview.rs (what a session
+//! asks about itself, rewritten for the client's virtual session).
 pub mod classify;
+pub mod selfview;

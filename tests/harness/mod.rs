@@ -27,6 +27,7 @@ mod observer;
 mod pooler;
 mod postgres;
 pub mod process;
+pub mod raw;
 pub mod wire;
 
 use std::future::Future;
@@ -37,8 +38,8 @@ use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
 pub use client::{
-    clients_dir, error_text, first_value, install_clients, login_outcome, psql, psql_command, rows,
-    scalar, scalar_within,
+    clients_dir, error_text, first_value, install_clients, install_python_clients, login_outcome,
+    psql, psql_command, rows, scalar, scalar_within,
 };
 #[allow(unused_imports)]
 pub use observer::Observer;
@@ -399,6 +400,37 @@ pub fn pg_bin_for_server_or_skip(name: &str) -> Option<PathBuf> {
             eprintln!("skipped: {why}");
             None
         }
+    }
+}
+
+/// A folder holding libpq 18 or newer (`libpq.so.5.N`, N ≥ 18), which speaks protocol
+/// 3.2: `PGCARPOOL_TEST_LIBPQ_DIR`, else the `lib` folder beside the server's programs (the
+/// layout of `scripts/pg-version`). Err says why there is none. A client program of any
+/// major run with `LD_LIBRARY_PATH` set to it uses that libpq.
+pub fn libpq_with_protocol_3_2() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("PGCARPOOL_TEST_LIBPQ_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => match server_bin_dir().and_then(Path::parent) {
+            Some(root) => root.join("lib"),
+            None => return Err("no PostgreSQL server folder".into()),
+        },
+    };
+    let newest = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("libpq.so.5.")?.parse::<u32>().ok()
+        })
+        .max();
+    match newest {
+        Some(minor) if minor >= 18 => Ok(dir),
+        Some(minor) => Err(format!("{} has libpq.so.5.{minor}, not 18", dir.display())),
+        None => Err(format!(
+            "no libpq.so.5.* in {} (set PGCARPOOL_TEST_LIBPQ_DIR to the lib folder \
+             `scripts/pg-version 18` prints beside its bin)",
+            dir.display()
+        )),
     }
 }
 
