@@ -4,7 +4,8 @@
 //!
 //! A message is, in code outside `#[cfg(test)]`:
 //! - the text of a `tracing` event at level `info`, `warn` or `error` (debug and trace are
-//!   for developers);
+//!   for developers), also through a macro of ours given the level first
+//!   (`client_event!(warn, handle, …)`);
 //! - an `#[error("…")]` text of a `thiserror` enum;
 //! - the argument after a SQLSTATE literal (`"08P01"`, `"53400"`…) in any call: what a
 //!   client reads in an ErrorResponse or NoticeResponse;
@@ -149,6 +150,17 @@ fn first_literal(tokens: &proc_macro2::TokenStream) -> Option<(String, usize)> {
     None
 }
 
+/// A macro of our own that logs at a level it is given first (`client_event!(warn, handle,
+/// …, "message", …)`).
+fn wraps_an_event(tokens: &proc_macro2::TokenStream) -> bool {
+    let mut t = tokens.clone().into_iter();
+    matches!(
+        (t.next(), t.next()),
+        (Some(proc_macro2::TokenTree::Ident(level)), Some(proc_macro2::TokenTree::Punct(p)))
+            if LEVELS.contains(&level.to_string().as_str()) && p.as_char() == ','
+    )
+}
+
 fn path_tail(e: &Expr) -> Option<String> {
     match e {
         Expr::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
@@ -254,7 +266,7 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     fn visit_macro(&mut self, m: &'ast syn::Macro) {
         let name = m.path.segments.last().map(|s| s.ident.to_string());
         let name = name.as_deref().unwrap_or("");
-        if LEVELS.contains(&name) || ERROR_MACROS.contains(&name) {
+        if LEVELS.contains(&name) || ERROR_MACROS.contains(&name) || wraps_an_event(&m.tokens) {
             if let Some((text, line)) = first_literal(&m.tokens) {
                 self.add(&text, line);
             }
@@ -379,6 +391,8 @@ fn messages_are_found_in_each_form() {
         "cannot read auth_file: …",
         // a `let message = match …` arm.
         "protocol violation: …",
+        // a tracing event through client_event!.
+        "client pinned to its server",
     ] {
         assert!(found.contains_key(want), "{want:?} not found");
     }
