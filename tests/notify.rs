@@ -753,6 +753,37 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
         "Q BEGIN; LISTEN self1; NOTIFY self1, 'mine'; COMMIT",
         "Q LISTEN x1",
         "Q select pg_listening_channels()",
+        // UNLISTEN of channels it listens on, in blocks, as drivers send it.
+        "Q BEGIN",
+        "P |UNLISTEN x1\nB ||\nD P \nE \nS",
+        "Q COMMIT",
+        "Q BEGIN",
+        "P |UNLISTEN x2\nB ||\nE \nS",
+        "Q ROLLBACK",
+        "P s9|UNLISTEN m1\nD S s9\nS",
+        "Q BEGIN",
+        "B |s9|\nE \nS",
+        "Q COMMIT",
+        "Q BEGIN",
+        "P |LISTEN m2\nB ||\nE \nS",
+        "Q SAVEPOINT a",
+        "P |UNLISTEN m2\nB ||\nE \nS",
+        "Q ROLLBACK TO a",
+        "Q COMMIT",
+        "P |UNLISTEN m3\nB ||\nE \nP |select 3\nB ||\nE \nS",
+        "Q select pg_listening_channels()",
+        // In queries of several statements.
+        "Q BEGIN; UNLISTEN p1; COMMIT",
+        "Q UNLISTEN p3; select 4",
+        "Q BEGIN; UNLISTEN self1; LISTEN sp2; ROLLBACK",
+        "Q UNLISTEN sp2; LISTEN x2; select 1/0",
+        "Q select pg_listening_channels()",
+        "Q BEGIN",
+        "P |UNLISTEN *\nB ||\nE \nS",
+        "P |LISTEN fin\nB ||\nE \nS",
+        "P |LISTEN z1\nB ||\nE \nS",
+        "Q COMMIT",
+        "Q select pg_listening_channels()",
     ];
     let mut seen = Vec::new();
     for port in [pg.port(), p.port()] {
@@ -787,7 +818,7 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
         let mut n = Wire::connect(port, "trustuser", "testdb").await;
         for ch in [
             "x1", "x2", "r1", "sp1", "sp2", "m1", "m2", "m3", "e1", "f1", "p1", "p2", "p3",
-            "self1", "fin",
+            "self1", "z1", "fin",
         ] {
             n.step(&format!("Q NOTIFY {ch}, 'n-{ch}'")).await;
         }
@@ -802,6 +833,14 @@ async fn a_listen_in_a_block_or_pipeline_answers_as_postgresql_without_a_pin() {
             );
         }
         t.push(got);
+        // Its own notification carries its own pid, the others another.
+        let own = w.pid;
+        t.push(
+            w.notify_pids
+                .iter()
+                .map(|&p| if p == own { "self" } else { "other" }.to_string())
+                .collect(),
+        );
         seen.push(t);
     }
     for (k, (d, g)) in seen[0].iter().zip(&seen[1]).enumerate() {

@@ -282,3 +282,78 @@ async fn a_driver_refused_a_pin_reports_why() {
     );
     p.shutdown().await;
 }
+
+/// SHOW CARPOOL `server_logins` of the testdb/md5user pool.
+async fn server_logins(admin: &tokio_postgres::Client) -> u64 {
+    let rows = admin.simple_query("SHOW CARPOOL").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r)
+                if r.get("database") == Some("testdb") && r.get("user") == Some("md5user") =>
+            {
+                r.get("server_logins").map(|n| n.parse().unwrap())
+            }
+            _ => None,
+        })
+        .expect("the testdb pool's row")
+}
+
+/// A server a pin took and gave back is kept for the next pin, not closed as one too many
+/// while the pin's replacement stays: 20 clients that take a session advisory lock, run a
+/// query and unlock, one after the other, 3 rounds, beside 8 clients keeping a pool of 4
+/// busy, cost a few server logins, not one per pin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_in_turn_beside_a_busy_pool_reuse_their_servers() {
+    let pg = TempPostgres::start();
+    let p = TestPooler::builder(&pg)
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "4")
+        .setting("pin_pool_size", "4")
+        .start()
+        .await;
+    let admin = p.connect("postgres", "pgbouncer").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let c = p.connect("md5user", "testdb").await;
+        let stop = stop.clone();
+        busy.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.batch_execute("select pg_sleep(0.002)").await.unwrap();
+            }
+        }));
+    }
+    let obs = Observer::new(&pg).await;
+    harness::wait_for("the pool's 4 servers", Duration::from_secs(20), || async {
+        obs.backends("md5user").await >= 4
+    })
+    .await;
+    let mut pinning = Vec::new();
+    for _ in 0..20 {
+        pinning.push(p.connect("md5user", "testdb").await);
+    }
+    let before = server_logins(&admin).await;
+    assert!(before >= 4, "the pool's servers are counted: {before}");
+    for round in 0..3 {
+        for (i, c) in pinning.iter().enumerate() {
+            c.batch_execute(&format!("select pg_advisory_lock({i})"))
+                .await
+                .unwrap();
+            if round == 0 && i == 0 {
+                assert_eq!(show_pins(&admin).await, ["advisory lock"]);
+            }
+            assert_eq!(scalar(c, "select 1").await.unwrap(), "1");
+            c.batch_execute(&format!("select pg_advisory_unlock({i})"))
+                .await
+                .unwrap();
+        }
+    }
+    let logins = server_logins(&admin).await - before;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        b.await.unwrap();
+    }
+    assert!(logins <= 8, "60 pins cost {logins} server logins");
+    assert!(show_pins(&admin).await.is_empty());
+    p.shutdown().await;
+}

@@ -226,6 +226,17 @@ fn counters(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String
             let _ = writeln!(out, "{name}{{{l}}} {}", pick(t));
         }
     }
+    let name = "pgcarpool_server_logins_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Server connections the pool logged in to.",
+    );
+    for (l, p) in labels.iter().zip(pools) {
+        let n = crate::stats::PoolStats::get(&p.stats.server_logins);
+        let _ = writeln!(out, "{name}{{{l}}} {n}");
+    }
 }
 
 /// Each pool's servers by state, waiting clients, longest wait, size and pause.

@@ -1008,6 +1008,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_with_hold_cursor", Int),
         ("pinned_prepared_statement", Int),
         ("server_moves", Int),
+        ("server_logins", Int),
         ("lock_waits", Int),
         ("lock_wait_ns", Int),
     ]);
@@ -1028,6 +1029,7 @@ pub fn carpool(shared: &Shared) -> Table {
             row.push(PoolStats::get(c).into());
         }
         row.push(PoolStats::get(&p.stats.server_moves).into());
+        row.push(PoolStats::get(&p.stats.server_logins).into());
         row.push(PoolStats::get(&p.stats.lock_waits).into());
         row.push(PoolStats::get(&p.stats.lock_wait_ns).into());
         t.push(row);

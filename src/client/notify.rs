@@ -684,6 +684,30 @@ pub(super) fn in_block_query(
     Some((format!("{first}; LISTEN {IN_BLOCK_MARKER}{n}"), listen, op))
 }
 
+/// A client's LISTEN or UNLISTEN (`parse_rest`: its Parse body after the name) just
+/// executed in the extended protocol, of a channel it listens on through the pool's
+/// listener (`channels`; UNLISTEN * when it has any), the `n`-th of its transaction: what
+/// pgcarpool runs after it within the client's round (a LISTEN is undone, so that the
+/// server never listens on the listener's channel, then `LISTEN pgcarpool_listen_<n>`
+/// records it as `in_block_query`'s), and the operation. None: nothing to add.
+pub(super) fn after_execute(
+    parse_rest: &[u8],
+    channels: &[String],
+    n: usize,
+) -> Option<(Vec<String>, String)> {
+    let sql = parse_rest.split(|&c| c == 0).next()?;
+    let (_, _, op) = in_block_query(sql, channels, n)?;
+    let mut stmts = Vec::new();
+    if let Some(Stmt::Listen(ch)) = parse(sql) {
+        stmts.push(format!(
+            "UNLISTEN {}",
+            crate::pool::listener::quote_ident(&ch)
+        ));
+    }
+    stmts.push(format!("LISTEN {IN_BLOCK_MARKER}{n}"));
+    Some((stmts, op))
+}
+
 /// The operations recorded by `in_block_query` (`L<hex>`, `U<hex>`, `*`), comma-separated,
 /// in order.
 fn in_block_ops(recorded: &str) -> Vec<Op> {

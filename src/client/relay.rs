@@ -762,6 +762,9 @@ impl<'a> Relay<'a> {
                 self.executing(&portal);
             }
         }
+        if self.virt && self.listen_after_execute(h, fwd) {
+            return true;
+        }
         if self.virt
             && avail >= h.total
             && self.session.ext.discard_portal.as_deref().is_some_and(|d| {
@@ -776,6 +779,37 @@ impl<'a> Relay<'a> {
             return true;
         }
         false
+    }
+
+    /// A whole Execute at `fwd` of a portal bound to a LISTEN or UNLISTEN of a channel the
+    /// client listens on through the pool's listener (`notify::after_execute`): forwarded
+    /// with the client's buffer up to its end, followed within the round by pgcarpool's
+    /// record of it (its replies dropped), true. False: nothing done.
+    fn listen_after_execute(&mut self, h: proto::Header, fwd: usize) -> bool {
+        let buf = &self.client.rbuf;
+        if self.session.ext.listen_portal.is_none() || buf.len() - fwd < h.total {
+            return false;
+        }
+        let body = &buf[fwd + 5..fwd + h.total];
+        let Some(text) = body
+            .split(|&c| c == 0)
+            .next()
+            .and_then(|portal| self.session.executed_listen(portal))
+        else {
+            return false;
+        };
+        let n = self.listen_in_block.len() + 1;
+        let Some((stmts, op)) = super::notify::after_execute(&text, &self.listener_channels, n)
+        else {
+            return false;
+        };
+        self.forward_client_run(fwd + h.total);
+        for sql in &stmts {
+            self.statement_within_round(sql);
+        }
+        self.server.note_sent(frontend::EXECUTE, false);
+        self.listen_in_block.push(op);
+        true
     }
 
     fn forward_client_run(&mut self, n: usize) {

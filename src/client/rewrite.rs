@@ -83,6 +83,8 @@ pub(super) fn passes_through(
             }
             let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
             session.bound(portal, tx, false);
+            let listen = session.ext.unnamed.clone().filter(|u| listens(u));
+            session.bound_listen(portal, listen.as_ref());
             if session
                 .ext
                 .unnamed
@@ -198,6 +200,7 @@ impl Relay<'_> {
             }
             None if discards && self.discard_all_to_startup(sql) => {}
             None if self.prepare_in_many(sql) => {}
+            None if self.listen_in_many(sql, tx) => {}
             None => {
                 let msg = own.map_or(msg, |sql| query_bytes(&sql));
                 self.send_client_query(msg, tx)
@@ -226,6 +229,63 @@ impl Relay<'_> {
                 .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
         }
         self.server.send_query(query_message(&text), None);
+        true
+    }
+
+    /// A query of several statements with a LISTEN or UNLISTEN of a channel the pool's
+    /// listener has for the client (`UNLISTEN *`: when it has any): each such statement
+    /// goes as `notify::in_block_query` makes it (its CommandComplete is the client's, the
+    /// rest pgcarpool's, dropped), the others as written; what committed is done by the
+    /// listener after the transaction (`notify::after_block`). False, nothing sent: none.
+    fn listen_in_many(&mut self, sql: &[u8], tx: Option<[u8; 3]>) -> bool {
+        if self.listener_channels.is_empty() {
+            return false;
+        }
+        let stmts = classify::split(sql);
+        let mut text = Vec::with_capacity(sql.len() + 64);
+        // Per statement up to the last one rewritten: the statements pgcarpool added.
+        let mut added = Vec::new();
+        let mut ops = Vec::new();
+        let mut copied = 0;
+        for &(a, b) in &stmts {
+            let n = self.listen_in_block.len() + ops.len() + 1;
+            let Some((q, listen, op)) =
+                super::notify::in_block_query(&sql[a..b], &self.listener_channels, n)
+            else {
+                added.push(0);
+                continue;
+            };
+            text.extend_from_slice(&sql[copied..a]);
+            text.extend_from_slice(q.as_bytes());
+            copied = b;
+            added.push(1 + usize::from(listen));
+            ops.push(op);
+        }
+        if ops.is_empty() || stmts.len() < 2 {
+            return false;
+        }
+        text.extend_from_slice(&sql[copied..]);
+        let Ok(len) = i32::try_from(4 + text.len() + 1) else {
+            return false;
+        };
+        let last = added.iter().rposition(|&k| k > 0).unwrap_or(0);
+        for &k in &added[..=last] {
+            self.server.expect(Pending::Retag(false));
+            for _ in 0..k {
+                self.server
+                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+            }
+        }
+        self.listen_in_block.extend(ops);
+        if let Some(e) = tx {
+            self.server.sent_tx_effect(e);
+        }
+        let mut b = bytes::BytesMut::with_capacity(text.len() + 6);
+        b.put_u8(frontend::QUERY);
+        b.put_i32(len);
+        b.put_slice(&text);
+        b.put_u8(0);
+        self.server.send_query(b.freeze(), None);
         true
     }
 
@@ -376,17 +436,17 @@ impl Relay<'_> {
     pub(super) fn startup_after_discard(&mut self, execute: bool) {
         let sets = startup_statements(self.session);
         for sql in &sets {
-            self.set_within_round(sql);
+            self.statement_within_round(sql);
         }
         if execute && !sets.is_empty() {
             self.server.note_sent(frontend::EXECUTE, false);
         }
     }
 
-    /// Run pgcarpool's statement `sql` (a SET) within the client's round: parsed, bound,
+    /// Run pgcarpool's statement `sql` (a SET, a LISTEN) within the client's round: parsed, bound,
     /// executed and closed under its own name, every reply dropped but an error (skipped
     /// after an earlier one, as the client's messages around it).
-    fn set_within_round(&mut self, sql: &str) {
+    pub(super) fn statement_within_round(&mut self, sql: &str) {
         const NAME: &[u8] = b"PGCARPOOL_startup\0";
         let mut b = bytes::BytesMut::new();
         message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
@@ -840,6 +900,8 @@ impl Relay<'_> {
                 s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
             let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
             s.bound(portal, tx, deallocates);
+            let listen = s.ext.unnamed.clone().filter(|u| listens(u));
+            s.bound_listen(portal, listen.as_ref());
             if s.ext
                 .unnamed
                 .as_deref()
@@ -869,6 +931,9 @@ impl Relay<'_> {
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                     let tx = tx_effect_of(&stmt.parse_rest);
                     self.session.bound(portal, tx, deallocates);
+                    let listen = stmt.effects.is_some() && listens(&stmt.parse_rest);
+                    self.session
+                        .bound_listen(portal, listen.then_some(&stmt.parse_rest));
                     if stmt.effects.as_ref().is_some_and(|e| {
                         e.discard_all || (e.reset_all && !startup_settings(self.session).is_empty())
                     }) {
@@ -1405,7 +1470,7 @@ impl Relay<'_> {
         };
         self.server.prepare(stmt, swallow, self.max_prepared);
         if let Some(sql) = back {
-            self.set_within_round(&sql);
+            self.statement_within_round(&sql);
         }
     }
 
@@ -1431,7 +1496,7 @@ impl Relay<'_> {
             None => Some("SET search_path TO DEFAULT".to_string()),
         };
         let (before, after) = (set(&then)?, set(&now)?);
-        self.set_within_round(&before);
+        self.statement_within_round(&before);
         Some(after)
     }
 
@@ -1618,6 +1683,15 @@ fn signal_client(
         }
     }
     true
+}
+
+/// Is a statement's text (its Parse body after the name) one LISTEN or UNLISTEN?
+fn listens(parse_rest: &[u8]) -> bool {
+    let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+    matches!(
+        super::notify::parse(sql),
+        Some(super::notify::Stmt::Listen(_) | super::notify::Stmt::Unlisten(_))
+    )
 }
 
 /// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
