@@ -4,7 +4,8 @@
 //!
 //! A message is, in code outside `#[cfg(test)]`:
 //! - the text of a `tracing` event at level `info`, `warn` or `error` (debug and trace are
-//!   for developers);
+//!   for developers), also through a macro of ours given the level first
+//!   (`client_event!(warn, handle, …)`);
 //! - an `#[error("…")]` text of a `thiserror` enum;
 //! - the argument after a SQLSTATE literal (`"08P01"`, `"53400"`…) in any call: what a
 //!   client reads in an ErrorResponse or NoticeResponse;
@@ -14,7 +15,14 @@
 //!   a function whose name ends in `reason` (`close_reason`): the `closing because: …` of
 //!   the log;
 //! - the text given to a function whose name ends in `err` (`entry_err`), to `map_err` or
-//!   `ok_or_else`, or to a field `msg`, `message` or `reason`.
+//!   `ok_or_else`, or held by a field or a `let` named `msg`, `message`, `reason` or
+//!   `why` (each branch of a `match` or `if` there).
+//!
+//! A text built in a helper function or held in a `const` is not seen: write it where it
+//! is emitted, or give the helper a name ending in `reason`.
+//!
+//! And the other way round: every message a row of the chapter names (the code spans of its
+//! first column) is still emitted, so the chapter holds no stale row.
 //!
 //! A text is a string literal or the template of a `format!` (also behind `.into()`,
 //! `.to_string()`, `String::from`, `&`, a closure). Placeholders (`{e}`, `{:?}`) become `…`
@@ -34,6 +42,8 @@ const LEVELS: &[&str] = &["info", "warn", "error"];
 const REASON_FNS: &[&str] = &["kill_with", "close_because", "close_idle", "refuse"];
 const ERROR_FNS: &[&str] = &["Err", "context", "with_context", "map_err", "ok_or_else"];
 const ERROR_MACROS: &[&str] = &["anyhow", "bail"];
+/// A `let` or a field of these names holds a message (every branch of a `match`/`if`).
+const MESSAGE_NAMES: &[&str] = &["msg", "message", "reason", "why"];
 
 struct Finder<'a> {
     file: &'a str,
@@ -55,6 +65,29 @@ impl Finder<'_> {
         self.found
             .entry(text)
             .or_insert_with(|| format!("{}:{line}", self.file));
+    }
+
+    /// The messages of an expression and of each branch of a `match` or `if` it is.
+    fn branches(&mut self, e: &Expr) {
+        match e {
+            Expr::Match(m) => m.arms.iter().for_each(|a| self.branches(&a.body)),
+            Expr::If(i) => {
+                if let Some(last) = i.then_branch.stmts.last()
+                    && let syn::Stmt::Expr(e, None) = last
+                {
+                    self.branches(e);
+                }
+                if let Some((_, e)) = &i.else_branch {
+                    self.branches(e);
+                }
+            }
+            Expr::Block(b) => {
+                if let Some(syn::Stmt::Expr(e, None)) = b.block.stmts.last() {
+                    self.branches(e);
+                }
+            }
+            e => self.message_arg(e),
+        }
     }
 
     /// The message an argument carries, if it is a literal or a `format!` of one.
@@ -115,6 +148,17 @@ fn first_literal(tokens: &proc_macro2::TokenStream) -> Option<(String, usize)> {
         }
     }
     None
+}
+
+/// A macro of our own that logs at a level it is given first (`client_event!(warn, handle,
+/// …, "message", …)`).
+fn wraps_an_event(tokens: &proc_macro2::TokenStream) -> bool {
+    let mut t = tokens.clone().into_iter();
+    matches!(
+        (t.next(), t.next()),
+        (Some(proc_macro2::TokenTree::Ident(level)), Some(proc_macro2::TokenTree::Punct(p)))
+            if LEVELS.contains(&level.to_string().as_str()) && p.as_char() == ','
+    )
 }
 
 fn path_tail(e: &Expr) -> Option<String> {
@@ -182,9 +226,18 @@ impl<'ast> Visit<'ast> for Finder<'_> {
             self.add(&s.value(), s.span().start().line);
         }
     }
+    fn visit_local(&mut self, l: &'ast syn::Local) {
+        if let syn::Pat::Ident(p) = &l.pat
+            && MESSAGE_NAMES.contains(&p.ident.to_string().as_str())
+            && let Some(init) = &l.init
+        {
+            self.branches(&init.expr);
+        }
+        visit::visit_local(self, l);
+    }
     fn visit_field_value(&mut self, f: &'ast syn::FieldValue) {
         if let syn::Member::Named(n) = &f.member
-            && ["msg", "message", "reason"].contains(&n.to_string().as_str())
+            && MESSAGE_NAMES.contains(&n.to_string().as_str())
         {
             self.message_arg(&f.expr);
         }
@@ -213,7 +266,7 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     fn visit_macro(&mut self, m: &'ast syn::Macro) {
         let name = m.path.segments.last().map(|s| s.ident.to_string());
         let name = name.as_deref().unwrap_or("");
-        if LEVELS.contains(&name) || ERROR_MACROS.contains(&name) {
+        if LEVELS.contains(&name) || ERROR_MACROS.contains(&name) || wraps_an_event(&m.tokens) {
             if let Some((text, line)) = first_literal(&m.tokens) {
                 self.add(&text, line);
             }
@@ -336,8 +389,47 @@ fn messages_are_found_in_each_form() {
         "server DNS lookup failed",
         // a field `msg` of an error value.
         "cannot read auth_file: …",
+        // a `let message = match …` arm.
+        "protocol violation: …",
+        // a tracing event through client_event!.
+        "client pinned to its server",
     ] {
         assert!(found.contains_key(want), "{want:?} not found");
     }
     assert!(!found.keys().any(|k| k.contains('{')), "placeholders left");
+}
+
+/// The messages a row of the chapter names (the code spans of its first column).
+fn chapter_messages(page: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in page.lines() {
+        let Some(row) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let first = row.split(" | ").next().unwrap_or("");
+        for (i, span) in format!("`{first}").split('`').enumerate() {
+            if i % 2 == 1 {
+                out.push(span.replace("\\|", "|"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_troubleshooting_chapter_names_no_message_pgcarpool_no_longer_emits() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
+    let found = messages();
+    let stale: Vec<String> = chapter_messages(&page)
+        .into_iter()
+        .filter(|m| !found.contains_key(m))
+        .map(|m| format!("  `{m}`"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "docs/troubleshooting.md names messages no code in src/ emits any more; remove or \
+         update their rows:\n{}",
+        stale.join("\n")
+    );
 }
