@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Compare two pytest runs of a driver's test suite: straight to PostgreSQL ("direct")
+"""Compare two runs of a driver's test suite: straight to PostgreSQL ("direct")
 and through pgcarpool ("pgcarpool").
 
     compare.py DIRECT PGCARPOOL KNOWN [--out SUMMARY.txt] [--markdown TABLE.md]
 
-DIRECT and PGCARPOOL are pytest result files: a JUnit XML (--junitxml) or, when the run
-was cut short and wrote no XML, its verbose (-v -rA) log. KNOWN lists known differences:
-one test id per line, '#' starts a comment (the reason), blank lines are ignored.
+DIRECT and PGCARPOOL are result files: a pytest JUnit XML (--junitxml) or, when the run
+was cut short and wrote no XML, its verbose (-v -rA) log; or the output of `go test -json`
+(*.json; tests are named PACKAGE::TestName/subtest, PACKAGE relative to the module).
+KNOWN lists known differences: one test id per line, '#' starts a comment (the reason),
+blank lines are ignored.
 
 Prints per-run counts and every test that passed directly but failed or errored through
 pgcarpool, with the first line of its failure. Exit status: 0, or 1 when a difference is
@@ -108,7 +110,74 @@ def read_log(path):
     return results
 
 
+def go_message(lines):
+    """The most telling line of a Go test's output: testify's "Error:" and what follows,
+    else the first file:line report."""
+    text = [ln.rstrip() for ln in lines if ln.strip()]
+    for i, ln in enumerate(text):
+        if "Error:" in ln and "Error Trace:" not in ln:
+            rest = ln.split("Error:", 1)[1].strip()
+            nxt = text[i + 1].strip() if i + 1 < len(text) else ""
+            if nxt and not nxt.startswith(("Test:", "Messages:")):
+                rest = f"{rest} {nxt}".strip()
+            return rest[:300]
+    for ln in text:
+        s = ln.strip()
+        if re.match(r"^\S+\.go:\d+: ", s) or s.startswith("panic:"):
+            return s[:300]
+    return text[0].strip()[:300] if text else ""
+
+
+def read_gojson(path):
+    """`go test -json` events: a test's outcome is its pass/fail/skip event. A test with
+    subtests counts through its subtests; a package that failed outside any test (a build
+    failure, a panic, a -timeout) is one entry PACKAGE::(package) with the test that was
+    running, which never gets an outcome of its own."""
+    import json
+    results, output = {}, {}
+    pkg_fail = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            if not line.startswith("{"):
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            pkg, test, action = ev.get("Package", ""), ev.get("Test"), ev.get("Action")
+            key = (pkg, test)
+            if action == "output":
+                output.setdefault(key, []).append(ev.get("Output", ""))
+            elif action in ("pass", "fail", "skip") and test:
+                out = {"pass": "passed", "fail": "failed", "skip": "skipped"}[action]
+                msg = go_message(output.get(key, [])) if out != "passed" else ""
+                results[(pkg, test)] = (out, msg)
+            elif action == "fail" and not test:
+                pkg_fail[pkg] = go_message(output.get(key, []))
+    # The module path: the shortest package path is a prefix of the others in pgx.
+    pkgs = {p for p, _ in results} | set(pkg_fail)
+    root = min(pkgs, key=len) if pkgs else ""
+
+    def rel(p):
+        return "." if p == root else p[len(root) + 1:] if p.startswith(root + "/") else p
+
+    final = {}
+    for (pkg, test), res in results.items():
+        prefix = test + "/"
+        children = [t for (p, t) in results if p == pkg and t.startswith(prefix)]
+        if children and not (res[0] == "failed" and all(
+                results[(pkg, t)][0] != "failed" for t in children)):
+            continue
+        final[f"{rel(pkg)}::{test}"] = res
+    for pkg, msg in pkg_fail.items():
+        if not any(p == pkg and r[0] == "failed" for (p, _), r in results.items()):
+            final[f"{rel(pkg)}::(package)"] = ("error", msg)
+    return final
+
+
 def read_results(path):
+    if path.endswith(".json"):
+        return read_gojson(path)
     if path.endswith(".xml"):
         return read_junit(path)
     return read_log(path)
