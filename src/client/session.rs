@@ -73,6 +73,9 @@ pub struct ExtendedState {
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
+    /// The `unnamed_id` of an unnamed statement whose text signals a pid given by a
+    /// parameter (`selfview::signal_params`): its Binds are looked at (0: none).
+    pub unnamed_signals: u64,
 }
 
 impl ExtendedState {
@@ -87,6 +90,7 @@ impl ExtendedState {
             && self.deallocating_portals.is_empty()
             && self.discard_portal.is_none()
             && self.tx_portal.is_none()
+            && self.unnamed_signals == 0
     }
 }
 
