@@ -12,13 +12,18 @@ use harness::differential::{DiffEnv, RunOptions, as_rust_test, assert_same, desc
 use harness::diffgen::{ClientScript, GenConfig, generate};
 
 /// What one seed runs: 8 to 16 clients over a pool of 1 or 2 (from the seed).
-/// `repeat_unnamed`: GenConfig's (issue 21, plan_once).
-fn config_for(seed: u64, ops: usize, repeat_unnamed: bool) -> (GenConfig, RunOptions) {
+/// `repeat_unnamed`, `self_view`: GenConfig's.
+fn config_for(
+    seed: u64,
+    ops: usize,
+    (repeat_unnamed, self_view): (bool, bool),
+) -> (GenConfig, RunOptions) {
     let gen_cfg = GenConfig {
         clients: 8 + (seed % 9) as usize,
         ops,
         avoid_skipped_name_changes: false,
         repeat_unnamed,
+        self_view,
     };
     let opts = RunOptions {
         pool_size: 1 + (seed % 2) as usize,
@@ -32,11 +37,11 @@ fn config_for(seed: u64, ops: usize, repeat_unnamed: bool) -> (GenConfig, RunOpt
 /// Run one seed; on a difference, reduce it within `shrink_budget` and return the report.
 async fn run_seed(
     env: &DiffEnv,
-    (seed, repeat_unnamed): (u64, bool),
+    (seed, repeat_unnamed, self_view): (u64, bool, bool),
     ops: usize,
     shrink_budget: Duration,
 ) -> (usize, Option<String>) {
-    let (gen_cfg, opts) = config_for(seed, ops, repeat_unnamed);
+    let (gen_cfg, opts) = config_for(seed, ops, (repeat_unnamed, self_view));
     let scripts = generate(seed, &gen_cfg);
     let total: usize = scripts.iter().map(|c| c.steps.len()).sum();
     let (want, got) = env.run_pair(&scripts, &opts).await;
@@ -81,7 +86,8 @@ async fn fixed_seeds_give_every_client_the_same_messages() {
     let mut failures = Vec::new();
     for seed in CI_SEEDS {
         let started = Instant::now();
-        let (steps, report) = run_seed(&env, (seed, false), 30, Duration::from_secs(60)).await;
+        let (steps, report) =
+            run_seed(&env, (seed, false, false), 30, Duration::from_secs(60)).await;
         eprintln!("seed {seed}: {steps} steps in {:.1?}", started.elapsed());
         if let Some(r) = report {
             eprintln!("{r}");
@@ -98,7 +104,23 @@ async fn repeated_unnamed_rounds_give_every_client_the_same_messages() {
     let env = DiffEnv::start().await;
     let mut failures = Vec::new();
     for seed in 1..9 {
-        let (_, report) = run_seed(&env, (seed, true), 30, Duration::from_secs(60)).await;
+        let (_, report) = run_seed(&env, (seed, true, false), 30, Duration::from_secs(60)).await;
+        if let Some(r) = report {
+            eprintln!("{r}");
+            failures.push(seed);
+        }
+    }
+    assert!(failures.is_empty(), "seeds with differences: {failures:?}");
+}
+
+/// Seeds whose clients also ask about their own session (`GenConfig::self_view`): their
+/// pid, their prepared statements, their own termination and cancel by pid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_view_forms_give_every_client_the_same_messages() {
+    let env = DiffEnv::start().await;
+    let mut failures = Vec::new();
+    for seed in 1..9 {
+        let (_, report) = run_seed(&env, (seed, false, true), 30, Duration::from_secs(60)).await;
         if let Some(r) = report {
             eprintln!("{r}");
             failures.push(seed);
@@ -126,6 +148,7 @@ async fn long_run() {
     let ops = env_u64("DIFF_OPS", 40) as usize;
     let shrink_secs = env_u64("DIFF_SHRINK_SECONDS", 300);
     let repeat = env_u64("DIFF_REPEAT_UNNAMED", 0) == 1;
+    let self_view = env_u64("DIFF_SELF_VIEW", 0) == 1;
     let env = DiffEnv::start().await;
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (mut seeds, mut clients, mut steps, mut diffs) = (0, 0, 0, Vec::new());
@@ -133,8 +156,8 @@ async fn long_run() {
     while Instant::now() < deadline {
         let started = Instant::now();
         let budget = Duration::from_secs(shrink_secs);
-        let (n, report) = run_seed(&env, (seed, repeat), ops, budget).await;
-        let c = config_for(seed, ops, repeat).0.clients;
+        let (n, report) = run_seed(&env, (seed, repeat, self_view), ops, budget).await;
+        let c = config_for(seed, ops, (repeat, self_view)).0.clients;
         seeds += 1;
         clients += c;
         steps += n;

@@ -132,16 +132,24 @@ async fn terminating_its_own_backend_ends_the_client_as_postgresql_does() {
     let scripts: Vec<Vec<String>> = (0..8)
         .map(|i| {
             let own = match i % 4 {
-                0 | 1 => "select pg_terminate_backend(pg_backend_pid())",
+                0 => "select pg_terminate_backend(pg_backend_pid())",
+                // By the pid its BackendKeyData gave.
+                1 => "select pg_terminate_backend({pid})",
                 // Inside a block, with a column after it.
                 _ => "select pg_catalog.pg_terminate_backend( pg_backend_pid() ), 2",
             };
             // (Inside a block: begun in the same step, so that no client waits for a
             // server another holds in lockstep.)
             let begin = if i % 4 >= 2 { "Q begin\n" } else { "" };
+            let own = if i == 7 {
+                // As a parameter.
+                "P |select pg_terminate_backend($1)\nB ||{pid}\nD P \nE \nS".to_string()
+            } else {
+                either(i, own)
+            };
             vec![
                 "Q select 1".into(),
-                format!("{begin}{}", either(i, own)),
+                format!("{begin}{own}"),
                 "Q select 2".into(),
             ]
         })
@@ -213,10 +221,18 @@ async fn terminating_another_clients_pid_ends_that_client() {
             if i % 2 == 0 {
                 vec![
                     "Q select 1".into(),
-                    either(
-                        i,
-                        &format!("select pg_terminate_backend({{pid:{}}})", i + 1),
-                    ),
+                    if i % 4 == 0 {
+                        either(
+                            i,
+                            &format!("select pg_terminate_backend({{pid:{}}})", i + 1),
+                        )
+                    } else {
+                        // The pid as a parameter, as drivers send it.
+                        format!(
+                            "P |select pg_terminate_backend($1::int)\nB ||{{pid:{}}}\nD P \nE \nS",
+                            i + 1
+                        )
+                    },
                     "Q select 2".into(),
                 ]
             } else {
@@ -257,11 +273,11 @@ async fn cancel_by_pid(port: u16, obs: &Observer, extended: bool) -> (Vec<String
         },
     )
     .await;
-    let sql = format!("select pg_cancel_backend({pid})");
     let step = if extended {
-        format!("P |{sql}\nB ||\nD P \nE \nS")
+        // The pid as a parameter, as drivers send it.
+        format!("P |select pg_cancel_backend($1)\nB ||{pid}\nD P \nE \nS")
     } else {
-        format!("Q {sql}")
+        format!("Q select pg_cancel_backend({pid})")
     };
     let cancelled = canceller.step(&step).await;
     (run.await.unwrap(), cancelled)

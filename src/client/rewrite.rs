@@ -68,6 +68,7 @@ pub(super) fn passes_through(
             let portal = r.cstr_bytes()?;
             if !r.cstr_bytes()?.is_empty()
                 || !unnamed_here
+                || session.ext.unnamed_signals == session.ext.unnamed_id
                 || !session.ext.deallocating_portals.is_empty()
                 || (session.ext.unnamed_id != 0
                     && session.ext.unnamed_deallocates == session.ext.unnamed_id)
@@ -909,6 +910,12 @@ impl Relay<'_> {
             {
                 s.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
             }
+            let msg = if s.ext.unnamed_signals == s.ext.unnamed_id {
+                let sql = s.ext.unnamed.clone().unwrap_or_default();
+                self.own_bind(&msg, &sql)?
+            } else {
+                msg
+            };
             self.server.conn_mut().queue(msg);
         } else {
             match shared.or_else(|| self.lookup(name)) {
@@ -921,6 +928,12 @@ impl Relay<'_> {
                 }
                 Some(stmt) => {
                     self.counts.binds += 1;
+                    let own = if stmt.effects.as_ref().is_some_and(|e| e.introspects) {
+                        Some(self.own_bind(&msg, &stmt.parse_rest)?)
+                    } else {
+                        None
+                    };
+                    let msg = own.as_ref().unwrap_or(&msg);
                     // Written only when it changes: the usual Bind of a named statement
                     // makes no extended-protocol state (`session::Extended`).
                     let retag = stmt.parse_rest.starts_with(RESET_MARK);
@@ -956,7 +969,7 @@ impl Relay<'_> {
                         b.put_u8(0);
                     });
                     self.server.conn_mut().queue(rest);
-                    if self.start_replay(name, &stmt, &msg) {
+                    if self.start_replay(name, &stmt, msg) {
                         self.server.expect(Pending::BindShared);
                         return Ok(());
                     }
@@ -965,6 +978,83 @@ impl Relay<'_> {
         }
         self.server.expect(Pending::Bind);
         Ok(())
+    }
+
+    /// A Bind (`msg`) of a statement whose text (`parse_rest`: text, NUL, types) signals
+    /// pids given by parameters (`selfview::signal_params`), as PostgreSQL would signal
+    /// them: the client's own pid is made its server's (which signals itself); another
+    /// client's pid this client may signal (`signal_client`) is signalled here and made
+    /// the client's own, which the statement answers `true`. Other values go as they are.
+    fn own_bind(&mut self, msg: &Bytes, parse_rest: &[u8]) -> Result<Bytes, ProtoError> {
+        let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+        let vpid = self.session.backend_pid;
+        let signals = selfview::signal_params(sql, vpid);
+        if signals.is_empty() {
+            return Ok(msg.clone());
+        }
+        let body = &msg[5..];
+        let mut r = Reader::new(body, "Bind");
+        r.cstr_bytes()?;
+        r.cstr_bytes()?;
+        let nformats = usize::try_from(r.i16()?).map_err(|_| ProtoError::Malformed("Bind"))?;
+        let formats: Vec<i16> = (0..nformats).map(|_| r.i16()).collect::<Result<_, _>>()?;
+        let nparams = usize::try_from(r.i16()?).map_err(|_| ProtoError::Malformed("Bind"))?;
+        let head = body.len() - r.remaining().len();
+        let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(nparams);
+        for _ in 0..nparams {
+            let len = r.i32()?;
+            values.push(match usize::try_from(len) {
+                Ok(n) => Some(r.bytes(n)?),
+                Err(_) => None,
+            });
+        }
+        let tail = r.remaining();
+        let mut changed: Vec<Option<Vec<u8>>> = vec![None; nparams];
+        for (i, kind) in signals {
+            let Some(Some(v)) = values.get(i) else {
+                continue;
+            };
+            let binary = match formats.len() {
+                0 => false,
+                1 => formats[0] == 1,
+                _ => formats.get(i) == Some(&1),
+            };
+            let Some(pid) = param_int(v, binary) else {
+                continue;
+            };
+            let to = if pid == i64::from(vpid) {
+                self.server.key().0
+            } else if self
+                .clients
+                .is_some_and(|c| i32::try_from(pid).is_ok_and(|pid| signal_client(c, kind, pid)))
+            {
+                vpid
+            } else {
+                continue;
+            };
+            changed[i] = param_bytes(to, v.len(), binary);
+        }
+        let mut b = bytes::BytesMut::with_capacity(msg.len() + 16);
+        b.put_u8(frontend::BIND);
+        b.put_i32(0);
+        b.put_slice(&body[..head]);
+        for (v, c) in values.iter().zip(&changed) {
+            match (c, v) {
+                (Some(c), _) => {
+                    b.put_i32(c.len() as i32);
+                    b.put_slice(c);
+                }
+                (None, Some(v)) => {
+                    b.put_i32(v.len() as i32);
+                    b.put_slice(v);
+                }
+                (None, None) => b.put_i32(-1),
+            }
+        }
+        b.put_slice(tail);
+        let len = i32::try_from(b.len() - 1).map_err(|_| ProtoError::TooLong(b.len()))?;
+        b[1..5].copy_from_slice(&len.to_be_bytes());
+        Ok(b.freeze())
     }
 
     /// A whole Describe from the client that needs more than passing through.
@@ -1082,7 +1172,7 @@ impl Relay<'_> {
         let sql = r.cstr_bytes()?;
         let types_at = 5 + 1 + sql.len() + 1;
         let mut out = msg.clone();
-        let mut deallocates = false;
+        let (mut deallocates, mut signals) = (false, false);
         if let Some((set, reset)) = to_startup_value(self.session, sql) {
             self.effects.merge(classify::classify(sql));
             let set = if reset {
@@ -1144,6 +1234,8 @@ impl Relay<'_> {
                         && named.is_none()
                         && let Some(own) = self.own_session(sql, false, None)
                     {
+                        signals =
+                            !selfview::signal_params(&own, self.session.backend_pid).is_empty();
                         out = parse_message(&own, &msg[types_at..]);
                     }
                 }
@@ -1154,6 +1246,10 @@ impl Relay<'_> {
         let was = self.session.unnamed_before();
         let now = self.session.parsed_unnamed(&out[6..]);
         self.server.set_unnamed(now);
+        if signals {
+            // Its Binds are looked at (`Relay::own_bind`).
+            self.session.ext.unnamed_signals = now;
+        }
         if deallocates {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.ext.unnamed_deallocates = self.session.ext.unnamed_id;
@@ -1651,6 +1747,33 @@ impl Relay<'_> {
 }
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// An integer parameter's value: text, or binary of 2, 4 or 8 bytes.
+fn param_int(v: &[u8], binary: bool) -> Option<i64> {
+    if !binary {
+        return std::str::from_utf8(v).ok()?.trim().parse().ok();
+    }
+    Some(match v.len() {
+        2 => i64::from(i16::from_be_bytes(v.try_into().ok()?)),
+        4 => i64::from(i32::from_be_bytes(v.try_into().ok()?)),
+        8 => i64::from_be_bytes(v.try_into().ok()?),
+        _ => return None,
+    })
+}
+
+/// `pid` as a parameter value of the form and width of the one it replaces (None: it does
+/// not fit).
+fn param_bytes(pid: i32, width: usize, binary: bool) -> Option<Vec<u8>> {
+    if !binary {
+        return Some(pid.to_string().into_bytes());
+    }
+    match width {
+        2 => i16::try_from(pid).ok().map(|p| p.to_be_bytes().to_vec()),
+        4 => Some(pid.to_be_bytes().to_vec()),
+        8 => Some(i64::from(pid).to_be_bytes().to_vec()),
+        _ => None,
+    }
+}
 
 /// A client's query signals the client of this process given pid `pid` (`clients`: all,
 /// and the caller's user), as PostgreSQL signals a session: allowed to the same user

@@ -77,6 +77,9 @@ pub struct ExtendedState {
     /// text: its Execute may be followed by pgcarpool's record of it
     /// (`Relay::listen_after_execute`).
     pub listen_portal: Option<(Bytes, Bytes)>,
+    /// The `unnamed_id` of an unnamed statement whose text signals a pid given by a
+    /// parameter (`selfview::signal_params`): its Binds are looked at (0: none).
+    pub unnamed_signals: u64,
 }
 
 impl ExtendedState {
@@ -92,6 +95,7 @@ impl ExtendedState {
             && self.discard_portal.is_none()
             && self.tx_portal.is_none()
             && self.listen_portal.is_none()
+            && self.unnamed_signals == 0
     }
 }
 

@@ -215,6 +215,9 @@ fn signal_edit(s: &[u8], i: usize, own: &mut Own) -> Option<(usize, usize, Strin
     j += 1;
     j += skip_space(&s[j..]);
     let lit_start = j;
+    if s.get(j) == Some(&b'$') {
+        return param_signal_edit(s, (i, lit_start), own.vpid, name);
+    }
     if s.get(j) == Some(&b'-') {
         j += 1;
     }
@@ -255,6 +258,125 @@ fn signal_edit(s: &[u8], i: usize, own: &mut Own) -> Option<(usize, usize, Strin
     }
     let column = String::from_utf8_lossy(name);
     Some((start, j, format!("(SELECT true AS {column})")))
+}
+
+/// `pg_terminate_backend($n …)` / `pg_cancel_backend($n …)` (name at `i`, `$n` at `arg`):
+/// the call made the one `signal_params` finds, whose Bind pgcarpool looks at: the server
+/// answers `true` for the client's own pid (which pgcarpool puts in the Bind for another
+/// client it signalled; its own pid it makes its server's), else signals the pid given.
+fn param_signal_edit(
+    s: &[u8],
+    (i, arg): (usize, usize),
+    vpid: i32,
+    name: &[u8],
+) -> Option<(usize, usize, String)> {
+    let digits = s[arg + 1..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    if digits == 0 {
+        return None;
+    }
+    // The first argument (a cast after it allowed), then the rest of the call.
+    let (mut j, mut depth, mut arg_end) = (arg + 1 + digits, 1, None);
+    while depth > 0 {
+        match s.get(j)? {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b',' if depth == 1 => {
+                arg_end.get_or_insert(j);
+            }
+            b'\'' | b'"' | b'$' | b';' => return None,
+            _ => {}
+        }
+        j += 1;
+    }
+    let close = j - 1;
+    let arg_end = arg_end.unwrap_or(close);
+    let start = match s[..i].strip_suffix(b".") {
+        None => i,
+        Some(before) if ends_with_ci(before, b"pg_catalog") => before.len() - b"pg_catalog".len(),
+        Some(_) => return None,
+    };
+    let (a, rest) = (
+        String::from_utf8_lossy(&s[arg..arg_end]),
+        String::from_utf8_lossy(&s[arg_end..close]),
+    );
+    let name = String::from_utf8_lossy(name);
+    let case = format!(
+        "CASE ({a})::pg_catalog.int4 WHEN {vpid} THEN true \
+         ELSE pg_catalog.{name}(({a})::pg_catalog.int4{rest}) END"
+    );
+    // A whole item of a select list gets the column name by an alias, and is evaluated
+    // where PostgreSQL evaluates the call (a server signalling itself sends the row before
+    // its FATAL); elsewhere, a scalar subquery keeps the name.
+    let text = if list_item(&s[..start], &s[j..]) {
+        format!("{case} AS {name}")
+    } else {
+        format!("(SELECT {case} AS {name})")
+    };
+    Some((start, j, text))
+}
+
+/// Is what stands between `before` and `after` a whole item of a select list without an
+/// alias: after `SELECT` or a `,`, before a `,`, the end or a clause that follows the list?
+fn list_item(before: &[u8], after: &[u8]) -> bool {
+    let b = before.trim_ascii_end();
+    let opens = b.ends_with(b",")
+        || (ends_with_ci(b, b"select") && (b.len() == 6 || !is_ident(b[b.len() - 7])));
+    let a = after.trim_ascii_start();
+    let word_end = a.iter().position(|c| !is_ident(*c)).unwrap_or(a.len());
+    const FOLLOW: [&[u8]; 10] = [
+        b"from",
+        b"where",
+        b"group",
+        b"having",
+        b"window",
+        b"order",
+        b"limit",
+        b"offset",
+        b"union",
+        b"returning",
+    ];
+    let closes = a.is_empty()
+        || a.starts_with(b",")
+        || a.starts_with(b";")
+        || FOLLOW.iter().any(|k| a[..word_end].eq_ignore_ascii_case(k));
+    opens && closes
+}
+
+/// The parameters (0-based) a rewritten text signals (`param_signal_edit`), and how.
+pub fn signal_params(sql: &[u8], vpid: i32) -> Vec<(usize, Signal)> {
+    const HEAD: &[u8] = b"CASE ($";
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(p) = sql[at..].windows(HEAD.len()).position(|w| w == HEAD) {
+        let from = at + p + HEAD.len();
+        at = from;
+        let digits = sql[from..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        let Some(n) = std::str::from_utf8(&sql[from..from + digits])
+            .ok()
+            .and_then(|d| d.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+        else {
+            continue;
+        };
+        let tail = &sql[from + digits..];
+        let when = format!(" WHEN {vpid} THEN true ELSE pg_catalog.pg_");
+        let Some(w) = tail.windows(when.len()).position(|x| x == when.as_bytes()) else {
+            continue;
+        };
+        let kind = &tail[w + when.len()..];
+        if kind.starts_with(b"terminate_backend(") {
+            out.push((n - 1, Signal::Terminate));
+        } else if kind.starts_with(b"cancel_backend(") {
+            out.push((n - 1, Signal::Cancel));
+        }
+    }
+    out
 }
 
 /// A call `pg_backend_pid()` (or `pg_catalog.pg_backend_pid ( )`) whose name starts at
@@ -436,11 +558,30 @@ mod tests {
             rw("select pg_cancel_backend(77::int)").as_deref(),
             Some("select (SELECT true AS pg_cancel_backend)")
         );
+        let p = rw("select pg_terminate_backend($1::int, 5)").unwrap();
+        assert_eq!(
+            p,
+            "select CASE ($1::int)::pg_catalog.int4 WHEN 4242 THEN true \
+             ELSE pg_catalog.pg_terminate_backend(($1::int)::pg_catalog.int4, 5) END AS pg_terminate_backend"
+        );
+        assert_eq!(
+            rw("select 1 + length(pg_terminate_backend($1)::text)").as_deref(),
+            Some(
+                "select 1 + length((SELECT CASE ($1)::pg_catalog.int4 WHEN 4242 THEN true \
+                 ELSE pg_catalog.pg_terminate_backend(($1)::pg_catalog.int4) END AS pg_terminate_backend)::text)"
+            )
+        );
+        assert_eq!(signal_params(p.as_bytes(), 4242), [(0, Signal::Terminate)]);
+        let p = rw("select pg_cancel_backend($2), pg_terminate_backend( $1 )").unwrap();
+        assert_eq!(
+            signal_params(p.as_bytes(), 4242),
+            [(1, Signal::Cancel), (0, Signal::Terminate)]
+        );
+        assert!(signal_params(p.as_bytes(), 4243).is_empty());
         for sql in [
             "select pg_terminate_backend(78)",
             "select pg_terminate_backend(pid) from pg_stat_activity",
             "select pg_terminate_backend(77.5)",
-            "select pg_terminate_backend($1)",
             "select 'pg_terminate_backend(77)'",
         ] {
             assert_eq!(rw(sql), None, "{sql}");

@@ -190,8 +190,11 @@ async fn run_client(port: u16, db: String, script: ClientScript, opts: RunOption
         };
     let mut record = vec![login];
     for step in &script.steps {
+        // `{pid}`: the pid the client's BackendKeyData gave (PostgreSQL's own, or
+        // pgcarpool's for the client).
+        let step = step.replace("{pid}", &wire.pid.to_string());
         let (mut seen, end) = wire
-            .record_step(step, opts.copy_waits_for_copy_in_response, limit)
+            .record_step(&step, opts.copy_waits_for_copy_in_response, limit)
             .await;
         match end {
             StepEnd::Done => record.push(seen),

@@ -87,6 +87,11 @@ pub struct GenConfig {
     /// times in a row, as `pgbench -M extended` sends it (off for the seeds fixed so far:
     /// their scripts stay as they were).
     pub repeat_unnamed: bool,
+    /// Some operations ask about the client's own session (`ClientGen::self_view`): its
+    /// pid (compared with the one its BackendKeyData gave, `{pid}` in a step), its
+    /// prepared statements, a cancel of its own pid, and as its last step, perhaps, its
+    /// own termination (off for the seeds fixed before: their scripts stay as they were).
+    pub self_view: bool,
 }
 
 /// Settings the generator changes, with values it sets them to (SQL literals).
@@ -151,6 +156,7 @@ struct ClientGen {
     params: HashMap<String, usize>,
     avoid_skipped_name_changes: bool,
     repeat_unnamed: bool,
+    self_view: bool,
     startup: Vec<(String, String)>,
 }
 
@@ -166,6 +172,7 @@ impl ClientGen {
         ClientGen {
             avoid_skipped_name_changes: cfg.avoid_skipped_name_changes,
             repeat_unnamed: cfg.repeat_unnamed,
+            self_view: cfg.self_view,
             rng,
             t: format!("t{i}"),
             i,
@@ -187,10 +194,43 @@ impl ClientGen {
                 self.op();
             }
         }
+        if self.self_view && self.rng.chance(15) {
+            let own = "SELECT pg_terminate_backend(pg_backend_pid())";
+            let step = self.either(own);
+            self.push(step);
+        }
         ClientScript {
             startup: self.startup,
             steps: self.steps,
         }
+    }
+
+    /// `sql` as a simple Query or in an unnamed Parse/Bind/Describe/Execute/Sync.
+    fn either(&mut self, sql: &str) -> String {
+        if self.rng.chance(50) {
+            format!("Q {sql}")
+        } else {
+            format!("P |{sql}\nB ||\nD P \nE \nS")
+        }
+    }
+
+    /// The client asks about its own session: its pid, its statements, a cancel of itself.
+    fn self_view(&mut self) {
+        let sql = match self.rng.below(5) {
+            0 => "SELECT pg_backend_pid() = {pid} AS own_pid, pg_catalog.pg_backend_pid() - {pid}",
+            1 => "SELECT count(*) FROM pg_prepared_statements",
+            2 => {
+                // (A SQL PREPARE's text is the whole query string as sent: not compared.)
+                "SELECT name, from_sql, parameter_types, CASE WHEN NOT from_sql THEN statement END \
+                 FROM pg_prepared_statements ORDER BY name"
+            }
+            3 => {
+                "WITH x AS (SELECT 1) SELECT p.name FROM x, pg_catalog.pg_prepared_statements p ORDER BY 1"
+            }
+            _ => "SELECT pg_cancel_backend({pid})",
+        };
+        let step = self.either(sql);
+        self.push(step);
     }
 
     fn push(&mut self, step: String) {
@@ -199,6 +239,10 @@ impl ClientGen {
 
     /// One operation, outside or inside a transaction block.
     fn op(&mut self) {
+        if self.self_view && self.rng.chance(10) {
+            self.self_view();
+            return;
+        }
         if self.repeat_unnamed && self.rng.chance(25) {
             self.repeated_unnamed();
             return;
