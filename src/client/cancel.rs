@@ -42,7 +42,7 @@ pub async fn handle(shared: &Arc<Shared>, (k, rest): ((i32, i32), &[u8]), from: 
         shared.peers().forward(target, (spent, rest), wait).await;
         return;
     };
-    let Some((addr, server_key)) = client.cancel_target() else {
+    let Some((addr, server_key, server_rest)) = client.cancel_target() else {
         tracing::debug!(
             client = client.id,
             "cancel request for an idle client ignored"
@@ -50,7 +50,11 @@ pub async fn handle(shared: &Arc<Shared>, (k, rest): ((i32, i32), &[u8]), from: 
         return;
     };
     let started = std::time::Instant::now();
-    let send = send_cancel(&addr, server_key);
+    let send = send_cancel(
+        &addr,
+        server_key,
+        server_rest.as_deref().unwrap_or_default(),
+    );
     let sent = match crate::config::enabled(shared.config().settings.cancel_wait_timeout) {
         Some(limit) => tokio::time::timeout(limit, send).await,
         None => Ok(send.await),
