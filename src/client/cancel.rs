@@ -43,12 +43,16 @@ pub async fn handle(shared: &Arc<Shared>, (k, rest): ((i32, i32), &[u8]), from: 
         shared.peers().forward(target, (spent, rest), wait).await;
         return;
     };
-    let Some((addr, server_key)) = client.cancel_target() else {
+    let Some((addr, server_key, server_rest)) = client.cancel_target() else {
         client_event!(debug, client, "cancel request for an idle client ignored");
         return;
     };
     let started = std::time::Instant::now();
-    let send = send_cancel(&addr, server_key);
+    let send = send_cancel(
+        &addr,
+        server_key,
+        server_rest.as_deref().unwrap_or_default(),
+    );
     let sent = match crate::config::enabled(shared.config().settings.cancel_wait_timeout) {
         Some(limit) => tokio::time::timeout(limit, send).await,
         None => Ok(send.await),

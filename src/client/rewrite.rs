@@ -1796,9 +1796,10 @@ fn signal_client(
     match kind {
         selfview::Signal::Terminate => target.kill_with(super::registry::TERMINATED),
         selfview::Signal::Cancel => {
-            if let Some((addr, key)) = target.cancel_target() {
+            if let Some((addr, key, rest)) = target.cancel_target() {
                 tokio::spawn(async move {
-                    if let Err(e) = crate::server::connect::send_cancel(&addr, key).await {
+                    let rest = rest.as_deref().unwrap_or_default();
+                    if let Err(e) = crate::server::connect::send_cancel(&addr, key, rest).await {
                         tracing::warn!("could not forward cancel request to {addr}: {e}");
                     }
                 });

@@ -409,6 +409,7 @@ async fn relay_replacing(
         if server.tls().is_some() {
             c.reg.handle.set_server_tls(server.tls().cloned());
         }
+        c.reg.handle.set_server_key_rest(server.key_rest().cloned());
         c.reg.handle.set_state(ClientState::Active);
         let assigned_at = Instant::now();
         let keep_first = replays_left > 0 && !claimed;

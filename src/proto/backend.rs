@@ -7,6 +7,7 @@ use super::{ProtoError, Reader};
 pub const AUTHENTICATION: u8 = b'R';
 pub const PARAMETER_STATUS: u8 = b'S';
 pub const BACKEND_KEY_DATA: u8 = b'K';
+pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
 pub const READY_FOR_QUERY: u8 = b'Z';
 pub const ERROR_RESPONSE: u8 = b'E';
 pub const NOTICE_RESPONSE: u8 = b'N';
@@ -254,8 +255,19 @@ pub fn parse_parameter_status(body: &[u8]) -> Result<(&str, &str), ProtoError> {
 }
 
 pub fn parse_backend_key_data(body: &[u8]) -> Result<(i32, i32), ProtoError> {
+    Ok(parse_backend_key_data_long(body)?.0)
+}
+
+/// BackendKeyData of any protocol: (pid, the secret's first 4 bytes) and the rest of a
+/// protocol 3.2 secret (empty for 4 bytes). A secret over 256 bytes is an error.
+pub fn parse_backend_key_data_long(body: &[u8]) -> Result<((i32, i32), &[u8]), ProtoError> {
     let mut r = Reader::new(body, "BackendKeyData");
-    Ok((r.i32()?, r.i32()?))
+    let key = (r.i32()?, r.i32()?);
+    let rest = r.remaining();
+    if rest.len() > super::startup::MAX_CANCEL_SECRET - 4 {
+        return Err(ProtoError::Malformed("BackendKeyData"));
+    }
+    Ok((key, rest))
 }
 
 /// The fields of an ErrorResponse/NoticeResponse we report: severity, SQLSTATE, message.
@@ -412,6 +424,16 @@ mod tests {
         backend_key_data(&mut b, 1234, -5678);
         assert_eq!(parse_backend_key_data(&b[5..]), Ok((1234, -5678)));
         assert!(parse_backend_key_data(&b[5..12]).is_err());
+        // Protocol 3.2: a 32-byte secret, and one too long.
+        let mut b = BytesMut::new();
+        backend_key_data_long(&mut b, 1, 2, &[7; 28]);
+        assert_eq!(
+            parse_backend_key_data_long(&b[5..]),
+            Ok(((1, 2), &[7u8; 28][..]))
+        );
+        let mut b = BytesMut::new();
+        backend_key_data_long(&mut b, 1, 2, &[7; 253]);
+        assert!(parse_backend_key_data_long(&b[5..]).is_err());
     }
 
     #[test]

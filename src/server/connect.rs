@@ -751,7 +751,19 @@ async fn handshake(
     for (k, v) in &target.startup_params {
         params.push((k, v));
     }
-    conn.queue_with(|b| startup::startup_message(b, &params));
+    // Protocol 3.2 where the server speaks it (PostgreSQL 18: a longer cancel key; older
+    // servers answer NegotiateProtocolVersion 3.0 and go on). A replication connection
+    // passes the server's BackendKeyData to its client, which may speak 3.0: 3.0 there.
+    let replication = target
+        .startup_params
+        .iter()
+        .any(|(k, _)| k == "replication");
+    let minor = if replication {
+        0
+    } else {
+        startup::NEWEST_MINOR
+    };
+    conn.queue_with(|b| startup::startup_message_minor(b, minor, &params));
     conn.flush()
         .await
         .map_err(|e| ServerError::Conn(e.into()))?;
@@ -759,6 +771,7 @@ async fn handshake(
     let mut scram: Option<scram::ScramClient> = None;
     let mut server_params = Params::default();
     let mut key = (0, 0);
+    let mut key_rest: Option<std::sync::Arc<[u8]>> = None;
     loop {
         let h = conn.read_message(LOGIN_MESSAGE_LIMIT).await?;
         let body = &conn.rbuf[5..h.total];
@@ -773,7 +786,16 @@ async fn handshake(
                 let (k, v) = backend::parse_parameter_status(body)?;
                 server_params.set(k, v);
             }
-            backend::BACKEND_KEY_DATA => key = backend::parse_backend_key_data(body)?,
+            backend::BACKEND_KEY_DATA => {
+                let (k, rest) = backend::parse_backend_key_data_long(body)?;
+                key = k;
+                key_rest = (!rest.is_empty()).then(|| std::sync::Arc::from(rest));
+            }
+            backend::NEGOTIATE_PROTOCOL_VERSION => {
+                // An older server's 3.0 (nothing to change: 3.0 is what follows), or an
+                // option it does not know (none is sent).
+                tracing::debug!(server = id, "server negotiated the protocol down");
+            }
             backend::ERROR_RESPONSE => {
                 return Err(ServerError::Rejected(backend::parse_error(body)?));
             }
@@ -797,6 +819,7 @@ async fn handshake(
     }
     let tls = conn.stream.tls_info().map(std::sync::Arc::from);
     let mut server = Server::new(id, conn, addr.clone(), key, server_params);
+    server.key_rest = key_rest;
     server.tls = tls;
     Ok(server)
 }
@@ -978,9 +1001,10 @@ async fn start_tls(
     Ok(())
 }
 
-/// Send a CancelRequest for `key` to the server at `addr`.
-pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<()> {
-    send_cancel_over(addr.connect().await?, key, &[]).await
+/// Send a CancelRequest for `key` (and `rest`, the rest of a protocol 3.2 secret) to the
+/// server at `addr`.
+pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32), rest: &[u8]) -> std::io::Result<()> {
+    send_cancel_over(addr.connect().await?, key, rest).await
 }
 
 /// Send a CancelRequest over a connection just opened (to a server or a peer pooler);

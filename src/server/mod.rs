@@ -149,6 +149,8 @@ pub struct Server {
     addr: std::sync::Arc<ServerAddr>,
     /// BackendKeyData (pid, secret) for cancel requests.
     key: (i32, i32),
+    /// The rest of a protocol 3.2 secret (PostgreSQL 18), after `key`'s 4 bytes.
+    pub(crate) key_rest: Option<std::sync::Arc<[u8]>>,
     /// Current values of the session parameters we know of.
     params: Params,
     /// Values right after login (what RESET ALL/DISCARD ALL return to).
@@ -191,6 +193,7 @@ impl Server {
             conn,
             addr: std::sync::Arc::new(addr),
             key,
+            key_rest: None,
             login_params: params.clone(),
             params,
             exchange: Exchange::new(),
@@ -247,6 +250,11 @@ impl Server {
     /// BackendKeyData (pid, secret) for cancel requests.
     pub fn key(&self) -> (i32, i32) {
         self.key
+    }
+
+    /// The rest of the server's protocol 3.2 secret (None: a 4-byte one).
+    pub fn key_rest(&self) -> Option<&std::sync::Arc<[u8]>> {
+        self.key_rest.as_ref()
     }
 
     pub fn created(&self) -> Instant {

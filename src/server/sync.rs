@@ -376,7 +376,8 @@ async fn cleanup_inner(server: &mut Server) -> Result<(), ServerError> {
     }
     if server.exchange.ready_owed() > 0 {
         // A query may be running: cancel it rather than wait for it.
-        let _ = super::connect::send_cancel(&server.addr, server.key).await;
+        let rest = server.key_rest.as_deref().unwrap_or_default();
+        let _ = super::connect::send_cancel(&server.addr, server.key, rest).await;
         server
             .conn
             .flush()

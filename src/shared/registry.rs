@@ -12,8 +12,9 @@ use crate::lock::Locked;
 pub use crate::peers::key::KeyRest;
 use crate::server::ServerAddr;
 
-/// Where a client's cancel requests go: the server's address and BackendKeyData.
-pub type CancelTarget = (Arc<ServerAddr>, (i32, i32));
+/// Where a client's cancel requests go: the server's address and BackendKeyData (the rest
+/// of a protocol 3.2 secret apart).
+pub type CancelTarget = (Arc<ServerAddr>, (i32, i32), Option<Arc<[u8]>>);
 
 /// The server a client is linked to (SHOW SERVERS, SOCKETS; cancel requests).
 #[derive(Clone)]
@@ -21,7 +22,8 @@ pub struct ServerLink {
     /// The server's socket id.
     pub id: u64,
     pub addr: Arc<ServerAddr>,
-    /// BackendKeyData (pid, secret).
+    /// BackendKeyData (pid, secret); the rest of a protocol 3.2 secret is kept apart
+    /// (`ClientHandle::set_server_key_rest`).
     pub key: (i32, i32),
     pub created: std::time::Instant,
     /// Statements the server held when it was linked.
@@ -98,6 +100,9 @@ struct Rare {
     /// The TLS session of the server running this client's work (SHOW SERVERS); only
     /// touched for TLS servers.
     server_tls: Option<Arc<str>>,
+    /// The rest of the protocol 3.2 secret of the server running this client's work
+    /// (PostgreSQL 18), for cancel requests; only touched for such servers.
+    server_key_rest: Option<Arc<[u8]>>,
 }
 
 impl ClientHandle {
@@ -133,6 +138,11 @@ impl ClientHandle {
             prepared: Default::default(),
             rare: Mutex::new(rare),
         })
+    }
+
+    /// The server the client is linked to has a long cancel secret (`rest`) or none.
+    pub fn set_server_key_rest(&self, rest: Option<Arc<[u8]>>) {
+        self.set_rare(rest.is_some(), |r| r.server_key_rest = rest);
     }
 
     /// The rest of the client's cancel secret after `key`'s 4 bytes (None: a 4-byte one).
@@ -278,7 +288,8 @@ impl ClientHandle {
         self.rare(|r| r.handover.clone())
     }
     pub fn cancel_target(&self) -> Option<CancelTarget> {
-        self.server().map(|s| (s.addr, s.key))
+        let rest = self.rare(|r| r.server_key_rest.clone());
+        self.server().map(|s| (s.addr, s.key, rest))
     }
 }
 
