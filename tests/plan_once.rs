@@ -106,7 +106,7 @@ async fn a_repeated_unnamed_parse_is_served_by_a_statement_prepared_once() {
     const SQL: &str = "SELECT $1::int + 1 AS plan_once_probe";
     let count = format!(
         "SELECT count(*) || ' ' || coalesce(sum(generic_plans + custom_plans), 0) \
-         FROM pg_prepared_statements WHERE statement = '{SQL}'"
+         FROM pg_catalog.\"pg_prepared_statements\" WHERE statement = '{SQL}'"
     );
     let r = round(SQL, "41");
     for (on, want) in [(true, "1 4"), (false, "0 0")] {
@@ -407,7 +407,7 @@ async fn a_client_that_describes_each_parse_is_left_alone() {
     const SQL: &str = "SELECT $1::int * 3 AS described_probe";
     let count = format!(
         "SELECT count(*) || ' ' || coalesce(sum(generic_plans + custom_plans), 0) \
-         FROM pg_prepared_statements WHERE statement = '{SQL}'"
+         FROM pg_catalog.\"pg_prepared_statements\" WHERE statement = '{SQL}'"
     );
     let parse = format!("P |{SQL}\nD S \nS");
     let bind = "B ||14\nD P \nE \nS";

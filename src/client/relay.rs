@@ -1192,14 +1192,12 @@ fn fatal_caused_by_client(body: &[u8], terminates: bool) -> Option<String> {
 
 impl Relay<'_> {
     /// May the transaction have terminated its own server: its text names
-    /// `pg_terminate_backend` (`Effects::introspects`) or runs code that may call it (a
-    /// function pgcarpool does not know, DO, CALL)? A termination (57P01) is then the
-    /// client's own doing and ends it, as with PostgreSQL; another session's termination of
-    /// the server under a transaction that does neither is a lost server the client
-    /// survives (`aborted`).
+    /// `pg_terminate_backend` (`Effects::terminates`)? A termination (57P01) is then the
+    /// client's own doing and ends it, as with PostgreSQL; a termination under a
+    /// transaction that does not (another session's, a fast shutdown in a switchover, or
+    /// code in a function the text calls) is a lost server the client survives (`aborted`).
     fn may_terminate_itself(&self) -> bool {
-        let e = &self.effects;
-        e.introspects || e.calls || e.gucs_unknown
+        self.effects.terminates
     }
 
     /// The server was lost (RelayEvent::ServerGone): what the client's transaction was

@@ -1287,7 +1287,9 @@ impl Relay<'_> {
     /// PostgreSQL lists too when it runs (as of its Parse: pgcarpool lists the statements
     /// the client had then, and this one without what the server would say of it).
     fn own_session(&mut self, sql: &[u8], query: bool, parsing: Option<&[u8]>) -> Option<Vec<u8>> {
-        let view = classify::contains_ci(sql, b"pg_prepared_statements").then(|| {
+        let reads =
+            classify::contains_ci(sql, b"pg_prepared_statements") && selfview::reads_view(sql);
+        let view = reads.then(|| {
             let mut stmts: Vec<(Bytes, Arc<Stmt>)> = (self.session.statements.iter())
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect();

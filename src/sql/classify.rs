@@ -44,6 +44,9 @@ pub struct Effects {
     /// rewritten for the client's virtual session (`selfview::rewrite`), and a FATAL 57P01
     /// of its server is the client's own.
     pub introspects: bool,
+    /// The text names `pg_terminate_backend`: a FATAL 57P01 of its server is the client's
+    /// own doing (it terminated itself).
+    pub terminates: bool,
     /// A LISTEN: after the transaction the server's channels go to the pool's shared
     /// listener (its ReadyForQuery waits for that).
     pub listen: bool,
@@ -75,6 +78,7 @@ impl Effects {
         self.calls |= o.calls;
         self.notify |= o.notify;
         self.introspects |= o.introspects;
+        self.terminates |= o.terminates;
         self.listen |= o.listen;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
@@ -321,6 +325,7 @@ pub fn classify(sql: &[u8]) -> Effects {
     }
     e.notify = mentions_notify(sql);
     e.introspects = super::selfview::mentions(sql);
+    e.terminates = e.introspects && contains_ci(sql, b"pg_terminate_backend");
     e
 }
 

@@ -113,6 +113,18 @@ pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Does a query among the statements of `sql` read `pg_prepared_statements` where `rewrite`
+/// puts the client's own in its place?
+pub fn reads_view(sql: &[u8]) -> bool {
+    let mut none = |_: Signal, _: i32| false;
+    let mut own = Own {
+        vpid: 0,
+        view: Some("\0"),
+        signal: &mut none,
+    };
+    rewrite(sql, &mut own).is_some_and(|r| r.windows(2).any(|w| w == b"(\0"))
+}
+
 /// `pg_prepared_statements` as a word starting at `i` in `s` (not followed by `(`): where
 /// its name starts with a `pg_catalog.` qualification, else `i`. None: not it, or another
 /// schema's.

@@ -205,27 +205,31 @@ impl ClientGen {
         }
     }
 
-    /// `sql` as a simple Query or in an unnamed Parse/Bind/Describe/Execute/Sync.
+    /// `sql` as a simple Query or in an unnamed Parse/Bind/Describe/Execute/Close/Sync (the
+    /// statement closed: one that reads `pg_prepared_statements` lists the statements as
+    /// of its Parse through pgcarpool, a documented difference).
     fn either(&mut self, sql: &str) -> String {
         if self.rng.chance(50) {
             format!("Q {sql}")
         } else {
-            format!("P |{sql}\nB ||\nD P \nE \nS")
+            format!("P |{sql}\nB ||\nD P \nE \nC S \nS")
         }
     }
 
     /// The client asks about its own session: its pid, its statements, a cancel of itself.
     fn self_view(&mut self) {
+        // (Expressions of the view's columns: a RowDescription names the view's columns
+        // straight from PostgreSQL, none through pgcarpool's CTE, a documented difference.)
         let sql = match self.rng.below(5) {
             0 => "SELECT pg_backend_pid() = {pid} AS own_pid, pg_catalog.pg_backend_pid() - {pid}",
             1 => "SELECT count(*) FROM pg_prepared_statements",
             2 => {
                 // (A SQL PREPARE's text is the whole query string as sent: not compared.)
-                "SELECT name, from_sql, parameter_types, CASE WHEN NOT from_sql THEN statement END \
-                 FROM pg_prepared_statements ORDER BY name"
+                "SELECT upper(name), NOT NOT from_sql, array_length(parameter_types, 1), \
+                 CASE WHEN NOT from_sql THEN statement END FROM pg_prepared_statements ORDER BY 1"
             }
             3 => {
-                "WITH x AS (SELECT 1) SELECT p.name FROM x, pg_catalog.pg_prepared_statements p ORDER BY 1"
+                "WITH x AS (SELECT 1) SELECT lower(p.name) FROM x, pg_catalog.pg_prepared_statements p ORDER BY 1"
             }
             _ => "SELECT pg_cancel_backend({pid})",
         };
