@@ -321,6 +321,36 @@ async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() 
             false,
         ),
         (
+            "an extended round without its Sync, then an unknown type",
+            join(&[
+                &message(b'P', b"\0select 5\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\0\0\0\0"),
+                &message(1, b""),
+            ]),
+            false,
+        ),
+        (
+            "a failed Parse without its Sync, then an unknown type",
+            join(&[&message(b'P', b"\0selec 6\0\0\0"), &message(1, b"")]),
+            false,
+        ),
+        (
+            "a block begun in an extended round without its Sync, then an unknown type",
+            join(&[
+                &message(b'P', b"\0begin\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\0\0\0\0"),
+                &message(1, b""),
+            ]),
+            false,
+        ),
+        (
+            "a Parse without its Sync, then an unknown type",
+            join(&[&message(b'P', b"\0select 6\0\0\0"), &message(1, b"")]),
+            false,
+        ),
+        (
             "CopyData outside COPY, no Sync",
             message(b'd', b"abcd"),
             true,
@@ -357,17 +387,20 @@ async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() 
     still_serves(&p).await;
     let before = logins(&pg);
     let mut pooled_logins = 0;
+    let mut differ = Vec::new();
     for (what, bytes, kept) in &cases {
         let direct = run_script(pg.port(), bytes, *kept);
         let at = logins(&pg);
         let pooled = run_script(p.port(), bytes, *kept);
         pooled_logins += logins(&pg) - at;
-        assert_eq!(
-            direct, pooled,
-            "{what}: PostgreSQL (left) vs pgcarpool (right)"
-        );
+        if direct != pooled {
+            differ.push(format!(
+                "{what}:\n  PostgreSQL {direct:?}\n  pgcarpool  {pooled:?}"
+            ));
+        }
         assert_eq!(direct.1, !kept, "{what}: {direct:?}");
     }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
     // Only the direct runs logged in (one each); the pool kept its server.
     assert_eq!(
         logins(&pg) - before,
