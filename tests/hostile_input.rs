@@ -251,10 +251,10 @@ fn run_script(port: u16, bytes: &[u8], kept: bool) -> (Vec<String>, bool) {
         out.extend_from_slice(&harness::wire::message(b'Q', b"select 1\0"));
     }
     s.write_all(&out).unwrap();
-    // A ReadyForQuery for each Query and Sync sent.
+    // A ReadyForQuery for each Query, Sync and FunctionCall sent.
     let rounds = split_messages(&out)
         .iter()
-        .filter(|(t, _)| matches!(t, b'Q' | b'S'))
+        .filter(|(t, _)| matches!(t, b'Q' | b'S' | b'F'))
         .count();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -380,6 +380,64 @@ async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() 
         (
             "Close of a statement that does not exist",
             join(&[&message(b'C', b"Snope\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of the unnamed statement",
+            join(&[&message(b'C', b"S\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of the unnamed portal",
+            join(&[&message(b'C', b"P\0"), &sync]),
+            true,
+        ),
+        (
+            "Describe of the unnamed statement, none parsed",
+            join(&[&message(b'D', b"S\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of an unknown kind",
+            join(&[&message(b'C', b"Xa\0"), &sync]),
+            true,
+        ),
+        (
+            "Describe of an unknown kind",
+            join(&[&message(b'D', b"Xa\0"), &sync]),
+            true,
+        ),
+        (
+            "Execute with a negative row count",
+            join(&[
+                &message(b'P', b"\0select 7\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\xff\xff\xff\xff"),
+                &sync,
+            ]),
+            true,
+        ),
+        (
+            "Bind with more parameter formats than parameters",
+            join(&[
+                &message(b'P', b"\0select 8\0\0\0"),
+                &message(b'B', b"\0\0\0\x02\0\0\0\0\0\0\0\0"),
+                &sync,
+            ]),
+            true,
+        ),
+        (
+            "Parse with more parameter types than parameters",
+            join(&[
+                &message(b'P', b"\0select 9\0\0\x02\0\0\0\x17\0\0\0\x17"),
+                &sync,
+            ]),
+            true,
+        ),
+        ("a Flush alone", message(b'H', b""), true),
+        (
+            "a FunctionCall of version()",
+            message(b'F', b"\0\0\0\x59\0\0\0\0\0\0"),
             true,
         ),
     ];
