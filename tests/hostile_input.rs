@@ -251,10 +251,10 @@ fn run_script(port: u16, bytes: &[u8], kept: bool) -> (Vec<String>, bool) {
         out.extend_from_slice(&harness::wire::message(b'Q', b"select 1\0"));
     }
     s.write_all(&out).unwrap();
-    // A ReadyForQuery for each Query and Sync sent.
+    // A ReadyForQuery for each Query, Sync and FunctionCall sent.
     let rounds = split_messages(&out)
         .iter()
-        .filter(|(t, _)| matches!(t, b'Q' | b'S'))
+        .filter(|(t, _)| matches!(t, b'Q' | b'S' | b'F'))
         .count();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -321,6 +321,36 @@ async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() 
             false,
         ),
         (
+            "an extended round without its Sync, then an unknown type",
+            join(&[
+                &message(b'P', b"\0select 5\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\0\0\0\0"),
+                &message(1, b""),
+            ]),
+            false,
+        ),
+        (
+            "a failed Parse without its Sync, then an unknown type",
+            join(&[&message(b'P', b"\0selec 6\0\0\0"), &message(1, b"")]),
+            false,
+        ),
+        (
+            "a block begun in an extended round without its Sync, then an unknown type",
+            join(&[
+                &message(b'P', b"\0begin\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\0\0\0\0"),
+                &message(1, b""),
+            ]),
+            false,
+        ),
+        (
+            "a Parse without its Sync, then an unknown type",
+            join(&[&message(b'P', b"\0select 6\0\0\0"), &message(1, b"")]),
+            false,
+        ),
+        (
             "CopyData outside COPY, no Sync",
             message(b'd', b"abcd"),
             true,
@@ -352,22 +382,83 @@ async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() 
             join(&[&message(b'C', b"Snope\0"), &sync]),
             true,
         ),
+        (
+            "Close of the unnamed statement",
+            join(&[&message(b'C', b"S\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of the unnamed portal",
+            join(&[&message(b'C', b"P\0"), &sync]),
+            true,
+        ),
+        (
+            "Describe of the unnamed statement, none parsed",
+            join(&[&message(b'D', b"S\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of an unknown kind",
+            join(&[&message(b'C', b"Xa\0"), &sync]),
+            true,
+        ),
+        (
+            "Describe of an unknown kind",
+            join(&[&message(b'D', b"Xa\0"), &sync]),
+            true,
+        ),
+        (
+            "Execute with a negative row count",
+            join(&[
+                &message(b'P', b"\0select 7\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\xff\xff\xff\xff"),
+                &sync,
+            ]),
+            true,
+        ),
+        (
+            "Bind with more parameter formats than parameters",
+            join(&[
+                &message(b'P', b"\0select 8\0\0\0"),
+                &message(b'B', b"\0\0\0\x02\0\0\0\0\0\0\0\0"),
+                &sync,
+            ]),
+            true,
+        ),
+        (
+            "Parse with more parameter types than parameters",
+            join(&[
+                &message(b'P', b"\0select 9\0\0\x02\0\0\0\x17\0\0\0\x17"),
+                &sync,
+            ]),
+            true,
+        ),
+        ("a Flush alone", message(b'H', b""), true),
+        (
+            "a FunctionCall of version()",
+            message(b'F', b"\0\0\0\x59\0\0\0\0\0\0"),
+            true,
+        ),
     ];
     // The pool's server, logged in before; no case may cost another login.
     still_serves(&p).await;
     let before = logins(&pg);
     let mut pooled_logins = 0;
+    let mut differ = Vec::new();
     for (what, bytes, kept) in &cases {
         let direct = run_script(pg.port(), bytes, *kept);
         let at = logins(&pg);
         let pooled = run_script(p.port(), bytes, *kept);
         pooled_logins += logins(&pg) - at;
-        assert_eq!(
-            direct, pooled,
-            "{what}: PostgreSQL (left) vs pgcarpool (right)"
-        );
+        if direct != pooled {
+            differ.push(format!(
+                "{what}:\n  PostgreSQL {direct:?}\n  pgcarpool  {pooled:?}"
+            ));
+        }
         assert_eq!(direct.1, !kept, "{what}: {direct:?}");
     }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
     // Only the direct runs logged in (one each); the pool kept its server.
     assert_eq!(
         logins(&pg) - before,

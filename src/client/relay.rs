@@ -203,6 +203,9 @@ pub struct Relay<'a> {
     /// the server, and the relay ends with `ClientProtocol` once the server has answered
     /// what came before it.
     refused: Option<ProtoError>,
+    /// A Sync of pgcarpool's own follows the client's messages before the refused one
+    /// (`refusal_due`); its ReadyForQuery is not the client's.
+    refusal_synced: bool,
     /// The client's first request on a server just checked out, kept as sent while the
     /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
     pub first_request: Option<FirstRequest>,
@@ -295,6 +298,7 @@ impl<'a> Relay<'a> {
             flight: (false, false),
             fatal_seen: false,
             refused: None,
+            refusal_synced: false,
             first_request: None,
         }
     }
@@ -516,9 +520,37 @@ impl<'a> Relay<'a> {
     fn refusal_due(&mut self) -> Option<ProtoError> {
         self.refused.as_ref()?;
         let p = self.server.exchange();
-        (p.ready_owed() == 0 || p.unsynced() || p.copy_in())
+        if p.unsynced() && !p.copy_in() {
+            // PostgreSQL answers what it read before the bad byte, then its FATAL: a Sync of
+            // pgcarpool's own gets those replies, and its ReadyForQuery ends the relay
+            // (`refusal_synced`).
+            self.server.conn_mut().queue_with(frontend::sync);
+            self.server.note_sent(frontend::SYNC, self.virt);
+            self.refusal_synced = true;
+            return None;
+        }
+        (!self.refusal_synced && (p.ready_owed() == 0 || p.copy_in()))
             .then(|| self.refused.take())
             .flatten()
+    }
+
+    /// A whole ReadyForQuery at `at` in the server's buffer that answers pgcarpool's own
+    /// Sync (`refusal_due`): settled, to be dropped (`on_status`), and the refusal is due.
+    fn refusal_ready(
+        &mut self,
+        h: proto::Header,
+        at: usize,
+    ) -> Result<Option<(RelayEvent, usize)>, ProtoError> {
+        if !self.refusal_synced || self.server.exchange().ready_owed() != 1 {
+            return Ok(None);
+        }
+        self.on_reply(h, at)?;
+        self.refusal_synced = false;
+        let e = self
+            .refused
+            .take()
+            .ok_or(ProtoError::Malformed("refusal"))?;
+        Ok(Some((RelayEvent::ClientProtocol(e), at)))
     }
 
     /// The header of the client's message at `at` in its buffer, checked as PostgreSQL
@@ -942,6 +974,9 @@ impl<'a> Relay<'a> {
         match h.tag {
             backend::READY_FOR_QUERY => {
                 let status = *body.first().ok_or(ProtoError::Malformed("ReadyForQuery"))?;
+                if let Some(refusal) = self.refusal_ready(h, at)? {
+                    return Ok(Some(refusal));
+                }
                 let Some((ev, withhold)) = self.on_ready(h, at, status)? else {
                     return Ok(None);
                 };
