@@ -1,7 +1,10 @@
 //! Reads that scale out and are never stale: a primary and two streaming standbys behind
 //! one `host=p,s1,s2 … read_routing=on` entry, pgcarpool in transaction mode. Reads go to
 //! the standbys (counted by the standbys' own statistics), writes to the primary; a read
-//! a standby refuses (25006, a writing function) runs again on the primary unseen.
+//! a standby refuses (25006, a writing function) runs again on the primary unseen. An
+//! application loop (write, then read it back and read a counter that only grows) sees
+//! no stale read while a standby lags by seconds; the same loop reading through a
+//! prefer-standby alias (no LSN tracking) does.
 mod harness;
 
 use std::time::Duration;
@@ -32,7 +35,8 @@ fn cluster() -> Cluster {
          CREATE TABLE r (v int); INSERT INTO r VALUES (1); \
          CREATE FUNCTION bump() RETURNS bigint LANGUAGE sql \
          AS $$ INSERT INTO t (v) VALUES (-1) RETURNING id $$; \
-         GRANT ALL ON t, t_id_seq, r TO PUBLIC",
+         CREATE TABLE counter (n bigint); INSERT INTO counter VALUES (0); \
+         GRANT ALL ON t, t_id_seq, r, counter TO PUBLIC",
     );
     let standbys = [primary.start_standby(), primary.start_standby()];
     Cluster { primary, standbys }
@@ -49,6 +53,7 @@ fn entry(c: &Cluster, options: &str) -> String {
 async fn pooler(c: &Cluster) -> TestPooler {
     harness::transaction_pooler(&c.primary)
         .database("app", &entry(c, "read_routing=on"))
+        .database("ro", &entry(c, "target_session_attrs=prefer-standby"))
         .setting("default_pool_size", "10")
         .setting("server_role_check_interval", "0.2")
         .setting("query_wait_timeout", "60")
@@ -190,4 +195,121 @@ async fn a_writing_function_in_a_read_runs_on_the_primary_unseen() {
     let (a, b) = tokio::join!(slow, write);
     a.unwrap();
     b.unwrap();
+}
+
+/// Clients of the application loop.
+const APP_CLIENTS: usize = 16;
+/// Rounds of each.
+const ROUNDS: usize = 25;
+
+/// The application loop of one client: write a row and bump the counter (committed, on
+/// `write`), then in the next transactions on `read` read the row back and the counter.
+/// Returns the stale reads: the row missing, or the counter below what the client wrote
+/// or read before.
+async fn app_loop(write: String, read: String) -> usize {
+    let w = connect(&write).await;
+    let r = if read == write {
+        None
+    } else {
+        Some(connect(&read).await)
+    };
+    let rd = r.as_ref().unwrap_or(&w);
+    let mut stale = 0;
+    let mut last = 0i64;
+    for k in 0..ROUNDS {
+        let id: i64 = w
+            .query_one("INSERT INTO t (v) VALUES ($1) RETURNING id", &[&(k as i32)])
+            .await
+            .unwrap()
+            .get(0);
+        let n: i64 = w
+            .query_one("UPDATE counter SET n = n + 1 RETURNING n", &[])
+            .await
+            .unwrap()
+            .get(0);
+        last = last.max(n);
+        let found: i64 = rd
+            .query_one("SELECT count(*) FROM t WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0);
+        if found != 1 {
+            stale += 1;
+        }
+        let now: i64 = rd
+            .query_one("SELECT n FROM counter", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if now < last {
+            stale += 1;
+        }
+        last = last.max(now);
+    }
+    stale
+}
+
+/// The loop with `APP_CLIENTS` clients: the stale reads of them all.
+async fn app_loops(write: &str, read: &str) -> usize {
+    let tasks: Vec<_> = (0..APP_CLIENTS)
+        .map(|_| tokio::spawn(app_loop(write.to_string(), read.to_string())))
+        .collect();
+    let mut stale = 0;
+    for t in tasks {
+        stale += t.await.unwrap();
+    }
+    stale
+}
+
+/// Standby 0 applies WAL `delay` late (`recovery_min_apply_delay`): a row written on the
+/// primary is on standby 1 and not yet on standby 0.
+async fn make_lag(c: &Cluster, delay: &str) {
+    let s0 = &c.standbys[0];
+    s0.psql(&format!(
+        "ALTER SYSTEM SET recovery_min_apply_delay = '{delay}'"
+    ));
+    s0.psql("SELECT pg_reload_conf()");
+    let probe = |pg: &TempPostgres| pg.psql_in("testdb", "SELECT count(*) FROM t WHERE v = -7");
+    wait_for("standby 0 lags", HUNG, || {
+        c.primary.psql_in("testdb", "INSERT INTO t (v) VALUES (-7)");
+        let behind = probe(&c.standbys[1]) != probe(&c.standbys[0]);
+        let caught = wait_caught(&c.standbys[1], &c.primary);
+        async move { caught && behind }
+    })
+    .await;
+}
+
+/// Has `standby` replayed all `primary` has (as rows of `t`)? Waits a bounded while.
+fn wait_caught(standby: &TempPostgres, primary: &TempPostgres) -> bool {
+    let want = primary.psql_in("testdb", "SELECT count(*) FROM t");
+    let deadline = std::time::Instant::now() + HUNG;
+    while std::time::Instant::now() < deadline {
+        if standby.psql_in("testdb", "SELECT count(*) FROM t") == want {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
+    let c = cluster();
+    let pooler = pooler(&c).await;
+    let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
+    let app = pooler.dsn("postgres", "app");
+    let ro = pooler.dsn("postgres", "ro");
+    let probe = connect(&app).await;
+    wait_for("the standbys known", HUNG, || async {
+        standby_ports.contains(&port_of(&probe).await)
+    })
+    .await;
+    make_lag(&c, "3s").await;
+    let baseline = app_loops(&app, &ro).await;
+    let routed = app_loops(&app, &app).await;
+    println!("stale reads: {routed} through read_routing, {baseline} through prefer-standby");
+    assert!(
+        baseline > 0,
+        "the loop through the standby alias reads stale data"
+    );
+    assert_eq!(routed, 0, "no stale read through read_routing");
 }

@@ -4,8 +4,8 @@
 //! reads from may be behind.
 //!
 //! What the client has seen grows two ways. After a transaction on the primary, the
-//! primary's written WAL position is read on the same server before it goes back
-//! (`pg_current_wal_lsn()`: at or past the transaction's commit record). After a read on a
+//! primary's WAL insert position is read on the same server before it goes back
+//! (`pg_current_wal_insert_lsn()`: at or past the transaction's commit record). After a read on a
 //! standby, what it saw is at most that standby's replay position at the read's end: the
 //! client stays on that standby (whose replay only moves forward) until a position of it
 //! asked after the read is known, which then becomes the client's.
@@ -41,8 +41,13 @@ pub enum Route {
 
 /// SQL: a standby's replayed WAL position, as bytes.
 const REPLAY_LSN: &str = "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint";
-/// SQL: a primary's written WAL position, as bytes.
-const WRITTEN_LSN: &str = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint";
+/// SQL: a primary's WAL insert position, as bytes: at or past the end of every commit
+/// record so far, written or not (with `synchronous_commit = off` the written position may
+/// be short of the last commit). At the start of a page it points past the page header,
+/// where no record ends: the page's start then, which a standby's replay reaches.
+const WRITTEN_LSN: &str = "SELECT l - CASE WHEN l % current_setting('wal_block_size')::bigint \
+    = 24 THEN 24 ELSE 0 END \
+    FROM (SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS l) p";
 
 /// Where the client's next transaction goes (its request is in its buffer). Only reads
 /// of a client that holds nothing (no pin, no LISTEN) may go to a standby.

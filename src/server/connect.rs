@@ -233,7 +233,7 @@ pub struct HostView {
 /// its current WAL file name), a standby's WAL received and not yet replayed, and while
 /// there is some, the milliseconds since the primary committed the last transaction the
 /// standby replayed (since it started, when it has replayed none); the WAL position a
-/// standby replayed or a primary wrote.
+/// standby replayed or a primary inserted.
 const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
     CASE WHEN pg_is_in_recovery() THEN 0 \
     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
@@ -243,7 +243,7 @@ const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transacti
     THEN greatest(extract(epoch FROM now() - coalesce(pg_last_xact_replay_timestamp(), \
     pg_postmaster_start_time())) * 1000, 0)::bigint ELSE 0 END, \
     pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_wal_replay_lsn(), \
-    '0/0') ELSE pg_current_wal_lsn() END, '0/0')::bigint";
+    '0/0') ELSE pg_current_wal_insert_lsn() END, '0/0')::bigint";
 
 impl HostList {
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
