@@ -78,6 +78,15 @@ async fn port_of(c: &tokio_postgres::Client) -> u16 {
     }
 }
 
+/// A column of SHOW HOSTS for alias `app` and the host on `port`.
+async fn host_value(admin: &tokio_postgres::Client, port: u16, col: &str) -> u64 {
+    let host = format!("127.0.0.1:{port}");
+    harness::console_value(admin, "HOSTS", &[("database", "app"), ("host", &host)], col)
+        .await
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("SHOW HOSTS has {col} for {host}"))
+}
+
 /// How many times table `r` was scanned on `pg`, by its own statistics.
 fn scans(pg: &TempPostgres) -> u64 {
     pg.psql_in(
@@ -137,6 +146,13 @@ async fn reads_run_on_the_standbys_and_writes_on_the_primary() {
         on_standbys * 100 >= total * 80,
         "reads on the standbys: {on_standbys} of {total} (primary, s1, s2: {grown:?})"
     );
+    // pgcarpool counts them too (SHOW HOSTS: reads per host).
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let mut counted = 0;
+    for port in standby_ports {
+        counted += host_value(&admin, port, "reads").await;
+    }
+    assert!(counted >= on_standbys, "SHOW HOSTS reads: {counted}");
     // Writes on the primary, in both protocols, whatever came before.
     app.execute("INSERT INTO t (v) VALUES (1)", &[])
         .await
@@ -176,6 +192,11 @@ async fn a_writing_function_in_a_read_runs_on_the_primary_unseen() {
     // Extended protocol: an unknown function is no read; the primary runs it.
     let id: i64 = app.query_one("SELECT bump()", &[]).await.unwrap().get(0);
     assert!(id > 0);
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    // The first went to a standby (the client had seen nothing newer); after its write
+    // the client's reads go where it is replayed.
+    let replays = host_value(&admin, c.primary.port(), "read_replays").await;
+    assert!(replays >= 1, "SHOW HOSTS read_replays: {replays}");
     assert_eq!(
         c.primary
             .psql_in("testdb", "SELECT count(*) FROM t WHERE v = -1"),
@@ -312,4 +333,40 @@ async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
         "the loop through the standby alias reads stale data"
     );
     assert_eq!(routed, 0, "no stale read through read_routing");
+}
+
+/// What read-your-writes costs a write transaction: one client, one INSERT per
+/// transaction, through the read routing alias with and without `read_your_writes` and
+/// through a plain read-write alias. A measurement, not a check
+/// (`cargo test --test read_routing -- --ignored --nocapture cost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn cost_of_lsn_tracking_per_write_transaction() {
+    let c = cluster();
+    let pooler = harness::transaction_pooler(&c.primary)
+        .database("app", &entry(&c, "read_routing=on"))
+        .database("loose", &entry(&c, "read_routing=on read_your_writes=off"))
+        .database("plain", &entry(&c, "target_session_attrs=read-write"))
+        .setting("default_pool_size", "4")
+        .start()
+        .await;
+    const N: usize = 3000;
+    for round in 0..2 {
+        for db in ["plain", "loose", "app"] {
+            let cl = connect(&pooler.dsn("postgres", db)).await;
+            for _ in 0..200 {
+                cl.simple_query("INSERT INTO t (v) VALUES (0)")
+                    .await
+                    .unwrap();
+            }
+            let t = std::time::Instant::now();
+            for _ in 0..N {
+                cl.simple_query("INSERT INTO t (v) VALUES (0)")
+                    .await
+                    .unwrap();
+            }
+            let us = t.elapsed().as_micros() as usize / N;
+            println!("round {round} {db}: {us} us per write transaction");
+        }
+    }
 }

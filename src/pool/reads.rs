@@ -77,6 +77,20 @@ impl Pool {
             .collect()
     }
 
+    /// The servers by state, waiters and pause of the pool and its sub-pools together
+    /// (SHOW POOLS: one row per entry and user, PgBouncer's columns).
+    pub fn counts_with_reads(&self) -> super::pool::PoolCounts {
+        let mut c = self.counts();
+        for (_, p) in self.read_pools() {
+            let r = p.counts();
+            c.servers.add(&r.servers);
+            c.used += r.used;
+            c.total += r.total;
+            c.waiting += r.waiting;
+        }
+        c
+    }
+
     /// A number that grows with every read: the turn among standbys.
     pub fn read_turn(&self) -> usize {
         self.read_turn.fetch_add(1, Ordering::Relaxed)
