@@ -45,7 +45,8 @@ const FILES: &[(&str, &str)] = &[
     (
         "/usr/share/doc/pgcarpool/",
         "README.md, settings.md (every setting), admin.md (the admin console), \
-         compatibility.md (what a client can tell apart from a direct PostgreSQL session).",
+         compatibility.md (what a client can tell apart from a direct PostgreSQL session), \
+         troubleshooting.md (every message, its cause and fix).",
     ),
 ];
 

@@ -59,7 +59,8 @@
 //!            cert.rs (client certificate name), dynamic.rs (the secrets auth_query found,
 //!            kept auth_query_cache_ttl)
 //! sql/       classify.rs: the SQL classifier (leading keywords, internal statement names),
-//!            reads.rs (which texts only read: read routing's judgement)
+//!            reads.rs (which texts only read: read routing's judgement), selfview.rs
+//!            (what a session asks about itself, rewritten for its virtual session)
 //! statements the process-wide statement registry (below client/ and server/)
 //! server/    connect.rs (connect + login, host lists, role checks), roles.rs (each host's
 //!            role, target_session_attrs, fencing), query.rs (pgcarpool's own queries),
@@ -105,7 +106,8 @@
 //!            clients sent), session.rs (versioned wire form of a session)
 //! admin/     mod.rs (serve: one console session), command.rs (enum of commands), show.rs
 //!            (one fn per view → Table; SHOW FDS with the sockets to pass), table.rs,
-//!            metrics.rs (the same counters for Prometheus, /metrics)
+//!            metrics.rs (the same counters for Prometheus, /metrics), status.rs (the
+//!            status page `/` on the metrics listener and its /status.json: the SHOW tables)
 //! fuzz       fuzz target bodies (cargo-fuzz in fuzz/, bounded runs in tests/fuzz_smoke.rs)
 //! ```
 pub mod accept;

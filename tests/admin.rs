@@ -289,7 +289,7 @@ async fn show_columns_match_pgbouncer_docs() {
 }
 
 /// Every SHOW view, PgBouncer's and pgcarpool's own.
-const VIEWS: [&str; 27] = [
+const VIEWS: [&str; 28] = [
     "HELP",
     "CONFIG",
     "DATABASES",
@@ -317,6 +317,7 @@ const VIEWS: [&str; 27] = [
     "POOLS_EXT",
     "PINS",
     "WORKERS",
+    "EVENTS",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -309,3 +309,23 @@ async fn assert_stays_passes_when_the_condition_holds() {
     .await;
     assert!(polls > 1, "looked {polls} time(s)");
 }
+
+#[test]
+fn major_versions_are_read_from_version_lines() {
+    let major = harness::major_of_version_line;
+    assert_eq!(
+        major("pg_basebackup (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)\n"),
+        Some(15)
+    );
+    assert_eq!(major("postgres (PostgreSQL) 18.4\n"), Some(18));
+    assert_eq!(major("postgres (PostgreSQL) 9.6.24\n"), Some(9));
+    assert_eq!(major("garbage"), None);
+}
+
+#[test]
+fn the_server_major_is_that_of_the_postgres_program() {
+    let major = harness::server_major();
+    assert!((14..=30).contains(&major), "{major}");
+    let postgres = harness::pg_bin("postgres");
+    assert_eq!(harness::program_major(&postgres), Some(major));
+}

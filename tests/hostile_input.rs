@@ -221,3 +221,217 @@ async fn malformed_message_content_is_answered_as_postgresql_answers_it() {
     still_serves(&p).await;
     p.shutdown().await;
 }
+
+/// `replies`, with each error's severity: `FATAL 08P01 message`, `ERROR 26000 message`.
+fn replies_with_severity(bytes: &[u8]) -> Vec<String> {
+    split_messages(bytes)
+        .iter()
+        .map(|(tag, body)| match tag {
+            b'E' => {
+                let (code, message) = error_fields(body);
+                let severity = body
+                    .split(|&b| b == 0)
+                    .find_map(|f| f.strip_prefix(b"V").or_else(|| f.strip_prefix(b"S")))
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .unwrap_or_default();
+                format!("{severity} {code} {message}")
+            }
+            t => (*t as char).to_string(),
+        })
+        .collect()
+}
+
+/// Log in to `port`, send `bytes` (then, when the session is to go on, `select 1` in the
+/// same write), and read to the ReadyForQuery of the last round or the close: the replies and
+/// whether the connection was closed.
+fn run_script(port: u16, bytes: &[u8], kept: bool) -> (Vec<String>, bool) {
+    let mut s = logged_in(port);
+    let mut out = bytes.to_vec();
+    if kept {
+        out.extend_from_slice(&harness::wire::message(b'Q', b"select 1\0"));
+    }
+    s.write_all(&out).unwrap();
+    // A ReadyForQuery for each Query and Sync sent.
+    let rounds = split_messages(&out)
+        .iter()
+        .filter(|(t, _)| matches!(t, b'Q' | b'S'))
+        .count();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        let ready = split_messages(&got)
+            .iter()
+            .filter(|(t, _)| *t == b'Z')
+            .count();
+        if kept && ready == rounds {
+            break false;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(e) => panic!("no reply and not closed ({e}); got so far: {got:?}"),
+        }
+    };
+    (replies_with_severity(&got), closed)
+}
+
+/// PostgreSQL's "connection authorized" lines so far (log_connections): its logins.
+fn logins(pg: &TempPostgres) -> usize {
+    pg.log().matches("connection authorized").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_messages_after_login_are_answered_as_postgresql_answers_them() {
+    use harness::wire::message;
+    let pg = TempPostgres::start_with(&[("log_connections", "on")]);
+    let p = pooler(&pg).await;
+    let sync = message(b'S', b"");
+    let join = |parts: &[&[u8]]| parts.concat();
+    // (what, bytes, the session goes on): each run straight against PostgreSQL and through
+    // pgcarpool, with the same replies, and closed or kept alike.
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("unknown type 1", message(1, b""), false),
+        ("unknown type 1 with a body", message(1, b"abc\0"), false),
+        (
+            "PasswordMessage after login",
+            message(b'p', b"secret\0"),
+            false,
+        ),
+        ("type 0", message(0, b""), false),
+        (
+            "a query, then an unknown type",
+            join(&[&message(b'Q', b"select 2\0"), &message(b'x', b"")]),
+            false,
+        ),
+        (
+            "a block begun, then an unknown type",
+            join(&[&message(b'Q', b"begin; select 3\0"), &message(1, b"")]),
+            false,
+        ),
+        (
+            "an extended round, then an unknown type",
+            join(&[
+                &message(b'P', b"\0select 4\0\0\0"),
+                &message(b'B', b"\0\0\0\0\0\0\0\0"),
+                &message(b'E', b"\0\0\0\0\0"),
+                &sync,
+                &message(1, b""),
+            ]),
+            false,
+        ),
+        (
+            "CopyData outside COPY, no Sync",
+            message(b'd', b"abcd"),
+            true,
+        ),
+        ("CopyDone outside COPY", message(b'c', b""), true),
+        ("CopyFail outside COPY", message(b'f', b"gave up\0"), true),
+        (
+            "CopyData outside COPY, then Sync",
+            join(&[&message(b'd', b"1\t2\n"), &sync]),
+            true,
+        ),
+        (
+            "Bind of a statement that does not exist",
+            join(&[&message(b'B', b"\0nope\0\0\0\0\0\0\0"), &sync]),
+            true,
+        ),
+        (
+            "Execute of a portal that does not exist",
+            join(&[&message(b'E', b"nope\0\0\0\0\0"), &sync]),
+            true,
+        ),
+        (
+            "Describe of a portal that does not exist",
+            join(&[&message(b'D', b"Pnope\0"), &sync]),
+            true,
+        ),
+        (
+            "Close of a statement that does not exist",
+            join(&[&message(b'C', b"Snope\0"), &sync]),
+            true,
+        ),
+    ];
+    // The pool's server, logged in before; no case may cost another login.
+    still_serves(&p).await;
+    let before = logins(&pg);
+    let mut pooled_logins = 0;
+    for (what, bytes, kept) in &cases {
+        let direct = run_script(pg.port(), bytes, *kept);
+        let at = logins(&pg);
+        let pooled = run_script(p.port(), bytes, *kept);
+        pooled_logins += logins(&pg) - at;
+        assert_eq!(
+            direct, pooled,
+            "{what}: PostgreSQL (left) vs pgcarpool (right)"
+        );
+        assert_eq!(direct.1, !kept, "{what}: {direct:?}");
+    }
+    // Only the direct runs logged in (one each); the pool kept its server.
+    assert_eq!(
+        logins(&pg) - before,
+        cases.len(),
+        "server logins through pgcarpool: {pooled_logins}"
+    );
+    still_serves(&p).await;
+    let obs = Observer::new(&pg).await;
+    assert_eq!(obs.all_in_state("idle in transaction").await, 0);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_postgresql_cannot_read_closes_the_client_without_a_server() {
+    let pg = TempPostgres::start_with(&[("log_connections", "on")]);
+    let p = pooler(&pg).await;
+    // Length words PostgreSQL refuses before reading a body: below 4, above 10,000 for a
+    // message that holds no SQL or data, above 1 GiB - 2 for the others.
+    let cases: [(&[u8], i64); 5] = [
+        (b"Q\0\0\0\x03", 3),
+        (b"S\0\0\x27\x11", 10_001),
+        (b"E\0\x01\0\0\0\0", 65_536),
+        (b"H\xff\xff\xff\xfc", -4),
+        (b"P\x40\0\0\0", 0x4000_0000),
+    ];
+    still_serves(&p).await;
+    let before = logins(&pg);
+    for (bytes, len) in cases {
+        // PostgreSQL closes without a word (it logs "invalid message length").
+        let direct = run_script(pg.port(), bytes, false);
+        assert_eq!(direct, (vec![], true), "{bytes:?} straight to PostgreSQL");
+        // pgcarpool closes as well, and says why first.
+        let pooled = run_script(p.port(), bytes, false);
+        let why = format!("FATAL 08P01 protocol violation: invalid message length {len}");
+        assert_eq!(pooled, (vec![why], true), "{bytes:?} through pgcarpool");
+    }
+    assert_eq!(
+        logins(&pg) - before,
+        cases.len(),
+        "only the direct runs log in"
+    );
+    still_serves(&p).await;
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_the_client_caused_ends_the_client_as_on_postgresql() {
+    let pg = TempPostgres::start();
+    let p = pooler(&pg).await;
+    // The client's own idle_in_transaction_session_timeout ends its session: PostgreSQL's
+    // FATAL 25P03 and the close, not a lost server (40001) and a session that goes on.
+    let sql = b"set idle_in_transaction_session_timeout = '100ms'; begin; select 1\0";
+    let bytes = harness::wire::message(b'Q', sql);
+    let direct = run_script(pg.port(), &bytes, false);
+    let pooled = run_script(p.port(), &bytes, false);
+    assert!(
+        direct.1
+            && direct
+                .0
+                .last()
+                .is_some_and(|e| e.starts_with("FATAL 25P03 ")),
+        "{direct:?}"
+    );
+    assert_eq!(direct, pooled, "PostgreSQL (left) vs pgcarpool (right)");
+    still_serves(&p).await;
+    p.shutdown().await;
+}

@@ -9,7 +9,7 @@ mod harness;
 use std::process::Command;
 
 use harness::process::{PoolerProcess, ProcessDir};
-use harness::{TempPostgres, TestPooler, dsn_for, output_text, read_text, try_connect};
+use harness::{Observer, TempPostgres, TestPooler, dsn_for, output_text, read_text, try_connect};
 
 /// `2026-11-23 03:15:25.123 UTC [4242] LOG ` and the rest of the line, or None.
 fn split_header(line: &str) -> Option<(&str, &str)> {
@@ -183,5 +183,53 @@ async fn log_format_pgcarpool_keeps_the_structured_lines() {
     assert!(
         login.contains(" INFO ") && login.contains("client="),
         "{login}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_clients_pin_and_loss_lines_name_it() {
+    let pg = TempPostgres::start();
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).setting("pool_mode", "transaction")).await;
+    // A pin: a session advisory lock keeps the client's server.
+    let pinned = p.connect("postgres").await;
+    pinned
+        .simple_query("select pg_advisory_lock(42)")
+        .await
+        .expect("lock");
+    // A loss: the server under another client's transaction is terminated.
+    let lost = p.connect("trustuser").await;
+    lost.simple_query("begin; select 1").await.expect("begin");
+    let obs = Observer::new(&pg).await;
+    assert_eq!(obs.terminate("trustuser").await, 1);
+    let e = lost
+        .simple_query("select 2")
+        .await
+        .expect_err("server lost");
+    assert_eq!(e.code().map(|c| c.code()), Some("40001"), "{e}");
+    let log = p.log();
+    let mut seen = Vec::new();
+    for line in log.lines() {
+        for (what, user) in [
+            ("client pinned to its server", "postgres"),
+            ("server lost under the client's transaction", "trustuser"),
+        ] {
+            if !line.contains(what) {
+                continue;
+            }
+            let (_, msg) = split_header(line).unwrap_or_else(|| panic!("{line}"));
+            let (kind, db, u, addr, _) = split_object(msg).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!((kind, db, u), ('C', "testdb", user), "{line}");
+            assert!(addr.starts_with("127.0.0.1:"), "{line}");
+            seen.push(what);
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "client pinned to its server",
+            "server lost under the client's transaction"
+        ],
+        "{log}"
     );
 }

@@ -145,7 +145,7 @@ async fn an_idle_server_behind_dropped_packets_fails_its_check_and_the_client_is
     .await;
     let faulty = p.connect("md5user", "faulty").await;
     let pid = |c: tokio_postgres::Client| async move {
-        let pid = scalar_within(&c, "select pg_backend_pid()", ENDS).await?;
+        let pid = scalar_within(&c, "select \"pg_backend_pid\"()", ENDS).await?;
         Ok::<_, String>((c, pid))
     };
     let (faulty, first) = pid(faulty).await.unwrap();

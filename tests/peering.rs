@@ -255,6 +255,45 @@ async fn a_forward_spends_one_hop_and_an_exhausted_key_is_dropped() {
     shutdown(fleet).await;
 }
 
+/// Protocol 3.2 clients: their 32-byte secrets keep the peer id and the TTL in the first 8
+/// bytes, and a cancel sent to another peer is forwarded whole: the owner ends the query
+/// only when the whole secret is the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_key_sent_to_another_peer_ends_the_query_only_when_whole() {
+    let pg = TempPostgres::start();
+    let (fleet, port) = static_fleet(&pg).await;
+    for (owner, via) in [(0, 1), (2, 0), (1, 1)] {
+        let mut c =
+            harness::raw::RawClient::connect((IPS[owner], port), 2, ("md5user", "testdb"), &[])
+                .await;
+        assert_eq!(c.secret_len(), 32);
+        let b = key_bytes(c.key);
+        assert_eq!((b[1], b[2], b[7] & 3), (owner as u8 + 1, 0, 3), "{b:?}");
+        Observer::new(&pg)
+            .await
+            .wait_running("md5user", "pg_sleep(10)", 0)
+            .await;
+        c.send_query("SELECT pg_sleep(10)").await;
+        Observer::new(&pg)
+            .await
+            .wait_running("md5user", "pg_sleep(10)", 1)
+            .await;
+        let mut wrong = c.rest.clone();
+        wrong[0] ^= 0x80;
+        harness::raw::send_cancel((IPS[via], port), c.key, &wrong).await;
+        harness::raw::send_cancel((IPS[via], port), c.key, &[]).await;
+        assert_eq!(
+            c.outcome(Duration::from_millis(700)).await,
+            None,
+            "owner {owner}, via {via}: a cancel with a wrong secret ended the query"
+        );
+        harness::raw::send_cancel((IPS[via], port), c.key, &c.rest.clone()).await;
+        let got = c.outcome(Duration::from_secs(5)).await;
+        assert_eq!(got, Some(Some("57014".into())), "owner {owner}, via {via}");
+    }
+    shutdown(fleet).await;
+}
+
 /// A peer that takes connections and never answers: forwards to it stay in flight.
 async fn silent_peer() -> (tokio::task::JoinHandle<()>, u16) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

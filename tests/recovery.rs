@@ -683,7 +683,7 @@ async fn terminated_after_checkout(
 ) -> Result<Option<String>, String> {
     let pid: i32 = first_value(
         &client
-            .simple_query("select pg_backend_pid()")
+            .simple_query("select \"pg_backend_pid\"()")
             .await
             .unwrap(),
     )

@@ -9,7 +9,9 @@ use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
 use harness::process::PoolerProcess;
-use harness::{Observer, TempPostgres, TestPooler, output_text, pg_bin, wait_for};
+use harness::{
+    Observer, TempPostgres, TestPooler, output_text, pg_bin_for_server_or_skip, wait_for,
+};
 
 /// A replication connection string for `port` (`replication` = true or database).
 fn dsn(port: u16, replication: &str) -> String {
@@ -50,22 +52,24 @@ async fn replication_commands_answer_as_postgresql_itself() {
         "repl_test"
     );
     // Logical slots made and dropped through pgcarpool, seen by PostgreSQL.
-    let recvlogical = |args: &[&str]| {
-        run(Command::new(pg_bin("pg_recvlogical"))
-            .args(["-d", &dsn(p.port(), "database"), "--slot", "carpool_slot"])
-            .args(args))
-    };
-    recvlogical(&["--create-slot", "-P", "test_decoding"]);
-    assert_eq!(
-        pg.psql("select slot_type from pg_replication_slots where slot_name = 'carpool_slot'")
-            .trim(),
-        "logical"
-    );
-    recvlogical(&["--drop-slot"]);
-    assert_eq!(
-        pg.psql("select count(*) from pg_replication_slots").trim(),
-        "0"
-    );
+    if let Some(recvlogical_bin) = pg_bin_for_server_or_skip("pg_recvlogical") {
+        let recvlogical = |args: &[&str]| {
+            run(Command::new(&recvlogical_bin)
+                .args(["-d", &dsn(p.port(), "database"), "--slot", "carpool_slot"])
+                .args(args))
+        };
+        recvlogical(&["--create-slot", "-P", "test_decoding"]);
+        assert_eq!(
+            pg.psql("select slot_type from pg_replication_slots where slot_name = 'carpool_slot'")
+                .trim(),
+            "logical"
+        );
+        recvlogical(&["--drop-slot"]);
+        assert_eq!(
+            pg.psql("select count(*) from pg_replication_slots").trim(),
+            "0"
+        );
+    }
     // A normal client of the same database is not disturbed.
     let c = p.connect("postgres", "testdb").await;
     c.simple_query("select 1").await.unwrap();
@@ -88,9 +92,9 @@ async fn exit_within(child: &mut Child, what: &str, limit: Duration) -> ExitStat
 }
 
 /// pg_basebackup through pgcarpool on `port` into `backup`, WAL streamed alongside; it
-/// must be done within `limit`.
-async fn basebackup(port: u16, backup: &Path, limit: Duration) {
-    let mut child = Command::new(pg_bin("pg_basebackup"))
+/// must be done within `limit`. `program` is a pg_basebackup the server accepts.
+async fn basebackup(program: &Path, port: u16, backup: &Path, limit: Duration) {
+    let mut child = Command::new(program)
         .arg("-d")
         .arg(backup_dsn(port))
         .arg("-D")
@@ -114,11 +118,14 @@ fn assert_backup_of(pg: &TempPostgres, backup: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_basebackup_runs_through_pgcarpool() {
+    let Some(program) = pg_bin_for_server_or_skip("pg_basebackup") else {
+        return;
+    };
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg).start().await;
     let target = tempfile::tempdir().unwrap();
     let backup = target.path().join("backup");
-    basebackup(p.port(), &backup, Duration::from_secs(120)).await;
+    basebackup(&program, p.port(), &backup, Duration::from_secs(120)).await;
     assert_backup_of(&pg, &backup);
     p.shutdown().await;
 }
@@ -129,6 +136,9 @@ async fn pg_basebackup_runs_through_pgcarpool() {
 /// small buffer could not hold: the stream crawled at some 100 kB/s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_basebackup_streams_through_small_socket_buffers() {
+    let Some(program) = pg_bin_for_server_or_skip("pg_basebackup") else {
+        return;
+    };
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg)
         .setting("tcp_socket_buffer", "4096")
@@ -136,7 +146,7 @@ async fn pg_basebackup_streams_through_small_socket_buffers() {
         .await;
     let target = tempfile::tempdir().unwrap();
     let backup = target.path().join("backup");
-    basebackup(p.port(), &backup, Duration::from_secs(60)).await;
+    basebackup(&program, p.port(), &backup, Duration::from_secs(60)).await;
     assert_backup_of(&pg, &backup);
     p.shutdown().await;
 }
@@ -150,10 +160,11 @@ fn has_full_segment(dir: &Path) -> bool {
 }
 
 /// pg_receivewal through pgcarpool on `port` into `dir` on slot `carpool_wal` (made
-/// here), once PostgreSQL says it is streaming.
-async fn receivewal(pg: &TempPostgres, port: u16, dir: &Path) -> Child {
+/// here), once PostgreSQL says it is streaming. `program` is a pg_receivewal the server
+/// accepts.
+async fn receivewal(program: &Path, pg: &TempPostgres, port: u16, dir: &Path) -> Child {
     pg.psql("select pg_create_physical_replication_slot('carpool_wal')");
-    let child = Command::new(pg_bin("pg_receivewal"))
+    let child = Command::new(program)
         .arg("-d")
         .arg(backup_dsn(port))
         .args(["--slot=carpool_wal", "--no-loop", "--no-sync", "-D"])
@@ -178,13 +189,16 @@ async fn receivewal(pg: &TempPostgres, port: u16, dir: &Path) -> Child {
 /// ends its stream and exits 0 at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_receivewal_streams_through_small_socket_buffers() {
+    let Some(program) = pg_bin_for_server_or_skip("pg_receivewal") else {
+        return;
+    };
     let pg = TempPostgres::start();
     let p = TestPooler::builder(&pg)
         .setting("tcp_socket_buffer", "4096")
         .start()
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = receivewal(&pg, p.port(), dir.path()).await;
+    let mut child = receivewal(&program, &pg, p.port(), dir.path()).await;
     // The segment being written is finished and the next begun: all of it is sent.
     pg.psql("create table carpool_wal(x int); insert into carpool_wal values (1)");
     pg.psql("select pg_switch_wal()");
@@ -210,10 +224,13 @@ async fn pg_receivewal_streams_through_small_socket_buffers() {
 /// once, and pg_receivewal sees its stream end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigquit_ends_a_replication_connection() {
+    let Some(program) = pg_bin_for_server_or_skip("pg_receivewal") else {
+        return;
+    };
     let pg = TempPostgres::start();
     let mut p = PoolerProcess::start(TestPooler::builder(&pg)).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = receivewal(&pg, p.port(), dir.path()).await;
+    let mut child = receivewal(&program, &pg, p.port(), dir.path()).await;
     p.signal(libc::SIGQUIT);
     let exited = p.exited_within(Duration::from_secs(20)).await;
     assert!(
@@ -280,7 +297,7 @@ async fn replication_connections_count_against_the_pool_size() {
 async fn a_refused_replication_login_says_login_failed() {
     let pg = TempPostgres::start();
     let p = PoolerProcess::start(TestPooler::builder(&pg)).await;
-    let out = Command::new(pg_bin("psql"))
+    let out = Command::new(harness::pg_bin("psql"))
         .args(["-X", "-c", "IDENTIFY_SYSTEM", "-d"])
         .arg(format!(
             "host=127.0.0.1 port={} user=md5user password=md5pass dbname=testdb \
@@ -293,8 +310,10 @@ async fn a_refused_replication_login_says_login_failed() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("FATAL:  login failed"), "{text}");
     let log = p.log();
+    // PostgreSQL 16 and newer word the refusal differently.
     assert!(
         log.contains("must be superuser or replication role")
+            || log.contains("permission denied to start WAL sender")
             || log.contains("no pg_hba.conf entry for replication connection"),
         "{log}"
     );

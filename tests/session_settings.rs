@@ -117,13 +117,13 @@ async fn only_the_settings_that_differ_are_sent_to_a_server() {
     c.batch_execute(&sets(1, N)).await.unwrap();
     // The other server gets them all: it never held any.
     let mark = pg.log().len();
-    let pid_b = rows(&c, "select pg_backend_pid()").await;
+    let pid_b = rows(&c, "select \"pg_backend_pid\"()").await;
     assert_eq!(sent(&pg, mark), (N, 0));
     // One more and one changed, on the first server: the second gets those two only.
     let mark = pg.log().len();
     let pid_a = rows(
         &c,
-        "SET my.s301 = 'new'; SET my.s7 = 'changed'; select pg_backend_pid()",
+        "SET my.s301 = 'new'; SET my.s7 = 'changed'; select \"pg_backend_pid\"()",
     )
     .await;
     assert_ne!(
@@ -132,7 +132,7 @@ async fn only_the_settings_that_differ_are_sent_to_a_server() {
     );
     let got = rows(
         &c,
-        "select current_setting('my.s301') || current_setting('my.s7') || pg_backend_pid()",
+        "select current_setting('my.s301') || current_setting('my.s7') || \"pg_backend_pid\"()",
     )
     .await;
     assert_eq!(got, [format!("newchanged{}", pid_b[0])]);

@@ -254,7 +254,7 @@ async fn track_extra_parameters_keeps_each_clients_startup_value_on_a_shared_ser
             .query_one(
                 "select current_setting('IntervalStyle'), \
                  current_setting('default_transaction_read_only'), \
-                 pg_backend_pid()",
+                 \"pg_backend_pid\"()",
                 &[],
             )
             .await

@@ -511,3 +511,65 @@ async fn with_so_reuseport_idle_clients_move_too() {
     new.signal(libc::SIGQUIT);
     assert!(new.exited_within(Duration::from_secs(5)).await.is_some());
 }
+
+/// Protocol 3.2 clients across `-R`: the one that moves keeps its 32-byte secret in the new
+/// process, and the pinned one that stays is cancelled through the new process, which
+/// passes the whole secret to the old one; a secret cut to its first 4 bytes cancels
+/// neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_cancel_keys_survive_an_online_restart() {
+    use harness::raw::{RawClient, send_cancel};
+    let pg = TempPostgres::start();
+    let old = start_first(
+        TestPooler::builder(&pg)
+            .setting("pool_mode", "transaction")
+            .setting("auth_type", "trust"),
+    )
+    .await;
+    let user = ("md5user", "testdb");
+    let mut moving = RawClient::connect(("127.0.0.1", old.port()), 2, user, &[]).await;
+    let mut pinned = RawClient::connect(("127.0.0.1", old.port()), 2, user, &[]).await;
+    pinned.send_query("create temp table t(x int)").await;
+    assert_eq!(pinned.outcome(Duration::from_secs(20)).await, Some(None));
+    let new = old.start_successor(&["-R"]).await;
+    let handover = |state: &'static str| {
+        let port = new.port();
+        async move {
+            show(port, "SHOW HANDOVER")
+                .await
+                .iter()
+                .any(|r| field(r, "handover") == Some(state))
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || handover("moved in")).await,
+        "the idle client did not move:\n{}",
+        new.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || handover(
+            "with the old process: stays: pinned to its server"
+        ))
+        .await
+    );
+    let obs = harness::Observer::new(&pg).await;
+    for (what, c) in [("moved", &mut moving), ("pinned", &mut pinned)] {
+        assert_eq!(c.secret_len(), 32);
+        obs.wait_running("md5user", "pg_sleep(10)", 0).await;
+        c.send_query("SELECT pg_sleep(10)").await;
+        obs.wait_running("md5user", "pg_sleep(10)", 1).await;
+        send_cancel(("127.0.0.1", new.port()), c.key, &[]).await;
+        assert_eq!(
+            c.outcome(Duration::from_millis(700)).await,
+            None,
+            "{what}: the first 4 bytes of the secret cancelled"
+        );
+        send_cancel(("127.0.0.1", new.port()), c.key, &c.rest.clone()).await;
+        assert_eq!(
+            c.outcome(Duration::from_secs(5)).await,
+            Some(Some("57014".into())),
+            "{what}: not cancelled through the new process"
+        );
+    }
+    drop((moving, pinned));
+}

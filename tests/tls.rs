@@ -195,7 +195,7 @@ async fn servers_are_reached_over_tls_and_verified() {
     let c = p.connect("md5user", "testdb").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -252,7 +252,7 @@ async fn servers_are_reached_over_tls_and_verified() {
     let c = p.connect("md5user", "testdb").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -272,7 +272,7 @@ async fn scram_towards_a_tls_server_uses_channel_binding() {
     let c = p.connect("scramuser").await;
     let row = c
         .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()",
             &[],
         )
         .await
@@ -403,23 +403,44 @@ async fn direct_tls_from_a_client() {
         "{}",
         String::from_utf8_lossy(&body)
     );
-    // psql 17+ if installed.
-    match psql_major() {
-        Some(v) if v >= 17 => {
-            let out = psql(
+    // psql with a libpq of 17 or newer: psql 17+ itself, else Debian's psql on libpq 18
+    // (`harness::libpq_with_protocol_3_2`, from `scripts/pg-version 18`).
+    let libpq = match psql_major() {
+        Some(v) if v >= 17 => Ok(None),
+        v => harness::libpq_with_protocol_3_2()
+            .map(Some)
+            .map_err(|why| format!("psql {v:?} is older than 17 and {why}")),
+    };
+    match libpq {
+        Ok(libpq) => {
+            let dsn = format!(
+                "host=localhost port={} user=md5user password=md5pass dbname=testdb \
+                 sslmode=require sslrootcert={} sslnegotiation=direct",
+                p.port(),
+                ca.display()
+            );
+            let mut cmd = harness::psql_command(&dsn, "SELECT 1");
+            if let Some(dir) = libpq {
+                cmd.env("LD_LIBRARY_PATH", dir);
+            }
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{}", harness::output_text(&out));
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+            // A direct TLS session that the server checked: pgcarpool's SHOW CLIENTS
+            // would say TLS; the refusal of plain text under `require` shows it too.
+            let plain = psql(
                 &format!(
                     "host=localhost port={} user=md5user password=md5pass dbname=testdb \
-                     sslmode=require sslnegotiation=direct",
+                     sslmode=disable",
                     p.port()
                 ),
                 "SELECT 1",
             );
-            assert_eq!(out.unwrap(), "1");
+            assert!(plain.unwrap_err().contains("SSL required"));
         }
-        v => eprintln!(
-            "skipping psql sslnegotiation=direct: psql {v:?} is older than 17 \
-             (postgresql-client-17 is not in this machine's package sources); direct TLS \
-             was tested above with a rustls client sending ALPN postgresql"
+        Err(why) => eprintln!(
+            "skipped psql sslnegotiation=direct: {why}; direct TLS was tested above with a \
+             rustls client sending ALPN postgresql"
         ),
     }
     p.shutdown().await;
@@ -493,7 +514,7 @@ async fn a_new_certificate_is_served_after_reload() {
 }
 
 async fn pid(c: &tokio_postgres::Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
+    c.query_one("SELECT \"pg_backend_pid\"()", &[])
         .await
         .unwrap()
         .get::<_, i32>(0)
@@ -655,7 +676,7 @@ async fn x509_v1_certificates_work_as_with_openssl() {
     assert_eq!(
         psql(
             &conn,
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = \"pg_backend_pid\"()"
         )
         .unwrap(),
         "t"

@@ -36,10 +36,12 @@ pub enum View {
     Hosts,
     /// pgcarpool's own: how each client stands in an online restart (`-R`).
     Handover,
+    /// pgcarpool's own: the last switchovers and login errors of each pool.
+    Events,
 }
 
 /// Every view, with the name SHOW takes.
-pub const VIEWS: [(&str, View); 29] = [
+pub const VIEWS: [(&str, View); 30] = [
     ("help", View::Help),
     ("config", View::Config),
     ("databases", View::Databases),
@@ -69,6 +71,7 @@ pub const VIEWS: [(&str, View); 29] = [
     ("workers", View::Workers),
     ("hosts", View::Hosts),
     ("handover", View::Handover),
+    ("events", View::Events),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

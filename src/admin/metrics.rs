@@ -1,6 +1,7 @@
 //! Prometheus `/metrics`: the text exposition format rendered from the same atomics SHOW
-//! STATS reads, served by a tiny HTTP/1.1 responder (GET /metrics only, one request per
-//! connection) on `prometheus_addr:prometheus_port` (port 0 = off).
+//! STATS reads, served by a tiny HTTP/1.1 responder (GET only, one request per connection)
+//! on `prometheus_addr:prometheus_port` (port 0 = off), with the status page (`/` and
+//! `/status.json`, see `status.rs`).
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::status::{self, PAGE, PAGE_POLICY};
 use crate::config::Settings;
 use crate::shared::Shared;
 use crate::stats::histogram::{BOUNDS_US, HistSnapshot};
@@ -26,7 +28,8 @@ pub async fn bind(s: &Settings) -> std::io::Result<Option<TcpListener>> {
         s.prometheus_addr.as_str()
     };
     let l = TcpListener::bind((addr, s.prometheus_port)).await?;
-    tracing::info!("metrics on http://{}/metrics", l.local_addr()?);
+    let at = l.local_addr()?;
+    tracing::info!("metrics on http://{at}/metrics, status page on http://{at}/");
     Ok(Some(l))
 }
 
@@ -75,32 +78,33 @@ async fn respond(mut sock: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut parts = line.split(' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => {
-            write(
-                &mut sock,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                &render(shared),
-            )
-            .await
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(shared),
+        ),
+        ("GET", "/") => ("200 OK", "text/html; charset=utf-8", PAGE.to_string()),
+        ("GET", "/status.json") => ("200 OK", "application/json", status::json(shared)),
+        (_, "/metrics" | "/" | "/status.json") => {
+            ("405 Method Not Allowed", "text/plain", "GET only\n".into())
         }
-        (_, "/metrics") => {
-            write(
-                &mut sock,
-                "405 Method Not Allowed",
-                "text/plain",
-                "GET only\n",
-            )
-            .await
-        }
-        _ => write(&mut sock, "404 Not Found", "text/plain", "try /metrics\n").await,
-    }
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            "try /metrics, or / for the status page\n".into(),
+        ),
+    };
+    write(&mut sock, status, ctype, &body).await
 }
 
+/// The answer: never cached (every figure is live), never sniffed as another type, and the
+/// page held to its own inline parts and `/status.json`.
 async fn write(sock: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\
+         Content-Security-Policy: {PAGE_POLICY}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     sock.write_all(head.as_bytes()).await?;
@@ -221,6 +225,17 @@ fn counters(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String
         for (l, t) in labels.iter().zip(&totals) {
             let _ = writeln!(out, "{name}{{{l}}} {}", pick(t));
         }
+    }
+    let name = "pgcarpool_server_logins_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Server connections the pool logged in to.",
+    );
+    for (l, p) in labels.iter().zip(pools) {
+        let n = crate::stats::PoolStats::get(&p.stats.server_logins);
+        let _ = writeln!(out, "{name}{{{l}}} {n}");
     }
 }
 

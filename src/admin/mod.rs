@@ -4,6 +4,7 @@
 pub mod command;
 pub mod metrics;
 pub mod show;
+pub mod status;
 pub mod table;
 
 use std::collections::HashMap;

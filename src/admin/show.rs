@@ -47,6 +47,7 @@ pub fn table(shared: &Shared, view: View) -> Option<Table> {
         View::Pins => pins(shared),
         View::Workers => workers(shared),
         View::Hosts => hosts(shared),
+        View::Events => events(shared),
     })
 }
 
@@ -64,6 +65,7 @@ pub fn help() -> String {
         "SHOW PINS (pgcarpool: clients pinned to their server)",
         "SHOW HOSTS (pgcarpool: role, lag and health of each host of a pool)",
         "SHOW HANDOVER (pgcarpool: each client in an online restart)",
+        "SHOW EVENTS (pgcarpool: the last switchovers and login errors of each pool)",
         "SET key = arg",
         "RELOAD",
         "PAUSE [<db>]",
@@ -904,6 +906,45 @@ pub fn hosts(shared: &Shared) -> Table {
     t
 }
 
+/// SHOW EVENTS (pgcarpool's own): newest first, the last switchovers of each pool's host
+/// list and the last login errors of each pool (kept after its logins succeed again), with
+/// how many times in a row each error came and when it came last.
+pub fn events(shared: &Shared) -> Table {
+    let mut t = Table::new(&[
+        ("time", Text),
+        ("database", Text),
+        ("user", Text),
+        ("event", Text),
+        ("count", Int),
+        ("detail", Text),
+    ]);
+    let mut events: Vec<(SystemTime, Vec<Cell>)> = Vec::new();
+    for p in shared.pools().all() {
+        let pool = |event: &str, count: u64, detail: String| -> Vec<Cell> {
+            vec![
+                p.db.clone().into(),
+                p.user.clone().into(),
+                event.into(),
+                count.into(),
+                detail.into(),
+            ]
+        };
+        for (at, from, to) in p.settings().target.hosts.recent_switchovers() {
+            let detail = format!("primary moved from {from} to {to}");
+            events.push((at, pool("switchover", 1, detail)));
+        }
+        for e in p.recent_login_errors() {
+            events.push((e.last, pool("login error", e.count, e.text)));
+        }
+    }
+    events.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (at, mut row) in events {
+        row.insert(0, fmt_time(at).into());
+        t.push(row);
+    }
+    t
+}
+
 pub fn peers(peers: &crate::peers::Peers) -> Table {
     let mut t = Table::new(&[
         ("peer_id", Int),
@@ -976,6 +1017,7 @@ pub fn carpool(shared: &Shared) -> Table {
         ("pinned_with_hold_cursor", Int),
         ("pinned_prepared_statement", Int),
         ("server_moves", Int),
+        ("server_logins", Int),
         ("lock_waits", Int),
         ("lock_wait_ns", Int),
     ]);
@@ -996,6 +1038,7 @@ pub fn carpool(shared: &Shared) -> Table {
             row.push(PoolStats::get(c).into());
         }
         row.push(PoolStats::get(&p.stats.server_moves).into());
+        row.push(PoolStats::get(&p.stats.server_logins).into());
         row.push(PoolStats::get(&p.stats.lock_waits).into());
         row.push(PoolStats::get(&p.stats.lock_wait_ns).into());
         t.push(row);

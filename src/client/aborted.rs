@@ -106,7 +106,11 @@ fn rolled_back(why: &str) -> String {
 /// what was done and whether the block is over (the messages left then need a server).
 pub(super) fn answer(c: &mut Client, a: &mut Aborted) -> Result<(Local, bool), ClientError> {
     let mut answered = false;
-    while let Some(h) = proto::header(&c.conn.rbuf, proto::MAX_MESSAGE_LEN)? {
+    // A message PostgreSQL refuses on its header ends the client, in a failed block too.
+    while let Some(h) = frontend::header(&c.conn.rbuf)? {
+        if h.total > proto::MAX_MESSAGE_LEN {
+            return Err(proto::ProtoError::TooLong(h.total).into());
+        }
         if c.conn.rbuf.len() < h.total || h.tag == frontend::TERMINATE {
             break;
         }

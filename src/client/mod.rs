@@ -30,6 +30,7 @@ use crate::server::{Credential, Params};
 use crate::shared::Shared;
 use crate::shared::console::Role;
 use crate::shared::credential_for;
+use crate::shared::registry::client_event;
 use registry::{ClientState, Registration};
 use session::VirtualSession;
 
@@ -39,6 +40,9 @@ pub enum ClientError {
     /// Tell the client (FATAL with this SQLSTATE), then close.
     #[error("{message}")]
     Fatal { code: &'static str, message: String },
+    /// It was told already (a FATAL from its server that it caused, forwarded): close.
+    #[error("{0}")]
+    Told(String),
     #[error(transparent)]
     Conn(#[from] ConnError),
 }
@@ -51,7 +55,12 @@ impl ClientError {
 
 impl From<ProtoError> for ClientError {
     fn from(e: ProtoError) -> Self {
-        ClientError::fatal("08P01", format!("protocol violation: {e}"))
+        let message = match e {
+            // PostgreSQL's own words for it.
+            ProtoError::UnknownType(_) => e.to_string(),
+            e => format!("protocol violation: {e}"),
+        };
+        ClientError::fatal("08P01", message)
     }
 }
 
@@ -148,7 +157,7 @@ impl Console {
         } = self;
         drop((reg, counted));
         if let Err(e) = result
-            && report(&mut conn, &e, id, &peer, log, born.elapsed())
+            && report(&mut conn, &e, (id, &peer, None), log, born.elapsed())
         {
             conn.close().await;
         }
@@ -191,7 +200,7 @@ pub fn stays_because(c: &Client) -> Option<&'static str> {
 impl Client {
     /// A handover failed: the client stays with this process (why: in SHOW CLIENTS too).
     pub fn stay(&mut self, why: String) {
-        tracing::info!(client = self.reg.handle.id, "client stays: {why}");
+        client_event!(info, self.reg.handle, "client stays: {why}");
         self.reg.handle.set_handover(Some(format!("stays: {why}")));
         self.stays = true;
     }
@@ -217,17 +226,19 @@ pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
             Ok(()) => "client close request".to_string(),
             Err(e) => e.to_string(),
         };
-        let h = &client.reg.handle;
-        tracing::info!(client = id, db = %h.db, user = %h.user, addr = %h.addr,
-            "closing because: {reason} (age={}s)", age.as_secs());
+        client_event!(
+            info,
+            client.reg.handle,
+            "closing because: {reason} (age={}s)",
+            age.as_secs()
+        );
     }
     if let Err(e) = &result {
         let h = client.reg.handle.clone();
         let told = report(
             &mut client.conn,
             e,
-            id,
-            &h.addr,
+            (id, &h.addr, Some(&h)),
             !cfg.settings.log_disconnections,
             age,
         );
@@ -282,10 +293,13 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
     let entered = login.await;
     drop(ticket);
     if let Ok(Entered::Admin(user, role, counted)) = entered {
-        let reg =
-            shared
-                .clients()
-                .register(id, peer.to_string(), counted.names(), shared.stop_clients());
+        let reg = shared.clients().register(
+            id,
+            peer.to_string(),
+            counted.names(),
+            shared.stop_clients(),
+            false,
+        );
         let kill = reg.handle.clone();
         if let Some(tls) = conn.stream.tls_info() {
             reg.handle.set_tls(tls);
@@ -314,10 +328,11 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             // An immediate shutdown (SIGQUIT) ends it too: nothing else would.
             tokio::select! {
                 r = replication::run(&mut conn, server) => if let Err(e) = r {
-                    tracing::debug!(client = id, "replication connection ended: {e}");
+                    tracing::debug!(client = id, addr = %peer, "replication connection ended: {e}");
                 },
                 _ = shared.stop_clients().cancelled() => {
-                    tracing::debug!(client = id, "replication connection closed: shutting down");
+                    tracing::debug!(client = id, addr = %peer,
+                        "replication connection closed: shutting down");
                 }
             }
             return None;
@@ -327,8 +342,7 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
             if report(
                 &mut conn,
                 &e,
-                id,
-                peer,
+                (id, peer, None),
                 cfg.settings.log_connections,
                 born.elapsed(),
             ) {
@@ -351,25 +365,34 @@ async fn enter(shared: Arc<Shared>, stream: Stream, id: u64, cfg: &Config) -> Op
 
 /// Queue a FATAL error and log it with the connection's age; true when there is an error
 /// to deliver (the caller then ends the connection with [`Conn::close`], which delivers it).
+/// `handle`: the client's, once it is logged in (the line names its database and user).
 fn report(
     conn: &mut Conn,
     e: &ClientError,
-    id: u64,
-    peer: &str,
+    (id, peer, handle): (u64, &str, Option<&registry::ClientHandle>),
     log: bool,
     age: std::time::Duration,
 ) -> bool {
-    if let ClientError::Fatal { code, message } = e {
+    if let ClientError::Fatal { message, .. } | ClientError::Told(message) = e {
         if log {
             // PgBouncer's words ("closing because: no such database: x (age=0s)"); tools
             // grep them.
             let age = age.as_secs();
-            tracing::info!(client = id, addr = %peer, "closing because: {message} (age={age}s)");
+            match handle {
+                Some(h) => client_event!(info, h, "closing because: {message} (age={age}s)"),
+                None => tracing::info!(client = id, addr = %peer,
+                    "closing because: {message} (age={age}s)"),
+            }
         }
-        conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        if let ClientError::Fatal { code, message } = e {
+            conn.queue_with(|b| backend::error_response(b, "FATAL", code, message));
+        }
         true
     } else {
-        tracing::debug!(client = id, addr = %peer, "client connection lost: {e}");
+        match handle {
+            Some(h) => client_event!(debug, h, "client connection lost: {e}"),
+            None => tracing::debug!(client = id, addr = %peer, "client connection lost: {e}"),
+        }
         false
     }
 }
@@ -446,16 +469,16 @@ async fn login(
     cfg: &Config,
 ) -> Result<Entered, ClientError> {
     let tls = shared.tls().accept.clone();
-    let params = match startup::hello(conn, tls.as_deref()).await? {
-        startup::Hello::Cancel(key) => {
+    let (params, minor) = match startup::hello(conn, tls.as_deref()).await? {
+        startup::Hello::Cancel(key, rest) => {
             // Online restart: a client still with the old process is cancelled there.
-            if shared.clients().find(key).is_none() && shared.restart().forward_cancel(key) {
+            if shared.clients().find(key).is_none() && shared.restart().forward_cancel(key, &rest) {
                 return Ok(Entered::Done);
             }
-            cancel::handle(shared, key, (id, peer)).await;
+            cancel::handle(shared, (key, &rest), (id, peer)).await;
             return Ok(Entered::Done);
         }
-        startup::Hello::Startup(p) => p,
+        startup::Hello::Startup(p, minor) => (p, minor),
     };
     shared.pending_logins().started(id);
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
@@ -514,8 +537,7 @@ async fn login(
     let (session, reg) = open_session(
         shared,
         &pool,
-        id,
-        peer,
+        (id, peer, minor),
         counted.names(),
         client_params,
         &server_params,
@@ -700,8 +722,7 @@ async fn first_server_params(
 fn open_session(
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
-    id: u64,
-    peer: &str,
+    (id, peer, minor): (u64, &str, u16),
     names: (Arc<str>, Arc<str>),
     client_params: Params,
     server_params: &Params,
@@ -719,9 +740,13 @@ fn open_session(
     session.params = pool.share_session_params(wanted);
     session.startup = pool.share_startup_params(client_params);
     session.pool_scope = session::pool_scope(pool);
-    let reg = shared
-        .clients()
-        .register(id, peer.to_string(), names, shared.stop_clients());
+    let reg = shared.clients().register(
+        id,
+        peer.to_string(),
+        names,
+        shared.stop_clients(),
+        minor >= 2,
+    );
     session.backend_pid = reg.handle.key.0;
     (session, reg)
 }
@@ -741,7 +766,9 @@ async fn welcome(
             let v = session.params.get(k).unwrap_or(v);
             backend::parameter_status(b, k, v);
         }
-        backend::backend_key_data(b, reg.handle.key.0, reg.handle.key.1);
+        let (pid, secret) = reg.handle.key;
+        let rest = reg.handle.key_rest();
+        backend::backend_key_data_long(b, pid, secret, rest.as_ref().map_or(&[], |r| &r[..]));
         // login_notify_message: a NOTICE every client gets at login.
         if let Some(text) = &cfg.settings.login_notify_message {
             backend::error_fields(b, backend::NOTICE_RESPONSE, "NOTICE", "00000", text);

@@ -684,6 +684,30 @@ pub(super) fn in_block_query(
     Some((format!("{first}; LISTEN {IN_BLOCK_MARKER}{n}"), listen, op))
 }
 
+/// A client's LISTEN or UNLISTEN (`parse_rest`: its Parse body after the name) just
+/// executed in the extended protocol, of a channel it listens on through the pool's
+/// listener (`channels`; UNLISTEN * when it has any), the `n`-th of its transaction: what
+/// pgcarpool runs after it within the client's round (a LISTEN is undone, so that the
+/// server never listens on the listener's channel, then `LISTEN pgcarpool_listen_<n>`
+/// records it as `in_block_query`'s), and the operation. None: nothing to add.
+pub(super) fn after_execute(
+    parse_rest: &[u8],
+    channels: &[String],
+    n: usize,
+) -> Option<(Vec<String>, String)> {
+    let sql = parse_rest.split(|&c| c == 0).next()?;
+    let (_, _, op) = in_block_query(sql, channels, n)?;
+    let mut stmts = Vec::new();
+    if let Some(Stmt::Listen(ch)) = parse(sql) {
+        stmts.push(format!(
+            "UNLISTEN {}",
+            crate::pool::listener::quote_ident(&ch)
+        ));
+    }
+    stmts.push(format!("LISTEN {IN_BLOCK_MARKER}{n}"));
+    Some((stmts, op))
+}
+
 /// The operations recorded by `in_block_query` (`L<hex>`, `U<hex>`, `*`), comma-separated,
 /// in order.
 fn in_block_ops(recorded: &str) -> Vec<Op> {
@@ -757,6 +781,37 @@ pub(super) async fn after_block(
         inbox.retain_channels(|ch| channels.iter().any(|c| c.as_bytes() == ch));
     }
     Ok(())
+}
+
+/// After a transaction that left its server listening (a LISTEN pgcarpool did not answer
+/// itself: in a transaction block, in the extended protocol, among other statements, in
+/// code it cannot read): the channels the server listens on now are exactly what
+/// PostgreSQL committed (a rollback, to a savepoint too, took its LISTENs back). They go to
+/// the pool's listener and the server stops listening, so that the client needs no pin.
+/// What the server was sent meanwhile is held for the client (`Server::take_notifications`).
+/// Err (outer): the server failed; (inner): the listener did.
+pub(super) async fn take_channels(
+    c: &mut Client,
+    server: &mut crate::server::Server,
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
+    let sql = "select pg_catalog.pg_listening_channels(); unlisten *";
+    let sets = crate::server::query::query_sets(server, sql).await?;
+    let channels = sets.into_iter().next().unwrap_or_default();
+    for ch in channels
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+    {
+        if c.listening.channels().contains(&ch) {
+            continue;
+        }
+        if let Err(e) = ask(c, Op::Listen(ch)).await {
+            return Ok(Err(ClientError::Fatal {
+                code: lost_code(&e.code),
+                message: e.message,
+            }));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Ask the pool's listener for `op` on behalf of the client and keep its channels.

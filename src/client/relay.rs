@@ -43,6 +43,9 @@ pub enum RelayEvent {
     ClientGone,
     /// The client broke the protocol.
     ClientProtocol(ProtoError),
+    /// The server ended the session with a FATAL the client caused (`client_caused`),
+    /// forwarded to it: its SQLSTATE and words. The client goes as from PostgreSQL.
+    ClientFatal(String),
     /// The server's socket closed, failed or broke the protocol.
     ServerGone(String),
     Timeout(TimeoutKind),
@@ -155,6 +158,9 @@ pub struct Relay<'a> {
     owes_nothing: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
+    /// Every client of this process, and this client's user: a client's query may signal
+    /// another by the pid it was given (`Relay::signal_client`).
+    pub clients: Option<(&'a super::registry::Registry, &'a str)>,
     /// server_fast_close in session mode: the server's pool. When a RECONNECT or a
     /// changed database entry marks the server, the session ends as soon as the server is
     /// idle (between transactions) instead of at the client's exit.
@@ -196,6 +202,11 @@ pub struct Relay<'a> {
     flight: (bool, bool),
     /// The server said FATAL (withheld from the client) before it went.
     fatal_seen: bool,
+    /// The client's next message is one PostgreSQL refuses on its header
+    /// (`frontend::header`): nothing more is read from the client, nothing of it reaches
+    /// the server, and the relay ends with `ClientProtocol` once the server has answered
+    /// what came before it.
+    refused: Option<ProtoError>,
     /// The client's first request on a server just checked out, kept as sent while the
     /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
     pub first_request: Option<FirstRequest>,
@@ -284,6 +295,7 @@ impl<'a> Relay<'a> {
             hold_answers: false,
             owes_nothing: false,
             pools: None,
+            clients: None,
             fast_close: None,
             disable_pqexec: false,
             hold_ready: false,
@@ -297,6 +309,7 @@ impl<'a> Relay<'a> {
             keep_client: false,
             flight: (false, false),
             fatal_seen: false,
+            refused: None,
             first_request: None,
             reads_only: false,
             requested: false,
@@ -425,6 +438,9 @@ impl<'a> Relay<'a> {
     /// One pass over both sockets; Ready only for an event.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RelayEvent> {
         loop {
+            if let Some(e) = self.refusal_due() {
+                return Poll::Ready(RelayEvent::ClientProtocol(e));
+            }
             let mut progress = false;
             // Writes first: they free room for reads.
             let before = self.server.conn().out_len();
@@ -485,7 +501,10 @@ impl<'a> Relay<'a> {
             }
             // While the scan waits for a round (`awaits_round`) the client's bytes wait in
             // its socket.
-            if self.server.conn().out_len() < HIGH_WATER && !self.rescan_client {
+            if self.server.conn().out_len() < HIGH_WATER
+                && !self.rescan_client
+                && self.refused.is_none()
+            {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(RelayEvent::ClientGone);
@@ -508,23 +527,52 @@ impl<'a> Relay<'a> {
         }
     }
 
+    /// The client's refused message (`refused`) is due: the server owes nothing more of
+    /// what came before it, or will say nothing more without the client (a round without
+    /// its Sync, COPY FROM STDIN under way).
+    fn refusal_due(&mut self) -> Option<ProtoError> {
+        self.refused.as_ref()?;
+        let p = self.server.exchange();
+        (p.ready_owed() == 0 || p.unsynced() || p.copy_in())
+            .then(|| self.refused.take())
+            .flatten()
+    }
+
+    /// The header of the client's message at `at` in its buffer, checked as PostgreSQL
+    /// checks it outside COPY FROM STDIN (inside, PostgreSQL reads by its COPY rules and
+    /// judges itself). None: not all here yet, or refused (`refused`: the scan stops there).
+    fn client_header(&mut self, at: usize) -> Option<proto::Header> {
+        if self.refused.is_some() {
+            return None;
+        }
+        let buf = &self.client.rbuf[at..];
+        let next = if self.server.exchange().copy_in() {
+            proto::header(buf, MAX_FORWARDED)
+        } else {
+            frontend::header(buf)
+        };
+        next.unwrap_or_else(|e| {
+            self.refused = Some(e);
+            None
+        })
+    }
+
     /// Forward what the client sent, noting what the server will owe.
     pub fn scan_client(&mut self) -> Result<Option<RelayEvent>, ProtoError> {
         let mut fwd = 0;
         let mut event = None;
         loop {
-            let buf = &self.client.rbuf;
             if self.server.exchange().partial() > 0 {
-                fwd += self.server.send_rest(buf.len() - fwd);
+                fwd += self.server.send_rest(self.client.rbuf.len() - fwd);
                 if self.server.exchange().partial() > 0 {
                     break;
                 }
                 continue;
             }
-            let Some(h) = proto::header(&buf[fwd..], MAX_FORWARDED)? else {
+            let Some(h) = self.client_header(fwd) else {
                 break;
             };
-            let avail = buf.len() - fwd;
+            let avail = self.client.rbuf.len() - fwd;
             if let ControlFlow::Break(ev) = self.waits(h, avail, fwd)? {
                 event = ev;
                 break;
@@ -796,6 +844,9 @@ impl<'a> Relay<'a> {
                 self.executing(&portal);
             }
         }
+        if self.virt && self.listen_after_execute(h, fwd) {
+            return true;
+        }
         if self.virt
             && avail >= h.total
             && self.session.ext.discard_portal.as_deref().is_some_and(|d| {
@@ -810,6 +861,37 @@ impl<'a> Relay<'a> {
             return true;
         }
         false
+    }
+
+    /// A whole Execute at `fwd` of a portal bound to a LISTEN or UNLISTEN of a channel the
+    /// client listens on through the pool's listener (`notify::after_execute`): forwarded
+    /// with the client's buffer up to its end, followed within the round by pgcarpool's
+    /// record of it (its replies dropped), true. False: nothing done.
+    fn listen_after_execute(&mut self, h: proto::Header, fwd: usize) -> bool {
+        let buf = &self.client.rbuf;
+        if self.session.ext.listen_portal.is_none() || buf.len() - fwd < h.total {
+            return false;
+        }
+        let body = &buf[fwd + 5..fwd + h.total];
+        let Some(text) = body
+            .split(|&c| c == 0)
+            .next()
+            .and_then(|portal| self.session.executed_listen(portal))
+        else {
+            return false;
+        };
+        let n = self.listen_in_block.len() + 1;
+        let Some((stmts, op)) = super::notify::after_execute(&text, &self.listener_channels, n)
+        else {
+            return false;
+        };
+        self.forward_client_run(fwd + h.total);
+        for sql in &stmts {
+            self.statement_within_round(sql);
+        }
+        self.server.note_sent(frontend::EXECUTE, false);
+        self.listen_in_block.push(op);
+        true
     }
 
     fn forward_client_run(&mut self, n: usize) {
@@ -979,6 +1061,11 @@ impl<'a> Relay<'a> {
         let code = backend::error_code(body);
         // The message it answers (`Renamed::restore`), before `on_reply` settles it.
         let front = self.server.exchange().owed_front();
+        if let Some(why) = fatal_caused_by_client(body, self.may_terminate_itself()) {
+            // Forwarded as it is: the session is over, as it is straight on PostgreSQL.
+            self.forward_server_run(fwd + h.total);
+            return Ok(ControlFlow::Break(RelayEvent::ClientFatal(why)));
+        }
         if let Some(why) = self.fatal_withheld(body) {
             return Ok(ControlFlow::Break(
                 self.withhold_fatal(fwd, h.total, code, why),
@@ -1071,9 +1158,16 @@ impl<'a> Relay<'a> {
         // In statement mode the client gets the error instead of a ReadyForQuery saying
         // it is inside a transaction; a listening client gets it once the listener has
         // caught up.
+        // So does one that listened: its channels go to the pool's listener first.
+        // So does one whose transaction may have pinned it: the pin may be refused
+        // (pin_pool_size, pin_mode = error), and the client is then told so instead of
+        // getting it, as PostgreSQL's FATAL comes before a ReadyForQuery; one that has its
+        // ReadyForQuery already reads the FATAL as a notice while idle, then "server closed
+        // the connection unexpectedly" (libpq).
+        let may_pin = self.effects.pin_check && self.session.pin.is_none();
         let held = matches!(ev, RelayEvent::Release)
-            && self.hold_ready
-            && (self.effects.notify || self.effects.discard_all);
+            && ((self.hold_ready && (self.effects.notify || self.effects.discard_all))
+                || ((self.effects.listen || may_pin) && self.mode != PoolMode::Session));
         if held {
             self.withheld_ready = Some(status);
         }
@@ -1164,7 +1258,32 @@ impl<'a> Relay<'a> {
     }
 }
 
+/// A FATAL the client's own doing caused (a message PostgreSQL could not read, a session
+/// timeout the client set, with `terminates` a termination, 57P01): its SQLSTATE and
+/// words. The server is not to blame and the client is not to be kept: it ends as its own
+/// PostgreSQL session would.
+fn fatal_caused_by_client(body: &[u8], terminates: bool) -> Option<String> {
+    let code = backend::error_code(body)?;
+    let terminated = terminates && &code == b"57P01";
+    if !(terminated || matches!(&code, b"08P01" | b"25P03" | b"25P04" | b"57P05")) {
+        return None;
+    }
+    let e = backend::parse_error(body).ok()?;
+    (e.severity == "FATAL").then(|| format!("{} {}", e.code, e.message))
+}
+
 impl Relay<'_> {
+    /// May the transaction have terminated its own server: its text names
+    /// `pg_terminate_backend` (`Effects::introspects`) or runs code that may call it (a
+    /// function pgcarpool does not know, DO, CALL)? A termination (57P01) is then the
+    /// client's own doing and ends it, as with PostgreSQL; another session's termination of
+    /// the server under a transaction that does neither is a lost server the client
+    /// survives (`aborted`).
+    fn may_terminate_itself(&self) -> bool {
+        let e = &self.effects;
+        e.introspects || e.calls || e.gucs_unknown
+    }
+
     /// The server was lost (RelayEvent::ServerGone): what the client's transaction was
     /// doing, when the client can stay (transaction pooling, not pinned, nothing that pins
     /// under way, at a message boundary both ways, at most one ReadyForQuery owed).
@@ -1198,8 +1317,7 @@ impl Relay<'_> {
             return None;
         }
         let e = backend::parse_error(body).ok()?;
-        let own = matches!(e.code.as_str(), "25P03" | "25P04" | "57P05");
-        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && !own && self.loss().is_some())
+        (matches!(e.severity.as_str(), "FATAL" | "PANIC") && self.loss().is_some())
             .then(|| format!("{} {}", e.code, e.message))
     }
 

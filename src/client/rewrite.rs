@@ -12,6 +12,7 @@ use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
 use crate::server::response::{Answer, CHECK_NAME, Learning, Lost, Pending, Undo, Verdict};
+use crate::sql::selfview;
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
 /// where this server holds the client's own, portals. Notes what the server will owe and
@@ -48,7 +49,12 @@ pub(super) fn passes_through(
                     return Ok(false);
                 }
                 let e = classify::classify(sql);
-                if e.reserved_name || e.deallocate.is_some() || e.deallocate_all || e.ddl {
+                if e.reserved_name
+                    || e.deallocate.is_some()
+                    || e.deallocate_all
+                    || e.ddl
+                    || e.introspects
+                {
                     return Ok(false);
                 }
                 effects.merge(e);
@@ -77,6 +83,8 @@ pub(super) fn passes_through(
             }
             let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
             session.bound(portal, tx, false);
+            let listen = session.ext.unnamed.clone().filter(|u| listens(u));
+            session.bound_listen(portal, listen.as_ref());
             if session
                 .ext
                 .unnamed
@@ -127,6 +135,11 @@ impl Relay<'_> {
         let mut e = classify::classify(sql);
         refused_in_block(&mut e, self.server.status_sent());
         self.note_effects(&e);
+        // The client's own pid where it asks for it (`selfview::rewrite`).
+        let own = e
+            .introspects
+            .then(|| self.own_session(sql, true, None))
+            .flatten();
         let discards = e.discard_all && classify::split(sql).len() == 1;
         if let Some(sql) = self.startup_values_query(sql) {
             // Back to the values the client's startup packet gave, as PostgreSQL's would be.
@@ -187,7 +200,11 @@ impl Relay<'_> {
             }
             None if discards && self.discard_all_to_startup(sql) => {}
             None if self.prepare_in_many(sql) => {}
-            None => self.send_client_query(msg, tx),
+            None if self.listen_in_many(sql, tx) => {}
+            None => {
+                let msg = own.map_or(msg, |sql| query_bytes(&sql));
+                self.send_client_query(msg, tx)
+            }
         }
         Ok(())
     }
@@ -212,6 +229,63 @@ impl Relay<'_> {
                 .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
         }
         self.server.send_query(query_message(&text), None);
+        true
+    }
+
+    /// A query of several statements with a LISTEN or UNLISTEN of a channel the pool's
+    /// listener has for the client (`UNLISTEN *`: when it has any): each such statement
+    /// goes as `notify::in_block_query` makes it (its CommandComplete is the client's, the
+    /// rest pgcarpool's, dropped), the others as written; what committed is done by the
+    /// listener after the transaction (`notify::after_block`). False, nothing sent: none.
+    fn listen_in_many(&mut self, sql: &[u8], tx: Option<[u8; 3]>) -> bool {
+        if self.listener_channels.is_empty() {
+            return false;
+        }
+        let stmts = classify::split(sql);
+        let mut text = Vec::with_capacity(sql.len() + 64);
+        // Per statement up to the last one rewritten: the statements pgcarpool added.
+        let mut added = Vec::new();
+        let mut ops = Vec::new();
+        let mut copied = 0;
+        for &(a, b) in &stmts {
+            let n = self.listen_in_block.len() + ops.len() + 1;
+            let Some((q, listen, op)) =
+                super::notify::in_block_query(&sql[a..b], &self.listener_channels, n)
+            else {
+                added.push(0);
+                continue;
+            };
+            text.extend_from_slice(&sql[copied..a]);
+            text.extend_from_slice(q.as_bytes());
+            copied = b;
+            added.push(1 + usize::from(listen));
+            ops.push(op);
+        }
+        if ops.is_empty() || stmts.len() < 2 {
+            return false;
+        }
+        text.extend_from_slice(&sql[copied..]);
+        let Ok(len) = i32::try_from(4 + text.len() + 1) else {
+            return false;
+        };
+        let last = added.iter().rposition(|&k| k > 0).unwrap_or(0);
+        for &k in &added[..=last] {
+            self.server.expect(Pending::Retag(false));
+            for _ in 0..k {
+                self.server
+                    .expect(Pending::SwallowTo(backend::COMMAND_COMPLETE));
+            }
+        }
+        self.listen_in_block.extend(ops);
+        if let Some(e) = tx {
+            self.server.sent_tx_effect(e);
+        }
+        let mut b = bytes::BytesMut::with_capacity(text.len() + 6);
+        b.put_u8(frontend::QUERY);
+        b.put_i32(len);
+        b.put_slice(&text);
+        b.put_u8(0);
+        self.server.send_query(b.freeze(), None);
         true
     }
 
@@ -362,17 +436,17 @@ impl Relay<'_> {
     pub(super) fn startup_after_discard(&mut self, execute: bool) {
         let sets = startup_statements(self.session);
         for sql in &sets {
-            self.set_within_round(sql);
+            self.statement_within_round(sql);
         }
         if execute && !sets.is_empty() {
             self.server.note_sent(frontend::EXECUTE, false);
         }
     }
 
-    /// Run pgcarpool's statement `sql` (a SET) within the client's round: parsed, bound,
+    /// Run pgcarpool's statement `sql` (a SET, a LISTEN) within the client's round: parsed, bound,
     /// executed and closed under its own name, every reply dropped but an error (skipped
     /// after an earlier one, as the client's messages around it).
-    fn set_within_round(&mut self, sql: &str) {
+    pub(super) fn statement_within_round(&mut self, sql: &str) {
         const NAME: &[u8] = b"PGCARPOOL_startup\0";
         let mut b = bytes::BytesMut::new();
         message(&mut b, frontend::PARSE, &[NAME, sql.as_bytes(), b"\0\0\0"]);
@@ -771,9 +845,18 @@ impl Relay<'_> {
         let (rest, depends) = self.map_execute(msg.slice(5 + name.len() + 1..))?;
         let rest = startup_value_rest(self.session, rest)?;
         let scope = self.statement_scope(&rest);
-        let Some(stmt) = self.intern(&scope, &rest, depends) else {
+        let Some(mut stmt) = self.intern(&scope, &rest, depends.clone()) else {
             return Ok(());
         };
+        if stmt.effects.as_ref().is_some_and(|e| e.introspects)
+            && let Some(own) = self.own_view_rest(name, &rest)?
+        {
+            // A statement of the client's own: its text asks about its session.
+            let Some(own) = self.intern(&scope, &own, depends) else {
+                return Ok(());
+            };
+            stmt = own;
+        }
         if let Some(e) = &stmt.effects {
             self.note_effects(e);
             self.effects.merge((**e).clone());
@@ -817,6 +900,8 @@ impl Relay<'_> {
                 s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
             let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
             s.bound(portal, tx, deallocates);
+            let listen = s.ext.unnamed.clone().filter(|u| listens(u));
+            s.bound_listen(portal, listen.as_ref());
             if s.ext
                 .unnamed
                 .as_deref()
@@ -846,6 +931,9 @@ impl Relay<'_> {
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
                     let tx = tx_effect_of(&stmt.parse_rest);
                     self.session.bound(portal, tx, deallocates);
+                    let listen = stmt.effects.is_some() && listens(&stmt.parse_rest);
+                    self.session
+                        .bound_listen(portal, listen.then_some(&stmt.parse_rest));
                     if stmt.effects.as_ref().is_some_and(|e| {
                         e.discard_all || (e.reset_all && !startup_settings(self.session).is_empty())
                     }) {
@@ -1052,6 +1140,12 @@ impl Relay<'_> {
                     }
                     // A server-side name of the client's own may come or go.
                     e.pin_check |= named.is_some() || e.deallocate.is_some();
+                    if e.introspects
+                        && named.is_none()
+                        && let Some(own) = self.own_session(sql, false, None)
+                    {
+                        out = parse_message(&own, &msg[types_at..]);
+                    }
                 }
             }
             deallocates = e.deallocate_all;
@@ -1072,6 +1166,87 @@ impl Relay<'_> {
             self.server.learn(b"", Learning::Unnamed(now));
         }
         Ok(())
+    }
+
+    /// The body after the name (`rest`: text, NUL, types) of a Parse of statement `name`,
+    /// with the text rewritten for the client's session (`selfview::rewrite`); None:
+    /// nothing to rewrite.
+    fn own_view_rest(&mut self, name: &[u8], rest: &[u8]) -> Result<Option<Bytes>, ProtoError> {
+        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
+        let Some(own) = self.own_session(sql, false, Some(name)) else {
+            return Ok(None);
+        };
+        let mut b = bytes::BytesMut::with_capacity(own.len() + rest.len() - sql.len());
+        b.put_slice(&own);
+        b.put_slice(&rest[sql.len()..]);
+        Ok(Some(b.freeze()))
+    }
+
+    /// A client's SQL text (`query`: a simple Query's, else a Parse's) that asks about its
+    /// own session, rewritten so that the server answers for the client's virtual session
+    /// (`selfview::rewrite`). Where it reads `pg_prepared_statements`, the client's
+    /// statements are first made sure of on this server (so that the server says what their
+    /// parameter and result types are) and listed under the client's names. None: nothing
+    /// to rewrite. `parsing`: the name of the statement this text is parsed as, which
+    /// PostgreSQL lists too when it runs (as of its Parse: pgcarpool lists the statements
+    /// the client had then, and this one without what the server would say of it).
+    fn own_session(&mut self, sql: &[u8], query: bool, parsing: Option<&[u8]>) -> Option<Vec<u8>> {
+        let view = classify::contains_ci(sql, b"pg_prepared_statements").then(|| {
+            let mut stmts: Vec<(Bytes, Arc<Stmt>)> = (self.session.statements.iter())
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect();
+            stmts.sort_by_key(|(_, s)| s.id);
+            for (name, stmt) in &stmts {
+                if query {
+                    self.ensure_for_query(stmt, name);
+                } else {
+                    self.ensure_for_parse(stmt);
+                }
+            }
+            let mut texts: Vec<Vec<u8>> = (stmts.iter())
+                .map(
+                    |(name, s)| match s.parse_rest.strip_prefix(SQL_PREPARE_KEY) {
+                        // (As most write it: `PREPARE p(int) AS …`, `PREPARE p AS …`.)
+                        Some(rest) if rest.starts_with(b"(") => {
+                            [b"PREPARE ", &name[..], rest].concat()
+                        }
+                        Some(rest) => [b"PREPARE ", &name[..], b" ", rest].concat(),
+                        None => s
+                            .parse_rest
+                            .split(|&c| c == 0)
+                            .next()
+                            .unwrap_or_default()
+                            .to_vec(),
+                    },
+                )
+                .collect();
+            texts.push(sql.to_vec());
+            let mut rows: Vec<selfview::Prepared> = (stmts.iter().zip(&texts))
+                .map(|((name, s), text)| selfview::Prepared {
+                    name,
+                    statement: text,
+                    server_name: &s.server_name,
+                    from_sql: s.is_sql_prepared(),
+                })
+                .collect();
+            if let Some(name) = parsing {
+                rows.push(selfview::Prepared {
+                    name,
+                    statement: &texts[texts.len() - 1],
+                    server_name: b"",
+                    from_sql: false,
+                });
+            }
+            selfview::view_query(&rows)
+        });
+        let clients = self.clients;
+        let mut signal = |kind, pid| clients.is_some_and(|c| signal_client(c, kind, pid));
+        let mut own = selfview::Own {
+            vpid: self.session.backend_pid,
+            view: view.as_deref(),
+            signal: &mut signal,
+        };
+        selfview::rewrite(sql, &mut own)
     }
 
     /// A named Parse pgcarpool refuses (inside a failed transaction block, or of a name the
@@ -1295,7 +1470,7 @@ impl Relay<'_> {
         };
         self.server.prepare(stmt, swallow, self.max_prepared);
         if let Some(sql) = back {
-            self.set_within_round(&sql);
+            self.statement_within_round(&sql);
         }
     }
 
@@ -1321,7 +1496,7 @@ impl Relay<'_> {
             None => Some("SET search_path TO DEFAULT".to_string()),
         };
         let (before, after) = (set(&then)?, set(&now)?);
-        self.set_within_round(&before);
+        self.statement_within_round(&before);
         Some(after)
     }
 
@@ -1476,6 +1651,48 @@ impl Relay<'_> {
 }
 
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
+
+/// A client's query signals the client of this process given pid `pid` (`clients`: all,
+/// and the caller's user), as PostgreSQL signals a session: allowed to the same user
+/// (PostgreSQL also allows members of the target's role and of `pg_signal_backend`, which
+/// pgcarpool cannot tell: the query then goes to the server, where the pid is no backend).
+/// Terminated, the target is told `FATAL 57P01` and goes (a transaction it was running is
+/// rolled back with its server); cancelled, its running query is (as a cancel request
+/// would). True when it was signalled.
+fn signal_client(
+    (clients, user): (&super::registry::Registry, &str),
+    kind: selfview::Signal,
+    pid: i32,
+) -> bool {
+    let Some(target) = clients.find_pid(pid) else {
+        return false;
+    };
+    if *target.user != *user {
+        return false;
+    }
+    match kind {
+        selfview::Signal::Terminate => target.kill_with(super::registry::TERMINATED),
+        selfview::Signal::Cancel => {
+            if let Some((addr, key)) = target.cancel_target() {
+                tokio::spawn(async move {
+                    if let Err(e) = crate::server::connect::send_cancel(&addr, key).await {
+                        tracing::warn!("could not forward cancel request to {addr}: {e}");
+                    }
+                });
+            }
+        }
+    }
+    true
+}
+
+/// Is a statement's text (its Parse body after the name) one LISTEN or UNLISTEN?
+fn listens(parse_rest: &[u8]) -> bool {
+    let sql = parse_rest.split(|&c| c == 0).next().unwrap_or_default();
+    matches!(
+        super::notify::parse(sql),
+        Some(super::notify::Stmt::Listen(_) | super::notify::Stmt::Unlisten(_))
+    )
+}
 
 /// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
 fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
@@ -1670,6 +1887,16 @@ fn identifier(name: &[u8]) -> String {
 /// An identifier in double quotes.
 fn quoted(name: &[u8]) -> String {
     format!("\"{}\"", String::from_utf8_lossy(name).replace('"', "\"\""))
+}
+
+/// A Query message of SQL text that may not be UTF-8 (the client's, rewritten).
+fn query_bytes(sql: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(sql.len() + 6);
+    b.put_u8(frontend::QUERY);
+    b.put_i32((4 + sql.len() + 1) as i32);
+    b.put_slice(sql);
+    b.put_u8(0);
+    b.freeze()
 }
 
 fn query_message(sql: &str) -> Bytes {

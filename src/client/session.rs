@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::statements::Stmt;
 use std::sync::atomic::Ordering;
 
-use super::registry::ClientHandle;
+use super::registry::{ClientHandle, client_event};
 use crate::pool::Pool;
 use crate::server::Params;
 use crate::server::response::Undo;
@@ -73,6 +73,10 @@ pub struct ExtendedState {
     /// to the transaction status (`classify::tx_effect`): noted when it is executed
     /// (`Exchange::sent_tx_effect`).
     pub tx_portal: Option<(Bytes, [u8; 3])>,
+    /// The portal last bound to a statement whose text is a LISTEN or UNLISTEN, and that
+    /// text: its Execute may be followed by pgcarpool's record of it
+    /// (`Relay::listen_after_execute`).
+    pub listen_portal: Option<(Bytes, Bytes)>,
 }
 
 impl ExtendedState {
@@ -87,6 +91,7 @@ impl ExtendedState {
             && self.deallocating_portals.is_empty()
             && self.discard_portal.is_none()
             && self.tx_portal.is_none()
+            && self.listen_portal.is_none()
     }
 }
 
@@ -259,11 +264,11 @@ impl VirtualSession {
         }
         if now && !was {
             pool.stats.pinned_clients.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(client = handle.id, reasons = ?reasons, "client pinned to its server");
+            client_event!(info, handle, reasons = ?reasons, "client pinned to its server");
         } else if was && !now {
             pool.stats.pinned_clients.fetch_sub(1, Ordering::Relaxed);
             pool.unpin();
-            tracing::debug!(client = handle.id, "client unpinned");
+            client_event!(debug, handle, "client unpinned");
         }
         handle.set_pin(now.then(|| reasons.join(", ")));
         self.pin = now.then_some(reasons);
@@ -339,6 +344,33 @@ impl VirtualSession {
         if deallocates && portals.len() < MAX_DEALLOCATING_PORTALS {
             portals.push(Bytes::copy_from_slice(portal));
         }
+    }
+
+    /// A Bind of `portal` to a statement whose text (`Some`, its Parse body after the name)
+    /// is a LISTEN or UNLISTEN: noted for its Execute (`listen_portal`).
+    pub fn bound_listen(&mut self, portal: &[u8], listen: Option<&Bytes>) {
+        match listen {
+            Some(text) => {
+                self.ext.listen_portal = Some((Bytes::copy_from_slice(portal), text.clone()));
+            }
+            None => {
+                if self
+                    .ext
+                    .listen_portal
+                    .as_ref()
+                    .is_some_and(|p| p.0 == portal)
+                {
+                    self.ext.listen_portal = None;
+                }
+            }
+        }
+    }
+
+    /// An Execute of `portal` was sent: the LISTEN or UNLISTEN text it runs, if it was
+    /// bound to one.
+    pub fn executed_listen(&mut self, portal: &[u8]) -> Option<Bytes> {
+        self.ext.listen_portal.as_ref().filter(|p| p.0 == portal)?;
+        self.ext.listen_portal.take().map(|p| p.1)
     }
 
     /// An Execute of `portal` was sent: what it does to the transaction status, if its

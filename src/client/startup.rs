@@ -22,8 +22,10 @@ const AUTH_MESSAGE_LIMIT: usize = 8 * 1024;
 
 /// What the first packets asked for.
 pub enum Hello {
-    Startup(Vec<(String, String)>),
-    Cancel((i32, i32)),
+    /// A StartupMessage's parameters and the protocol minor version agreed (0 or 2).
+    Startup(Vec<(String, String)>, u16),
+    /// A CancelRequest's key and the rest of a long (protocol 3.2) secret.
+    Cancel((i32, i32), Vec<u8>),
 }
 
 /// Read packets until a StartupMessage or a CancelRequest. With `tls` (client_tls_sslmode
@@ -82,25 +84,42 @@ pub async fn hello(conn: &mut Conn, tls: Option<&Accept>) -> Result<Hello, Clien
                 // PgBouncer's words.
                 return Err(ClientError::fatal("08P01", "SSL required".into()));
             }
-            startup::StartupPacket::Cancel { pid, secret } => {
-                return Ok(Hello::Cancel((pid, secret)));
+            startup::StartupPacket::Cancel { pid, secret, rest } => {
+                return Ok(Hello::Cancel((pid, secret), rest));
             }
             startup::StartupPacket::Startup { minor, params } => {
-                // As PostgreSQL (3.0 only): a newer minor version or `_pq_.` protocol
-                // options get NegotiateProtocolVersion, and the options are not parameters.
-                let (options, params): (Vec<_>, Vec<_>) = params
-                    .into_iter()
-                    .partition(|(k, _)| k.starts_with("_pq_."));
-                if minor > 0 || !options.is_empty() {
-                    let names: Vec<&str> = options.iter().map(|(k, _)| k.as_str()).collect();
-                    conn.queue_with(|b| {
-                        backend::negotiate_protocol_version(b, startup::PROTOCOL_3_0, &names)
-                    });
-                }
-                return Ok(Hello::Startup(params));
+                let (minor, params) = negotiate(conn, minor, params);
+                return Ok(Hello::Startup(params, minor));
             }
         }
     }
+}
+
+/// The protocol version a client gets, as PostgreSQL 18 decides it: the minor version it
+/// asked for, at most 3.2 (3.1 is never sent by libpq and is served as 3.0 is). A newer
+/// minor version or `_pq_.` protocol options (none is known here) get
+/// NegotiateProtocolVersion naming the version agreed and the options; the options are
+/// not parameters.
+fn negotiate(
+    conn: &mut Conn,
+    minor: u16,
+    params: Vec<(String, String)>,
+) -> (u16, Vec<(String, String)>) {
+    let (options, params): (Vec<_>, Vec<_>) = params
+        .into_iter()
+        .partition(|(k, _)| k.starts_with("_pq_."));
+    let agreed = minor.min(startup::NEWEST_MINOR);
+    if minor > startup::NEWEST_MINOR || !options.is_empty() {
+        let names: Vec<&str> = options.iter().map(|(k, _)| k.as_str()).collect();
+        let version = startup::PROTOCOL_3_0 + i32::from(agreed);
+        conn.queue_with(|b| backend::negotiate_protocol_version(b, version, &names));
+    }
+    let minor = if agreed >= startup::NEWEST_MINOR {
+        agreed
+    } else {
+        0
+    };
+    (minor, params)
 }
 
 /// First byte of a TLS handshake record.

@@ -4,7 +4,7 @@ use std::future::{Future, poll_fn};
 use std::task::Poll;
 use std::time::Instant;
 
-use crate::shared::registry::ClientHandle;
+use crate::shared::registry::{ClientHandle, client_event};
 
 use super::classify::{self, Effects};
 use super::registry::ServerLink;
@@ -220,15 +220,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
     }
-    if pool_settings.read_routing {
-        Box::pin(after_routed(
-            c,
-            &mut server,
-            &event,
-            pool_settings.read_your_writes,
-        ))
-        .await;
-    }
+    after_routed(c, &mut server, &event, &pool_settings).await;
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client and its session state (Terminate,
@@ -257,6 +249,10 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
             "transaction blocks not allowed in statement pooling mode".into(),
         )),
         RelayEvent::ClientProtocol(e) => Err(e.into()),
+        RelayEvent::ClientFatal(why) => {
+            server.mark_broken();
+            Err(ClientError::Told(why))
+        }
         // (Taken by the loop above; never here.)
         RelayEvent::TerminatedBeforeReply(_) | RelayEvent::RefusedOnStandby(_) => {
             server.mark_broken();
@@ -278,7 +274,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         }
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
-        RelayEvent::PqexecDisallowed => Err(pqexec_disallowed()),
+        RelayEvent::PqexecDisallowed => Err(pqexec_disallowed(c)),
     }
 }
 
@@ -313,8 +309,9 @@ async fn released(
                     && !effects.pin_check =>
             {
                 server.mark_broken();
-                tracing::info!(
-                    client = c.reg.handle.id,
+                client_event!(
+                    info,
+                    c.reg.handle,
                     server = server.id(),
                     "server lost after the client's transaction, the client stays: {e}"
                 );
@@ -357,8 +354,9 @@ fn server_gone(
 ) -> Result<After, ClientError> {
     server.mark_broken();
     if let Some(loss) = loss {
-        tracing::info!(
-            client = c.reg.handle.id,
+        client_event!(
+            info,
+            c.reg.handle,
             server = server.id(),
             "server lost under the client's transaction, the client stays: {why}"
         );
@@ -441,15 +439,17 @@ async fn relay_replacing(
         replays_left = replays_left.saturating_sub(1);
         if refused {
             crate::pool::reads::RoutingStats::add(&c.pool.routing.refused_replays);
-            tracing::debug!(
-                client = c.reg.handle.id,
+            client_event!(
+                debug,
+                c.reg.handle,
                 server = server.id(),
                 "a standby refused the client's first request (25006), \
                  sending it to the primary"
             );
         } else {
-            tracing::info!(
-                client = c.reg.handle.id,
+            client_event!(
+                info,
+                c.reg.handle,
                 server = server.id(),
                 "server terminated before it answered the client's first request, \
                  sending it to another server"
@@ -507,6 +507,7 @@ async fn relay_once(
     );
     relay.max_client_statements = cfg.settings.client_max_statements;
     relay.plan_once = cfg.settings.plan_once;
+    relay.clients = Some((c.shared.clients(), &c.reg.handle.user));
     relay.pools = Some(c.shared.pools());
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
@@ -551,8 +552,8 @@ async fn relay_once(
 }
 
 /// disable_pqexec: a simple Query closes the client, in PgBouncer's words.
-fn pqexec_disallowed() -> ClientError {
-    tracing::error!("client used \"Query\" packet type");
+fn pqexec_disallowed(c: &Client) -> ClientError {
+    client_event!(error, c.reg.handle, "client used \"Query\" packet type");
     ClientError::fatal("08P01", "PQexec disallowed".into())
 }
 
@@ -619,37 +620,56 @@ async fn after_transaction(
             format!("too many session settings: client_max_settings is {max_settings}"),
         )));
     }
-    if let Some(reasons) = reasons {
-        if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
-            server.discard = true;
-            return Ok(Err(ClientError::fatal(
-                "0A000",
-                format!(
-                    "{} cannot be used in {} pooling mode (pin_mode = error)",
-                    reasons.join(", "),
-                    if c.pool.settings().mode == PoolMode::Statement {
-                        "statement"
-                    } else {
-                        "transaction"
-                    }
-                ),
-            )));
-        }
-        if !reasons.is_empty() && c.session.pin.is_none() && !c.pool.pin() {
-            // Every server this pool may keep for pinned clients is taken: this client
-            // cannot keep one, and others must not wait for it.
-            server.discard = true;
-            return Ok(Err(ClientError::fatal(
-                "53300",
-                format!(
-                    "too many pinned clients: {} would keep a server, and pin_pool_size ({}) servers are kept already",
-                    reasons.join(", "),
-                    c.pool.settings().pin_pool_size
-                ),
-            )));
-        }
-        c.session.set_pin(&c.pool, &c.reg.handle, reasons);
+    match reasons {
+        Some(reasons) => pin(c, server, reasons).await,
+        None => Ok(Ok(())),
     }
+}
+
+/// What the server holds after the transaction (`reasons`, from `sync::PIN_REASONS`): its
+/// channels go to the pool's listener, the rest pins the client, if it may.
+async fn pin(
+    c: &mut Client,
+    server: &mut PooledServer,
+    mut reasons: Vec<&'static str>,
+) -> Result<Result<(), ClientError>, crate::server::ServerError> {
+    if reasons.contains(&"listen") && c.pool.settings().mode != PoolMode::Session {
+        // Its channels go to the pool's listener: LISTEN pins no client.
+        reasons.retain(|r| *r != "listen");
+        if let Err(e) = super::notify::take_channels(c, server).await? {
+            server.discard = true;
+            return Ok(Err(e));
+        }
+    }
+    if !reasons.is_empty() && c.session.pin.is_none() && c.pool.settings().pin_error {
+        server.discard = true;
+        return Ok(Err(ClientError::fatal(
+            "0A000",
+            format!(
+                "{} cannot be used in {} pooling mode (pin_mode = error)",
+                reasons.join(", "),
+                if c.pool.settings().mode == PoolMode::Statement {
+                    "statement"
+                } else {
+                    "transaction"
+                }
+            ),
+        )));
+    }
+    if !reasons.is_empty() && c.session.pin.is_none() && !c.pool.pin() {
+        // Every server this pool may keep for pinned clients is taken: this client
+        // cannot keep one, and others must not wait for it.
+        server.discard = true;
+        return Ok(Err(ClientError::fatal(
+            "53300",
+            format!(
+                "too many pinned clients: {} would keep a server, and pin_pool_size ({}) servers are kept already",
+                reasons.join(", "),
+                c.pool.settings().pin_pool_size
+            ),
+        )));
+    }
+    c.session.set_pin(&c.pool, &c.reg.handle, reasons);
     Ok(Ok(()))
 }
 
@@ -692,7 +712,13 @@ fn read_back_names(
 }
 
 pub(super) fn killed(c: &Client) -> ClientError {
-    ClientError::fatal("08P01", c.reg.handle.kill_reason().into())
+    let reason = c.reg.handle.kill_reason();
+    let code = if reason == super::registry::TERMINATED {
+        "57P01"
+    } else {
+        "08P01"
+    };
+    ClientError::fatal(code, reason.into())
 }
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).
@@ -753,13 +779,18 @@ async fn wait_for_request(
             }
         }
         if let Some(&tag) = c.conn.rbuf.first() {
+            // A message PostgreSQL would refuse on its header ends the client here, before
+            // any server is asked for (`RelayEvent::ClientProtocol` when one is held).
+            let header = frontend::header(&c.conn.rbuf)?;
             if tag == frontend::TERMINATE {
                 return Ok(Wait::Terminate);
             }
             if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
-                return Err(pqexec_disallowed());
+                return Err(pqexec_disallowed(c));
             }
-            let local = if pinned {
+            let local = if let Some(local) = ignored_copy_message(c, header) {
+                local
+            } else if pinned {
                 let answered = super::notify::answer(c, kill).await?;
                 answered.unwrap_or(Local::NeedServer)
             } else if let Some(block) = aborted {
@@ -817,6 +848,30 @@ async fn wait_for_request(
     }
 }
 
+/// Most bytes of a CopyData outside COPY held to be ignored without a server (a larger
+/// one goes to a server, which ignores it as well).
+const MAX_IGNORED_COPY: usize = 64 * 1024;
+
+/// CopyData, CopyDone or CopyFail from a client between transactions, so with no COPY
+/// under way (the rest of a COPY that failed while it was sending): PostgreSQL reads and
+/// ignores them, and so does pgcarpool, without a server: Answered (dropped, nothing to
+/// say) or Incomplete (not all here yet); None: not such a message (or one too large).
+fn ignored_copy_message(c: &mut Client, header: Option<proto::Header>) -> Option<Local> {
+    let h = header?;
+    let copy = matches!(
+        h.tag,
+        frontend::COPY_DATA | frontend::COPY_DONE | frontend::COPY_FAIL
+    );
+    if !copy || h.total > MAX_IGNORED_COPY {
+        return None;
+    }
+    if c.conn.rbuf.len() < h.total {
+        return Some(Local::Incomplete);
+    }
+    c.conn.consume(h.total);
+    Some(Local::Answered)
+}
+
 /// Resolves at `deadline`, never without one. The timer is boxed and made only when there
 /// is a deadline: most idle clients have none, and their tasks do not carry its room.
 async fn idle_deadline(deadline: Option<Instant>) {
@@ -850,7 +905,20 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     // Names parsed earlier in these messages: a second Parse of one is PostgreSQL's 42P05
     // (long-run seed 11201).
     let mut named: Vec<&[u8]> = Vec::new();
-    while let Some(h) = proto::header(&buf[at..], proto::MAX_MESSAGE_LEN)? {
+    loop {
+        let h = match frontend::header(&buf[at..]) {
+            Ok(Some(h)) if h.total <= proto::MAX_MESSAGE_LEN => h,
+            Ok(None) => break,
+            // Too large to hold (a server streams it), or refused by PostgreSQL on its
+            // header (the client is let go once it is at the front): the rounds before it
+            // are answered here.
+            _ => {
+                if end.is_none() {
+                    return Ok(Local::NeedServer);
+                }
+                break;
+            }
+        };
         if buf.len() - at < h.total {
             break;
         }
@@ -894,6 +962,12 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
     let Some(end) = end else {
         return Ok(Local::Incomplete);
     };
+    answer_rounds(c, end)?;
+    Ok(Local::Answered)
+}
+
+/// Answer the client's first `end` bytes, rounds `answer_without_server` found it may.
+fn answer_rounds(c: &mut Client, end: usize) -> Result<(), ClientError> {
     let msgs = c.conn.rbuf.split_to(end).freeze();
     let mut at = 0;
     while at < msgs.len() {
@@ -929,7 +1003,7 @@ fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
         }
         at += h.total;
     }
-    Ok(Local::Answered)
+    Ok(())
 }
 
 /// `DEALLOCATE name` / `DEALLOCATE ALL` alone in a Query from an idle client only changes its
@@ -1037,7 +1111,30 @@ async fn routed(
 
 /// After a routed transaction: a read counted for its standby, and what the client has
 /// seen (read_your_writes).
-async fn after_routed(c: &mut Client, server: &mut PooledServer, event: &RelayEvent, ryw: bool) {
+async fn after_routed(
+    c: &mut Client,
+    server: &mut PooledServer,
+    event: &RelayEvent,
+    settings: &crate::pool::PoolSettings,
+) {
+    if settings.read_routing {
+        Box::pin(after_read_routed(
+            c,
+            server,
+            event,
+            settings.read_your_writes,
+        ))
+        .await;
+    }
+}
+
+/// `after_routed` with read routing on.
+async fn after_read_routed(
+    c: &mut Client,
+    server: &mut PooledServer,
+    event: &RelayEvent,
+    ryw: bool,
+) {
     let standby = !Arc::ptr_eq(server.pool(), &c.pool);
     if standby {
         super::route::count_read(&c.pool, server.host());
@@ -1088,8 +1185,9 @@ async fn fitted_server(
             Err(e) => {
                 server.mark_broken();
                 if tries < SERVER_TRIES {
-                    tracing::info!(
-                        client = c.reg.handle.id,
+                    client_event!(
+                        info,
+                        c.reg.handle,
                         server = server.id(),
                         "server died before the transaction began, taking another: {e}"
                     );

@@ -9,6 +9,7 @@ pub mod ident;
 pub mod ini;
 pub mod names;
 pub mod settings;
+pub mod settings_doc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -182,7 +182,7 @@ pub struct SettingDef {
     /// Can change on RELOAD / admin `SET` (PgBouncer's "changeable").
     pub reloadable: bool,
     /// pgcarpool acts on it (false: accepted, no effect in pgcarpool's design; the reason
-    /// is in [`NO_EFFECT`] and docs/settings.md's notes).
+    /// is in [`NO_EFFECT`]; what each setting means is in `super::settings_doc`).
     pub implemented: bool,
     /// Parse `value` and store it.
     pub set: fn(&mut Settings, &str) -> Result<(), String>,
@@ -1043,40 +1043,6 @@ impl Settings {
     }
 }
 
-/// docs/settings.md generated from [`TABLE`].
-pub fn markdown_table() -> String {
-    let mut out = String::from(
-        "# Settings\n\n\
-         The `[pgbouncer]` section of pgbouncer.ini as pgcarpool reads it. Generated from the\n\
-         settings table in `src/config/settings.rs`; regenerate with\n\
-         `PGCARPOOL_BLESS=1 cargo test --lib config::settings`.\n\n\
-         Time values are seconds (fractions allowed) except `tcp_user_timeout` (milliseconds).\n\
-         Booleans accept 0/1, on/off, yes/no, true/false. Lists are comma-separated.\n\n\
-         | name | default | reloadable | implemented |\n\
-         |------|---------|------------|-------------|\n",
-    );
-    for d in TABLE {
-        let default = if d.default.is_empty() {
-            "(not set)".to_string()
-        } else {
-            format!("`{}`", d.default)
-        };
-        out.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
-            d.name,
-            default,
-            if d.reloadable { "yes" } else { "no" },
-            if d.implemented {
-                "yes"
-            } else {
-                "no effect (see notes)"
-            }
-        ));
-    }
-    out.push_str(NOTES);
-    out
-}
-
 /// Settings accepted with no effect, and why (what plays their part in pgcarpool).
 pub const NO_EFFECT: &[(&str, &str)] = &[
     (
@@ -1121,194 +1087,6 @@ pub fn no_effect_reason(name: &str) -> Option<&'static str> {
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, why)| *why)
 }
-
-/// What docs/settings.md says after the table: where pgcarpool acts differently from
-/// PgBouncer's documentation of a setting.
-const NOTES: &str = "
-## Notes
-
-**Settings with no effect.** Every row above says `yes` but six, accepted and
-type-checked, logged at startup with the reason when set to a non-default value:
-
-- `auth_ldap_options`, `auth_pam_confdir`: `auth_type = ldap` and `pam` are refused at
-  load (pgcarpool is not built with LDAP or PAM), as by a PgBouncer built without them.
-- `dns_zone_check_period`: as in a PgBouncer built without c-ares (where it is always 0).
-  Server host names are looked up at every new connection, so a changed address is used
-  by the next one; `server_lifetime` bounds how long a connection to an old address lives.
-- `resolv_conf`: server host names are resolved by the system's resolver (getaddrinfo,
-  with /etc/hosts and nsswitch, as PgBouncer's libc backend, which refuses the setting),
-  and it reads /etc/resolv.conf only: put the DNS servers there, or in the service's own
-  mount namespace. The setting is accepted so that a config written for a PgBouncer built
-  with c-ares still loads.
-- `pkt_buf`: there is no fixed packet buffer. Each connection's buffers grow to the message
-  at hand (bounded by `max_packet_size`) and are released while it is idle; large results
-  stream through without being buffered whole.
-- `sbuf_loopcnt`: each connection is its own task on a worker thread, and tokio's
-  cooperative budget makes a busy one yield to the others; `workers` sets how many threads
-  share the connections.
-
-**tcp_keepalive, tcp_keepidle, tcp_keepintvl, tcp_keepcnt, tcp_user_timeout,
-tcp_socket_buffer.** Set as PgBouncer's `tune_socket` sets them, on every client socket
-accepted over TCP and every TCP socket to a server (Unix sockets get none): keepalive on
-or off, its timers when not 0, `TCP_USER_TIMEOUT` (milliseconds) when not 0, `SO_SNDBUF`
-and `SO_RCVBUF` when not 0, and `TCP_NODELAY`. A failure is logged
-(`setsockopt/TCP_USER_TIMEOUT(fd) failed: …`) and the connection goes on. A reload
-applies to sockets opened after it. The buffer sizes are set before the TCP handshake,
-as PgBouncer does (on the listening socket, whose accepted sockets inherit them, and on
-a server socket before `connect`): a receive buffer shrunk after the handshake is
-smaller than the window already offered, and a stream through it crawls.
-On server connections they decide how a cut network ends: an idle server whose
-keepalive probes go unanswered is closed by the pool on its own (`server conn crashed?`),
-and a query sent into a cut network ends at `tcp_user_timeout`: its client gets `08007
-transaction resolution unknown` (`40001` inside a transaction block) and keeps its
-connection (tests/network_namespaces.rs; docs/scale-out.md).
-
-**server_connect_timeout.** Bounds the TCP connect and the login together. A client
-waiting for a login that times out is told `08006 could not connect to server: server
-connection timed out` at once, not at its `query_wait_timeout`; clients that come within
-`server_login_retry` get the cached failure. A server check (`server_check_query`) that
-gets no answer within it closes the server.
-
-**listen_backlog, tcp_defer_accept, unix_socket_group.** `listen_backlog` is the
-backlog of every listening socket, TCP and Unix. `tcp_defer_accept` sets
-`TCP_DEFER_ACCEPT` (1 s; PgBouncer's value) on TCP listeners, and a reload that turns it
-on or off changes the listening sockets at once. `unix_socket_group` (a group name or
-number) is given to the Unix socket file with `unix_socket_mode`; a group that does not
-exist stops the start (`could not find group '…'`).
-
-**disable_pqexec.** A simple Query from a client (any `Query` message, not only one
-with several statements, as PgBouncer) ends it with `FATAL: PQexec disallowed` (08P01),
-and the log says `client used \"Query\" packet type`. The extended protocol is served; the
-admin console is not affected.
-
-**plan_once** (pgcarpool's own; default 1). In transaction and statement mode with
-`max_prepared_statements` above 0, a client's unnamed Parse of the same text as its
-previous unnamed Parse is served by a statement a server prepared once under pgcarpool's
-internal name, as its named statements are: PostgreSQL parses and plans the text once per
-server, not once per transaction (what `pgbench -M extended` and drivers that send
-unnamed statements cost). Only where a client cannot tell: one plain SELECT, VALUES,
-TABLE, WITH, INSERT, UPDATE or DELETE that changes no session state and calls no
-function pgcarpool does not know, of a client that is not pinned, first in a round
-outside a transaction block; the unnamed statement is the client's as in PostgreSQL (the
-next unnamed Parse, a simple query, `Close` replace it; a failed Parse drops it); a
-Describe of it is answered by a fresh parse, and that client's later Parses of the text go
-to the server as written. See docs/compatibility.md for what a
-server's log and `pg_prepared_statements` show. 0: every unnamed Parse goes to the server.
-
-**worker_spread_load** (pgcarpool's own; default 75; reloadable). How busy a worker
-thread may be, in percent of a core (its thread's CPU time over the last quarter
-seconds), before clients spread to one more worker. Clients gather on the fewest workers
-that carry the load: the first `active` workers take new connections, one more when one
-of them is busier than this, one fewer when their load would fit on one fewer at under
-80 % of it each; the other workers give their clients to the active ones between
-transactions (a client holding a server, listening or in a failed block it was left in
-waits for its next transaction). `SHOW WORKERS` says which workers are active and how busy
-each is. 0: every worker takes clients, spread by their number (as before 2026-11-26).
-
-**autodb_idle_timeout, pool_idle_timeout.** The janitor frees a pool (database, user)
-that has had no client, no server and no waiting client for this long; its statistics go
-with it. `autodb_idle_timeout` applies to databases made from the `*` entry (PgBouncer's
-auto-databases; the log says `dropping database '…' as it does not exist anymore or
-inactive auto-database` when a database's last pool goes), `pool_idle_timeout` (not a
-PgBouncer 1.25.2 setting; default 0, never) to the `[databases]` entries. Servers close
-first by `server_idle_timeout`. A pool a connected client belongs to is never freed.
-
-**dns_nxdomain_ttl.** A host of a host list (`host=a,b,…`) whose name did not resolve
-is skipped for this long. A single host that does not resolve fails the server login,
-which is tried again after `server_login_retry` as any failed login.
-
-**scram_iterations.** The PBKDF2 iterations of the SCRAM secrets pgcarpool makes: for a
-client logging in with SCRAM whose `auth_file` secret is plain text, and for a user that
-does not exist (so that its exchange looks the same). Secrets stored as SCRAM keep their
-own count. A reload applies to the secrets made after it.
-
-**track_extra_parameters.** Not reloadable, as PgBouncer. pgcarpool tracks every
-parameter a client sets (startup packet, `options`, `SET`) in its virtual session and
-restores it on the server the client gets, so the parameters listed here are tracked as
-PgBouncer documents, and so are the others (PgBouncer refuses an unlisted startup
-parameter instead; see docs/compatibility.md).
-
-**login_notify_message.** Not a PgBouncer 1.25.2 setting: when set, every client (not the
-admin console) gets it as a NOTICE (SQLSTATE 00000) at login, before its first
-ReadyForQuery.
-
-**conffile.** Shows the file the configuration was read from. Set (in the file, or with
-the console's `SET conffile = '…'`), it names the file the next RELOAD or SIGHUP reads.
-**notify_queue_limit** (pgcarpool, bytes, default 67108864 = 64 MiB, reloadable). In
-transaction mode notifications for a client that listens through its pool's shared
-listener wait in pgcarpool's memory until the client is between transactions and reads
-them. This bounds what may wait for one client (NotificationResponse messages as sent;
-what is already in its socket's output, at most 256 KiB more, is not counted). Past it
-that client alone gets `FATAL 54000 too many notifications queued for this client:
-notify_queue_limit is N bytes` and is let go; others are not affected. The default is
-PostgreSQL's 8 GB notification queue shared by 128 sessions of a small server. Session
-mode does not use it (the client's own server listens).
-
-**peer_id, [peers], peers_dns, peers_hosts_file, dns_max_ttl.** Peering as PgBouncer
-1.19+ (cancel requests passed to the instance that owns the key; see
-docs/scale-out.md). `peers_dns = name[:port]` (pgcarpool) makes every A/AAAA record of
-`name` a peer (port: `listen_port` when not given), resolved before the first client and
-every `dns_max_ttl` seconds (at least 1); each instance's id is derived from its address
-unless `peer_id` is set. `peers_hosts_file` (pgcarpool) reads `name`'s addresses from a
-hosts(5) file instead of the system resolver. `dns_max_ttl` has no other use: server
-host names are resolved at each connect.
-
-**auth_user, auth_query, auth_dbname.** As PgBouncer: a user missing from `auth_file` is
-looked up with `auth_query` (the per-database `auth_query=` first) when an `auth_user`
-applies (the database's `auth_user=`, else the global one). The query runs in the
-database's `auth_dbname=`, else the global `auth_dbname`, else the client's database, as
-`auth_user` (password from `auth_file`) over a pooled server of that pool. A user in
-`auth_file` is never looked up. `auth_query_cache_ttl` (a pgcarpool setting, seconds,
-default 5; 0 asks at every login as PgBouncer does) is how long a secret found is reused:
-a user created in PostgreSQL logs in at once, a dropped one (or one past `VALID UNTIL`,
-or `NOLOGIN`) is refused once its entry is older than that. A failed login forgets its
-entry at once, and a reload forgets them all.
-
-**server_login_retry.** A server login that fails because PostgreSQL is starting up or
-shutting down (SQLSTATE 57P03, or 57P01/57P02 as it ends the session), or because nothing
-listens at its address (connection refused or reset, no Unix socket), is not cached for
-`server_login_retry`: the pool tries again after 50 ms, doubling the delay after each such
-failure up to 0.5 s (and never beyond `server_login_retry`). Clients wait in line
-meanwhile (up to `query_wait_timeout`) rather than get an error, as with PgBouncer, so a
-restart of PostgreSQL (or PostgreSQL starting along with pgcarpool) costs them latency,
-not errors: they are served within about 0.5 s of PostgreSQL accepting connections again
-(only the transactions running when it went down fail). Once logins have failed for `server_login_retry` in a row, PgBouncer's behaviour
-applies: clients waiting at a pool with no server get the last error, and so do new
-clients until the next try. Any other login failure (wrong password 28P01, no such
-database 3D000, `server_connect_timeout`…) is cached for `server_login_retry` as in
-PgBouncer: clients arriving at a pool with no server get it at once. While logins fail,
-one login is tried at a time; after one succeeds, waiting clients get servers at once.
-`SHOW POOLS` shows the last error in `last_login_error` until a login succeeds.
-
-**target_session_attrs, server_role_check_interval, max_standby_lag.** A `[databases]`
-entry may list hosts as libpq does (`host=a,b port=5432,5433`: one port per host, or one
-for all) and say which role its servers need with libpq's `target_session_attrs`
-(`any`, the default: any host that accepts a login; `read-write`, `primary`, `read-only`,
-`standby`, `prefer-standby`). Each new server is asked its role at login (recovery,
-`transaction_read_only`, a primary's timeline, a standby's replay lag); a host that does
-not fit is left for the next. `server_role_check_interval` (pgcarpool, seconds, default 1;
-0: no periodic check) also logs in to every host of such an entry to ask again, and a
-server reporting 25006 (to a read-write pool), 57P01, 57P02, or lost, puts its host's
-role in doubt and has it checked at once. A primary on an older timeline than another
-primary seen is fenced (a former primary come back: split brain): no client is sent to it
-while it stays so, even with the new primary down (rewound into a standby, or promoted
-onto a newer timeline, it is used again; a restart of pgcarpool, or a reload that changes
-the entry's hosts, forgets the timelines seen). `max_standby_lag` (pgcarpool, default 0: no bound) leaves a standby out of `read-only`,
-`standby` and `prefer-standby` pools while it lags more: a number is bytes of WAL received
-and not replayed; a time (`5s`, `500ms`, `1min`, `1h`) is how long ago the primary
-committed the last transaction the standby replayed (`now() -
-pg_last_xact_replay_timestamp()`), counted only while the standby has received WAL it
-has not replayed (a standby that is up to date with an idle primary does not lag). See docs/scale-out.md.
-
-**read_routing, read_your_writes.** pgcarpool extensions, also database options
-(`read_routing=on`). With `read_routing` on, a transaction-mode entry with a host list
-sends a transaction whose first statement only reads (the classifier's judgement,
-conservative) to a standby within `max_standby_lag`, everything else to the primary; a
-read a standby refuses (25006) before anything reached the client runs again on the
-primary. With `read_your_writes` (on by default) a read goes only to a standby that has
-replayed everything the client wrote or read before, else to the primary. See
-docs/scale-out.md (Reads on standbys).
-";
 
 #[cfg(test)]
 mod tests {
@@ -1665,24 +1443,5 @@ mod tests {
         assert_eq!(s.unimplemented_in_use(), vec!["pkt_buf"]);
         s.load_value("auth_type", "cert").unwrap();
         assert_eq!(s.unimplemented_in_use(), vec!["pkt_buf"]);
-    }
-
-    #[test]
-    fn docs_settings_md_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/settings.md");
-        let want = markdown_table();
-        if std::env::var_os("PGCARPOOL_BLESS").is_some() {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).unwrap();
-            }
-            std::fs::write(&path, &want).unwrap();
-            return;
-        }
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "docs/settings.md is out of date with the settings table; regenerate it with \
-             `PGCARPOOL_BLESS=1 cargo test --lib config::settings::tests::docs_settings_md_is_current`"
-        );
     }
 }

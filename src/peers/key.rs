@@ -6,6 +6,15 @@
 //! one less at every forward, dropped at 0. The sign bit of the process id is clear (some
 //! clients, pg_basebackup among them, dislike negative pids). 45 bits stay random.
 
+/// A protocol 3.2 client's secret is the 4 bytes above and this many random bytes more:
+/// 32 in all, as PostgreSQL 18's, which leaves 224 of the protocol's 256 to a pooler in
+/// front that wraps the key with its own (as the protocol's documentation advises). Peering
+/// needs nothing of them: the peer id and the hop budget stay in the first 8 bytes.
+pub const KEY_REST_LEN: usize = 28;
+
+/// The rest of a long secret.
+pub type KeyRest = [u8; KEY_REST_LEN];
+
 /// The two low bits of the last byte: how many more times the key may be forwarded.
 pub const TTL_MASK: u8 = 0x03;
 

@@ -190,8 +190,9 @@ impl Peers {
 
     /// Forward a cancel request whose key names peer `id` (TTL already spent) over one of
     /// that peer's connections; waits at most `wait` for a free one. When several DNS
-    /// members share the id, each gets it (this instance excepted).
-    pub async fn forward(&self, id: u16, k: key::Key, wait: Duration) {
+    /// members share the id, each gets it (this instance excepted). `rest`: the rest of a
+    /// long (protocol 3.2) secret, passed on as it came.
+    pub async fn forward(&self, id: u16, (k, rest): (key::Key, &[u8]), wait: Duration) {
         let Some(peer) = self.get(id) else {
             tracing::debug!("could not find peer {id} to forward a cancel request to");
             return;
@@ -227,7 +228,7 @@ impl Peers {
                 tokio::time::timeout(wait, addr.connect()).await
             };
             let sent = match connected {
-                Ok(Ok(stream)) => crate::server::connect::send_cancel_over(stream, k).await,
+                Ok(Ok(stream)) => crate::server::connect::send_cancel_over(stream, k, rest).await,
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
             };

@@ -9,7 +9,8 @@
 //! arriving at a pool with no server get the error at once. Once logins have failed for
 //! server_login_retry, unavailable is treated the same way: clients stop waiting for a
 //! server that stays away.
-use std::time::{Duration, Instant};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The first retry after the server said it is unavailable.
 pub const UNAVAILABLE_RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -176,6 +177,48 @@ fn unavailable_delay(n: u32) -> Duration {
     UNAVAILABLE_RETRY_FIRST
         .saturating_mul(1 << doublings)
         .min(UNAVAILABLE_RETRY_MAX)
+}
+
+/// The login errors a pool remembers after it recovers (SHOW EVENTS, the status page).
+pub const RECENT_ERRORS: usize = 5;
+
+/// A pool's last distinct login errors, oldest first; a repeat of the newest one counts
+/// there instead of taking a place.
+#[derive(Debug, Default)]
+pub struct RecentErrors {
+    list: VecDeque<RecentError>,
+}
+
+/// One login error and its repeats in a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentError {
+    pub first: SystemTime,
+    pub last: SystemTime,
+    pub count: u64,
+    pub text: String,
+}
+
+impl RecentErrors {
+    pub fn record(&mut self, text: &str, now: SystemTime) {
+        if let Some(e) = self.list.back_mut().filter(|e| e.text == text) {
+            e.last = now;
+            e.count += 1;
+            return;
+        }
+        if self.list.len() == RECENT_ERRORS {
+            self.list.pop_front();
+        }
+        self.list.push_back(RecentError {
+            first: now,
+            last: now,
+            count: 1,
+            text: text.to_string(),
+        });
+    }
+
+    pub fn list(&self) -> Vec<RecentError> {
+        self.list.iter().cloned().collect()
+    }
 }
 
 #[cfg(test)]
@@ -356,5 +399,24 @@ mod tests {
         b.failed(LoginFailure::Rejected, t, t, RETRY);
         b.failed(LoginFailure::Unavailable, t, t, RETRY);
         assert_eq!(b.retry_at(), Some(t + ms(50)));
+    }
+
+    #[test]
+    fn recent_errors_count_repeats_and_keep_the_last_few() {
+        let mut r = RecentErrors::default();
+        let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        r.record("refused", t(1));
+        r.record("refused", t(2));
+        r.record("bad password", t(3));
+        let l = r.list();
+        assert_eq!(l.len(), 2);
+        assert_eq!((l[0].count, l[0].first, l[0].last), (2, t(1), t(2)));
+        assert_eq!(l[1].text, "bad password");
+        for n in 0..RECENT_ERRORS as u64 {
+            r.record(&format!("e{n}"), t(10 + n));
+        }
+        let l = r.list();
+        assert_eq!(l.len(), RECENT_ERRORS);
+        assert_eq!(l[0].text, "e0");
     }
 }

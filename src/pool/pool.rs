@@ -130,6 +130,29 @@ fn next_waiter(waiters: &mut VecDeque<Waiter>, home: usize) -> Option<Waiter> {
     waiters.pop_front()
 }
 
+impl Inner {
+    /// The servers that count against the pool's size: all but the pinned ones and the
+    /// spares kept for pins.
+    fn counted(&self) -> usize {
+        self.servers
+            .total()
+            .saturating_sub(self.pinned + self.spare)
+    }
+
+    /// May a client take an idle server? One within the pool's size is idle, or a spare
+    /// fits in the size now (a pin made room): it becomes one of the pool's.
+    fn may_take_idle(&mut self) -> bool {
+        if self.idle.len() > self.spare {
+            return true;
+        }
+        if self.spare > 0 && self.counted() < self.settings.pool_size {
+            self.spare -= 1;
+            return true;
+        }
+        false
+    }
+}
+
 struct Inner {
     settings: Arc<PoolSettings>,
     idle: VecDeque<Box<Server>>,
@@ -142,6 +165,10 @@ struct Inner {
     /// Of the servers, those held by pinned clients: they do not count against pool_size
     /// (up to pin_pool_size), so pins never take the servers other clients wait for.
     pinned: usize,
+    /// Of the idle servers, those kept beyond the pool's size for the next pin (a server a
+    /// pin took and gave back): at most pin_pool_size with the pinned ones. A pin lets one
+    /// of them into the pool's size instead of a new login (`Inner::may_take_idle`).
+    spare: usize,
     paused: bool,
     /// ParameterStatus values of a freshly logged-in server: what new clients are told.
     server_params: Option<Params>,
@@ -152,6 +179,8 @@ struct Inner {
     /// Failed logins since the last successful one: when to try again, who waits.
     login: LoginBackoff,
     last_login_error: Option<String>,
+    /// The last login errors, kept after a login succeeds.
+    login_errors: super::login::RecentErrors,
     /// The server refused the pool's credentials (28xxx), and when: clients already
     /// waiting then fail with the server's error at once, as PgBouncer's kill_pool_logins
     /// (retrying cannot help them). Cleared by a successful login.
@@ -251,12 +280,14 @@ impl Pool {
                 servers: ServerCounts::default(),
                 transit: Vec::new(),
                 pinned: 0,
+                spare: 0,
                 paused: false,
                 server_params: None,
                 session_template: None,
                 startup_template: None,
                 login: LoginBackoff::default(),
                 last_login_error: None,
+                login_errors: Default::default(),
                 refused: None,
                 close_before: None,
                 unused_since: None,
@@ -353,6 +384,7 @@ impl Pool {
             // Servers in use now were opened for the old target: closed when they come back.
             g.close_before = Some(Instant::now());
             let closing: Vec<Box<Server>> = g.idle.drain(..).collect();
+            g.spare = 0;
             for _ in &closing {
                 self.change_state(&mut g, Some(ServerState::Idle), None);
             }
@@ -679,7 +711,7 @@ impl Pool {
             } else {
                 0
             };
-        let in_use = g.servers.total().saturating_sub(g.pinned);
+        let in_use = g.counted();
         if in_use >= cap {
             return false;
         }
@@ -727,6 +759,7 @@ impl Pool {
         match result {
             Ok(s) => {
                 // `new connection to server` is logged by connect::connect.
+                PoolStats::add(&self.stats.server_logins, 1);
                 let failing_since = {
                     let mut g = self.lock();
                     self.change_state(&mut g, Some(ServerState::Login), Some(ServerState::Active));
@@ -761,7 +794,9 @@ impl Pool {
                     let was_failing = g.login.is_failing();
                     g.login
                         .failed(kind, started, Instant::now(), settings.server_login_retry);
-                    g.last_login_error = Some(e.to_string());
+                    let text = e.to_string();
+                    g.login_errors.record(&text, std::time::SystemTime::now());
+                    g.last_login_error = Some(text);
                     if let ServerError::Rejected(f) = &e
                         && f.code.starts_with("28")
                     {
@@ -893,14 +928,23 @@ impl Pool {
             Some(l) => now.duration_since(s.created()) >= l,
             None => s.served(),
         } || g.close_before.is_some_and(|t| s.created() < t);
-        let counted = g.servers.total().saturating_sub(g.pinned);
+        let counted = g.counted();
         let wrong_host =
             doubts_role(&g.settings.target.hosts, &s) || !g.settings.target.hosts.keeps(s.host());
-        if s.is_broken()
-            || too_old
-            || wrong_host
-            || counted > g.settings.pool_size + g.settings.reserve_pool_size
+        let over = counted > g.settings.pool_size + g.settings.reserve_pool_size;
+        if !(s.is_broken() || too_old || wrong_host)
+            && over
+            && g.spare + g.pinned < g.settings.pin_pool_size
         {
+            // Beyond the size because a pin made room for another: kept for the next pin,
+            // which takes it instead of a new login.
+            g.spare += 1;
+            self.change_state(&mut g, Some(from), Some(ServerState::Idle));
+            s.conn_mut().shrink();
+            g.idle.push_back(s);
+            return;
+        }
+        if s.is_broken() || too_old || wrong_host || over {
             drop(g);
             if s.is_broken() || too_old || wrong_host {
                 self.close(s, from);
@@ -990,7 +1034,7 @@ impl Pool {
             return;
         }
         while !g.waiters.is_empty() {
-            let grant = if let Some(s) = g.idle.pop_back() {
+            let grant = if let Some(s) = g.may_take_idle().then(|| g.idle.pop_back()).flatten() {
                 self.change_state(&mut g, Some(ServerState::Idle), Some(ServerState::Active));
                 Grant::Server(s)
             } else if self.may_open(&mut g, false) {
@@ -1042,6 +1086,8 @@ impl Pool {
             let mut keep = VecDeque::with_capacity(g.idle.len());
             let pinned = g.pinned;
             while let Some(mut srv) = g.idle.pop_front() {
+                // Spares first: any idle server may stand for one.
+                let spare = g.spare > 0;
                 let too_old = crate::config::enabled(s.server_lifetime)
                     .is_some_and(|l| now.duration_since(srv.created()) >= l);
                 let total = g.servers.total();
@@ -1049,7 +1095,9 @@ impl Pool {
                     .is_some_and(|l| now.duration_since(srv.last_used()) >= l)
                     && total > s.min_pool_size;
                 // After a reload to a smaller size: the longest idle go first.
-                let over_size = total.saturating_sub(pinned) > s.pool_size + s.reserve_pool_size;
+                let over_size = total.saturating_sub(pinned + g.spare)
+                    > s.pool_size + s.reserve_pool_size
+                    || (spare && g.spare + pinned > s.pin_pool_size);
                 let why = if too_old {
                     Some("server lifetime over")
                 } else if idle_too_long {
@@ -1065,12 +1113,14 @@ impl Pool {
                 };
                 if let Some(why) = why {
                     self.change_state(&mut g, Some(ServerState::Idle), None);
+                    g.spare = g.spare.saturating_sub(1);
                     closing.push((srv, why));
                 } else {
                     keep.push_back(srv);
                 }
             }
             g.idle = keep;
+            g.spare = g.spare.min(g.idle.len());
             let login_blocked = !g.login.may_try(now);
             open_needed = if login_blocked || g.paused {
                 0
@@ -1122,6 +1172,7 @@ impl Pool {
         let closing: Vec<Box<Server>> = {
             let mut g = self.lock();
             let v: Vec<Box<Server>> = g.idle.drain(..).collect();
+            g.spare = 0;
             for _ in &v {
                 self.change_state(&mut g, Some(ServerState::Idle), None);
             }
@@ -1213,7 +1264,7 @@ impl Pool {
         !g.paused
             && !g.waiters.is_empty()
             && g.idle.is_empty()
-            && g.servers.total().saturating_sub(g.pinned) < g.settings.pool_size
+            && g.counted() < g.settings.pool_size
     }
 
     /// A client keeps its server from now on (a pin): the server stops counting against
@@ -1251,6 +1302,7 @@ impl Pool {
             let Some(s) = g.idle.pop_front() else {
                 return false;
             };
+            g.spare = g.spare.saturating_sub(1);
             self.change_state(&mut g, Some(ServerState::Idle), None);
             s
         };
@@ -1263,12 +1315,20 @@ impl Pool {
         self.lock().last_login_error.clone()
     }
 
+    /// The last login errors, oldest first (kept after a login succeeds).
+    pub fn recent_login_errors(&self) -> Vec<super::login::RecentError> {
+        self.lock().login_errors.list()
+    }
+
     /// An idle server taken for a client, counted active: of the most recently used ones,
     /// the one `want` (a client's id and params version, `Server::affinity`) would find as
     /// it left it (`preferred`), else the most recently used one of this worker, else the
     /// most recently used one (the oldest with server_round_robin). A client that holds
     /// many settings keeps its server, and others keep theirs.
     fn pop_idle(&self, g: &mut Inner, want: Option<(u64, u64)>) -> Option<Box<Server>> {
+        if !g.may_take_idle() {
+            return None;
+        }
         let s = if g.settings.server_round_robin {
             g.idle.pop_front()
         } else {

@@ -109,9 +109,15 @@ pub fn parameter_status(out: &mut BytesMut, name: &str, value: &str) {
 }
 
 pub fn backend_key_data(out: &mut BytesMut, pid: i32, secret: i32) {
+    backend_key_data_long(out, pid, secret, &[]);
+}
+
+/// BackendKeyData whose secret is `secret`'s 4 bytes then `rest` (protocol 3.2).
+pub fn backend_key_data_long(out: &mut BytesMut, pid: i32, secret: i32, rest: &[u8]) {
     let at = begin(out, BACKEND_KEY_DATA);
     out.put_i32(pid);
     out.put_i32(secret);
+    out.put_slice(rest);
     finish(out, at);
 }
 

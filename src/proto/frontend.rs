@@ -2,7 +2,7 @@
 //! builders for what pgcarpool sends to servers.
 use bytes::{BufMut, BytesMut};
 
-use super::{ProtoError, Reader};
+use super::{Header, ProtoError, Reader};
 
 pub const QUERY: u8 = b'Q';
 pub const PARSE: u8 = b'P';
@@ -18,6 +18,51 @@ pub const COPY_DATA: u8 = b'd';
 pub const COPY_DONE: u8 = b'c';
 pub const COPY_FAIL: u8 = b'f';
 pub const PASSWORD: u8 = b'p';
+
+/// PostgreSQL's bound on the length word of a message that holds no SQL or data
+/// (`PQ_SMALL_MESSAGE_LIMIT`).
+pub const SMALL_MESSAGE_LIMIT: usize = 10_000;
+/// PostgreSQL's bound on the length word of a Query, FunctionCall, Parse, Bind or CopyData
+/// (`PQ_LARGE_MESSAGE_LIMIT`: `MaxAllocSize - 1`).
+pub const LARGE_MESSAGE_LIMIT: usize = 0x3fff_fffe;
+
+/// The largest length word PostgreSQL reads for a message of type `tag` from a logged-in
+/// client, or None: a type it never accepts there (it answers FATAL 08P01 "invalid
+/// frontend message type N" on the type byte alone and closes). A length word above the
+/// bound or below 4 makes it close the connection.
+pub fn max_len(tag: u8) -> Option<usize> {
+    match tag {
+        QUERY | FUNCTION_CALL | PARSE | BIND | COPY_DATA => Some(LARGE_MESSAGE_LIMIT),
+        CLOSE | DESCRIBE | EXECUTE | FLUSH | SYNC | TERMINATE | COPY_DONE | COPY_FAIL => {
+            Some(SMALL_MESSAGE_LIMIT)
+        }
+        _ => None,
+    }
+}
+
+/// The header of the message a logged-in client sent at the start of `buf`, checked as
+/// PostgreSQL checks it before reading the body (`SocketBackend`, `pq_getmessage`): a type
+/// it does not accept is an error from its first byte; a length word below 4 or above the
+/// type's bound is an error. `Ok(None)`: fewer than 5 bytes of a known type.
+/// (Inside COPY FROM STDIN PostgreSQL reads with other rules; this is for outside it.)
+#[inline]
+pub fn header(buf: &[u8]) -> Result<Option<Header>, ProtoError> {
+    let Some(&tag) = buf.first() else {
+        return Ok(None);
+    };
+    let Some(limit) = max_len(tag) else {
+        return Err(ProtoError::UnknownType(tag));
+    };
+    let Some(h) = super::header(buf, limit + 1).map_err(|e| match e {
+        // The length word itself, as PostgreSQL reports it.
+        ProtoError::TooLong(total) => ProtoError::BadLength(total as i64 - 1),
+        e => e,
+    })?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(h))
+}
 
 fn begin(out: &mut BytesMut, tag: u8) -> usize {
     out.put_u8(tag);
@@ -188,6 +233,67 @@ mod tests {
             Ok(("SCRAM-SHA-256", &b""[..]))
         );
         assert_eq!(parse_sasl_initial(b"M\0\0\0\0\0"), Ok(("M", &b""[..])));
+    }
+
+    #[test]
+    fn header_accepts_every_type_postgresql_reads() {
+        for tag in *b"QFPBCDEHSXdcf" {
+            let h = header(&[tag, 0, 0, 0, 4]).unwrap().unwrap();
+            assert_eq!((h.tag, h.total), (tag, 5));
+            // The type byte alone is not yet a header.
+            assert_eq!(header(&[tag]), Ok(None));
+        }
+        assert_eq!(header(b""), Ok(None));
+    }
+
+    #[test]
+    fn header_refuses_a_type_postgresql_does_not_read_from_its_first_byte() {
+        for tag in [1u8, 0, b'p', b'Z', b'G', b'x', 0xff] {
+            assert_eq!(header(&[tag]), Err(ProtoError::UnknownType(tag)));
+            assert_eq!(
+                header(&[tag, 0, 0, 0, 4]),
+                Err(ProtoError::UnknownType(tag))
+            );
+        }
+        assert_eq!(
+            ProtoError::UnknownType(1).to_string(),
+            "invalid frontend message type 1"
+        );
+    }
+
+    #[test]
+    fn header_bounds_each_type_as_postgresql_does() {
+        let with_len = |tag: u8, len: u32| {
+            let l = len.to_be_bytes();
+            header(&[tag, l[0], l[1], l[2], l[3]])
+        };
+        // Small messages: at most 10,000 including the length word.
+        for tag in *b"CDEHSXcf" {
+            assert_eq!(with_len(tag, 10_000).unwrap().unwrap().total, 10_001);
+            assert_eq!(with_len(tag, 10_001), Err(ProtoError::BadLength(10_001)));
+        }
+        // Large ones: up to MaxAllocSize - 1.
+        for tag in *b"QFPBd" {
+            assert_eq!(
+                with_len(tag, 0x3fff_fffe).unwrap().unwrap().total,
+                0x3fff_ffff
+            );
+            assert_eq!(
+                with_len(tag, 0x3fff_ffff),
+                Err(ProtoError::BadLength(0x3fff_ffff))
+            );
+            assert_eq!(
+                with_len(tag, 0x7fff_ffff),
+                Err(ProtoError::BadLength(0x7fff_ffff))
+            );
+        }
+        // Below 4, or negative: never.
+        for len in [0u32, 3, 0xffff_ffff, 0x8000_0000] {
+            assert_eq!(
+                with_len(b'Q', len),
+                Err(ProtoError::BadLength(i64::from(len as i32)))
+            );
+        }
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub enum ProtoError {
     Malformed(&'static str),
     #[error("unsupported protocol version {0}.{1}")]
     UnsupportedVersion(u16, u16),
+    /// A client message of a type no client may send after login (PostgreSQL's words, the
+    /// type in decimal).
+    #[error("invalid frontend message type {0}")]
+    UnknownType(u8),
 }
 
 /// Header of a regular (tagged) message: its tag and its total size including the tag byte.

@@ -7,6 +7,11 @@ use super::{ProtoError, Reader};
 pub const MAX_STARTUP_LEN: usize = 10_000;
 
 pub const PROTOCOL_3_0: i32 = 196_608;
+/// The newest minor version of protocol 3 spoken here: 3.2 (PostgreSQL 18), whose cancel
+/// keys may be longer than 4 bytes.
+pub const NEWEST_MINOR: u16 = 2;
+/// Longest secret of a cancel key in protocol 3.2.
+pub const MAX_CANCEL_SECRET: usize = 256;
 const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 const SSL_REQUEST_CODE: i32 = 80_877_103;
 /// An SSLRequest packet, as sent to a server.
@@ -23,9 +28,12 @@ pub enum StartupPacket {
     },
     SslRequest,
     GssEncRequest,
+    /// A CancelRequest: the process id, the secret's first 4 bytes, and the rest of a
+    /// protocol 3.2 secret (empty for a 4-byte one).
     Cancel {
         pid: i32,
         secret: i32,
+        rest: Vec<u8>,
     },
 }
 
@@ -51,10 +59,11 @@ pub fn parse(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>, ProtoError> {
     let packet = match code {
         SSL_REQUEST_CODE if len == 8 => StartupPacket::SslRequest,
         GSSENC_REQUEST_CODE if len == 8 => StartupPacket::GssEncRequest,
-        CANCEL_REQUEST_CODE if len == 16 => {
+        CANCEL_REQUEST_CODE if (16..=12 + MAX_CANCEL_SECRET).contains(&len) => {
             let pid = r.i32()?;
             let secret = r.i32()?;
-            StartupPacket::Cancel { pid, secret }
+            let rest = r.remaining().to_vec();
+            StartupPacket::Cancel { pid, secret, rest }
         }
         SSL_REQUEST_CODE | GSSENC_REQUEST_CODE | CANCEL_REQUEST_CODE => {
             return Err(ProtoError::Malformed("startup"));
@@ -104,12 +113,20 @@ pub fn startup_message_minor(out: &mut BytesMut, minor: u16, params: &[(&str, &s
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// Build a CancelRequest.
+/// Build a CancelRequest with a 4-byte secret.
 pub fn cancel_request(out: &mut BytesMut, pid: i32, secret: i32) {
-    out.put_i32(16);
+    cancel_request_long(out, pid, secret, &[]);
+}
+
+/// Build a CancelRequest whose secret is `secret`'s 4 bytes then `rest` (protocol 3.2;
+/// the caller keeps the whole within MAX_CANCEL_SECRET).
+pub fn cancel_request_long(out: &mut BytesMut, pid: i32, secret: i32, rest: &[u8]) {
+    let len = i32::try_from(16 + rest.len()).unwrap_or(i32::MAX);
+    out.put_i32(len);
     out.put_i32(CANCEL_REQUEST_CODE);
     out.put_i32(pid);
     out.put_i32(secret);
+    out.put_slice(rest);
 }
 
 /// Parse libpq's `options` startup parameter into `-c name=value` / `--name=value` pairs.
@@ -194,7 +211,11 @@ mod tests {
         cancel_request(&mut b, 7, -9);
         assert_eq!(
             parse(&b).unwrap().unwrap().0,
-            StartupPacket::Cancel { pid: 7, secret: -9 }
+            StartupPacket::Cancel {
+                pid: 7,
+                secret: -9,
+                rest: Vec::new()
+            }
         );
         let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
         assert_eq!(parse(&ssl).unwrap().unwrap().0, StartupPacket::SslRequest);
@@ -218,10 +239,31 @@ mod tests {
         }
         let b = [0, 0, 0, 12, 0x04, 0xd2, 0x16, 0x2e, 0, 0, 0, 1];
         assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
-        // A CancelRequest with 4 bytes too many.
-        let mut b = vec![0, 0, 0, 20, 0x04, 0xd2, 0x16, 0x2e];
-        b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        // A CancelRequest whose secret is longer than 256 bytes.
+        let mut b = BytesMut::new();
+        cancel_request_long(&mut b, 1, 2, &[3; MAX_CANCEL_SECRET - 3]);
         assert_eq!(parse(&b), Err(ProtoError::Malformed("startup")));
+    }
+
+    #[test]
+    fn parses_cancel_requests_with_long_keys() {
+        // Protocol 3.2: a secret of 5 to 256 bytes.
+        for rest in [vec![9u8], vec![7; 28], vec![1; MAX_CANCEL_SECRET - 4]] {
+            let mut b = BytesMut::new();
+            cancel_request_long(&mut b, 7, -9, &rest);
+            assert_eq!(b.len(), 16 + rest.len());
+            assert_eq!(
+                parse(&b).unwrap().unwrap(),
+                (
+                    StartupPacket::Cancel {
+                        pid: 7,
+                        secret: -9,
+                        rest: rest.clone()
+                    },
+                    b.len()
+                )
+            );
+        }
     }
 
     #[test]

@@ -351,6 +351,16 @@ impl HostList {
         self.book().switchovers
     }
 
+    /// The last switchovers, oldest first: when, and the hosts the primary moved between.
+    pub fn recent_switchovers(&self) -> Vec<(std::time::SystemTime, String, String)> {
+        let b = self.book();
+        let name = |i: usize| self.addrs.get(i).map(|a| a.to_string()).unwrap_or_default();
+        b.recent
+            .iter()
+            .map(|s| (s.at, name(s.from), name(s.to)))
+            .collect()
+    }
+
     /// Every host, its state, and whether new servers may go there.
     pub fn view(&self) -> Vec<HostView> {
         let b = self.book();
@@ -1017,13 +1027,14 @@ async fn start_tls(
 
 /// Send a CancelRequest for `key` to the server at `addr`.
 pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) -> std::io::Result<()> {
-    send_cancel_over(addr.connect().await?, key).await
+    send_cancel_over(addr.connect().await?, key, &[]).await
 }
 
-/// Send a CancelRequest over a connection just opened (to a server or a peer pooler).
-pub async fn send_cancel_over(stream: Stream, key: (i32, i32)) -> std::io::Result<()> {
+/// Send a CancelRequest over a connection just opened (to a server or a peer pooler);
+/// `rest`: the rest of a long (protocol 3.2) secret after `key`'s 4 bytes.
+pub async fn send_cancel_over(stream: Stream, key: (i32, i32), rest: &[u8]) -> std::io::Result<()> {
     let mut conn = Conn::new(stream);
-    conn.queue_with(|b| startup::cancel_request(b, key.0, key.1));
+    conn.queue_with(|b| startup::cancel_request_long(b, key.0, key.1, rest));
     conn.flush().await?;
     // PostgreSQL closes the connection when done; wait for that, bounded.
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.fill(1)).await;

@@ -1,9 +1,21 @@
 //! The role of each host of a `host=a,b,…` list (primary, standby, down, fenced) and
 //! which hosts a pool's `target_session_attrs` may use: libpq's rules, plus timelines
 //! against split brain and `max_standby_lag` for reads.
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Instant, SystemTime};
 
 use crate::config::settings::StandbyLag;
+
+/// The switchovers a [`RoleBook`] remembers (SHOW EVENTS, the status page).
+pub const RECENT_SWITCHOVERS: usize = 5;
+
+/// A move of the primary from one host to another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Switchover {
+    pub at: SystemTime,
+    pub from: usize,
+    pub to: usize,
+}
 
 /// libpq's `target_session_attrs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +146,8 @@ pub struct RoleBook {
     pub switchovers: u64,
     /// The last host that was the primary (it stays while none is).
     pub last_primary: Option<usize>,
+    /// The last [`RECENT_SWITCHOVERS`] switchovers, oldest first.
+    pub recent: VecDeque<Switchover>,
 }
 
 /// Why a host's role changed, for the log.
@@ -300,8 +314,16 @@ impl RoleBook {
             to: now,
         };
         if let Some(p) = now {
-            if self.last_primary.is_some_and(|l| l != p) {
+            if let Some(from) = self.last_primary.filter(|&l| l != p) {
                 self.switchovers += 1;
+                if self.recent.len() == RECENT_SWITCHOVERS {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(Switchover {
+                    at: SystemTime::now(),
+                    from,
+                    to: p,
+                });
             }
             self.last_primary = Some(p);
         }
@@ -362,6 +384,22 @@ mod tests {
         assert_eq!(b.primary, Some(1));
         assert_eq!(b.switchovers, 1);
         assert!(b.fits(1, rw, B(0)));
+        let moves: Vec<_> = b.recent.iter().map(|s| (s.from, s.to)).collect();
+        assert_eq!(moves, [(0, 1)], "the switchover is remembered");
+    }
+
+    #[test]
+    fn only_the_last_switchovers_are_remembered() {
+        let mut b = RoleBook::new(2);
+        for n in 0..RECENT_SWITCHOVERS + 2 {
+            let (up, down) = (n % 2, 1 - n % 2);
+            b.observe(down, standby(0));
+            b.observe(up, primary(1));
+        }
+        assert_eq!(b.switchovers as usize, RECENT_SWITCHOVERS + 1);
+        assert_eq!(b.recent.len(), RECENT_SWITCHOVERS);
+        let last = b.recent.back().unwrap();
+        assert_eq!((last.from, last.to), (1, 0));
     }
 
     #[test]

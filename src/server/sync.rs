@@ -22,6 +22,19 @@ pub fn is_read_only(name: &str) -> bool {
     RO.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
+/// A setting of the transaction, not of the session: `SET TRANSACTION` and `BEGIN …` give
+/// it the source `session` until the transaction ends, so a read-back inside a block sees
+/// it, but it is never a session's to keep, and PostgreSQL 16 and newer refuse to RESET
+/// it (GUC_NO_RESET: "parameter … cannot be reset").
+pub fn is_transaction_scoped(name: &str) -> bool {
+    const TX: [&str; 3] = [
+        "transaction_isolation",
+        "transaction_read_only",
+        "transaction_deferrable",
+    ];
+    TX.iter().any(|t| t.eq_ignore_ascii_case(name))
+}
+
 /// A setting the server's own config may change under a session, and that says what the
 /// server is (a primary being demoted turns it on): a value the server reports for it is
 /// not taken as the client's unless the client's own statement set it (read back then).
@@ -219,6 +232,7 @@ pub async fn read_back(
             }
         }
     }
+    out.retain(|(name, _)| !is_transaction_scoped(name));
     let reasons = if pins {
         let counts = sets.next().unwrap_or_default();
         let statements = sets.next().unwrap_or_default();

@@ -9,6 +9,7 @@ use atomic_waker::AtomicWaker;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock::Locked;
+pub use crate::peers::key::KeyRest;
 use crate::server::ServerAddr;
 
 /// Where a client's cancel requests go: the server's address and BackendKeyData.
@@ -37,6 +38,19 @@ pub enum ClientState {
     Active = 3,
 }
 
+/// Log an event about a logged-in client, named as PgBouncer names it
+/// (`C-0x…: db/user@addr`): `client_event!(info, handle, fields…, "message", args…)`.
+/// Every line about a client goes through here, whichever task writes it (the client's
+/// own, on whatever worker it runs now, or another's: a cancel request): the names come
+/// from the client's handle, never from the line's author.
+macro_rules! client_event {
+    ($level:ident, $handle:expr, $($rest:tt)+) => {{
+        let h: &$crate::shared::registry::ClientHandle = &$handle;
+        tracing::$level!(client = h.id, db = %h.db, user = %h.user, addr = %h.addr, $($rest)+)
+    }};
+}
+pub(crate) use client_event;
+
 /// What others may see of, and do to, one client. Kept small (every idle client has
 /// one): the user and database names are shared with every client of the same ones
 /// (`counts::Counted`), and what few clients have lives in `Rare`, made when first set.
@@ -62,9 +76,16 @@ pub struct ClientHandle {
     rare: Mutex<Option<Box<Rare>>>,
 }
 
-/// What only some clients have (TLS, a pin, a handover note, a kill reason).
+/// The kill reason of a client another one terminated (`pg_terminate_backend` of its pid):
+/// PostgreSQL's words, told with its SQLSTATE 57P01.
+pub const TERMINATED: &str = "terminating connection due to administrator command";
+
+/// What only some clients have (TLS, a pin, a handover note, a kill reason, a long key).
 #[derive(Default)]
 struct Rare {
+    /// The rest of a protocol 3.2 client's cancel secret, after `key`'s 4 bytes (None:
+    /// a 4-byte secret). Here, not in the handle: a field there costs every idle client.
+    key_rest: Option<KeyRest>,
     /// Why it was told to leave (KILL_CLIENT: "admin forced disconnect"); None: the
     /// database went (KILL db, shutdown).
     kill_reason: Option<&'static str>,
@@ -82,7 +103,7 @@ struct Rare {
 impl ClientHandle {
     fn new(
         id: u64,
-        key: (i32, i32),
+        (key, key_rest): ((i32, i32), Option<KeyRest>),
         addr: String,
         (user, db): (Arc<str>, Arc<str>),
         connect_time: SystemTime,
@@ -90,6 +111,12 @@ impl ClientHandle {
     ) -> Arc<ClientHandle> {
         // Registered after the shutdown began (`Registry::kill_all` walks only the clients
         // it finds): killed at once.
+        let rare = key_rest.map(|key_rest| {
+            Box::new(Rare {
+                key_rest: Some(key_rest),
+                ..Rare::default()
+            })
+        });
         Arc::new(ClientHandle {
             id,
             key,
@@ -104,8 +131,21 @@ impl ClientHandle {
             state: AtomicU8::new(ClientState::Login as u8),
             server: Mutex::new(None),
             prepared: Default::default(),
-            rare: Mutex::new(None),
+            rare: Mutex::new(rare),
         })
+    }
+
+    /// The rest of the client's cancel secret after `key`'s 4 bytes (None: a 4-byte one).
+    pub fn key_rest(&self) -> Option<KeyRest> {
+        self.rare(|r| r.key_rest)
+    }
+
+    /// Whether a CancelRequest's secret, after `key`'s 4 bytes, is this client's (compared
+    /// in constant time).
+    pub fn is_key_rest(&self, rest: &[u8]) -> bool {
+        let own = self.key_rest();
+        let own = own.as_ref().map_or(&[][..], |r| &r[..]);
+        own.len() == rest.len() && bool::from(subtle::ConstantTimeEq::ct_eq(own, rest))
     }
 
     /// Read what few clients have (None when nothing was ever set).
@@ -271,7 +311,8 @@ impl Registry {
         self.peer_id.store(id, Ordering::Relaxed);
     }
 
-    /// Register a client under a fresh random cancel key (naming this instance when peered).
+    /// Register a client under a fresh random cancel key (naming this instance when peered);
+    /// `long`: a protocol 3.2 client, whose secret gets KEY_REST_LEN more random bytes.
     /// `stop`: the shutdown's token (`Shared::stop_clients`); a client registered after it
     /// was cancelled is killed at once (`kill_all` walks only the clients it finds).
     pub fn register(
@@ -280,7 +321,9 @@ impl Registry {
         addr: String,
         names: (Arc<str>, Arc<str>),
         stop: &CancellationToken,
+        long: bool,
     ) -> Registration {
+        let rest = long.then(rand::random::<KeyRest>);
         let mut map = self.lock();
         let key = loop {
             let k = crate::peers::key::make(rand::random(), self.peer_id.load(Ordering::Relaxed));
@@ -288,7 +331,7 @@ impl Registry {
                 break k;
             }
         };
-        let handle = ClientHandle::new(id, key, addr, names, SystemTime::now(), stop);
+        let handle = ClientHandle::new(id, (key, rest), addr, names, SystemTime::now(), stop);
         map.insert(key, handle.clone());
         Registration {
             registry: self.clone(),
@@ -302,7 +345,7 @@ impl Registry {
     pub fn register_moved(
         self: &Arc<Self>,
         id: u64,
-        key: (i32, i32),
+        (key, rest): ((i32, i32), Option<KeyRest>),
         addr: String,
         names: (Arc<str>, Arc<str>),
         stop: &CancellationToken,
@@ -312,7 +355,7 @@ impl Registry {
         if map.contains_key(&key) {
             return None;
         }
-        let handle = ClientHandle::new(id, key, addr, names, connect_time, stop);
+        let handle = ClientHandle::new(id, (key, rest), addr, names, connect_time, stop);
         map.insert(key, handle.clone());
         Some(Registration {
             registry: self.clone(),
@@ -333,6 +376,15 @@ impl Registry {
         for c in self.lock().values() {
             c.wake();
         }
+    }
+
+    /// The client given process id `pid` in its BackendKeyData (a walk of every client:
+    /// for the rare query that signals one, `pg_terminate_backend(pid)`).
+    pub fn find_pid(&self, pid: i32) -> Option<Arc<ClientHandle>> {
+        self.lock()
+            .iter()
+            .find(|(k, _)| k.0 == pid)
+            .map(|(_, c)| c.clone())
     }
 
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {

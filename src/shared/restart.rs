@@ -11,6 +11,10 @@ use super::registry::Registry;
 use crate::lock::Locked;
 use crate::net::listen::Bound;
 
+/// A cancel request the new process passes to the old one: the key and the rest of a
+/// long (protocol 3.2) secret.
+pub type ForwardedCancel = ((i32, i32), Vec<u8>);
+
 /// Where a pooler is in an online restart (the old process's side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -73,7 +77,7 @@ pub struct Restart {
     /// New process: the clients still with the old one (SHOW CLIENTS lists them).
     staying: Mutex<Vec<StayingClient>>,
     /// New process: cancel requests for those clients go to the old one through here.
-    cancels: Mutex<Option<mpsc::UnboundedSender<(i32, i32)>>>,
+    cancels: Mutex<Option<mpsc::UnboundedSender<ForwardedCancel>>>,
     /// Woken at each phase change: idle clients wait on their own handle's waker, not on
     /// the phase's channel (`transaction::park`).
     clients: Arc<Registry>,
@@ -147,14 +151,16 @@ impl Restart {
         self.staying.locked().clone()
     }
 
-    /// New process: a cancel request for a client still with the old process goes there.
-    /// False: no such client.
-    pub fn forward_cancel(&self, key: (i32, i32)) -> bool {
+    /// New process: a cancel request for a client still with the old process goes there
+    /// (`rest`: the rest of a long secret, which the old process checks). False: no such
+    /// client.
+    pub fn forward_cancel(&self, key: (i32, i32), rest: &[u8]) -> bool {
         if !self.staying.locked().iter().any(|c| c.key == key) {
             return false;
         }
         let g = self.cancels.locked();
-        g.as_ref().is_some_and(|tx| tx.send(key).is_ok())
+        g.as_ref()
+            .is_some_and(|tx| tx.send((key, rest.to_vec())).is_ok())
     }
 
     /// Keep a descriptor of each listening socket (SHOW FDS passes them).
@@ -204,7 +210,7 @@ impl Restart {
     pub fn set_staying(&self, list: Vec<StayingClient>) {
         *self.staying.locked() = list;
     }
-    pub fn set_cancels(&self, tx: Option<mpsc::UnboundedSender<(i32, i32)>>) {
+    pub fn set_cancels(&self, tx: Option<mpsc::UnboundedSender<ForwardedCancel>>) {
         *self.cancels.locked() = tx;
     }
 

@@ -39,6 +39,14 @@ pub struct Effects {
     /// pool's shared listener then sees them through before the server goes back, so that
     /// a listening sender gets its own with its own pid).
     pub notify: bool,
+    /// The text names what a session asks about itself (`selfview::NAMES`:
+    /// pg_backend_pid, pg_terminate_backend, pg_cancel_backend, pg_prepared_statements):
+    /// rewritten for the client's virtual session (`selfview::rewrite`), and a FATAL 57P01
+    /// of its server is the client's own.
+    pub introspects: bool,
+    /// A LISTEN: after the transaction the server's channels go to the pool's shared
+    /// listener (its ReadyForQuery waits for that).
+    pub listen: bool,
 }
 
 impl Effects {
@@ -66,6 +74,8 @@ impl Effects {
         self.reserved_name |= o.reserved_name;
         self.calls |= o.calls;
         self.notify |= o.notify;
+        self.introspects |= o.introspects;
+        self.listen |= o.listen;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
         }
@@ -113,7 +123,9 @@ pub fn may_matter(sql: &[u8]) -> bool {
             b';' if leading(&rest[1..]) => return true,
             b's' if starts_with_ci(rest, b"set_config") => return true,
             b'a' if starts_with_ci(rest, b"advisory") => return true,
-            b'p' if starts_with_ci(rest, b"pg_temp") => return true,
+            b'p' if starts_with_ci(rest, b"pg_temp") || super::selfview::named_at(rest) => {
+                return true;
+            }
             b'n' if starts_with_ci(rest, b"notify") => return true,
             b'(' if i > 0 && calls_unknown(&sql[..i]) => return true,
             _ => {}
@@ -308,6 +320,7 @@ pub fn classify(sql: &[u8]) -> Effects {
         statement(&sql[a..b], single, &mut e);
     }
     e.notify = mentions_notify(sql);
+    e.introspects = super::selfview::mentions(sql);
     e
 }
 
@@ -355,7 +368,11 @@ fn statement(s: &[u8], single: bool, e: &mut Effects) {
         }
         "PREPARE" if w(1) != "TRANSACTION" => statement_name(s, single, e),
         "EXECUTE" => statement_name(s, single, e),
-        "LISTEN" | "UNLISTEN" => e.pin_check = true,
+        "LISTEN" => {
+            e.pin_check = true;
+            e.listen = true;
+        }
+        "UNLISTEN" => e.pin_check = true,
         "CREATE"
             if matches!(w(1), "TEMP" | "TEMPORARY") || matches!(w(2), "TEMP" | "TEMPORARY") =>
         {
@@ -1162,7 +1179,7 @@ fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
 }
 
-fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
+pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len()
         && hay
             .windows(needle.len())
@@ -1475,7 +1492,13 @@ mod tests {
             ("EXECUTE p", none.clone()),
             ("EXECUTE p; select 1", fx(&[], |e| e.pin_check = true)),
             // Pins and DDL
-            ("LISTEN ch", fx(&[], |e| e.pin_check = true)),
+            (
+                "LISTEN ch",
+                fx(&[], |e| {
+                    e.pin_check = true;
+                    e.listen = true;
+                }),
+            ),
             ("UNLISTEN *", fx(&[], |e| e.pin_check = true)),
             (
                 "CREATE GLOBAL TEMPORARY TABLE t (a int)",

@@ -32,6 +32,8 @@ pub struct PoolStats {
     pub pins: [AtomicU64; 5],
     /// Servers moved to another worker's runtime at checkout (see `crate::workers`).
     pub server_moves: AtomicU64,
+    /// Servers of the pool logged in to (each a new PostgreSQL backend).
+    pub server_logins: AtomicU64,
     /// Takings of the pool's mutex that had to wait for another thread, and how long they
     /// waited in all (nanoseconds).
     pub lock_waits: AtomicU64,

@@ -263,7 +263,8 @@ impl Predecessor {
         sock.write_all(&m)?;
         sock.set_nonblocking(true)?;
         let mut sock = tokio::net::UnixStream::from_std(sock)?;
-        let (cancel_tx, mut cancel_rx) = mpsc::unbounded_channel::<(i32, i32)>();
+        let (cancel_tx, mut cancel_rx) =
+            mpsc::unbounded_channel::<crate::shared::restart::ForwardedCancel>();
         shared.restart().set_cancels(Some(cancel_tx));
         let result = Self::frames(shared, &mut sock, &mut cancel_rx).await;
         // The old process is gone: nobody stays with it.
@@ -275,7 +276,7 @@ impl Predecessor {
     async fn frames(
         shared: &Arc<Shared>,
         sock: &mut tokio::net::UnixStream,
-        cancels: &mut mpsc::UnboundedReceiver<(i32, i32)>,
+        cancels: &mut mpsc::UnboundedReceiver<crate::shared::restart::ForwardedCancel>,
     ) -> io::Result<()> {
         let mut buf: Vec<u8> = Vec::new();
         let mut fds: VecDeque<OwnedFd> = VecDeque::new();
@@ -337,10 +338,15 @@ impl Predecessor {
             }
             tokio::select! {
                 r = sock.readable() => r?,
-                Some(key) = cancels.recv() => {
-                    let mut m = vec![b'C'];
+                Some((key, rest)) = cancels.recv() => {
+                    let mut m = vec![if rest.is_empty() { b'C' } else { b'L' }];
                     m.extend_from_slice(&key.0.to_be_bytes());
                     m.extend_from_slice(&key.1.to_be_bytes());
+                    if !rest.is_empty() {
+                        let len = u16::try_from(rest.len()).unwrap_or(u16::MAX);
+                        m.extend_from_slice(&len.to_be_bytes());
+                        m.extend_from_slice(&rest[..usize::from(len)]);
+                    }
                     tokio::io::AsyncWriteExt::write_all(sock, &m).await?;
                     continue;
                 }
@@ -373,7 +379,7 @@ fn adopt(shared: &Arc<Shared>, data: &[u8], fd: OwnedFd) -> Result<(), String> {
     let counted = shared.client_counts().enter(&m.db, &m.user).counted;
     let Some(reg) = shared.clients().register_moved(
         id,
-        m.key,
+        (m.key, m.key_rest),
         m.addr.clone(),
         counted.names(),
         shared.stop_clients(),

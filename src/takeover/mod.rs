@@ -39,6 +39,7 @@ use crate::net::listen::{Bound, SocketFile};
 use crate::net::{Conn, Stream};
 use crate::server::{Credential, Params};
 use crate::shared::Shared;
+use crate::shared::registry::client_event;
 use crate::shared::restart::Outgoing;
 use session::{MovedSession, StayingClient, Transport};
 
@@ -61,10 +62,7 @@ pub async fn serve(mut client: Box<Client>) -> bool {
             // that every idle client's task keeps.
             Ok(Exit::Handover) => match Box::pin(hand_over(&mut client)).await {
                 Ok(()) => {
-                    tracing::debug!(
-                        client = client.reg.handle.id,
-                        "handed over to the new process"
-                    );
+                    client_event!(debug, client.reg.handle, "handed over to the new process");
                     return true;
                 }
                 Err(why) => client.stay(why),

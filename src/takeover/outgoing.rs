@@ -1,6 +1,7 @@
 //! The old process's side of an online restart: SHOW FDS, which clients may move, and
 //! HANDOVER (each idle client's session and socket sent to the new process).
 use super::*;
+use crate::shared::restart::ForwardedCancel;
 
 /// Move an idle client to the new process. Ok: it runs there now (this task ends without a
 /// word to the client); Err: it stays here (the reason).
@@ -63,6 +64,7 @@ fn describe(c: &Client, transport: Transport) -> MovedSession {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0),
         key: h.key,
+        key_rest: h.key_rest(),
         params: pairs(&c.session.params),
         startup: pairs(&c.session.startup),
         statements: c
@@ -190,17 +192,48 @@ fn staying(clients: &[Arc<crate::client::registry::ClientHandle>]) -> Vec<Stayin
 }
 
 /// A cancel request the new process forwarded for a client of this one.
-fn cancel(shared: &Arc<Shared>, key: (i32, i32)) {
+fn cancel(shared: &Arc<Shared>, (key, rest): ForwardedCancel) {
     let shared = shared.clone();
-    tokio::spawn(async move { crate::client::cancel::handle(&shared, key, (0, "takeover")).await });
+    tokio::spawn(async move {
+        crate::client::cancel::handle(&shared, (key, &rest), (0, "takeover")).await
+    });
 }
 
 /// What the new process sends back on the handover connection.
 enum Answer {
     /// `Y` / `N`: whether it took the client just sent.
     Taken(bool),
-    /// `C` + the key: a cancel request for a client still here.
-    Cancel((i32, i32)),
+    /// `C` + the key: a cancel request for a client still here; `L` + the key + a u16
+    /// length + the rest of a long (protocol 3.2) secret.
+    Cancel(ForwardedCancel),
+}
+
+/// A whole `C` or `L` message at the front of `buf`, taken out of it (None: not all there
+/// yet).
+fn forwarded_cancel(buf: &mut Vec<u8>) -> io::Result<Option<ForwardedCancel>> {
+    let long = buf.first() == Some(&b'L');
+    let head = if long { 11 } else { 9 };
+    if buf.len() < head {
+        return Ok(None);
+    }
+    let k = |i: usize| i32::from_be_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    let key = (k(1), k(5));
+    let rest_len = if long {
+        usize::from(u16::from_be_bytes([buf[9], buf[10]]))
+    } else {
+        0
+    };
+    if rest_len > crate::proto::startup::MAX_CANCEL_SECRET {
+        return Err(io::Error::other(
+            "cancel secret too long from the new process",
+        ));
+    }
+    if buf.len() < head + rest_len {
+        return Ok(None);
+    }
+    let rest = buf[head..head + rest_len].to_vec();
+    buf.drain(..head + rest_len);
+    Ok(Some((key, rest)))
 }
 
 /// Bytes read from the new process and not yet understood.
@@ -218,20 +251,12 @@ impl Inbox {
                     let taken = self.buf.remove(0) == b'Y';
                     return Ok(Answer::Taken(taken));
                 }
-                Some(b'C') if self.buf.len() >= 9 => {
-                    let k = |i: usize| {
-                        i32::from_be_bytes([
-                            self.buf[i],
-                            self.buf[i + 1],
-                            self.buf[i + 2],
-                            self.buf[i + 3],
-                        ])
-                    };
-                    let key = (k(1), k(5));
-                    self.buf.drain(..9);
-                    return Ok(Answer::Cancel(key));
+                Some(b'C' | b'L') => {
+                    if let Some(cancel) = forwarded_cancel(&mut self.buf)? {
+                        return Ok(Answer::Cancel(cancel));
+                    }
                 }
-                Some(b'C') | None => {}
+                None => {}
                 Some(_) => return Err(io::Error::other("unexpected bytes from the new process")),
             }
             sock.readable().await?;

@@ -6,12 +6,18 @@
 //!
 //! Layout: `PGCSESS\0`, u32 version, then the fields in the order of `MovedSession`, each
 //! string or byte run as a u32 length and its bytes, each list as a u32 count and its items
-//! (all integers big-endian).
+//! (all integers big-endian). Version 2 adds the rest of a long cancel secret (protocol
+//! 3.2) after the key; a session without one is still written as version 1, which every
+//! pgcarpool since the format began reads.
 use bytes::Bytes;
 
+use crate::peers::key::KeyRest;
+
 const MAGIC: &[u8; 8] = b"PGCSESS\0";
-/// Bumped whenever the layout changes.
-pub const VERSION: u32 = 1;
+/// The newest layout, read along with the older ones; bumped whenever the layout changes.
+pub const VERSION: u32 = 2;
+/// The layout of the list of clients staying with the old process.
+const STAY_VERSION: u32 = 1;
 /// Most bytes one session may take (statements included); more is refused.
 pub const MAX_LEN: usize = 64 * 1024 * 1024;
 
@@ -34,6 +40,8 @@ pub struct MovedSession {
     pub connect_time_us: u64,
     /// The BackendKeyData the client was given (its cancel requests name it).
     pub key: (i32, i32),
+    /// The rest of a protocol 3.2 client's secret, after `key`'s 4 bytes.
+    pub key_rest: Option<KeyRest>,
     /// The session's settings.
     pub params: Vec<(String, String)>,
     /// The startup packet's parameters (what RESET ALL returns to, with the defaults).
@@ -66,7 +74,8 @@ impl MovedSession {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256);
         w.extend_from_slice(MAGIC);
-        w.extend_from_slice(&VERSION.to_be_bytes());
+        let version: u32 = if self.key_rest.is_some() { 2 } else { 1 };
+        w.extend_from_slice(&version.to_be_bytes());
         w.push(self.transport as u8);
         put_bytes(&mut w, self.user.as_bytes());
         put_bytes(&mut w, self.db.as_bytes());
@@ -74,6 +83,9 @@ impl MovedSession {
         w.extend_from_slice(&self.connect_time_us.to_be_bytes());
         w.extend_from_slice(&self.key.0.to_be_bytes());
         w.extend_from_slice(&self.key.1.to_be_bytes());
+        if let Some(rest) = &self.key_rest {
+            w.extend_from_slice(rest);
+        }
         for list in [&self.params, &self.startup] {
             put_count(&mut w, list.len());
             for (k, v) in list {
@@ -114,7 +126,7 @@ impl MovedSession {
             return Err(DecodeError::Magic);
         }
         let version = r.u32()?;
-        if version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
         let transport = match r.u8()? {
@@ -127,6 +139,7 @@ impl MovedSession {
         let addr = r.string()?;
         let connect_time_us = u64::from_be_bytes(r.array()?);
         let key = (r.u32()? as i32, r.u32()? as i32);
+        let key_rest = if version >= 2 { Some(r.array()?) } else { None };
         let params = r.pairs()?;
         let startup = r.pairs()?;
         let n = r.count()?;
@@ -157,6 +170,7 @@ impl MovedSession {
             addr,
             connect_time_us,
             key,
+            key_rest,
             params,
             startup,
             statements,
@@ -174,7 +188,7 @@ pub use crate::shared::restart::StayingClient;
 pub fn encode_staying(list: &[StayingClient]) -> Vec<u8> {
     let mut w = Vec::with_capacity(64 * list.len() + 16);
     w.extend_from_slice(STAY_MAGIC);
-    w.extend_from_slice(&VERSION.to_be_bytes());
+    w.extend_from_slice(&STAY_VERSION.to_be_bytes());
     put_count(&mut w, list.len());
     for c in list {
         put_bytes(&mut w, c.user.as_bytes());
@@ -197,7 +211,7 @@ pub fn decode_staying(data: &[u8]) -> Result<Vec<StayingClient>, DecodeError> {
         return Err(DecodeError::Magic);
     }
     let version = r.u32()?;
-    if version != VERSION {
+    if version != STAY_VERSION {
         return Err(DecodeError::Version(version));
     }
     let n = r.count()?;
@@ -289,6 +303,7 @@ mod tests {
             addr: "127.0.0.1:51234".into(),
             connect_time_us: 1_790_000_000_123_456,
             key: (12345, -987654),
+            key_rest: None,
             params: vec![
                 ("search_path".into(), "a, \"b c\"".into()),
                 ("application_name".into(), "ünïcode".into()),
@@ -325,10 +340,27 @@ mod tests {
     }
 
     #[test]
+    fn a_long_cancel_key_moves_along_in_version_2_and_a_short_one_in_version_1() {
+        let short = sample().encode();
+        assert_eq!(short[8..12], 1u32.to_be_bytes());
+        let long = MovedSession {
+            key_rest: Some([0xa5; crate::peers::key::KEY_REST_LEN]),
+            ..sample()
+        };
+        let b = long.encode();
+        assert_eq!(b[8..12], 2u32.to_be_bytes());
+        assert_eq!(b.len(), short.len() + crate::peers::key::KEY_REST_LEN);
+        assert_eq!(MovedSession::decode(&b).unwrap(), long);
+        for cut in 0..b.len() {
+            assert!(MovedSession::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn another_version_is_refused() {
         let mut b = sample().encode();
-        b[8..12].copy_from_slice(&2u32.to_be_bytes());
-        assert_eq!(MovedSession::decode(&b), Err(DecodeError::Version(2)));
+        b[8..12].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(MovedSession::decode(&b), Err(DecodeError::Version(3)));
         b[0] = b'X';
         assert_eq!(MovedSession::decode(&b), Err(DecodeError::Magic));
     }

@@ -99,9 +99,20 @@ pub fn clients_dir() -> PathBuf {
 /// output when it fails.
 pub fn install_clients() {
     static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = INSTALL.get_or_init(|| {
+    install(&INSTALL, &[]);
+}
+
+/// `install_clients` for the Python drivers only (asyncpg, psycopg): `install python`.
+pub fn install_python_clients() {
+    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
+    install(&INSTALL, &["python"]);
+}
+
+fn install(once: &OnceLock<Result<(), String>>, args: &[&str]) {
+    let result = once.get_or_init(|| {
         let output = Command::new("bash")
             .arg(clients_dir().join("install"))
+            .args(args)
             .output()
             .map_err(|e| format!("cannot run tests/clients/install: {e}"))?;
         if output.status.success() {

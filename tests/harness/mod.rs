@@ -27,6 +27,7 @@ mod observer;
 mod pooler;
 mod postgres;
 pub mod process;
+pub mod raw;
 pub mod wire;
 
 use std::future::Future;
@@ -37,8 +38,8 @@ use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
 pub use client::{
-    clients_dir, error_text, first_value, install_clients, login_outcome, psql, psql_command, rows,
-    scalar, scalar_within,
+    clients_dir, error_text, first_value, install_clients, install_python_clients, login_outcome,
+    psql, psql_command, rows, scalar, scalar_within,
 };
 #[allow(unused_imports)]
 pub use observer::Observer;
@@ -288,13 +289,37 @@ fn newest_pg_bin_dir_with(name: &str) -> Option<PathBuf> {
     dirs.pop().map(|(_, bin)| bin)
 }
 
-/// Path of a PostgreSQL program (`postgres`, `initdb`, `pg_ctl`, `psql`, `pgbench`, …):
-/// from the newest `/usr/lib/postgresql/*/bin` that has it, else from `PATH`.
-/// Panics with a hint when it is not installed.
-pub fn pg_bin(name: &str) -> PathBuf {
+/// The setting naming the folder of the PostgreSQL server programs the tests run
+/// (`initdb`, `pg_ctl`, `postgres`), e.g. the one `scripts/pg-version 18` prints.
+pub const PG_BIN_SETTING: &str = "PGCARPOOL_TEST_PG_BIN";
+
+/// The folder of the server programs: `PGCARPOOL_TEST_PG_BIN`, else the newest
+/// `/usr/lib/postgresql/*/bin` with a `postgres`.
+pub fn server_bin_dir() -> Option<&'static Path> {
     static SERVER_BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    // Prefer the directory of the newest server so client and server versions match.
-    if let Some(dir) = SERVER_BIN.get_or_init(|| newest_pg_bin_dir_with("postgres"))
+    SERVER_BIN
+        .get_or_init(|| match std::env::var_os(PG_BIN_SETTING) {
+            Some(dir) if !dir.is_empty() => {
+                let dir = PathBuf::from(dir);
+                assert!(
+                    dir.join("postgres").is_file(),
+                    "{PG_BIN_SETTING}={} has no `postgres`",
+                    dir.display()
+                );
+                Some(dir)
+            }
+            _ => newest_pg_bin_dir_with("postgres"),
+        })
+        .as_deref()
+}
+
+/// Path of a PostgreSQL program (`postgres`, `initdb`, `pg_ctl`, `psql`, `pgbench`, …):
+/// from the server's folder (`server_bin_dir`) when it has it, else from the newest
+/// `/usr/lib/postgresql/*/bin` that has it, else from `PATH`. Panics with a hint when it
+/// is not installed.
+pub fn pg_bin(name: &str) -> PathBuf {
+    // Prefer the directory of the server so client and server versions match.
+    if let Some(dir) = server_bin_dir()
         && dir.join(name).is_file()
     {
         return dir.join(name);
@@ -314,6 +339,99 @@ pub fn pg_bin(name: &str) -> PathBuf {
         "PostgreSQL program `{name}` not found in /usr/lib/postgresql/*/bin or PATH; \
          `scripts/test` installs PostgreSQL"
     );
+}
+
+/// The major version a PostgreSQL program prints with `--version`
+/// (`pg_basebackup (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)` → 15), or None.
+pub fn program_major(program: &Path) -> Option<u32> {
+    let out = Command::new(program).arg("--version").output().ok()?;
+    major_of_version_line(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The major version in a `--version` line: the first number after `(PostgreSQL) `.
+pub fn major_of_version_line(line: &str) -> Option<u32> {
+    let (_, rest) = line.split_once("(PostgreSQL) ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The major version of the PostgreSQL server the tests run (14, 15, … 18).
+pub fn server_major() -> u32 {
+    static MAJOR: OnceLock<u32> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let postgres = pg_bin("postgres");
+        program_major(&postgres)
+            .unwrap_or_else(|| panic!("{}: no version from --version", postgres.display()))
+    })
+}
+
+/// A client program that refuses servers newer than itself (`pg_basebackup`,
+/// `pg_receivewal`, `pg_recvlogical`, `pg_dump`), of the server's major or newer: Ok with
+/// its path, or Err saying why none is (for the test to print that it skipped).
+pub fn pg_bin_for_server(name: &str) -> Result<PathBuf, String> {
+    let server = server_major();
+    let mut found = Vec::new();
+    let candidates = server_bin_dir()
+        .map(|dir| dir.join(name))
+        .into_iter()
+        .chain(newest_pg_bin_dir_with(name).map(|dir| dir.join(name)));
+    for path in candidates.filter(|path| path.is_file()) {
+        match program_major(&path) {
+            Some(major) if major >= server => return Ok(path),
+            Some(major) => found.push(format!("{} is of {major}", path.display())),
+            None => found.push(format!("{} prints no version", path.display())),
+        }
+    }
+    Err(format!(
+        "no `{name}` of PostgreSQL {server} or newer (found: {})",
+        if found.is_empty() {
+            "none".to_string()
+        } else {
+            found.join(", ")
+        }
+    ))
+}
+
+/// `pg_bin_for_server(name)`, or None after printing that the calling test skipped and why.
+pub fn pg_bin_for_server_or_skip(name: &str) -> Option<PathBuf> {
+    match pg_bin_for_server(name) {
+        Ok(path) => Some(path),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// A folder holding libpq 18 or newer (`libpq.so.5.N`, N ≥ 18), which speaks protocol
+/// 3.2: `PGCARPOOL_TEST_LIBPQ_DIR`, else the `lib` folder beside the server's programs (the
+/// layout of `scripts/pg-version`). Err says why there is none. A client program of any
+/// major run with `LD_LIBRARY_PATH` set to it uses that libpq.
+pub fn libpq_with_protocol_3_2() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("PGCARPOOL_TEST_LIBPQ_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => match server_bin_dir().and_then(Path::parent) {
+            Some(root) => root.join("lib"),
+            None => return Err("no PostgreSQL server folder".into()),
+        },
+    };
+    let newest = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("libpq.so.5.")?.parse::<u32>().ok()
+        })
+        .max();
+    match newest {
+        Some(minor) if minor >= 18 => Ok(dir),
+        Some(minor) => Err(format!("{} has libpq.so.5.{minor}, not 18", dir.display())),
+        None => Err(format!(
+            "no libpq.so.5.* in {} (set PGCARPOOL_TEST_LIBPQ_DIR to the lib folder \
+             `scripts/pg-version 18` prints beside its bin)",
+            dir.display()
+        )),
+    }
 }
 
 /// Run `pgbench` with `args` (pass a connection string from `dsn()` as the database name)

@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::netns::NetNs;
-use super::{dsn_at, password_of, pg_bin, run_checked, tail, try_connect};
+use super::{
+    dsn_at, password_of, pg_bin, pg_bin_for_server_or_skip, run_checked, tail, try_connect,
+};
 
 /// Settings every instance gets (written into the template's postgresql.conf).
 const BASE_CONF: &str = "\
@@ -94,11 +96,16 @@ impl RunAs {
     /// A command running PostgreSQL program `name` as the right user, in `cwd`
     /// (a directory that user can enter: `runuser` keeps the caller's cwd).
     fn command(self, name: &str, cwd: &Path) -> Command {
+        self.command_at(&pg_bin(name), cwd)
+    }
+
+    /// `command` for the program at `program`.
+    fn command_at(self, program: &Path, cwd: &Path) -> Command {
         let mut cmd = match self {
-            RunAs::Myself => Command::new(pg_bin(name)),
+            RunAs::Myself => Command::new(program),
             RunAs::Postgres { .. } => {
                 let mut cmd = Command::new("runuser");
-                cmd.args(["-u", "postgres", "--"]).arg(pg_bin(name));
+                cmd.args(["-u", "postgres", "--"]).arg(program);
                 cmd
             }
         };
@@ -512,8 +519,10 @@ impl TempPostgres {
 
     /// A streaming standby of this server: `pg_basebackup -R -X stream` (as the user
     /// PostgreSQL runs as) into a new temp dir, started on another free port. Returns once
-    /// it accepts connections, in recovery.
-    pub fn start_standby(&self) -> TempPostgres {
+    /// it accepts connections, in recovery. None (the caller skips, as printed) when no
+    /// pg_basebackup of the server's major or newer is installed.
+    pub fn start_standby(&self) -> Option<TempPostgres> {
+        let basebackup = pg_bin_for_server_or_skip("pg_basebackup")?;
         let run_as = self.run_as;
         let dir = tempfile::Builder::new()
             .prefix("pgcarpool-pg-standby-")
@@ -523,7 +532,7 @@ impl TempPostgres {
         let data = dir.path().join("data");
         run_checked(
             run_as
-                .command("pg_basebackup", dir.path())
+                .command_at(&basebackup, dir.path())
                 .args([
                     "-h",
                     "127.0.0.1",
@@ -557,14 +566,14 @@ impl TempPostgres {
                 .output()
                 .expect("run pg_ctl start");
             if output.status.success() {
-                return TempPostgres {
+                return Some(TempPostgres {
                     run_as,
                     dir,
                     port,
                     host: "127.0.0.1".into(),
                     netns: None,
                     running: AtomicBool::new(true),
-                };
+                });
             }
             last_error = format!(
                 "standby start on port {port} failed: {}\n{}",

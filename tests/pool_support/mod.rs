@@ -102,7 +102,7 @@ pub async fn connect_watched(dsn: &str) -> Watched {
 
 /// The backend pid a client's next query runs on.
 pub async fn backend_pid(c: &Client) -> i32 {
-    scalar(c, "select pg_backend_pid()")
+    scalar(c, "select \"pg_backend_pid\"()")
         .await
         .expect("pg_backend_pid")
         .parse()

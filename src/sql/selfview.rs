@@ -1,0 +1,544 @@
+//! What a session asks about itself, in a client's SQL text: `pg_backend_pid()` made the
+//! client's virtual pid (the one its BackendKeyData gave) at the top level of its queries.
+//! Pure text work: the client layer decides when (`classify::Effects::introspects`, a flag
+//! of the classification every query already gets) and with what.
+
+/// The names a query asks about its own session with. Any of them in a text sets
+/// `Effects::introspects`.
+pub const NAMES: [&[u8]; 4] = [
+    b"pg_backend_pid",
+    b"pg_terminate_backend",
+    b"pg_cancel_backend",
+    b"pg_prepared_statements",
+];
+
+/// Does `rest` start with one of `NAMES` (any case)? Cheap when it does not: two bytes
+/// are looked at first.
+pub fn named_at(rest: &[u8]) -> bool {
+    rest.len() >= 14
+        && rest[1] | 0x20 == b'g'
+        && rest[2] == b'_'
+        && NAMES.iter().any(|n| starts_with_ci(rest, n))
+}
+
+/// Does the text name any of `NAMES`?
+pub fn mentions(sql: &[u8]) -> bool {
+    (0..sql.len()).any(|i| sql[i] | 0x20 == b'p' && named_at(&sql[i..]))
+}
+
+/// The statements whose expressions can hold a scalar subquery anywhere a function call
+/// can stand (not CALL, EXECUTE, DDL: defaults, views and function bodies keep the
+/// server's own pid).
+const QUERIES: [&[u8]; 9] = [
+    b"select", b"with", b"values", b"table", b"insert", b"update", b"delete", b"explain", b"merge",
+];
+
+/// `sql` as the client's own session would run it, for the queries among its statements
+/// (outside quotes, comments and dollar quotes):
+/// - every `pg_backend_pid()` (unqualified or `pg_catalog.`) made `(SELECT vpid AS
+///   pg_backend_pid)` (a scalar subquery: the column keeps its name and type), but where it
+///   is the argument of `pg_terminate_backend` or `pg_cancel_backend` (the server signals
+///   itself, as the session's own server);
+/// - with `view` (the body of `view_query`), a statement that reads `pg_prepared_statements`
+///   gets it as a CTE of that name in front (a `pg_catalog.` qualification dropped), which
+///   shadows the catalog view for the whole statement.
+///
+/// - `pg_terminate_backend(N)` / `pg_cancel_backend(N)` with an integer literal `N`: the
+///   client's own pid becomes `pg_catalog.pg_backend_pid()` (its server signals itself);
+///   another client's pid is given to `own.signal`, and when it signalled that client the
+///   call becomes `(SELECT true AS pg_terminate_backend)` (or `pg_cancel_backend`).
+///
+/// None: nothing to change.
+pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
+    let (vpid, view) = (own.vpid, own.view);
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    for (a, b) in super::classify::split(sql) {
+        let stmt = &sql[a..b];
+        let first = super::classify::strip_leading(stmt);
+        let at = a + (stmt.len() - first.len());
+        let word_end = first
+            .iter()
+            .position(|c| !c.is_ascii_alphabetic())
+            .unwrap_or(first.len());
+        let word = &first[..word_end];
+        let query = first.starts_with(b"(") || QUERIES.iter().any(|k| word.eq_ignore_ascii_case(k));
+        if !query {
+            continue;
+        }
+        let before = edits.len();
+        let mut reads_view = false;
+        for_each_word(stmt, |i| {
+            if let Some((start, end)) = backend_pid_call(stmt, i)
+                && !signal_argument(&stmt[..start])
+            {
+                let own = format!("(SELECT {vpid} AS pg_backend_pid)");
+                edits.push((a + start, a + end, own));
+            } else if let Some((start, end, text)) = signal_edit(stmt, i, own) {
+                edits.push((a + start, a + end, text));
+            } else if view.is_some()
+                && let Some(start) = view_name(stmt, i)
+            {
+                reads_view = true;
+                if start < i {
+                    edits.push((a + start, a + i, String::new()));
+                }
+            }
+        });
+        if let (true, Some(body)) = (reads_view, view) {
+            let cte = if word.eq_ignore_ascii_case(b"with") {
+                let mut after = at + word_end;
+                let rest = &sql[after..b];
+                let skip = skip_space(rest);
+                if starts_with_ci(&rest[skip..], b"recursive") {
+                    after += skip + b"recursive".len();
+                }
+                (after, format!(" pg_prepared_statements AS ({body}),"))
+            } else {
+                (at, format!("WITH pg_prepared_statements AS ({body}) "))
+            };
+            edits.insert(before, (cte.0, cte.0, cte.1));
+        }
+    }
+    if edits.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(sql.len() + 64);
+    let mut copied = 0;
+    for (start, end, text) in edits {
+        out.extend_from_slice(&sql[copied..start]);
+        out.extend_from_slice(text.as_bytes());
+        copied = end;
+    }
+    out.extend_from_slice(&sql[copied..]);
+    Some(out)
+}
+
+/// `pg_prepared_statements` as a word starting at `i` in `s` (not followed by `(`): where
+/// its name starts with a `pg_catalog.` qualification, else `i`. None: not it, or another
+/// schema's.
+fn view_name(s: &[u8], i: usize) -> Option<usize> {
+    const NAME: &[u8] = b"pg_prepared_statements";
+    if !starts_with_ci(&s[i..], NAME) || s.get(i + NAME.len()).is_some_and(|c| is_ident(*c)) {
+        return None;
+    }
+    match s[..i].strip_suffix(b".") {
+        None => Some(i),
+        Some(before) if ends_with_ci(before, b"pg_catalog") => {
+            let at = before.len() - b"pg_catalog".len();
+            (at == 0 || !is_ident(s[at - 1])).then_some(at)
+        }
+        Some(_) => None,
+    }
+}
+
+/// One of the client's prepared statements, as its `pg_prepared_statements` row shows it.
+pub struct Prepared<'a> {
+    /// The client's name for it.
+    pub name: &'a [u8],
+    /// Its text as the client gave it.
+    pub statement: &'a [u8],
+    /// The name the server holds it by.
+    pub server_name: &'a [u8],
+    /// Made by SQL PREPARE.
+    pub from_sql: bool,
+}
+
+/// The query that stands for `pg_prepared_statements` in a client's statement: the
+/// client's statements (its names, texts, `from_sql`), each with what the server holding
+/// it under its own name says of it (prepare time, parameter and result types, plan
+/// counts, whichever of them this PostgreSQL version has), the columns in the catalog
+/// view's order (the view's row type is filled in by `jsonb_populate_record`).
+pub fn view_query(rows: &[Prepared]) -> String {
+    let lit = |b: &[u8]| {
+        let t = String::from_utf8_lossy(b);
+        format!("E'{}'", t.replace('\\', "\\\\").replace('\'', "\\'"))
+    };
+    let values: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "({}, {}, {}, {})",
+                lit(r.name),
+                lit(r.statement),
+                lit(r.server_name),
+                r.from_sql
+            )
+        })
+        .collect();
+    let v = if values.is_empty() {
+        "SELECT NULL::text, NULL::text, NULL::text, NULL::bool WHERE false".to_string()
+    } else {
+        format!("VALUES {}", values.join(", "))
+    };
+    format!(
+        "SELECT r.* FROM ({v}) AS v(name, statement, server_name, from_sql) \
+         LEFT JOIN pg_catalog.pg_prepared_statements s ON s.name = v.server_name, \
+         LATERAL pg_catalog.jsonb_populate_record(s, pg_catalog.jsonb_build_object(\
+         'name', v.name, 'statement', v.statement, 'from_sql', v.from_sql)) AS r"
+    )
+}
+
+/// What `rewrite` is to know and do for the client's session.
+pub struct Own<'a> {
+    /// The client's pid (its BackendKeyData's).
+    pub vpid: i32,
+    /// The body of `view_query`, when the text reads `pg_prepared_statements`.
+    pub view: Option<&'a str>,
+    /// A pid the text signals that is not the client's own: true when it is another
+    /// client's and pgcarpool signalled it.
+    pub signal: &'a mut dyn FnMut(Signal, i32) -> bool,
+}
+
+/// What `pg_terminate_backend` and `pg_cancel_backend` ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Terminate,
+    Cancel,
+}
+
+/// A call `pg_terminate_backend(N …)` or `pg_cancel_backend(N …)` whose name starts at `i`
+/// in `s`, with an integer literal `N` (a cast after it allowed): the edit that makes it
+/// the client's (`rewrite`).
+fn signal_edit(s: &[u8], i: usize, own: &mut Own) -> Option<(usize, usize, String)> {
+    let (kind, name): (Signal, &[u8]) = if starts_with_ci(&s[i..], b"pg_terminate_backend") {
+        (Signal::Terminate, b"pg_terminate_backend")
+    } else if starts_with_ci(&s[i..], b"pg_cancel_backend") {
+        (Signal::Cancel, b"pg_cancel_backend")
+    } else {
+        return None;
+    };
+    let mut j = i + name.len();
+    j += skip_space(&s[j..]);
+    if s.get(j) != Some(&b'(') {
+        return None;
+    }
+    j += 1;
+    j += skip_space(&s[j..]);
+    let lit_start = j;
+    if s.get(j) == Some(&b'-') {
+        j += 1;
+    }
+    let digits = s[j..].iter().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    j += digits;
+    let lit_end = j;
+    let pid: i32 = std::str::from_utf8(&s[lit_start..lit_end])
+        .ok()?
+        .parse()
+        .ok()?;
+    if s.get(j).is_some_and(|c| is_ident(*c) || *c == b'.') {
+        return None;
+    }
+    if pid == own.vpid {
+        return Some((lit_start, lit_end, "pg_catalog.pg_backend_pid()".into()));
+    }
+    // The whole call, to its closing parenthesis (a timeout argument and casts in it).
+    let mut depth = 1;
+    while depth > 0 {
+        match s.get(j)? {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b'\'' | b'"' | b'$' | b';' => return None,
+            _ => {}
+        }
+        j += 1;
+    }
+    let start = match s[..i].strip_suffix(b".") {
+        None => i,
+        Some(before) if ends_with_ci(before, b"pg_catalog") => before.len() - b"pg_catalog".len(),
+        Some(_) => return None,
+    };
+    if !(own.signal)(kind, pid) {
+        return None;
+    }
+    let column = String::from_utf8_lossy(name);
+    Some((start, j, format!("(SELECT true AS {column})")))
+}
+
+/// A call `pg_backend_pid()` (or `pg_catalog.pg_backend_pid ( )`) whose name starts at
+/// `i` in `s`: where the call starts (its qualification included) and ends.
+fn backend_pid_call(s: &[u8], i: usize) -> Option<(usize, usize)> {
+    const NAME: &[u8] = b"pg_backend_pid";
+    if !starts_with_ci(&s[i..], NAME) {
+        return None;
+    }
+    let mut j = i + NAME.len();
+    if s.get(j).is_some_and(|c| is_ident(*c)) {
+        return None;
+    }
+    j += skip_space(&s[j..]);
+    if s.get(j) != Some(&b'(') {
+        return None;
+    }
+    j += 1;
+    j += skip_space(&s[j..]);
+    if s.get(j) != Some(&b')') {
+        return None;
+    }
+    let start = match s[..i].strip_suffix(b".") {
+        None => i,
+        Some(before) if ends_with_ci(before, b"pg_catalog") => {
+            let at = before.len() - b"pg_catalog".len();
+            if at > 0 && is_ident(s[at - 1]) {
+                return None;
+            }
+            at
+        }
+        // Another schema's function of that name.
+        Some(_) => return None,
+    };
+    Some((start, j + 1))
+}
+
+/// Does the text before a call end with `pg_terminate_backend(` or `pg_cancel_backend(`
+/// (spaces allowed): the call is the pid it signals?
+fn signal_argument(before: &[u8]) -> bool {
+    let t = before.trim_ascii_end();
+    let Some(t) = t.strip_suffix(b"(") else {
+        return false;
+    };
+    let t = t.trim_ascii_end();
+    [&b"pg_terminate_backend"[..], b"pg_cancel_backend"]
+        .iter()
+        .any(|n| ends_with_ci(t, n) && (t.len() == n.len() || !is_ident(t[t.len() - n.len() - 1])))
+}
+
+/// Calls `f` with the position of each word start of `s` that is SQL code: outside
+/// string literals, quoted identifiers, comments and dollar quotes.
+fn for_each_word(s: &[u8], mut f: impl FnMut(usize)) {
+    let n = s.len();
+    let mut i = 0;
+    while i < n {
+        match s[i] {
+            q @ (b'\'' | b'"') => {
+                i += 1;
+                while i < n {
+                    if s[i] == q {
+                        if s.get(i + 1) == Some(&q) {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    if q == b'\'' && s[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' if s.get(i + 1) == Some(&b'-') => {
+                while i < n && s[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if s.get(i + 1) == Some(&b'*') => {
+                let mut depth = 0;
+                while i < n {
+                    if s[i..].starts_with(b"/*") {
+                        depth += 1;
+                        i += 2;
+                    } else if s[i..].starts_with(b"*/") {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'$' if i == 0 || !is_ident(s[i - 1]) => {
+                let tag_end = s[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                match tag_end {
+                    Some(j) if s[j] == b'$' && (j == i + 1 || !s[i + 1].is_ascii_digit()) => {
+                        let tag = &s[i..=j];
+                        i = j + 1;
+                        while i < n && !s[i..].starts_with(tag) {
+                            i += 1;
+                        }
+                        i += tag.len();
+                    }
+                    _ => i += 1,
+                }
+            }
+            c if is_ident(c) => {
+                if i == 0 || !is_ident(s[i - 1]) {
+                    f(i);
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
+}
+
+fn skip_space(s: &[u8]) -> usize {
+    s.iter().take_while(|c| c.is_ascii_whitespace()).count()
+}
+
+fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
+    hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
+}
+
+fn ends_with_ci(hay: &[u8], needle: &[u8]) -> bool {
+    hay.len() >= needle.len() && hay[hay.len() - needle.len()..].eq_ignore_ascii_case(needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(sql: &str, vpid: i32, view: Option<&str>) -> Option<String> {
+        // 77 is another client's pid.
+        let mut signal = |_: Signal, pid: i32| pid == 77;
+        let mut own = Own {
+            vpid,
+            view,
+            signal: &mut signal,
+        };
+        rewrite(sql.as_bytes(), &mut own).map(|v| String::from_utf8(v).unwrap())
+    }
+
+    fn rw(sql: &str) -> Option<String> {
+        with(sql, 4242, None)
+    }
+
+    fn rv(sql: &str) -> Option<String> {
+        with(sql, 1, Some("V"))
+    }
+
+    #[test]
+    fn a_signal_to_a_virtual_pid_is_the_clients() {
+        assert_eq!(
+            rw("select pg_terminate_backend(4242)").as_deref(),
+            Some("select pg_terminate_backend(pg_catalog.pg_backend_pid())")
+        );
+        assert_eq!(
+            rw("select pg_cancel_backend( 4242::int )").as_deref(),
+            Some("select pg_cancel_backend( pg_catalog.pg_backend_pid()::int )")
+        );
+        assert_eq!(
+            rw("select pg_catalog.pg_terminate_backend(77, 1000), 1").as_deref(),
+            Some("select (SELECT true AS pg_terminate_backend), 1")
+        );
+        assert_eq!(
+            rw("select pg_cancel_backend(77::int)").as_deref(),
+            Some("select (SELECT true AS pg_cancel_backend)")
+        );
+        for sql in [
+            "select pg_terminate_backend(78)",
+            "select pg_terminate_backend(pid) from pg_stat_activity",
+            "select pg_terminate_backend(77.5)",
+            "select pg_terminate_backend($1)",
+            "select 'pg_terminate_backend(77)'",
+        ] {
+            assert_eq!(rw(sql), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn prepared_statements_is_shadowed_by_the_sessions_own() {
+        assert_eq!(
+            rv("select count(*) from pg_prepared_statements").as_deref(),
+            Some("WITH pg_prepared_statements AS (V) select count(*) from pg_prepared_statements")
+        );
+        assert_eq!(
+            rv(" /* c */ WITH recursive x AS (select 1) select * from x, PG_CATALOG.pg_prepared_statements p; select 1")
+                .as_deref(),
+            Some(
+                " /* c */ WITH recursive pg_prepared_statements AS (V), x AS (select 1) select * from x, pg_prepared_statements p; select 1"
+            )
+        );
+        assert_eq!(
+            rv("select pg_backend_pid() from pg_prepared_statements").as_deref(),
+            Some(
+                "WITH pg_prepared_statements AS (V) select (SELECT 1 AS pg_backend_pid) from pg_prepared_statements"
+            )
+        );
+        for sql in [
+            "select 'pg_prepared_statements'",
+            "select * from other.pg_prepared_statements",
+            "create view v as select * from pg_prepared_statements",
+            "select * from pg_prepared_statements_x",
+        ] {
+            assert_eq!(rv(sql), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_view_query_quotes_what_the_client_wrote() {
+        let q = view_query(&[Prepared {
+            name: b"a'b",
+            statement: b"select '\\'",
+            server_name: b"PGCARPOOL_1",
+            from_sql: false,
+        }]);
+        assert!(
+            q.contains("VALUES (E'a\\'b', E'select \\'\\\\\\'', E'PGCARPOOL_1', false)"),
+            "{q}"
+        );
+        assert!(view_query(&[]).contains("WHERE false"));
+    }
+
+    #[test]
+    fn backend_pid_at_the_top_level_is_the_virtual_pid() {
+        assert_eq!(
+            rw("select pg_backend_pid()").as_deref(),
+            Some("select (SELECT 4242 AS pg_backend_pid)")
+        );
+        assert_eq!(
+            rw("SELECT x FROM t WHERE pid = PG_CATALOG.pg_backend_pid ( ); select 1").as_deref(),
+            Some("SELECT x FROM t WHERE pid = (SELECT 4242 AS pg_backend_pid); select 1")
+        );
+        assert_eq!(
+            rw("insert into t values (pg_backend_pid()) returning pg_backend_pid()").as_deref(),
+            Some(
+                "insert into t values ((SELECT 4242 AS pg_backend_pid)) returning (SELECT 4242 AS pg_backend_pid)"
+            )
+        );
+    }
+
+    #[test]
+    fn backend_pid_elsewhere_is_left_to_the_server() {
+        for sql in [
+            "select 'pg_backend_pid()'",
+            "select \"pg_backend_pid\"()",
+            "select 1 -- pg_backend_pid()",
+            "select $$pg_backend_pid()$$",
+            "select /* pg_backend_pid() */ 1",
+            "select my.pg_backend_pid()",
+            "select xpg_backend_pid()",
+            "select pg_backend_pidx()",
+            "select pg_backend_pid",
+            "create table t (a int default pg_backend_pid())",
+            "call p(pg_backend_pid())",
+            "do $$begin perform pg_backend_pid(); end$$",
+            "select pg_terminate_backend(pg_backend_pid())",
+            "select pg_catalog.pg_cancel_backend ( pg_catalog.pg_backend_pid())",
+        ] {
+            assert_eq!(rw(sql), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn names_are_spotted_cheaply() {
+        assert!(named_at(b"pg_backend_pid()"));
+        assert!(named_at(b"PG_PREPARED_STATEMENTS"));
+        assert!(!named_at(b"pg_temp.t"));
+        assert!(!named_at(b"pg_"));
+        assert!(mentions(b"select * from Pg_Prepared_Statements"));
+        assert!(mentions(b"select pg_cancel_backend(1)"));
+        assert!(!mentions(b"select pg_sleep(1)"));
+    }
+}

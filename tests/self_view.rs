@@ -1,0 +1,286 @@
+//! A session's view of itself, with PostgreSQL as the oracle: the same scripts straight to
+//! PostgreSQL and through pgcarpool in transaction mode (many clients over a pool of 2,
+//! both protocols) give every client the same rows and errors, also where a session asks
+//! about itself (its pid, its termination) and where that ends it.
+//!
+//! In a step, `{pid}` is the process id the client's BackendKeyData gave it, `{pid:k}`
+//! client k's. A step after which the connection closed reads `Closed` last; the step
+//! `wait closed` reads what comes until the connection closes.
+mod harness;
+
+use std::time::Duration;
+
+use harness::wire::Wire;
+use harness::{Observer, TempPostgres, pool_of, wait_for};
+
+/// Every client's transcript, step by step, in lockstep; a closed client skips its later
+/// steps.
+async fn transcripts(port: u16, scripts: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
+    let mut conns = Vec::new();
+    for _ in scripts {
+        conns.push(Some(Wire::connect(port, "postgres", "testdb").await));
+    }
+    let pids: Vec<i32> = conns.iter().map(|c| c.as_ref().unwrap().pid).collect();
+    let mut out = vec![Vec::new(); scripts.len()];
+    let steps = scripts.iter().map(Vec::len).max().unwrap_or(0);
+    for k in 0..steps {
+        for (i, s) in scripts.iter().enumerate() {
+            let (Some(step), Some(w)) = (s.get(k), conns[i].as_mut()) else {
+                continue;
+            };
+            let mut step = step.replace("{pid}", &pids[i].to_string());
+            for (j, pid) in pids.iter().enumerate() {
+                step = step.replace(&format!("{{pid:{j}}}"), &pid.to_string());
+            }
+            if step == "wait closed" {
+                // Told and let go while idle: what came, up to the close.
+                let mut t: Vec<String> = w
+                    .until_closed()
+                    .await
+                    .iter()
+                    .map(|(tag, body)| match tag {
+                        b'E' => {
+                            let (code, message) = harness::wire::error_fields(body);
+                            format!("Error {code} {message}")
+                        }
+                        t => format!("{}", *t as char),
+                    })
+                    .collect();
+                t.push("Closed".into());
+                out[i].push(t);
+                conns[i] = None;
+                continue;
+            }
+            match w.try_step(&step).await {
+                Ok(t) => out[i].push(t),
+                Err(mut t) => {
+                    t.push("Closed".into());
+                    out[i].push(t);
+                    conns[i] = None;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The same transcripts straight and through pgcarpool, or a panic at the first difference.
+async fn oracle(direct: u16, pooler: u16, scripts: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
+    let want = transcripts(direct, scripts).await;
+    let got = transcripts(pooler, scripts).await;
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (k, (ws, gs)) in w.iter().zip(g).enumerate() {
+            assert_eq!(
+                ws, gs,
+                "client {i} step {k} differs\n--- step\n{}\n--- PostgreSQL (left) vs pgcarpool (right)",
+                scripts[i][k]
+            );
+        }
+        assert_eq!(w.len(), g.len(), "client {i}: steps run");
+    }
+    got
+}
+
+/// The step in the simple protocol (`Q`) for even clients, Parse/Bind/Describe/Execute for
+/// odd ones.
+fn either(i: usize, sql: &str) -> String {
+    if i.is_multiple_of(2) {
+        format!("Q {sql}")
+    } else {
+        format!("P |{sql}\nB ||\nD P \nE \nS")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_pid_is_the_pid_of_the_backend_key_data() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            vec![
+                either(i, "select pg_backend_pid() = {pid} as mine"),
+                either(i, "select pg_catalog.pg_backend_pid() - {pid}"),
+                format!(
+                    "Q begin\n{}\nQ commit",
+                    either(
+                        i,
+                        "select count(*) from (values (pg_backend_pid())) v(p) where p = {pid}"
+                    )
+                ),
+                // A named statement of the client's own, used again later.
+                "P own|select pg_backend_pid() = {pid}\nS".into(),
+                "B |own|\nE \nS".into(),
+                // Inside a string it is text.
+                either(i, "select 'pg_backend_pid()'"),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for c in &t {
+        assert!(c[0].contains(&"Row t".to_string()), "{:?}", c[0]);
+        assert!(c[1].contains(&"Row 0".to_string()), "{:?}", c[1]);
+        assert!(c[2].contains(&"Row 1".to_string()), "{:?}", c[2]);
+        assert!(c[4].contains(&"Row t".to_string()), "{:?}", c[4]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_its_own_backend_ends_the_client_as_postgresql_does() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            let own = match i % 4 {
+                0 | 1 => "select pg_terminate_backend(pg_backend_pid())",
+                // Inside a block, with a column after it.
+                _ => "select pg_catalog.pg_terminate_backend( pg_backend_pid() ), 2",
+            };
+            // (Inside a block: begun in the same step, so that no client waits for a
+            // server another holds in lockstep.)
+            let begin = if i % 4 >= 2 { "Q begin\n" } else { "" };
+            vec![
+                "Q select 1".into(),
+                format!("{begin}{}", either(i, own)),
+                "Q select 2".into(),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for c in &t {
+        let last = c.last().unwrap();
+        assert!(
+            last.iter().any(|l| l.starts_with("Error 57P01")) && last.last().unwrap() == "Closed",
+            "{last:?}"
+        );
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_lists_the_sessions_own() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let list = "select name, statement, from_sql, parameter_types from pg_prepared_statements order by name";
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            vec![
+                either(i, "select count(*) from pg_prepared_statements"),
+                // The same names in every client, for other texts.
+                format!("P s1|select {i}::int + $1\nS"),
+                format!("Q PREPARE q1(int) AS select $1 + {i}"),
+                format!("P s2|select 'client {i}'\nB |s2|\nE \nS"),
+                either(i, list),
+                either(i, "select p.name, p.from_sql from pg_catalog.pg_prepared_statements p join (values ('s1')) v(n) on v.n = p.name"),
+                "Q DEALLOCATE q1".into(),
+                format!("Q begin\n{}\nQ commit", either(i, list)),
+                "C S s1\nS".into(),
+                either(i, "with x as (select 1) select count(*) from x, pg_prepared_statements"),
+                // Its own statement reading the view.
+                "P own|select name from pg_prepared_statements order by name\nB |own|\nE \nS".into(),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        assert!(c[0].contains(&"Row 0".to_string()), "{:?}", c[0]);
+        assert!(
+            c[4].contains(&format!("Row s1|select {i}::int + $1|f|{{integer}}")),
+            "{:?}",
+            c[4]
+        );
+        assert!(
+            c[4].contains(&format!(
+                "Row q1|PREPARE q1(int) AS select $1 + {i}|t|{{integer}}"
+            )),
+            "{:?}",
+            c[4]
+        );
+        assert!(c[5].contains(&"Row s1|f".to_string()), "{:?}", c[5]);
+        assert!(c[9].contains(&"Row 1".to_string()), "{:?}", c[9]);
+        assert!(c[10].contains(&"Row own".to_string()), "{:?}", c[10]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_another_clients_pid_ends_that_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    // Even clients terminate the next one, by the pid its BackendKeyData gave it.
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            if i % 2 == 0 {
+                vec![
+                    "Q select 1".into(),
+                    either(
+                        i,
+                        &format!("select pg_terminate_backend({{pid:{}}})", i + 1),
+                    ),
+                    "Q select 2".into(),
+                ]
+            } else {
+                // (Terminated in this step, by client i - 1, which comes first.)
+                vec!["Q select 1".into(), "wait closed".into()]
+            }
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        if i % 2 == 0 {
+            assert!(c[1].contains(&"Row t".to_string()), "{:?}", c[1]);
+        } else {
+            assert!(
+                c[1].iter().any(|l| l.starts_with("Error 57P01")),
+                "{:?}",
+                c[1]
+            );
+        }
+    }
+    p.shutdown().await;
+}
+
+/// Client 0 runs `pg_sleep`; client 1 cancels it by the pid client 0 was given: the
+/// transcripts of both, straight to PostgreSQL or through `port`.
+async fn cancel_by_pid(port: u16, obs: &Observer, extended: bool) -> (Vec<String>, Vec<String>) {
+    let mut sleeper = Wire::connect(port, "postgres", "testdb").await;
+    let mut canceller = Wire::connect(port, "postgres", "testdb").await;
+    let pid = sleeper.pid;
+    let run = tokio::spawn(async move { sleeper.step("Q select 'sleeper', pg_sleep(30)").await });
+    wait_for(
+        "the sleeper's query runs",
+        Duration::from_secs(20),
+        || async {
+            obs.count("query like '%''sleeper''%' and state = 'active'", &[])
+                .await
+                == 1
+        },
+    )
+    .await;
+    let sql = format!("select pg_cancel_backend({pid})");
+    let step = if extended {
+        format!("P |{sql}\nB ||\nD P \nE \nS")
+    } else {
+        format!("Q {sql}")
+    };
+    let cancelled = canceller.step(&step).await;
+    (run.await.unwrap(), cancelled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_another_clients_pid_cancels_its_query() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let obs = Observer::new(&pg).await;
+    for extended in [false, true] {
+        let want = cancel_by_pid(pg.port(), &obs, extended).await;
+        let got = cancel_by_pid(p.port(), &obs, extended).await;
+        assert_eq!(want, got, "PostgreSQL (left) vs pgcarpool (right)");
+        assert!(
+            got.0.iter().any(|l| l.starts_with("Error 57014")),
+            "{got:?}"
+        );
+        assert!(got.1.contains(&"Row t".to_string()), "{got:?}");
+    }
+    p.shutdown().await;
+}
