@@ -58,7 +58,9 @@
 //!            cache.rs (PBKDF2 off the reactor, memoised), peer.rs (OS user of a Unix peer),
 //!            cert.rs (client certificate name), dynamic.rs (the secrets auth_query found,
 //!            kept auth_query_cache_ttl)
-//! sql/       classify.rs: the SQL classifier (leading keywords, internal statement names)
+//! sql/       classify.rs: the SQL classifier (leading keywords, internal statement names),
+//!            reads.rs (which texts only read: read routing's judgement), selfview.rs
+//!            (what a session asks about itself, rewritten for its virtual session)
 //! statements the process-wide statement registry (below client/ and server/)
 //! server/    connect.rs (connect + login, host lists, role checks), roles.rs (each host's
 //!            role, target_session_attrs, fencing), query.rs (pgcarpool's own queries),
@@ -73,7 +75,8 @@
 //!            (server login failures and retry backoff), guard.rs (RAII checkout, cleanup
 //!            of dirty servers), janitor.rs (lifetimes, min_pool_size, shared limits,
 //!            stats_period averages), listener.rs (one shared LISTEN connection per pool,
-//!            fan-out to clients' bounded inboxes)
+//!            fan-out to clients' bounded inboxes), reads.rs (read routing's standby
+//!            sub-pools, one per host, and its counters)
 //! peers/     peering: key.rs (cancel keys naming their instance), dns.rs (peers by one DNS
 //!            name, ids from addresses), mod.rs (peer table, forwarding cancels, SHOW PEERS)
 //! shared/    what the tasks of one pooler share (mini-redis's `Db`): mod.rs (`Shared`, no
@@ -91,7 +94,8 @@
 //!            auth_query.rs (a user's secret asked of PostgreSQL over the auth user's
 //!            pool), transaction.rs (the loop), relay.rs (forwarding both ways while a
 //!            server is held), rewrite.rs (virtual statements on the relay), renamed.rs
-//!            (server errors given back the client's names and positions), session.rs
+//!            (server errors given back the client's names and positions), route.rs
+//!            (read routing: primary or a fresh standby, the client's WAL position), session.rs
 //!            (the virtual session), aborted.rs (the failed block a client is left in when
 //!            its server is lost mid-transaction: 40001/08007, 25P02, ROLLBACK), notify.rs
 //!            (LISTEN/UNLISTEN answered from the virtual session, notifications delivered

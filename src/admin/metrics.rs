@@ -349,6 +349,7 @@ fn hosts(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) 
         let n = s.target.hosts.switchovers();
         let _ = writeln!(out, "pgcarpool_switchovers_total{{{l}}} {n}");
     }
+    reads(out, pools, labels);
     type Pick = fn(&crate::server::connect::HostView) -> u64;
     let gauges: [(&str, &str, Pick); 4] = [
         (
@@ -396,6 +397,53 @@ fn hosts(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) 
                 let host = esc(&h.addr.to_string());
                 let _ = writeln!(out, "{name}{{{l},host=\"{host}\"}} {}", pick(h));
             }
+        }
+    }
+}
+
+/// Read routing's counters of the pools that route reads: reads per standby, reads the
+/// primary served for freshness, standbys' refusals run again on the primary.
+fn reads(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
+    use crate::pool::reads::RoutingStats;
+    let routed: Vec<_> = pools
+        .iter()
+        .zip(labels)
+        .filter(|(p, _)| p.settings().read_routing)
+        .collect();
+    if routed.is_empty() {
+        return;
+    }
+    header(
+        out,
+        "pgcarpool_reads_total",
+        "counter",
+        "Transactions judged reads that ran on a standby, by host.",
+    );
+    for (p, l) in &routed {
+        for (i, a) in p.settings().target.hosts.addrs.iter().enumerate() {
+            let host = esc(&a.to_string());
+            let n = p.routing.reads_on(i);
+            let _ = writeln!(out, "pgcarpool_reads_total{{{l},host=\"{host}\"}} {n}");
+        }
+    }
+    type Pick = fn(&crate::pool::Pool) -> u64;
+    let counters: [(&str, &str, Pick); 2] = [
+        (
+            "pgcarpool_reads_on_primary_total",
+            "Transactions judged reads that ran on the primary: no standby had replayed what \
+             the client had seen, or none was usable.",
+            |p| RoutingStats::get(&p.routing.reads_on_primary),
+        ),
+        (
+            "pgcarpool_read_replays_total",
+            "Reads a standby refused as writes (25006) that ran again on the primary.",
+            |p| RoutingStats::get(&p.routing.refused_replays),
+        ),
+    ];
+    for (name, help, pick) in counters {
+        header(out, name, "counter", help);
+        for (p, l) in &routed {
+            let _ = writeln!(out, "{name}{{{l}}} {}", pick(p));
         }
     }
 }

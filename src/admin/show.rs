@@ -226,7 +226,7 @@ pub fn pools(shared: &Shared) -> Table {
     ]);
     let clients = shared.clients().all();
     for p in shared.pools().all() {
-        let c = p.counts();
+        let c = p.counts_with_reads();
         let mine = clients_of(&cfg, &p, &clients);
         let waiting = mine
             .iter()
@@ -866,12 +866,18 @@ pub fn hosts(shared: &Shared) -> Table {
         ("checked_ms_ago", Int),
         ("switchovers", Int),
         ("error", Text),
+        ("reads", Int),
+        ("reads_on_primary", Int),
+        ("read_replays", Int),
     ]);
+    use crate::pool::reads::RoutingStats;
     for p in shared.pools().all() {
         let s = p.settings();
         let list = &s.target.hosts;
         let switchovers = list.switchovers();
-        for h in list.view() {
+        let on_primary = RoutingStats::get(&p.routing.reads_on_primary);
+        let replays = RoutingStats::get(&p.routing.refused_replays);
+        for (i, h) in list.view().into_iter().enumerate() {
             t.push(vec![
                 p.db.clone().into(),
                 p.user.clone().into(),
@@ -891,6 +897,9 @@ pub fn hosts(shared: &Shared) -> Table {
                     .into(),
                 switchovers.into(),
                 h.state.why.clone().into(),
+                p.routing.reads_on(i).into(),
+                on_primary.into(),
+                replays.into(),
             ]);
         }
     }

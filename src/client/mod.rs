@@ -7,6 +7,7 @@ pub mod relay;
 pub mod renamed;
 pub mod replication;
 pub mod rewrite;
+pub mod route;
 pub mod session;
 pub mod startup;
 pub mod transaction;
@@ -78,10 +79,14 @@ pub struct Client {
     pub reg: Registration,
     /// Counted in its database and user (client connection limits) while it lives.
     pub counted: counts::Counted,
-    /// Online restart: why this client stays with this process (None: it moves when idle).
-    pub stays: Option<Box<str>>,
+    /// Online restart: this client stays with this process (false: it moves when idle);
+    /// why is in its handle (SHOW CLIENTS).
+    pub stays: bool,
     /// The channels it listens on through the pool's shared listener.
     pub listening: notify::Listening,
+    /// Read routing: what it has seen of the database (read_your_writes), from its first
+    /// routed transaction on.
+    pub seen: Option<Box<route::Seen>>,
 }
 
 impl Client {
@@ -102,8 +107,9 @@ impl Client {
             session,
             reg,
             counted,
-            stays: None,
+            stays: false,
             listening: Default::default(),
+            seen: Default::default(),
         }
     }
 }
@@ -196,7 +202,7 @@ impl Client {
     pub fn stay(&mut self, why: String) {
         client_event!(info, self.reg.handle, "client stays: {why}");
         self.reg.handle.set_handover(Some(format!("stays: {why}")));
-        self.stays = Some(why.into());
+        self.stays = true;
     }
 }
 
@@ -249,6 +255,7 @@ pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
                 counted,
                 stays,
                 listening,
+                seen: _,
             } = client;
             drop((listening, shared, pool, session, reg, counted, stays));
             conn.close().await;

@@ -63,6 +63,10 @@ pub enum RelayEvent {
     /// any of the client's first request (`Relay::first_request`): the request as the
     /// client sent it, to go to another server.
     TerminatedBeforeReply(BytesMut),
+    /// A standby refused the client's first request because it writes (25006) before
+    /// anything of the reply reached the client: the request as the client sent it, to
+    /// run on the primary (read routing).
+    RefusedOnStandby(BytesMut),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,15 +213,26 @@ pub struct Relay<'a> {
     /// The client's first request on a server just checked out, kept as sent while the
     /// server has said nothing, when it may be sent again (`first_reply`). None: not kept.
     pub first_request: Option<FirstRequest>,
+    /// Read routing sent the transaction to a standby: a later request that does not only
+    /// read waits for the standby to be done with the transaction and goes to the primary
+    /// in the next one (in a transaction block it goes on to the standby, whose error is
+    /// the client's). Off once a transaction block is seen.
+    pub reads_only: bool,
+    /// A Query, Parse or Bind went to the server in this relay.
+    requested: bool,
 }
 
-/// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`.
+/// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`
+/// (and on a standby, `RelayEvent::RefusedOnStandby`).
 #[derive(Debug, Default)]
 pub struct FirstRequest {
     /// The client's messages as it sent them (whole simple Queries only).
     pub msgs: BytesMut,
     /// When the first of them was forwarded.
     pub sent: Option<Instant>,
+    /// The server is a standby: nothing it runs commits anything, every simple Query is
+    /// kept, and its refusal of a write is looked for past what comes before an error.
+    pub standby: bool,
 }
 
 /// How soon after the client's first request a server's FATAL 57P01 must come for the
@@ -300,6 +315,8 @@ impl<'a> Relay<'a> {
             refused: None,
             refusal_synced: false,
             first_request: None,
+            reads_only: false,
+            requested: false,
         }
     }
 
@@ -587,12 +604,11 @@ impl<'a> Relay<'a> {
             let Some(h) = self.client_header(fwd) else {
                 break;
             };
-            if self.virt && self.awaits_round() {
-                // Scanned again once the server's replies came (`rescan_client`).
-                self.rescan_client = true;
+            let avail = self.client.rbuf.len() - fwd;
+            if let ControlFlow::Break(ev) = self.waits(h, avail, fwd)? {
+                event = ev;
                 break;
             }
-            let avail = self.client.rbuf.len() - fwd;
             self.note_client_message(h, fwd);
             match h.tag {
                 frontend::TERMINATE => {
@@ -752,7 +768,7 @@ impl<'a> Relay<'a> {
             let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
             if whole
                 && h.tag == frontend::QUERY
-                && super::classify::replay_safe(&buf[fwd + 5..fwd + h.total])
+                && (k.standby || super::classify::replay_safe(&buf[fwd + 5..fwd + h.total]))
             {
                 k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
                 k.sent.get_or_insert_with(Instant::now);
@@ -764,6 +780,72 @@ impl<'a> Relay<'a> {
         if self.xact_started.is_none() && self.mode != PoolMode::Session {
             self.xact_started = Some(Instant::now());
         }
+    }
+
+    /// Does the client's message at `fwd` (`avail` bytes of it there) wait before it is
+    /// scanned (Break, with the event that ends the relay, if any)?
+    fn waits(
+        &mut self,
+        h: proto::Header,
+        avail: usize,
+        fwd: usize,
+    ) -> Result<ControlFlow<Option<RelayEvent>>, ProtoError> {
+        if self.virt && self.awaits_round() {
+            // Scanned again once the server's replies came (`rescan_client`).
+            self.rescan_client = true;
+            return Ok(ControlFlow::Break(None));
+        }
+        if self.reads_only {
+            return self.hold_write(h, avail, fwd);
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Read routing, on a standby: a Query, Parse or Bind at `fwd` in the client's buffer
+    /// (`avail` bytes of it there), looked at once whole (Break(None) until then). One
+    /// that only reads (or the transaction's first, which routing judged) goes on
+    /// (Continue); one that may write waits while the standby owes replies (Break(None):
+    /// scanned again once they came), is left for the primary once the standby is idle
+    /// outside a block (Break(Release)), and goes on inside a block or an unsynced
+    /// extended-protocol round (the transaction is the standby's).
+    fn hold_write(
+        &mut self,
+        h: proto::Header,
+        avail: usize,
+        fwd: usize,
+    ) -> Result<ControlFlow<Option<RelayEvent>>, ProtoError> {
+        if !matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        if !whole(h, avail)? {
+            return Ok(ControlFlow::Break(None));
+        }
+        Ok(self.hold_whole(h, fwd))
+    }
+
+    /// The whole Query, Parse or Bind at `fwd`.
+    fn hold_whole(&mut self, h: proto::Header, fwd: usize) -> ControlFlow<Option<RelayEvent>> {
+        let body = &self.client.rbuf[fwd + 5..fwd + h.total];
+        // Simple queries kept for a replay may call functions: a refusal runs them again.
+        let calls = self.first_request.is_some();
+        let first = !std::mem::replace(&mut self.requested, true);
+        if first || reads(h.tag, body, self.session, calls) {
+            return ControlFlow::Continue(());
+        }
+        let x = self.server.exchange();
+        if x.unsynced() {
+            self.reads_only = false;
+            return ControlFlow::Continue(());
+        }
+        if !x.is_idle_but_status() {
+            self.rescan_client = true;
+            return ControlFlow::Break(None);
+        }
+        if x.tx_status() == b'I' {
+            return ControlFlow::Break(Some(RelayEvent::Release));
+        }
+        self.reads_only = false;
+        ControlFlow::Continue(())
     }
 
     /// An Execute at `fwd` in the client's buffer (whole or not), forwarded as written.
@@ -1304,25 +1386,47 @@ impl Relay<'_> {
     /// query that had been running is not overruled. The replies of a backend come in
     /// order: a statement that ran to its end would have put its reply before the FATAL.
     fn first_reply(&mut self) -> Option<Option<RelayEvent>> {
+        let standby = self.first_request.as_ref()?.standby;
         let buf = &self.server.conn().rbuf;
-        let h = match proto::header(buf, MAX_INSPECTED) {
-            Ok(Some(h)) => h,
-            Ok(None) => return Some(None),
-            Err(_) => {
-                self.first_request = None;
-                return None;
+        let mut at = 0;
+        let h = loop {
+            let h = match proto::header(&buf[at..], MAX_INSPECTED) {
+                Ok(Some(h)) if at + h.total <= MAX_INSPECTED => h,
+                Ok(None) => return Some(None),
+                _ => {
+                    self.first_request = None;
+                    return None;
+                }
+            };
+            // On a standby, a refused statement may have described its rows first.
+            let before_error = matches!(
+                h.tag,
+                backend::ROW_DESCRIPTION | backend::NOTICE_RESPONSE | backend::PARAMETER_STATUS
+            );
+            if !(standby && before_error) {
+                break h;
             }
+            if buf.len() < at + h.total {
+                return Some(None);
+            }
+            at += h.total;
         };
         if h.tag != backend::ERROR_RESPONSE {
             self.first_request = None;
             return None;
         }
-        if buf.len() < h.total {
+        if buf.len() < at + h.total {
             return Some(None);
         }
-        let terminated = backend::parse_error(&buf[5..h.total])
-            .is_ok_and(|e| e.severity == "FATAL" && e.code == "57P01");
+        let e = backend::parse_error(&buf[at + 5..at + h.total]);
+        let terminated = at == 0
+            && e.as_ref()
+                .is_ok_and(|e| e.severity == "FATAL" && e.code == "57P01");
+        let refused = standby && e.is_ok_and(|e| e.code == "25006");
         let kept = self.first_request.take()?;
+        if refused {
+            return Some(Some(RelayEvent::RefusedOnStandby(kept.msgs)));
+        }
         // (Nothing kept and nothing sent: the client's bytes had not all come yet.)
         let prompt = kept.sent.is_none_or(|t| t.elapsed() <= REPLAY_WINDOW);
         if terminated && prompt {
@@ -1394,6 +1498,30 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
             };
             // Not known (no virtual statements): the Parse was looked at already.
             rest.map_or((false, false), text)
+        }
+    }
+}
+
+/// Does a Query, Parse or Bind only read (`sql::reads::is_read`; a Bind by the text of
+/// the statement it names)? `calls`: unknown functions allowed.
+fn reads(tag: u8, body: &[u8], session: &VirtualSession, calls: bool) -> bool {
+    let mut r = proto::Reader::new(body, "message");
+    match tag {
+        frontend::QUERY => crate::sql::reads::is_read(body, calls),
+        frontend::PARSE => match r.cstr_bytes() {
+            Ok(name) => crate::sql::reads::is_read(&body[name.len() + 1..], false),
+            Err(_) => false,
+        },
+        _ => {
+            let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
+                return false;
+            };
+            let text = if stmt.is_empty() {
+                session.ext.unnamed.as_deref()
+            } else {
+                session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
+            };
+            text.is_some_and(|t| crate::sql::reads::is_read(t, false))
         }
     }
 }

@@ -12,11 +12,12 @@ use super::relay::{FirstRequest, Relay, RelayCounts, RelayEvent, RelayTimeouts};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
 use crate::net::conn::ConnError;
-use crate::pool::{CheckoutError, PooledServer};
+use crate::pool::{CheckoutError, Pool, PooledServer};
 use crate::proto::{self, backend, frontend};
 use crate::server::sync;
 use crate::shared::restart::{Phase, PhaseWatch};
 use crate::stats::PoolStats;
+use std::sync::Arc;
 
 /// How a client's transaction loop ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +190,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     let fresh = held.is_none();
     let server = match held {
         Some(s) => s,
-        None => fitted_server(c, cfg, kill).await?,
+        None => routed_server(c, cfg, kill).await?,
     };
     let pool_settings = c.pool.settings();
     // A server just checked out may have been terminated while idle, its FATAL still on
@@ -219,6 +220,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
     }
+    after_routed(c, &mut server, &event, &pool_settings).await;
     add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client and its session state (Terminate,
@@ -252,7 +254,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
             Err(ClientError::Told(why))
         }
         // (Taken by the loop above; never here.)
-        RelayEvent::TerminatedBeforeReply(_) => {
+        RelayEvent::TerminatedBeforeReply(_) | RelayEvent::RefusedOnStandby(_) => {
             server.mark_broken();
             Err(ClientError::fatal(
                 "57P01",
@@ -412,37 +414,51 @@ async fn relay_replacing(
         c.reg.handle.set_server_key_rest(server.key_rest().cloned());
         c.reg.handle.set_state(ClientState::Active);
         let assigned_at = Instant::now();
-        let keep_first = replays_left > 0 && !claimed;
-        let (event, counts, effects, withheld_ready, loss) = relay_once(
-            c,
-            &mut server,
-            cfg,
-            pool_settings,
-            timeouts,
-            keep_first,
-            kill,
-        )
-        .await;
-        let RelayEvent::TerminatedBeforeReply(first) = event else {
-            return Ok(Relayed {
-                server,
-                claimed,
-                assigned_at,
-                withheld_ready,
-                event,
-                counts,
-                effects,
-                loss,
-            });
+        let standby = !Arc::ptr_eq(server.pool(), &c.pool);
+        let start = Start {
+            keep_first: replays_left > 0 && !claimed,
+            standby,
         };
-        replays_left -= 1;
-        client_event!(
-            info,
-            c.reg.handle,
-            server = server.id(),
-            "server terminated before it answered the client's first request, \
-             sending it to another server"
-        );
+        let (event, counts, effects, withheld_ready, loss) =
+            relay_once(c, &mut server, cfg, pool_settings, timeouts, start, kill).await;
+        let (first, refused) = match event {
+            RelayEvent::TerminatedBeforeReply(first) => (first, false),
+            RelayEvent::RefusedOnStandby(first) => (first, true),
+            event => {
+                return Ok(Relayed {
+                    server,
+                    claimed,
+                    assigned_at,
+                    withheld_ready,
+                    event,
+                    counts,
+                    effects,
+                    loss,
+                });
+            }
+        };
+        replays_left = replays_left.saturating_sub(1);
+        if refused {
+            crate::pool::reads::RoutingStats::add(&c.pool.routing.refused_replays);
+            client_event!(
+                debug,
+                c.reg.handle,
+                server = server.id(),
+                "a standby refused the client's first request (25006), \
+                 sending it to the primary"
+            );
+        } else {
+            client_event!(
+                info,
+                c.reg.handle,
+                server = server.id(),
+                "server terminated before it answered the client's first request, \
+                 sending it to another server"
+            );
+        }
+        // A standby's server was replaced by another of the same standby; after a
+        // refusal, the primary's.
+        let sub = (standby && !refused).then(|| server.pool().clone());
         server.mark_broken();
         // The request first, as the client sent it, then what the client sent after it.
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
@@ -451,8 +467,16 @@ async fn relay_replacing(
         // Back to the pool (it closes it: broken) before another is asked for: its place
         // may be the one the next server takes.
         drop(server);
-        server = fitted_server(c, cfg, kill).await?;
+        server = fitted_server(c, cfg, kill, sub.as_ref()).await?;
     }
+}
+
+/// How a relay starts: keep the client's first request for a replay; the server is a
+/// standby's (read routing).
+#[derive(Clone, Copy)]
+struct Start {
+    keep_first: bool,
+    standby: bool,
 }
 
 /// One relay of the client with `server` until an event: the event, the counts, what the
@@ -464,7 +488,7 @@ async fn relay_once(
     cfg: &config::Config,
     pool_settings: &crate::pool::PoolSettings,
     timeouts: RelayTimeouts,
-    keep_first: bool,
+    start: Start,
     kill: &ClientHandle,
 ) -> (
     RelayEvent,
@@ -489,16 +513,20 @@ async fn relay_once(
     relay.disable_pqexec = cfg.settings.disable_pqexec;
     relay.hold_ready = c.listening.is_listening();
     relay.listener_channels = c.listening.channels().to_vec();
-    if keep_first {
-        relay.first_request = Some(FirstRequest::default());
+    if start.keep_first || start.standby {
+        relay.first_request = Some(FirstRequest {
+            standby: start.standby,
+            ..Default::default()
+        });
     }
+    relay.reads_only = start.standby;
     if mode == PoolMode::Session {
         relay.fast_close = Some((&c.pool, &c.shared));
     } else {
         relay.keep_client = true;
     }
     let hosts = &pool_settings.target.hosts;
-    if hosts.checks_roles() && hosts.attrs.wants_primary() {
+    if hosts.checks_roles() && hosts.attrs.wants_primary() && !start.standby {
         relay.fence = Some(hosts);
     }
     let event = tokio::select! {
@@ -786,12 +814,12 @@ async fn wait_for_request(
         }
         let now = phase.current();
         // In a failed block it moves once the block is over.
-        if now == Phase::HandingOver && c.stays.is_none() && aborted.is_none() {
+        if now == Phase::HandingOver && !c.stays && aborted.is_none() {
             match super::stays_because(c) {
                 None => return Ok(Wait::Handover),
                 Some(why) => {
                     c.reg.handle.set_handover(Some(format!("stays: {why}")));
-                    c.stays = Some(why.into());
+                    c.stays = true;
                 }
             }
         }
@@ -1027,6 +1055,101 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
     c.conn.queue_with(|b| backend::ready_for_query(b, b'I'));
     Ok(Some(Local::Answered))
 }
+/// A server for the client's next transaction: with read routing, from the pool its
+/// request goes to (`route`). Without it this is one flag.
+async fn routed_server(
+    c: &mut Client,
+    cfg: &config::Config,
+    kill: &ClientHandle,
+) -> Result<PooledServer, ClientError> {
+    if !c.pool.settings().read_routing {
+        return fitted_server(c, cfg, kill, None).await;
+    }
+    Box::pin(routed(c, cfg, kill)).await
+}
+
+/// Read routing: a standby's server when the request only reads and a standby has
+/// replayed what the client has seen (asked, when not known), else the primary's.
+async fn routed(
+    c: &mut Client,
+    cfg: &config::Config,
+    kill: &ClientHandle,
+) -> Result<PooledServer, ClientError> {
+    use super::route::{self, Route};
+    let (host, ask) = match route::choose(c) {
+        Route::Primary(read) => {
+            if read {
+                route::count_read(&c.pool, None);
+            }
+            return fitted_server(c, cfg, kill, None).await;
+        }
+        Route::Standby(i) => (i, false),
+        Route::Ask(i) => (i, true),
+    };
+    let sub = c.pool.read_pool(host);
+    match fitted_server(c, cfg, kill, Some(&sub)).await {
+        Ok(mut s) => {
+            if !ask {
+                return Ok(s);
+            }
+            let fresh = route::ask_replayed(&mut s, &sub).await;
+            if fresh.is_some_and(|lsn| lsn >= route::seen(c).lsn) {
+                return Ok(s);
+            }
+        }
+        // The standby went (promoted, down) meanwhile: the primary serves.
+        Err(e @ ClientError::Fatal { .. }) => {
+            tracing::debug!(
+                client = c.reg.handle.id,
+                "no standby server for a read: {e}"
+            );
+        }
+        Err(e) => return Err(e),
+    }
+    route::count_read(&c.pool, None);
+    fitted_server(c, cfg, kill, None).await
+}
+
+/// After a routed transaction: a read counted for its standby, and what the client has
+/// seen (read_your_writes).
+async fn after_routed(
+    c: &mut Client,
+    server: &mut PooledServer,
+    event: &RelayEvent,
+    settings: &crate::pool::PoolSettings,
+) {
+    if settings.read_routing {
+        Box::pin(after_read_routed(
+            c,
+            server,
+            event,
+            settings.read_your_writes,
+        ))
+        .await;
+    }
+}
+
+/// `after_routed` with read routing on.
+async fn after_read_routed(
+    c: &mut Client,
+    server: &mut PooledServer,
+    event: &RelayEvent,
+    ryw: bool,
+) {
+    let standby = !Arc::ptr_eq(server.pool(), &c.pool);
+    if standby {
+        super::route::count_read(&c.pool, server.host());
+    }
+    if !ryw {
+        return;
+    }
+    if !standby && matches!(event, RelayEvent::Release) {
+        super::route::after_primary(c, server).await;
+    } else {
+        super::route::after_loss(c, server.host());
+    }
+}
+
 /// Servers tried for one transaction when each dies before the client's first byte.
 const SERVER_TRIES: usize = 3;
 
@@ -1037,13 +1160,14 @@ async fn fitted_server(
     c: &mut Client,
     cfg: &config::Config,
     kill: &ClientHandle,
+    sub: Option<&Arc<Pool>>,
 ) -> Result<PooledServer, ClientError> {
     c.reg.handle.set_state(ClientState::Waiting);
     let mut tries = 0;
     let mut waited_us = 0;
     loop {
         tries += 1;
-        let (mut server, waited) = checkout(c, cfg, kill).await?;
+        let (mut server, waited) = checkout(c, cfg, kill, sub).await?;
         waited_us += waited;
         server.set_last_client(c.reg.handle.id);
         let applied = if sync::differs(&mut server, &c.session.params) {
@@ -1089,18 +1213,24 @@ async fn checkout(
     c: &mut Client,
     cfg: &config::Config,
     kill: &ClientHandle,
+    sub: Option<&Arc<Pool>>,
 ) -> Result<(PooledServer, u64), ClientError> {
     if c.shared.transactions_stopped() {
         return Err(shutting_down());
     }
     let want = (c.reg.handle.id, c.session.params.version());
-    if let Some(s) = c.pool.checkout_now(Some(want)) {
+    let now = match sub {
+        Some(p) => p.checkout_now(Some(want)),
+        None => c.pool.checkout_now(Some(want)),
+    };
+    if let Some(s) = now {
         return Ok((s, 0));
     }
     // Waiting: boxed, so that a transaction that finds an idle server does not carry the
     // room for it.
     let start = Instant::now();
-    let s = Box::pin(wait_for_server(c, cfg, kill, start)).await?;
+    let pool = sub.unwrap_or(&c.pool).clone();
+    let s = Box::pin(wait_for_server(c, cfg, kill, start, pool)).await?;
     Ok((s, start.elapsed().as_micros() as u64))
 }
 
@@ -1134,14 +1264,14 @@ async fn wait_for_server(
     cfg: &config::Config,
     kill: &ClientHandle,
     start: Instant,
+    pool: Arc<Pool>,
 ) -> Result<PooledServer, ClientError> {
     let (deadline, timeout_text) = wait_deadline(
         start,
-        c.pool.settings().query_wait_timeout,
+        pool.settings().query_wait_timeout,
         cfg.query_timeout_for(&c.reg.handle.user),
     );
     let mut notify_at = config::enabled(cfg.settings.query_wait_notify).map(|d| start + d);
-    let pool = c.pool.clone();
     let draining = c.shared.stop_transactions().clone();
     let mut draining = std::pin::pin!(draining.cancelled_owned());
     let mut fut = std::pin::pin!(pool.checkout(None));

@@ -53,6 +53,9 @@ pub struct DatabaseEntry {
     /// libpq's `any`, `read-write`, `read-only`, `primary`, `standby`, `prefer-standby`:
     /// the role a server's host must have (checked at login and by the host role check).
     pub target_session_attrs: Option<String>,
+    /// pgcarpool extension: reads to standbys (`read_routing`, `read_your_writes`).
+    pub read_routing: Option<bool>,
+    pub read_your_writes: Option<bool>,
 }
 
 impl std::fmt::Debug for DatabaseEntry {
@@ -83,6 +86,8 @@ impl std::fmt::Debug for DatabaseEntry {
             .field("query_wait_timeout", &self.query_wait_timeout)
             .field("load_balance_hosts", &self.load_balance_hosts)
             .field("target_session_attrs", &self.target_session_attrs)
+            .field("read_routing", &self.read_routing)
+            .field("read_your_writes", &self.read_your_writes)
             .finish()
     }
 }
@@ -295,6 +300,10 @@ fn one_of(key: &str, v: &str, allowed: &[&str]) -> Result<String, EntryError> {
     }
 }
 
+fn boolean(key: &str, v: &str) -> Result<bool, EntryError> {
+    super::settings::parse_bool(v).map_err(|e| entry_err(key, e))
+}
+
 fn non_empty(key: &str, v: &str) -> Result<String, EntryError> {
     if v.is_empty() {
         Err(entry_err(key, "empty value"))
@@ -371,6 +380,8 @@ pub fn parse_database(name: &str, text: &str) -> Result<DatabaseEntry, EntryErro
                     ],
                 )?)
             }
+            "read_routing" => d.read_routing = Some(boolean(k, v)?),
+            "read_your_writes" => d.read_your_writes = Some(boolean(k, v)?),
             _ => return Err(entry_err(k, "unknown parameter in [databases] entry")),
         }
     }
@@ -606,6 +617,23 @@ mod tests {
         assert!(one.ports.is_empty());
         let sock = parse_database("x", "port=7000").unwrap();
         assert_eq!(sock.host_ports(), vec![(None, 7000)]);
+    }
+
+    #[test]
+    fn read_routing_options_are_booleans() {
+        let d = parse_database("x", "host=a,b read_routing=on read_your_writes=off").unwrap();
+        assert_eq!(
+            (d.read_routing, d.read_your_writes),
+            (Some(true), Some(false))
+        );
+        let d = parse_database("x", "host=a").unwrap();
+        assert_eq!((d.read_routing, d.read_your_writes), (None, None));
+        assert!(
+            parse_database("x", "read_routing=maybe")
+                .unwrap_err()
+                .to_string()
+                .starts_with("read_routing: invalid value")
+        );
     }
 
     #[test]

@@ -144,6 +144,12 @@ pub struct Settings {
     /// replayed, or a time (`5s`, `500ms`, `1min`) since the last transaction it replayed
     /// while it has WAL left to replay (0: no bound).
     pub max_standby_lag: StandbyLag,
+    /// pgcarpool extension: in transaction mode, a transaction whose first statement only
+    /// reads goes to a standby of the entry's host list (database option `read_routing`).
+    pub read_routing: bool,
+    /// pgcarpool extension: with read_routing, a client never reads older data than it
+    /// wrote or read before (LSN tracking; database option `read_your_writes`).
+    pub read_your_writes: bool,
     /// This instance's peer id (0: none; see `peers_dns`).
     pub peer_id: u16,
     /// pgcarpool extension: `name[:port]` whose A/AAAA records are all the peers.
@@ -768,6 +774,8 @@ pub static TABLE: &[SettingDef] = &[
         StandbyLag::parse,
         StandbyLag::show
     ),
+    typed!(read_routing, "0", reload: true, implemented: true),
+    typed!(read_your_writes, "1", reload: true, implemented: true),
 ];
 
 /// PgBouncer refuses its own console as the database auth_query runs in.
@@ -932,6 +940,8 @@ impl Settings {
             notify_queue_limit: 64 * 1024 * 1024,
             server_role_check_interval: Duration::from_secs(1),
             max_standby_lag: StandbyLag::Bytes(0),
+            read_routing: false,
+            read_your_writes: true,
             peer_id: 0,
             peers_dns: String::new(),
             peers_hosts_file: String::new(),
@@ -1225,6 +1235,8 @@ mod tests {
                     "auth_query_cache_ttl",
                     "server_role_check_interval",
                     "max_standby_lag",
+                    "read_routing",
+                    "read_your_writes",
                 ]
                 .contains(n)
             })

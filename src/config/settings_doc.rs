@@ -644,6 +644,26 @@ pub static DESCRIPTIONS: &[Description] = &[
          WAL it has not replayed (a standby up to date with an idle primary does not lag).",
         OWN
     ),
+    d!(
+        read_routing,
+        Servers,
+        "boolean; also a database option (`read_routing=on`)",
+        "In transaction mode, an entry with a host list sends a transaction whose request \
+         only reads (the classifier's judgement, conservative) to a standby within \
+         `max_standby_lag`, everything else to the primary; a read a standby refuses \
+         (25006) before anything reached the client runs again on the primary. See \
+         docs/scale-out.md (Reads on standbys).",
+        OWN
+    ),
+    d!(
+        read_your_writes,
+        Servers,
+        "boolean; also a database option (`read_your_writes=off`)",
+        "With `read_routing`, a read goes only to a standby that has replayed everything \
+         the client wrote or read before (tracked by WAL position), else to the primary. \
+         Off: reads may be stale by up to `max_standby_lag`.",
+        OWN
+    ),
     // Client timeouts.
     d!(
         client_login_timeout,

@@ -26,7 +26,7 @@ pub async fn run(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        for pool in pools.all() {
+        for pool in pools.every() {
             pool.spawn_role_check();
             let missing = pool.maintain();
             for _ in 0..missing {

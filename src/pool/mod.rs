@@ -5,6 +5,7 @@ pub mod listener;
 pub mod login;
 #[allow(clippy::module_inception)]
 pub mod pool;
+pub mod reads;
 pub mod state;
 
 use crate::lock::Locked;
@@ -125,6 +126,17 @@ impl Pools {
     pub fn all(&self) -> Vec<Arc<Pool>> {
         let mut v: Vec<_> = self.pools.locked().values().cloned().collect();
         v.sort_by(|a, b| (&a.db, &a.user).cmp(&(&b.db, &b.user)));
+        v
+    }
+
+    /// Every pool and every read routing sub-pool: what the janitor keeps.
+    pub fn every(&self) -> Vec<Arc<Pool>> {
+        let mut v = self.all();
+        let subs: Vec<Arc<Pool>> = v
+            .iter()
+            .flat_map(|p| p.read_pools().into_iter().map(|(_, s)| s))
+            .collect();
+        v.extend(subs);
         v
     }
 

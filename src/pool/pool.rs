@@ -48,6 +48,11 @@ pub struct PoolSettings {
     pub pin_pool_size: usize,
     /// server_role_check_interval (target_session_attrs other than `any`).
     pub role_check_interval: Duration,
+    /// read_routing in force (transaction mode, a host list, no read-only
+    /// target_session_attrs): reads may go to the standbys' pools (`pool::reads`).
+    pub read_routing: bool,
+    /// read_your_writes: reads only on standbys that replayed what the client saw.
+    pub read_your_writes: bool,
     pub target: ServerTarget,
 }
 
@@ -209,6 +214,12 @@ pub struct Pool {
     pub fast_close: Notify,
     /// The clients listening through the pool's shared listener connection.
     pub listener: Arc<super::listener::Listener>,
+    /// read_routing: the standbys' sub-pools by host, made as reads first need them
+    /// (`pool::reads`), and the turn of the next read among them.
+    pub(super) reads: Mutex<Vec<Option<Arc<Pool>>>>,
+    pub(super) read_turn: std::sync::atomic::AtomicUsize,
+    /// Read routing's counts (SHOW HOSTS, /metrics).
+    pub routing: super::reads::RoutingStats,
 }
 
 enum Step {
@@ -288,7 +299,23 @@ impl Pool {
             login_changed: Notify::new(),
             fast_close: Notify::new(),
             listener: Arc::default(),
+            reads: Mutex::default(),
+            read_turn: Default::default(),
+            routing: Default::default(),
         })
+    }
+
+    /// A pool of the same database and user, under the same limits, with `settings`: a
+    /// read routing sub-pool.
+    pub(super) fn sub_pool(&self, settings: PoolSettings) -> Arc<Pool> {
+        Pool::new(
+            &self.db,
+            &self.user,
+            settings,
+            self.db_limit.clone(),
+            self.user_limit.clone(),
+            self.socket_ids.clone(),
+        )
     }
 
     /// The pool's mutex. Taken at once in the usual case; a wait (another worker holds it)
@@ -370,6 +397,7 @@ impl Pool {
         } else {
             drop(g);
         }
+        self.update_reads(&self.settings());
         self.grant_waiters();
     }
 
@@ -1513,6 +1541,8 @@ mod tests {
             pin_error: false,
             pin_pool_size: 0,
             role_check_interval: Duration::ZERO,
+            read_routing: false,
+            read_your_writes: true,
             target: ServerTarget {
                 addr: crate::server::ServerAddr::Tcp {
                     host: "127.0.0.1".into(),

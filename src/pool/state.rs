@@ -42,6 +42,13 @@ impl ServerCounts {
         self.total() - self.get(ServerState::Idle)
     }
 
+    /// These and `other`'s together (a pool and its read routing sub-pools).
+    pub fn add(&mut self, other: &ServerCounts) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+
     /// One server moves from `from` to `to` (None: no server; a place taken or given back).
     pub(super) fn change(&mut self, from: Option<ServerState>, to: Option<ServerState>) {
         if let Some(f) = from {

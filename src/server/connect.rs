@@ -205,6 +205,8 @@ pub struct HostList {
     /// When the roles were last checked by the role check (None: check now).
     checked: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     checking: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A read routing sub-pool's list: new servers go to this host alone.
+    only: Option<usize>,
 }
 
 impl PartialEq for HostList {
@@ -230,7 +232,8 @@ pub struct HostView {
 /// SQL asking a server for its role: in recovery, read-only, a primary's timeline (from
 /// its current WAL file name), a standby's WAL received and not yet replayed, and while
 /// there is some, the milliseconds since the primary committed the last transaction the
-/// standby replayed (since it started, when it has replayed none).
+/// standby replayed (since it started, when it has replayed none); the WAL position a
+/// standby replayed or a primary inserted.
 const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
     CASE WHEN pg_is_in_recovery() THEN 0 \
     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
@@ -238,7 +241,9 @@ const ROLE_QUERY: &str = "SELECT pg_is_in_recovery(), current_setting('transacti
     pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), 0), 0)::bigint ELSE 0 END, \
     CASE WHEN pg_is_in_recovery() AND pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn() \
     THEN greatest(extract(epoch FROM now() - coalesce(pg_last_xact_replay_timestamp(), \
-    pg_postmaster_start_time())) * 1000, 0)::bigint ELSE 0 END";
+    pg_postmaster_start_time())) * 1000, 0)::bigint ELSE 0 END, \
+    pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_wal_replay_lsn(), \
+    '0/0') ELSE pg_current_wal_insert_lsn() END, '0/0')::bigint";
 
 impl HostList {
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> HostList {
@@ -278,6 +283,42 @@ impl HostList {
 
     fn book(&self) -> std::sync::MutexGuard<'_, RoleBook> {
         self.book.locked()
+    }
+
+    /// The same hosts and roles (one book), for servers of host `i` alone as `attrs`
+    /// wants them: a read routing sub-pool's list.
+    pub fn only(&self, i: usize, attrs: SessionAttrs) -> HostList {
+        HostList {
+            only: Some(i),
+            attrs,
+            ..self.clone()
+        }
+    }
+
+    /// Host `i` is a standby within `max_standby_lag`.
+    pub fn standby_ok(&self, i: usize) -> bool {
+        self.book().standby_ok(i, self.max_lag)
+    }
+
+    /// The primary now, if one is known.
+    pub fn primary(&self) -> Option<usize> {
+        self.book().primary
+    }
+
+    /// Host `i`'s highest WAL position seen and when it was asked (see
+    /// [`HostState::note_lsn`]).
+    pub fn lsn(&self, i: usize) -> (u64, Option<std::time::Instant>) {
+        self.book()
+            .hosts
+            .get(i)
+            .map_or((0, None), |h| (h.lsn, h.lsn_at))
+    }
+
+    /// A WAL position of host `i` asked at `asked`.
+    pub fn note_lsn(&self, i: usize, lsn: u64, asked: std::time::Instant) {
+        if let Some(h) = self.book().hosts.get_mut(i) {
+            h.note_lsn(lsn, asked);
+        }
     }
 
     /// Roles are checked: `target_session_attrs` is not `any`.
@@ -411,6 +452,9 @@ impl HostList {
     /// role); `[]`: no list (use the target's one address).
     fn order(&self) -> Vec<usize> {
         use std::sync::atomic::Ordering;
+        if let Some(i) = self.only {
+            return vec![i];
+        }
         let n = self.addrs.len();
         if n == 0 || (n == 1 && !self.checks_roles()) {
             return Vec::new();
@@ -446,6 +490,7 @@ impl HostList {
 
 /// Ask a logged-in server for its role ([`ROLE_QUERY`]).
 pub async fn ask_role(server: &mut Server) -> Result<Observed, ServerError> {
+    let asked = std::time::Instant::now();
     let sets = super::query::query_sets(server, ROLE_QUERY).await?;
     let row = sets
         .first()
@@ -458,6 +503,8 @@ pub async fn ask_role(server: &mut Server) -> Result<Observed, ServerError> {
         timeline: col(2).parse().unwrap_or(0),
         lag_bytes: col(3).parse().unwrap_or(0),
         lag_ms: col(4).parse().unwrap_or(0),
+        lsn: col(5).parse().unwrap_or(0),
+        asked: Some(asked),
     })
 }
 
@@ -1036,6 +1083,8 @@ mod tests {
             timeline,
             lag_bytes: 0,
             lag_ms: 0,
+            lsn: 0,
+            asked: None,
         };
         old.observe(0, o(1), "db");
         old.observe(1, o(2), "db");

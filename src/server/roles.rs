@@ -101,6 +101,10 @@ pub struct Observed {
     /// While it has WAL left to replay: milliseconds since the primary committed the last
     /// transaction it replayed (0: up to date).
     pub lag_ms: u64,
+    /// A standby's WAL replayed, a primary's WAL written, as a byte position (0: unknown).
+    pub lsn: u64,
+    /// When the question was sent: the position is at least what the host had then.
+    pub asked: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -110,9 +114,23 @@ pub struct HostState {
     pub timeline: u32,
     pub lag_bytes: u64,
     pub lag_ms: u64,
+    /// The highest WAL position seen (a standby's replayed, a primary's written) and
+    /// when the question that found it was sent (read routing's freshness).
+    pub lsn: u64,
+    pub lsn_at: Option<Instant>,
     pub checked: Option<Instant>,
     /// Why it is down or unknown.
     pub why: Option<String>,
+}
+
+impl HostState {
+    /// A WAL position of the host asked at `asked`: kept when it is the highest seen.
+    pub fn note_lsn(&mut self, lsn: u64, asked: Instant) {
+        if lsn >= self.lsn {
+            self.lsn = lsn;
+            self.lsn_at = Some(self.lsn_at.map_or(asked, |t| t.max(asked)));
+        }
+    }
 }
 
 /// The roles of a host list's hosts and the choice they lead to.
@@ -161,7 +179,7 @@ impl RoleBook {
         })
     }
 
-    fn standby_ok(&self, i: usize, max_lag: StandbyLag) -> bool {
+    pub fn standby_ok(&self, i: usize, max_lag: StandbyLag) -> bool {
         self.hosts.get(i).is_some_and(|h| {
             h.role == HostRole::Standby
                 && match max_lag {
@@ -256,6 +274,9 @@ impl RoleBook {
         h.lag_ms = if o.standby { o.lag_ms } else { 0 };
         h.checked = Some(Instant::now());
         h.why = None;
+        if o.lsn > 0 {
+            h.note_lsn(o.lsn, o.asked.unwrap_or_else(Instant::now));
+        }
         if !o.standby {
             self.max_timeline = self.max_timeline.max(o.timeline);
         }
@@ -327,6 +348,8 @@ mod tests {
             timeline,
             lag_bytes: 0,
             lag_ms: 0,
+            lsn: 0,
+            asked: None,
         }
     }
 
@@ -337,6 +360,8 @@ mod tests {
             timeline: 0,
             lag_bytes,
             lag_ms: lag_bytes / 10,
+            lsn: 0,
+            asked: None,
         }
     }
 

@@ -37,8 +37,24 @@ pub fn pool_settings(
         .into_iter()
         .map(|(h, p)| ServerAddr::new(h, p))
         .collect();
+    let mode = cfg.pool_mode_for(db, &user);
+    let mut attrs = SessionAttrs::parse(entry.target_session_attrs.as_deref());
+    // read_routing: reads to the standbys, the rest to the primary. An entry whose
+    // target_session_attrs asks for reads only keeps its meaning (no routing).
+    let read_routing = entry.read_routing.unwrap_or(s.read_routing)
+        && mode == crate::config::PoolMode::Transaction
+        && hosts.len() > 1
+        && matches!(
+            attrs,
+            SessionAttrs::Any | SessionAttrs::ReadWrite | SessionAttrs::Primary
+        );
+    if read_routing && attrs == SessionAttrs::Any {
+        attrs = SessionAttrs::ReadWrite;
+    }
     PoolSettings {
-        mode: cfg.pool_mode_for(db, &user),
+        read_routing,
+        read_your_writes: entry.read_your_writes.unwrap_or(s.read_your_writes),
+        mode,
         pool_size: cfg.pool_size_for(db, &user),
         min_pool_size: cfg.min_pool_size_for(db),
         reserve_pool_size: cfg.reserve_pool_for(db, &user),
@@ -69,10 +85,7 @@ pub fn pool_settings(
                 hosts,
                 entry.load_balance_hosts.as_deref() != Some("disable"),
             )
-            .with_roles(
-                SessionAttrs::parse(entry.target_session_attrs.as_deref()),
-                s.max_standby_lag,
-            ),
+            .with_roles(attrs, s.max_standby_lag),
             dbname: entry.dbname.clone().unwrap_or_else(|| db.to_string()),
             user,
             credential,

@@ -1,5 +1,7 @@
 //! What pgcarpool knows of SQL text, below the client and the server: classify.rs (leading
-//! keywords, statement splitting, internal statement names), selfview.rs (what a session
-//! asks about itself, rewritten for the client's virtual session).
+//! keywords, statement splitting, internal statement names), reads.rs (which texts only
+//! read: read routing's judgement), selfview.rs (what a session asks about itself,
+//! rewritten for the client's virtual session).
 pub mod classify;
+pub mod reads;
 pub mod selfview;
