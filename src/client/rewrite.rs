@@ -896,26 +896,7 @@ impl Relay<'_> {
                 self.server.probe("26000", NO_UNNAMED.into(), false);
                 return Ok(());
             }
-            let s = &mut *self.session;
-            let deallocates =
-                s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
-            let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
-            s.bound(portal, tx, deallocates);
-            let listen = s.ext.unnamed.clone().filter(|u| listens(u));
-            s.bound_listen(portal, listen.as_ref());
-            if s.ext
-                .unnamed
-                .as_deref()
-                .is_some_and(|u| startup_follows(s, u))
-            {
-                s.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
-            }
-            let msg = if s.ext.unnamed_signals == s.ext.unnamed_id {
-                let sql = s.ext.unnamed.clone().unwrap_or_default();
-                self.own_bind(&msg, &sql)?
-            } else {
-                msg
-            };
+            let msg = self.bind_unnamed(portal, &msg)?;
             self.server.conn_mut().queue(msg);
         } else {
             match shared.or_else(|| self.lookup(name)) {
@@ -978,6 +959,31 @@ impl Relay<'_> {
         }
         self.server.expect(Pending::Bind);
         Ok(())
+    }
+
+    /// A Bind (`msg`) of the client's own unnamed statement, held on this server: what
+    /// running it does is noted in the session; it goes as it came, or with a pid it
+    /// signals made the server's own (`own_bind`).
+    fn bind_unnamed(&mut self, portal: &[u8], msg: &Bytes) -> Result<Bytes, ProtoError> {
+        let s = &mut *self.session;
+        let deallocates = s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
+        let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
+        s.bound(portal, tx, deallocates);
+        let listen = s.ext.unnamed.clone().filter(|u| listens(u));
+        s.bound_listen(portal, listen.as_ref());
+        if s.ext
+            .unnamed
+            .as_deref()
+            .is_some_and(|u| startup_follows(s, u))
+        {
+            s.ext.discard_portal = Some(Bytes::copy_from_slice(portal));
+        }
+        if s.ext.unnamed_signals == s.ext.unnamed_id {
+            let sql = s.ext.unnamed.clone().unwrap_or_default();
+            self.own_bind(msg, &sql)
+        } else {
+            Ok(msg.clone())
+        }
     }
 
     /// A Bind (`msg`) of a statement whose text (`parse_rest`: text, NUL, types) signals
