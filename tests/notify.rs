@@ -524,6 +524,17 @@ async fn losing_the_listener_ends_listening_clients_with_the_servers_error() {
         ends.push(a.events.closed_within(Duration::from_secs(10)).await);
         // Clients that did not listen are not affected.
         assert_eq!(scalar(&other, "select 1").await.unwrap(), "1");
+        // The terminated backend has left pg_stat_activity before the next round counts.
+        wait_for(
+            "the terminated LISTEN backend gone",
+            Duration::from_secs(10),
+            || async {
+                obs.count("usename = 'md5user' and query like 'LISTEN%'", &[])
+                    .await
+                    == 0
+            },
+        )
+        .await;
     }
     assert_eq!(
         ends[0],
