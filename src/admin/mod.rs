@@ -58,9 +58,12 @@ pub async fn serve(console: crate::client::Console) {
     let mut c = console;
     let shared = c.shared.clone();
     let kill = c.kill.clone();
+    // Killed first: KILL_CLIENT answers after setting the flag, so a console killed by
+    // another must not answer a query that arrives after that answer.
     let result = tokio::select! {
-        r = run(&shared, &mut c.conn, &c.user, c.role) => r,
+        biased;
         _ = kill.killed() => Ok(()),
+        r = run(&shared, &mut c.conn, &c.user, c.role) => r,
     };
     c.end(result).await;
 }
