@@ -122,6 +122,10 @@ pub fn may_matter(sql: &[u8]) -> bool {
         return true;
     }
     for (i, &c) in sql.iter().enumerate() {
+        // Most bytes of a text start nothing looked for: one lookup each.
+        if !CLOSER[usize::from(c)] {
+            continue;
+        }
         let rest = &sql[i..];
         match c | 0x20 {
             b';' if leading(&rest[1..]) => return true,
@@ -137,6 +141,19 @@ pub fn may_matter(sql: &[u8]) -> bool {
     }
     false
 }
+
+/// The bytes at which `may_matter` looks closer: `;`, `(` and the first letters of the
+/// words it looks for.
+static CLOSER: [bool; 256] = {
+    let mut t = [false; 256];
+    let starts = b";(sSaApPnN";
+    let mut i = 0;
+    while i < starts.len() {
+        t[starts[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
 
 /// The text's first word (after whitespace and comments) is `word` (ASCII, any case): a
 /// check of a few bytes for what only a statement starting so can be.
@@ -621,7 +638,7 @@ pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
 }
 
 /// `tx_effect` over every statement `split` finds, composed in order.
-fn tx_effect_of_split(sql: &[u8]) -> Option<[u8; 3]> {
+pub(super) fn tx_effect_of_split(sql: &[u8]) -> Option<[u8; 3]> {
     let mut all: Option<[u8; 3]> = None;
     for (a, b) in split(sql) {
         if let Some(e) = statement_tx_effect(&sql[a..b]) {
@@ -644,7 +661,7 @@ fn tx_index(status: u8) -> usize {
 }
 
 /// `tx_effect` of one statement.
-fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+pub(super) fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
     let (first, mut rest) = next_word(strip_leading(sql))?;
     let is = |w: &[u8], k: &str| w.eq_ignore_ascii_case(k.as_bytes());
     if is(first, "begin") || is(first, "start") {
@@ -775,32 +792,34 @@ pub fn block_exit(sql: &[u8]) -> Option<BlockExit> {
 /// PREPARE TRANSACTION, COMMIT PREPARED, or CALL / DO, which may commit inside). Cheap:
 /// leading words only, the text split only when it holds a `;`.
 pub fn transaction_control(sql: &[u8]) -> (bool, bool) {
-    fn one(s: &[u8]) -> (bool, bool) {
-        let word = |s: &'_ [u8]| -> usize {
-            s.iter()
-                .position(|c| !c.is_ascii_alphabetic())
-                .unwrap_or(s.len())
-        };
-        let s = strip_leading(s);
-        let kw = &s[..word(s)];
-        let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
-        let next = strip_leading(&s[kw.len()..]);
-        let second = &next[..word(next)];
-        let begins = is(b"BEGIN") || is(b"START");
-        let commits = is(b"COMMIT")
-            || is(b"END")
-            || is(b"CALL")
-            || is(b"DO")
-            || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
-        (begins, commits)
-    }
     if let Some(s) = lone_statement(sql) {
-        return one(s);
+        return statement_control(s);
     }
     split(sql).iter().fold((false, false), |(b, c), &(x, y)| {
-        let (b2, c2) = one(&sql[x..y]);
+        let (b2, c2) = statement_control(&sql[x..y]);
         (b || b2, c || c2)
     })
+}
+
+/// `transaction_control` of one statement.
+pub(super) fn statement_control(s: &[u8]) -> (bool, bool) {
+    let word = |s: &'_ [u8]| -> usize {
+        s.iter()
+            .position(|c| !c.is_ascii_alphabetic())
+            .unwrap_or(s.len())
+    };
+    let s = strip_leading(s);
+    let kw = &s[..word(s)];
+    let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
+    let next = strip_leading(&s[kw.len()..]);
+    let second = &next[..word(next)];
+    let begins = is(b"BEGIN") || is(b"START");
+    let commits = is(b"COMMIT")
+        || is(b"END")
+        || is(b"CALL")
+        || is(b"DO")
+        || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
+    (begins, commits)
 }
 
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.
@@ -867,7 +886,7 @@ pub fn named_statement(sql: &[u8]) -> Option<Named<'_>> {
 /// The text as one statement, when that needs no `split` (which allocates): no `;`, or
 /// one `;` followed only by whitespace (`SELECT …;`, as psql and pgbench send it) in a
 /// text with no quotes, comments or dollar quotes that could hide it. None: split it.
-fn lone_statement(sql: &[u8]) -> Option<&[u8]> {
+pub(super) fn lone_statement(sql: &[u8]) -> Option<&[u8]> {
     let Some(end) = sql.iter().position(|&c| c == b';') else {
         return Some(sql);
     };
@@ -1042,14 +1061,17 @@ pub fn parameter_count(sql: &[u8], types: usize) -> Option<usize> {
 /// may commit inside), VACUUM, CREATE INDEX CONCURRENTLY and the like (they commit as
 /// they go), COPY (its data is not kept).
 pub fn replay_safe(body: &[u8]) -> bool {
+    let sql = body.strip_suffix(b"\0").unwrap_or(body);
+    !may_matter(sql) && replay_safe_start(sql)
+}
+
+/// `replay_safe` but for `may_matter`: the first statement is one that commits nothing
+/// before its reply.
+pub(super) fn replay_safe_start(sql: &[u8]) -> bool {
     const FIRST: [&[u8]; 11] = [
         b"select", b"values", b"table", b"with", b"insert", b"update", b"delete", b"merge",
         b"begin", b"start", b"show",
     ];
-    let sql = body.strip_suffix(b"\0").unwrap_or(body);
-    if may_matter(sql) {
-        return false;
-    }
     let mut s = strip_leading(sql);
     while let Some(rest) = s.strip_prefix(b";") {
         s = strip_leading(rest);
