@@ -8,13 +8,15 @@
 # `callgrind_annotate --inclusive=yes FILE`).
 #
 #   bench/instructions.sh [-t TX_PER_CLIENT=500] [-c CLIENTS=4] [-M simple|extended|prepared]
-#                         [-o PROFILE=/tmp/instructions.out] BIN
+#                         [-o PROFILE=/tmp/instructions.out] [-p] BIN
+# -p: BIN is PgBouncer (the same configuration without pgcarpool's own `workers`), for the
+# ratio of user-space instructions against it.
 # Needs valgrind, pgbench, psql; run as root.
 set -euo pipefail
-TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out
-while getopts "t:c:M:o:" o; do
+TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER=
+while getopts "t:c:M:o:p" o; do
     case $o in
-    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; *) exit 2 ;;
+    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;; *) exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -56,8 +58,8 @@ default_pool_size = 20
 max_client_conn = 2000
 max_prepared_statements = 200
 logfile = $DIR/pool.log
-workers = 1
 EOF
+[ -n "$PEER" ] || echo "workers = 1" >>"$DIR/pool.ini"
 cd "$DIR"
 "${RUN[@]}" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.out" "$BIN" "$DIR/pool.ini" \
     >/dev/null 2>"$DIR/valgrind.log" &

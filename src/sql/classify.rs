@@ -121,20 +121,20 @@ pub fn may_matter(sql: &[u8]) -> bool {
     if leading(sql) {
         return true;
     }
+    let mut in_word = false;
     for (i, &c) in sql.iter().enumerate() {
         // Most bytes of a text start nothing looked for: one lookup each.
-        if !CLOSER[usize::from(c)] {
-            continue;
-        }
-        let rest = &sql[i..];
-        match c | 0x20 {
-            b';' if leading(&rest[1..]) => return true,
-            b's' if starts_with_ci(rest, b"set_config") => return true,
-            b'a' if starts_with_ci(rest, b"advisory") => return true,
-            b'p' if starts_with_ci(rest, b"pg_temp") || super::selfview::named_at(rest) => {
+        let k = CLASS[usize::from(c)];
+        if k & WORD != 0 {
+            if !in_word && k & START != 0 && word_matters(&sql[i..]) {
                 return true;
             }
-            b'n' if starts_with_ci(rest, b"notify") => return true,
+            in_word = true;
+            continue;
+        }
+        in_word = false;
+        match c {
+            b';' if leading(&sql[i + 1..]) => return true,
             b'(' if i > 0 && calls_unknown(&sql[..i]) => return true,
             _ => {}
         }
@@ -142,14 +142,89 @@ pub fn may_matter(sql: &[u8]) -> bool {
     false
 }
 
-/// The bytes at which `may_matter` looks closer: `;`, `(` and the first letters of the
-/// words it looks for.
-static CLOSER: [bool; 256] = {
-    let mut t = [false; 256];
-    let starts = b";(sSaApPnN";
+/// `!may_matter(s) && lone_statement(s).is_some()` for `s = first_word + rest`, in one pass
+/// over `rest` (`first_word`: a keyword `may_matter` does not look for, followed by a byte
+/// that ends a word): the fast path of `facts::Facts::of`.
+pub(super) fn plain_rest(s: &[u8], first_word: usize) -> bool {
+    let mut in_word = false;
+    // Seen what may quote a `;` (lone_statement then splits the text).
+    let mut quoting = false;
+    for i in first_word..s.len() {
+        let c = s[i];
+        let k = CLASS[usize::from(c)];
+        if k & WORD != 0 {
+            if !in_word && k & START != 0 && word_matters(&s[i..]) {
+                return false;
+            }
+            in_word = true;
+            continue;
+        }
+        in_word = false;
+        if k & LOOK == 0 {
+            continue;
+        }
+        match c {
+            b';' => return !quoting && s[i + 1..].iter().all(u8::is_ascii_whitespace),
+            b'(' if calls_unknown(&s[..i]) => return false,
+            b'\'' | b'"' => quoting = true,
+            b'$' => quoting |= !s.get(i + 1).is_some_and(u8::is_ascii_digit),
+            b'-' => quoting |= s.get(i + 1) == Some(&b'-'),
+            b'/' => quoting |= s.get(i + 1) == Some(&b'*'),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// A word `may_matter` looks for starts `w`: set_config, advisory, notify, or an
+/// identifier starting `pg_` that is pg_temp, a self-view name (`selfview::NAMES`) or names
+/// an advisory lock or notify (pg_advisory_lock, pg_try_advisory_xact_lock, pg_notify).
+fn word_matters(w: &[u8]) -> bool {
+    match w[0] | 0x20 {
+        b's' => starts_with_ci(w, b"set_config"),
+        b'a' => starts_with_ci(w, b"advisory"),
+        b'n' => starts_with_ci(w, b"notify"),
+        b'p' if w.len() >= 3 && w[1] | 0x20 == b'g' && w[2] == b'_' => {
+            let end = w
+                .iter()
+                .position(|&c| CLASS[usize::from(c)] & WORD == 0)
+                .unwrap_or(w.len());
+            let word = &w[..end];
+            starts_with_ci(word, b"pg_temp")
+                || super::selfview::named_at(word)
+                || contains_ci(word, b"advisory")
+                || contains_ci(word, b"notify")
+        }
+        _ => false,
+    }
+}
+
+/// Byte classes of the one-pass scans: `WORD` bytes make identifiers (and numbers),
+/// `START` ones may start a word `may_matter` looks for, `LOOK` ones are looked at by
+/// `plain_rest`.
+const WORD: u8 = 1;
+const START: u8 = 2;
+const LOOK: u8 = 4;
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80 {
+            t[c] = WORD;
+        }
+        c += 1;
+    }
+    let starts = b"sSaApPnN";
     let mut i = 0;
     while i < starts.len() {
-        t[starts[i] as usize] = true;
+        t[starts[i] as usize] |= START;
+        i += 1;
+    }
+    let look = b";('\"$-/";
+    let mut i = 0;
+    while i < look.len() {
+        t[look[i] as usize] |= LOOK;
         i += 1;
     }
     t
