@@ -1518,15 +1518,16 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
             let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
                 return (false, true);
             };
-            let rest = if stmt.is_empty() {
+            if stmt.is_empty() {
                 return session
                     .unnamed_facts()
                     .map_or((false, false), |f| f.control);
-            } else {
-                session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
-            };
+            }
             // Not known (no virtual statements): the Parse was looked at already.
-            rest.map_or((false, false), text)
+            session
+                .statements
+                .get(stmt)
+                .map_or((false, false), |s| s.control())
         }
     }
 }

@@ -83,7 +83,7 @@ pub(super) fn passes_through(
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
-            let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
+            let tx = session.unnamed_facts().and_then(|f| f.tx);
             session.bound(portal, tx, false);
             let listen = session.ext.unnamed.clone().filter(|u| listens(u));
             session.bound_listen(portal, listen.as_ref());
@@ -926,7 +926,7 @@ impl Relay<'_> {
                     }
                     // What running it does to the session, every time it runs.
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
-                    let tx = tx_effect_of(&stmt.parse_rest);
+                    let tx = stmt.tx_effect();
                     self.session.bound(portal, tx, deallocates);
                     let listen = stmt.effects.is_some() && listens(&stmt.parse_rest);
                     self.session
@@ -970,7 +970,7 @@ impl Relay<'_> {
     fn bind_unnamed(&mut self, portal: &[u8], msg: &Bytes) -> Result<Bytes, ProtoError> {
         let s = &mut *self.session;
         let deallocates = s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
-        let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
+        let tx = s.unnamed_facts().and_then(|f| f.tx);
         s.bound(portal, tx, deallocates);
         let listen = s.ext.unnamed.clone().filter(|u| listens(u));
         s.bound_listen(portal, listen.as_ref());
@@ -1827,12 +1827,6 @@ fn listens(parse_rest: &[u8]) -> bool {
         super::notify::parse(sql),
         Some(super::notify::Stmt::Listen(_) | super::notify::Stmt::Unlisten(_))
     )
-}
-
-/// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
-fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
-    let sql = parse_rest.split(|&c| c == 0).next()?;
-    classify::tx_effect(sql)
 }
 
 /// Starts the text of a statement pgcarpool made of a client's RESET (see

@@ -520,7 +520,10 @@ mod tests {
         assert_eq!(s.unnamed_facts(), None);
         s.parsed_unnamed(b"select 1\0\0\0");
         let f = s.unnamed_facts().unwrap();
-        assert!(f.plans_once && f.control == (false, false), "{f:?}");
+        assert!(
+            f.plans_once && f.control == (false, false) && f.tx.is_none(),
+            "{f:?}"
+        );
         s.parsed_unnamed(b"select 1\0\0\0");
         assert_eq!(s.unnamed_facts(), Some(f));
         s.parsed_unnamed(b"commit\0\0\0");
@@ -529,7 +532,8 @@ mod tests {
         s.drop_unnamed();
         assert_eq!(s.unnamed_facts(), None);
         s.parsed_unnamed(b"begin\0\0\0");
-        assert_eq!(s.unnamed_facts().unwrap().control, (true, false));
+        let f = s.unnamed_facts().unwrap();
+        assert_eq!((f.control, f.tx), ((true, false), Some(*b"TTE")));
     }
 
     /// What the relay does to the session for a simple Query, and for a Bind and Execute

@@ -82,6 +82,8 @@ pub struct TextFacts {
     pub control: (bool, bool),
     /// `classify::plans_once`.
     pub plans_once: bool,
+    /// `classify::tx_effect`.
+    pub tx: Option<[u8; 3]>,
 }
 
 impl TextFacts {
@@ -89,6 +91,7 @@ impl TextFacts {
         TextFacts {
             control: classify::transaction_control(sql),
             plans_once: classify::plans_once(sql),
+            tx: classify::tx_effect(sql),
         }
     }
 }
