@@ -7,6 +7,8 @@
 //! prefer-standby alias (no LSN tracking) does.
 mod harness;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use harness::{TempPostgres, TestPooler, try_connect, wait_for};
@@ -369,4 +371,246 @@ async fn cost_of_lsn_tracking_per_write_transaction() {
             println!("round {round} {db}: {us} us per write transaction");
         }
     }
+}
+
+/// What the application loop saw until it was stopped.
+#[derive(Default)]
+struct LoopLoad {
+    /// Rounds whose reads both ran.
+    rounds: usize,
+    stale: usize,
+    /// The SQLSTATE (or "closed") of each statement that failed.
+    failures: Vec<String>,
+    /// Each committed INSERT: when its answer came, the port of the server that ran it
+    /// (the server's own `inet_server_port()`), the row's id.
+    writes: Vec<(std::time::Instant, u16, i64)>,
+}
+
+/// Does an error end the connection (as a driver's pool treats it: open a new one)?
+fn ends_connection(e: &tokio_postgres::Error) -> bool {
+    e.is_closed() || matches!(harness::sqlstate(e), Some(c) if c == "57P01" || c.starts_with("08"))
+}
+
+/// One round of the loop on `c`: write a row and bump the counter (each committed), read
+/// the row back and the counter in the next transactions. A failed statement ends the
+/// round (Err: the connection is gone).
+async fn app_round(
+    c: &tokio_postgres::Client,
+    k: i32,
+    last: &mut i64,
+    load: &mut LoopLoad,
+) -> Result<(), ()> {
+    let fail = |load: &mut LoopLoad, e: tokio_postgres::Error| {
+        let gone = ends_connection(&e);
+        load.failures
+            .push(harness::sqlstate(&e).unwrap_or("closed").to_string());
+        if gone { Err(()) } else { Ok(()) }
+    };
+    let row = match c
+        .query_one(
+            "INSERT INTO t (v) VALUES ($1) RETURNING id, inet_server_port()",
+            &[&k],
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return fail(load, e),
+    };
+    let id: i64 = row.get(0);
+    let port = row.get::<_, i32>(1) as u16;
+    load.writes.push((std::time::Instant::now(), port, id));
+    match c
+        .query_one("UPDATE counter SET n = n + 1 RETURNING n", &[])
+        .await
+    {
+        Ok(r) => *last = (*last).max(r.get(0)),
+        Err(e) => return fail(load, e),
+    }
+    let found: i64 = match c
+        .query_one("SELECT count(*) FROM t WHERE id = $1", &[&id])
+        .await
+    {
+        Ok(r) => r.get(0),
+        Err(e) => return fail(load, e),
+    };
+    let now: i64 = match c.query_one("SELECT n FROM counter", &[]).await {
+        Ok(r) => r.get(0),
+        Err(e) => return fail(load, e),
+    };
+    load.rounds += 1;
+    load.stale += usize::from(found != 1) + usize::from(now < *last);
+    *last = (*last).max(now);
+    Ok(())
+}
+
+/// The loop of one client until `stop`; a lost connection is opened again.
+async fn app_loop_until(dsn: String, stop: Arc<AtomicBool>, rounds: Arc<AtomicUsize>) -> LoopLoad {
+    let mut load = LoopLoad::default();
+    let mut last = 0i64;
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut k = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let c = match client.take() {
+            Some(c) if !c.is_closed() => c,
+            _ => match tokio::time::timeout(HUNG, try_connect(&dsn)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    load.failures.push(format!("connect: {e}"));
+                    continue;
+                }
+                Err(_) => panic!("a client's connect hung"),
+            },
+        };
+        k += 1;
+        let done = load.rounds;
+        let round = tokio::time::timeout(HUNG, app_round(&c, k, &mut last, &mut load));
+        if round.await.expect("a round hung").is_ok() {
+            client = Some(c);
+        }
+        rounds.fetch_add(load.rounds - done, Ordering::SeqCst);
+    }
+    load
+}
+
+/// Rounds of the loop before the switchover and after it.
+const SWITCH_ROUNDS: usize = 300;
+/// How long no primary is up in the switchover (clients wait for the promote).
+const NO_PRIMARY_FOR: Duration = Duration::from_secs(1);
+
+/// A switchover under the loop, as an operator does it: the primary stopped (fast), the
+/// caught-up standby promoted, the lagging standby made to follow it, the former primary
+/// started again as a standby of it. The loop goes on throughout: no stale read; only
+/// transactions in flight when the primary went fail (40001, or 08007 for a COMMIT under
+/// way); every write ran on the primary of its time, never on a standby (no 25006) nor on
+/// the demoted primary, which, by its own WAL, has exactly the new primary's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_under_the_loop_keeps_reads_fresh_and_writes_on_the_primary() {
+    let Some(c) = cluster() else { return };
+    let pooler = harness::transaction_pooler(&c.primary)
+        .database("app", &entry(&c, "read_routing=on"))
+        .setting("default_pool_size", "10")
+        .setting("server_role_check_interval", "0.2")
+        .setting("server_login_retry", "1")
+        .setting("query_wait_timeout", "60")
+        .start()
+        .await;
+    let (old, new) = (c.primary.port(), c.standbys[1].port());
+    let dsn = pooler.dsn("postgres", "app");
+    let probe = connect(&dsn).await;
+    let standby_ports = [c.standbys[0].port(), new];
+    wait_for("the standbys known", HUNG, || async {
+        standby_ports.contains(&port_of(&probe).await)
+    })
+    .await;
+    make_lag(&c, "2s").await;
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let reads_on = |port: u16| host_value(&admin, port, "reads");
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..APP_CLIENTS)
+        .map(|_| tokio::spawn(app_loop_until(dsn.clone(), stop.clone(), rounds.clone())))
+        .collect();
+    let more_rounds = |n: usize| {
+        let want = rounds.load(Ordering::SeqCst) + n;
+        let rounds = rounds.clone();
+        wait_for("the loop going on", HUNG, move || {
+            let r = rounds.load(Ordering::SeqCst);
+            async move { r >= want }
+        })
+    };
+    let before = reads_on(new).await;
+    more_rounds(SWITCH_ROUNDS).await;
+    assert!(
+        reads_on(new).await > before,
+        "the loop reads on the standby"
+    );
+    c.primary.stop();
+    let stopped = std::time::Instant::now();
+    // A deliberate outage, not a synchronisation: clients wait for a primary.
+    tokio::time::sleep(NO_PRIMARY_FOR).await;
+    c.standbys[1].promote();
+    c.standbys[0].follow(&c.standbys[1]);
+    c.primary.start_again_as_standby_of(&c.standbys[1]);
+    // Once the demoted primary is known as a standby, new servers are opened (RECONNECT
+    // closes the pool's as they come back): each login must leave it out.
+    let old_addr = format!("127.0.0.1:{old}");
+    wait_for("the demoted primary seen as a standby", HUNG, || async {
+        let key = [("database", "app"), ("host", old_addr.as_str())];
+        harness::console_value(&admin, "HOSTS", &key, "role")
+            .await
+            .as_deref()
+            == Some("standby")
+    })
+    .await;
+    admin
+        .simple_query("RECONNECT app")
+        .await
+        .expect("RECONNECT");
+    // The loop goes on until the demoted primary has served reads as a standby.
+    let before = reads_on(old).await;
+    more_rounds(SWITCH_ROUNDS).await;
+    wait_for("reads on the demoted primary", HUNG, || async {
+        reads_on(old).await > before + 20
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let mut load = LoopLoad::default();
+    for t in tasks {
+        let l = t.await.unwrap();
+        load.rounds += l.rounds;
+        load.stale += l.stale;
+        load.failures.extend(l.failures);
+        load.writes.extend(l.writes);
+    }
+    println!(
+        "switchover: {} rounds, {} writes, {} stale reads, failures: {:?}",
+        load.rounds,
+        load.writes.len(),
+        load.stale,
+        load.failures
+    );
+    assert_eq!(load.stale, 0, "no stale read across the switchover");
+    assert!(
+        load.failures.iter().all(|f| f == "40001" || f == "08007"),
+        "only transactions in flight at the stop fail, told 40001 or 08007 (no 25006: \
+         no write on a standby): {:?}",
+        load.failures
+    );
+    assert!(
+        load.failures.len() <= 10,
+        "at most the transactions in flight (pool 10) fail: {:?}",
+        load.failures
+    );
+    for &(at, port, id) in &load.writes {
+        assert!(
+            (port == old && at < stopped) || port == new,
+            "write {id} ran on port {port} (primary {old} until the stop, then {new})"
+        );
+    }
+    assert!(
+        load.writes.iter().any(|w| w.1 == new),
+        "writes on the new primary"
+    );
+    // From PostgreSQL's side: every committed row is on the new primary, and the demoted
+    // primary streams from it with exactly its rows (a write it had taken would have
+    // forked its history: it could not follow).
+    let ids: Vec<String> = load.writes.iter().map(|w| w.2.to_string()).collect();
+    let kept = c.standbys[1].psql_in(
+        "testdb",
+        &format!(
+            "SELECT count(*) FROM t WHERE id = ANY('{{{}}}')",
+            ids.join(",")
+        ),
+    );
+    assert_eq!(kept, ids.len().to_string(), "every committed write kept");
+    let rows = |pg: &TempPostgres| pg.psql_in("testdb", "SELECT count(*), max(id) FROM t");
+    wait_for("the demoted primary caught up", HUNG, || async {
+        rows(&c.primary) == rows(&c.standbys[1])
+    })
+    .await;
+    assert_eq!(
+        c.primary.psql("SELECT pg_is_in_recovery()"),
+        "t",
+        "the demoted primary is a standby"
+    );
 }
