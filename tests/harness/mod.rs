@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
 pub use client::{
-    clients_dir, error_text, first_value, install_clients, install_python_clients, login_outcome,
-    psql, psql_command, rows, scalar, scalar_within,
+    clients_dir, error_text, first_value, install_clients, install_python_and_go_clients,
+    install_python_clients, login_outcome, psql, psql_command, rows, scalar, scalar_within,
 };
 #[allow(unused_imports)]
 pub use observer::Observer;
