@@ -698,3 +698,198 @@ async fn drivers_loops_read_no_stale_data_and_the_standby_alias_does() {
         assert_eq!(routed, 0, "{driver}: no stale read through read_routing");
     }
 }
+
+/// A sample of /metrics: the value of `name{labels}` (labels as written, in order).
+fn sample(body: &str, name: &str, labels: &str) -> u64 {
+    let key = format!("{name}{{{labels}}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("/metrics has {key}: {body}"))
+}
+
+/// Scans of table `r` on each of the cluster's servers (by their own statistics) once
+/// they add up to `total` more than `before`.
+async fn scans_grown(c: &Cluster, before: &[u64], total: u64) -> Vec<u64> {
+    let mut grown = Vec::new();
+    wait_for("every scan counted by its host", HUNG, || {
+        grown = c
+            .all()
+            .iter()
+            .zip(before)
+            .map(|(pg, b)| scans(pg) - b)
+            .collect();
+        let sum: u64 = grown.iter().sum();
+        async move { sum >= total }
+    })
+    .await;
+    grown
+}
+
+/// Read routing's counters of entry `db`: reads per host of the list, reads on the
+/// primary for freshness, replays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Counts {
+    reads: Vec<u64>,
+    on_primary: u64,
+    replays: u64,
+}
+
+impl Counts {
+    /// From SHOW HOSTS.
+    async fn shown(admin: &tokio_postgres::Client, db: &str, ports: &[u16]) -> Counts {
+        let mut reads = Vec::new();
+        let mut on_primary = 0;
+        let mut replays = 0;
+        for &p in ports {
+            let host = format!("127.0.0.1:{p}");
+            let key = [("database", db), ("host", host.as_str())];
+            let get = |col| harness::console_value(admin, "HOSTS", &key, col);
+            let num = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok()).unwrap();
+            reads.push(num(get("reads").await));
+            on_primary = num(get("reads_on_primary").await);
+            replays = num(get("read_replays").await);
+        }
+        Counts {
+            reads,
+            on_primary,
+            replays,
+        }
+    }
+
+    /// From /metrics.
+    fn exported(body: &str, db: &str, ports: &[u16]) -> Counts {
+        let l = format!("database=\"{db}\",user=\"postgres\"");
+        Counts {
+            reads: ports
+                .iter()
+                .map(|p| {
+                    sample(
+                        body,
+                        "pgcarpool_reads_total",
+                        &format!("{l},host=\"127.0.0.1:{p}\""),
+                    )
+                })
+                .collect(),
+            on_primary: sample(body, "pgcarpool_reads_on_primary_total", &l),
+            replays: sample(body, "pgcarpool_read_replays_total", &l),
+        }
+    }
+
+    /// What grew since `before`.
+    fn since(&self, before: &Counts) -> Counts {
+        Counts {
+            reads: self
+                .reads
+                .iter()
+                .zip(&before.reads)
+                .map(|(a, b)| a - b)
+                .collect(),
+            on_primary: self.on_primary - before.on_primary,
+            replays: self.replays - before.replays,
+        }
+    }
+}
+
+/// Reads by both protocols (simple; Parse/Bind/Execute of an unnamed statement), `n` in all.
+async fn reads(c: &tokio_postgres::Client, n: usize) {
+    use tokio_postgres::types::Type;
+    for k in 0..n {
+        if k % 2 == 0 {
+            c.simple_query("SELECT count(*) FROM r").await.unwrap();
+        } else {
+            let zero = (
+                &0i32 as &(dyn tokio_postgres::types::ToSql + Sync),
+                Type::INT4,
+            );
+            c.query_typed("SELECT count(*) FROM r WHERE v > $1", &[zero])
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// The counters (SHOW HOSTS and /metrics) count a known workload exactly, and where the
+/// reads ran agrees with the servers' own statistics:
+/// - 30 reads without read_your_writes: each on a standby, each standby's `reads` grown by
+///   its own scans of the table;
+/// - 5 `SELECT bump()`, each refused by a standby and run again on the primary: 5
+///   `read_replays`, no read counted;
+/// - with both standbys' replay paused, a write, then 12 reads: each on the primary for
+///   freshness (12 `reads_on_primary`, 12 scans on the primary, none on the standbys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_counters_count_a_known_workload_exactly() {
+    let Some(c) = cluster() else { return };
+    let (pooler, metrics_port) = harness::transaction_pooler(&c.primary)
+        .database("loose", &entry(&c, "read_routing=on read_your_writes=off"))
+        .database("app", &entry(&c, "read_routing=on"))
+        .setting("default_pool_size", "4")
+        .setting("server_role_check_interval", "0.2")
+        .start_with_free_port("prometheus_port")
+        .await;
+    let ports: Vec<u16> = c.all().iter().map(|p| p.port()).collect();
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    let loose = connect(&pooler.dsn("postgres", "loose")).await;
+    let app = connect(&pooler.dsn("postgres", "app")).await;
+    for cl in [&loose, &app] {
+        wait_for("the standbys known", HUNG, || async {
+            ports[1..].contains(&port_of(cl).await)
+        })
+        .await;
+    }
+    let exported = |db: &'static str| {
+        let ports = &ports;
+        async move { Counts::exported(&harness::metrics(metrics_port).await, db, ports) }
+    };
+    // Reads on the standbys.
+    let before = Counts::shown(&admin, "loose", &ports).await;
+    let before_exported = exported("loose").await;
+    assert_eq!(before_exported, before, "/metrics and SHOW HOSTS agree");
+    let scanned: Vec<u64> = c.all().iter().map(|pg| scans(pg)).collect();
+    reads(&loose, 30).await;
+    let grown = scans_grown(&c, &scanned, 30).await;
+    for _ in 0..5 {
+        loose.simple_query("SELECT bump()").await.unwrap();
+    }
+    let counted = Counts::shown(&admin, "loose", &ports).await.since(&before);
+    assert_eq!(grown[0], 0, "no read on the primary: {grown:?}");
+    let want = Counts {
+        reads: grown,
+        on_primary: 0,
+        replays: 5,
+    };
+    assert_eq!(counted, want, "SHOW HOSTS, loose");
+    assert_eq!(
+        exported("loose").await.since(&before_exported),
+        want,
+        "/metrics, loose"
+    );
+    // Reads the primary serves for freshness: the client wrote what no standby replayed.
+    for s in &c.standbys {
+        s.psql("SELECT pg_wal_replay_pause()");
+    }
+    app.simple_query("INSERT INTO t (v) VALUES (5)")
+        .await
+        .unwrap();
+    let before = Counts::shown(&admin, "app", &ports).await;
+    let before_exported = exported("app").await;
+    let scanned: Vec<u64> = c.all().iter().map(|pg| scans(pg)).collect();
+    reads(&app, 12).await;
+    let grown = scans_grown(&c, &scanned, 12).await;
+    assert_eq!(grown, vec![12, 0, 0], "every read on the primary");
+    let want = Counts {
+        reads: vec![0, 0, 0],
+        on_primary: 12,
+        replays: 0,
+    };
+    let counted = Counts::shown(&admin, "app", &ports).await.since(&before);
+    assert_eq!(counted, want, "SHOW HOSTS, app");
+    assert_eq!(
+        exported("app").await.since(&before_exported),
+        want,
+        "/metrics, app"
+    );
+    for s in &c.standbys {
+        s.psql("SELECT pg_wal_replay_resume()");
+    }
+}

@@ -984,14 +984,16 @@ impl Pool {
                     "a server reported SQLSTATE {}",
                     String::from_utf8_lossy(&code)
                 )),
-                _ if s.is_broken() => Some("a server connection was lost".to_string()),
+                _ if s.is_broken() && !s.is_discarded() => {
+                    Some("a server connection was lost".to_string())
+                }
                 _ => None,
             };
             if let Some(why) = why {
                 hosts.forget(i, false, &why, &self.db);
             }
         }
-        let reason = if s.is_broken() {
+        let reason = if s.is_broken() && !s.is_discarded() {
             "server conn crashed?"
         } else if doubts_role(hosts, &s) || !hosts.keeps(s.host()) {
             HOST_ROLE_CHANGED
