@@ -893,3 +893,100 @@ async fn the_read_counters_count_a_known_workload_exactly() {
         s.psql("SELECT pg_wal_replay_resume()");
     }
 }
+
+/// The port a simple-query read ran on (its one row's first column).
+async fn read_port(c: &tokio_postgres::Client, sql: &str) -> u16 {
+    let rows = c.simple_query(sql).await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+/// PAUSE, RESUME and RECONNECT of a read routing entry reach its standbys' servers, as
+/// PgBouncer's reach every server of the database: PAUSE returns only once a read running
+/// on a standby is done, and a read sent meanwhile waits until RESUME; RECONNECT closes the
+/// standbys' servers too (by the standbys' own pg_stat_activity), WAIT_CLOSE waits for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_reconnect_reach_the_standbys_servers() {
+    let Some(c) = cluster() else { return };
+    let pooler = pooler(&c).await;
+    let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
+    let dsn = pooler.dsn("postgres", "app");
+    let a = Arc::new(connect(&dsn).await);
+    let b = Arc::new(connect(&dsn).await);
+    for cl in [&a, &b] {
+        wait_for("the standbys known", HUNG, || async {
+            standby_ports.contains(&port_of(cl).await)
+        })
+        .await;
+    }
+    let admin = pooler.connect("postgres", "pgbouncer").await;
+    // A read running on a standby when PAUSE comes.
+    let slow = "SELECT inet_server_port(), pg_sleep(1)";
+    let a2 = a.clone();
+    let running = tokio::spawn(async move { read_port(&a2, slow).await });
+    wait_for("the read running on a standby", HUNG, || async {
+        c.standbys.iter().any(|s| {
+            s.psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1)'") != "0"
+        })
+    })
+    .await;
+    admin.simple_query("PAUSE app").await.expect("PAUSE");
+    assert!(
+        running.is_finished(),
+        "PAUSE returned while a read ran on a standby"
+    );
+    assert!(standby_ports.contains(&running.await.unwrap()));
+    // A read sent while paused waits.
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { read_port(&b2, "SELECT inet_server_port()").await });
+    wait_for("the read waiting", HUNG, || async {
+        waiting.is_finished() || harness::cl_waiting(&admin, "app", "postgres").await == 1
+    })
+    .await;
+    assert!(!waiting.is_finished(), "a read was served while paused");
+    admin.simple_query("RESUME app").await.expect("RESUME");
+    let port = tokio::time::timeout(HUNG, waiting)
+        .await
+        .expect("hung")
+        .unwrap();
+    assert!(
+        standby_ports.contains(&port),
+        "served by a standby after RESUME"
+    );
+    // RECONNECT: the standbys' servers (idle now) are closed; new ones serve.
+    let marks: Vec<String> = c.standbys.iter().map(|s| s.psql("SELECT now()")).collect();
+    let older = |s: &TempPostgres, t: &str| {
+        s.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'testdb' \
+             AND backend_type = 'client backend' AND backend_start < '{t}'"
+        ))
+    };
+    assert!(
+        c.standbys
+            .iter()
+            .zip(&marks)
+            .any(|(s, t)| older(s, t) != "0"),
+        "the standbys have servers before RECONNECT"
+    );
+    admin
+        .simple_query("RECONNECT app")
+        .await
+        .expect("RECONNECT");
+    admin
+        .simple_query("WAIT_CLOSE app")
+        .await
+        .expect("WAIT_CLOSE");
+    wait_for("the standbys' servers closed", HUNG, || async {
+        c.standbys
+            .iter()
+            .zip(&marks)
+            .all(|(s, t)| older(s, t) == "0")
+    })
+    .await;
+    let port = read_port(&b, "SELECT inet_server_port()").await;
+    assert!(standby_ports.contains(&port), "a new standby server serves");
+}
