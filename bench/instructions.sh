@@ -8,17 +8,19 @@
 # `callgrind_annotate --inclusive=yes FILE`).
 #
 #   bench/instructions.sh [-t TX_PER_CLIENT=500] [-c CLIENTS=4] [-M simple|extended|prepared]
-#                         [-o PROFILE=/tmp/instructions.out] [-w] [-d 'ENTRY OPTIONS'] BIN
+#                         [-o PROFILE=/tmp/instructions.out] [-p] [-w] [-d 'ENTRY OPTIONS'] BIN
+# -p: BIN is PgBouncer (the same configuration without pgcarpool's own `workers`), for the
+# ratio of user-space instructions against it.
 # -w: write transactions (one INSERT into pgbench_history each) instead of -S.
 # -d: options added to the database entry, which then lists the server twice
 #     (`host=127.0.0.1,127.0.0.1`: an entry with a host list, as read_routing needs; with no
 #     standby, its reads run on the primary), e.g. -d 'read_routing=on read_your_writes=off'.
 # Needs valgrind, pgbench, psql; run as root.
 set -euo pipefail
-TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out WRITE= ENTRY=
-while getopts "t:c:M:o:wd:" o; do
+TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER= WRITE= ENTRY=
+while getopts "t:c:M:o:pwd:" o; do
     case $o in
-    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;;
+    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;;
     w) WRITE=1 ;; d) ENTRY=$OPTARG ;; *) exit 2 ;;
     esac
 done
@@ -63,8 +65,8 @@ default_pool_size = 20
 max_client_conn = 2000
 max_prepared_statements = 200
 logfile = $DIR/pool.log
-workers = 1
 EOF
+[ -n "$PEER" ] || echo "workers = 1" >>"$DIR/pool.ini"
 cd "$DIR"
 "${RUN[@]}" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.out" "$BIN" "$DIR/pool.ini" \
     >/dev/null 2>"$DIR/valgrind.log" &
