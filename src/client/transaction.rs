@@ -465,7 +465,11 @@ async fn relay_replacing(
         // A standby's server was replaced by another of the same standby; after a
         // refusal, the primary's.
         let sub = (standby && !refused).then(|| server.pool().clone());
-        server.mark_broken();
+        if refused {
+            server.discard();
+        } else {
+            server.mark_broken();
+        }
         // The request first, as the client sent it, then what the client sent after it.
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
         c.conn.rbuf.extend_from_slice(&rest);
