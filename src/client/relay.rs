@@ -19,6 +19,7 @@ use super::classify::Effects;
 use super::prepared::{StatementRegistry, Stmt};
 use super::session::VirtualSession;
 use crate::server::response::{Pending, Verdict};
+use crate::sql::facts::{Facts, query_text};
 
 /// Stop reading one side while this much waits to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
@@ -609,7 +610,7 @@ impl<'a> Relay<'a> {
                 event = ev;
                 break;
             }
-            self.note_client_message(h, fwd);
+            let facts = self.note_client_message(h, fwd);
             match h.tag {
                 frontend::TERMINATE => {
                     event = Some(RelayEvent::ClientTerminate);
@@ -656,10 +657,10 @@ impl<'a> Relay<'a> {
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
                     if self.server.exchange().ready_owed() == 0 {
-                        self.query_started = Some(Instant::now());
+                        self.query_started = Some(self.query_clock());
                     }
                     self.server.note_query();
-                    self.on_query(msg)?;
+                    self.on_query(msg, facts)?;
                     if let Some(why) = self.limit.take() {
                         return Ok(Some(RelayEvent::Limit(why)));
                     }
@@ -667,7 +668,7 @@ impl<'a> Relay<'a> {
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                     if self.server.exchange().ready_owed() == 0 {
-                        self.query_started = Some(Instant::now());
+                        self.query_started = Some(self.query_clock());
                     }
                     self.server.note_sent(h.tag, self.virt);
                 }
@@ -730,9 +731,11 @@ impl<'a> Relay<'a> {
     /// What each client message does besides its forwarding: kept for a replay, what it
     /// may do to the transaction, the first request kept, the transaction's timers.
     /// `fwd`: where it starts in the client's buffer.
-    fn note_client_message(&mut self, h: proto::Header, fwd: usize) {
+    /// Returns a whole Query's facts (found once, here).
+    fn note_client_message(&mut self, h: proto::Header, fwd: usize) -> Option<Facts> {
         let buf = &self.client.rbuf;
         let avail = buf.len() - fwd;
+        let facts = query_facts(h, &buf[fwd..]);
         if let Some(r) = &mut self.replay
             && !r.complete
         {
@@ -756,7 +759,9 @@ impl<'a> Relay<'a> {
             self.effects.notify |= binds_unnamed_notify(&buf[fwd + 5..fwd + h.total], self.session);
         }
         if self.keep_client && matches!(h.tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
-            let (b, c) = if avail >= h.total {
+            let (b, c) = if let Some(f) = &facts {
+                f.control
+            } else if avail >= h.total {
                 in_flight(h.tag, &buf[fwd + 5..fwd + h.total], self.session)
             } else {
                 // Seen whole later (virtual statements), or streamed unseen: may commit.
@@ -768,7 +773,7 @@ impl<'a> Relay<'a> {
             let whole = avail >= h.total && k.msgs.len() + h.total <= MAX_REPLAY;
             if whole
                 && h.tag == frontend::QUERY
-                && (k.standby || super::classify::replay_safe(&buf[fwd + 5..fwd + h.total]))
+                && (k.standby || facts.is_some_and(|f| f.replay_safe))
             {
                 k.msgs.extend_from_slice(&buf[fwd..fwd + h.total]);
                 k.sent.get_or_insert_with(Instant::now);
@@ -778,8 +783,10 @@ impl<'a> Relay<'a> {
         }
         self.idle_in_xact_since = None;
         if self.xact_started.is_none() && self.mode != PoolMode::Session {
-            self.xact_started = Some(Instant::now());
+            // The clock as read at the transaction's start (`transaction`).
+            self.xact_started = Some(crate::stats::clock::recent());
         }
+        facts
     }
 
     /// Does the client's message at `fwd` (`avail` bytes of it there) wait before it is
@@ -1255,8 +1262,18 @@ impl<'a> Relay<'a> {
         Ok(ControlFlow::Continue(fwd + h.total))
     }
 
+    /// The clock for a query starting now: a transaction's first query (transaction
+    /// mode) starts when the transaction did (the clock read then); a later one reads it.
+    fn query_clock(&self) -> Instant {
+        if self.mode != PoolMode::Session && self.counts.queries == 0 {
+            crate::stats::clock::recent()
+        } else {
+            crate::stats::clock::now()
+        }
+    }
+
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
-        let now = Instant::now();
+        let now = crate::stats::clock::now();
         if self.virt {
             self.deallocs_over();
         }
@@ -1471,6 +1488,12 @@ impl Relay<'_> {
         self.client
             .queue_with(|b| backend::command_complete(b, "RESET"));
     }
+}
+
+/// What the relay needs of the text of a whole Query (`msg` from its header on), found once.
+fn query_facts(h: proto::Header, msg: &[u8]) -> Option<Facts> {
+    (h.tag == frontend::QUERY && msg.len() >= h.total)
+        .then(|| Facts::of(query_text(&msg[5..h.total])))
 }
 
 /// What a Query, Parse or Bind in flight may do to the transaction: (begins a block,

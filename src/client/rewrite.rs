@@ -12,6 +12,7 @@ use super::session::VirtualSession;
 use crate::proto::{ProtoError, Reader, backend, frontend};
 use crate::server::Server;
 use crate::server::response::{Answer, CHECK_NAME, Learning, Lost, Pending, Undo, Verdict};
+use crate::sql::facts::Facts;
 use crate::sql::selfview;
 
 /// The common extended-protocol messages that need no rewriting: the unnamed statement
@@ -120,16 +121,18 @@ pub(super) fn passes_through(
 
 impl Relay<'_> {
     /// A whole simple Query from the client.
-    pub(super) fn on_query(&mut self, msg: Bytes) -> Result<(), ProtoError> {
+    /// `facts`: its text's (`Facts::of`), when found already.
+    pub(super) fn on_query(&mut self, msg: Bytes, facts: Option<Facts>) -> Result<(), ProtoError> {
         // A simple query drops the unnamed statement, the client's and the server's.
         self.session.drop_unnamed();
         self.server.set_unnamed(0);
         let sql = Reader::new(&msg[5..], "Query").cstr_bytes()?;
-        let tx = classify::tx_effect(sql);
+        let facts = facts.unwrap_or_else(|| Facts::of(sql));
+        let tx = facts.tx;
         if self.listen_in_block(sql) {
             return Ok(());
         }
-        if !classify::may_matter(sql) {
+        if !facts.may_matter {
             self.send_client_query(msg, tx);
             return Ok(());
         }

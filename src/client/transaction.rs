@@ -188,6 +188,10 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     let handle = c.reg.handle.clone();
     let kill = &*handle;
     let fresh = held.is_none();
+    if !fresh {
+        // The transaction's start (a checkout reads the clock when it takes a server).
+        crate::stats::clock::now();
+    }
     let server = match held {
         Some(s) => s,
         None => routed_server(c, cfg, kill).await?,
@@ -221,7 +225,9 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         c.reg.handle.set_server_tls(None);
     }
     after_routed(c, &mut server, &event, &pool_settings).await;
-    add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
+    // (The clock as read at the transaction's ReadyForQuery.)
+    let held_for = crate::stats::clock::recent().saturating_duration_since(assigned_at);
+    add_stats(c, &counts, held_for.as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client and its session state (Terminate,
     // timeout, KILL, protocol error). A pinned session never goes back to the pool as it
@@ -413,7 +419,7 @@ async fn relay_replacing(
         }
         c.reg.handle.set_server_key_rest(server.key_rest().cloned());
         c.reg.handle.set_state(ClientState::Active);
-        let assigned_at = Instant::now();
+        let assigned_at = crate::stats::clock::recent();
         let standby = !Arc::ptr_eq(server.pool(), &c.pool);
         let start = Start {
             keep_first: replays_left > 0 && !claimed,
@@ -1231,7 +1237,9 @@ async fn checkout(
     let start = Instant::now();
     let pool = sub.unwrap_or(&c.pool).clone();
     let s = Box::pin(wait_for_server(c, cfg, kill, start, pool)).await?;
-    Ok((s, start.elapsed().as_micros() as u64))
+    // (The transaction's start, as `clock::recent` gives it.)
+    let waited = crate::stats::clock::now().saturating_duration_since(start);
+    Ok((s, waited.as_micros() as u64))
 }
 
 /// When a client waiting for a server gives up, and what it is told: query_timeout

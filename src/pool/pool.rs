@@ -856,7 +856,8 @@ impl Pool {
     /// The checks of an idle server that need no round trip (lifetime, liveness, moving it
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
-        let now = Instant::now();
+        // The client's transaction's start (`clock::recent` for the relay's timers).
+        let now = crate::stats::clock::now();
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| now.duration_since(s.created()) >= l);
         if !settings.target.hosts.keeps(s.host()) {
@@ -885,7 +886,7 @@ impl Pool {
             }
         }
         if settings.server_check_query.is_some()
-            && s.last_used().elapsed() >= settings.server_check_delay
+            && now.saturating_duration_since(s.last_used()) >= settings.server_check_delay
         {
             return Ready::CheckDue(s);
         }

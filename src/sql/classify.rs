@@ -121,22 +121,114 @@ pub fn may_matter(sql: &[u8]) -> bool {
     if leading(sql) {
         return true;
     }
+    let mut in_word = false;
     for (i, &c) in sql.iter().enumerate() {
-        let rest = &sql[i..];
-        match c | 0x20 {
-            b';' if leading(&rest[1..]) => return true,
-            b's' if starts_with_ci(rest, b"set_config") => return true,
-            b'a' if starts_with_ci(rest, b"advisory") => return true,
-            b'p' if starts_with_ci(rest, b"pg_temp") || super::selfview::named_at(rest) => {
+        // Most bytes of a text start nothing looked for: one lookup each.
+        let k = CLASS[usize::from(c)];
+        if k & WORD != 0 {
+            if !in_word && k & START != 0 && word_matters(&sql[i..]) {
                 return true;
             }
-            b'n' if starts_with_ci(rest, b"notify") => return true,
+            in_word = true;
+            continue;
+        }
+        in_word = false;
+        match c {
+            b';' if leading(&sql[i + 1..]) => return true,
             b'(' if i > 0 && calls_unknown(&sql[..i]) => return true,
             _ => {}
         }
     }
     false
 }
+
+/// `!may_matter(s) && lone_statement(s).is_some()` for `s = first_word + rest`, in one pass
+/// over `rest` (`first_word`: a keyword `may_matter` does not look for, followed by a byte
+/// that ends a word): the fast path of `facts::Facts::of`.
+pub(super) fn plain_rest(s: &[u8], first_word: usize) -> bool {
+    let mut in_word = false;
+    // Seen what may quote a `;` (lone_statement then splits the text).
+    let mut quoting = false;
+    for i in first_word..s.len() {
+        let c = s[i];
+        let k = CLASS[usize::from(c)];
+        if k & WORD != 0 {
+            if !in_word && k & START != 0 && word_matters(&s[i..]) {
+                return false;
+            }
+            in_word = true;
+            continue;
+        }
+        in_word = false;
+        if k & LOOK == 0 {
+            continue;
+        }
+        match c {
+            b';' => return !quoting && s[i + 1..].iter().all(u8::is_ascii_whitespace),
+            b'(' if calls_unknown(&s[..i]) => return false,
+            b'\'' | b'"' => quoting = true,
+            b'$' => quoting |= !s.get(i + 1).is_some_and(u8::is_ascii_digit),
+            b'-' => quoting |= s.get(i + 1) == Some(&b'-'),
+            b'/' => quoting |= s.get(i + 1) == Some(&b'*'),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// A word `may_matter` looks for starts `w`: set_config, advisory, notify, or an
+/// identifier starting `pg_` that is pg_temp, a self-view name (`selfview::NAMES`) or names
+/// an advisory lock or notify (pg_advisory_lock, pg_try_advisory_xact_lock, pg_notify).
+fn word_matters(w: &[u8]) -> bool {
+    match w[0] | 0x20 {
+        b's' => starts_with_ci(w, b"set_config"),
+        b'a' => starts_with_ci(w, b"advisory"),
+        b'n' => starts_with_ci(w, b"notify"),
+        b'p' if w.len() >= 3 && w[1] | 0x20 == b'g' && w[2] == b'_' => {
+            let end = w
+                .iter()
+                .position(|&c| CLASS[usize::from(c)] & WORD == 0)
+                .unwrap_or(w.len());
+            let word = &w[..end];
+            starts_with_ci(word, b"pg_temp")
+                || super::selfview::named_at(word)
+                || contains_ci(word, b"advisory")
+                || contains_ci(word, b"notify")
+        }
+        _ => false,
+    }
+}
+
+/// Byte classes of the one-pass scans: `WORD` bytes make identifiers (and numbers),
+/// `START` ones may start a word `may_matter` looks for, `LOOK` ones are looked at by
+/// `plain_rest`.
+const WORD: u8 = 1;
+const START: u8 = 2;
+const LOOK: u8 = 4;
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80 {
+            t[c] = WORD;
+        }
+        c += 1;
+    }
+    let starts = b"sSaApPnN";
+    let mut i = 0;
+    while i < starts.len() {
+        t[starts[i] as usize] |= START;
+        i += 1;
+    }
+    let look = b";('\"$-/";
+    let mut i = 0;
+    while i < look.len() {
+        t[look[i] as usize] |= LOOK;
+        i += 1;
+    }
+    t
+};
 
 /// The text's first word (after whitespace and comments) is `word` (ASCII, any case): a
 /// check of a few bytes for what only a statement starting so can be.
@@ -621,7 +713,7 @@ pub fn tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
 }
 
 /// `tx_effect` over every statement `split` finds, composed in order.
-fn tx_effect_of_split(sql: &[u8]) -> Option<[u8; 3]> {
+pub(super) fn tx_effect_of_split(sql: &[u8]) -> Option<[u8; 3]> {
     let mut all: Option<[u8; 3]> = None;
     for (a, b) in split(sql) {
         if let Some(e) = statement_tx_effect(&sql[a..b]) {
@@ -644,7 +736,7 @@ fn tx_index(status: u8) -> usize {
 }
 
 /// `tx_effect` of one statement.
-fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
+pub(super) fn statement_tx_effect(sql: &[u8]) -> Option<[u8; 3]> {
     let (first, mut rest) = next_word(strip_leading(sql))?;
     let is = |w: &[u8], k: &str| w.eq_ignore_ascii_case(k.as_bytes());
     if is(first, "begin") || is(first, "start") {
@@ -775,32 +867,34 @@ pub fn block_exit(sql: &[u8]) -> Option<BlockExit> {
 /// PREPARE TRANSACTION, COMMIT PREPARED, or CALL / DO, which may commit inside). Cheap:
 /// leading words only, the text split only when it holds a `;`.
 pub fn transaction_control(sql: &[u8]) -> (bool, bool) {
-    fn one(s: &[u8]) -> (bool, bool) {
-        let word = |s: &'_ [u8]| -> usize {
-            s.iter()
-                .position(|c| !c.is_ascii_alphabetic())
-                .unwrap_or(s.len())
-        };
-        let s = strip_leading(s);
-        let kw = &s[..word(s)];
-        let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
-        let next = strip_leading(&s[kw.len()..]);
-        let second = &next[..word(next)];
-        let begins = is(b"BEGIN") || is(b"START");
-        let commits = is(b"COMMIT")
-            || is(b"END")
-            || is(b"CALL")
-            || is(b"DO")
-            || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
-        (begins, commits)
-    }
     if let Some(s) = lone_statement(sql) {
-        return one(s);
+        return statement_control(s);
     }
     split(sql).iter().fold((false, false), |(b, c), &(x, y)| {
-        let (b2, c2) = one(&sql[x..y]);
+        let (b2, c2) = statement_control(&sql[x..y]);
         (b || b2, c || c2)
     })
+}
+
+/// `transaction_control` of one statement.
+pub(super) fn statement_control(s: &[u8]) -> (bool, bool) {
+    let word = |s: &'_ [u8]| -> usize {
+        s.iter()
+            .position(|c| !c.is_ascii_alphabetic())
+            .unwrap_or(s.len())
+    };
+    let s = strip_leading(s);
+    let kw = &s[..word(s)];
+    let is = |w: &[u8]| kw.eq_ignore_ascii_case(w);
+    let next = strip_leading(&s[kw.len()..]);
+    let second = &next[..word(next)];
+    let begins = is(b"BEGIN") || is(b"START");
+    let commits = is(b"COMMIT")
+        || is(b"END")
+        || is(b"CALL")
+        || is(b"DO")
+        || (is(b"PREPARE") && second.eq_ignore_ascii_case(b"TRANSACTION"));
+    (begins, commits)
 }
 
 /// A lone SQL `PREPARE name …` or `EXECUTE name …`.
@@ -867,7 +961,7 @@ pub fn named_statement(sql: &[u8]) -> Option<Named<'_>> {
 /// The text as one statement, when that needs no `split` (which allocates): no `;`, or
 /// one `;` followed only by whitespace (`SELECT …;`, as psql and pgbench send it) in a
 /// text with no quotes, comments or dollar quotes that could hide it. None: split it.
-fn lone_statement(sql: &[u8]) -> Option<&[u8]> {
+pub(super) fn lone_statement(sql: &[u8]) -> Option<&[u8]> {
     let Some(end) = sql.iter().position(|&c| c == b';') else {
         return Some(sql);
     };
@@ -1044,14 +1138,17 @@ pub fn parameter_count(sql: &[u8], types: usize) -> Option<usize> {
 /// may commit inside), VACUUM, CREATE INDEX CONCURRENTLY and the like (they commit as
 /// they go), COPY (its data is not kept).
 pub fn replay_safe(body: &[u8]) -> bool {
+    let sql = body.strip_suffix(b"\0").unwrap_or(body);
+    !may_matter(sql) && replay_safe_start(sql)
+}
+
+/// `replay_safe` but for `may_matter`: the first statement is one that commits nothing
+/// before its reply.
+pub(super) fn replay_safe_start(sql: &[u8]) -> bool {
     const FIRST: [&[u8]; 11] = [
         b"select", b"values", b"table", b"with", b"insert", b"update", b"delete", b"merge",
         b"begin", b"start", b"show",
     ];
-    let sql = body.strip_suffix(b"\0").unwrap_or(body);
-    if may_matter(sql) {
-        return false;
-    }
     let mut s = strip_leading(sql);
     while let Some(rest) = s.strip_prefix(b";") {
         s = strip_leading(rest);

@@ -1,0 +1,84 @@
+#!/bin/bash
+# Instructions per transaction of a pgcarpool binary, counted by callgrind: repeatable on a
+# busy machine where CPU time is not (for step-by-step decisions; CPU ratios against
+# PgBouncer come from bench/perfstat.sh). One worker, `pgbench -n -S -t TX` through it
+# against a throwaway PostgreSQL on free loopback ports, after a warm-up of 50 per client.
+# Prints the whole run's instructions per transaction (start and warm-up included: compare
+# builds at the same -t, or subtract a run with -t 1) and keeps the profile (read it with
+# `callgrind_annotate --inclusive=yes FILE`).
+#
+#   bench/instructions.sh [-t TX_PER_CLIENT=500] [-c CLIENTS=4] [-M simple|extended|prepared]
+#                         [-o PROFILE=/tmp/instructions.out] [-p] BIN
+# -p: BIN is PgBouncer (the same configuration without pgcarpool's own `workers`), for the
+# ratio of user-space instructions against it.
+# Needs valgrind, pgbench, psql; run as root.
+set -euo pipefail
+TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER=
+while getopts "t:c:M:o:p" o; do
+    case $o in
+    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;; *) exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+[ $# -eq 1 ] || { echo "usage: $0 [options] BIN" >&2; exit 2; }
+BIN=$(realpath "$1")
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+DIR=$(mktemp -d /tmp/pgcarpool-instructions.XXXXXX)
+chmod 755 "$DIR"
+chown postgres "$DIR"
+RUN=(setpriv --reuid postgres --regid postgres --init-groups)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PGPORT=$(free_port) POOLPORT=$(free_port)
+POOLPID=
+cleanup() {
+    [ -n "$POOLPID" ] && kill "$POOLPID" 2>/dev/null || true
+    "${RUN[@]}" "$PGBIN/pg_ctl" -D "$DIR/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+"${RUN[@]}" "$PGBIN/initdb" -D "$DIR/data" -U postgres -A trust >/dev/null
+"${RUN[@]}" "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/pg.log" -w \
+    -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+    start >/dev/null
+"$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -i -s 1 -q postgres >/dev/null 2>&1
+echo '"postgres" ""' >"$DIR/userlist.txt"
+cat >"$DIR/pool.ini" <<EOF
+[databases]
+postgres = host=127.0.0.1 port=$PGPORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $POOLPORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $DIR/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 2000
+max_prepared_statements = 200
+logfile = $DIR/pool.log
+EOF
+[ -n "$PEER" ] || echo "workers = 1" >>"$DIR/pool.ini"
+cd "$DIR"
+"${RUN[@]}" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.out" "$BIN" "$DIR/pool.ini" \
+    >/dev/null 2>"$DIR/valgrind.log" &
+POOLPID=$!
+for _ in $(seq 300); do
+    "$PGBIN/psql" -h 127.0.0.1 -p "$POOLPORT" -U postgres -d postgres -Atc 'select 1' \
+        >/dev/null 2>&1 && break
+    sleep 0.2
+done
+pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n -S -M "$MODE" -c "$CLIENTS" -j 1 postgres)
+"${pgb[@]}" -t 50 >/dev/null 2>&1
+"${pgb[@]}" -t "$TX" >"$DIR/pgbench.out" 2>&1
+# (callgrind_control cannot be used: it stalls a pooler asleep in epoll_wait.) The counts
+# include the start and the warm-up (-t 1 measures about those alone).
+kill -INT "$POOLPID"
+wait "$POOLPID" || true
+POOLPID=
+cp "$DIR/cg.out" "$OUT"
+ir=$(awk '/^summary:/ {print $2}' "$OUT")
+tx=$(awk '/number of transactions actually processed/ {print $NF}' "$DIR/pgbench.out" | cut -d/ -f1)
+awk -v ir="$ir" -v tx="$tx" -v m="$MODE" -v c="$CLIENTS" \
+    'BEGIN {printf "%s c%d: %d transactions, %.0f instructions per transaction\n", m, c, tx, ir / tx}'
