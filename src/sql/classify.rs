@@ -987,7 +987,9 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
     let mut i = 0;
     let n = sql.len();
     while i < n {
-        if let Some(end) = skip_quoted(sql, i) {
+        if QUOTE_START[usize::from(sql[i])]
+            && let Some(end) = skip_quoted(sql, i)
+        {
             i = end;
             continue;
         }
@@ -1004,6 +1006,17 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
     }
     out
 }
+
+/// The bytes `skip_quoted` may find something at (a look-up before the call).
+pub(crate) static QUOTE_START: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'\'' as usize] = true;
+    t[b'"' as usize] = true;
+    t[b'-' as usize] = true;
+    t[b'/' as usize] = true;
+    t[b'$' as usize] = true;
+    t
+};
 
 /// Where what starts at `i` in `s` and is not SQL code ends (the index after it, at most
 /// `s.len()`): a string literal (`E''` backslash escapes allowed), a quoted identifier, a

@@ -19,6 +19,7 @@ pub const NAMES: [&[u8]; 7] = [
 
 /// Does `rest` start with one of `NAMES` (any case)? Cheap when it does not: two bytes
 /// are looked at first.
+#[inline]
 pub fn named_at(rest: &[u8]) -> bool {
     rest.len() >= 8
         && rest[1] | 0x20 == b'g'
@@ -524,7 +525,9 @@ fn signal_argument(before: &[u8]) -> bool {
 fn for_each_word(s: &[u8], mut f: impl FnMut(usize)) {
     let mut i = 0;
     while i < s.len() {
-        if let Some(end) = super::classify::skip_quoted(s, i) {
+        if super::classify::QUOTE_START[usize::from(s[i])]
+            && let Some(end) = super::classify::skip_quoted(s, i)
+        {
             i = end;
             continue;
         }
