@@ -1752,8 +1752,10 @@ mod tests {
             parts("select $$;$$; select $a$;$$;$a$; x"),
             ["select $$;$$", " select $a$;$$;$a$", " x"]
         );
-        // A parameter is not a dollar quote, nor is a tag that starts with a digit.
+        // A parameter is not a dollar quote, nor is a tag that starts with a digit, nor a
+        // `$` inside an identifier (`a$b$` is one, as PostgreSQL reads it).
         assert_eq!(parts("select $1; select 2"), ["select $1", " select 2"]);
+        assert_eq!(parts("select a$b$; select 2"), ["select a$b$", " select 2"]);
         assert_eq!(parts("select $1$; select 2"), ["select $1$", " select 2"]);
         // The closing tag is looked for after the opening one: this string is `a$;`.
         assert_eq!(
