@@ -7,14 +7,13 @@ use super::classify::is_ident_char as is_ident;
 
 /// The names a query asks about its own session with. Any of them in a text sets
 /// `Effects::introspects`.
-pub const NAMES: [&[u8]; 7] = [
+pub const NAMES: [&[u8]; 6] = [
     b"pg_backend_pid",
     b"pg_terminate_backend",
     b"pg_cancel_backend",
     b"pg_prepared_statements",
     b"pg_stat_activity",
     b"pg_locks",
-    b"pg_stat_ssl",
 ];
 
 /// Does `rest` start with one of `NAMES` (any case)? Cheap when it does not: two bytes
@@ -42,12 +41,7 @@ const QUERIES: [&[u8]; 9] = [
 /// The catalog views a client's query gets its own session's version of, in `Own::views`'
 /// order: its prepared statements (`view_query`), and the views with a row per backend
 /// keyed by `pid` (`pid_view_query`).
-pub const VIEWS: [&str; 4] = [
-    "pg_prepared_statements",
-    "pg_stat_activity",
-    "pg_locks",
-    "pg_stat_ssl",
-];
+pub const VIEWS: [&str; 3] = ["pg_prepared_statements", "pg_stat_activity", "pg_locks"];
 
 /// `sql` as the client's own session would run it, for the queries among its statements
 /// (outside quotes, comments and dollar quotes):
@@ -663,7 +657,7 @@ mod tests {
         );
         assert_eq!(
             reads_views(b"select 1; select * from pg_stat_activity"),
-            [false, true, false, false]
+            [false, true, false]
         );
         for sql in [
             "explain select * from pg_prepared_statements",
