@@ -1507,6 +1507,10 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
     match tag {
         frontend::QUERY => text(body),
         frontend::PARSE => match r.cstr_bytes() {
+            // The client's unnamed statement again: its text was looked at.
+            Ok([]) if session.ext.unnamed.as_deref() == Some(&body[1..]) => {
+                session.unnamed_facts().map_or((false, true), |f| f.control)
+            }
             Ok(name) => text(&body[name.len() + 1..]),
             Err(_) => (false, true),
         },
@@ -1515,7 +1519,9 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
                 return (false, true);
             };
             let rest = if stmt.is_empty() {
-                session.ext.unnamed.as_deref()
+                return session
+                    .unnamed_facts()
+                    .map_or((false, false), |f| f.control);
             } else {
                 session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
             };

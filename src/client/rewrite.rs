@@ -1516,8 +1516,8 @@ impl Relay<'_> {
         {
             return Ok(false);
         }
-        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        if !classify::plans_once(sql) {
+        // (`rest` is the client's unnamed statement: its text was looked at once.)
+        if !self.session.unnamed_facts().is_some_and(|f| f.plans_once) {
             return Ok(false);
         }
         if (self.session.ext.unnamed_shared.as_ref())

@@ -806,6 +806,8 @@ async fn wait_for_request(
                     *aborted = None;
                 }
                 local
+            } else if for_a_server(&c.conn.rbuf) {
+                Local::NeedServer
             } else {
                 match super::notify::answer(c, kill).await? {
                     Some(local) => local,
@@ -892,6 +894,26 @@ pub(super) enum Local {
     Answered,
     NeedServer,
     Incomplete,
+}
+
+/// A whole simple Query that nothing answered at the front concerns (`notify::parse`:
+/// LISTEN, UNLISTEN, pg_listening_channels; a DEALLOCATE): it goes to a server, the common
+/// case found in one look at its first words (`notify::answer` and `answer_without_server`
+/// would find the same, `Local::NeedServer`, at more cost).
+fn for_a_server(buf: &[u8]) -> bool {
+    if buf.first() != Some(&frontend::QUERY) {
+        return false;
+    }
+    let Ok(Some(h)) = proto::header(buf, proto::MAX_MESSAGE_LEN) else {
+        return false;
+    };
+    if buf.len() < h.total {
+        return false;
+    }
+    let Ok(sql) = frontend::parse_query(&buf[5..h.total]) else {
+        return false;
+    };
+    super::notify::parse(sql).is_none() && !classify::starts_with_word(sql, b"deallocate")
 }
 
 /// An idle client whose buffered messages begin with Parse of statements a server already

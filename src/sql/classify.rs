@@ -1296,16 +1296,62 @@ fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
 }
 
+/// `hay` holds `needle` (ASCII, any case): the first byte's places found with `memchr2`
+/// (vectorised), the rest compared there.
 pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
-    hay.len() >= needle.len()
-        && hay
-            .windows(needle.len())
-            .any(|w| w.eq_ignore_ascii_case(needle))
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    if hay.len() < needle.len() {
+        return false;
+    }
+    let last_start = hay.len() - needle.len();
+    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    let mut at = 0;
+    while let Some(i) = memchr::memchr2(lower, upper, &hay[at..=last_start]) {
+        let p = at + i;
+        if hay[p + 1..p + needle.len()].eq_ignore_ascii_case(rest) {
+            return true;
+        }
+        at = p + 1;
+        if at > last_start {
+            break;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `contains_ci` finds what a look at every place finds (seeded texts of a few letters).
+    #[test]
+    fn contains_ci_is_a_case_blind_search() {
+        let naive = |hay: &[u8], needle: &[u8]| {
+            hay.windows(needle.len())
+                .any(|w| w.eq_ignore_ascii_case(needle))
+        };
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let letters = b"inTONto ;";
+        let (mut hits, mut misses) = (0, 0);
+        for _ in 0..50_000 {
+            let hay: Vec<u8> = (0..next(12))
+                .map(|_| letters[next(letters.len())])
+                .collect();
+            let needle: &[u8] = [&b"into"[..], b"i", b"nto", b"INTO "][next(4)];
+            let want = naive(&hay, needle);
+            assert_eq!(contains_ci(&hay, needle), want, "{hay:?} {needle:?}");
+            if want { hits += 1 } else { misses += 1 }
+        }
+        assert!(hits > 1_000 && misses > 1_000, "{hits} {misses}");
+    }
 
     /// `lone_statement`'s shortcut gives what the split gives, for texts it takes and
     /// texts it leaves to the split.
