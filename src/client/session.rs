@@ -83,6 +83,10 @@ pub struct ExtendedState {
     /// The `unnamed_id` of an unnamed statement whose text signals a pid given by a
     /// parameter (`selfview::signal_params`): its Binds are looked at (0: none).
     pub unnamed_signals: u64,
+    /// Named statements whose text pgcarpool rewrote for the client's session
+    /// (`selfview::rewrite`): the client's name, the statement it stands for now, and the
+    /// client's own text (Parse body after the name), rewritten again at each Bind.
+    pub own_texts: Vec<(Bytes, u64, Bytes)>,
 }
 
 impl ExtendedState {
@@ -99,6 +103,7 @@ impl ExtendedState {
             && self.tx_portal.is_none()
             && self.listen_portal.is_none()
             && self.unnamed_signals == 0
+            && self.own_texts.is_empty()
     }
 }
 
