@@ -27,7 +27,7 @@ impl Cluster {
 
 /// A primary with tables `t` (written) and `r` (only read: its scans are counted), a
 /// function that writes, and two streaming standbys of it.
-fn cluster() -> Option<Cluster> {
+fn cluster() -> Cluster {
     let primary = TempPostgres::start();
     primary.psql_in(
         "testdb",
@@ -38,8 +38,8 @@ fn cluster() -> Option<Cluster> {
          CREATE TABLE counter (n bigint); INSERT INTO counter VALUES (0); \
          GRANT ALL ON t, t_id_seq, r, counter TO PUBLIC",
     );
-    let standbys = [primary.start_standby()?, primary.start_standby()?];
-    Some(Cluster { primary, standbys })
+    let standbys = [primary.start_standby(), primary.start_standby()];
+    Cluster { primary, standbys }
 }
 
 fn entry(c: &Cluster, options: &str) -> String {
@@ -99,7 +99,7 @@ fn scans(pg: &TempPostgres) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_run_on_the_standbys_and_writes_on_the_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = connect(&pooler.dsn("postgres", "app")).await;
@@ -172,7 +172,7 @@ async fn reads_run_on_the_standbys_and_writes_on_the_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writing_function_in_a_read_runs_on_the_primary_unseen() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = connect(&pooler.dsn("postgres", "app")).await;
@@ -314,7 +314,7 @@ fn wait_caught(standby: &TempPostgres, primary: &TempPostgres) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = pooler.dsn("postgres", "app");
@@ -342,7 +342,7 @@ async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn cost_of_lsn_tracking_per_write_transaction() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = harness::transaction_pooler(&c.primary)
         .database("app", &entry(&c, "read_routing=on"))
         .database("loose", &entry(&c, "read_routing=on read_your_writes=off"))
