@@ -8,15 +8,20 @@
 # `callgrind_annotate --inclusive=yes FILE`).
 #
 #   bench/instructions.sh [-t TX_PER_CLIENT=500] [-c CLIENTS=4] [-M simple|extended|prepared]
-#                         [-o PROFILE=/tmp/instructions.out] [-p] BIN
+#                         [-o PROFILE=/tmp/instructions.out] [-p] [-w] [-d 'ENTRY OPTIONS'] BIN
 # -p: BIN is PgBouncer (the same configuration without pgcarpool's own `workers`), for the
 # ratio of user-space instructions against it.
+# -w: write transactions (one INSERT into pgbench_history each) instead of -S.
+# -d: options added to the database entry, which then lists the server twice
+#     (`host=127.0.0.1,127.0.0.1`: an entry with a host list, as read_routing needs; with no
+#     standby, its reads run on the primary), e.g. -d 'read_routing=on read_your_writes=off'.
 # Needs valgrind, pgbench, psql; run as root.
 set -euo pipefail
-TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER=
-while getopts "t:c:M:o:p" o; do
+TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER= WRITE= ENTRY=
+while getopts "t:c:M:o:pwd:" o; do
     case $o in
-    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;; *) exit 2 ;;
+    t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;;
+    w) WRITE=1 ;; d) ENTRY=$OPTARG ;; *) exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -43,9 +48,11 @@ trap cleanup EXIT
     start >/dev/null
 "$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -i -s 1 -q postgres >/dev/null 2>&1
 echo '"postgres" ""' >"$DIR/userlist.txt"
+entry="host=127.0.0.1 port=$PGPORT"
+[ -n "$ENTRY" ] && entry="host=127.0.0.1,127.0.0.1 port=$PGPORT,$PGPORT $ENTRY"
 cat >"$DIR/pool.ini" <<EOF
 [databases]
-postgres = host=127.0.0.1 port=$PGPORT
+postgres = $entry
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = $POOLPORT
@@ -69,7 +76,13 @@ for _ in $(seq 300); do
         >/dev/null 2>&1 && break
     sleep 0.2
 done
-pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n -S -M "$MODE" -c "$CLIENTS" -j 1 postgres)
+what=(-S)
+if [ -n "$WRITE" ]; then
+    echo 'INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now());' \
+        >"$DIR/write.sql"
+    what=(-f "$DIR/write.sql")
+fi
+pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n "${what[@]}" -M "$MODE" -c "$CLIENTS" -j 1 postgres)
 "${pgb[@]}" -t 50 >/dev/null 2>&1
 "${pgb[@]}" -t "$TX" >"$DIR/pgbench.out" 2>&1
 # (callgrind_control cannot be used: it stalls a pooler asleep in epoll_wait.) The counts
@@ -81,4 +94,5 @@ cp "$DIR/cg.out" "$OUT"
 ir=$(awk '/^summary:/ {print $2}' "$OUT")
 tx=$(awk '/number of transactions actually processed/ {print $NF}' "$DIR/pgbench.out" | cut -d/ -f1)
 awk -v ir="$ir" -v tx="$tx" -v m="$MODE" -v c="$CLIENTS" \
-    'BEGIN {printf "%s c%d: %d transactions, %.0f instructions per transaction\n", m, c, tx, ir / tx}'
+    -v w="${WRITE:+ write}" -v e="${ENTRY:+ ($ENTRY)}" \
+    'BEGIN {printf "%s%s%s c%d: %d transactions, %.0f instructions per transaction\n", m, w, e, c, tx, ir / tx}'

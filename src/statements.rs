@@ -34,6 +34,8 @@ pub struct Stmt {
     /// does not hold it (PostgreSQL describes a statement without a result there; it
     /// cannot be parsed there). At most 4 bytes a parameter.
     description: std::sync::OnceLock<Option<Bytes>>,
+    /// What its text does to the transaction, found once (`control`, `tx_effect`).
+    text_facts: std::sync::OnceLock<TextFacts>,
     /// The registry's generation when it was made: a Parse in a later generation gets a
     /// statement of its own (parsed anew on the servers).
     generation: u64,
@@ -44,11 +46,41 @@ pub struct Stmt {
     pub depends: Option<Arc<Stmt>>,
 }
 
+/// What a statement's text does to the transaction (`Stmt::text_facts`).
+#[derive(Debug)]
+struct TextFacts {
+    control: (bool, bool),
+    tx: Option<[u8; 3]>,
+}
+
 /// How the registry keys a statement made by SQL PREPARE: this, then the text after the
 /// statement's name.
 pub const SQL_PREPARE_KEY: &[u8] = b"\0PREPARE ";
 
 impl Stmt {
+    /// What running it may do to the transaction (`classify::transaction_control` of its
+    /// text up to the NUL): found once for every client that binds it.
+    pub fn control(&self) -> (bool, bool) {
+        self.text_facts().control
+    }
+
+    /// `classify::tx_effect` of its text: what each run of it does to the transaction
+    /// status, found once.
+    pub fn tx_effect(&self) -> Option<[u8; 3]> {
+        self.text_facts().tx
+    }
+
+    fn text_facts(&self) -> &TextFacts {
+        self.text_facts.get_or_init(|| {
+            let rest = &self.parse_rest[..];
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            TextFacts {
+                control: classify::transaction_control(&rest[..end]),
+                tx: classify::tx_effect(&rest[..end]),
+            }
+        })
+    }
+
     /// Made by SQL PREPARE (prepared on servers by SQL, not by a Parse).
     pub fn is_sql_prepared(&self) -> bool {
         self.parse_rest.starts_with(SQL_PREPARE_KEY)
@@ -260,6 +292,7 @@ impl StatementRegistry {
             effects: statement_effects(parse_rest),
             validated: AtomicBool::new(false),
             description: std::sync::OnceLock::new(),
+            text_facts: std::sync::OnceLock::new(),
             generation,
             registry: Arc::downgrade(&self.inner),
             depends,
@@ -317,6 +350,22 @@ pub fn next_unnamed_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a statement's text does to the transaction, as the classifier says, for every
+    /// client that binds it.
+    #[test]
+    fn a_statement_knows_what_its_text_does_to_the_transaction() {
+        let r = StatementRegistry::default();
+        for (text, control, tx) in [
+            (&b"select 1\0\0\0"[..], (false, false), None),
+            (b"BEGIN\0\0\0", (true, false), Some(*b"TTE")),
+            (b"commit\0\0\0", (false, true), Some(*b"III")),
+        ] {
+            let s = r.intern(b"", text).unwrap();
+            assert_eq!((s.control(), s.tx_effect()), (control, tx));
+            assert_eq!((s.control(), s.tx_effect()), (control, tx));
+        }
+    }
 
     #[test]
     fn intern_shares_one_statement_per_key() {

@@ -82,20 +82,6 @@ fn builder(c: &Cluster) -> harness::TestPoolerBuilder {
         .setting("query_wait_timeout", "60")
 }
 
-/// GET /metrics.
-async fn metrics(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to /metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("send GET");
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.expect("read /metrics");
-    buf
-}
-
 async fn connect(dsn: &str) -> tokio_postgres::Client {
     tokio::time::timeout(HUNG, try_connect(dsn))
         .await
@@ -535,7 +521,7 @@ async fn a_planned_switchover_moves_idle_sessions_to_the_new_primary() {
     )
     .await;
     assert_eq!(event.as_deref(), Some(moved.as_str()));
-    let body = metrics(metrics_port).await;
+    let body = harness::metrics(metrics_port).await;
     assert!(
         body.contains("pgcarpool_switchovers_total{database=\"app\",user=\"postgres\"} 1"),
         "{body}"

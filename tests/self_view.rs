@@ -300,3 +300,118 @@ async fn cancelling_another_clients_pid_cancels_its_query() {
     }
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activity_shows_the_clients_own_row_under_its_pid() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            vec![
+                either(
+                    i,
+                    "select count(*), bool_and(pid = {pid}), bool_and(state = 'active') \
+                     from pg_stat_activity where pid = pg_backend_pid()",
+                ),
+                // Its query as the client wrote it.
+                either(
+                    i,
+                    "select query, usename, datname, backend_type from pg_catalog.pg_stat_activity where pid = pg_backend_pid()",
+                ),
+                format!(
+                    "Q begin\n{}\nQ commit",
+                    either(
+                        i,
+                        "select count(*) from pg_stat_activity a join pg_locks l using (pid) \
+                         where a.pid = pg_backend_pid() and l.locktype = 'virtualxid'"
+                    )
+                ),
+                // A statement of its own, run again after other transactions (on
+                // whichever server runs it then).
+                "P act|select count(*) from pg_stat_activity where pid = pg_backend_pid()\nS".into(),
+                "B |act|\nE \nS".into(),
+                "Q select 1".into(),
+                "B |act|\nE \nS".into(),
+                // Another server's pid is not this session's.
+                either(i, "select count(*) from pg_stat_activity where pid = {pid} and pid <> pg_backend_pid()"),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for c in &t {
+        assert!(c[0].contains(&"Row 1|t|t".to_string()), "{:?}", c[0]);
+        assert!(
+            c[1].iter()
+                .any(|l| l.starts_with("Row select query, usename")),
+            "{:?}",
+            c[1]
+        );
+        assert!(c[2].contains(&"Row 1".to_string()), "{:?}", c[2]);
+        assert!(c[4].contains(&"Row 1".to_string()), "{:?}", c[4]);
+        assert!(c[6].contains(&"Row 1".to_string()), "{:?}", c[6]);
+        assert!(c[7].contains(&"Row 0".to_string()), "{:?}", c[7]);
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activity_shows_another_clients_transaction_under_its_pid() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let look = "select state, query from pg_stat_activity where pid = {pid:0}";
+    let scripts: Vec<Vec<String>> = vec![
+        vec![
+            "Q begin".into(),
+            "Q select 'zero'".into(),
+            "Q select 'zero again'".into(),
+            "Q commit".into(),
+        ],
+        vec![
+            "Q select 1".into(),
+            format!("Q {look}"),
+            format!("P |{look}\nB ||\nE \nS"),
+            "Q select 1".into(),
+        ],
+    ];
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    assert!(
+        t[1][1].contains(&"Row idle in transaction|select 'zero'".to_string()),
+        "{:?}",
+        t[1][1]
+    );
+    assert!(
+        t[1][2].contains(&"Row idle in transaction|select 'zero again'".to_string()),
+        "{:?}",
+        t[1][2]
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_query_of_the_view_sees_the_statements_of_when_it_runs() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    let scripts: Vec<Vec<String>> = (0..8)
+        .map(|i| {
+            vec![
+                "P count|select count(*) from pg_prepared_statements where statement = $1\nS"
+                    .into(),
+                format!("P s{i}|select 42\nS"),
+                "B |count|select 42\nE \nS".into(),
+                format!("C S s{i}\nS"),
+                // Run again after the statement went (pgx's statement cache does this).
+                "B |count|select 42\nE \nS".into(),
+                "Q select 1".into(),
+                "B |count|select count(*) from pg_prepared_statements where statement = $1\nE \nS"
+                    .into(),
+            ]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    for c in &t {
+        assert!(c[2].contains(&"Row 1".to_string()), "{:?}", c[2]);
+        assert!(c[4].contains(&"Row 0".to_string()), "{:?}", c[4]);
+        assert!(c[6].contains(&"Row 1".to_string()), "{:?}", c[6]);
+    }
+    p.shutdown().await;
+}

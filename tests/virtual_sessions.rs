@@ -328,7 +328,7 @@ async fn temp_tables_and_advisory_locks_pin_only_while_they_live() {
     assert_eq!(pid1, pid2, "pinned client stays on its server");
     let held = text(
         &c.simple_query(
-            "select count(*) from pg_locks where locktype = 'advisory' and pid = \"pg_backend_pid\"()",
+            "select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()",
         )
         .await
         .unwrap(),

@@ -494,7 +494,7 @@ async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Result<(), AdminError>
             shared.admin().set_paused(Some(db), true);
             let pools = pools_of(shared, Some(db));
             pools.iter().for_each(|p| p.pause());
-            wait_until(|| pools.iter().all(|p| p.counts().in_use() == 0)).await;
+            wait_until(|| pools.iter().all(|p| p.in_use_with_reads() == 0)).await;
         }
     }
     Ok(())

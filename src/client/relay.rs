@@ -657,7 +657,7 @@ impl<'a> Relay<'a> {
                     fwd = 0;
                     let msg = self.client.rbuf.split_to(h.total).freeze();
                     if self.server.exchange().ready_owed() == 0 {
-                        self.query_started = Some(Instant::now());
+                        self.query_started = Some(self.query_clock());
                     }
                     self.server.note_query();
                     self.on_query(msg, facts)?;
@@ -668,7 +668,7 @@ impl<'a> Relay<'a> {
                 }
                 frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                     if self.server.exchange().ready_owed() == 0 {
-                        self.query_started = Some(Instant::now());
+                        self.query_started = Some(self.query_clock());
                     }
                     self.server.note_sent(h.tag, self.virt);
                 }
@@ -783,7 +783,8 @@ impl<'a> Relay<'a> {
         }
         self.idle_in_xact_since = None;
         if self.xact_started.is_none() && self.mode != PoolMode::Session {
-            self.xact_started = Some(Instant::now());
+            // The clock as read at the transaction's start (`transaction`).
+            self.xact_started = Some(crate::stats::clock::recent());
         }
         facts
     }
@@ -1261,8 +1262,18 @@ impl<'a> Relay<'a> {
         Ok(ControlFlow::Continue(fwd + h.total))
     }
 
+    /// The clock for a query starting now: a transaction's first query (transaction
+    /// mode) starts when the transaction did (the clock read then); a later one reads it.
+    fn query_clock(&self) -> Instant {
+        if self.mode != PoolMode::Session && self.counts.queries == 0 {
+            crate::stats::clock::recent()
+        } else {
+            crate::stats::clock::now()
+        }
+    }
+
     fn on_ready_for_query(&mut self, status: u8) -> Option<RelayEvent> {
-        let now = Instant::now();
+        let now = crate::stats::clock::now();
         if self.virt {
             self.deallocs_over();
         }
@@ -1496,6 +1507,10 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
     match tag {
         frontend::QUERY => text(body),
         frontend::PARSE => match r.cstr_bytes() {
+            // The client's unnamed statement again: its text was looked at.
+            Ok([]) if session.ext.unnamed.as_deref() == Some(&body[1..]) => {
+                session.unnamed_facts().map_or((false, true), |f| f.control)
+            }
             Ok(name) => text(&body[name.len() + 1..]),
             Err(_) => (false, true),
         },
@@ -1503,13 +1518,16 @@ fn in_flight(tag: u8, body: &[u8], session: &VirtualSession) -> (bool, bool) {
             let (Ok(_portal), Ok(stmt)) = (r.cstr_bytes(), r.cstr_bytes()) else {
                 return (false, true);
             };
-            let rest = if stmt.is_empty() {
-                session.ext.unnamed.as_deref()
-            } else {
-                session.statements.get(stmt).map(|s| s.parse_rest.as_ref())
-            };
+            if stmt.is_empty() {
+                return session
+                    .unnamed_facts()
+                    .map_or((false, false), |f| f.control);
+            }
             // Not known (no virtual statements): the Parse was looked at already.
-            rest.map_or((false, false), text)
+            session
+                .statements
+                .get(stmt)
+                .map_or((false, false), |s| s.control())
         }
     }
 }

@@ -83,7 +83,7 @@ pub(super) fn passes_through(
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
-            let tx = session.ext.unnamed.as_deref().and_then(tx_effect_of);
+            let tx = session.unnamed_facts().and_then(|f| f.tx);
             session.bound(portal, tx, false);
             let listen = session.ext.unnamed.clone().filter(|u| listens(u));
             session.bound_listen(portal, listen.as_ref());
@@ -852,6 +852,7 @@ impl Relay<'_> {
         let Some(mut stmt) = self.intern(&scope, &rest, depends.clone()) else {
             return Ok(());
         };
+        let mut own_text = None;
         if stmt.effects.as_ref().is_some_and(|e| e.introspects)
             && let Some(own) = self.own_view_rest(name, &rest)?
         {
@@ -859,6 +860,11 @@ impl Relay<'_> {
             let Some(own) = self.intern(&scope, &own, depends) else {
                 return Ok(());
             };
+            // Read views are read again at each Bind (`refresh_own_text`).
+            let sql = rest.split(|&c| c == 0).next().unwrap_or_default();
+            if selfview::reads_views(sql).contains(&true) {
+                own_text = Some((own.id, rest.clone()));
+            }
             stmt = own;
         }
         if let Some(e) = &stmt.effects {
@@ -868,6 +874,9 @@ impl Relay<'_> {
         self.counts.client_parses += 1;
         let name = Bytes::copy_from_slice(name);
         self.session.statements.insert(name.clone(), stmt.clone());
+        if own_text.is_some() || !self.session.ext.own_texts.is_empty() {
+            self.note_own_text(&name, own_text);
+        }
         self.session
             .parsed_name(name.clone(), self.registry.changes_seen());
         if self.server.touch(stmt.id) {
@@ -875,6 +884,56 @@ impl Relay<'_> {
         } else {
             self.prepare_on_server(stmt, false);
             self.server.name_last_parse(name);
+        }
+        Ok(())
+    }
+
+    /// The client's statement `name` now stands for the statement `own` (its id, and the
+    /// client's text) rewritten for its session, or (None) for its text as it came: kept
+    /// in `own_texts`, whose entries of names the client no longer holds so go.
+    fn note_own_text(&mut self, name: &Bytes, own: Option<(u64, Bytes)>) {
+        let statements = &self.session.statements;
+        let mut kept = std::mem::take(&mut self.session.ext.own_texts);
+        kept.retain(|(n, id, _)| n != name && statements.get(n).is_some_and(|s| s.id == *id));
+        if let Some((id, text)) = own {
+            kept.push((name.clone(), id, text));
+        }
+        self.session.ext.own_texts = kept;
+    }
+
+    /// Before a Bind of the client's statement `name`: when its text was rewritten for
+    /// the client's session (`own_texts`), it is rewritten again now, as PostgreSQL reads
+    /// the session's views when the statement runs (the statements it holds now, the
+    /// servers running clients' work now); a different text makes it a statement of its
+    /// own, prepared on the server by the Bind's `lookup`. Beyond a limit
+    /// (client_max_statements, the registry's), the one it has stays.
+    fn refresh_own_text(&mut self, name: &[u8]) -> Result<(), ProtoError> {
+        let Some(stmt) = self.session.statements.get(name).cloned() else {
+            return Ok(());
+        };
+        let Some(i) = (self.session.ext.own_texts.iter())
+            .position(|(n, id, _)| n[..] == *name && *id == stmt.id)
+        else {
+            return Ok(());
+        };
+        let rest = self.session.ext.own_texts[i].2.clone();
+        let Some(own) = self.own_view_rest(name, &rest)? else {
+            return Ok(());
+        };
+        if own == stmt.parse_rest {
+            return Ok(());
+        }
+        let scope = self.statement_scope(&rest);
+        let fresh = self.session.intern(
+            self.registry,
+            usize::MAX,
+            (&scope, &own),
+            stmt.depends.clone(),
+        );
+        if let Ok(fresh) = fresh {
+            self.session.ext.own_texts[i].1 = fresh.id;
+            let key = self.session.ext.own_texts[i].0.clone();
+            self.session.statements.insert(key, fresh);
         }
         Ok(())
     }
@@ -902,6 +961,9 @@ impl Relay<'_> {
             let msg = self.bind_unnamed(portal, &msg)?;
             self.server.conn_mut().queue(msg);
         } else {
+            if shared.is_none() && !self.session.ext.own_texts.is_empty() {
+                self.refresh_own_text(name)?;
+            }
             match shared.or_else(|| self.lookup(name)) {
                 None => {
                     let name = String::from_utf8_lossy(name).into_owned();
@@ -926,7 +988,7 @@ impl Relay<'_> {
                     }
                     // What running it does to the session, every time it runs.
                     let deallocates = stmt.effects.as_ref().is_some_and(|e| e.deallocate_all);
-                    let tx = tx_effect_of(&stmt.parse_rest);
+                    let tx = stmt.tx_effect();
                     self.session.bound(portal, tx, deallocates);
                     let listen = stmt.effects.is_some() && listens(&stmt.parse_rest);
                     self.session
@@ -970,7 +1032,7 @@ impl Relay<'_> {
     fn bind_unnamed(&mut self, portal: &[u8], msg: &Bytes) -> Result<Bytes, ProtoError> {
         let s = &mut *self.session;
         let deallocates = s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
-        let tx = s.ext.unnamed.as_deref().and_then(tx_effect_of);
+        let tx = s.unnamed_facts().and_then(|f| f.tx);
         s.bound(portal, tx, deallocates);
         let listen = s.ext.unnamed.clone().filter(|u| listens(u));
         s.bound_listen(portal, listen.as_ref());
@@ -1296,10 +1358,10 @@ impl Relay<'_> {
     /// PostgreSQL lists too when it runs (as of its Parse: pgcarpool lists the statements
     /// the client had then, and this one without what the server would say of it).
     fn own_session(&mut self, sql: &[u8], query: bool, parsing: Option<&[u8]>) -> Option<Vec<u8>> {
-        let reads =
-            classify::contains_ci(sql, b"pg_prepared_statements") && selfview::reads_view(sql);
-        let view = reads.then(|| {
+        let reads = selfview::reads_views(sql);
+        let view = reads[0].then(|| {
             let mut stmts: Vec<(Bytes, Arc<Stmt>)> = (self.session.statements.iter())
+                .filter(|(n, _)| parsing != Some(&n[..]))
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect();
             stmts.sort_by_key(|(_, s)| s.id);
@@ -1310,22 +1372,21 @@ impl Relay<'_> {
                     self.ensure_for_parse(stmt);
                 }
             }
+            let own_texts = &self.session.ext.own_texts;
             let mut texts: Vec<Vec<u8>> = (stmts.iter())
-                .map(
-                    |(name, s)| match s.parse_rest.strip_prefix(SQL_PREPARE_KEY) {
-                        // (As most write it: `PREPARE p(int) AS …`, `PREPARE p AS …`.)
-                        Some(rest) if rest.starts_with(b"(") => {
-                            [b"PREPARE ", &name[..], rest].concat()
-                        }
-                        Some(rest) => [b"PREPARE ", &name[..], b" ", rest].concat(),
-                        None => s
-                            .parse_rest
-                            .split(|&c| c == 0)
-                            .next()
-                            .unwrap_or_default()
-                            .to_vec(),
-                    },
-                )
+                .map(|(name, s)| {
+                    // The client's own text of one rewritten for its session.
+                    let rest = (own_texts.iter())
+                        .find(|(n, id, _)| n == name && *id == s.id)
+                        .map_or(&s.parse_rest, |(_, _, text)| text);
+                    (name, rest)
+                })
+                .map(|(name, rest)| match rest.strip_prefix(SQL_PREPARE_KEY) {
+                    // (As most write it: `PREPARE p(int) AS …`, `PREPARE p AS …`.)
+                    Some(rest) if rest.starts_with(b"(") => [b"PREPARE ", &name[..], rest].concat(),
+                    Some(rest) => [b"PREPARE ", &name[..], b" ", rest].concat(),
+                    None => rest.split(|&c| c == 0).next().unwrap_or_default().to_vec(),
+                })
                 .collect();
             texts.push(sql.to_vec());
             let mut rows: Vec<selfview::Prepared> = (stmts.iter().zip(&texts))
@@ -1347,10 +1408,27 @@ impl Relay<'_> {
             selfview::view_query(&rows)
         });
         let clients = self.clients;
+        // The servers running clients' work, each under its client's pid (the rows of the
+        // per-backend views), when the text reads one of them.
+        let pid_views: Vec<Option<String>> = (1..selfview::VIEWS.len())
+            .map(|k| {
+                reads[k].then(|| {
+                    let vpid = self.session.backend_pid;
+                    let servers = clients
+                        .map_or_else(Vec::new, |(c, _)| c.server_pids(self.server.addr(), vpid));
+                    selfview::pid_view_query(selfview::VIEWS[k], vpid, &servers, sql)
+                })
+            })
+            .collect();
+        let mut views = [None; selfview::VIEWS.len()];
+        views[0] = view.as_deref();
+        for (k, v) in pid_views.iter().enumerate() {
+            views[k + 1] = v.as_deref();
+        }
         let mut signal = |kind, pid| clients.is_some_and(|c| signal_client(c, kind, pid));
         let mut own = selfview::Own {
             vpid: self.session.backend_pid,
-            view: view.as_deref(),
+            views,
             signal: &mut signal,
         };
         selfview::rewrite(sql, &mut own)
@@ -1438,8 +1516,8 @@ impl Relay<'_> {
         {
             return Ok(false);
         }
-        let sql = Reader::new(rest, "Parse").cstr_bytes()?;
-        if !classify::plans_once(sql) {
+        // (`rest` is the client's unnamed statement: its text was looked at once.)
+        if !self.session.unnamed_facts().is_some_and(|f| f.plans_once) {
             return Ok(false);
         }
         if (self.session.ext.unnamed_shared.as_ref())
@@ -1827,12 +1905,6 @@ fn listens(parse_rest: &[u8]) -> bool {
         super::notify::parse(sql),
         Some(super::notify::Stmt::Listen(_) | super::notify::Stmt::Unlisten(_))
     )
-}
-
-/// `classify::tx_effect` of a Parse body after the name (the SQL, then parameter types).
-fn tx_effect_of(parse_rest: &[u8]) -> Option<[u8; 3]> {
-    let sql = parse_rest.split(|&c| c == 0).next()?;
-    classify::tx_effect(sql)
 }
 
 /// Starts the text of a statement pgcarpool made of a client's RESET (see

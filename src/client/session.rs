@@ -43,6 +43,9 @@ pub struct ExtendedState {
     /// The unnamed statement (its Parse body after the name), prepared again on another
     /// server when the client binds it there; None when the client has none.
     pub unnamed: Option<bytes::Bytes>,
+    /// What the relay needs of `unnamed`'s text, found once per text (`unnamed_facts`);
+    /// emptied whenever `unnamed` changes.
+    pub unnamed_text_facts: std::sync::OnceLock<crate::sql::facts::TextFacts>,
     /// Identifies `unnamed` on servers (`Server::unnamed`; 0: none).
     pub unnamed_id: u64,
     /// plan_once: the shared statement that serves the client's unnamed statement
@@ -80,6 +83,10 @@ pub struct ExtendedState {
     /// The `unnamed_id` of an unnamed statement whose text signals a pid given by a
     /// parameter (`selfview::signal_params`): its Binds are looked at (0: none).
     pub unnamed_signals: u64,
+    /// Named statements whose text pgcarpool rewrote for the client's session
+    /// (`selfview::rewrite`): the client's name, the statement it stands for now, and the
+    /// client's own text (Parse body after the name), rewritten again at each Bind.
+    pub own_texts: Vec<(Bytes, u64, Bytes)>,
 }
 
 impl ExtendedState {
@@ -96,6 +103,7 @@ impl ExtendedState {
             && self.tx_portal.is_none()
             && self.listen_portal.is_none()
             && self.unnamed_signals == 0
+            && self.own_texts.is_empty()
     }
 }
 
@@ -309,6 +317,7 @@ impl VirtualSession {
     pub fn parsed_unnamed(&mut self, rest: &[u8]) -> u64 {
         if self.ext.unnamed.as_deref() != Some(rest) {
             self.ext.unnamed = Some(bytes::Bytes::copy_from_slice(rest));
+            self.ext.unnamed_text_facts = Default::default();
         }
         self.ext.unnamed_id = crate::statements::next_unnamed_id();
         self.ext.unnamed_id
@@ -409,6 +418,9 @@ impl VirtualSession {
             }
             Undo::Unnamed { was, now } if now == self.ext.unnamed_id => match was {
                 Some((rest, id)) => {
+                    if self.ext.unnamed.as_ref() != Some(&rest) {
+                        self.ext.unnamed_text_facts = Default::default();
+                    }
                     self.ext.unnamed = Some(rest);
                     self.ext.unnamed_id = id;
                 }
@@ -433,8 +445,20 @@ impl VirtualSession {
         // makes none.
         if self.ext.unnamed.is_some() || self.ext.unnamed_id != 0 {
             self.ext.unnamed = None;
+            self.ext.unnamed_text_facts = Default::default();
             self.ext.unnamed_id = 0;
         }
+    }
+
+    /// What the relay needs of the unnamed statement's text (None: the client has none),
+    /// found once per text: a client that parses the same text each transaction, and
+    /// binds it, has it looked at once.
+    pub fn unnamed_facts(&self) -> Option<crate::sql::facts::TextFacts> {
+        let rest = self.ext.unnamed.as_deref()?;
+        Some(*self.ext.unnamed_text_facts.get_or_init(|| {
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            crate::sql::facts::TextFacts::of(&rest[..end])
+        }))
     }
 
     pub fn remove_param(&mut self, name: &str) {
@@ -492,6 +516,30 @@ pub fn canonical_encoding(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{VirtualSession, canonical_encoding};
+
+    /// The facts of the unnamed statement's text follow its text: found once, found again
+    /// for another text, gone with it.
+    #[test]
+    fn unnamed_facts_follow_the_unnamed_text() {
+        let mut s = VirtualSession::default();
+        assert_eq!(s.unnamed_facts(), None);
+        s.parsed_unnamed(b"select 1\0\0\0");
+        let f = s.unnamed_facts().unwrap();
+        assert!(
+            f.plans_once && f.control == (false, false) && f.tx.is_none(),
+            "{f:?}"
+        );
+        s.parsed_unnamed(b"select 1\0\0\0");
+        assert_eq!(s.unnamed_facts(), Some(f));
+        s.parsed_unnamed(b"commit\0\0\0");
+        let f = s.unnamed_facts().unwrap();
+        assert!(!f.plans_once && f.control == (false, true), "{f:?}");
+        s.drop_unnamed();
+        assert_eq!(s.unnamed_facts(), None);
+        s.parsed_unnamed(b"begin\0\0\0");
+        let f = s.unnamed_facts().unwrap();
+        assert_eq!((f.control, f.tx), ((true, false), Some(*b"TTE")));
+    }
 
     /// What the relay does to the session for a simple Query, and for a Bind and Execute
     /// of a named statement, makes no extended-protocol state: a client of the simple

@@ -188,6 +188,10 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     let handle = c.reg.handle.clone();
     let kill = &*handle;
     let fresh = held.is_none();
+    if !fresh {
+        // The transaction's start (a checkout reads the clock when it takes a server).
+        crate::stats::clock::now();
+    }
     let server = match held {
         Some(s) => s,
         None => routed_server(c, cfg, kill).await?,
@@ -221,7 +225,9 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         c.reg.handle.set_server_tls(None);
     }
     after_routed(c, &mut server, &event, &pool_settings).await;
-    add_stats(c, &counts, assigned_at.elapsed().as_micros() as u64);
+    // (The clock as read at the transaction's ReadyForQuery.)
+    let held_for = crate::stats::clock::recent().saturating_duration_since(assigned_at);
+    add_stats(c, &counts, held_for.as_micros() as u64);
     let reset_always = cfg.settings.server_reset_query_always;
     // Every way out but Release ends the client and its session state (Terminate,
     // timeout, KILL, protocol error). A pinned session never goes back to the pool as it
@@ -413,7 +419,7 @@ async fn relay_replacing(
         }
         c.reg.handle.set_server_key_rest(server.key_rest().cloned());
         c.reg.handle.set_state(ClientState::Active);
-        let assigned_at = Instant::now();
+        let assigned_at = crate::stats::clock::recent();
         let standby = !Arc::ptr_eq(server.pool(), &c.pool);
         let start = Start {
             keep_first: replays_left > 0 && !claimed,
@@ -459,7 +465,11 @@ async fn relay_replacing(
         // A standby's server was replaced by another of the same standby; after a
         // refusal, the primary's.
         let sub = (standby && !refused).then(|| server.pool().clone());
-        server.mark_broken();
+        if refused {
+            server.discard();
+        } else {
+            server.mark_broken();
+        }
         // The request first, as the client sent it, then what the client sent after it.
         let rest = std::mem::replace(&mut c.conn.rbuf, first);
         c.conn.rbuf.extend_from_slice(&rest);
@@ -800,6 +810,8 @@ async fn wait_for_request(
                     *aborted = None;
                 }
                 local
+            } else if for_a_server(&c.conn.rbuf) {
+                Local::NeedServer
             } else {
                 match super::notify::answer(c, kill).await? {
                     Some(local) => local,
@@ -886,6 +898,26 @@ pub(super) enum Local {
     Answered,
     NeedServer,
     Incomplete,
+}
+
+/// A whole simple Query that nothing answered at the front concerns (`notify::parse`:
+/// LISTEN, UNLISTEN, pg_listening_channels; a DEALLOCATE): it goes to a server, the common
+/// case found in one look at its first words (`notify::answer` and `answer_without_server`
+/// would find the same, `Local::NeedServer`, at more cost).
+fn for_a_server(buf: &[u8]) -> bool {
+    if buf.first() != Some(&frontend::QUERY) {
+        return false;
+    }
+    let Ok(Some(h)) = proto::header(buf, proto::MAX_MESSAGE_LEN) else {
+        return false;
+    };
+    if buf.len() < h.total {
+        return false;
+    }
+    let Ok(sql) = frontend::parse_query(&buf[5..h.total]) else {
+        return false;
+    };
+    super::notify::parse(sql).is_none() && !classify::starts_with_word(sql, b"deallocate")
 }
 
 /// An idle client whose buffered messages begin with Parse of statements a server already
@@ -1231,7 +1263,9 @@ async fn checkout(
     let start = Instant::now();
     let pool = sub.unwrap_or(&c.pool).clone();
     let s = Box::pin(wait_for_server(c, cfg, kill, start, pool)).await?;
-    Ok((s, start.elapsed().as_micros() as u64))
+    // (The transaction's start, as `clock::recent` gives it.)
+    let waited = crate::stats::clock::now().saturating_duration_since(start);
+    Ok((s, waited.as_micros() as u64))
 }
 
 /// When a client waiting for a server gives up, and what it is told: query_timeout

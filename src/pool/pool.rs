@@ -856,7 +856,8 @@ impl Pool {
     /// The checks of an idle server that need no round trip (lifetime, liveness, moving it
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
-        let now = Instant::now();
+        // The client's transaction's start (`clock::recent` for the relay's timers).
+        let now = crate::stats::clock::now();
         let expired = crate::config::enabled(settings.server_lifetime)
             .is_some_and(|l| now.duration_since(s.created()) >= l);
         if !settings.target.hosts.keeps(s.host()) {
@@ -885,7 +886,7 @@ impl Pool {
             }
         }
         if settings.server_check_query.is_some()
-            && s.last_used().elapsed() >= settings.server_check_delay
+            && now.saturating_duration_since(s.last_used()) >= settings.server_check_delay
         {
             return Ready::CheckDue(s);
         }
@@ -984,14 +985,16 @@ impl Pool {
                     "a server reported SQLSTATE {}",
                     String::from_utf8_lossy(&code)
                 )),
-                _ if s.is_broken() => Some("a server connection was lost".to_string()),
+                _ if s.is_broken() && !s.is_discarded() => {
+                    Some("a server connection was lost".to_string())
+                }
                 _ => None,
             };
             if let Some(why) = why {
                 hosts.forget(i, false, &why, &self.db);
             }
         }
-        let reason = if s.is_broken() {
+        let reason = if s.is_broken() && !s.is_discarded() {
             "server conn crashed?"
         } else if doubts_role(hosts, &s) || !hosts.keeps(s.host()) {
             HOST_ROLE_CHANGED
@@ -1063,14 +1066,27 @@ impl Pool {
         }
     }
 
-    /// PAUSE: new checkouts wait. Returns once every server is back (active == 0).
+    /// PAUSE: new checkouts wait, of the pool and its read routing sub-pools (every
+    /// server of the database, as PgBouncer); the caller waits for `in_use_with_reads`.
     pub fn pause(&self) {
         self.lock().paused = true;
+        self.read_pools().iter().for_each(|(_, p)| p.pause());
     }
 
     pub fn resume(self: &Arc<Self>) {
         self.lock().paused = false;
         self.grant_waiters();
+        self.read_pools().iter().for_each(|(_, p)| p.resume());
+    }
+
+    /// PAUSE is in force (a sub-pool made meanwhile starts paused).
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// Servers out of the idle lists of the pool and its read routing sub-pools.
+    pub fn in_use_with_reads(&self) -> usize {
+        self.counts_with_reads().in_use()
     }
 
     /// Janitor work: close idle servers past server_idle_timeout / server_lifetime (down to
@@ -1199,6 +1215,7 @@ impl Pool {
         self.lock().close_before = Some(Instant::now());
         self.close_idle("database configuration changed");
         self.fast_close.notify_waiters();
+        self.read_pools().iter().for_each(|(_, p)| p.reconnect());
     }
 
     /// The server was opened before a RECONNECT or a change of its database entry.
@@ -1209,13 +1226,17 @@ impl Pool {
     /// WAIT_CLOSE: true once no server marked by RECONNECT is left (none in use, none idle
     /// from before the mark); clears the mark then.
     pub fn reconnect_done(&self) -> bool {
+        let subs = self.read_pools();
         let mut g = self.lock();
         let Some(t) = g.close_before else { return true };
         let done = g.servers.in_use() == 0 && g.idle.iter().all(|s| s.created() >= t);
         if done {
             g.close_before = None;
         }
-        done
+        drop(g);
+        // Each sub-pool clears its own mark (`&` would stop at the first not done).
+        subs.iter()
+            .fold(done, |all, (_, p)| p.reconnect_done() & all)
     }
 
     /// The servers no client holds, for SHOW SERVERS: idle ("used" when due their

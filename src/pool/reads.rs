@@ -63,7 +63,13 @@ impl Pool {
             reads.resize(i + 1, None);
         }
         reads[i]
-            .get_or_insert_with(|| self.sub_pool(read_settings(&self.settings(), i)))
+            .get_or_insert_with(|| {
+                let sub = self.sub_pool(read_settings(&self.settings(), i));
+                if self.is_paused() {
+                    sub.pause();
+                }
+                sub
+            })
             .clone()
     }
 

@@ -164,6 +164,9 @@ pub struct Server {
     served: bool,
     /// Set when the server's state is unknown: it must be closed, not reused.
     broken: bool,
+    /// Broken on purpose, its host not in doubt: a standby's refusal of a read (25006)
+    /// kept from the client, whose request runs on the primary instead.
+    discarded: bool,
     /// The worker whose runtime drives the socket (see `crate::workers`).
     home: usize,
     /// NotificationResponses that came while pgcarpool ran its own queries: they belong to
@@ -201,6 +204,7 @@ impl Server {
             last_used: now,
             served: false,
             broken: false,
+            discarded: false,
             home: crate::workers::current(),
             notifications: bytes::BytesMut::new(),
             tls: None,
@@ -319,6 +323,19 @@ impl Server {
     /// Its state is unknown: it must be closed, not reused.
     pub fn mark_broken(&mut self) {
         self.broken = true;
+    }
+
+    /// Closed, not reused, though nothing is wrong with its host: a standby's refusal
+    /// (25006) was kept from the client and the request goes to the primary. Its host's
+    /// role stays known (a lost server puts it in doubt).
+    pub fn discard(&mut self) {
+        self.broken = true;
+        self.discarded = true;
+    }
+
+    /// See [`Server::discard`].
+    pub fn is_discarded(&self) -> bool {
+        self.discarded
     }
 
     /// A client has run work on it (`server_lifetime = 0` closes it when it comes back).

@@ -179,7 +179,7 @@ impl Shared {
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {
             tick.tick().await;
-            if self.pools.all().iter().all(|p| p.counts().in_use() == 0) {
+            if self.pools.all().iter().all(|p| p.in_use_with_reads() == 0) {
                 return;
             }
         }

@@ -398,6 +398,21 @@ impl Registry {
             .map(|(_, c)| c.clone())
     }
 
+    /// The servers at `addr` running the work of clients other than the one given pid
+    /// `but`, each with the pid its client was given: (server pid, client pid). A walk of
+    /// every client, for the rare query that reads a per-backend view (`pg_stat_activity`).
+    pub fn server_pids(&self, addr: &ServerAddr, but: i32) -> Vec<(i32, i32)> {
+        self.lock()
+            .iter()
+            .filter(|(k, _)| k.0 != but)
+            .filter_map(|(k, c)| {
+                let s = c.server.locked();
+                let s = s.as_ref().filter(|s| *s.addr == *addr)?;
+                Some((s.key.0, k.0))
+            })
+            .collect()
+    }
+
     pub fn find(&self, key: (i32, i32)) -> Option<Arc<ClientHandle>> {
         self.lock().get(&key).cloned()
     }

@@ -987,79 +987,94 @@ pub fn split(sql: &[u8]) -> Vec<(usize, usize)> {
     let mut i = 0;
     let n = sql.len();
     while i < n {
-        match sql[i] {
-            b'\'' | b'"' => {
-                let q = sql[i];
-                i += 1;
-                while i < n {
-                    if sql[i] == q {
-                        if i + 1 < n && sql[i + 1] == q {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    // E'' strings allow backslash escapes.
-                    if q == b'\'' && sql[i] == b'\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
-            b'-' if sql.get(i + 1) == Some(&b'-') => {
-                while i < n && sql[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if sql.get(i + 1) == Some(&b'*') => {
-                let mut depth = 0;
-                while i < n {
-                    if sql[i] == b'/' && sql.get(i + 1) == Some(&b'*') {
-                        depth += 1;
-                        i += 2;
-                    } else if sql[i] == b'*' && sql.get(i + 1) == Some(&b'/') {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        i += 1;
-                    }
-                }
-            }
-            b'$' => {
-                // $tag$ ... $tag$
-                let tag_end = sql[i + 1..]
-                    .iter()
-                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'));
-                match tag_end.map(|p| i + 1 + p) {
-                    Some(j) if sql[j] == b'$' && (j == i + 1 || !sql[i + 1].is_ascii_digit()) => {
-                        let tag = &sql[i..=j];
-                        i = j + 1;
-                        while i < n && !sql[i..].starts_with(tag) {
-                            i += 1;
-                        }
-                        i += tag.len();
-                    }
-                    _ => i += 1,
-                }
-            }
-            b';' => {
-                if has_content(&sql[start..i]) {
-                    out.push((start, i));
-                }
-                i += 1;
-                start = i;
-            }
-            _ => i += 1,
+        if QUOTE_START[usize::from(sql[i])]
+            && let Some(end) = skip_quoted(sql, i)
+        {
+            i = end;
+            continue;
         }
+        if sql[i] == b';' {
+            if has_content(&sql[start..i]) {
+                out.push((start, i));
+            }
+            start = i + 1;
+        }
+        i += 1;
     }
     if start < n && has_content(&sql[start..n]) {
-        out.push((start, n.min(sql.len())));
+        out.push((start, n));
     }
     out
+}
+
+/// The bytes `skip_quoted` may find something at (a look-up before the call).
+pub(crate) static QUOTE_START: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'\'' as usize] = true;
+    t[b'"' as usize] = true;
+    t[b'-' as usize] = true;
+    t[b'/' as usize] = true;
+    t[b'$' as usize] = true;
+    t
+};
+
+/// Where what starts at `i` in `s` and is not SQL code ends (the index after it, at most
+/// `s.len()`): a string literal (`E''` backslash escapes allowed), a quoted identifier, a
+/// `--` comment (to its newline), a nested `/* */` comment or a dollar quote (`$tag$`, not
+/// inside an identifier, not `$1`). None: none starts at `i`. The lexer of `split` and of
+/// `selfview`'s word walk.
+pub fn skip_quoted(s: &[u8], i: usize) -> Option<usize> {
+    let n = s.len();
+    let mut j = i;
+    match s[i] {
+        q @ (b'\'' | b'"') => {
+            j += 1;
+            while j < n {
+                if s[j] == q {
+                    if s.get(j + 1) == Some(&q) {
+                        j += 2;
+                        continue;
+                    }
+                    break;
+                }
+                if q == b'\'' && s[j] == b'\\' {
+                    j += 1;
+                }
+                j += 1;
+            }
+            j += 1;
+        }
+        b'-' if s.get(i + 1) == Some(&b'-') => {
+            while j < n && s[j] != b'\n' {
+                j += 1;
+            }
+        }
+        b'/' if s.get(i + 1) == Some(&b'*') => j += block_comment_len(&s[i..]),
+        b'$' if i == 0 || !is_ident_char(s[i - 1]) => {
+            let tag_end = s[i + 1..]
+                .iter()
+                .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                .map(|p| i + 1 + p);
+            match tag_end {
+                Some(t) if s[t] == b'$' && (t == i + 1 || !s[i + 1].is_ascii_digit()) => {
+                    let tag = &s[i..=t];
+                    j = t + 1;
+                    while j < n && !s[j..].starts_with(tag) {
+                        j += 1;
+                    }
+                    j += tag.len();
+                }
+                _ => return None,
+            }
+        }
+        _ => return None,
+    }
+    Some(j.min(n))
+}
+
+/// A character of an identifier after its first (`$` included).
+pub(crate) fn is_ident_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
 }
 
 /// The number of parameters PostgreSQL finds in a statement: the types the Parse gave
@@ -1281,16 +1296,62 @@ fn starts_with_ci(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle)
 }
 
+/// `hay` holds `needle` (ASCII, any case): the first byte's places found with `memchr2`
+/// (vectorised), the rest compared there.
 pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
-    hay.len() >= needle.len()
-        && hay
-            .windows(needle.len())
-            .any(|w| w.eq_ignore_ascii_case(needle))
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    if hay.len() < needle.len() {
+        return false;
+    }
+    let last_start = hay.len() - needle.len();
+    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    let mut at = 0;
+    while let Some(i) = memchr::memchr2(lower, upper, &hay[at..=last_start]) {
+        let p = at + i;
+        if hay[p + 1..p + needle.len()].eq_ignore_ascii_case(rest) {
+            return true;
+        }
+        at = p + 1;
+        if at > last_start {
+            break;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `contains_ci` finds what a look at every place finds (seeded texts of a few letters).
+    #[test]
+    fn contains_ci_is_a_case_blind_search() {
+        let naive = |hay: &[u8], needle: &[u8]| {
+            hay.windows(needle.len())
+                .any(|w| w.eq_ignore_ascii_case(needle))
+        };
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let letters = b"inTONto ;";
+        let (mut hits, mut misses) = (0, 0);
+        for _ in 0..50_000 {
+            let hay: Vec<u8> = (0..next(12))
+                .map(|_| letters[next(letters.len())])
+                .collect();
+            let needle: &[u8] = [&b"into"[..], b"i", b"nto", b"INTO "][next(4)];
+            let want = naive(&hay, needle);
+            assert_eq!(contains_ci(&hay, needle), want, "{hay:?} {needle:?}");
+            if want { hits += 1 } else { misses += 1 }
+        }
+        assert!(hits > 1_000 && misses > 1_000, "{hits} {misses}");
+    }
 
     /// `lone_statement`'s shortcut gives what the split gives, for texts it takes and
     /// texts it leaves to the split.
@@ -1737,8 +1798,10 @@ mod tests {
             parts("select $$;$$; select $a$;$$;$a$; x"),
             ["select $$;$$", " select $a$;$$;$a$", " x"]
         );
-        // A parameter is not a dollar quote, nor is a tag that starts with a digit.
+        // A parameter is not a dollar quote, nor is a tag that starts with a digit, nor a
+        // `$` inside an identifier (`a$b$` is one, as PostgreSQL reads it).
         assert_eq!(parts("select $1; select 2"), ["select $1", " select 2"]);
+        assert_eq!(parts("select a$b$; select 2"), ["select a$b$", " select 2"]);
         assert_eq!(parts("select $1$; select 2"), ["select $1$", " select 2"]);
         // The closing tag is looked for after the opening one: this string is `a$;`.
         assert_eq!(

@@ -74,6 +74,28 @@ fn plain(sql: &[u8]) -> bool {
         && classify::plain_rest(s, end)
 }
 
+/// What the relay needs of a Parse's text, found once per text (`client::session`'s
+/// `unnamed_facts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextFacts {
+    /// `classify::transaction_control`.
+    pub control: (bool, bool),
+    /// `classify::plans_once`.
+    pub plans_once: bool,
+    /// `classify::tx_effect`.
+    pub tx: Option<[u8; 3]>,
+}
+
+impl TextFacts {
+    pub fn of(sql: &[u8]) -> TextFacts {
+        TextFacts {
+            control: classify::transaction_control(sql),
+            plans_once: classify::plans_once(sql),
+            tx: classify::tx_effect(sql),
+        }
+    }
+}
+
 /// The SQL text of a Query message's body: up to its first NUL (what PostgreSQL reads).
 pub fn query_text(body: &[u8]) -> &[u8] {
     let end = body.iter().position(|&b| b == 0).unwrap_or(body.len());

@@ -3,19 +3,24 @@
 //! Pure text work: the client layer decides when (`classify::Effects::introspects`, a flag
 //! of the classification every query already gets) and with what.
 
+use super::classify::is_ident_char as is_ident;
+
 /// The names a query asks about its own session with. Any of them in a text sets
 /// `Effects::introspects`.
-pub const NAMES: [&[u8]; 4] = [
+pub const NAMES: [&[u8]; 6] = [
     b"pg_backend_pid",
     b"pg_terminate_backend",
     b"pg_cancel_backend",
     b"pg_prepared_statements",
+    b"pg_stat_activity",
+    b"pg_locks",
 ];
 
 /// Does `rest` start with one of `NAMES` (any case)? Cheap when it does not: two bytes
 /// are looked at first.
+#[inline]
 pub fn named_at(rest: &[u8]) -> bool {
-    rest.len() >= 14
+    rest.len() >= 8
         && rest[1] | 0x20 == b'g'
         && rest[2] == b'_'
         && NAMES.iter().any(|n| starts_with_ci(rest, n))
@@ -33,16 +38,20 @@ const QUERIES: [&[u8]; 9] = [
     b"select", b"with", b"values", b"table", b"insert", b"update", b"delete", b"explain", b"merge",
 ];
 
+/// The catalog views a client's query gets its own session's version of, in `Own::views`'
+/// order: its prepared statements (`view_query`), and the views with a row per backend
+/// keyed by `pid` (`pid_view_query`).
+pub const VIEWS: [&str; 3] = ["pg_prepared_statements", "pg_stat_activity", "pg_locks"];
+
 /// `sql` as the client's own session would run it, for the queries among its statements
 /// (outside quotes, comments and dollar quotes):
 /// - every `pg_backend_pid()` (unqualified or `pg_catalog.`) made `(SELECT vpid AS
 ///   pg_backend_pid)` (a scalar subquery: the column keeps its name and type), but where it
 ///   is the argument of `pg_terminate_backend` or `pg_cancel_backend` (the server signals
 ///   itself, as the session's own server);
-/// - with `view` (the body of `view_query`), a statement that reads `pg_prepared_statements`
+/// - with `views[k]` (the body standing for `VIEWS[k]`), a statement that reads that view
 ///   gets it as a CTE of that name in front (a `pg_catalog.` qualification dropped), which
-///   shadows the catalog view for the whole statement.
-///
+///   shadows the catalog view for the whole statement (not in EXPLAIN, which shows a plan);
 /// - `pg_terminate_backend(N)` / `pg_cancel_backend(N)` with an integer literal `N`: the
 ///   client's own pid becomes `pg_catalog.pg_backend_pid()` (its server signals itself);
 ///   another client's pid is given to `own.signal`, and when it signalled that client the
@@ -50,23 +59,20 @@ const QUERIES: [&[u8]; 9] = [
 ///
 /// None: nothing to change.
 pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
-    let (vpid, view) = (own.vpid, own.view);
+    let (vpid, views) = (own.vpid, own.views);
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
     for (a, b) in super::classify::split(sql) {
         let stmt = &sql[a..b];
-        let first = super::classify::strip_leading(stmt);
-        let at = a + (stmt.len() - first.len());
-        let word_end = first
-            .iter()
-            .position(|c| !c.is_ascii_alphabetic())
-            .unwrap_or(first.len());
-        let word = &first[..word_end];
-        let query = first.starts_with(b"(") || QUERIES.iter().any(|k| word.eq_ignore_ascii_case(k));
-        if !query {
+        let Some((at, word)) = query_word(stmt) else {
             continue;
-        }
+        };
+        let views = if word.eq_ignore_ascii_case(b"explain") {
+            [None; VIEWS.len()]
+        } else {
+            views
+        };
         let before = edits.len();
-        let mut reads_view = false;
+        let mut reads = [false; VIEWS.len()];
         for_each_word(stmt, |i| {
             if let Some((start, end)) = backend_pid_call(stmt, i)
                 && !signal_argument(&stmt[..start])
@@ -75,29 +81,41 @@ pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
                 edits.push((a + start, a + end, own));
             } else if let Some((start, end, text)) = signal_edit(stmt, i, own) {
                 edits.push((a + start, a + end, text));
-            } else if view.is_some()
-                && let Some(start) = view_name(stmt, i)
+            } else if let Some((k, start)) = (0..VIEWS.len())
+                .filter(|k| views[*k].is_some())
+                .find_map(|k| view_name(stmt, i, VIEWS[k]).map(|start| (k, start)))
             {
-                reads_view = true;
+                reads[k] = true;
                 if start < i {
                     edits.push((a + start, a + i, String::new()));
                 }
             }
         });
-        if let (true, Some(body)) = (reads_view, view) {
-            let cte = if word.eq_ignore_ascii_case(b"with") {
-                let mut after = at + word_end;
-                let rest = &sql[after..b];
-                let skip = skip_space(rest);
-                if starts_with_ci(&rest[skip..], b"recursive") {
-                    after += skip + b"recursive".len();
-                }
-                (after, format!(" pg_prepared_statements AS ({body}),"))
-            } else {
-                (at, format!("WITH pg_prepared_statements AS ({body}) "))
-            };
-            edits.insert(before, (cte.0, cte.0, cte.1));
+        let ctes: Vec<String> = (0..VIEWS.len())
+            .filter_map(|k| {
+                Some(format!(
+                    "{} AS ({})",
+                    VIEWS[k],
+                    views[k].filter(|_| reads[k])?
+                ))
+            })
+            .collect();
+        if ctes.is_empty() {
+            continue;
         }
+        let ctes = ctes.join(", ");
+        let cte = if word.eq_ignore_ascii_case(b"with") {
+            let mut after = a + at + word.len();
+            let rest = &sql[after..b];
+            let skip = skip_space(rest);
+            if starts_with_ci(&rest[skip..], b"recursive") {
+                after += skip + b"recursive".len();
+            }
+            (after, format!(" {ctes},"))
+        } else {
+            (a + at, format!("WITH {ctes} "))
+        };
+        edits.insert(before, (cte.0, cte.0, cte.1));
     }
     if edits.is_empty() {
         return None;
@@ -113,24 +131,44 @@ pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Does a query among the statements of `sql` read `pg_prepared_statements` where `rewrite`
-/// puts the client's own in its place?
-pub fn reads_view(sql: &[u8]) -> bool {
-    let mut none = |_: Signal, _: i32| false;
-    let mut own = Own {
-        vpid: 0,
-        view: Some("\0"),
-        signal: &mut none,
-    };
-    rewrite(sql, &mut own).is_some_and(|r| r.windows(2).any(|w| w == b"(\0"))
+/// A statement `rewrite` looks into (`QUERIES`): where its first word starts (after
+/// comments and spaces), and that word (empty when it starts with `(`).
+fn query_word(stmt: &[u8]) -> Option<(usize, &[u8])> {
+    let first = super::classify::strip_leading(stmt);
+    let at = stmt.len() - first.len();
+    let word_end = first
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(first.len());
+    let word = &first[..word_end];
+    (first.starts_with(b"(") || QUERIES.iter().any(|k| word.eq_ignore_ascii_case(k)))
+        .then_some((at, word))
 }
 
-/// `pg_prepared_statements` as a word starting at `i` in `s` (not followed by `(`): where
-/// its name starts with a `pg_catalog.` qualification, else `i`. None: not it, or another
-/// schema's.
-fn view_name(s: &[u8], i: usize) -> Option<usize> {
-    const NAME: &[u8] = b"pg_prepared_statements";
-    if !starts_with_ci(&s[i..], NAME) || s.get(i + NAME.len()).is_some_and(|c| is_ident(*c)) {
+/// Which of `VIEWS` a query among the statements of `sql` reads, where `rewrite` puts the
+/// client's own in its place.
+pub fn reads_views(sql: &[u8]) -> [bool; VIEWS.len()] {
+    let mut reads = [false; VIEWS.len()];
+    for (a, b) in super::classify::split(sql) {
+        let stmt = &sql[a..b];
+        match query_word(stmt) {
+            Some((_, word)) if !word.eq_ignore_ascii_case(b"explain") => {}
+            _ => continue,
+        }
+        for_each_word(stmt, |i| {
+            for (k, name) in VIEWS.iter().enumerate() {
+                reads[k] |= view_name(stmt, i, name).is_some();
+            }
+        });
+    }
+    reads
+}
+
+/// The view `name` as a word starting at `i` in `s` (not followed by `(`): where its name
+/// starts with a `pg_catalog.` qualification, else `i`. None: not it, or another schema's.
+fn view_name(s: &[u8], i: usize, name: &str) -> Option<usize> {
+    let name = name.as_bytes();
+    if !starts_with_ci(&s[i..], name) || s.get(i + name.len()).is_some_and(|c| is_ident(*c)) {
         return None;
     }
     match s[..i].strip_suffix(b".") {
@@ -161,18 +199,14 @@ pub struct Prepared<'a> {
 /// counts, whichever of them this PostgreSQL version has), the columns in the catalog
 /// view's order (the view's row type is filled in by `jsonb_populate_record`).
 pub fn view_query(rows: &[Prepared]) -> String {
-    let lit = |b: &[u8]| {
-        let t = String::from_utf8_lossy(b);
-        format!("E'{}'", t.replace('\\', "\\\\").replace('\'', "\\'"))
-    };
     let values: Vec<String> = rows
         .iter()
         .map(|r| {
             format!(
                 "({}, {}, {}, {})",
-                lit(r.name),
-                lit(r.statement),
-                lit(r.server_name),
+                literal(r.name),
+                literal(r.statement),
+                literal(r.server_name),
                 r.from_sql
             )
         })
@@ -190,12 +224,52 @@ pub fn view_query(rows: &[Prepared]) -> String {
     )
 }
 
+/// The query that stands for `view`, one of the `VIEWS` with a row per backend keyed by
+/// `pid`, in the statement `text` of the client given pid `vpid`: the catalog view's rows,
+/// with the server running the statement under `vpid` (and, in `pg_stat_activity`, its
+/// `query` the client's `text`, not the rewritten one), the servers running other
+/// clients' work (`servers`: server pid, client pid, as the statement was rewritten) under
+/// their clients' pids, the others (idle servers, other connections) as they are. The
+/// columns stay the view's, whichever this PostgreSQL version has (`jsonb_populate_record`
+/// keeps the row type).
+pub fn pid_view_query(view: &str, vpid: i32, servers: &[(i32, i32)], text: &[u8]) -> String {
+    let m = if servers.is_empty() {
+        "SELECT NULL::pg_catalog.int4, NULL::pg_catalog.int4 WHERE false".to_string()
+    } else {
+        let v: Vec<String> = servers.iter().map(|(s, c)| format!("({s}, {c})")).collect();
+        format!("VALUES {}", v.join(", "))
+    };
+    let own = "s.pid = pg_catalog.pg_backend_pid()";
+    let query = if view == "pg_stat_activity" {
+        // (Where it shows the query: `state` is NULL where the role may not see it.)
+        format!(
+            ", 'query', CASE WHEN {own} AND s.state = 'active' THEN {} ELSE s.query END",
+            literal(text)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT r.* FROM pg_catalog.{view} s LEFT JOIN ({m}) AS m(server, client) \
+         ON m.server = s.pid, LATERAL pg_catalog.jsonb_populate_record(s, \
+         pg_catalog.jsonb_build_object('pid', CASE WHEN {own} THEN {vpid} \
+         ELSE COALESCE(m.client, s.pid) END{query})) AS r"
+    )
+}
+
+/// `b` as an SQL string literal (an `E''` one: backslashes are doubled).
+fn literal(b: &[u8]) -> String {
+    let t = String::from_utf8_lossy(b);
+    format!("E'{}'", t.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 /// What `rewrite` is to know and do for the client's session.
 pub struct Own<'a> {
     /// The client's pid (its BackendKeyData's).
     pub vpid: i32,
-    /// The body of `view_query`, when the text reads `pg_prepared_statements`.
-    pub view: Option<&'a str>,
+    /// The bodies standing for `VIEWS` (`view_query`, `pid_view_query`), for those the
+    /// text reads (`reads_views`).
+    pub views: [Option<&'a str>; VIEWS.len()],
     /// A pid the text signals that is not the client's own: true when it is another
     /// client's and pgcarpool signalled it.
     pub signal: &'a mut dyn FnMut(Signal, i32) -> bool,
@@ -440,81 +514,22 @@ fn signal_argument(before: &[u8]) -> bool {
 }
 
 /// Calls `f` with the position of each word start of `s` that is SQL code: outside
-/// string literals, quoted identifiers, comments and dollar quotes.
+/// string literals, quoted identifiers, comments and dollar quotes
+/// (`classify::skip_quoted`).
 fn for_each_word(s: &[u8], mut f: impl FnMut(usize)) {
-    let n = s.len();
     let mut i = 0;
-    while i < n {
-        match s[i] {
-            q @ (b'\'' | b'"') => {
-                i += 1;
-                while i < n {
-                    if s[i] == q {
-                        if s.get(i + 1) == Some(&q) {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    if q == b'\'' && s[i] == b'\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
-            b'-' if s.get(i + 1) == Some(&b'-') => {
-                while i < n && s[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if s.get(i + 1) == Some(&b'*') => {
-                let mut depth = 0;
-                while i < n {
-                    if s[i..].starts_with(b"/*") {
-                        depth += 1;
-                        i += 2;
-                    } else if s[i..].starts_with(b"*/") {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        i += 1;
-                    }
-                }
-            }
-            b'$' if i == 0 || !is_ident(s[i - 1]) => {
-                let tag_end = s[i + 1..]
-                    .iter()
-                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
-                    .map(|p| i + 1 + p);
-                match tag_end {
-                    Some(j) if s[j] == b'$' && (j == i + 1 || !s[i + 1].is_ascii_digit()) => {
-                        let tag = &s[i..=j];
-                        i = j + 1;
-                        while i < n && !s[i..].starts_with(tag) {
-                            i += 1;
-                        }
-                        i += tag.len();
-                    }
-                    _ => i += 1,
-                }
-            }
-            c if is_ident(c) => {
-                if i == 0 || !is_ident(s[i - 1]) {
-                    f(i);
-                }
-                i += 1;
-            }
-            _ => i += 1,
+    while i < s.len() {
+        if super::classify::QUOTE_START[usize::from(s[i])]
+            && let Some(end) = super::classify::skip_quoted(s, i)
+        {
+            i = end;
+            continue;
         }
+        if is_ident(s[i]) && (i == 0 || !is_ident(s[i - 1])) {
+            f(i);
+        }
+        i += 1;
     }
-}
-
-fn is_ident(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
 }
 
 fn skip_space(s: &[u8]) -> usize {
@@ -536,9 +551,12 @@ mod tests {
     fn with(sql: &str, vpid: i32, view: Option<&str>) -> Option<String> {
         // 77 is another client's pid.
         let mut signal = |_: Signal, pid: i32| pid == 77;
+        let mut views = [None; VIEWS.len()];
+        views[0] = view;
+        views[1] = view.map(|_| "A");
         let mut own = Own {
             vpid,
-            view,
+            views,
             signal: &mut signal,
         };
         rewrite(sql.as_bytes(), &mut own).map(|v| String::from_utf8(v).unwrap())
@@ -619,7 +637,30 @@ mod tests {
                 "WITH pg_prepared_statements AS (V) select (SELECT 1 AS pg_backend_pid) from pg_prepared_statements"
             )
         );
+        assert_eq!(
+            rv(
+                "with t as (select 1) select * from t, pg_stat_activity a, pg_prepared_statements p"
+            )
+            .as_deref(),
+            Some(
+                "with pg_prepared_statements AS (V), pg_stat_activity AS (A), t as (select 1) \
+                 select * from t, pg_stat_activity a, pg_prepared_statements p"
+            )
+        );
+        assert_eq!(
+            rv("select pid from pg_catalog.pg_stat_activity where pid = pg_backend_pid()")
+                .as_deref(),
+            Some(
+                "WITH pg_stat_activity AS (A) select pid from pg_stat_activity \
+                 where pid = (SELECT 1 AS pg_backend_pid)"
+            )
+        );
+        assert_eq!(
+            reads_views(b"select 1; select * from pg_stat_activity"),
+            [false, true, false]
+        );
         for sql in [
+            "explain select * from pg_prepared_statements",
             "select 'pg_prepared_statements'",
             "select * from other.pg_prepared_statements",
             "create view v as select * from pg_prepared_statements",
@@ -642,6 +683,14 @@ mod tests {
             "{q}"
         );
         assert!(view_query(&[]).contains("WHERE false"));
+        let q = pid_view_query("pg_stat_activity", 7, &[(10, 20), (11, 21)], b"select 'x'");
+        assert!(
+            q.contains("FROM pg_catalog.pg_stat_activity s LEFT JOIN (VALUES (10, 20), (11, 21))"),
+            "{q}"
+        );
+        assert!(q.contains("THEN 7 ELSE COALESCE(m.client, s.pid) END, 'query', CASE WHEN s.pid = pg_catalog.pg_backend_pid() AND s.state = 'active' THEN E'select \\'x\\'' ELSE s.query END"), "{q}");
+        let q = pid_view_query("pg_locks", 7, &[], b"");
+        assert!(q.contains("WHERE false") && !q.contains("query"), "{q}");
     }
 
     #[test]
@@ -692,6 +741,7 @@ mod tests {
         assert!(!named_at(b"pg_"));
         assert!(mentions(b"select * from Pg_Prepared_Statements"));
         assert!(mentions(b"select pg_cancel_backend(1)"));
+        assert!(mentions(b"select * from pg_locks"));
         assert!(!mentions(b"select pg_sleep(1)"));
     }
 }

@@ -1,6 +1,7 @@
 //! Counters bumped on the query path (atomics, no locks) and read by SHOW commands and
 //! `/metrics` (admin/metrics.rs): per-pool totals, latency histograms, and per-`stats_period`
 //! averages.
+pub mod clock;
 pub mod histogram;
 
 use crate::lock::Locked;

@@ -108,6 +108,12 @@ pub fn install_python_clients() {
     install(&INSTALL, &["python"]);
 }
 
+/// `install_clients` for psycopg and pgx only: `install python go`.
+pub fn install_python_and_go_clients() {
+    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
+    install(&INSTALL, &["python", "go"]);
+}
+
 fn install(once: &OnceLock<Result<(), String>>, args: &[&str]) {
     let result = once.get_or_init(|| {
         let output = Command::new("bash")

@@ -216,11 +216,12 @@ impl ClientGen {
         }
     }
 
-    /// The client asks about its own session: its pid, its statements, a cancel of itself.
+    /// The client asks about its own session: its pid, its statements, its rows of
+    /// `pg_stat_activity` and `pg_locks`, a cancel of itself.
     fn self_view(&mut self) {
         // (Expressions of the view's columns: a RowDescription names the view's columns
         // straight from PostgreSQL, none through pgcarpool's CTE, a documented difference.)
-        let sql = match self.rng.below(5) {
+        let sql = match self.rng.below(7) {
             0 => "SELECT pg_backend_pid() = {pid} AS own_pid, pg_catalog.pg_backend_pid() - {pid}",
             1 => "SELECT count(*) FROM pg_prepared_statements",
             2 => {
@@ -231,6 +232,12 @@ impl ClientGen {
             3 => {
                 "WITH x AS (SELECT 1) SELECT lower(p.name) FROM x, pg_catalog.pg_prepared_statements p ORDER BY 1"
             }
+            // Its own row of the per-backend views, under its pid.
+            4 => {
+                "SELECT count(*), bool_and(state = 'active'), bool_and(query LIKE 'SELECT count(*), %') \
+                 FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            }
+            5 => "SELECT count(*) FROM pg_locks WHERE pid = {pid} AND locktype = 'virtualxid'",
             _ => "SELECT pg_cancel_backend({pid})",
         };
         let step = self.either(sql);

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test file uses a different part
 pub use client::{
-    clients_dir, error_text, first_value, install_clients, install_python_clients, login_outcome,
-    psql, psql_command, rows, scalar, scalar_within,
+    clients_dir, error_text, first_value, install_clients, install_python_and_go_clients,
+    install_python_clients, login_outcome, psql, psql_command, rows, scalar, scalar_within,
 };
 #[allow(unused_imports)]
 pub use observer::Observer;
@@ -469,4 +469,18 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = read_text(path);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// GET /metrics from pgcarpool's metrics listener on `port`: the whole HTTP response.
+pub async fn metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to /metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send GET");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.expect("read /metrics");
+    buf
 }

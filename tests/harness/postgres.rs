@@ -626,6 +626,32 @@ impl TempPostgres {
         self.start_again();
     }
 
+    /// Start a stopped (cleanly: fast shutdown) former primary again as a streaming standby
+    /// of `primary` (a promoted standby of it): a switchover's demotion, without pg_rewind
+    /// (the promoted standby had received all its WAL before the shutdown checkpoint).
+    pub fn start_again_as_standby_of(&self, primary: &TempPostgres) {
+        let data = self.data_dir();
+        self.run_as.write(&data.join("standby.signal"), "");
+        let conf = data.join("harness.conf");
+        let mut text = fs::read_to_string(&conf).expect("read harness.conf");
+        text.push_str(&format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres'\n",
+            primary.port()
+        ));
+        self.run_as.write(&conf, &text);
+        self.start_again();
+    }
+
+    /// A running standby streams from `primary` from now on (`primary_conninfo` reloaded;
+    /// it follows the new timeline).
+    pub fn follow(&self, primary: &TempPostgres) {
+        self.psql(&format!(
+            "ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port={} user=postgres'",
+            primary.port()
+        ));
+        self.psql("SELECT pg_reload_conf()");
+    }
+
     /// PostgreSQL's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
