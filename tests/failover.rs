@@ -33,9 +33,8 @@ struct Cluster {
     standby: TempPostgres,
 }
 
-/// A primary with table `t`, and a streaming standby of it; None (the test skips, as
-/// printed) without a pg_basebackup of the server's major.
-fn cluster() -> Option<Cluster> {
+/// A primary with table `t`, and a streaming standby of it.
+fn cluster() -> Cluster {
     let primary = TempPostgres::start();
     primary.psql_in(
         "testdb",
@@ -50,8 +49,8 @@ fn cluster() -> Option<Cluster> {
          CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON d DEFERRABLE INITIALLY DEFERRED \
          FOR EACH ROW EXECUTE FUNCTION slow()",
     );
-    let standby = primary.start_standby()?;
-    Some(Cluster { primary, standby })
+    let standby = primary.start_standby();
+    Cluster { primary, standby }
 }
 
 fn entry(c: &Cluster, attrs: &str) -> String {
@@ -495,7 +494,7 @@ async fn held_servers_end_cleanly(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_switchover_moves_idle_sessions_to_the_new_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let (pooler, metrics_port) = switchover(&c, |old| old.stop()).await;
     let admin = pooler.connect("postgres", "pgbouncer").await;
     let switchovers = console_value(&admin, "HOSTS", &[("database", "app")], "switchovers")
@@ -537,13 +536,13 @@ async fn a_planned_switchover_moves_idle_sessions_to_the_new_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unplanned_failover_moves_idle_sessions_to_the_new_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     switchover(&c, |old| old.kill_postmaster()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_former_primary_back_as_a_primary_gets_no_transaction() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let (pooler, _) = switchover(&c, |old| old.stop()).await;
     let dsn = pooler.dsn("postgres", "app");
     let new = c.standby.port();
@@ -602,7 +601,7 @@ async fn a_former_primary_back_as_a_primary_gets_no_transaction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefer_standby_alias_reads_from_the_standby_unless_it_lags() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let (primary, standby) = (c.primary.port(), c.standby.port());
     let ro = connect(&pooler.dsn("postgres", "ro")).await;
@@ -645,7 +644,7 @@ async fn a_prefer_standby_alias_reads_from_the_standby_unless_it_lags() {
 /// to the primary; replay resumed, they come back to the standby.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_time_bound_on_standby_lag_sends_reads_to_the_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = builder(&c).setting("max_standby_lag", "1s").start().await;
     let (primary, standby) = (c.primary.port(), c.standby.port());
     let ro = connect(&pooler.dsn("postgres", "ro")).await;
@@ -709,7 +708,7 @@ async fn pgbouncer_comparison() {
         eprintln!("PGBOUNCER_BIN not set: skipped");
         return;
     };
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = harness::free_port();
     let ini = format!(
@@ -783,7 +782,7 @@ async fn pgbouncer_comparison() {
 /// check (server_role_check_interval = 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_primary_makes_writes_wait_until_it_is_writable() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = builder(&c)
         .setting("server_role_check_interval", "0")
         .start()

@@ -29,7 +29,7 @@ impl Cluster {
 
 /// A primary with tables `t` (written) and `r` (only read: its scans are counted), a
 /// function that writes, and two streaming standbys of it.
-fn cluster() -> Option<Cluster> {
+fn cluster() -> Cluster {
     let primary = TempPostgres::start();
     primary.psql_in(
         "testdb",
@@ -40,8 +40,8 @@ fn cluster() -> Option<Cluster> {
          CREATE TABLE counter (n bigint); INSERT INTO counter VALUES (0); \
          GRANT ALL ON t, t_id_seq, r, counter TO PUBLIC",
     );
-    let standbys = [primary.start_standby()?, primary.start_standby()?];
-    Some(Cluster { primary, standbys })
+    let standbys = [primary.start_standby(), primary.start_standby()];
+    Cluster { primary, standbys }
 }
 
 fn entry(c: &Cluster, options: &str) -> String {
@@ -101,7 +101,7 @@ fn scans(pg: &TempPostgres) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_run_on_the_standbys_and_writes_on_the_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = connect(&pooler.dsn("postgres", "app")).await;
@@ -174,7 +174,7 @@ async fn reads_run_on_the_standbys_and_writes_on_the_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writing_function_in_a_read_runs_on_the_primary_unseen() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = connect(&pooler.dsn("postgres", "app")).await;
@@ -316,7 +316,7 @@ fn wait_caught(standby: &TempPostgres, primary: &TempPostgres) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = pooler.dsn("postgres", "app");
@@ -344,7 +344,7 @@ async fn no_stale_read_while_a_standby_lags_and_the_standby_alias_has_some() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn cost_of_lsn_tracking_per_write_transaction() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = harness::transaction_pooler(&c.primary)
         .database("app", &entry(&c, "read_routing=on"))
         .database("loose", &entry(&c, "read_routing=on read_your_writes=off"))
@@ -485,7 +485,7 @@ const NO_PRIMARY_FOR: Duration = Duration::from_secs(1);
 /// the demoted primary, which, by its own WAL, has exactly the new primary's rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_under_the_loop_keeps_reads_fresh_and_writes_on_the_primary() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = harness::transaction_pooler(&c.primary)
         .database("app", &entry(&c, "read_routing=on"))
         .setting("default_pool_size", "10")
@@ -660,7 +660,7 @@ fn driver_loop(driver: &str, write: &str, read: &str) -> usize {
 /// replayed it yet; how many ran on the standbys is printed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drivers_loops_read_no_stale_data_and_the_standby_alias_does() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let app = pooler.dsn("postgres", "app");
@@ -819,7 +819,7 @@ async fn reads(c: &tokio_postgres::Client, n: usize) {
 ///   freshness (12 `reads_on_primary`, 12 scans on the primary, none on the standbys).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_read_counters_count_a_known_workload_exactly() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let (pooler, metrics_port) = harness::transaction_pooler(&c.primary)
         .database("loose", &entry(&c, "read_routing=on read_your_writes=off"))
         .database("app", &entry(&c, "read_routing=on"))
@@ -911,7 +911,7 @@ async fn read_port(c: &tokio_postgres::Client, sql: &str) -> u16 {
 /// standbys' servers too (by the standbys' own pg_stat_activity), WAIT_CLOSE waits for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_reconnect_reach_the_standbys_servers() {
-    let Some(c) = cluster() else { return };
+    let c = cluster();
     let pooler = pooler(&c).await;
     let standby_ports = [c.standbys[0].port(), c.standbys[1].port()];
     let dsn = pooler.dsn("postgres", "app");

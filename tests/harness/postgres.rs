@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::netns::NetNs;
-use super::{
-    dsn_at, password_of, pg_bin, pg_bin_for_server_or_skip, run_checked, tail, try_connect,
-};
+use super::{dsn_at, password_of, pg_bin, pg_bin_for_server, run_checked, tail, try_connect};
+
+mod standby;
 
 /// Settings every instance gets (written into the template's postgresql.conf).
 const BASE_CONF: &str = "\
@@ -517,12 +517,11 @@ impl TempPostgres {
         self.running.store(true, Ordering::SeqCst);
     }
 
-    /// A streaming standby of this server: `pg_basebackup -R -X stream` (as the user
-    /// PostgreSQL runs as) into a new temp dir, started on another free port. Returns once
-    /// it accepts connections, in recovery. None (the caller skips, as printed) when no
-    /// pg_basebackup of the server's major or newer is installed.
-    pub fn start_standby(&self) -> Option<TempPostgres> {
-        let basebackup = pg_bin_for_server_or_skip("pg_basebackup")?;
+    /// A streaming standby of this server, started on another free port in a new temp
+    /// dir: `pg_basebackup -R -X stream` (as the user PostgreSQL runs as), or, when no
+    /// pg_basebackup of the server's major or newer is installed, a low-level backup and a
+    /// file copy (`standby::make`). Returns once it accepts connections, in recovery.
+    pub fn start_standby(&self) -> TempPostgres {
         let run_as = self.run_as;
         let dir = tempfile::Builder::new()
             .prefix("pgcarpool-pg-standby-")
@@ -530,6 +529,14 @@ impl TempPostgres {
             .expect("make standby temp dir");
         run_as.own(dir.path());
         let data = dir.path().join("data");
+        let basebackup = match pg_bin_for_server("pg_basebackup") {
+            Ok(program) => program,
+            Err(why) => {
+                eprintln!("standby by a low-level backup and a file copy: {why}");
+                standby::make(self, run_as, &data);
+                return self.start_standby_in(dir);
+            }
+        };
         run_checked(
             run_as
                 .command_at(&basebackup, dir.path())
@@ -546,6 +553,13 @@ impl TempPostgres {
                 .args(["-R", "-X", "stream", "--no-sync"]),
             "pg_basebackup a standby",
         );
+        self.start_standby_in(dir)
+    }
+
+    /// Start the standby whose data directory `dir` holds, on a free port.
+    fn start_standby_in(&self, dir: tempfile::TempDir) -> TempPostgres {
+        let run_as = self.run_as;
+        let data = dir.path().join("data");
         let log = dir.path().join("postgres.log");
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
@@ -566,14 +580,14 @@ impl TempPostgres {
                 .output()
                 .expect("run pg_ctl start");
             if output.status.success() {
-                return Some(TempPostgres {
+                return TempPostgres {
                     run_as,
                     dir,
                     port,
                     host: "127.0.0.1".into(),
                     netns: None,
                     running: AtomicBool::new(true),
-                });
+                };
             }
             last_error = format!(
                 "standby start on port {port} failed: {}\n{}",
