@@ -157,6 +157,9 @@ pub struct Relay<'a> {
     /// CopyFail after its COPY ended, Flush): the server owes nothing and goes back once
     /// they are written.
     owes_nothing: bool,
+    /// server_fast_close: the server is to close at its next ReadyForQuery `I` (session
+    /// mode), before another client message is relayed.
+    closing: bool,
     /// The pools, to close idle servers of a database a client drops or renames.
     pub pools: Option<&'a crate::pool::Pools>,
     /// Every client of this process, and this client's user: a client's query may signal
@@ -298,6 +301,7 @@ impl<'a> Relay<'a> {
             rescan_client: false,
             hold_answers: false,
             owes_nothing: false,
+            closing: false,
             pools: None,
             clients: None,
             fast_close: None,
@@ -345,7 +349,7 @@ impl<'a> Relay<'a> {
                 shared.config().settings.server_fast_close && p.close_needed(server)
             })
         };
-        let closing = std::sync::atomic::AtomicBool::new(must_close(self.server));
+        self.closing = must_close(self.server);
         let mut marked = std::pin::pin!(fast_close.map(|(p, _)| p.fast_close.notified()));
         let fence = self.fence;
         let mut demoted = std::pin::pin!(fence.map(|h| h.changed.notified()));
@@ -355,37 +359,36 @@ impl<'a> Relay<'a> {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
         }
         loop {
-            if closing.load(std::sync::atomic::Ordering::Relaxed) && self.server_idle() {
+            if self.closing && self.server_idle() {
                 return RelayEvent::ConfigChanged;
             }
             if self.owes_nothing && self.server_idle() {
                 return RelayEvent::Release;
             }
             let deadline = self.next_deadline(&t);
+            let closing = self.closing;
             // A message relayed can start or stop a timer (a query sent, a transaction gone
             // idle): then come round again to wait for the new deadline (or to close).
             let relayed = poll_fn(|cx| match self.poll(cx) {
                 Poll::Pending if self.next_deadline(&t) != deadline => Poll::Ready(None),
-                Poll::Pending
-                    if (self.owes_nothing
-                        || closing.load(std::sync::atomic::Ordering::Relaxed))
-                        && self.server_idle() =>
-                {
+                Poll::Pending if (self.owes_nothing || self.closing) && self.server_idle() => {
                     Poll::Ready(None)
                 }
                 other => other.map(Some),
             });
+            // The mark first: RECONNECT answers after it, so a query the client sends after
+            // that answer must find its session closing, not be relayed.
             tokio::select! {
                 biased;
+                _ = async { marked.as_mut().as_pin_mut().expect("guarded").await },
+                    if marked.is_some() && !closing =>
+                {
+                    self.closing = must_close(self.server);
+                    marked.set(fast_close.map(|(p, _)| p.fast_close.notified()));
+                }
                 ev = relayed => if let Some(ev) = ev {
                     return ev;
                 },
-                _ = async { marked.as_mut().as_pin_mut().expect("guarded").await },
-                    if marked.is_some() && !closing.load(std::sync::atomic::Ordering::Relaxed) =>
-                {
-                    closing.store(must_close(self.server), std::sync::atomic::Ordering::Relaxed);
-                    marked.set(fast_close.map(|(p, _)| p.fast_close.notified()));
-                }
                 _ = async { demoted.as_mut().as_pin_mut().expect("guarded").await },
                     if demoted.is_some() =>
                 {
@@ -1302,6 +1305,7 @@ impl<'a> Relay<'a> {
         }
         self.flight = (false, false);
         match (self.mode, status) {
+            (PoolMode::Session, b'I') if self.closing => Some(RelayEvent::ConfigChanged),
             (PoolMode::Session, _) => None,
             (_, b'I') => Some(RelayEvent::Release),
             (PoolMode::Statement, _) => Some(RelayEvent::StatementModeTransaction),
