@@ -1332,13 +1332,7 @@ mod tests {
             hay.windows(needle.len())
                 .any(|w| w.eq_ignore_ascii_case(needle))
         };
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
+        let mut next = crate::sql::seeded_picks(0x2545_f491_4f6c_dd1d);
         let letters = b"inTONto ;";
         let (mut hits, mut misses) = (0, 0);
         for _ in 0..50_000 {

@@ -185,13 +185,7 @@ mod tests {
             ".",
             "é",
         ];
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
+        let mut next = crate::sql::seeded_picks(0x9e37_79b9_7f4a_7c15);
         let mut plain = 0;
         for _ in 0..200_000 {
             let mut text = String::new();

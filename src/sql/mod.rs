@@ -7,3 +7,15 @@ pub mod classify;
 pub mod facts;
 pub mod reads;
 pub mod selfview;
+
+/// For the classifier's generated tests: a seeded xorshift whose `next(n)` picks a number
+/// below `n` (the same texts every run).
+#[cfg(test)]
+pub(crate) fn seeded_picks(mut seed: u64) -> impl FnMut(usize) -> usize {
+    move |n| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    }
+}
