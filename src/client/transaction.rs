@@ -227,12 +227,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     let tries = pool_settings.pool_size + pool_settings.reserve_pool_size + 1;
     let replays_left = if fresh { tries } else { 0 };
     let mode = pool_settings.mode;
-    let user = &c.reg.handle.user;
-    let timeouts = RelayTimeouts {
-        query: config::enabled(cfg.query_timeout_for(user)),
-        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
-        transaction: config::enabled(cfg.transaction_timeout_for(user)),
-    };
+    let timeouts = relay_timeouts(cfg, &c.reg.handle.user);
     let Relayed {
         mut server,
         claimed,
@@ -306,6 +301,15 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed(c)),
+    }
+}
+
+/// The timeouts a relay of `user`'s transaction watches.
+fn relay_timeouts(cfg: &config::Config, user: &str) -> RelayTimeouts {
+    RelayTimeouts {
+        query: config::enabled(cfg.query_timeout_for(user)),
+        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
+        transaction: config::enabled(cfg.transaction_timeout_for(user)),
     }
 }
 
