@@ -6,6 +6,10 @@
 //! anything else is answered here too. The client's `Client::begun` holds the BEGIN until
 //! then: it does not move between workers or processes, and it is delivered no
 //! notification (PostgreSQL delivers none inside a block).
+use std::sync::OnceLock;
+
+use bytes::{Bytes, BytesMut};
+
 use super::Client;
 use super::transaction::Local;
 use crate::config::PoolMode;
@@ -50,24 +54,48 @@ pub(super) fn answer(c: &mut Client) -> Option<Local> {
         };
         c.conn.consume(tag.1);
         c.begun = None;
-        c.conn.queue_with(|b| {
-            backend::command_complete(b, tag.0);
-            backend::ready_for_query(b, b'I');
-        });
+        c.conn.queue(answer_of(tag.0, b'I'));
         return Some(Local::Answered);
     }
+    // The text first (most are told apart by their first letter), the settings after.
+    let (begin, n) =
+        front_query(&c.conn.rbuf).and_then(|(sql, n)| Some((Begin::parse(sql)?, n)))?;
     if !may_defer(c) {
         return None;
     }
-    let (begin, n) =
-        front_query(&c.conn.rbuf).and_then(|(sql, n)| Some((Begin::parse(sql)?, n)))?;
     c.conn.consume(n);
     // A simple Query drops the unnamed statement, as this one would have on PostgreSQL.
     c.session.drop_unnamed();
     c.begun = Some(begin);
-    c.conn.queue_with(|b| {
-        backend::command_complete(b, begin.tag());
-        backend::ready_for_query(b, b'T');
-    });
+    c.conn.queue(answer_of(begin.tag(), b'T'));
     Some(Local::Answered)
+}
+
+/// The answers given here (CommandComplete with the tag, then ReadyForQuery with the
+/// status), made once: queued without building or copying anything.
+fn answer_of(tag: &str, status: u8) -> Bytes {
+    static ANSWERS: OnceLock<[(&str, u8, Bytes); 4]> = OnceLock::new();
+    let answers = ANSWERS.get_or_init(|| {
+        [
+            ("BEGIN", b'T'),
+            ("START TRANSACTION", b'T'),
+            ("COMMIT", b'I'),
+            ("ROLLBACK", b'I'),
+        ]
+        .map(|(tag, status)| {
+            let mut b = BytesMut::new();
+            backend::command_complete(&mut b, tag);
+            backend::ready_for_query(&mut b, status);
+            (tag, status, b.freeze())
+        })
+    });
+    (answers.iter())
+        .find(|(t, s, _)| *t == tag && *s == status)
+        .map(|(.., b)| b.clone())
+        .unwrap_or_else(|| {
+            let mut b = BytesMut::new();
+            backend::command_complete(&mut b, tag);
+            backend::ready_for_query(&mut b, status);
+            b.freeze()
+        })
 }

@@ -24,42 +24,57 @@ enum Isolation {
     RepeatableRead,
 }
 
-/// The words of a query of letters, whitespace and commas, with at most a `;` (then only
-/// whitespace) at its end; None for anything else.
-fn words(sql: &[u8]) -> Option<Vec<&[u8]>> {
+/// Most words a recognised query has (`START TRANSACTION ISOLATION LEVEL REPEATABLE READ,
+/// READ ONLY, NOT DEFERRABLE`: 12 and two commas).
+const MAX_WORDS: usize = 16;
+
+/// The words of a query of letters, whitespace and commas (a comma is a word), with at
+/// most a `;` (then only whitespace) at its end, and how many; None for anything else or
+/// more than `MAX_WORDS`. No allocation: it looks at every query of an idle client.
+fn words(sql: &[u8]) -> Option<([&[u8]; MAX_WORDS], usize)> {
     let end = sql
         .iter()
         .rposition(|c| !c.is_ascii_whitespace())
         .map_or(0, |i| i + 1);
     let body = sql[..end].strip_suffix(b";").unwrap_or(&sql[..end]);
-    let mut out = Vec::with_capacity(8);
+    let mut out: [&[u8]; MAX_WORDS] = [&[]; MAX_WORDS];
+    let mut n = 0;
     let mut i = 0;
     while i < body.len() {
         let c = body[i];
-        if c.is_ascii_whitespace() {
+        let len = if c.is_ascii_whitespace() {
             i += 1;
+            continue;
         } else if c == b',' {
-            out.push(&body[i..=i]);
-            i += 1;
+            1
         } else if c.is_ascii_alphabetic() {
-            let n = body[i..]
+            let len = body[i..]
                 .iter()
                 .position(|c| !c.is_ascii_alphabetic())
                 .unwrap_or(body.len() - i);
             // A letter run followed by a digit, `_` or `$` is some other identifier.
             if body
-                .get(i + n)
+                .get(i + len)
                 .is_some_and(|c| c.is_ascii_digit() || *c == b'_' || *c == b'$')
             {
                 return None;
             }
-            out.push(&body[i..i + n]);
-            i += n;
+            len
         } else {
             return None;
-        }
+        };
+        *out.get_mut(n)? = &body[i..i + len];
+        n += 1;
+        i += len;
     }
-    Some(out)
+    Some((out, n))
+}
+
+/// The first byte of `sql` after whitespace, in lower case (0: none).
+fn first_letter(sql: &[u8]) -> u8 {
+    sql.iter()
+        .find(|c| !c.is_ascii_whitespace())
+        .map_or(0, |c| c.to_ascii_lowercase())
 }
 
 fn is(w: Option<&&[u8]>, word: &str) -> bool {
@@ -69,7 +84,12 @@ fn is(w: Option<&&[u8]>, word: &str) -> bool {
 impl Begin {
     /// `sql`, a whole query, as a transaction start pgcarpool may answer itself.
     pub fn parse(sql: &[u8]) -> Option<Begin> {
-        let w = words(sql)?;
+        // Most queries are told apart by their first letter.
+        if !matches!(first_letter(sql), b'b' | b's') {
+            return None;
+        }
+        let (w, n) = words(sql)?;
+        let w = &w[..n];
         let mut at = 1;
         let start = if is(w.first(), "begin") {
             if is(w.get(1), "work") || is(w.get(1), "transaction") {
@@ -93,7 +113,7 @@ impl Begin {
             if modes > 0 && is(w.get(at), ",") {
                 at += 1;
             }
-            at = b.mode(&w, at)?;
+            at = b.mode(w, at)?;
             modes += 1;
         }
         Some(b)
@@ -165,7 +185,11 @@ impl Begin {
 /// with `WORK` or `TRANSACTION`): its CommandComplete tag. None for anything else (`AND
 /// CHAIN`, `PREPARED`, `TO SAVEPOINT`…).
 pub fn bare_end(sql: &[u8]) -> Option<&'static str> {
-    let w = words(sql)?;
+    if !matches!(first_letter(sql), b'c' | b'e' | b'r' | b'a') {
+        return None;
+    }
+    let (w, n) = words(sql)?;
+    let w = &w[..n];
     let tag = if is(w.first(), "commit") || is(w.first(), "end") {
         "COMMIT"
     } else if is(w.first(), "rollback") || is(w.first(), "abort") {
@@ -250,6 +274,11 @@ mod tests {
             "begin deferrable deferrable",
             "begin not deferrable deferrable",
         ] {
+            assert_eq!(Begin::parse(sql.as_bytes()), None, "{sql}");
+        }
+        // More words than any recognised BEGIN has.
+        let long = format!("begin{}", " , read only".repeat(9));
+        for sql in [long.as_str()] {
             assert_eq!(Begin::parse(sql.as_bytes()), None, "{sql}");
         }
     }
