@@ -332,9 +332,9 @@ impl<'a> Relay<'a> {
     /// The BEGIN pgcarpool answered for the client (`client::deferred`), sent ahead of the
     /// client's messages, in the same write; its replies are dropped.
     pub fn send_begin(&mut self, begin: crate::sql::begin::Begin) {
-        if let Some(e) = super::classify::tx_effect(b"BEGIN") {
-            self.server.sent_tx_effect(e);
-        }
+        // Sent in the same write as what the client sent after it, which is judged as in
+        // the block at once (its error ends the client: `on_error`).
+        self.server.sent_sure_begin();
         let seq = self
             .server
             .send_added_query(|b| crate::proto::frontend::query_of(b, &begin.sql()));
