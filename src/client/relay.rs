@@ -1237,7 +1237,7 @@ impl<'a> Relay<'a> {
             }
             return Ok(ControlFlow::Break(fwd));
         }
-        if self.effects.signals && h.tag == backend::NOTICE_RESPONSE && h.total <= MAX_INSPECTED {
+        if h.tag == backend::NOTICE_RESPONSE && self.effects.signals && h.total <= MAX_INSPECTED {
             // Looked at whole: it may be a mark of a client to signal (`sql::signal`).
             if avail < h.total {
                 return Ok(ControlFlow::Break(fwd));
@@ -1329,6 +1329,7 @@ impl Relay<'_> {
     /// The whole NoticeResponse at `at` in the server's buffer, when it is a mark of a
     /// client for this client's query to signal (`sql::signal::marked`): the signal and
     /// that client's pid.
+    #[cold]
     fn mark_at(&self, at: usize, total: usize) -> Option<(selfview::Signal, i32)> {
         let body = &self.server.conn().rbuf[at + 5..at + total];
         let field = |t| backend::error_field(body, t).unwrap_or_default();
@@ -1340,6 +1341,7 @@ impl Relay<'_> {
     /// signal it (`rewrite::signal_client`) and the mark dropped; a client that is gone,
     /// or another user's, gets PostgreSQL's WARNING instead. What came before it goes to
     /// the client.
+    #[cold]
     fn signal_marked(&mut self, at: usize, total: usize) {
         let Some((kind, pid)) = self.mark_at(at, total) else {
             return;
