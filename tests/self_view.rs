@@ -270,8 +270,9 @@ async fn terminating_clients_by_pids_the_query_computes_ends_them() {
     // unnests (2147483647 names no backend: a WARNING and false); client 4 ends 5 and 6
     // by pids of a subquery (simple protocol, with warnings off); client 7 ends itself by a scalar subquery
     // of its pid, client 8 ends itself among others (client 9, a pid that is no one's).
-    let pgx = "P |select pg_terminate_backend(n) from unnest($1::int[]) n\n\
-               B ||{{pid:1},{pid:2},{pid:3},2147483647}\nD P \nE \nS";
+    // (In a transaction block rolled back after: the signals stay sent.)
+    let pgx = "Q begin\nP |select pg_terminate_backend(n) from unnest($1::int[]) n\n\
+               B ||{{pid:1},{pid:2},{pid:3},2147483647}\nD P \nE \nS\nQ rollback";
     let scripts: Vec<Vec<String>> = (0..10)
         .map(|i| {
             let kill = match i {
@@ -300,6 +301,8 @@ async fn terminating_clients_by_pids_the_query_computes_ends_them() {
     assert_eq!(
         t[0][1],
         [
+            "Complete BEGIN",
+            "Ready T",
             "ParseComplete",
             "BindComplete",
             "Columns pg_terminate_backend",
@@ -308,6 +311,8 @@ async fn terminating_clients_by_pids_the_query_computes_ends_them() {
             "Row t",
             "Row f",
             "Complete SELECT 4",
+            "Ready T",
+            "Complete ROLLBACK",
             "Ready I",
             "Warning 01000 PID 2147483647 is not a PostgreSQL backend process"
         ]
