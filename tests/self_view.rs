@@ -508,3 +508,42 @@ async fn a_prepared_query_of_the_view_sees_the_statements_of_when_it_runs() {
     }
     p.shutdown().await;
 }
+
+/// In a failed block a query that reads `pg_prepared_statements` fails once (25P02), as
+/// on PostgreSQL, also on a server that lacks the client's statements: none is prepared
+/// first (differential seed 7: the round that prepared it failed too, and the client got
+/// two errors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_read_in_a_failed_block_fails_once() {
+    let pg = TempPostgres::start();
+    let p = harness::transaction_pooler(&pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("max_prepared_statements", "1")
+        .start()
+        .await;
+    let scripts: Vec<Vec<String>> = vec![
+        vec![
+            "P s1|select 1\nS".into(),
+            "P s3|select 3\nS".into(),
+            "Q begin".into(),
+            "Q selec".into(),
+            "Q select count(*) from pg_prepared_statements".into(),
+            "Q rollback".into(),
+            "Q select name from pg_prepared_statements order by name".into(),
+        ],
+        // The one server makes room for this one: it lacks client 0's statements from now
+        // on.
+        vec!["Q select 0".into(), "P s2|select 2\nS".into()],
+    ];
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    assert_eq!(
+        t[0][4],
+        [
+            "Error 25P02 current transaction is aborted, commands ignored until end of transaction block",
+            "Ready E"
+        ]
+    );
+    assert!(t[0][6].contains(&"Row s3".to_string()), "{:?}", t[0][6]);
+    p.shutdown().await;
+}

@@ -225,6 +225,9 @@ pub struct Relay<'a> {
     pub reads_only: bool,
     /// A Query, Parse or Bind went to the server in this relay.
     requested: bool,
+    /// The number of the BEGIN pgcarpool answered and sent ahead of the client's messages
+    /// (`send_begin`): its error ends the client.
+    begin_seq: Option<u64>,
 }
 
 /// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`
@@ -323,7 +326,20 @@ impl<'a> Relay<'a> {
             first_request: None,
             reads_only: false,
             requested: false,
+            begin_seq: None,
         }
+    }
+
+    /// The BEGIN pgcarpool answered for the client (`client::deferred`), sent ahead of the
+    /// client's messages, in the same write; its replies are dropped.
+    pub fn send_begin(&mut self, begin: crate::sql::begin::Begin) {
+        if let Some(e) = super::classify::tx_effect(b"BEGIN") {
+            self.server.sent_tx_effect(e);
+        }
+        let seq = self
+            .server
+            .send_added_query(|b| crate::proto::frontend::query_of(b, &begin.sql()));
+        self.begin_seq = Some(seq);
     }
 
     /// Relay until an event, watching the timeouts.
@@ -1107,6 +1123,15 @@ impl<'a> Relay<'a> {
         let code = backend::error_code(body);
         // The message it answers (`Renamed::restore`), before `on_reply` settles it.
         let front = self.server.exchange().owed_front();
+        if self.begin_seq == Some(front.0) {
+            // The BEGIN the client was told had run failed (a primary refuses none of
+            // those pgcarpool answers; a server out of resources might): the client gets
+            // the error and goes, and the server is closed.
+            self.forward_server_run(fwd + h.total);
+            return Ok(ControlFlow::Break(RelayEvent::ClientFatal(
+                "the transaction's BEGIN failed on the server".into(),
+            )));
+        }
         if let Some(why) = fatal_caused_by_client(body, self.may_terminate_itself()) {
             // Forwarded as it is: the session is over, as it is straight on PostgreSQL.
             self.forward_server_run(fwd + h.total);

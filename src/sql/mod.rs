@@ -2,7 +2,9 @@
 //! keywords, statement splitting, internal statement names), facts.rs (its cheap answers for
 //! one message, found once), reads.rs (which texts only read: read routing's judgement),
 //! selfview.rs (what a session asks about itself, rewritten for the client's virtual
-//! session), signal.rs (signals to pids a query computes: marks the server reports).
+//! session), signal.rs (signals to pids a query computes: marks the server reports),
+//! begin.rs (the transaction starts pgcarpool answers itself: `deferred_begin`).
+pub mod begin;
 pub mod classify;
 pub mod facts;
 pub mod reads;

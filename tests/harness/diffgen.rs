@@ -296,6 +296,8 @@ impl ClientGen {
             "BEGIN",
             "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
             "BEGIN READ ONLY",
+            "begin work;",
+            "BEGIN ISOLATION LEVEL SERIALIZABLE",
         ]);
         if self.rng.chance(20) {
             // BEGIN inside a Parse, as drivers send it.
@@ -303,7 +305,13 @@ impl ClientGen {
         } else {
             self.push(format!("Q {begin}"));
         }
-        for _ in 0..1 + self.rng.below(5) {
+        // Sometimes ended before any statement (answered by pgcarpool: deferred_begin).
+        let ops = if self.rng.chance(10) {
+            0
+        } else {
+            1 + self.rng.below(5)
+        };
+        for _ in 0..ops {
             match self.rng.below(10) {
                 0 => self.push("Q SAVEPOINT sp1".into()),
                 1 => self.push("Q ROLLBACK TO SAVEPOINT sp1".into()),
