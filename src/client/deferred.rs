@@ -6,7 +6,8 @@
 //! anything else is answered here too. The client's `Client::begun` holds the BEGIN until
 //! then: it does not move between workers or processes, and it is delivered no
 //! notification (PostgreSQL delivers none inside a block).
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 
@@ -15,6 +16,30 @@ use super::transaction::Local;
 use crate::config::PoolMode;
 use crate::proto::{self, backend, frontend};
 use crate::sql::begin::{Begin, bare_end};
+
+/// A block whose BEGIN pgcarpool answered, counted while it lives
+/// (`Shared::deferred_blocks`: SHUTDOWN WAIT_FOR_SERVERS lets it finish).
+#[derive(Debug)]
+pub struct Begun {
+    pub begin: Begin,
+    count: Arc<AtomicUsize>,
+}
+
+impl Begun {
+    fn new(begin: Begin, count: &Arc<AtomicUsize>) -> Begun {
+        count.fetch_add(1, Ordering::AcqRel);
+        Begun {
+            begin,
+            count: count.clone(),
+        }
+    }
+}
+
+impl Drop for Begun {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Whether this client's BEGIN may be answered here: the setting, transaction mode with
 /// virtual statements (the server's replies to the BEGIN are dropped by that ledger), no
@@ -66,7 +91,7 @@ pub(super) fn answer(c: &mut Client) -> Option<Local> {
     c.conn.consume(n);
     // A simple Query drops the unnamed statement, as this one would have on PostgreSQL.
     c.session.drop_unnamed();
-    c.begun = Some(begin);
+    c.begun = Some(Begun::new(begin, c.shared.deferred_blocks()));
     c.conn.queue(answer_of(begin.tag(), b'T'));
     Some(Local::Answered)
 }

@@ -89,7 +89,7 @@ pub struct Client {
     /// routed transaction on.
     pub seen: Option<Box<route::Seen>>,
     /// The BEGIN pgcarpool answered for it, not sent to a server yet (`deferred`).
-    pub begun: Option<crate::sql::begin::Begin>,
+    pub begun: Option<deferred::Begun>,
 }
 
 impl Client {

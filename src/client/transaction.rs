@@ -537,7 +537,7 @@ async fn relay_once(
     Option<super::aborted::Loss>,
 ) {
     let mode = pool_settings.mode;
-    let begun = c.begun;
+    let begun = c.begun.as_ref().map(|b| b.begin);
     let mut relay = Relay::new(
         &mut c.conn,
         server,
@@ -1282,7 +1282,8 @@ async fn checkout(
     kill: &ClientHandle,
     sub: Option<&Arc<Pool>>,
 ) -> Result<(PooledServer, u64), ClientError> {
-    if c.shared.transactions_stopped() {
+    // (A block pgcarpool began is a transaction in progress: it may finish.)
+    if c.shared.transactions_stopped() && c.begun.is_none() {
         return Err(shutting_down());
     }
     let want = (c.reg.handle.id, c.session.params.version());
@@ -1349,7 +1350,7 @@ async fn wait_for_server(
     tokio::pin!(timer);
     loop {
         tokio::select! {
-            _ = draining.as_mut() => return Err(shutting_down()),
+            _ = draining.as_mut(), if c.begun.is_none() => return Err(shutting_down()),
             r = &mut fut => {
                 return r.map_err(|e| match e {
                     CheckoutError::WaitTimeout => ClientError::fatal("08P01", timeout_text.into()),

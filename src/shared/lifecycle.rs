@@ -203,14 +203,27 @@ impl Shared {
         self.shutdown_now();
     }
 
-    /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish;
-    /// a client that starts a new one, or waits for a server, is let go ("server shutting
-    /// down", as PgBouncer); then close everything.
+    /// SHUTDOWN WAIT_FOR_SERVERS (SIGINT): stop accepting, let running transactions finish
+    /// (a block whose BEGIN pgcarpool answered too); a client that starts a new one, or
+    /// waits for a server, is let go ("server shutting down", as PgBouncer); then close
+    /// everything.
     pub async fn shutdown_wait_for_servers(&self) {
         crate::service::stopping("shutting down once every server is released");
         self.stop_listening().await;
         self.stop_transactions_now();
-        self.wait_servers_released().await;
+        // Blocks pgcarpool began hold no server yet: they may finish too.
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            self.wait_servers_released().await;
+            if self
+                .deferred_blocks()
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+            {
+                break;
+            }
+            tick.tick().await;
+        }
         self.shutdown_now();
     }
 }

@@ -54,6 +54,10 @@ pub struct Shared {
     /// `stop_transactions` was cancelled: read with one atomic load on every checkout (the
     /// token's own check takes a mutex).
     transactions_stopped: std::sync::atomic::AtomicBool,
+    /// Clients in a block whose BEGIN pgcarpool answered (`client::deferred::Begun`):
+    /// transactions in progress without a server, which SHUTDOWN WAIT_FOR_SERVERS lets
+    /// finish.
+    deferred_blocks: Arc<AtomicUsize>,
     /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
     stop_clients: CancellationToken,
     /// Cancelled to stop background tasks (janitor).
@@ -97,6 +101,7 @@ impl Shared {
             stop_accepting: CancellationToken::new(),
             stop_transactions: CancellationToken::new(),
             transactions_stopped: std::sync::atomic::AtomicBool::new(false),
+            deferred_blocks: Default::default(),
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -159,6 +164,10 @@ impl Shared {
     /// SHUTDOWN WAIT_FOR_SERVERS has begun: no new transactions.
     pub fn transactions_stopped(&self) -> bool {
         self.transactions_stopped.load(Ordering::Acquire)
+    }
+    /// The count of clients in blocks pgcarpool began (`client::deferred::Begun`).
+    pub fn deferred_blocks(&self) -> &Arc<AtomicUsize> {
+        &self.deferred_blocks
     }
     /// Begin SHUTDOWN WAIT_FOR_SERVERS' drain: no new transactions, waiters let go.
     pub(crate) fn stop_transactions_now(&self) {
