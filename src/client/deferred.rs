@@ -6,8 +6,8 @@
 //! anything else is answered here too. The client's `Client::begun` holds the BEGIN until
 //! then: it does not move between workers or processes, and it is delivered no
 //! notification (PostgreSQL delivers none inside a block).
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 
@@ -22,22 +22,18 @@ use crate::sql::begin::{Begin, bare_end};
 #[derive(Debug)]
 pub struct Begun {
     pub begin: Begin,
-    count: Arc<AtomicUsize>,
 }
 
 impl Begun {
-    fn new(begin: Begin, count: &Arc<AtomicUsize>) -> Begun {
-        count.fetch_add(1, Ordering::AcqRel);
-        Begun {
-            begin,
-            count: count.clone(),
-        }
+    fn new(begin: Begin) -> Begun {
+        crate::shared::deferred_blocks().fetch_add(1, Ordering::AcqRel);
+        Begun { begin }
     }
 }
 
 impl Drop for Begun {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
+        crate::shared::deferred_blocks().fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -91,7 +87,7 @@ pub(super) fn answer(c: &mut Client) -> Option<Local> {
     c.conn.consume(n);
     // A simple Query drops the unnamed statement, as this one would have on PostgreSQL.
     c.session.drop_unnamed();
-    c.begun = Some(Begun::new(begin, c.shared.deferred_blocks()));
+    c.begun = Some(Begun::new(begin));
     c.conn.queue(answer_of(begin.tag(), b'T'));
     Some(Local::Answered)
 }

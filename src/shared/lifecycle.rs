@@ -215,11 +215,7 @@ impl Shared {
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {
             self.wait_servers_released().await;
-            if self
-                .deferred_blocks()
-                .load(std::sync::atomic::Ordering::Acquire)
-                == 0
-            {
+            if super::deferred_blocks().load(std::sync::atomic::Ordering::Acquire) == 0 {
                 break;
             }
             tick.tick().await;

@@ -15,6 +15,16 @@ mod settings;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Clients in a block whose BEGIN pgcarpool answered (`client::deferred::Begun`):
+/// transactions in progress without a server, which SHUTDOWN WAIT_FOR_SERVERS lets finish.
+/// Of the process (not a field of `Shared`): `Begun` then needs no room in a client.
+static DEFERRED_BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+/// See `DEFERRED_BLOCKS`.
+pub fn deferred_blocks() -> &'static AtomicUsize {
+    &DEFERRED_BLOCKS
+}
+
 use arc_swap::{ArcSwap, Guard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,10 +64,6 @@ pub struct Shared {
     /// `stop_transactions` was cancelled: read with one atomic load on every checkout (the
     /// token's own check takes a mutex).
     transactions_stopped: std::sync::atomic::AtomicBool,
-    /// Clients in a block whose BEGIN pgcarpool answered (`client::deferred::Begun`):
-    /// transactions in progress without a server, which SHUTDOWN WAIT_FOR_SERVERS lets
-    /// finish.
-    deferred_blocks: Arc<AtomicUsize>,
     /// Cancelled to make every client leave (immediate shutdown); each client's kill token is a child.
     stop_clients: CancellationToken,
     /// Cancelled to stop background tasks (janitor).
@@ -101,7 +107,6 @@ impl Shared {
             stop_accepting: CancellationToken::new(),
             stop_transactions: CancellationToken::new(),
             transactions_stopped: std::sync::atomic::AtomicBool::new(false),
-            deferred_blocks: Default::default(),
             stop_clients: CancellationToken::new(),
             stop_background: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -164,10 +169,6 @@ impl Shared {
     /// SHUTDOWN WAIT_FOR_SERVERS has begun: no new transactions.
     pub fn transactions_stopped(&self) -> bool {
         self.transactions_stopped.load(Ordering::Acquire)
-    }
-    /// The count of clients in blocks pgcarpool began (`client::deferred::Begun`).
-    pub fn deferred_blocks(&self) -> &Arc<AtomicUsize> {
-        &self.deferred_blocks
     }
     /// Begin SHUTDOWN WAIT_FOR_SERVERS' drain: no new transactions, waiters let go.
     pub(crate) fn stop_transactions_now(&self) {
