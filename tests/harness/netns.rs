@@ -162,8 +162,6 @@ impl Drop for NetNs {
     }
 }
 
-/// Whether the tests run in CI (`CI=true`, as CI services set it).
-
 /// A /30 of 10.213.0.0/16 no interface of the root namespace has an address in (the
 /// root side .1, the namespace side .2), chosen from `pid` and `k`.
 fn free_subnet(pid: u32, k: u32) -> Result<(Ipv4Addr, Ipv4Addr), String> {
