@@ -8,20 +8,23 @@
 # `callgrind_annotate --inclusive=yes FILE`).
 #
 #   bench/instructions.sh [-t TX_PER_CLIENT=500] [-c CLIENTS=4] [-M simple|extended|prepared]
-#                         [-o PROFILE=/tmp/instructions.out] [-p] [-w] [-d 'ENTRY OPTIONS'] BIN
+#                         [-o PROFILE=/tmp/instructions.out] [-p] [-w] [-b] [-d 'ENTRY OPTIONS']
+#                         [-s 'KEY=VALUE,...'] BIN
 # -p: BIN is PgBouncer (the same configuration without pgcarpool's own `workers`), for the
 # ratio of user-space instructions against it.
 # -w: write transactions (one INSERT into pgbench_history each) instead of -S.
+# -b: pgbench's TPC-B-like transactions (BEGIN, three UPDATEs, a SELECT, an INSERT, END).
+# -s: settings added to the pooler's ini (e.g. -s deferred_begin=0).
 # -d: options added to the database entry, which then lists the server twice
 #     (`host=127.0.0.1,127.0.0.1`: an entry with a host list, as read_routing needs; with no
 #     standby, its reads run on the primary), e.g. -d 'read_routing=on read_your_writes=off'.
 # Needs valgrind, pgbench, psql; run as root.
 set -euo pipefail
-TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER= WRITE= ENTRY=
-while getopts "t:c:M:o:pwd:" o; do
+TX=500 CLIENTS=4 MODE=simple OUT=/tmp/instructions.out PEER= WRITE= ENTRY= TPCB= EXTRA=
+while getopts "t:c:M:o:pwbd:s:" o; do
     case $o in
     t) TX=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;; o) OUT=$OPTARG ;; p) PEER=1 ;;
-    w) WRITE=1 ;; d) ENTRY=$OPTARG ;; *) exit 2 ;;
+    w) WRITE=1 ;; d) ENTRY=$OPTARG ;; b) TPCB=1 ;; s) EXTRA=$OPTARG ;; *) exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -67,6 +70,7 @@ max_prepared_statements = 200
 logfile = $DIR/pool.log
 EOF
 [ -n "$PEER" ] || echo "workers = 1" >>"$DIR/pool.ini"
+if [ -n "$EXTRA" ]; then tr "," "\n" <<<"$EXTRA" >>"$DIR/pool.ini"; fi
 cd "$DIR"
 "${RUN[@]}" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.out" "$BIN" "$DIR/pool.ini" \
     >/dev/null 2>"$DIR/valgrind.log" &
@@ -82,6 +86,7 @@ if [ -n "$WRITE" ]; then
         >"$DIR/write.sql"
     what=(-f "$DIR/write.sql")
 fi
+[ -n "$TPCB" ] && what=(-b tpcb-like)
 pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n "${what[@]}" -M "$MODE" -c "$CLIENTS" -j 1 postgres)
 "${pgb[@]}" -t 50 >/dev/null 2>&1
 "${pgb[@]}" -t "$TX" >"$DIR/pgbench.out" 2>&1
@@ -94,5 +99,5 @@ cp "$DIR/cg.out" "$OUT"
 ir=$(awk '/^summary:/ {print $2}' "$OUT")
 tx=$(awk '/number of transactions actually processed/ {print $NF}' "$DIR/pgbench.out" | cut -d/ -f1)
 awk -v ir="$ir" -v tx="$tx" -v m="$MODE" -v c="$CLIENTS" \
-    -v w="${WRITE:+ write}" -v e="${ENTRY:+ ($ENTRY)}" \
+    -v w="${WRITE:+ write}${TPCB:+ tpcb}${EXTRA:+ $EXTRA}" -v e="${ENTRY:+ ($ENTRY)}" \
     'BEGIN {printf "%s%s%s c%d: %d transactions, %.0f instructions per transaction\n", m, w, e, c, tx, ir / tx}'

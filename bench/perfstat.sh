@@ -6,17 +6,20 @@
 # transaction. Removes everything after.
 #
 #   bench/perfstat.sh [-r ROUNDS=3] [-T SECONDS=5] [-c CLIENTS=16] [-M simple|extended]
-#                     [-w WORKERS] [-P NAME] NAME=BIN[@WORKERS] ...
+#                     [-b] [-w WORKERS] [-P NAME] NAME=BIN[@WORKERS][+KEY=VALUE,...] ...
 # BIN is a pgcarpool or PgBouncer binary (both read the same pgbouncer.ini); -w, or
-# @WORKERS after one binary, sets pgcarpool's `workers` (default: one per core).
+# @WORKERS after one binary, sets pgcarpool's `workers` (default: one per core); +KEY=VALUE
+# adds settings to that target's ini (e.g. `nodefer=target/release/pgcarpool+deferred_begin=0`).
+# -b: pgbench's TPC-B-like script (BEGIN, three UPDATEs, a SELECT, an INSERT, END) instead
+# of -S.
 # -P NAME: `perf record -g` of target NAME in the last round, kept in /tmp/perfstat-NAME.data
 # (read it with `perf report -i`). Needs perf, pgbench, psql; run as root.
 set -euo pipefail
-ROUNDS=3 SECS=5 CLIENTS=16 MODE=simple WORKERS= PROFILE=
-while getopts "r:T:c:M:w:P:" o; do
+ROUNDS=3 SECS=5 CLIENTS=16 MODE=simple WORKERS= PROFILE= WHAT=-S
+while getopts "r:T:c:M:w:P:b" o; do
     case $o in
     r) ROUNDS=$OPTARG ;; T) SECS=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;;
-    w) WORKERS=$OPTARG ;; P) PROFILE=$OPTARG ;; *) exit 2 ;;
+    w) WORKERS=$OPTARG ;; P) PROFILE=$OPTARG ;; b) WHAT=tpcb ;; *) exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -65,6 +68,7 @@ EOF
     case $(basename "$2") in
     pgcarpool*) [ -n "$3" ] && echo "workers = $3" >>"$DIR/$1.ini" ;;
     esac
+    if [ -n "$4" ]; then tr "," "\n" <<<"$4" >>"$DIR/$1.ini"; fi
     # setpriv execs the pooler itself: $! is its pid.
     setpriv --reuid postgres --regid postgres --init-groups "$2" "$DIR/$1.ini" >/dev/null 2>&1 &
     POOLPID=$!
@@ -90,10 +94,13 @@ printf "%-10s %5s %9s %9s %9s %11s %9s %9s %9s %11s %9s\n" target round tps "cpu
     "wakes/tx" "cs/tx" "moves/tx" "lockwait/tx" "ns/wait"
 for round in $(seq "$ROUNDS"); do
     for t in "$@"; do
-        name=${t%%=*} bin=${t#*=} workers=$WORKERS
+        name=${t%%=*} bin=${t#*=} workers=$WORKERS extra=
+        case $bin in *+*) extra=${bin#*+} bin=${bin%%+*} ;; esac
         case $bin in *@*) workers=${bin##*@} bin=${bin%@*} ;; esac
-        start_pooler "$name" "$bin" "$workers"
-        pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n -S -M "$MODE"
+        start_pooler "$name" "$bin" "$workers" "$extra"
+        what=(-S)
+        [ "$WHAT" = tpcb ] && what=(-b tpcb-like)
+        pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n "${what[@]}" -M "$MODE"
             -c "$CLIENTS" -j 2 postgres)
         "${pgb[@]}" -T 1 >/dev/null 2>&1
         m0=$(carpool server_moves) l0=$(carpool lock_waits) n0=$(carpool lock_wait_ns)

@@ -27,6 +27,8 @@ fn config_for(
     };
     let opts = RunOptions {
         pool_size: 1 + (seed % 2) as usize,
+        // deferred_begin on and off, with both pool sizes.
+        deferred_begin: (seed / 2).is_multiple_of(2),
         // COPY data streamed without waiting for CopyInResponse, as pgx does.
         copy_waits_for_copy_in_response: false,
         ..RunOptions::default()
@@ -51,9 +53,10 @@ async fn run_seed(
         return (total, None);
     };
     let mut report = format!(
-        "seed {seed}: {} clients, {total} steps, pool_size {}\n{}",
+        "seed {seed}: {} clients, {total} steps, pool_size {}, deferred_begin {}\n{}",
         scripts.len(),
         opts.pool_size,
+        opts.deferred_begin,
         describe(&d, &scripts)
     );
     let (reduced, runs) = shrink(env, &scripts, &d, &opts, shrink_budget).await;

@@ -5,7 +5,8 @@
 //!
 //! In a step, `{pid}` is the process id the client's BackendKeyData gave it, `{pid:k}`
 //! client k's. A step after which the connection closed reads `Closed` last; the step
-//! `wait closed` reads what comes until the connection closes.
+//! `wait closed` reads what comes until the connection closes. A step's WARNINGs are
+//! its last lines (`Warning CODE message`).
 mod harness;
 
 use std::time::Duration;
@@ -51,9 +52,14 @@ async fn transcripts(port: u16, scripts: &[Vec<String>]) -> Vec<Vec<Vec<String>>
                 conns[i] = None;
                 continue;
             }
+            // The WARNINGs of the step go last.
             match w.try_step(&step).await {
-                Ok(t) => out[i].push(t),
+                Ok(mut t) => {
+                    t.append(&mut w.warnings);
+                    out[i].push(t)
+                }
                 Err(mut t) => {
+                    t.append(&mut w.warnings);
                     t.push("Closed".into());
                     out[i].push(t);
                     conns[i] = None;
@@ -256,9 +262,93 @@ async fn terminating_another_clients_pid_ends_that_client() {
     p.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_clients_by_pids_the_query_computes_ends_them() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 2).await;
+    // Client 0 ends clients 1 to 3 as pgx's tests do, by an array parameter the query
+    // unnests (2147483647 names no backend: a WARNING and false); client 4 ends 5 and 6
+    // by pids of a subquery (simple protocol, with warnings off); client 7 ends itself by a scalar subquery
+    // of its pid, client 8 ends itself among others (client 9, a pid that is no one's).
+    // (In a transaction block rolled back after: the signals stay sent.)
+    let pgx = "Q begin\nP |select pg_terminate_backend(n) from unnest($1::int[]) n\n\
+               B ||{{pid:1},{pid:2},{pid:3},2147483647}\nD P \nE \nS\nQ rollback";
+    let scripts: Vec<Vec<String>> = (0..10)
+        .map(|i| {
+            let kill = match i {
+                0 => pgx.to_string(),
+                4 => "Q select pg_terminate_backend(p) as gone, p = {pid:5} as first \
+                      from (select {pid:5} as p union all select {pid:6}) s"
+                    .into(),
+                7 => "Q select 1, pg_terminate_backend((select {pid}))".into(),
+                8 => "P |select pg_catalog.pg_terminate_backend(v) from (values ({pid:9}), \
+                      (2147483647), ({pid})) t(v)\nB ||\nD P \nE \nS"
+                    .into(),
+                _ => "wait closed".into(),
+            };
+            if i == 4 {
+                // Warnings off: the marks still reach pgcarpool, the setting stays.
+                return vec![
+                    "Q set client_min_messages = error".into(),
+                    kill,
+                    "Q show client_min_messages".into(),
+                ];
+            }
+            vec!["Q select 1".into(), kill, "Q select 2".into()]
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    assert_eq!(
+        t[0][1],
+        [
+            "Complete BEGIN",
+            "Ready T",
+            "ParseComplete",
+            "BindComplete",
+            "Columns pg_terminate_backend",
+            "Row t",
+            "Row t",
+            "Row t",
+            "Row f",
+            "Complete SELECT 4",
+            "Ready T",
+            "Complete ROLLBACK",
+            "Ready I",
+            "Warning 01000 PID 2147483647 is not a PostgreSQL backend process"
+        ]
+    );
+    assert!(t[4][1].contains(&"Row t|t".to_string()), "{:?}", t[4][1]);
+    assert!(t[4][1].contains(&"Row t|f".to_string()), "{:?}", t[4][1]);
+    for c in [1, 2, 3, 5, 6, 9] {
+        assert!(
+            t[c][1].iter().any(|l| l.starts_with("Error 57P01")) && t[c].len() == 2,
+            "client {c}: {:?}",
+            t[c]
+        );
+    }
+    for c in [7, 8] {
+        assert!(
+            t[c][1].iter().any(|l| l.starts_with("Error 57P01")) && t[c].len() == 2,
+            "client {c}: {:?}",
+            t[c]
+        );
+    }
+    assert!(t[0][2].contains(&"Row 2".to_string()), "{:?}", t[0][2]);
+    assert!(t[4][2].contains(&"Row error".to_string()), "{:?}", t[4][2]);
+    p.shutdown().await;
+}
+
+/// How a canceller gives the pid: in the text, as a parameter, computed by the query.
+#[derive(Clone, Copy, Debug)]
+enum PidForm {
+    Literal,
+    Parameter,
+    Computed,
+}
+
 /// Client 0 runs `pg_sleep`; client 1 cancels it by the pid client 0 was given: the
 /// transcripts of both, straight to PostgreSQL or through `port`.
-async fn cancel_by_pid(port: u16, obs: &Observer, extended: bool) -> (Vec<String>, Vec<String>) {
+async fn cancel_by_pid(port: u16, obs: &Observer, form: PidForm) -> (Vec<String>, Vec<String>) {
     let mut sleeper = Wire::connect(port, "postgres", "testdb").await;
     let mut canceller = Wire::connect(port, "postgres", "testdb").await;
     let pid = sleeper.pid;
@@ -273,13 +363,16 @@ async fn cancel_by_pid(port: u16, obs: &Observer, extended: bool) -> (Vec<String
         },
     )
     .await;
-    let step = if extended {
+    let step = match form {
         // The pid as a parameter, as drivers send it.
-        format!("P |select pg_cancel_backend($1)\nB ||{pid}\nD P \nE \nS")
-    } else {
-        format!("Q select pg_cancel_backend({pid})")
+        PidForm::Parameter => format!("P |select pg_cancel_backend($1)\nB ||{pid}\nD P \nE \nS"),
+        PidForm::Literal => format!("Q select pg_cancel_backend({pid})"),
+        PidForm::Computed => format!(
+            "P |select pg_cancel_backend(n) from unnest($1::int[]) n\nB ||{{{pid},1}}\nD P \nE \nS"
+        ),
     };
-    let cancelled = canceller.step(&step).await;
+    let mut cancelled = canceller.step(&step).await;
+    cancelled.append(&mut canceller.warnings);
     (run.await.unwrap(), cancelled)
 }
 
@@ -288,9 +381,9 @@ async fn cancelling_another_clients_pid_cancels_its_query() {
     let pg = TempPostgres::start();
     let p = pool_of(&pg, 2).await;
     let obs = Observer::new(&pg).await;
-    for extended in [false, true] {
-        let want = cancel_by_pid(pg.port(), &obs, extended).await;
-        let got = cancel_by_pid(p.port(), &obs, extended).await;
+    for form in [PidForm::Literal, PidForm::Parameter, PidForm::Computed] {
+        let want = cancel_by_pid(pg.port(), &obs, form).await;
+        let got = cancel_by_pid(p.port(), &obs, form).await;
         assert_eq!(want, got, "PostgreSQL (left) vs pgcarpool (right)");
         assert!(
             got.0.iter().any(|l| l.starts_with("Error 57014")),
@@ -413,5 +506,44 @@ async fn a_prepared_query_of_the_view_sees_the_statements_of_when_it_runs() {
         assert!(c[4].contains(&"Row 0".to_string()), "{:?}", c[4]);
         assert!(c[6].contains(&"Row 1".to_string()), "{:?}", c[6]);
     }
+    p.shutdown().await;
+}
+
+/// In a failed block a query that reads `pg_prepared_statements` fails once (25P02), as
+/// on PostgreSQL, also on a server that lacks the client's statements: none is prepared
+/// first (differential seed 7: the round that prepared it failed too, and the client got
+/// two errors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_read_in_a_failed_block_fails_once() {
+    let pg = TempPostgres::start();
+    let p = harness::transaction_pooler(&pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("max_prepared_statements", "1")
+        .start()
+        .await;
+    let scripts: Vec<Vec<String>> = vec![
+        vec![
+            "P s1|select 1\nS".into(),
+            "P s3|select 3\nS".into(),
+            "Q begin".into(),
+            "Q selec".into(),
+            "Q select count(*) from pg_prepared_statements".into(),
+            "Q rollback".into(),
+            "Q select name from pg_prepared_statements order by name".into(),
+        ],
+        // The one server makes room for this one: it lacks client 0's statements from now
+        // on.
+        vec!["Q select 0".into(), "P s2|select 2\nS".into()],
+    ];
+    let t = oracle(pg.port(), p.port(), &scripts).await;
+    assert_eq!(
+        t[0][4],
+        [
+            "Error 25P02 current transaction is aborted, commands ignored until end of transaction block",
+            "Ready E"
+        ]
+    );
+    assert!(t[0][6].contains(&"Row s3".to_string()), "{:?}", t[0][6]);
     p.shutdown().await;
 }

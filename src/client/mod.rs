@@ -2,6 +2,7 @@
 pub mod aborted;
 pub mod auth_query;
 pub mod cancel;
+pub mod deferred;
 pub mod notify;
 pub mod relay;
 pub mod renamed;
@@ -87,6 +88,8 @@ pub struct Client {
     /// Read routing: what it has seen of the database (read_your_writes), from its first
     /// routed transaction on.
     pub seen: Option<Box<route::Seen>>,
+    /// The BEGIN pgcarpool answered for it, not sent to a server yet (`deferred`).
+    pub begun: Option<crate::sql::begin::Begin>,
 }
 
 impl Client {
@@ -110,6 +113,7 @@ impl Client {
             stays: false,
             listening: Default::default(),
             seen: Default::default(),
+            begun: None,
         }
     }
 }
@@ -256,6 +260,7 @@ pub async fn finish(mut client: Client, result: Result<(), ClientError>) {
                 stays,
                 listening,
                 seen: _,
+                begun: _,
             } = client;
             drop((listening, shared, pool, session, reg, counted, stays));
             conn.close().await;

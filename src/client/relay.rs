@@ -20,6 +20,7 @@ use super::prepared::{StatementRegistry, Stmt};
 use super::session::VirtualSession;
 use crate::server::response::{Pending, Verdict};
 use crate::sql::facts::{Facts, query_text};
+use crate::sql::{selfview, signal};
 
 /// Stop reading one side while this much waits to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
@@ -224,6 +225,9 @@ pub struct Relay<'a> {
     pub reads_only: bool,
     /// A Query, Parse or Bind went to the server in this relay.
     requested: bool,
+    /// The number of the BEGIN pgcarpool answered and sent ahead of the client's messages
+    /// (`send_begin`): its error ends the client.
+    begin_seq: Option<u64>,
 }
 
 /// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`
@@ -322,7 +326,20 @@ impl<'a> Relay<'a> {
             first_request: None,
             reads_only: false,
             requested: false,
+            begin_seq: None,
         }
+    }
+
+    /// The BEGIN pgcarpool answered for the client (`client::deferred`), sent ahead of the
+    /// client's messages, in the same write; its replies are dropped.
+    pub fn send_begin(&mut self, begin: crate::sql::begin::Begin) {
+        // Sent in the same write as what the client sent after it, which is judged as in
+        // the block at once (its error ends the client: `on_error`).
+        self.server.sent_sure_begin();
+        let seq = self
+            .server
+            .send_added_query(|b| crate::proto::frontend::query_of(b, &begin.sql()));
+        self.begin_seq = Some(seq);
     }
 
     /// Relay until an event, watching the timeouts.
@@ -1106,6 +1123,15 @@ impl<'a> Relay<'a> {
         let code = backend::error_code(body);
         // The message it answers (`Renamed::restore`), before `on_reply` settles it.
         let front = self.server.exchange().owed_front();
+        if self.begin_seq == Some(front.0) {
+            // The BEGIN the client was told had run failed (a primary refuses none of
+            // those pgcarpool answers; a server out of resources might): the client gets
+            // the error and goes, and the server is closed.
+            self.forward_server_run(fwd + h.total);
+            return Ok(ControlFlow::Break(RelayEvent::ClientFatal(
+                "the transaction's BEGIN failed on the server".into(),
+            )));
+        }
         if let Some(why) = fatal_caused_by_client(body, self.may_terminate_itself()) {
             // Forwarded as it is: the session is over, as it is straight on PostgreSQL.
             self.forward_server_run(fwd + h.total);
@@ -1236,6 +1262,16 @@ impl<'a> Relay<'a> {
             }
             return Ok(ControlFlow::Break(fwd));
         }
+        if h.tag == backend::NOTICE_RESPONSE && self.effects.signals && h.total <= MAX_INSPECTED {
+            // Looked at whole: it may be a mark of a client to signal (`sql::signal`).
+            if avail < h.total {
+                return Ok(ControlFlow::Break(fwd));
+            }
+            if self.mark_at(fwd, h.total).is_some() {
+                self.signal_marked(fwd, h.total);
+                return Ok(ControlFlow::Continue(0));
+            }
+        }
         if self.virt && h.tag == backend::COMMAND_COMPLETE {
             if h.total > MAX_INSPECTED {
                 return Err(ProtoError::TooLong(h.total));
@@ -1310,6 +1346,41 @@ impl<'a> Relay<'a> {
             (_, b'I') => Some(RelayEvent::Release),
             (PoolMode::Statement, _) => Some(RelayEvent::StatementModeTransaction),
             (PoolMode::Transaction, _) => None,
+        }
+    }
+}
+
+impl Relay<'_> {
+    /// The whole NoticeResponse at `at` in the server's buffer, when it is a mark of a
+    /// client for this client's query to signal (`sql::signal::marked`): the signal and
+    /// that client's pid.
+    #[cold]
+    fn mark_at(&self, at: usize, total: usize) -> Option<(selfview::Signal, i32)> {
+        let body = &self.server.conn().rbuf[at + 5..at + total];
+        let field = |t| backend::error_field(body, t).unwrap_or_default();
+        let severity = backend::error_field(body, b'V').unwrap_or(field(b'S'));
+        signal::marked(field(b'R'), severity, field(b'M'))
+    }
+
+    /// The mark at `at` (`mark_at`): the client it names is signalled as PostgreSQL would
+    /// signal it (`rewrite::signal_client`) and the mark dropped; a client that is gone,
+    /// or another user's, gets PostgreSQL's WARNING instead. What came before it goes to
+    /// the client.
+    #[cold]
+    fn signal_marked(&mut self, at: usize, total: usize) {
+        let Some((kind, pid)) = self.mark_at(at, total) else {
+            return;
+        };
+        self.forward_server_run(at);
+        self.server.conn_mut().consume(total);
+        let signalled = self
+            .clients
+            .is_some_and(|c| super::rewrite::signal_client(c, kind, pid));
+        if !signalled {
+            let m = format!("PID {pid} is not a PostgreSQL backend process");
+            self.client.queue_with(|b| {
+                backend::error_fields(b, backend::NOTICE_RESPONSE, "WARNING", "01000", &m)
+            });
         }
     }
 }

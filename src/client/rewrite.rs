@@ -860,9 +860,10 @@ impl Relay<'_> {
             let Some(own) = self.intern(&scope, &own, depends) else {
                 return Ok(());
             };
-            // Read views are read again at each Bind (`refresh_own_text`).
+            // Read views are read again at each Bind (`refresh_own_text`), and the
+            // clients a computed pid may name are those of then.
             let sql = rest.split(|&c| c == 0).next().unwrap_or_default();
-            if selfview::reads_views(sql).contains(&true) {
+            if selfview::reads_views(sql).contains(&true) || selfview::computes_signals(sql) {
                 own_text = Some((own.id, rest.clone()));
             }
             stmt = own;
@@ -1365,7 +1366,10 @@ impl Relay<'_> {
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect();
             stmts.sort_by_key(|(_, s)| s.id);
-            for (name, stmt) in &stmts {
+            // In a failed block the query fails (25P02) whatever it reads, and so would a
+            // round that prepares a statement: none is sent (differential seed 7).
+            let failed = self.server.status_sent() == b'E';
+            for (name, stmt) in stmts.iter().filter(|_| !failed) {
                 if query {
                     self.ensure_for_query(stmt, name);
                 } else {
@@ -1426,10 +1430,14 @@ impl Relay<'_> {
             views[k + 1] = v.as_deref();
         }
         let mut signal = |kind, pid| clients.is_some_and(|c| signal_client(c, kind, pid));
+        let vpid = self.session.backend_pid;
+        // Those a query may signal as PostgreSQL would let it (`signal_client`).
+        let mut targets = || clients.map_or_else(Vec::new, |(c, user)| c.pids_of(user, vpid));
         let mut own = selfview::Own {
-            vpid: self.session.backend_pid,
+            vpid,
             views,
             signal: &mut signal,
+            targets: &mut targets,
         };
         selfview::rewrite(sql, &mut own)
     }
@@ -1871,7 +1879,7 @@ fn param_bytes(pid: i32, width: usize, binary: bool) -> Option<Vec<u8>> {
 /// Terminated, the target is told `FATAL 57P01` and goes (a transaction it was running is
 /// rolled back with its server); cancelled, its running query is (as a cancel request
 /// would). True when it was signalled.
-fn signal_client(
+pub(super) fn signal_client(
     (clients, user): (&super::registry::Registry, &str),
     kind: selfview::Signal,
     pid: i32,

@@ -55,11 +55,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                 return Ok(Exit::Move(to));
             }
             c.reg.handle.set_state(ClientState::Idle);
-            let idle_timeout = c
-                .shared
-                .config()
-                .client_idle_timeout_for(&c.reg.handle.user);
-            let deadline = config::enabled(idle_timeout).map(|d| Instant::now() + d);
+            let mut begun = c.begun.is_some();
+            let mut deadline = idle_deadline(c);
             let pinned = held.is_some();
             let mut readable = false;
             loop {
@@ -75,7 +72,15 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     Wait::Request => break,
                     Wait::Terminate => return Ok(Exit::Left),
                     Wait::Handover => return Ok(Exit::Handover),
-                    Wait::Idle => readable = park(c, deadline, &phase).await?,
+                    Wait::Idle => {
+                        if begun != c.begun.is_some() {
+                            // In or out of a block pgcarpool began (`deferred`): its
+                            // timeout from now.
+                            begun = !begun;
+                            deadline = idle_deadline(c);
+                        }
+                        readable = park(c, deadline, &phase).await?;
+                    }
                 }
             }
         }
@@ -94,7 +99,8 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
 /// Whether a client between transactions may move: its worker sheds clients and it can
 /// (`free`: it holds no server and no failed block; it does not listen).
 fn may_move(c: &Client, free: bool) -> bool {
-    free && !c.listening.is_listening()
+    free && c.begun.is_none()
+        && !c.listening.is_listening()
         && c.shared
             .workers()
             .is_some_and(|ws| ws.sheds(crate::workers::current()))
@@ -160,14 +166,31 @@ fn park<'a>(
             .as_mut()
             .is_some_and(|t| t.as_mut().poll(cx).is_ready())
         {
-            return Poll::Ready(Err(idle_timed_out()));
+            return Poll::Ready(Err(idle_timed_out(c)));
         }
         Poll::Pending
     })
 }
 
-fn idle_timed_out() -> ClientError {
-    ClientError::fatal("08P01", "client_idle_timeout".into())
+/// When an idle client is let go: by `client_idle_timeout`, or `idle_transaction_timeout`
+/// in a block pgcarpool began for it (`deferred`).
+fn idle_deadline(c: &Client) -> Option<Instant> {
+    let (cfg, user) = (c.shared.config(), &c.reg.handle.user);
+    let timeout = if c.begun.is_some() {
+        cfg.idle_transaction_timeout_for(user)
+    } else {
+        cfg.client_idle_timeout_for(user)
+    };
+    config::enabled(timeout).map(|d| Instant::now() + d)
+}
+
+fn idle_timed_out(c: &Client) -> ClientError {
+    let why = if c.begun.is_some() {
+        super::relay::TimeoutKind::IdleTransaction.message()
+    } else {
+        "client_idle_timeout"
+    };
+    ClientError::fatal("08P01", why.into())
 }
 
 /// What follows a transaction.
@@ -204,12 +227,7 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
     let tries = pool_settings.pool_size + pool_settings.reserve_pool_size + 1;
     let replays_left = if fresh { tries } else { 0 };
     let mode = pool_settings.mode;
-    let user = &c.reg.handle.user;
-    let timeouts = RelayTimeouts {
-        query: config::enabled(cfg.query_timeout_for(user)),
-        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
-        transaction: config::enabled(cfg.transaction_timeout_for(user)),
-    };
+    let timeouts = relay_timeouts(cfg, &c.reg.handle.user);
     let Relayed {
         mut server,
         claimed,
@@ -220,6 +238,8 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         effects,
         loss,
     } = relay_replacing(c, server, cfg, &pool_settings, timeouts, replays_left, kill).await?;
+    // The BEGIN pgcarpool answered went with this transaction (`deferred`).
+    c.begun = None;
     c.reg.handle.set_server(None);
     if server.tls().is_some() {
         c.reg.handle.set_server_tls(None);
@@ -281,6 +301,15 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         RelayEvent::Killed => Err(killed(c)),
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed(c)),
+    }
+}
+
+/// The timeouts a relay of `user`'s transaction watches.
+fn relay_timeouts(cfg: &config::Config, user: &str) -> RelayTimeouts {
+    RelayTimeouts {
+        query: config::enabled(cfg.query_timeout_for(user)),
+        idle_transaction: config::enabled(cfg.idle_transaction_timeout_for(user)),
+        transaction: config::enabled(cfg.transaction_timeout_for(user)),
     }
 }
 
@@ -508,6 +537,7 @@ async fn relay_once(
     Option<super::aborted::Loss>,
 ) {
     let mode = pool_settings.mode;
+    let begun = c.begun;
     let mut relay = Relay::new(
         &mut c.conn,
         server,
@@ -538,6 +568,9 @@ async fn relay_once(
     let hosts = &pool_settings.target.hosts;
     if hosts.checks_roles() && hosts.attrs.wants_primary() && !start.standby {
         relay.fence = Some(hosts);
+    }
+    if let Some(b) = begun {
+        relay.send_begin(b);
     }
     let event = tokio::select! {
         biased;
@@ -810,6 +843,8 @@ async fn wait_for_request(
                     *aborted = None;
                 }
                 local
+            } else if let Some(local) = super::deferred::answer(c) {
+                local
             } else if for_a_server(&c.conn.rbuf) {
                 Local::NeedServer
             } else {
@@ -826,7 +861,7 @@ async fn wait_for_request(
         }
         let now = phase.current();
         // In a failed block it moves once the block is over.
-        if now == Phase::HandingOver && !c.stays && aborted.is_none() {
+        if now == Phase::HandingOver && !c.stays && aborted.is_none() && c.begun.is_none() {
             match super::stays_because(c) {
                 None => return Ok(Wait::Handover),
                 Some(why) => {
@@ -839,7 +874,7 @@ async fn wait_for_request(
             // SUSPEND: the client's bytes wait in the socket until RESUME.
             tokio::select! {
                 _ = phase.changed() => continue,
-                _ = idle_deadline(deadline) => return Err(idle_timed_out()),
+                _ = idle_deadline_at(deadline) => return Err(idle_timed_out(c)),
                 _ = kill.killed() => return Err(killed(c)),
             }
         }
@@ -854,7 +889,7 @@ async fn wait_for_request(
                     return Ok(Wait::Terminate);
                 }
             }
-            _ = idle_deadline(deadline) => return Err(idle_timed_out()),
+            _ = idle_deadline_at(deadline) => return Err(idle_timed_out(c)),
             _ = kill.killed() => return Err(killed(c)),
             _ = phase.changed() => continue,
         }
@@ -887,7 +922,7 @@ fn ignored_copy_message(c: &mut Client, header: Option<proto::Header>) -> Option
 
 /// Resolves at `deadline`, never without one. The timer is boxed and made only when there
 /// is a deadline: most idle clients have none, and their tasks do not carry its room.
-async fn idle_deadline(deadline: Option<Instant>) {
+async fn idle_deadline_at(deadline: Option<Instant>) {
     match deadline {
         Some(d) => Box::pin(tokio::time::sleep_until(d.into())).await,
         None => std::future::pending().await,

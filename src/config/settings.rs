@@ -126,6 +126,9 @@ pub struct Settings {
     /// text it parsed just before is served by a statement the server prepared once
     /// (planned once per server, as with named statements) instead of a new parse.
     pub plan_once: bool,
+    /// pgcarpool extension: a bare `BEGIN`/`START TRANSACTION` of an idle client is
+    /// answered by pgcarpool and sent to a server with the block's first statement.
+    pub deferred_begin: bool,
     /// Most prepared statement names one client may hold (beyond: 53400, client let go).
     pub client_max_statements: usize,
     /// Most session settings one client may have changed (beyond: 53400, client let go).
@@ -758,6 +761,7 @@ pub static TABLE: &[SettingDef] = &[
     typed!(pin_pool_size, "20", reload: true, implemented: true),
     typed!(check_function_calls, "1", reload: true, implemented: true),
     typed!(plan_once, "1", reload: true, implemented: true),
+    typed!(deferred_begin, "1", reload: true, implemented: true),
     typed!(client_max_statements, "10000", reload: true, implemented: true),
     typed!(client_max_settings, "10000", reload: true, implemented: true),
     typed!(statement_registry_size, "67108864", reload: true, implemented: true),
@@ -934,6 +938,7 @@ impl Settings {
             pin_pool_size: 20,
             check_function_calls: true,
             plan_once: true,
+            deferred_begin: true,
             client_max_statements: 10000,
             client_max_settings: 10000,
             statement_registry_size: 64 * 1024 * 1024,
@@ -1226,6 +1231,7 @@ mod tests {
                     "pin_pool_size",
                     "check_function_calls",
                     "plan_once",
+                    "deferred_begin",
                     "client_max_statements",
                     "client_max_settings",
                     "statement_registry_size",

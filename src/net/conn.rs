@@ -16,6 +16,10 @@ use crate::proto::{self, Header, ProtoError};
 
 /// Bytes we try to have free in the read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
+/// `queue_with` makes room for its messages `SCRATCH_CHUNK` bytes at a time, when less than
+/// `SCRATCH_MIN` is left.
+const SCRATCH_MIN: usize = 64;
+const SCRATCH_CHUNK: usize = 512;
 /// Most byte runs handed to one vectored write.
 const MAX_IOV: usize = 64;
 /// A connection we close: how long its last words may take to be written.
@@ -69,6 +73,10 @@ impl Conn {
     /// Build a message of our own with `f` and queue it.
     #[inline]
     pub fn queue_with(&mut self, f: impl FnOnce(&mut BytesMut)) {
+        // Room for a few messages at once: one allocation, not one per field written.
+        if self.scratch.capacity() < SCRATCH_MIN {
+            self.scratch.reserve(SCRATCH_CHUNK);
+        }
         f(&mut self.scratch);
         let b = self.scratch.split().freeze();
         self.queue(b);

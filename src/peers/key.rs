@@ -4,7 +4,9 @@
 //! big-endian. With peering on, bytes 1 and 2 hold the owning instance's peer id (low byte
 //! first) and the two low bits of byte 7 a hop budget (TTL): 3 when the key is handed out,
 //! one less at every forward, dropped at 0. The sign bit of the process id is clear (some
-//! clients, pg_basebackup among them, dislike negative pids). 45 bits stay random.
+//! clients, pg_basebackup among them, dislike negative pids) and so is its lowest bit (an
+//! even pid: a query that signals pids it computes has the server report a client's as a
+//! number that says which signal, `sql::signal`). 44 bits stay random.
 
 /// A protocol 3.2 client's secret is the 4 bytes above and this many random bytes more:
 /// 32 in all, as PostgreSQL 18's, which leaves 224 of the protocol's 256 to a pooler in
@@ -47,6 +49,7 @@ pub fn make(random: [u8; 8], peer_id: u16) -> Key {
         b[7] |= TTL_MASK;
     }
     b[0] &= 0x7f;
+    b[3] &= 0xfe;
     from_bytes(b)
 }
 
@@ -86,7 +89,7 @@ mod tests {
     fn the_peer_id_sits_in_bytes_1_and_2_and_the_ttl_in_byte_7() {
         let k = make([0xff; 8], 0x1234);
         let b = to_bytes(k);
-        assert_eq!(b, [0x7f, 0x34, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(b, [0x7f, 0x34, 0x12, 0xfe, 0xff, 0xff, 0xff, 0xff]);
         assert_eq!(peer_id(k), 0x1234);
         let k = make([0; 8], 1);
         assert_eq!(to_bytes(k), [0, 1, 0, 0, 0, 0, 0, 3]);
@@ -95,9 +98,10 @@ mod tests {
     }
 
     #[test]
-    fn without_peering_only_the_sign_bit_is_touched() {
+    fn without_peering_only_the_pids_sign_and_lowest_bits_are_touched() {
         let k = make([0x80, 1, 2, 3, 4, 5, 6, 0xfc], 0);
-        assert_eq!(to_bytes(k), [0, 1, 2, 3, 4, 5, 6, 0xfc]);
+        assert_eq!(to_bytes(k), [0, 1, 2, 2, 4, 5, 6, 0xfc]);
+        assert_eq!(k.0 % 2, 0);
     }
 
     #[test]

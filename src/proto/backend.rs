@@ -293,6 +293,22 @@ pub fn error_code(body: &[u8]) -> Option<[u8; 5]> {
     }
 }
 
+/// One field (`S`, `V`, `C`, `M`, `R`…) of an ErrorResponse or NoticeResponse body,
+/// without allocating (None: absent or malformed).
+pub fn error_field(body: &[u8], tag: u8) -> Option<&[u8]> {
+    let mut r = Reader::new(body, "ErrorResponse");
+    loop {
+        let t = r.u8().ok()?;
+        if t == 0 {
+            return None;
+        }
+        let v = r.cstr_bytes().ok()?;
+        if t == tag {
+            return Some(v);
+        }
+    }
+}
+
 pub fn parse_error(body: &[u8]) -> Result<ErrorFields, ProtoError> {
     let mut r = Reader::new(body, "ErrorResponse");
     let mut e = ErrorFields::default();

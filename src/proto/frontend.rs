@@ -78,8 +78,15 @@ fn finish(out: &mut BytesMut, at: usize) {
 
 /// A simple Query.
 pub fn query(out: &mut BytesMut, sql: &str) {
+    query_of(out, &[sql]);
+}
+
+/// A Query of the text that is `parts` one after the other.
+pub fn query_of(out: &mut BytesMut, parts: &[&str]) {
     let at = begin(out, QUERY);
-    out.put_slice(sql.as_bytes());
+    for p in parts {
+        out.put_slice(p.as_bytes());
+    }
     out.put_u8(0);
     finish(out, at);
 }

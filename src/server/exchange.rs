@@ -220,6 +220,16 @@ impl Exchange {
             .fold(self.tx_status, |s, (_, e)| e[index(s)])
     }
 
+    /// A BEGIN was sent that cannot fail (`client::deferred`: one an error of which ends
+    /// the client): the status it makes is the server's at once, so that what the client
+    /// sends after it is not held back for its answer (`awaits_undo`).
+    pub fn sent_sure_begin(&mut self) {
+        debug_assert!(self.tx_sent.is_empty());
+        if self.tx_status == b'I' {
+            self.tx_status = b'T';
+        }
+    }
+
     /// An Execute was sent.
     pub fn sent_execute(&mut self) {
         self.marks.push_back(Mark::Execute);
@@ -568,6 +578,11 @@ impl super::Server {
     /// See `Exchange::sent_tx_effect`.
     pub fn sent_tx_effect(&mut self, effect: [u8; 3]) {
         self.exchange.sent_tx_effect(effect);
+    }
+
+    /// See `Exchange::sent_sure_begin`.
+    pub fn sent_sure_begin(&mut self) {
+        self.exchange.sent_sure_begin();
     }
 
     /// See `Exchange::expect`.

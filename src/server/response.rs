@@ -756,6 +756,18 @@ impl Server {
 
     /// Send a client's simple Query; its ReadyForQuery is owed. `prepares`: it is a SQL
     /// PREPARE of this statement under this client name.
+    /// A query pgcarpool adds before the client's messages (`write` puts it in the
+    /// server's buffer): every reply up to its ReadyForQuery is dropped. Its number
+    /// (`Owed::front_seq` once it is in front).
+    pub fn send_added_query(&mut self, write: impl FnOnce(&mut bytes::BytesMut)) -> u64 {
+        self.conn.queue_with(write);
+        self.exchange.owe_ready(true);
+        self.exchange.unnamed = 0;
+        let seq = self.exchange.owed.next_seq();
+        self.exchange.owed.push(Pending::Swallow);
+        seq
+    }
+
     pub fn send_query(&mut self, msg: Bytes, prepares: Option<Box<(Arc<Stmt>, Bytes)>>) {
         self.conn.queue(msg);
         self.exchange.owe_ready(true);

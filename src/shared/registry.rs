@@ -398,6 +398,16 @@ impl Registry {
             .map(|(_, c)| c.clone())
     }
 
+    /// The pids of the clients of user `user` but the one given pid `but` (a walk of every
+    /// client, for the rare query that signals pids it computes).
+    pub fn pids_of(&self, user: &str, but: i32) -> Vec<i32> {
+        self.lock()
+            .iter()
+            .filter(|(k, c)| k.0 != but && *c.user == *user)
+            .map(|(k, _)| k.0)
+            .collect()
+    }
+
     /// The servers at `addr` running the work of clients other than the one given pid
     /// `but`, each with the pid its client was given: (server pid, client pid). A walk of
     /// every client, for the rare query that reads a per-backend view (`pg_stat_activity`).

@@ -47,6 +47,9 @@ pub struct Effects {
     /// The text names `pg_terminate_backend`: a FATAL 57P01 of its server is the client's
     /// own doing (it terminated itself).
     pub terminates: bool,
+    /// The text names `pg_terminate_backend` or `pg_cancel_backend`: the server's
+    /// WARNINGs may be marks of clients to signal (`signal::marked`).
+    pub signals: bool,
     /// A LISTEN: after the transaction the server's channels go to the pool's shared
     /// listener (its ReadyForQuery waits for that).
     pub listen: bool,
@@ -79,6 +82,7 @@ impl Effects {
         self.notify |= o.notify;
         self.introspects |= o.introspects;
         self.terminates |= o.terminates;
+        self.signals |= o.signals;
         self.listen |= o.listen;
         if self.database_alone.is_none() {
             self.database_alone = o.database_alone;
@@ -418,6 +422,7 @@ pub fn classify(sql: &[u8]) -> Effects {
     e.notify = mentions_notify(sql);
     e.introspects = super::selfview::mentions(sql);
     e.terminates = e.introspects && contains_ci(sql, b"pg_terminate_backend");
+    e.signals = e.terminates || (e.introspects && contains_ci(sql, b"pg_cancel_backend"));
     e
 }
 

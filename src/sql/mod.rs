@@ -2,11 +2,14 @@
 //! keywords, statement splitting, internal statement names), facts.rs (its cheap answers for
 //! one message, found once), reads.rs (which texts only read: read routing's judgement),
 //! selfview.rs (what a session asks about itself, rewritten for the client's virtual
-//! session).
+//! session), signal.rs (signals to pids a query computes: marks the server reports),
+//! begin.rs (the transaction starts pgcarpool answers itself: `deferred_begin`).
+pub mod begin;
 pub mod classify;
 pub mod facts;
 pub mod reads;
 pub mod selfview;
+pub mod signal;
 
 /// For the classifier's generated tests: a seeded xorshift whose `next(n)` picks a number
 /// below `n` (the same texts every run).

@@ -55,12 +55,16 @@ pub const VIEWS: [&str; 3] = ["pg_prepared_statements", "pg_stat_activity", "pg_
 /// - `pg_terminate_backend(N)` / `pg_cancel_backend(N)` with an integer literal `N`: the
 ///   client's own pid becomes `pg_catalog.pg_backend_pid()` (its server signals itself);
 ///   another client's pid is given to `own.signal`, and when it signalled that client the
-///   call becomes `(SELECT true AS pg_terminate_backend)` (or `pg_cancel_backend`).
+///   call becomes `(SELECT true AS pg_terminate_backend)` (or `pg_cancel_backend`);
+/// - such a call with a pid the query computes (`signal::computed_call`) is made a `CASE`
+///   that marks the pids of the clients the client may signal (`Own::targets`) for
+///   pgcarpool to signal while the query runs (`signal::edits`).
 ///
 /// None: nothing to change.
 pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
     let (vpid, views) = (own.vpid, own.views);
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    let mut targets: Option<Vec<i32>> = None;
     for (a, b) in super::classify::split(sql) {
         let stmt = &sql[a..b];
         let Some((at, word)) = query_word(stmt) else {
@@ -81,6 +85,16 @@ pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
                 edits.push((a + start, a + end, own));
             } else if let Some((start, end, text)) = signal_edit(stmt, i, own) {
                 edits.push((a + start, a + end, text));
+            } else if let Some(call) = super::signal::computed_call(stmt, i) {
+                // Its argument is repeated in the CASE as the session reads it.
+                let x = fragment(stmt, call.arg, vpid, &views);
+                let rest = fragment(stmt, (call.arg.1, call.close), vpid, &views);
+                let targets = targets.get_or_insert_with(|| (own.targets)());
+                for (start, end, text) in
+                    super::signal::edits(stmt, &call, (&x, &rest), vpid, targets)
+                {
+                    edits.push((a + start, a + end, text));
+                }
             } else if let Some((k, start)) = (0..VIEWS.len())
                 .filter(|k| views[*k].is_some())
                 .find_map(|k| view_name(stmt, i, VIEWS[k]).map(|start| (k, start)))
@@ -120,15 +134,60 @@ pub fn rewrite(sql: &[u8], own: &mut Own) -> Option<Vec<u8>> {
     if edits.is_empty() {
         return None;
     }
+    Some(apply(sql, edits))
+}
+
+/// `sql` with `edits` (start, end, replacement; in any order) made, in the order of their
+/// starts; one that overlaps an earlier one is left out.
+fn apply(sql: &[u8], mut edits: Vec<(usize, usize, String)>) -> Vec<u8> {
+    edits.sort_by_key(|e| e.0);
     let mut out = Vec::with_capacity(sql.len() + 64);
     let mut copied = 0;
     for (start, end, text) in edits {
+        if start < copied {
+            continue;
+        }
         out.extend_from_slice(&sql[copied..start]);
         out.extend_from_slice(text.as_bytes());
         copied = end;
     }
     out.extend_from_slice(&sql[copied..]);
-    Some(out)
+    out
+}
+
+/// The text of `s` from `from` to `to` as the client's session reads it (`rewrite`): its
+/// `pg_backend_pid()` calls the client's pid, the views of `views` unqualified (for their
+/// CTE, which the statement gets from its own mention of them).
+fn fragment(
+    s: &[u8],
+    (from, to): (usize, usize),
+    vpid: i32,
+    views: &[Option<&str>; VIEWS.len()],
+) -> String {
+    let mut edits = Vec::new();
+    for_each_word(&s[..to], |i| {
+        if i < from {
+            return;
+        }
+        if let Some((start, end)) = backend_pid_call(&s[..to], i)
+            && start >= from
+            && !signal_argument(&s[..start])
+        {
+            edits.push((
+                start - from,
+                end - from,
+                format!("(SELECT {vpid} AS pg_backend_pid)"),
+            ));
+        } else if let Some(start) = (0..VIEWS.len())
+            .filter(|k| views[*k].is_some())
+            .find_map(|k| view_name(&s[..to], i, VIEWS[k]))
+            && start >= from
+            && start < i
+        {
+            edits.push((start - from, i - from, String::new()));
+        }
+    });
+    String::from_utf8_lossy(&apply(&s[from..to], edits)).into_owned()
 }
 
 /// A statement `rewrite` looks into (`QUERIES`): where its first word starts (after
@@ -162,6 +221,21 @@ pub fn reads_views(sql: &[u8]) -> [bool; VIEWS.len()] {
         });
     }
     reads
+}
+
+/// Does a query among the statements of `sql` signal a pid it computes
+/// (`signal::computed_call`), which `rewrite` marks for the clients of when it runs?
+pub fn computes_signals(sql: &[u8]) -> bool {
+    let mut found = false;
+    for (a, b) in super::classify::split(sql) {
+        let stmt = &sql[a..b];
+        if query_word(stmt).is_some() {
+            for_each_word(stmt, |i| {
+                found |= super::signal::computed_call(stmt, i).is_some();
+            });
+        }
+    }
+    found
 }
 
 /// The view `name` as a word starting at `i` in `s` (not followed by `(`): where its name
@@ -273,6 +347,9 @@ pub struct Own<'a> {
     /// A pid the text signals that is not the client's own: true when it is another
     /// client's and pgcarpool signalled it.
     pub signal: &'a mut dyn FnMut(Signal, i32) -> bool,
+    /// The pids of the clients the client may signal, for a call whose pid the query
+    /// computes (`signal::edits`).
+    pub targets: &'a mut dyn FnMut() -> Vec<i32>,
 }
 
 /// What `pg_terminate_backend` and `pg_cancel_backend` ask.
@@ -554,10 +631,12 @@ mod tests {
         let mut views = [None; VIEWS.len()];
         views[0] = view;
         views[1] = view.map(|_| "A");
+        let mut targets = || vec![78];
         let mut own = Own {
             vpid,
             views,
             signal: &mut signal,
+            targets: &mut targets,
         };
         rewrite(sql.as_bytes(), &mut own).map(|v| String::from_utf8(v).unwrap())
     }
@@ -610,12 +689,58 @@ mod tests {
         assert!(signal_params(p.as_bytes(), 4243).is_empty());
         for sql in [
             "select pg_terminate_backend(78)",
-            "select pg_terminate_backend(pid) from pg_stat_activity",
             "select pg_terminate_backend(77.5)",
             "select 'pg_terminate_backend(77)'",
         ] {
             assert_eq!(rw(sql), None, "{sql}");
         }
+    }
+
+    #[test]
+    fn a_computed_pid_is_marked_for_the_clients_and_the_server_asked_else() {
+        let got = rv(
+            "select pg_terminate_backend(pid) from pg_catalog.pg_stat_activity \
+                      where pid <> pg_backend_pid()",
+        )
+        .unwrap();
+        assert!(
+            got.starts_with(
+                "WITH pg_stat_activity AS (A) select CASE WHEN (pid) = 1 THEN \
+                 pg_terminate_backend(pg_catalog.pg_backend_pid()) WHEN (pid) = ANY ('{78}'"
+            ),
+            "{got}"
+        );
+        assert!(
+            got.ends_with(
+                "ELSE pg_terminate_backend(pid) END from pg_stat_activity \
+                 where pid <> (SELECT 1 AS pg_backend_pid)"
+            ),
+            "{got}"
+        );
+        // The argument is repeated as the session reads it.
+        let got = rv(
+            "select pg_cancel_backend((select pid from pg_catalog.pg_stat_activity \
+                      where pid = pg_backend_pid()))",
+        )
+        .unwrap();
+        let x = "(select pid from pg_stat_activity where pid = (SELECT 1 AS pg_backend_pid))";
+        assert!(
+            got.starts_with(&format!(
+                "WITH pg_stat_activity AS (A) select CASE WHEN ({x}) = 1 THEN"
+            )),
+            "{got}"
+        );
+        assert!(
+            got.ends_with(&format!("ELSE pg_cancel_backend({x}) END")),
+            "{got}"
+        );
+        assert_eq!(got.matches("AS pg_backend_pid").count(), 5, "{got}");
+        assert!(computes_signals(
+            b"select 1; select pg_cancel_backend(pid) from t"
+        ));
+        assert!(!computes_signals(
+            b"select pg_cancel_backend(5); select 'pg_cancel_backend(n)'"
+        ));
     }
 
     #[test]

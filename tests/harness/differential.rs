@@ -31,6 +31,8 @@ pub struct RunOptions {
     pub copy_waits_for_copy_in_response: bool,
     /// How long a client waits for any one message before recording `<timeout>`.
     pub reply_limit: Duration,
+    /// pgcarpool's `deferred_begin`.
+    pub deferred_begin: bool,
 }
 
 impl Default for RunOptions {
@@ -39,6 +41,7 @@ impl Default for RunOptions {
             pool_size: 2,
             copy_waits_for_copy_in_response: true,
             reply_limit: Duration::from_secs(30),
+            deferred_begin: true,
         }
     }
 }
@@ -126,6 +129,10 @@ impl DiffEnv {
                 // a server is the pool's, not the session's: a loaded machine's long waits
                 // (long-run seeds 12120, 12126) are not differences.
                 ("query_wait_notify", "0"),
+                (
+                    "deferred_begin",
+                    if opts.deferred_begin { "1" } else { "0" },
+                ),
             ])
             .start()
             .await;

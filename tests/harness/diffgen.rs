@@ -89,8 +89,9 @@ pub struct GenConfig {
     pub repeat_unnamed: bool,
     /// Some operations ask about the client's own session (`ClientGen::self_view`): its
     /// pid (compared with the one its BackendKeyData gave, `{pid}` in a step), its
-    /// prepared statements, a cancel of its own pid, and as its last step, perhaps, its
-    /// own termination (off for the seeds fixed before: their scripts stay as they were).
+    /// prepared statements, a cancel of its own pid (in the text or computed by the query),
+    /// and as its last step, perhaps, its own termination (either way) (off for the seeds
+    /// fixed before: their scripts stay as they were).
     pub self_view: bool,
 }
 
@@ -195,7 +196,12 @@ impl ClientGen {
             }
         }
         if self.self_view && self.rng.chance(15) {
-            let own = "SELECT pg_terminate_backend(pg_backend_pid())";
+            let own = if self.rng.chance(50) {
+                "SELECT pg_terminate_backend(pg_backend_pid())"
+            } else {
+                // Its pid computed by the query.
+                "SELECT pg_terminate_backend(p) FROM (VALUES ({pid})) v(p)"
+            };
             let step = self.either(own);
             self.push(step);
         }
@@ -221,7 +227,7 @@ impl ClientGen {
     fn self_view(&mut self) {
         // (Expressions of the view's columns: a RowDescription names the view's columns
         // straight from PostgreSQL, none through pgcarpool's CTE, a documented difference.)
-        let sql = match self.rng.below(7) {
+        let sql = match self.rng.below(9) {
             0 => "SELECT pg_backend_pid() = {pid} AS own_pid, pg_catalog.pg_backend_pid() - {pid}",
             1 => "SELECT count(*) FROM pg_prepared_statements",
             2 => {
@@ -238,7 +244,11 @@ impl ClientGen {
                  FROM pg_stat_activity WHERE pid = pg_backend_pid()"
             }
             5 => "SELECT count(*) FROM pg_locks WHERE pid = {pid} AND locktype = 'virtualxid'",
-            _ => "SELECT pg_cancel_backend({pid})",
+            6 => "SELECT pg_cancel_backend({pid})",
+            // Pids the query computes: its own (cancelled at the next row), and one that
+            // is no backend's (a WARNING and false).
+            7 => "SELECT pg_cancel_backend(p) FROM (VALUES ({pid}), (2147483647)) v(p)",
+            _ => "SELECT n, pg_cancel_backend(n) FROM unnest(ARRAY[2147483647, NULL]) n",
         };
         let step = self.either(sql);
         self.push(step);
@@ -286,6 +296,8 @@ impl ClientGen {
             "BEGIN",
             "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
             "BEGIN READ ONLY",
+            "begin work;",
+            "BEGIN ISOLATION LEVEL SERIALIZABLE",
         ]);
         if self.rng.chance(20) {
             // BEGIN inside a Parse, as drivers send it.
@@ -293,7 +305,13 @@ impl ClientGen {
         } else {
             self.push(format!("Q {begin}"));
         }
-        for _ in 0..1 + self.rng.below(5) {
+        // Sometimes ended before any statement (answered by pgcarpool: deferred_begin).
+        let ops = if self.rng.chance(10) {
+            0
+        } else {
+            1 + self.rng.below(5)
+        };
+        for _ in 0..ops {
             match self.rng.below(10) {
                 0 => self.push("Q SAVEPOINT sp1".into()),
                 1 => self.push("Q ROLLBACK TO SAVEPOINT sp1".into()),

@@ -9,7 +9,7 @@
 //! |----------------------|-----------------------------------------------------|
 //! | `Q sql`              | Query                                               |
 //! | `P name|sql`         | Parse (no parameter types given)                    |
-//! | `B portal|stmt|a,b`  | Bind with text parameters (`\N` is NULL)            |
+//! | `B portal|stmt|a,b`  | Bind with text parameters (`\N` is NULL; `{1,2}` one) |
 //! | `D S name`, `D P name` | Describe statement / portal                       |
 //! | `E portal`           | Execute (no row limit)                              |
 //! | `C S name`, `C P name` | Close                                             |
@@ -24,7 +24,7 @@
 //! `Q` and `S` line. Transcript lines: `ParseComplete`, `BindComplete`, `CloseComplete`,
 //! `NoData`, `Columns a,b`, `Row x|y`, `Complete TAG`, `Error CODE message`, `Empty`,
 //! `Suspended`, `Ready S`, `Params n`, `Notify channel payload`. ParameterStatus and
-//! notices are left out.
+//! notices are left out (WARNINGs are kept apart, in `Wire::warnings`).
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,6 +38,8 @@ pub struct Wire {
     pub pid: i32,
     /// The process ids of the NotificationResponses seen, in order.
     pub notify_pids: Vec<i32>,
+    /// The WARNINGs seen (NoticeResponse), as `Warning CODE message`, in order.
+    pub warnings: Vec<String>,
 }
 
 /// A StartupMessage (protocol 3.0) with `params` (e.g. `[("user", u), ("database", d)]`).
@@ -132,6 +134,7 @@ impl Wire {
             out: Vec::new(),
             pid: 0,
             notify_pids: Vec::new(),
+            warnings: Vec::new(),
         };
         let mut reported = std::collections::HashMap::new();
         let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
@@ -259,7 +262,7 @@ impl Wire {
                 cstr(&mut b, f[0]);
                 cstr(&mut b, f.get(1).copied().unwrap_or(""));
                 let params: Vec<&str> = match f.get(2) {
-                    Some(p) if !p.is_empty() => p.split(',').collect(),
+                    Some(p) if !p.is_empty() => split_params(p),
                     _ => Vec::new(),
                 };
                 b.extend_from_slice(&0i16.to_be_bytes());
@@ -330,6 +333,14 @@ impl Wire {
                 self.notify_pids
                     .push(i32::from_be_bytes(body[..4].try_into().unwrap()));
             }
+            if tag == b'N' {
+                let f = fields(&body);
+                let get = |k: u8| f.iter().find(|(c, _)| *c == k).map(|(_, v)| v.clone());
+                if get(b'V').or_else(|| get(b'S')).as_deref() == Some("WARNING") {
+                    let (code, m) = (get(b'C').unwrap_or_default(), get(b'M').unwrap_or_default());
+                    self.warnings.push(format!("Warning {code} {m}"));
+                }
+            }
             if let Some(l) = describe(tag, &body) {
                 out.push(l);
             }
@@ -339,6 +350,24 @@ impl Wire {
         }
         Ok(out)
     }
+}
+
+/// A Bind line's parameters: split at commas outside braces (`{1,2}` is one array value).
+fn split_params(p: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut from) = (Vec::new(), 0i32, 0);
+    for (i, c) in p.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&p[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&p[from..]);
+    out
 }
 
 fn fields(body: &[u8]) -> Vec<(u8, String)> {
@@ -593,6 +622,7 @@ impl Wire {
             out: Vec::new(),
             pid: 0,
             notify_pids: Vec::new(),
+            warnings: Vec::new(),
         };
         let all: Vec<(&str, &str)> = [("user", user), ("database", db)]
             .into_iter()
