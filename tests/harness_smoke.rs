@@ -329,3 +329,26 @@ fn the_server_major_is_that_of_the_postgres_program() {
     let postgres = harness::pg_bin("postgres");
     assert_eq!(harness::program_major(&postgres), Some(major));
 }
+
+/// The standby `start_standby` makes when no pg_basebackup of the server's major is
+/// installed (a low-level backup and a file copy): in recovery, with the primary's rows of
+/// before the copy, and streaming what the primary writes after it.
+#[tokio::test]
+async fn a_standby_made_by_a_file_copy_streams_from_the_primary() {
+    let primary = TempPostgres::start();
+    primary.psql("CREATE TABLE t (n int); INSERT INTO t VALUES (1)");
+    let standby = primary.start_standby_by_copy();
+    assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+    assert_eq!(standby.psql("SELECT count(*) FROM t"), "1");
+    primary.psql("INSERT INTO t VALUES (2)");
+    harness::wait_for(
+        "the standby to replay the row written after the copy",
+        Duration::from_secs(30),
+        || async { standby.psql("SELECT count(*) FROM t") == "2" },
+    )
+    .await;
+    assert_eq!(
+        primary.psql("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"),
+        "1"
+    );
+}

@@ -53,7 +53,11 @@ ds_packages() {
     fi
     [ -x "$pgbin/initdb" ] && [ -x "$pgbin/pg_ctl" ] || die "no initdb/pg_ctl in $pgbin"
     pgmajor="$("$pgbin/postgres" --version | grep -oE '[0-9]+' | head -n 1)"
-    if [ ! -e "/usr/share/postgresql/$pgmajor/extension/hstore.control" ]; then
+    # Debian's layout, or the server's own share folder (scripts/pg-version's majors: the
+    # npm server's native/share/postgresql, the PyPI build's tools/share).
+    if [ ! -e "/usr/share/postgresql/$pgmajor/extension/hstore.control" ] &&
+        [ ! -e "$pgbin/../share/postgresql/extension/hstore.control" ] &&
+        [ ! -e "$pgbin/../share/extension/hstore.control" ]; then
         apt_install "postgresql-contrib" || apt_install "postgresql-$pgmajor"
     fi
     id postgres >/dev/null 2>&1 || die "no postgres OS user (the postgresql package creates it)"

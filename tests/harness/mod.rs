@@ -31,6 +31,7 @@ pub mod raw;
 pub mod wire;
 
 use std::future::Future;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -392,15 +393,28 @@ pub fn pg_bin_for_server(name: &str) -> Result<PathBuf, String> {
     ))
 }
 
-/// `pg_bin_for_server(name)`, or None after printing that the calling test skipped and why.
+/// `pg_bin_for_server(name)`, or None after printing that the calling test skipped and why
+/// (on the test process's stderr, which the test harness does not capture, so a passing
+/// run shows it). With `CI` set it panics instead: CI fetches the client programs of every
+/// major it runs (`scripts/pg-version`), so a missing one there is a fault, not a skip.
 pub fn pg_bin_for_server_or_skip(name: &str) -> Option<PathBuf> {
     match pg_bin_for_server(name) {
         Ok(path) => Some(path),
+        Err(why) if in_ci() => panic!("{why} (CI: scripts/pg-version fetches it)"),
         Err(why) => {
-            eprintln!("skipped: {why}");
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("a test")
+                .to_string();
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
             None
         }
     }
+}
+
+/// Whether the tests run in CI (`CI` set to anything but empty, `0` or `false`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// A folder holding libpq 18 or newer (`libpq.so.5.N`, N ≥ 18), which speaks protocol

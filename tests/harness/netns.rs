@@ -5,6 +5,7 @@
 //! reaches it over the veth, so a rule in the namespace cuts that path and nothing else.
 //! Needs root, iproute2 and iptables. Names are unique per process and namespace
 //! (`pgc<pid>n<k>`); deleting the namespace on drop removes the veth pair with it.
+use super::in_ci;
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -159,11 +160,6 @@ impl Drop for NetNs {
             eprintln!("{e}");
         }
     }
-}
-
-/// Whether the tests run in CI (`CI=true`, as CI services set it).
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// A /30 of 10.213.0.0/16 no interface of the root namespace has an address in (the

@@ -522,21 +522,16 @@ impl TempPostgres {
     /// pg_basebackup of the server's major or newer is installed, a low-level backup and a
     /// file copy (`standby::make`). Returns once it accepts connections, in recovery.
     pub fn start_standby(&self) -> TempPostgres {
-        let run_as = self.run_as;
-        let dir = tempfile::Builder::new()
-            .prefix("pgcarpool-pg-standby-")
-            .tempdir_in(std::env::temp_dir())
-            .expect("make standby temp dir");
-        run_as.own(dir.path());
-        let data = dir.path().join("data");
+        let (dir, data) = self.standby_dir();
         let basebackup = match pg_bin_for_server("pg_basebackup") {
             Ok(program) => program,
             Err(why) => {
                 eprintln!("standby by a low-level backup and a file copy: {why}");
-                standby::make(self, run_as, &data);
+                standby::make(self, self.run_as, &data);
                 return self.start_standby_in(dir);
             }
         };
+        let run_as = self.run_as;
         run_checked(
             run_as
                 .command_at(&basebackup, dir.path())
@@ -554,6 +549,27 @@ impl TempPostgres {
             "pg_basebackup a standby",
         );
         self.start_standby_in(dir)
+    }
+
+    /// A streaming standby made by the low-level backup and a file copy
+    /// (`standby::make`) whatever pg_basebackup is installed: what `start_standby` does
+    /// without one of the server's major (`tests/harness_smoke.rs` keeps that way tested
+    /// where CI has one).
+    pub fn start_standby_by_copy(&self) -> TempPostgres {
+        let (dir, data) = self.standby_dir();
+        standby::make(self, self.run_as, &data);
+        self.start_standby_in(dir)
+    }
+
+    /// A new temp dir for a standby, owned by the user PostgreSQL runs as, and its `data`.
+    fn standby_dir(&self) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("pgcarpool-pg-standby-")
+            .tempdir_in(std::env::temp_dir())
+            .expect("make standby temp dir");
+        self.run_as.own(dir.path());
+        let data = dir.path().join("data");
+        (dir, data)
     }
 
     /// Start the standby whose data directory `dir` holds, on a free port.
