@@ -229,6 +229,7 @@ async fn an_idle_block_begun_by_pgcarpool_times_out() {
         .setting("pool_mode", "transaction")
         .setting("idle_transaction_timeout", "1")
         .setting("client_idle_timeout", "0")
+        .setting("deferred_begin", "1")
         .start()
         .await;
     let mut w = connect_watched(&p.dsn("md5user", "testdb")).await;
@@ -236,4 +237,40 @@ async fn an_idle_block_begun_by_pgcarpool_times_out() {
     let why = w.events.closed_within(Duration::from_secs(10)).await;
     assert!(why.contains("idle transaction timeout"), "{why}");
     p.shutdown().await;
+}
+
+/// SIGINT (SHUTDOWN WAIT_FOR_SERVERS) lets a transaction in progress finish: also a block
+/// whose BEGIN pgcarpool answered, which holds no server yet. A client between
+/// transactions is let go, as PgBouncer; the pooler exits once the block is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_lets_a_block_begun_by_pgcarpool_finish() {
+    use harness::process::PoolerProcess;
+    let pg = TempPostgres::start();
+    let mut p = PoolerProcess::start(
+        TestPooler::builder(&pg).settings(&[("pool_mode", "transaction"), ("deferred_begin", "1")]),
+    )
+    .await;
+    let c = p.connect("md5user").await;
+    let idle = p.connect("md5user").await;
+    c.simple_query("begin").await.unwrap();
+    idle.simple_query("select 0").await.unwrap();
+    p.signal(libc::SIGINT);
+    assert!(p.stops_accepting().await, "still accepting after SIGINT");
+    let e = idle
+        .simple_query("select 1")
+        .await
+        .expect_err("a new transaction during SHUTDOWN WAIT_FOR_SERVERS");
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("server shutting down")
+    );
+    assert!(p.running(), "exited while a block was in progress");
+    // The block's first statement gets a server, and its commit ends it.
+    c.simple_query("select 1").await.unwrap();
+    c.simple_query("commit").await.unwrap();
+    let status = p.exited_within(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "did not exit after the block ended: {status:?}"
+    );
 }

@@ -453,7 +453,7 @@ pub static DESCRIPTIONS: &[Description] = &[
         deferred_begin,
         Sessions,
         BOOL,
-        "In transaction mode, a query that is only `BEGIN` or `START TRANSACTION` (with \
+        "1: in transaction mode, a query that is only `BEGIN` or `START TRANSACTION` (with \
          `ISOLATION LEVEL READ COMMITTED`, `REPEATABLE READ` or `READ UNCOMMITTED`, `READ \
          ONLY`, `[NOT] DEFERRABLE`), from a client that holds no server, is answered by \
          pgcarpool; the BEGIN goes to a server in the same write as the block's first \
@@ -462,7 +462,7 @@ pub static DESCRIPTIONS: &[Description] = &[
          says BEGIN and thinks. The client can tell one thing: `now()` is the time of the \
          block's first statement, not of its BEGIN. Not with `read_routing`, nor for a \
          client listening through the pool's listener, nor with `max_prepared_statements` \
-         0. 0: every BEGIN goes to a server when it comes.",
+         0. 0 (the default): every BEGIN goes to a server when it comes, as with PgBouncer.",
         OWN
     ),
     d!(
