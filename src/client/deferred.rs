@@ -103,20 +103,17 @@ fn answer_of(tag: &str, status: u8) -> Bytes {
             ("COMMIT", b'I'),
             ("ROLLBACK", b'I'),
         ]
-        .map(|(tag, status)| {
-            let mut b = BytesMut::new();
-            backend::command_complete(&mut b, tag);
-            backend::ready_for_query(&mut b, status);
-            (tag, status, b.freeze())
-        })
+        .map(|(tag, status)| (tag, status, build(tag, status)))
     });
     (answers.iter())
         .find(|(t, s, _)| *t == tag && *s == status)
-        .map(|(.., b)| b.clone())
-        .unwrap_or_else(|| {
-            let mut b = BytesMut::new();
-            backend::command_complete(&mut b, tag);
-            backend::ready_for_query(&mut b, status);
-            b.freeze()
-        })
+        .map_or_else(|| build(tag, status), |(.., b)| b.clone())
+}
+
+/// CommandComplete with `tag`, then ReadyForQuery with `status`.
+fn build(tag: &str, status: u8) -> Bytes {
+    let mut b = BytesMut::new();
+    backend::command_complete(&mut b, tag);
+    backend::ready_for_query(&mut b, status);
+    b.freeze()
 }
