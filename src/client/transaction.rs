@@ -952,6 +952,19 @@ fn for_a_server(buf: &[u8]) -> bool {
     let Ok(sql) = frontend::parse_query(&buf[5..h.total]) else {
         return false;
     };
+    // Most are told by their first letter: LISTEN, UNLISTEN, DEALLOCATE and a SELECT of
+    // pg_listening_channels are what is answered at the front.
+    let first = sql
+        .iter()
+        .find(|c| !c.is_ascii_whitespace())
+        .map_or(0, |c| c | 0x20);
+    match first {
+        b'l' | b'u' | b'd' => {}
+        b's' if !classify::contains_ci(sql, b"listening_channels") => return true,
+        b's' => {}
+        c if c.is_ascii_alphabetic() => return true,
+        _ => {}
+    }
     super::notify::parse(sql).is_none() && !classify::starts_with_word(sql, b"deallocate")
 }
 
