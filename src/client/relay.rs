@@ -462,6 +462,10 @@ impl<'a> Relay<'a> {
 
     /// One pass over both sockets; Ready only for an event.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RelayEvent> {
+        // A read that was Pending in this call has its waker registered and stays Pending
+        // until that waker runs: the loop does not ask again (each ask is a trip through
+        // tokio's readiness).
+        let (mut server_waits, mut client_waits) = (false, false);
         loop {
             if let Some(e) = self.refusal_due() {
                 return Poll::Ready(RelayEvent::ClientProtocol(e));
@@ -485,7 +489,7 @@ impl<'a> Relay<'a> {
                 }
                 progress |= self.client.out_len() < before;
             }
-            if self.client.out_len() < HIGH_WATER {
+            if self.client.out_len() < HIGH_WATER && !server_waits {
                 match self.server.conn_mut().poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
                         // A FATAL read with the end of an earlier reply (the session sync's)
@@ -521,7 +525,7 @@ impl<'a> Relay<'a> {
                         }
                         return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => server_waits = true,
                 }
             }
             // While the scan waits for a round (`awaits_round`) the client's bytes wait in
@@ -529,6 +533,7 @@ impl<'a> Relay<'a> {
             if self.server.conn().out_len() < HIGH_WATER
                 && !self.rescan_client
                 && self.refused.is_none()
+                && !client_waits
             {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
@@ -543,7 +548,7 @@ impl<'a> Relay<'a> {
                             Err(e) => return Poll::Ready(RelayEvent::ClientProtocol(e)),
                         }
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => client_waits = true,
                 }
             }
             if !progress {
@@ -1010,6 +1015,17 @@ impl<'a> Relay<'a> {
                 self.swallow(h, fwd)?;
                 fwd = 0;
                 params_at = None;
+                continue;
+            }
+            // A DataRow changes nothing pgcarpool keeps: it goes as it is, looked at no
+            // further (unless it answers a query pgcarpool added, `Pending::SwallowTo`).
+            if h.tag == backend::DATA_ROW && !self.server.exchange().swallows_next() {
+                if avail < h.total {
+                    self.server_partial = h.total - avail;
+                    fwd += avail;
+                    break;
+                }
+                fwd += h.total;
                 continue;
             }
             match h.tag {
