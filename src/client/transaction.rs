@@ -960,8 +960,7 @@ fn for_a_server(buf: &[u8]) -> bool {
         .map_or(0, |c| c | 0x20);
     match first {
         b'l' | b'u' | b'd' => {}
-        b's' if !classify::contains_ci(sql, b"listening_channels") => return true,
-        b's' => {}
+        b's' => return super::notify::parse(sql).is_none(),
         c if c.is_ascii_alphabetic() => return true,
         _ => {}
     }
