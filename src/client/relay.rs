@@ -1,7 +1,6 @@
 //! The forwarding loop while a client holds a server: both directions at once in one task,
 //! bytes forwarded by splitting read buffers (no copy), output written in vectored batches,
 //! the slower side setting the pace. Only the messages that change state are looked at.
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -198,7 +197,7 @@ pub struct Relay<'a> {
     /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
     /// server says whether it ran (see `Relay::executing`), each with the number of the
     /// reply owed for the message sent after its Execute (`Exchange::owed_next`).
-    pub(super) session_deallocs: Vec<(u64, u64, HashMap<Bytes, Arc<Stmt>>)>,
+    pub(super) session_deallocs: Vec<(u64, u64, super::session::NameMap<Arc<Stmt>>)>,
     /// Transaction pooling: a server lost under the client's transaction leaves the client
     /// connected (`aborted`), unless it is pinned or the loss came mid-message.
     pub keep_client: bool,
