@@ -845,7 +845,7 @@ async fn wait_for_request(
                 local
             } else if let Some(local) = super::deferred::answer(c) {
                 local
-            } else if for_a_server(&c.conn.rbuf) {
+            } else if for_a_server(&c.conn.rbuf, &c.session) {
                 Local::NeedServer
             } else {
                 match super::notify::answer(c, kill).await? {
@@ -939,12 +939,13 @@ pub(super) enum Local {
 /// front concerns (`notify::parse`: LISTEN, UNLISTEN, pg_listening_channels; a Query's
 /// DEALLOCATE): it goes to a server, the common case found in one look at its first words
 /// (`notify::answer` and `answer_without_server` would find the same, `Local::NeedServer`,
-/// at more cost).
-fn for_a_server(buf: &[u8]) -> bool {
+/// at more cost). So is a Bind of the unnamed statement, or of a named one whose text is
+/// none of `notify`'s (the statement's effects are None).
+fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
     let Some(&tag) = buf.first() else {
         return false;
     };
-    if tag != frontend::QUERY && tag != frontend::PARSE {
+    if !matches!(tag, frontend::QUERY | frontend::PARSE | frontend::BIND) {
         return false;
     }
     let Ok(Some(h)) = proto::header(buf, proto::MAX_MESSAGE_LEN) else {
@@ -954,6 +955,13 @@ fn for_a_server(buf: &[u8]) -> bool {
         return false;
     }
     let body = &buf[5..h.total];
+    if tag == frontend::BIND {
+        let mut r = proto::Reader::new(body, "Bind");
+        return r.cstr_bytes().is_ok()
+            && r.cstr_bytes().is_ok_and(|name| {
+                name.is_empty() || session.statements.get(name).is_some_and(|s| s.effects.is_none())
+            });
+    }
     let text = if tag == frontend::QUERY {
         frontend::parse_query(body)
     } else {
