@@ -882,6 +882,17 @@ async fn wait_for_request(
         if c.conn.rbuf.is_empty() && !std::mem::take(&mut readable) {
             return Ok(Wait::Idle);
         }
+        // Readable after `park` (the usual case): the bytes are read at once, without
+        // making the wait below (its waker is registered there when this finds none).
+        let read = c
+            .conn
+            .poll_read_more(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        if let Poll::Ready(r) = read {
+            if r? == 0 {
+                return Ok(Wait::Terminate);
+            }
+            continue;
+        }
         tokio::select! {
             _ = super::notify::woken(c.listening.inbox()) => continue,
             r = poll_fn(|cx| c.conn.poll_read_more(cx)) => {
