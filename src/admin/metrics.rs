@@ -301,7 +301,7 @@ fn pool_gauges(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[Str
 
 /// Each pool's query, transaction and wait durations.
 fn histograms(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
-    type Hist = fn(&crate::stats::PoolStats) -> &crate::stats::Histogram;
+    type Hist = fn(&crate::stats::Lane) -> &crate::stats::Histogram;
     let hists: [(&str, &str, Hist); 3] = [
         (
             "pgcarpool_query_duration_seconds",
@@ -322,7 +322,7 @@ fn histograms(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[Stri
     for (name, help, pick) in hists {
         header(out, name, "histogram", help);
         for (l, p) in labels.iter().zip(pools) {
-            histogram(out, name, l, &pick(&p.stats).snapshot());
+            histogram(out, name, l, &p.stats.hist(pick));
         }
     }
 }

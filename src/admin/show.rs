@@ -12,7 +12,7 @@ use crate::pool::{Pool, ServerState};
 use crate::shared::Shared;
 use crate::stats::PoolStats;
 use crate::stats::histogram::HistSnapshot;
-use crate::stats::{Period, Totals};
+use crate::stats::{Histogram, Lane, Period, Totals};
 
 use ColType::{Int, Text};
 
@@ -1023,8 +1023,10 @@ pub fn carpool(shared: &Shared) -> Table {
     ]);
     for p in shared.pools().all() {
         let mut row: Vec<Cell> = vec![p.db.clone().into(), p.user.clone().into()];
-        for h in [&p.stats.query_hist, &p.stats.xact_hist, &p.stats.wait_hist] {
-            let s: HistSnapshot = h.snapshot();
+        let hists: [fn(&Lane) -> &Histogram; 3] =
+            [|l| &l.query_hist, |l| &l.xact_hist, |l| &l.wait_hist];
+        for pick in hists {
+            let s: HistSnapshot = p.stats.hist(pick);
             row.push(s.count.into());
             for q in [0.5, 0.95, 0.99] {
                 row.push(s.quantile(q).into());
@@ -1192,10 +1194,11 @@ mod tests {
         let sh = shared(INI);
         for user in ["alice", "bob"] {
             let p = pool(&sh, "app", user);
-            PoolStats::add(&p.stats.xact_count, 3);
-            PoolStats::add(&p.stats.query_count, 5);
-            PoolStats::add(&p.stats.wait_time_us, 30);
-            PoolStats::add(&p.stats.server_assignment_count, 3);
+            let lane = p.stats.lane(0);
+            PoolStats::add(&lane.xact_count, 3);
+            PoolStats::add(&lane.query_count, 5);
+            PoolStats::add(&lane.wait_time_us, 30);
+            PoolStats::add(&lane.server_assignment_count, 3);
             p.stats.roll_period(1.0);
         }
         let t = stats(&sh);

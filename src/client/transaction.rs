@@ -767,7 +767,7 @@ pub(super) fn killed(c: &Client) -> ClientError {
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).
 fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
-    let s = &c.pool.stats;
+    let s = c.pool.stats.lane(crate::workers::current());
     PoolStats::add(&s.query_count, n.queries);
     PoolStats::add(&s.xact_count, n.transactions);
     PoolStats::add(&s.bytes_received, n.bytes_from_client);
@@ -970,7 +970,11 @@ fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
         let mut r = proto::Reader::new(body, "Bind");
         return r.cstr_bytes().is_ok()
             && r.cstr_bytes().is_ok_and(|name| {
-                name.is_empty() || session.statements.get(name).is_some_and(|s| s.effects.is_none())
+                name.is_empty()
+                    || session
+                        .statements
+                        .get(name)
+                        .is_some_and(|s| s.effects.is_none())
             });
     }
     let text = if tag == frontend::QUERY {
@@ -1098,7 +1102,13 @@ fn answer_rounds(c: &mut Client, end: usize) -> Result<(), ClientError> {
                     .intern(c.shared.statements(), max, (&scope, rest), None)
                     .map_err(|why| ClientError::fatal("53400", why))?;
                 c.session.statements.insert(body.slice(..name_len), stmt);
-                PoolStats::add(&c.pool.stats.client_parse_count, 1);
+                PoolStats::add(
+                    &c.pool
+                        .stats
+                        .lane(crate::workers::current())
+                        .client_parse_count,
+                    1,
+                );
                 let generation = c.shared.statements().changes_seen();
                 c.session.parsed_name(body.slice(..name_len), generation);
                 c.conn.queue_with(backend::parse_complete);
@@ -1310,9 +1320,10 @@ async fn fitted_server(
                 return Err(ClientError::fatal("08006", e.to_string()));
             }
         }
-        PoolStats::add(&c.pool.stats.wait_time_us, waited_us);
-        c.pool.stats.wait_hist.record(waited_us);
-        PoolStats::add(&c.pool.stats.server_assignment_count, 1);
+        let lane = c.pool.stats.lane(crate::workers::current());
+        PoolStats::add(&lane.wait_time_us, waited_us);
+        lane.wait_hist.record(waited_us);
+        PoolStats::add(&lane.server_assignment_count, 1);
         return Ok(server);
     }
 }

@@ -10,9 +10,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use histogram::Histogram;
 
-/// Per-pool totals, as PgBouncer's SHOW STATS reports them (times in microseconds).
+/// Lanes of the counters a transaction adds to: a worker adds to its own (`PoolStats::lane`,
+/// by its index), on cache lines no other worker writes, and reads fold them (`totals`,
+/// `PoolStats::hist`). Workers beyond `LANES` share lanes.
+pub const LANES: usize = 8;
+
+/// One lane of a pool's per-transaction counters and histograms (times in microseconds).
 #[derive(Debug, Default)]
-pub struct PoolStats {
+#[repr(align(128))]
+pub struct Lane {
     pub xact_count: AtomicU64,
     pub query_count: AtomicU64,
     pub server_assignment_count: AtomicU64,
@@ -27,6 +33,19 @@ pub struct PoolStats {
     pub server_parse_count: AtomicU64,
     /// Binds of named statements from clients (with max_prepared_statements > 0).
     pub bind_count: AtomicU64,
+    /// Query durations (microseconds).
+    pub query_hist: Histogram,
+    /// Transaction durations (microseconds).
+    pub xact_hist: Histogram,
+    /// Waits for a server (microseconds).
+    pub wait_hist: Histogram,
+}
+
+/// Per-pool totals, as PgBouncer's SHOW STATS reports them (times in microseconds).
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    /// What each transaction adds to, per worker.
+    lanes: [Lane; LANES],
     /// Clients currently pinned to a server (temp tables, LISTEN, advisory locks, WITH HOLD).
     pub pinned_clients: AtomicU64,
     /// Pinned clients by reason (`server::sync::PIN_REASONS` order).
@@ -39,12 +58,6 @@ pub struct PoolStats {
     /// waited in all (nanoseconds).
     pub lock_waits: AtomicU64,
     pub lock_wait_ns: AtomicU64,
-    /// Query durations (microseconds).
-    pub query_hist: Histogram,
-    /// Transaction durations (microseconds).
-    pub xact_hist: Histogram,
-    /// Waits for a server (microseconds).
-    pub wait_hist: Histogram,
     /// The last completed `stats_period`.
     period: Mutex<Period>,
 }
@@ -159,21 +172,40 @@ impl PoolStats {
         counter.load(Ordering::Relaxed)
     }
 
+    /// The lane the worker of index `worker` adds to.
+    #[inline]
+    pub fn lane(&self, worker: usize) -> &Lane {
+        &self.lanes[worker % LANES]
+    }
+
     /// The totals now.
     pub fn totals(&self) -> Totals {
-        Totals {
-            xact_count: Self::get(&self.xact_count),
-            query_count: Self::get(&self.query_count),
-            server_assignment_count: Self::get(&self.server_assignment_count),
-            bytes_received: Self::get(&self.bytes_received),
-            bytes_sent: Self::get(&self.bytes_sent),
-            xact_time_us: Self::get(&self.xact_time_us),
-            query_time_us: Self::get(&self.query_time_us),
-            wait_time_us: Self::get(&self.wait_time_us),
-            client_parse_count: Self::get(&self.client_parse_count),
-            server_parse_count: Self::get(&self.server_parse_count),
-            bind_count: Self::get(&self.bind_count),
+        let mut t = Totals::default();
+        for l in &self.lanes {
+            t.add(&Totals {
+                xact_count: Self::get(&l.xact_count),
+                query_count: Self::get(&l.query_count),
+                server_assignment_count: Self::get(&l.server_assignment_count),
+                bytes_received: Self::get(&l.bytes_received),
+                bytes_sent: Self::get(&l.bytes_sent),
+                xact_time_us: Self::get(&l.xact_time_us),
+                query_time_us: Self::get(&l.query_time_us),
+                wait_time_us: Self::get(&l.wait_time_us),
+                client_parse_count: Self::get(&l.client_parse_count),
+                server_parse_count: Self::get(&l.server_parse_count),
+                bind_count: Self::get(&l.bind_count),
+            });
         }
+        t
+    }
+
+    /// One of the histograms (`pick`), all lanes folded.
+    pub fn hist(&self, pick: fn(&Lane) -> &Histogram) -> histogram::HistSnapshot {
+        let mut h = histogram::HistSnapshot::default();
+        for l in &self.lanes {
+            h.add(&pick(l).snapshot());
+        }
+        h
     }
 
     /// The last completed period.
@@ -201,13 +233,19 @@ mod tests {
     #[test]
     fn period_averages_are_rates_and_per_item_times() {
         let s = PoolStats::default();
-        PoolStats::add(&s.xact_count, 10);
-        PoolStats::add(&s.query_count, 20);
-        PoolStats::add(&s.xact_time_us, 1000);
-        PoolStats::add(&s.query_time_us, 400);
-        PoolStats::add(&s.server_assignment_count, 10);
-        PoolStats::add(&s.wait_time_us, 50);
-        PoolStats::add(&s.bytes_received, 500);
+        // Two workers' lanes, folded when read.
+        let (a, b) = (s.lane(0), s.lane(LANES + 1));
+        PoolStats::add(&a.xact_count, 4);
+        PoolStats::add(&b.xact_count, 6);
+        PoolStats::add(&a.query_count, 20);
+        PoolStats::add(&b.xact_time_us, 1000);
+        PoolStats::add(&a.query_time_us, 400);
+        PoolStats::add(&b.server_assignment_count, 10);
+        PoolStats::add(&a.wait_time_us, 50);
+        PoolStats::add(&b.bytes_received, 500);
+        a.query_hist.record_n(10, 2);
+        b.query_hist.record_n(10, 3);
+        assert_eq!(s.hist(|l| &l.query_hist).count, 5);
         s.roll_period(2.0);
         let a = s.period().averages();
         assert_eq!(a.xact_count, 5);
