@@ -1016,9 +1016,9 @@ impl<'a> Relay<'a> {
                 params_at = None;
                 continue;
             }
-            // A DataRow changes nothing pgcarpool keeps: it goes as it is, looked at no
-            // further (unless it answers a query pgcarpool added, `Pending::SwallowTo`).
-            if h.tag == backend::DATA_ROW && !self.server.exchange().swallows_next() {
+            // A row, or a RowDescription that ends no Describe, changes nothing pgcarpool
+            // keeps: it goes as it is, looked at no further (`Owed::passes`).
+            if self.server.exchange().passes(h.tag) {
                 if avail < h.total {
                     self.server_partial = h.total - avail;
                     fwd += avail;

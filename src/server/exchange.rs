@@ -450,6 +450,11 @@ impl Exchange {
         self.owed.swallows_next()
     }
 
+    /// A DataRow or RowDescription that changes nothing here (`Owed::passes`).
+    pub fn passes(&self, tag: u8) -> bool {
+        self.owed.passes(tag)
+    }
+
     /// The server now holds the client's unnamed statement of this id (0: none, unknown).
     pub fn set_unnamed(&mut self, id: u64) {
         self.unnamed = id;

@@ -355,6 +355,29 @@ impl Owed {
         matches!(self.queue.front(), Some(Pending::SwallowTo(_)))
     }
 
+    /// A DataRow or RowDescription (`tag`) that changes nothing here and goes to the
+    /// client as it is: what `on_reply` would answer (Forward, nothing lost, the queue as
+    /// it was), found without it (the relay's fast path for rows).
+    pub fn passes(&self, tag: u8) -> bool {
+        let row = match tag {
+            backend::DATA_ROW => true,
+            backend::ROW_DESCRIPTION => false,
+            _ => return false,
+        };
+        match self.queue.front() {
+            Some(
+                Pending::Swallow
+                | Pending::Reprepare(_)
+                | Pending::DropError
+                | Pending::SwallowTo(_)
+                | Pending::Learn { .. },
+            ) => false,
+            // A RowDescription ends a Describe.
+            Some(Pending::Describe) => row,
+            _ => true,
+        }
+    }
+
     /// Is a reply with this tag to a query pgcarpool added (or one whose replies are
     /// dropped), which the client never sees?
     pub fn swallowing(&self, tag: u8) -> bool {
@@ -783,6 +806,56 @@ mod tests {
     fn reply(o: &mut Owed, p: &mut PreparedSet, tag: u8, code: Option<&[u8; 5]>) -> Verdict {
         let mut unnamed = 7;
         o.on_reply(tag, code.copied(), p, &mut unnamed).0
+    }
+
+    /// `passes` says Forward-and-nothing-changes exactly where `on_reply` does, for rows
+    /// and row descriptions, whatever is in front.
+    #[test]
+    fn rows_pass_where_the_reactor_would_change_nothing() {
+        let r = StatementRegistry::default();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let fronts = || {
+            vec![
+                None,
+                Some(Pending::Bind),
+                Some(Pending::Describe),
+                Some(Pending::Execute),
+                Some(Pending::Ready(None)),
+                Some(Pending::Swallow),
+                Some(Pending::Reprepare(s.clone())),
+                Some(Pending::DropError),
+                Some(Pending::SwallowTo(backend::COMMAND_COMPLETE)),
+                Some(Pending::Learn {
+                    what: Learning::Unnamed(1),
+                    params: None,
+                }),
+                Some(Pending::Retag(true)),
+                Some(Pending::Answer(Answer::ParseComplete)),
+            ]
+        };
+        for tag in [backend::DATA_ROW, backend::ROW_DESCRIPTION] {
+            for (i, front) in fronts().into_iter().enumerate() {
+                let mut o = Owed::default();
+                o.queue.extend(front);
+                let len = o.queue.len();
+                let passes = o.passes(tag);
+                let mut p = PreparedSet::default();
+                let mut unnamed = 7;
+                let (v, lost) = o.on_reply(tag, None, &mut p, &mut unnamed);
+                let unchanged = v == Verdict::Forward
+                    && matches!(lost, Lost::Nothing)
+                    && o.queue.len() == len
+                    && o.undo.is_empty();
+                // (A Learn's rows are taken before the reactor: `Relay::learns`.)
+                let learn = i == 9;
+                assert_eq!(
+                    passes,
+                    unchanged && !learn,
+                    "tag {} front #{i}",
+                    tag as char
+                );
+            }
+        }
     }
 
     #[test]
