@@ -1016,17 +1016,6 @@ impl<'a> Relay<'a> {
                 params_at = None;
                 continue;
             }
-            // A row, or a RowDescription that ends no Describe, changes nothing pgcarpool
-            // keeps: it goes as it is, looked at no further (`Owed::passes`).
-            if self.server.exchange().passes(h.tag) {
-                if avail < h.total {
-                    self.server_partial = h.total - avail;
-                    fwd += avail;
-                    break;
-                }
-                fwd += h.total;
-                continue;
-            }
             match h.tag {
                 backend::NOTIFICATION_RESPONSE => {
                     if !inspectable(h, avail)? {
@@ -1270,6 +1259,11 @@ impl<'a> Relay<'a> {
         fwd: usize,
         avail: usize,
     ) -> Result<ControlFlow<usize, usize>, ProtoError> {
+        // A row, or a RowDescription that ends no Describe, changes nothing pgcarpool
+        // keeps: it goes as it is, looked at no further (`Owed::passes`).
+        if self.server.exchange().passes(h.tag) {
+            return Ok(self.forwarded(h, fwd, avail));
+        }
         if self.virt && avail < h.total && self.server.exchange().swallows_next() {
             // Dropped once it is whole (`Pending::SwallowTo`).
             if h.total > MAX_INSPECTED {
@@ -1309,11 +1303,22 @@ impl<'a> Relay<'a> {
             self.server.conn_mut().consume(h.total);
             return Ok(ControlFlow::Continue(0));
         }
+        Ok(self.forwarded(h, fwd, avail))
+    }
+
+    /// A reply at `fwd` (`avail` bytes of it read) goes to the client as it is: whole, the
+    /// scan goes on after it; else the rest streams as it comes (`server_partial`).
+    fn forwarded(
+        &mut self,
+        h: proto::Header,
+        fwd: usize,
+        avail: usize,
+    ) -> ControlFlow<usize, usize> {
         if avail < h.total {
             self.server_partial = h.total - avail;
-            return Ok(ControlFlow::Break(self.server.conn().rbuf.len()));
+            return ControlFlow::Break(self.server.conn().rbuf.len());
         }
-        Ok(ControlFlow::Continue(fwd + h.total))
+        ControlFlow::Continue(fwd + h.total)
     }
 
     /// The clock for a query starting now: a transaction's first query (transaction

@@ -832,28 +832,7 @@ async fn wait_for_request(
             if tag == frontend::QUERY && c.shared.config().settings.disable_pqexec {
                 return Err(pqexec_disallowed(c));
             }
-            let local = if let Some(local) = ignored_copy_message(c, header) {
-                local
-            } else if pinned {
-                let answered = super::notify::answer(c, kill).await?;
-                answered.unwrap_or(Local::NeedServer)
-            } else if let Some(block) = aborted {
-                let (local, over) = super::aborted::answer(c, block)?;
-                if over {
-                    *aborted = None;
-                }
-                local
-            } else if let Some(local) = super::deferred::answer(c) {
-                local
-            } else if for_a_server(&c.conn.rbuf, &c.session) {
-                Local::NeedServer
-            } else {
-                match super::notify::answer(c, kill).await? {
-                    Some(local) => local,
-                    None => answer_without_server(c)?,
-                }
-            };
-            match local {
+            match answer_front(c, header, pinned, aborted, kill).await? {
                 Local::Answered => continue,
                 Local::NeedServer => return Ok(Wait::Request),
                 Local::Incomplete => {}
@@ -905,6 +884,38 @@ async fn wait_for_request(
             _ = phase.changed() => continue,
         }
     }
+}
+
+/// What the request at the front of an idle client's buffer (`header`, its first
+/// message's) comes to: answered here, incomplete, or one that needs a server.
+async fn answer_front(
+    c: &mut Client,
+    header: Option<proto::Header>,
+    pinned: bool,
+    aborted: &mut Option<Box<super::aborted::Aborted>>,
+    kill: &ClientHandle,
+) -> Result<Local, ClientError> {
+    Ok(if let Some(local) = ignored_copy_message(c, header) {
+        local
+    } else if pinned {
+        let answered = super::notify::answer(c, kill).await?;
+        answered.unwrap_or(Local::NeedServer)
+    } else if let Some(block) = aborted {
+        let (local, over) = super::aborted::answer(c, block)?;
+        if over {
+            *aborted = None;
+        }
+        local
+    } else if let Some(local) = super::deferred::answer(c) {
+        local
+    } else if for_a_server(&c.conn.rbuf, &c.session) {
+        Local::NeedServer
+    } else {
+        match super::notify::answer(c, kill).await? {
+            Some(local) => local,
+            None => answer_without_server(c)?,
+        }
+    })
 }
 
 /// Most bytes of a CopyData outside COPY held to be ignored without a server (a larger
