@@ -5,7 +5,7 @@
 mod harness;
 
 use harness::wire::{Wire, oracle};
-use harness::{TempPostgres, TestPooler, pool_of};
+use harness::{TempPostgres, TestPooler, pool_of, transaction_pooler};
 
 fn script(steps: &[String]) -> Vec<String> {
     steps.to_vec()
@@ -630,5 +630,85 @@ async fn deallocate_all_and_discard_all_forget_the_clients_own_statements() {
         let now = if forgot { i + 100 } else { i };
         assert!(c[5].contains(&format!("Row {now}")), "{:?}", c[5]);
     }
+    p.shutdown().await;
+}
+
+/// pgcarpool over a pool of one server that holds one prepared statement at a time: a
+/// client's statement is prepared again each time it is used after another.
+async fn pool_of_one_holding_one_statement(pg: &TempPostgres) -> TestPooler {
+    transaction_pooler(pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("max_client_conn", "100")
+        .setting("max_prepared_statements", "1")
+        .start()
+        .await
+}
+
+/// Differential seed 80031: an EXECUTE of a client's SQL-prepared statement inside a failed
+/// transaction block, on a server that lacks it, fails once (25P02) in both protocols; the
+/// statement is not prepared there (the server would refuse it too), and after ROLLBACK it
+/// runs. pgcarpool counted it as prepared on that server: EXECUTE then said 26000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_in_a_failed_block_leaves_the_statement_to_run_after_rollback() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let block = |first: &str, second: &str| {
+        ["Q BEGIN", "Q SELECT 1/0", first, second, "Q ROLLBACK"].map(String::from)
+    };
+    let (parse, query) = ("P |EXECUTE p1(5)\nB ||\nE |0\nS", "Q EXECUTE p1(6)");
+    let mut steps = vec!["Q PREPARE p1(int) AS SELECT $1 * 10 AS x".to_string()];
+    // (s2, s3: each takes the server's one place from p1.)
+    steps.push("P s2|SELECT 2\nS".into());
+    steps.extend(block(parse, query));
+    steps.push("Q EXECUTE p1(4)".into());
+    steps.push("P s3|SELECT 3\nS".into());
+    steps.extend(block(query, parse));
+    steps.push("P |EXECUTE p1(3)\nB ||\nE |0\nS".into());
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    for k in [4, 5, 11, 12] {
+        all_contain(&t, k, "Error 25P02");
+        assert_eq!(t[0][k].iter().filter(|l| l.starts_with("Error")).count(), 1);
+    }
+    assert!(t[0][7].contains(&"Row 40".to_string()), "{:?}", t[0][7]);
+    assert!(t[0][14].contains(&"Row 30".to_string()), "{:?}", t[0][14]);
+    p.shutdown().await;
+}
+
+/// As above with the failed block sent at once (the statement's PREPARE goes before the
+/// server has said the block failed, and fails): 16 clients over the one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_execute_in_a_failed_block_leaves_the_statement_to_run_after_rollback() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let (parse, query) = ("P |EXECUTE p1(5)\nB ||\nE |0\nS", "Q EXECUTE p1(6)");
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            let (first, second) = if i % 2 == 0 {
+                (parse, query)
+            } else {
+                (query, parse)
+            };
+            script(&[
+                format!("Q PREPARE p1(int) AS SELECT $1 * 10 + {i} AS x"),
+                format!("P s{i}|SELECT {i}\nS"),
+                format!("Q BEGIN\nQ SELECT 1/0\n{first}\n{second}\nQ ROLLBACK"),
+                "Q EXECUTE p1(4)".into(),
+                format!("P t{i}|SELECT {i}\nS"),
+                format!("Q BEGIN\nQ SELECT 1/0\n{second}\n{first}\nQ ROLLBACK"),
+                "P |EXECUTE p1(3)\nB ||\nE |0\nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        for k in [2, 5] {
+            let errors: Vec<_> = c[k].iter().filter(|l| l.starts_with("Error")).collect();
+            assert_eq!(errors.len(), 3, "client {i} step {k}: {:?}", c[k]);
+        }
+        assert!(c[3].contains(&format!("Row {}", 40 + i)), "{:?}", c[3]);
+        assert!(c[6].contains(&format!("Row {}", 30 + i)), "{:?}", c[6]);
+    }
+    all_contain(&t, 2, "Error 25P02");
     p.shutdown().await;
 }

@@ -1490,12 +1490,16 @@ impl Relay<'_> {
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: prepared by SQL, in a query of its own at a Sync
             // boundary, else within the round (long-run seed 1033). A failed block would
-            // refuse it as it refuses the client's Parse.
+            // refuse it as it refuses the client's Parse (25P02, the one error the client
+            // gets): not sent there, the statement is prepared after the block ended
+            // (differential seed 80031).
+            if self.server.status_sent() == b'E' {
+                return;
+            }
+            self.counts.server_parses += 1;
             if self.at_sync_point {
-                self.counts.server_parses += 1;
                 self.server.prepare_apart(stmt, false);
-            } else if self.server.status_sent() != b'E' {
-                self.counts.server_parses += 1;
+            } else {
                 self.server.prepare_sql_within_round(stmt);
             }
         } else {

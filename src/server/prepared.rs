@@ -226,7 +226,9 @@ impl Server {
 
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
     /// by SQL PREPARE when a client made it so, else Parse and Sync. `execute`: the query
-    /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`).
+    /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`);
+    /// else an error is dropped too (`Pending::Prepare`). Either way the server lacks the
+    /// statement after an error.
     pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>, execute: bool) {
         let sql = stmt.is_sql_prepared();
         if self.exchange.prepared.dealloc_in_flight() {
@@ -244,7 +246,7 @@ impl Server {
         self.exchange.owed.push(if execute {
             Pending::Reprepare(stmt.clone())
         } else {
-            Pending::Swallow
+            Pending::Prepare(stmt.clone())
         });
         self.exchange.prepared.insert(stmt.clone());
     }
