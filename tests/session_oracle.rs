@@ -712,3 +712,35 @@ async fn a_pipelined_execute_in_a_failed_block_leaves_the_statement_to_run_after
     all_contain(&t, 2, "Error 25P02");
     p.shutdown().await;
 }
+
+/// A client's statements that the server cannot prepare again (their table is gone), read
+/// from `pg_prepared_statements` on a server that lacks them: PostgreSQL lists them (it
+/// analyses a statement again only when it runs), and an EXECUTE of each fails once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_no_longer_prepare_are_listed_and_fail_at_their_execute() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let steps = [
+        "Q CREATE TABLE gone(a int)",
+        "Q PREPARE a AS SELECT 1 FROM gone",
+        "Q PREPARE b AS SELECT 2 FROM gone",
+        "Q DROP TABLE gone",
+        "P s|SELECT 9\nS",
+        "Q SELECT name FROM pg_prepared_statements ORDER BY name",
+        "Q EXECUTE b",
+        "Q EXECUTE a",
+        "P |SELECT name FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS",
+        "Q EXECUTE b",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    assert!(t[0][5].starts_with(&["Columns name", "Row a", "Row b"].map(String::from)));
+    assert!(
+        t[0][8].starts_with(&["ParseComplete", "BindComplete", "Row a", "Row b"].map(String::from))
+    );
+    for k in [6, 7, 9] {
+        assert_eq!(t[0][k].len(), 2, "{:?}", t[0][k]);
+        assert!(t[0][k][0].starts_with("Error 42P01"), "{:?}", t[0][k]);
+    }
+    p.shutdown().await;
+}

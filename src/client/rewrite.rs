@@ -1366,16 +1366,7 @@ impl Relay<'_> {
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect();
             stmts.sort_by_key(|(_, s)| s.id);
-            // In a failed block the query fails (25P02) whatever it reads, and so would a
-            // round that prepares a statement: none is sent (differential seed 7).
-            let failed = self.server.status_sent() == b'E';
-            for (name, stmt) in stmts.iter().filter(|_| !failed) {
-                if query {
-                    self.ensure_for_query(stmt, name);
-                } else {
-                    self.ensure_for_parse(stmt);
-                }
-            }
+            self.ensure_for_view(&stmts, query);
             let own_texts = &self.session.ext.own_texts;
             let mut texts: Vec<Vec<u8>> = (stmts.iter())
                 .map(|(name, s)| {
@@ -1504,6 +1495,28 @@ impl Relay<'_> {
             }
         } else {
             self.prepare_on_server(stmt.clone(), true);
+        }
+    }
+
+    /// Make the client's statements `stmts` usable on this server by a read of
+    /// `pg_prepared_statements` in a simple Query (`query`) or a Parse, so that the server
+    /// says what their types are. PostgreSQL lists a statement it could not analyse again
+    /// (its table dropped, say) and the read succeeds: in a round of its own (at a Sync
+    /// boundary), such a statement's error is dropped and the server lacks it
+    /// (`Pending::Prepare`); the client's EXECUTE of it then fails as in PostgreSQL.
+    fn ensure_for_view(&mut self, stmts: &[(Bytes, Arc<Stmt>)], query: bool) {
+        // In a failed block the query fails (25P02) whatever it reads, and so would a
+        // round that prepares a statement: none is sent (differential seed 7).
+        if self.server.status_sent() == b'E' {
+            return;
+        }
+        for (_, stmt) in stmts {
+            if !query && !self.at_sync_point {
+                self.ensure_for_parse(stmt);
+            } else if !self.server.touch(stmt.id) {
+                self.counts.server_parses += 1;
+                self.server.prepare_apart(stmt, false);
+            }
         }
     }
 
