@@ -1501,9 +1501,10 @@ impl Relay<'_> {
     /// Make the client's statements `stmts` usable on this server by a read of
     /// `pg_prepared_statements` in a simple Query (`query`) or a Parse, so that the server
     /// says what their types are. PostgreSQL lists a statement it could not analyse again
-    /// (its table dropped, say) and the read succeeds: in a round of its own (at a Sync
-    /// boundary), such a statement's error is dropped and the server lacks it
-    /// (`Pending::Prepare`); the client's EXECUTE of it then fails as in PostgreSQL.
+    /// (its table dropped, say) and the read succeeds: before a Query, in a round of its
+    /// own whose error is dropped, and the server then lacks it (`Pending::Prepare`); the
+    /// client's EXECUTE of it fails as in PostgreSQL. Before a Parse as for its EXECUTE
+    /// (a statement of the protocol under the search_path it was parsed with).
     fn ensure_for_view(&mut self, stmts: &[(Bytes, Arc<Stmt>)], query: bool) {
         // In a failed block the query fails (25P02) whatever it reads, and so would a
         // round that prepares a statement: none is sent (differential seed 7).
@@ -1511,7 +1512,7 @@ impl Relay<'_> {
             return;
         }
         for (_, stmt) in stmts {
-            if !query && !self.at_sync_point {
+            if !query {
                 self.ensure_for_parse(stmt);
             } else if !self.server.touch(stmt.id) {
                 self.counts.server_parses += 1;
