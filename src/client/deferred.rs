@@ -78,7 +78,13 @@ pub(super) fn answer(c: &mut Client) -> Option<Local> {
         c.conn.queue(answer_of(tag.0, b'I'));
         return Some(Local::Answered);
     }
-    // The text first (most are told apart by their first letter), the settings after.
+    // The text first (most are told apart by their first word's first letters, before
+    // the message is framed), the settings after.
+    if c.conn.rbuf.first() != Some(&frontend::QUERY)
+        || !crate::sql::begin::may_begin(c.conn.rbuf.get(5..).unwrap_or_default())
+    {
+        return None;
+    }
     let (begin, n) =
         front_query(&c.conn.rbuf).and_then(|(sql, n)| Some((Begin::parse(sql)?, n)))?;
     if !may_defer(c) {

@@ -1,7 +1,6 @@
 //! The forwarding loop while a client holds a server: both directions at once in one task,
 //! bytes forwarded by splitting read buffers (no copy), output written in vectored batches,
 //! the slower side setting the pace. Only the messages that change state are looked at.
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -198,7 +197,7 @@ pub struct Relay<'a> {
     /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
     /// server says whether it ran (see `Relay::executing`), each with the number of the
     /// reply owed for the message sent after its Execute (`Exchange::owed_next`).
-    pub(super) session_deallocs: Vec<(u64, u64, HashMap<Bytes, Arc<Stmt>>)>,
+    pub(super) session_deallocs: Vec<(u64, u64, super::session::NameMap<Arc<Stmt>>)>,
     /// Transaction pooling: a server lost under the client's transaction leaves the client
     /// connected (`aborted`), unless it is pinned or the loss came mid-message.
     pub keep_client: bool,
@@ -462,6 +461,10 @@ impl<'a> Relay<'a> {
 
     /// One pass over both sockets; Ready only for an event.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<RelayEvent> {
+        // A read that was Pending in this call has its waker registered and stays Pending
+        // until that waker runs: the loop does not ask again (each ask is a trip through
+        // tokio's readiness).
+        let (mut server_waits, mut client_waits) = (false, false);
         loop {
             if let Some(e) = self.refusal_due() {
                 return Poll::Ready(RelayEvent::ClientProtocol(e));
@@ -485,7 +488,7 @@ impl<'a> Relay<'a> {
                 }
                 progress |= self.client.out_len() < before;
             }
-            if self.client.out_len() < HIGH_WATER {
+            if self.client.out_len() < HIGH_WATER && !server_waits {
                 match self.server.conn_mut().poll_read_more(cx) {
                     Poll::Ready(Ok(0)) => {
                         // A FATAL read with the end of an earlier reply (the session sync's)
@@ -521,7 +524,7 @@ impl<'a> Relay<'a> {
                         }
                         return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => server_waits = true,
                 }
             }
             // While the scan waits for a round (`awaits_round`) the client's bytes wait in
@@ -529,6 +532,7 @@ impl<'a> Relay<'a> {
             if self.server.conn().out_len() < HIGH_WATER
                 && !self.rescan_client
                 && self.refused.is_none()
+                && !client_waits
             {
                 match self.client.poll_read_more(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
@@ -543,7 +547,7 @@ impl<'a> Relay<'a> {
                             Err(e) => return Poll::Ready(RelayEvent::ClientProtocol(e)),
                         }
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => client_waits = true,
                 }
             }
             if !progress {
@@ -1010,6 +1014,17 @@ impl<'a> Relay<'a> {
                 self.swallow(h, fwd)?;
                 fwd = 0;
                 params_at = None;
+                continue;
+            }
+            // A DataRow changes nothing pgcarpool keeps: it goes as it is, looked at no
+            // further (unless it answers a query pgcarpool added, `Pending::SwallowTo`).
+            if h.tag == backend::DATA_ROW && !self.server.exchange().swallows_next() {
+                if avail < h.total {
+                    self.server_partial = h.total - avail;
+                    fwd += avail;
+                    break;
+                }
+                fwd += h.total;
                 continue;
             }
             match h.tag {

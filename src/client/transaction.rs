@@ -935,12 +935,16 @@ pub(super) enum Local {
     Incomplete,
 }
 
-/// A whole simple Query that nothing answered at the front concerns (`notify::parse`:
-/// LISTEN, UNLISTEN, pg_listening_channels; a DEALLOCATE): it goes to a server, the common
-/// case found in one look at its first words (`notify::answer` and `answer_without_server`
-/// would find the same, `Local::NeedServer`, at more cost).
+/// A whole simple Query, or Parse of the unnamed statement, that nothing answered at the
+/// front concerns (`notify::parse`: LISTEN, UNLISTEN, pg_listening_channels; a Query's
+/// DEALLOCATE): it goes to a server, the common case found in one look at its first words
+/// (`notify::answer` and `answer_without_server` would find the same, `Local::NeedServer`,
+/// at more cost).
 fn for_a_server(buf: &[u8]) -> bool {
-    if buf.first() != Some(&frontend::QUERY) {
+    let Some(&tag) = buf.first() else {
+        return false;
+    };
+    if tag != frontend::QUERY && tag != frontend::PARSE {
         return false;
     }
     let Ok(Some(h)) = proto::header(buf, proto::MAX_MESSAGE_LEN) else {
@@ -949,9 +953,32 @@ fn for_a_server(buf: &[u8]) -> bool {
     if buf.len() < h.total {
         return false;
     }
-    let Ok(sql) = frontend::parse_query(&buf[5..h.total]) else {
+    let body = &buf[5..h.total];
+    let text = if tag == frontend::QUERY {
+        frontend::parse_query(body)
+    } else {
+        // (A named statement's Parse may be answered here: `answer_without_server`.)
+        let mut r = proto::Reader::new(body, "Parse");
+        match r.cstr_bytes() {
+            Ok([]) => r.cstr_bytes(),
+            _ => return false,
+        }
+    };
+    let Ok(sql) = text else {
         return false;
     };
+    // Most are told by their first letter: LISTEN, UNLISTEN, DEALLOCATE and a SELECT of
+    // pg_listening_channels are what is answered at the front.
+    let first = sql
+        .iter()
+        .find(|c| !c.is_ascii_whitespace())
+        .map_or(0, |c| c | 0x20);
+    match first {
+        b'l' | b'u' | b'd' => {}
+        b's' => return super::notify::parse(sql).is_none(),
+        c if c.is_ascii_alphabetic() => return true,
+        _ => {}
+    }
     super::notify::parse(sql).is_none() && !classify::starts_with_word(sql, b"deallocate")
 }
 

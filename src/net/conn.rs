@@ -237,6 +237,20 @@ impl Conn {
         }
     }
 
+    /// For a server going back to its pool: servers are few (a pool's size), so one keeps
+    /// a read buffer of the usual size, which its next transaction reads into in place once
+    /// the replies forwarded from it are written (a buffer given away while they are still
+    /// queued for the client could not be kept, and each transaction would make a new one).
+    /// Only a larger one goes, and a large scratch buffer.
+    pub fn shrink_kept(&mut self) {
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 2 * READ_CHUNK {
+            spare::give(std::mem::take(&mut self.rbuf));
+        }
+        if self.scratch.capacity() > 4096 {
+            self.scratch = BytesMut::new();
+        }
+    }
+
     /// Like `shrink`, and also drop the buffer our own messages are built in and the output
     /// queue's storage: for clients, which may sit idle by the thousand.
     pub fn shrink_all(&mut self) {

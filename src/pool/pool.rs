@@ -941,7 +941,7 @@ impl Pool {
             // which takes it instead of a new login.
             g.spare += 1;
             self.change_state(&mut g, Some(from), Some(ServerState::Idle));
-            s.conn_mut().shrink();
+            s.conn_mut().shrink_kept();
             g.idle.push_back(s);
             return;
         }
@@ -969,7 +969,7 @@ impl Pool {
             g = self.lock();
         }
         self.change_state(&mut g, Some(ServerState::Active), Some(ServerState::Idle));
-        s.conn_mut().shrink();
+        s.conn_mut().shrink_kept();
         g.idle.push_back(s);
     }
 

@@ -100,11 +100,7 @@ impl<'a> Reader<'a> {
     }
     /// A NUL-terminated string (without the NUL), as bytes.
     pub fn cstr_bytes(&mut self) -> Result<&'a [u8], ProtoError> {
-        let pos = self
-            .buf
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or_else(|| self.err())?;
+        let pos = memchr::memchr(0, self.buf).ok_or_else(|| self.err())?;
         let s = &self.buf[..pos];
         self.buf = &self.buf[pos + 1..];
         Ok(s)

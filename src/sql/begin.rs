@@ -77,6 +77,15 @@ fn first_letter(sql: &[u8]) -> u8 {
         .map_or(0, |c| c.to_ascii_lowercase())
 }
 
+/// Whether `sql`'s first word, after whitespace, starts with `begin` or `start` (in any
+/// case): the one look most queries (a SELECT among them) take. `sql` may run on past the
+/// query (a message's bytes after its header).
+pub fn may_begin(sql: &[u8]) -> bool {
+    let at = sql.iter().position(|c| !c.is_ascii_whitespace());
+    let head = at.and_then(|at| sql.get(at..at + 5));
+    head.is_some_and(|h| h.eq_ignore_ascii_case(b"begin") || h.eq_ignore_ascii_case(b"start"))
+}
+
 fn is(w: Option<&&[u8]>, word: &str) -> bool {
     w.is_some_and(|w| w.eq_ignore_ascii_case(word.as_bytes()))
 }
@@ -84,8 +93,7 @@ fn is(w: Option<&&[u8]>, word: &str) -> bool {
 impl Begin {
     /// `sql`, a whole query, as a transaction start pgcarpool may answer itself.
     pub fn parse(sql: &[u8]) -> Option<Begin> {
-        // Most queries are told apart by their first letter.
-        if !matches!(first_letter(sql), b'b' | b's') {
+        if !may_begin(sql) {
             return None;
         }
         let (w, n) = words(sql)?;

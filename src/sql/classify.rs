@@ -150,30 +150,32 @@ pub fn may_matter(sql: &[u8]) -> bool {
 /// over `rest` (`first_word`: a keyword `may_matter` does not look for, followed by a byte
 /// that ends a word): the fast path of `facts::Facts::of`.
 pub(super) fn plain_rest(s: &[u8], first_word: usize) -> bool {
-    let mut in_word = false;
     // Seen what may quote a `;` (lone_statement then splits the text).
     let mut quoting = false;
-    for i in first_word..s.len() {
-        let c = s[i];
+    let mut i = first_word;
+    while let Some(&c) = s.get(i) {
         let k = CLASS[usize::from(c)];
+        i += 1;
         if k & WORD != 0 {
-            if !in_word && k & START != 0 && word_matters(&s[i..]) {
+            if k & START != 0 && word_matters(&s[i - 1..]) {
                 return false;
             }
-            in_word = true;
+            // The rest of the word, in a loop of its own.
+            while s.get(i).is_some_and(|&c| CLASS[usize::from(c)] & WORD != 0) {
+                i += 1;
+            }
             continue;
         }
-        in_word = false;
         if k & LOOK == 0 {
             continue;
         }
         match c {
-            b';' => return !quoting && s[i + 1..].iter().all(u8::is_ascii_whitespace),
-            b'(' if calls_unknown(&s[..i]) => return false,
+            b';' => return !quoting && s[i..].iter().all(u8::is_ascii_whitespace),
+            b'(' if calls_unknown(&s[..i - 1]) => return false,
             b'\'' | b'"' => quoting = true,
-            b'$' => quoting |= !s.get(i + 1).is_some_and(u8::is_ascii_digit),
-            b'-' => quoting |= s.get(i + 1) == Some(&b'-'),
-            b'/' => quoting |= s.get(i + 1) == Some(&b'*'),
+            b'$' => quoting |= !s.get(i).is_some_and(u8::is_ascii_digit),
+            b'-' => quoting |= s.get(i) == Some(&b'-'),
+            b'/' => quoting |= s.get(i) == Some(&b'*'),
             _ => {}
         }
     }

@@ -98,7 +98,7 @@ impl TextFacts {
 
 /// The SQL text of a Query message's body: up to its first NUL (what PostgreSQL reads).
 pub fn query_text(body: &[u8]) -> &[u8] {
-    let end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
+    let end = memchr::memchr(0, body).unwrap_or(body.len());
     &body[..end]
 }
 
