@@ -621,7 +621,7 @@ impl Relay<'_> {
         } else {
             self.note_rename(stmt, client);
         }
-        self.server.prepare_apart(stmt, true);
+        self.server.prepare_apart(stmt, true, None);
     }
 
     /// The message about to be sent names the client's statement `client` by its server
@@ -1326,7 +1326,7 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.ext.unnamed_deallocates = self.session.ext.unnamed_id;
         }
-        let learn = !classify::returns_rows(&out[6..]);
+        let learn = learns_unnamed(&out[6..]);
         self.server.conn_mut().queue(out);
         self.server
             .expect(Pending::UnnamedParse(Undo::Unnamed { was, now }));
@@ -1489,7 +1489,10 @@ impl Relay<'_> {
             }
             self.counts.server_parses += 1;
             if self.at_sync_point {
-                self.server.prepare_apart(stmt, false);
+                // Under the search_path of its PREPARE, as PostgreSQL holds it: analysed
+                // again at its use when the client's differs (long-run seed 90038).
+                let around = self.parse_scope_sets(stmt);
+                self.server.prepare_apart(stmt, false, around);
             } else {
                 self.server.prepare_sql_within_round(stmt);
             }
@@ -1516,7 +1519,7 @@ impl Relay<'_> {
                 self.ensure_for_parse(stmt);
             } else if !self.server.touch(stmt.id) {
                 self.counts.server_parses += 1;
-                self.server.prepare_apart(stmt, false);
+                self.server.prepare_apart(stmt, false, None);
             }
         }
     }
@@ -1694,6 +1697,14 @@ impl Relay<'_> {
     /// other clients of its scope too), and the server analyses it again at its use as
     /// PostgreSQL does. The SET putting the client's back, to follow the Parse.
     fn under_parse_scope(&mut self, stmt: &Stmt) -> Option<String> {
+        let (before, after) = self.parse_scope_sets(stmt)?;
+        self.statement_within_round(&before);
+        Some(after)
+    }
+
+    /// The SETs that put the server's search_path to the one `stmt` was parsed under and
+    /// back to the client's, when they differ (and the block has not failed).
+    fn parse_scope_sets(&self, stmt: &Stmt) -> Option<(String, String)> {
         if self.server.status_sent() == b'E' {
             return None;
         }
@@ -1706,9 +1717,7 @@ impl Relay<'_> {
             Some(v) => set_statement("search_path", v, false),
             None => Some("SET search_path TO DEFAULT".to_string()),
         };
-        let (before, after) = (set(&then)?, set(&now)?);
-        self.statement_within_round(&before);
-        Some(after)
+        Some((set(&then)?, set(&now)?))
     }
 
     /// A Bind of a shared statement that starts a round outside a transaction block: keep
@@ -2153,4 +2162,18 @@ fn refused_in_block(e: &mut Effects, tx_status: u8) {
         e.reset_all = false;
         e.deallocate_all = false;
     }
+}
+
+/// Is a client's unnamed statement of this Parse body (text, NUL, types) described by
+/// pgcarpool (`Server::learn`)? A text that may return no rows, but not an EXECUTE: a
+/// Describe of that analyses the statement it runs again where the client's search_path
+/// changed, and its error would come before the client's Bind, where PostgreSQL's comes at
+/// the client's Describe or Execute (long-run seed 90038).
+fn learns_unnamed(rest: &[u8]) -> bool {
+    let text = rest.split(|&c| c == 0).next().unwrap_or_default();
+    !classify::returns_rows(rest)
+        && !matches!(
+            classify::named_statement(text),
+            Some(classify::Named::Execute { .. })
+        )
 }
