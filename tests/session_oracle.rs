@@ -745,21 +745,24 @@ async fn statements_that_no_longer_prepare_are_listed_and_fail_at_their_execute(
     p.shutdown().await;
 }
 
-/// Differential seed 93193: a read of `pg_prepared_statements` in a Parse inside a
-/// transaction block, on a server that lacks one of the client's statements, after the
-/// client changed its search_path: the statement is parsed there under the search_path it
-/// was parsed with, and the block goes on (PostgreSQL lists it without analysing it).
+/// Differential seeds 93193, 96139: a read of `pg_prepared_statements` (in a Parse, in a
+/// simple Query) inside a transaction block, on a server that lacks one of the client's
+/// statements, after the client changed its search_path: the statement is parsed there
+/// under the search_path it was parsed with, listed with its parameter types, and the block
+/// goes on (PostgreSQL lists it without analysing it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_of_prepared_statements_in_a_block_parses_them_in_their_own_scope() {
     let pg = TempPostgres::start();
     let p = pool_of_one_holding_one_statement(&pg).await;
     let steps = [
         "Q CREATE TABLE scoped(id int)",
-        "P s3|SELECT id FROM scoped\nS",
+        "P s3|SELECT id FROM scoped WHERE id = $1\nS",
         "P s4|SELECT 4\nS",
         "Q SET search_path = pg_catalog",
         "Q BEGIN",
         "P |SELECT name FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS",
+        "P s5|SELECT 5\nS",
+        "Q SELECT name, array_length(parameter_types, 1) FROM pg_prepared_statements ORDER BY name",
         "Q SELECT 1",
         "Q COMMIT",
         "Q DROP TABLE public.scoped",
@@ -768,6 +771,8 @@ async fn a_read_of_prepared_statements_in_a_block_parses_them_in_their_own_scope
     let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
     let listed = ["ParseComplete", "BindComplete", "Row s3", "Row s4"].map(String::from);
     assert!(t[0][5].starts_with(&listed), "{:?}", t[0][5]);
-    assert!(t[0][6].contains(&"Row 1".to_string()), "{:?}", t[0][6]);
+    let listed = ["Row s3|1", "Row s4|NULL"].map(String::from);
+    assert!(t[0][7][1..].starts_with(&listed), "{:?}", t[0][7]);
+    assert!(t[0][8].contains(&"Row 1".to_string()), "{:?}", t[0][8]);
     p.shutdown().await;
 }

@@ -1506,8 +1506,8 @@ impl Relay<'_> {
     /// says what their types are. PostgreSQL lists a statement it could not analyse again
     /// (its table dropped, say) and the read succeeds: before a Query, in a round of its
     /// own whose error is dropped, and the server then lacks it (`Pending::Prepare`); the
-    /// client's EXECUTE of it fails as in PostgreSQL. Before a Parse as for its EXECUTE
-    /// (a statement of the protocol under the search_path it was parsed with).
+    /// client's EXECUTE of it fails as in PostgreSQL. Before a Parse as for its EXECUTE.
+    /// Either way under the search_path it was parsed with (long-run seeds 93193, 96139).
     fn ensure_for_view(&mut self, stmts: &[(Bytes, Arc<Stmt>)], query: bool) {
         // In a failed block the query fails (25P02) whatever it reads, and so would a
         // round that prepares a statement: none is sent (differential seed 7).
@@ -1519,7 +1519,8 @@ impl Relay<'_> {
                 self.ensure_for_parse(stmt);
             } else if !self.server.touch(stmt.id) {
                 self.counts.server_parses += 1;
-                self.server.prepare_apart(stmt, false, None);
+                let around = self.parse_scope_sets(stmt);
+                self.server.prepare_apart(stmt, false, around);
             }
         }
     }

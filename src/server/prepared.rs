@@ -228,8 +228,8 @@ impl Server {
     /// by SQL PREPARE when a client made it so, else Parse and Sync. `execute`: the query
     /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`);
     /// else an error is dropped too (`Pending::Prepare`). Either way the server lacks the
-    /// statement after an error. `around`: queries of their own before and after a SQL
-    /// PREPARE (SETs of the search_path it was made under and of the client's: error
+    /// statement after an error. `around`: queries of their own before and after it (SETs
+    /// of the search_path it was made under and of the client's; apart, so that error
     /// positions stay those of its text).
     pub fn prepare_apart(
         &mut self,
@@ -241,7 +241,7 @@ impl Server {
         if self.exchange.prepared.dealloc_in_flight() {
             self.queue_close(&stmt.server_name.clone(), None);
         }
-        let (before, after) = around.filter(|_| sql).unzip();
+        let (before, after) = around.unzip();
         if let Some(before) = before {
             self.send_added_query(|b| frontend::query(b, &before));
         }
