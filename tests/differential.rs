@@ -934,3 +934,61 @@ async fn a_bind_of_an_unnamed_notify_waits_for_its_notification() {
     )
     .await;
 }
+/// Seed 90038 (long run): a client's SQL-prepared statement executed inside a Parse after
+/// the client changed its search_path (so that the statement's table is no longer found),
+/// on a server that lacked it. PostgreSQL analyses it again at the Describe of the portal
+/// and fails there (42P01, placed in its PREPARE text). pgcarpool prepared it under the
+/// new search_path, which failed unseen: NoData, then 26000 at the Execute. It is now
+/// prepared under the search_path of its PREPARE, and the EXECUTE text is not described
+/// by pgcarpool (that Describe analyses it too, before the client's Bind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_executed_in_a_parse_is_analysed_again_where_postgresql_does() {
+    let scripts = [
+        ClientScript::new(
+            &[],
+            &[
+                "Q CREATE TABLE t1 (id int PRIMARY KEY, v text); INSERT INTO t1 SELECT g, 'row' || g FROM generate_series(1, 5) g",
+                "Q END",
+                "Q FETCH 3 FROM c1",
+                "Q COPY t1 (id) TO STDOUT WITH (FORMAT binary)",
+                "Q ROLLBACK TO SAVEPOINT sp1",
+                "P |ROLLBACK\nB ||\nE \nS",
+                "Q SET bytea_output = hex",
+                "P |COPY t1 TO STDOUT\nB ||\nE \nS",
+                "Q PREPARE p2 AS SELECT id, v FROM t1 ORDER BY id",
+                "Q SET TimeZone = 'UTC'",
+                "Q SET search_path = pg_catalog",
+                "Q SET LOCAL application_name = 'x y'",
+                "Q SET enable_seqscan = off",
+                "Q COMMIT",
+                "Q SET LOCAL enable_seqscan = on",
+                "Q EXECUTE p1(4)",
+                "Q ALTER TABLE t1 ADD COLUMN IF NOT EXISTS c5 int",
+                "Q SET LOCAL client_min_messages = notice",
+                "P |SHOW search_path\nB ||\nE |2\nE |0\nP s2|COPY t1 TO STDOUT\nB |s2|\nD P \nE |1\nE |0\nS",
+                "Q SET default_transaction_read_only TO DEFAULT",
+                "P |EXECUTE p2(3)\nB ||\nD P \nE \nS",
+            ],
+        ),
+        ClientScript::new(
+            &[],
+            &[
+                "P |SELEC 1\nD S \nB pb||\nE pb|0\nP |UPDATE t8 SET v = $2 WHERE id = $1\nD S \nB ||\\N,abc\nE |0\nP s1|SAVEPOINT sp1\nB |s1|\\N\nD P \nE |0\nC S s1\nS",
+                "Q LISTEN ch8",
+                "B pb||15,2\nE pb|3\nP s3|SELECT current_setting('application_name')\nB |s3|\nD P \nE |0\nS",
+                "Q COMMIT",
+                "Q DISCARD ALL",
+                "Q BEGIN ISOLATION LEVEL SERIALIZABLE",
+            ],
+        ),
+    ];
+    assert_same(
+        &scripts,
+        &RunOptions {
+            pool_size: 1,
+            copy_waits_for_copy_in_response: false,
+            ..RunOptions::default()
+        },
+    )
+    .await;
+}

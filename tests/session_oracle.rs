@@ -5,7 +5,7 @@
 mod harness;
 
 use harness::wire::{Wire, oracle};
-use harness::{TempPostgres, TestPooler, pool_of};
+use harness::{TempPostgres, TestPooler, pool_of, transaction_pooler};
 
 fn script(steps: &[String]) -> Vec<String> {
     steps.to_vec()
@@ -630,5 +630,149 @@ async fn deallocate_all_and_discard_all_forget_the_clients_own_statements() {
         let now = if forgot { i + 100 } else { i };
         assert!(c[5].contains(&format!("Row {now}")), "{:?}", c[5]);
     }
+    p.shutdown().await;
+}
+
+/// pgcarpool over a pool of one server that holds one prepared statement at a time: a
+/// client's statement is prepared again each time it is used after another.
+async fn pool_of_one_holding_one_statement(pg: &TempPostgres) -> TestPooler {
+    transaction_pooler(pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .setting("max_client_conn", "100")
+        .setting("max_prepared_statements", "1")
+        .start()
+        .await
+}
+
+/// Differential seed 80031: an EXECUTE of a client's SQL-prepared statement inside a failed
+/// transaction block, on a server that lacks it, fails once (25P02) in both protocols; the
+/// statement is not prepared there (the server would refuse it too), and after ROLLBACK it
+/// runs. pgcarpool counted it as prepared on that server: EXECUTE then said 26000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_in_a_failed_block_leaves_the_statement_to_run_after_rollback() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let block = |first: &str, second: &str| {
+        ["Q BEGIN", "Q SELECT 1/0", first, second, "Q ROLLBACK"].map(String::from)
+    };
+    let (parse, query) = ("P |EXECUTE p1(5)\nB ||\nE |0\nS", "Q EXECUTE p1(6)");
+    let mut steps = vec!["Q PREPARE p1(int) AS SELECT $1 * 10 AS x".to_string()];
+    // (s2, s3: each takes the server's one place from p1.)
+    steps.push("P s2|SELECT 2\nS".into());
+    steps.extend(block(parse, query));
+    steps.push("Q EXECUTE p1(4)".into());
+    steps.push("P s3|SELECT 3\nS".into());
+    steps.extend(block(query, parse));
+    steps.push("P |EXECUTE p1(3)\nB ||\nE |0\nS".into());
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    for k in [4, 5, 11, 12] {
+        all_contain(&t, k, "Error 25P02");
+        assert_eq!(t[0][k].iter().filter(|l| l.starts_with("Error")).count(), 1);
+    }
+    assert!(t[0][7].contains(&"Row 40".to_string()), "{:?}", t[0][7]);
+    assert!(t[0][14].contains(&"Row 30".to_string()), "{:?}", t[0][14]);
+    p.shutdown().await;
+}
+
+/// As above with the failed block sent at once (the statement's PREPARE goes before the
+/// server has said the block failed, and fails): 16 clients over the one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_execute_in_a_failed_block_leaves_the_statement_to_run_after_rollback() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let (parse, query) = ("P |EXECUTE p1(5)\nB ||\nE |0\nS", "Q EXECUTE p1(6)");
+    let scripts: Vec<Vec<String>> = (0..16)
+        .map(|i| {
+            let (first, second) = if i % 2 == 0 {
+                (parse, query)
+            } else {
+                (query, parse)
+            };
+            script(&[
+                format!("Q PREPARE p1(int) AS SELECT $1 * 10 + {i} AS x"),
+                format!("P s{i}|SELECT {i}\nS"),
+                format!("Q BEGIN\nQ SELECT 1/0\n{first}\n{second}\nQ ROLLBACK"),
+                "Q EXECUTE p1(4)".into(),
+                format!("P t{i}|SELECT {i}\nS"),
+                format!("Q BEGIN\nQ SELECT 1/0\n{second}\n{first}\nQ ROLLBACK"),
+                "P |EXECUTE p1(3)\nB ||\nE |0\nS".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        for k in [2, 5] {
+            let errors: Vec<_> = c[k].iter().filter(|l| l.starts_with("Error")).collect();
+            assert_eq!(errors.len(), 3, "client {i} step {k}: {:?}", c[k]);
+        }
+        assert!(c[3].contains(&format!("Row {}", 40 + i)), "{:?}", c[3]);
+        assert!(c[6].contains(&format!("Row {}", 30 + i)), "{:?}", c[6]);
+    }
+    all_contain(&t, 2, "Error 25P02");
+    p.shutdown().await;
+}
+
+/// A client's statements that the server cannot prepare again (their table is gone), read
+/// from `pg_prepared_statements` on a server that lacks them: PostgreSQL lists them (it
+/// analyses a statement again only when it runs), and an EXECUTE of each fails once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_no_longer_prepare_are_listed_and_fail_at_their_execute() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let steps = [
+        "Q CREATE TABLE gone(a int)",
+        "Q PREPARE a AS SELECT 1 FROM gone",
+        "Q PREPARE b AS SELECT 2 FROM gone",
+        "Q DROP TABLE gone",
+        "P s|SELECT 9\nS",
+        "Q SELECT name FROM pg_prepared_statements ORDER BY name",
+        "Q EXECUTE b",
+        "Q EXECUTE a",
+        "P |SELECT name FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS",
+        "Q EXECUTE b",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    assert!(t[0][5].starts_with(&["Columns name", "Row a", "Row b"].map(String::from)));
+    assert!(
+        t[0][8].starts_with(&["ParseComplete", "BindComplete", "Row a", "Row b"].map(String::from))
+    );
+    for k in [6, 7, 9] {
+        assert_eq!(t[0][k].len(), 2, "{:?}", t[0][k]);
+        assert!(t[0][k][0].starts_with("Error 42P01"), "{:?}", t[0][k]);
+    }
+    p.shutdown().await;
+}
+
+/// Differential seeds 93193, 96139: a read of `pg_prepared_statements` (in a Parse, in a
+/// simple Query) inside a transaction block, on a server that lacks one of the client's
+/// statements, after the client changed its search_path: the statement is parsed there
+/// under the search_path it was parsed with, listed with its parameter types, and the block
+/// goes on (PostgreSQL lists it without analysing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_prepared_statements_in_a_block_parses_them_in_their_own_scope() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let steps = [
+        "Q CREATE TABLE scoped(id int)",
+        "P s3|SELECT id FROM scoped WHERE id = $1\nS",
+        "P s4|SELECT 4\nS",
+        "Q SET search_path = pg_catalog",
+        "Q BEGIN",
+        "P |SELECT name FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS",
+        "P s5|SELECT 5\nS",
+        "Q SELECT name, array_length(parameter_types, 1) FROM pg_prepared_statements ORDER BY name",
+        "Q SELECT 1",
+        "Q COMMIT",
+        "Q DROP TABLE public.scoped",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    let listed = ["ParseComplete", "BindComplete", "Row s3", "Row s4"].map(String::from);
+    assert!(t[0][5].starts_with(&listed), "{:?}", t[0][5]);
+    let listed = ["Row s3|1", "Row s4|NULL"].map(String::from);
+    assert!(t[0][7][1..].starts_with(&listed), "{:?}", t[0][7]);
+    assert!(t[0][8].contains(&"Row 1".to_string()), "{:?}", t[0][8]);
     p.shutdown().await;
 }

@@ -621,7 +621,7 @@ impl Relay<'_> {
         } else {
             self.note_rename(stmt, client);
         }
-        self.server.prepare_apart(stmt, true);
+        self.server.prepare_apart(stmt, true, None);
     }
 
     /// The message about to be sent names the client's statement `client` by its server
@@ -1326,7 +1326,7 @@ impl Relay<'_> {
             // The client's statements go when it is executed (`Relay::executing`).
             self.session.ext.unnamed_deallocates = self.session.ext.unnamed_id;
         }
-        let learn = !classify::returns_rows(&out[6..]);
+        let learn = learns_unnamed(&out[6..]);
         self.server.conn_mut().queue(out);
         self.server
             .expect(Pending::UnnamedParse(Undo::Unnamed { was, now }));
@@ -1366,16 +1366,7 @@ impl Relay<'_> {
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect();
             stmts.sort_by_key(|(_, s)| s.id);
-            // In a failed block the query fails (25P02) whatever it reads, and so would a
-            // round that prepares a statement: none is sent (differential seed 7).
-            let failed = self.server.status_sent() == b'E';
-            for (name, stmt) in stmts.iter().filter(|_| !failed) {
-                if query {
-                    self.ensure_for_query(stmt, name);
-                } else {
-                    self.ensure_for_parse(stmt);
-                }
-            }
+            self.ensure_for_view(&stmts, query);
             let own_texts = &self.session.ext.own_texts;
             let mut texts: Vec<Vec<u8>> = (stmts.iter())
                 .map(|(name, s)| {
@@ -1490,16 +1481,47 @@ impl Relay<'_> {
         if stmt.is_sql_prepared() {
             // Made by SQL PREPARE: prepared by SQL, in a query of its own at a Sync
             // boundary, else within the round (long-run seed 1033). A failed block would
-            // refuse it as it refuses the client's Parse.
+            // refuse it as it refuses the client's Parse (25P02, the one error the client
+            // gets): not sent there, the statement is prepared after the block ended
+            // (differential seed 80031).
+            if self.server.status_sent() == b'E' {
+                return;
+            }
+            self.counts.server_parses += 1;
             if self.at_sync_point {
-                self.counts.server_parses += 1;
-                self.server.prepare_apart(stmt, false);
-            } else if self.server.status_sent() != b'E' {
-                self.counts.server_parses += 1;
+                // Under the search_path of its PREPARE, as PostgreSQL holds it: analysed
+                // again at its use when the client's differs (long-run seed 90038).
+                let around = self.parse_scope_sets(stmt);
+                self.server.prepare_apart(stmt, false, around);
+            } else {
                 self.server.prepare_sql_within_round(stmt);
             }
         } else {
             self.prepare_on_server(stmt.clone(), true);
+        }
+    }
+
+    /// Make the client's statements `stmts` usable on this server by a read of
+    /// `pg_prepared_statements` in a simple Query (`query`) or a Parse, so that the server
+    /// says what their types are. PostgreSQL lists a statement it could not analyse again
+    /// (its table dropped, say) and the read succeeds: before a Query, in a round of its
+    /// own whose error is dropped, and the server then lacks it (`Pending::Prepare`); the
+    /// client's EXECUTE of it fails as in PostgreSQL. Before a Parse as for its EXECUTE.
+    /// Either way under the search_path it was parsed with (long-run seeds 93193, 96139).
+    fn ensure_for_view(&mut self, stmts: &[(Bytes, Arc<Stmt>)], query: bool) {
+        // In a failed block the query fails (25P02) whatever it reads, and so would a
+        // round that prepares a statement: none is sent (differential seed 7).
+        if self.server.status_sent() == b'E' {
+            return;
+        }
+        for (_, stmt) in stmts {
+            if !query {
+                self.ensure_for_parse(stmt);
+            } else if !self.server.touch(stmt.id) {
+                self.counts.server_parses += 1;
+                let around = self.parse_scope_sets(stmt);
+                self.server.prepare_apart(stmt, false, around);
+            }
         }
     }
 
@@ -1676,6 +1698,14 @@ impl Relay<'_> {
     /// other clients of its scope too), and the server analyses it again at its use as
     /// PostgreSQL does. The SET putting the client's back, to follow the Parse.
     fn under_parse_scope(&mut self, stmt: &Stmt) -> Option<String> {
+        let (before, after) = self.parse_scope_sets(stmt)?;
+        self.statement_within_round(&before);
+        Some(after)
+    }
+
+    /// The SETs that put the server's search_path to the one `stmt` was parsed under and
+    /// back to the client's, when they differ (and the block has not failed).
+    fn parse_scope_sets(&self, stmt: &Stmt) -> Option<(String, String)> {
         if self.server.status_sent() == b'E' {
             return None;
         }
@@ -1688,9 +1718,7 @@ impl Relay<'_> {
             Some(v) => set_statement("search_path", v, false),
             None => Some("SET search_path TO DEFAULT".to_string()),
         };
-        let (before, after) = (set(&then)?, set(&now)?);
-        self.statement_within_round(&before);
-        Some(after)
+        Some((set(&then)?, set(&now)?))
     }
 
     /// A Bind of a shared statement that starts a round outside a transaction block: keep
@@ -2135,4 +2163,18 @@ fn refused_in_block(e: &mut Effects, tx_status: u8) {
         e.reset_all = false;
         e.deallocate_all = false;
     }
+}
+
+/// Is a client's unnamed statement of this Parse body (text, NUL, types) described by
+/// pgcarpool (`Server::learn`)? A text that may return no rows, but not an EXECUTE: a
+/// Describe of that analyses the statement it runs again where the client's search_path
+/// changed, and its error would come before the client's Bind, where PostgreSQL's comes at
+/// the client's Describe or Execute (long-run seed 90038).
+fn learns_unnamed(rest: &[u8]) -> bool {
+    let text = rest.split(|&c| c == 0).next().unwrap_or_default();
+    !classify::returns_rows(rest)
+        && !matches!(
+            classify::named_statement(text),
+            Some(classify::Named::Execute { .. })
+        )
 }

@@ -226,11 +226,24 @@ impl Server {
 
     /// Prepare `stmt` in a round of its own before a simple query (its replies swallowed):
     /// by SQL PREPARE when a client made it so, else Parse and Sync. `execute`: the query
-    /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`).
-    pub fn prepare_apart(&mut self, stmt: &Arc<Stmt>, execute: bool) {
+    /// is the client's `EXECUTE` of it, whose error this round's is (`Pending::Reprepare`);
+    /// else an error is dropped too (`Pending::Prepare`). Either way the server lacks the
+    /// statement after an error. `around`: queries of their own before and after it (SETs
+    /// of the search_path it was made under and of the client's; apart, so that error
+    /// positions stay those of its text).
+    pub fn prepare_apart(
+        &mut self,
+        stmt: &Arc<Stmt>,
+        execute: bool,
+        around: Option<(String, String)>,
+    ) {
         let sql = stmt.is_sql_prepared();
         if self.exchange.prepared.dealloc_in_flight() {
             self.queue_close(&stmt.server_name.clone(), None);
+        }
+        let (before, after) = around.unzip();
+        if let Some(before) = before {
+            self.send_added_query(|b| frontend::query(b, &before));
         }
         if sql {
             let prep = stmt.sql_prepare_text();
@@ -244,9 +257,12 @@ impl Server {
         self.exchange.owed.push(if execute {
             Pending::Reprepare(stmt.clone())
         } else {
-            Pending::Swallow
+            Pending::Prepare(stmt.clone())
         });
         self.exchange.prepared.insert(stmt.clone());
+        if let Some(after) = after {
+            self.send_added_query(|b| frontend::query(b, &after));
+        }
     }
 
     /// Prepare `stmt`, made by a client's SQL PREPARE, within the client's round (in the
@@ -514,7 +530,7 @@ mod tests {
         let a = r.intern(b"", b"select 1\0\0\0").unwrap();
         let (mut server, _peer) = crate::server::test_server();
         server.exchange.unnamed = 5;
-        server.prepare_apart(&a, false);
+        server.prepare_apart(&a, false, None);
         let mut want = parse_msg(&a.server_name, &a.parse_rest);
         want.extend_from_slice(b"S\0\0\0\x04");
         assert_eq!(server.conn.queued(), want);
@@ -535,7 +551,7 @@ mod tests {
         key.extend_from_slice(b"AS select 2");
         let p = r.intern(b"", &key).unwrap();
         server.conn.discard_out();
-        server.prepare_apart(&p, false);
+        server.prepare_apart(&p, false, None);
         let mut want = BytesMut::new();
         frontend::query(&mut want, &p.sql_prepare_text());
         assert_eq!(server.conn.queued(), &want[..]);

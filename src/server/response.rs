@@ -70,6 +70,11 @@ pub enum Pending {
     Ready(Option<Box<(Arc<Stmt>, Bytes)>>),
     /// A query pgcarpool added: every reply up to its ReadyForQuery is dropped.
     Swallow,
+    /// As `Swallow`, for the round that prepares this statement before a client's message
+    /// that is not its `EXECUTE` query (`Server::prepare_apart`): failed (in a block that
+    /// failed before the round, say: 25P02), the server lacks the statement, and a later
+    /// use prepares it again.
+    Prepare(Arc<Stmt>),
     /// As `Swallow`, for the round that prepares this statement again right before the
     /// client's `EXECUTE` query of it (`Server::prepare_apart`): PostgreSQL analyses a
     /// statement again at an EXECUTE (its plan cache, e.g. after the search_path changed)
@@ -382,7 +387,7 @@ impl Owed {
     /// dropped), which the client never sees?
     pub fn swallowing(&self, tag: u8) -> bool {
         match self.queue.front() {
-            Some(Pending::Swallow) => true,
+            Some(Pending::Swallow | Pending::Prepare(_)) => true,
             Some(Pending::Reprepare(_)) => tag != backend::ERROR_RESPONSE,
             Some(Pending::DropError) => tag != backend::READY_FOR_QUERY,
             _ => false,
@@ -410,9 +415,19 @@ impl Owed {
             return (Verdict::Forward, Lost::Nothing);
         };
         let (done, swallow) = match (tag, front) {
-            (backend::READY_FOR_QUERY, Pending::Swallow | Pending::Reprepare(_)) => (true, true),
+            (
+                backend::READY_FOR_QUERY,
+                Pending::Swallow | Pending::Prepare(_) | Pending::Reprepare(_),
+            ) => (true, true),
             (backend::ERROR_RESPONSE, Pending::DropError) => (true, true),
-            (_, Pending::Swallow | Pending::Reprepare(_) | Pending::DropError) => (false, true),
+            (backend::ERROR_RESPONSE, Pending::Prepare(s)) => {
+                prepared.remove(s.id);
+                (false, true)
+            }
+            (
+                _,
+                Pending::Swallow | Pending::Prepare(_) | Pending::Reprepare(_) | Pending::DropError,
+            ) => (false, true),
             (backend::ERROR_RESPONSE, Pending::Fail(_)) => {
                 return (self.probe_failed(code, prepared, unnamed), Lost::Nothing);
             }
@@ -1243,6 +1258,37 @@ mod tests {
             Verdict::Forward
         );
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_failed_prepare_before_another_message_is_dropped_and_the_server_lacks_it() {
+        use backend::{COMMAND_COMPLETE, ERROR_RESPONSE, READY_FOR_QUERY};
+        let r = StatementRegistry::default();
+        let s = r.intern(b"", b"select 1\0\0\0").unwrap();
+        let mut p = PreparedSet::default();
+        let mut o = Owed::default();
+        // The round that prepares it (refused: a failed block), then the client's round.
+        p.insert(s.clone());
+        o.push(Pending::Prepare(s.clone()));
+        o.push(Pending::Ready(None));
+        assert!(o.swallowing(ERROR_RESPONSE) && o.swallowing(READY_FOR_QUERY));
+        let got: Vec<Verdict> = [ERROR_RESPONSE, READY_FOR_QUERY, ERROR_RESPONSE]
+            .iter()
+            .map(|&t| reply(&mut o, &mut p, t, Some(b"25P02")))
+            .collect();
+        assert_eq!(got, [Verdict::Swallow, Verdict::Swallow, Verdict::Forward]);
+        let ready = reply(&mut o, &mut p, READY_FOR_QUERY, None);
+        assert_eq!(ready, Verdict::Forward);
+        assert!(!p.holds(s.id), "the server lacks it");
+        // Prepared: the server holds it.
+        p.insert(s.clone());
+        o.push(Pending::Prepare(s.clone()));
+        let got: Vec<Verdict> = [COMMAND_COMPLETE, READY_FOR_QUERY]
+            .iter()
+            .map(|&t| reply(&mut o, &mut p, t, None))
+            .collect();
+        assert_eq!(got, [Verdict::Swallow, Verdict::Swallow]);
+        assert!(p.holds(s.id));
     }
 
     #[test]
