@@ -372,6 +372,7 @@ impl Owed {
         match self.queue.front() {
             Some(
                 Pending::Swallow
+                | Pending::Prepare(_)
                 | Pending::Reprepare(_)
                 | Pending::DropError
                 | Pending::SwallowTo(_)
@@ -846,6 +847,7 @@ mod tests {
                 }),
                 Some(Pending::Retag(true)),
                 Some(Pending::Answer(Answer::ParseComplete)),
+                Some(Pending::Prepare(s.clone())),
             ]
         };
         for tag in [backend::DATA_ROW, backend::ROW_DESCRIPTION] {
