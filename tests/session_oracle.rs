@@ -776,3 +776,84 @@ async fn a_read_of_prepared_statements_in_a_block_parses_them_in_their_own_scope
     assert!(t[0][8].contains(&"Row 1".to_string()), "{:?}", t[0][8]);
     p.shutdown().await;
 }
+
+/// Differential seed 120934: an EXECUTE inside a Parse, in a transaction block whose
+/// search_path was changed (by `set_config`, by SET) so that the client's SQL-prepared
+/// statement no longer analyses, on a server that lacks the statement. PostgreSQL gives
+/// ParseComplete, BindComplete, then 42P01 (analysed again at its use) and the block goes
+/// on failed. pgcarpool prepared the statement under the block's search_path, not its
+/// own: the PREPARE failed, 25P02 at the sync point (its error dropped), the 42P01 before
+/// the BindComplete within a round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_in_a_parse_after_a_search_path_change_in_a_block_fails_at_its_execute() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let evict = |k: usize| format!("P e{k}|SELECT {k}\nS");
+    let mut steps = vec![
+        "Q CREATE TABLE in_block(id int)".to_string(),
+        "Q PREPARE p2 AS SELECT id FROM in_block".into(),
+    ];
+    let change = [
+        "Q SELECT set_config('search_path', 'pg_catalog', false)",
+        "Q SET search_path = pg_catalog",
+        "Q SET LOCAL search_path = pg_catalog",
+    ];
+    let execute = [
+        "P |EXECUTE p2\nB ||\nE |0\nS",
+        "P |SELECT 1\nB ||\nE |0\nP |EXECUTE p2\nB ||\nE |0\nS",
+    ];
+    let mut checked = Vec::new();
+    for (k, c) in change.iter().enumerate() {
+        for (j, e) in execute.iter().enumerate() {
+            steps.push(evict(k * 2 + j));
+            steps.extend(["Q BEGIN", c, e, "Q SELECT 1", "Q ROLLBACK"].map(String::from));
+            checked.push(steps.len() - 3);
+            steps.push("Q EXECUTE p2".into());
+        }
+    }
+    steps.push("Q DROP TABLE in_block".into());
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps]).await;
+    for k in checked {
+        let bound = t[0][k].iter().position(|l| l == "BindComplete");
+        let failed = t[0][k].iter().position(|l| l.starts_with("Error 42P01"));
+        assert!(bound.is_some() && failed > bound, "{:?}", t[0][k]);
+        all_contain(&t, k + 1, "Error 25P02");
+        assert!(
+            t[0][k + 3].contains(&"Columns id".to_string()),
+            "{:?}",
+            t[0][k + 3]
+        );
+    }
+    p.shutdown().await;
+}
+
+/// A read of `pg_prepared_statements` (in a simple Query, in a Parse) inside a transaction
+/// block, on a server that lacks a client's statement that no longer prepares (its table
+/// is gone): PostgreSQL lists it and the block goes on. pgcarpool's PREPARE of it failed
+/// in the block, which aborted it (25P02 at the next query).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_prepared_statements_in_a_block_survives_one_that_no_longer_prepares() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let steps = [
+        "Q CREATE TABLE gone_in_block(a int)",
+        "Q PREPARE a AS SELECT a FROM gone_in_block",
+        "Q DROP TABLE gone_in_block",
+        "P s|SELECT 9\nS",
+        "Q BEGIN",
+        "Q SELECT name FROM pg_prepared_statements ORDER BY name",
+        "Q SELECT 1",
+        "P t|SELECT 8\nS",
+        "P |SELECT name FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS",
+        "Q SELECT 2",
+        "Q COMMIT",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    assert!(t[0][5].starts_with(&["Columns name", "Row a"].map(String::from)));
+    assert!(t[0][6].contains(&"Row 1".to_string()), "{:?}", t[0][6]);
+    let listed = ["ParseComplete", "BindComplete", "Row a"].map(String::from);
+    assert!(t[0][8].starts_with(&listed), "{:?}", t[0][8]);
+    assert!(t[0][9].contains(&"Row 2".to_string()), "{:?}", t[0][9]);
+    p.shutdown().await;
+}

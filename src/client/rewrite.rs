@@ -552,17 +552,23 @@ impl Relay<'_> {
     /// matters (a SET search_path in the same pipeline or block), the statement is its own
     /// and parsed on the server as PostgreSQL would parse it.
     fn statement_scope(&self, rest: &[u8]) -> Vec<u8> {
-        let e = &self.effects;
-        let changed = e.gucs_unknown
-            || e.reset_all
-            || e.discard_all
-            || e.gucs.iter().any(|g| VirtualSession::scope_depends_on(g))
-            || (e.local_gucs.iter()).any(|g| g == "*" || VirtualSession::scope_depends_on(g));
-        if changed {
+        if self.scope_changed() {
             super::prepared::unshared_scope()
         } else {
             self.session.statement_scope(rest)
         }
+    }
+
+    /// May the client's statements in this transaction have changed a setting of its scope
+    /// (`VirtualSession::scope_depends_on`), so that the session's settings, known as of the
+    /// last transaction, are not the server's?
+    fn scope_changed(&self) -> bool {
+        let e = &self.effects;
+        e.gucs_unknown
+            || e.reset_all
+            || e.discard_all
+            || e.gucs.iter().any(|g| VirtualSession::scope_depends_on(g))
+            || (e.local_gucs.iter()).any(|g| g == "*" || VirtualSession::scope_depends_on(g))
     }
 
     /// The shared statement for a new client name, within the client's and the registry's
@@ -1488,13 +1494,23 @@ impl Relay<'_> {
                 return;
             }
             self.counts.server_parses += 1;
+            // Under the search_path of its PREPARE, as PostgreSQL holds it: analysed again
+            // at its use when the client's differs (long-run seed 90038), also after a
+            // change in this block (differential seed 120934).
             if self.at_sync_point {
-                // Under the search_path of its PREPARE, as PostgreSQL holds it: analysed
-                // again at its use when the client's differs (long-run seed 90038).
-                let around = self.parse_scope_sets(stmt);
-                self.server.prepare_apart(stmt, false, around);
+                let around = self.parse_scope_sets(stmt, true);
+                self.server.prepare_apart(stmt, false, around.map(joined));
             } else {
+                let (before, after) = self.parse_scope_sets(stmt, false).unzip();
+                before
+                    .iter()
+                    .flatten()
+                    .for_each(|q| self.statement_within_round(q));
                 self.server.prepare_sql_within_round(stmt);
+                after
+                    .iter()
+                    .flatten()
+                    .for_each(|q| self.statement_within_round(q));
             }
         } else {
             self.prepare_on_server(stmt.clone(), true);
@@ -1519,8 +1535,8 @@ impl Relay<'_> {
                 self.ensure_for_parse(stmt);
             } else if !self.server.touch(stmt.id) {
                 self.counts.server_parses += 1;
-                let around = self.parse_scope_sets(stmt);
-                self.server.prepare_apart(stmt, false, around);
+                let around = self.parse_scope_sets(stmt, true);
+                self.server.prepare_apart(stmt, false, around.map(joined));
             }
         }
     }
@@ -1684,8 +1700,8 @@ impl Relay<'_> {
             None
         };
         self.server.prepare(stmt, swallow, self.max_prepared);
-        if let Some(sql) = back {
-            self.statement_within_round(&sql);
+        for sql in back.iter().flatten() {
+            self.statement_within_round(sql);
         }
     }
 
@@ -1697,28 +1713,51 @@ impl Relay<'_> {
     /// before it, within the round; the server's copy then means what it means to the
     /// other clients of its scope too), and the server analyses it again at its use as
     /// PostgreSQL does. The SET putting the client's back, to follow the Parse.
-    fn under_parse_scope(&mut self, stmt: &Stmt) -> Option<String> {
-        let (before, after) = self.parse_scope_sets(stmt)?;
-        self.statement_within_round(&before);
+    fn under_parse_scope(&mut self, stmt: &Stmt) -> Option<Vec<String>> {
+        let (before, after) = self.parse_scope_sets(stmt, false)?;
+        before.iter().for_each(|q| self.statement_within_round(q));
         Some(after)
     }
 
-    /// The SETs that put the server's search_path to the one `stmt` was parsed under and
-    /// back to the client's, when they differ (and the block has not failed).
-    fn parse_scope_sets(&self, stmt: &Stmt) -> Option<(String, String)> {
-        if self.server.status_sent() == b'E' {
+    /// The statements that put the server's search_path to the one `stmt` was parsed
+    /// under before it is prepared, and back after (none in a failed block, or when they
+    /// are the same). In a transaction block whose statements may have changed the
+    /// client's (the session's is known as of the last transaction), or when `protect`
+    /// (a failed PREPARE must not abort the block: PostgreSQL has the statement and the
+    /// block goes on): within a savepoint of pgcarpool's, by SET LOCAL, rolled back after.
+    /// The server's setting is then the client's again, and its block as it was; the
+    /// statement stays (a rollback does not undo a PREPARE or a Parse).
+    fn parse_scope_sets(&self, stmt: &Stmt, protect: bool) -> Option<(Vec<String>, Vec<String>)> {
+        let status = self.server.status_sent();
+        if status == b'E' {
             return None;
         }
-        let then = self.session.scoped_search_path(stmt.scope())?;
+        let then = self.session.scoped_search_path(stmt.scope());
         let now = self.session.params.get("search_path").map(str::to_string);
+        let set = |v: &Option<String>, local: bool| match v {
+            Some(v) => set_statement("search_path", v, local),
+            None if local => Some("SET LOCAL search_path TO DEFAULT".to_string()),
+            None => Some("SET search_path TO DEFAULT".to_string()),
+        };
+        let changed = self.scope_changed();
+        if status == b'T' && (protect || changed) {
+            let mut before = vec![format!("SAVEPOINT {SCOPE_SAVEPOINT}")];
+            if let Some(then) = &then
+                && (changed || *then != now)
+            {
+                before.extend(set(then, true));
+            }
+            let after = [
+                format!("ROLLBACK TO SAVEPOINT {SCOPE_SAVEPOINT}"),
+                format!("RELEASE SAVEPOINT {SCOPE_SAVEPOINT}"),
+            ];
+            return Some((before, after.to_vec()));
+        }
+        let then = then?;
         if then == now {
             return None;
         }
-        let set = |v: &Option<String>| match v {
-            Some(v) => set_statement("search_path", v, false),
-            None => Some("SET search_path TO DEFAULT".to_string()),
-        };
-        Some((set(&then)?, set(&now)?))
+        Some((vec![set(&then, false)?], vec![set(&now, false)?]))
     }
 
     /// A Bind of a shared statement that starts a round outside a transaction block: keep
@@ -1874,6 +1913,15 @@ impl Relay<'_> {
 const NO_UNNAMED: &str = "unnamed prepared statement does not exist";
 
 /// An integer parameter's value: text, or binary of 2, 4 or 8 bytes.
+/// The savepoint within which a statement is prepared in a transaction block
+/// (`Relay::parse_scope_sets`).
+const SCOPE_SAVEPOINT: &str = "pgcarpool_scope";
+
+/// Statements sent as one query.
+fn joined((before, after): (Vec<String>, Vec<String>)) -> (String, String) {
+    (before.join("; "), after.join("; "))
+}
+
 fn param_int(v: &[u8], binary: bool) -> Option<i64> {
     if !binary {
         return std::str::from_utf8(v).ok()?.trim().parse().ok();
