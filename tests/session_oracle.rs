@@ -857,3 +857,32 @@ async fn a_read_of_prepared_statements_in_a_block_survives_one_that_no_longer_pr
     assert!(t[0][9].contains(&"Row 2".to_string()), "{:?}", t[0][9]);
     p.shutdown().await;
 }
+
+/// A client's SQL-prepared statement whose table was dropped, executed inside a Parse (in
+/// and out of a transaction block) on a server that lacks it: PostgreSQL analyses it again
+/// at the Execute and fails there (42P01). pgcarpool's PREPARE of it failed unseen, and the
+/// EXECUTE then failed with 26000 (no such statement); the client now gets the PREPARE's
+/// error there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_in_a_parse_of_a_statement_that_no_longer_prepares_fails_as_its_analysis() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let steps = [
+        "Q CREATE TABLE gone_at_execute(a int)",
+        "Q PREPARE a AS SELECT a FROM gone_at_execute",
+        "Q DROP TABLE gone_at_execute",
+        "P s|SELECT 9\nS",
+        "P |EXECUTE a\nB ||\nE |0\nS",
+        "Q BEGIN",
+        "P |EXECUTE a\nB ||\nE |0\nS",
+        "Q ROLLBACK",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    for k in [4, 6] {
+        let want = ["ParseComplete", "BindComplete"].map(String::from);
+        assert!(t[0][k].starts_with(&want), "{:?}", t[0][k]);
+        assert!(t[0][k][2].starts_with("Error 42P01"), "{:?}", t[0][k]);
+    }
+    p.shutdown().await;
+}

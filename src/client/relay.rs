@@ -194,6 +194,9 @@ pub struct Relay<'a> {
     /// Statement names and SQL texts renamed for the server in the rounds still running:
     /// its errors are given back the client's names and positions.
     pub(super) renamed: super::renamed::Renamed,
+    /// The server name of the client's SQL-prepared statement whose PREPARE failed in a
+    /// round pgcarpool added, with its ErrorResponse (`Relay::analysis_error`).
+    pub(super) unprepared: Option<(Bytes, Bytes)>,
     /// The client's statements an executed `DEALLOCATE ALL` dropped, by round, until the
     /// server says whether it ran (see `Relay::executing`), each with the number of the
     /// reply owed for the message sent after its Execute (`Exchange::owed_next`).
@@ -316,6 +319,7 @@ impl<'a> Relay<'a> {
             listen_in_block: Vec::new(),
             fence: None,
             renamed: Default::default(),
+            unprepared: None,
             session_deallocs: Vec::new(),
             keep_client: false,
             flight: (false, false),
@@ -1173,7 +1177,9 @@ impl<'a> Relay<'a> {
             Verdict::Stale | Verdict::Forward | Verdict::Swallow | Verdict::Retag => {
                 let answered = self.server.exchange().answered();
                 let msg = &self.server.conn().rbuf[fwd..fwd + h.total];
-                match self.renamed.restore(answered, front, msg) {
+                let analysed = self.analysis_error(code, msg);
+                let msg = analysed.as_deref().unwrap_or(msg);
+                match self.renamed.restore(answered, front, msg).or(analysed) {
                     Some(restored) => {
                         self.forward_server_run(fwd);
                         fwd = 0;

@@ -1861,6 +1861,18 @@ impl Relay<'_> {
     /// A reply came (its header `h`, at `at` in the server's buffer): the server settles
     /// what it owed (`server::exchange`), the client's session follows, and the verdict
     /// says what becomes of the reply.
+    /// A client's `EXECUTE` of a SQL-prepared statement the server lacks, since its
+    /// PREPARE in the round before failed (`Lost::Unprepared`): PostgreSQL analyses the
+    /// statement again at its EXECUTE and fails as that PREPARE did (its table dropped,
+    /// say), where pgcarpool's server says it has no such statement (26000). That error,
+    /// as the PREPARE's, for this ErrorResponse (`code`, whole `msg`); None for another.
+    pub(super) fn analysis_error(&self, code: Option<[u8; 5]>, msg: &[u8]) -> Option<Bytes> {
+        let (name, error) = self.unprepared.as_ref()?;
+        let quoted = [&b"\""[..], name, b"\""].concat();
+        (code == Some(*b"26000") && msg.windows(quoted.len()).any(|w| w == quoted))
+            .then(|| error.clone())
+    }
+
     pub(super) fn on_reply(
         &mut self,
         h: crate::proto::Header,
@@ -1894,6 +1906,14 @@ impl Relay<'_> {
         match reply.lost {
             Lost::Nothing => {}
             Lost::Unnamed => self.session.drop_unnamed(),
+            Lost::Unprepared(stmt) if stmt.is_sql_prepared() => {
+                // (Not in a failed block: the client's EXECUTE fails there as it does.)
+                let msg = &self.server.conn().rbuf[at..at + h.total];
+                let code = msg.get(5..).and_then(backend::error_code);
+                self.unprepared = (code != Some(*b"25P02"))
+                    .then(|| (stmt.server_name.clone(), Bytes::copy_from_slice(msg)));
+            }
+            Lost::Unprepared(_) => {}
             Lost::Name(p) => {
                 let (stmt, name) = &*p;
                 if self

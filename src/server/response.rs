@@ -149,6 +149,9 @@ pub enum Lost {
     Name(Box<(Arc<Stmt>, Bytes)>),
     /// The client's Parse of the unnamed statement failed: PostgreSQL dropped the old one.
     Unnamed,
+    /// A round that prepared this statement before a client's message (`Pending::Prepare`)
+    /// failed: the server lacks it (this reply says why).
+    Unprepared(Arc<Stmt>),
 }
 
 /// A change to the client's statements made when its message was sent, to be undone if
@@ -423,7 +426,7 @@ impl Owed {
             (backend::ERROR_RESPONSE, Pending::DropError) => (true, true),
             (backend::ERROR_RESPONSE, Pending::Prepare(s)) => {
                 prepared.remove(s.id);
-                (false, true)
+                return (Verdict::Swallow, Lost::Unprepared(s.clone()));
             }
             (
                 _,
