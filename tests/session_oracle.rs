@@ -886,3 +886,69 @@ async fn an_execute_in_a_parse_of_a_statement_that_no_longer_prepares_fails_as_i
     }
     p.shutdown().await;
 }
+
+/// A read of `pg_prepared_statements` in a Parse, on a server that holds one statement and
+/// lacks a client's protocol statement, after the client changed its search_path (in and
+/// out of a block): each of the client's statements is prepared there (the one it lacked
+/// under the search_path it was parsed with) and listed with its parameter types, as
+/// PostgreSQL lists them. Preparing the next made room by closing the one before, which was
+/// listed with none (NULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_form_read_of_prepared_statements_lists_the_types_of_each() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let read =
+        "P |SELECT name, parameter_types FROM pg_prepared_statements ORDER BY name\nB ||\nE |0\nS";
+    let steps = [
+        "Q CREATE TABLE typed(id int)",
+        "P s3|SELECT id FROM typed WHERE id = $1\nS",
+        "P s4|SELECT 4\nS",
+        "Q SET search_path = pg_catalog",
+        read,
+        "P s5|SELECT 5\nS",
+        "Q BEGIN",
+        read,
+        "Q COMMIT",
+        "Q DROP TABLE public.typed",
+    ]
+    .map(String::from);
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    for k in [4, 7] {
+        assert!(
+            t[0][k].contains(&"Row s3|{integer}".to_string()),
+            "{:?}",
+            t[0][k]
+        );
+    }
+    p.shutdown().await;
+}
+
+/// Differential seed 150186: a read of `pg_prepared_statements` in a Parse, on a server
+/// that lacks a client's protocol statement parsed in a block after a SET ROLE (a change of
+/// its scope, not of its search_path), once the client changed its search_path so that
+/// the statement's table is not found. PostgreSQL lists it; pgcarpool parsed it again under
+/// the search_path of the day, and the read failed (42P01).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_prepared_statements_lists_one_parsed_after_a_set_role() {
+    let pg = TempPostgres::start();
+    let p = pool_of_one_holding_one_statement(&pg).await;
+    let read =
+        "SELECT name, array_length(parameter_types, 1) FROM pg_prepared_statements ORDER BY name";
+    let steps = [
+        "Q CREATE TABLE after_role(id int)".to_string(),
+        "Q BEGIN".into(),
+        "Q SET ROLE trustuser".into(),
+        "P s2|SELECT id FROM after_role WHERE id = $1\nS".into(),
+        "Q COMMIT".into(),
+        "Q RESET ROLE".into(),
+        "P s3|SELECT 3\nS".into(),
+        "C S s3\nS".into(),
+        "Q SET search_path = pg_catalog".into(),
+        format!("P |{read}\nB ||\nD P \nE \nC S \nS"),
+        "Q RESET search_path".into(),
+        "Q DROP TABLE after_role".into(),
+    ];
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &[steps.to_vec()]).await;
+    assert!(t[0][9].contains(&"Row s2|1".to_string()), "{:?}", t[0][9]);
+    p.shutdown().await;
+}

@@ -553,7 +553,12 @@ impl Relay<'_> {
     /// and parsed on the server as PostgreSQL would parse it.
     fn statement_scope(&self, rest: &[u8]) -> Vec<u8> {
         if self.scope_changed() {
-            super::prepared::unshared_scope()
+            let mut scope = super::prepared::unshared_scope();
+            if !self.search_path_changed() {
+                // Its search_path is known all the same (`VirtualSession::scoped_search_path`).
+                scope.extend(self.session.statement_scope(rest));
+            }
+            scope
         } else {
             self.session.statement_scope(rest)
         }
@@ -569,6 +574,17 @@ impl Relay<'_> {
             || e.discard_all
             || e.gucs.iter().any(|g| VirtualSession::scope_depends_on(g))
             || (e.local_gucs.iter()).any(|g| g == "*" || VirtualSession::scope_depends_on(g))
+    }
+
+    /// As `scope_changed`, for the search_path alone.
+    fn search_path_changed(&self) -> bool {
+        let e = &self.effects;
+        let path = |g: &String| g == "*" || g.eq_ignore_ascii_case("search_path");
+        e.gucs_unknown
+            || e.reset_all
+            || e.discard_all
+            || e.gucs.iter().any(path)
+            || e.local_gucs.iter().any(path)
     }
 
     /// The shared statement for a new client name, within the client's and the registry's
@@ -1530,8 +1546,17 @@ impl Relay<'_> {
         if self.server.status_sent() == b'E' {
             return;
         }
+        // Prepared beside max_prepared_statements (as a Query's rounds are), so that the
+        // server holds all of them when the read runs: one of them made room for the next
+        // would be listed without what the server says of it. The next Parse on this
+        // server closes down to the limit again.
+        let max = std::mem::replace(&mut self.max_prepared, usize::MAX);
         for (_, stmt) in stmts {
-            if !query {
+            // In a Parse within a round, as for its EXECUTE; else in rounds of their own,
+            // whose errors are dropped (one parsed after a change of its scope, whose
+            // search_path is not known, may fail to parse again: listed without types,
+            // not an error; differential seed 150186).
+            if !query && !self.at_sync_point {
                 self.ensure_for_parse(stmt);
             } else if !self.server.touch(stmt.id) {
                 self.counts.server_parses += 1;
@@ -1539,6 +1564,7 @@ impl Relay<'_> {
                 self.server.prepare_apart(stmt, false, around.map(joined));
             }
         }
+        self.max_prepared = max;
     }
 
     /// plan_once: a client's Parse of the unnamed statement with the text of its previous

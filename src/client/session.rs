@@ -244,6 +244,12 @@ impl VirtualSession {
     /// The search_path a statement of this scope (`Stmt::scope`, made by
     /// `statement_scope`) was parsed under: Some(None) when the session had none of its own.
     pub fn scoped_search_path(&self, scope: &[u8]) -> Option<Option<String>> {
+        // Parsed after a change of its scope (`statements::unshared_scope`): followed by
+        // the session's scope when its search_path was not among the changes.
+        let scope = match scope.strip_prefix(crate::statements::UNSHARED) {
+            Some(own) => own.get(8..).filter(|s| !s.is_empty())?,
+            None => scope,
+        };
         // (`NAME_SCOPE` begins with search_path: present, length, value.)
         let rest = scope.get(self.pool_scope.len()..)?;
         let present = *rest.first()? != 0;
