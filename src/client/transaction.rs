@@ -100,14 +100,20 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     }
 }
 
-/// Nothing to read, to flush or to deliver, and no restart under way: `wait_for_request`
-/// would say `Wait::Idle` at once, so the client parks without building it.
-fn idle_now(c: &Client, phase: &mut PhaseWatch, readable: bool) -> bool {
-    !readable
-        && c.conn.rbuf.is_empty()
-        && !c.conn.out_pending()
-        && c.listening.inbox().is_none()
-        && phase.current() == Phase::Running
+/// Nothing to read or to deliver, what the client is owed written at once (the reply the
+/// transaction queued last, the usual case), and no restart under way: `wait_for_request`
+/// would say `Wait::Idle` at once, so the client parks without building it. Anything else
+/// (a write the socket does not take now, or fails) is left to `wait_for_request`.
+fn idle_now(c: &mut Client, phase: &mut PhaseWatch, readable: bool) -> bool {
+    if readable
+        || !c.conn.rbuf.is_empty()
+        || c.listening.inbox().is_some()
+        || phase.current() != Phase::Running
+    {
+        return false;
+    }
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    !c.conn.out_pending() || matches!(c.conn.poll_write_out(&mut cx), Poll::Ready(Ok(())))
 }
 
 /// Whether a client between transactions may move: its worker sheds clients and it can
