@@ -952,3 +952,37 @@ async fn a_read_of_prepared_statements_lists_one_parsed_after_a_set_role() {
     assert!(t[0][9].contains(&"Row s2|1".to_string()), "{:?}", t[0][9]);
     p.shutdown().await;
 }
+
+/// Differential seed 170294: a Bind, in a later transaction, of the unnamed statement
+/// `SET bytea_output = escape` (its first run rolled back by an error after it in its
+/// pipeline): PostgreSQL sets it for the session. pgcarpool did not read the setting back
+/// after a Bind without a Parse, so it fitted its server to the client's old value before
+/// the client's next query (after another client's transaction there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_run_again_by_a_bind_of_the_unnamed_statement_stays_with_its_client() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let scripts: Vec<Vec<String>> = (0..4)
+        .map(|i| {
+            let value = if i % 2 == 0 { "escape" } else { "hex" };
+            script(&[
+                format!("P |SET bytea_output = {value}\nB ||\nE |0\nP s2|FETCH 2 FROM nosuch\nB |s2|\nE |0\nS"),
+                "B ||\nE |0\nS".into(),
+                "Q SELECT '\\x01ff'::bytea AS b".into(),
+                "Q SELECT '\\x01ff'::bytea AS b".into(),
+            ])
+        })
+        .collect();
+    let t = oracle(pg.port(), p.port(), "postgres", "testdb", &scripts).await;
+    for (i, c) in t.iter().enumerate() {
+        let want = if i % 2 == 0 {
+            "Row \\001\\377"
+        } else {
+            "Row \\x01ff"
+        };
+        for k in [2, 3] {
+            assert!(c[k].contains(&want.to_string()), "client {i}: {:?}", c[k]);
+        }
+    }
+    p.shutdown().await;
+}

@@ -83,8 +83,7 @@ pub(super) fn passes_through(
                     .as_deref()
                     .is_some_and(|u| u.starts_with(RESET_MARK));
             }
-            let tx = session.unnamed_facts().and_then(|f| f.tx);
-            session.bound(portal, tx, false);
+            bound_unnamed(session, portal, false, effects);
             let listen = session.ext.unnamed.clone().filter(|u| listens(u));
             session.bound_listen(portal, listen.as_ref());
             if session
@@ -1055,8 +1054,7 @@ impl Relay<'_> {
     fn bind_unnamed(&mut self, portal: &[u8], msg: &Bytes) -> Result<Bytes, ProtoError> {
         let s = &mut *self.session;
         let deallocates = s.ext.unnamed_id != 0 && s.ext.unnamed_deallocates == s.ext.unnamed_id;
-        let tx = s.unnamed_facts().and_then(|f| f.tx);
-        s.bound(portal, tx, deallocates);
+        bound_unnamed(s, portal, deallocates, &mut self.effects);
         let listen = s.ext.unnamed.clone().filter(|u| listens(u));
         s.bound_listen(portal, listen.as_ref());
         if s.ext
@@ -1966,6 +1964,17 @@ const SCOPE_SAVEPOINT: &str = "pgcarpool_scope";
 /// Statements sent as one query.
 fn joined((before, after): (Vec<String>, Vec<String>)) -> (String, String) {
     (before.join("; "), after.join("; "))
+}
+
+/// A Bind of the client's unnamed statement to `portal`: noted in the session, and what
+/// running the statement does to the session in the transaction's `effects` (a SET is read
+/// back after it, as after its Parse; differential seed 170294).
+fn bound_unnamed(s: &mut VirtualSession, portal: &[u8], deallocates: bool, effects: &mut Effects) {
+    let tx = s.unnamed_facts().and_then(|f| f.tx);
+    s.bound(portal, tx, deallocates);
+    if let Some(e) = s.unnamed_effects() {
+        effects.merge(e);
+    }
 }
 
 fn param_int(v: &[u8], binary: bool) -> Option<i64> {

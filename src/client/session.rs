@@ -473,6 +473,17 @@ impl VirtualSession {
         }))
     }
 
+    /// What running the unnamed statement again (a Bind of it) does to the session, when
+    /// its text may do anything (`classify::may_matter`, found once per text).
+    pub fn unnamed_effects(&self) -> Option<crate::sql::classify::Effects> {
+        if !self.unnamed_facts()?.may_matter {
+            return None;
+        }
+        let rest = self.ext.unnamed.as_deref()?;
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        Some(crate::sql::classify::classify(&rest[..end]))
+    }
+
     pub fn remove_param(&mut self, name: &str) {
         if self.params.get(name).is_some() {
             Arc::make_mut(&mut self.params).remove(name);

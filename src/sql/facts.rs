@@ -84,6 +84,8 @@ pub struct TextFacts {
     pub plans_once: bool,
     /// `classify::tx_effect`.
     pub tx: Option<[u8; 3]>,
+    /// `classify::may_matter`.
+    pub may_matter: bool,
 }
 
 impl TextFacts {
@@ -92,6 +94,7 @@ impl TextFacts {
             control: classify::transaction_control(sql),
             plans_once: classify::plans_once(sql),
             tx: classify::tx_effect(sql),
+            may_matter: classify::may_matter(sql),
         }
     }
 }
