@@ -516,7 +516,7 @@ async fn login(
         .is_some_and(|r| !r.eq_ignore_ascii_case("database"));
     let learned = startup::authenticate(shared, conn, cfg, &db, &user, physical).await?;
     let entry = cfg
-        .database(&db)
+        .database_entry(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
     if shared.admin().is_disabled(&db) {
         return Err(ClientError::fatal(
