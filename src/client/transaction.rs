@@ -60,32 +60,36 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             let pinned = held.is_some();
             let mut readable = false;
             loop {
-                // Boxed, as the transaction below: an idle client's task keeps only `park`.
-                let wait = Box::pin(wait_for_request(
-                    c,
-                    (deadline, readable),
-                    &mut phase,
-                    pinned,
-                    &mut aborted,
-                ));
-                match wait.await? {
-                    Wait::Request => break,
-                    Wait::Terminate => return Ok(Exit::Left),
-                    Wait::Handover => return Ok(Exit::Handover),
-                    Wait::Idle => {
-                        if begun != c.begun.is_some() {
-                            // In or out of a block pgcarpool began (`deferred`): its
-                            // timeout from now.
-                            begun = !begun;
-                            deadline = idle_deadline(c);
-                        }
-                        readable = park(c, deadline, &phase).await?;
+                if !idle_now(c, &mut phase, readable) {
+                    // Boxed, as the transaction below: an idle client's task keeps only
+                    // `park`.
+                    let wait = Box::pin(wait_for_request(
+                        c,
+                        (deadline, readable),
+                        &mut phase,
+                        pinned,
+                        &mut aborted,
+                    ));
+                    match wait.await? {
+                        Wait::Request => break,
+                        Wait::Terminate => return Ok(Exit::Left),
+                        Wait::Handover => return Ok(Exit::Handover),
+                        Wait::Idle => {}
                     }
                 }
+                if begun != c.begun.is_some() {
+                    // In or out of a block pgcarpool began (`deferred`): its timeout from
+                    // now.
+                    begun = !begun;
+                    deadline = idle_deadline(c);
+                }
+                readable = park(c, deadline, &phase).await?;
             }
         }
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
-        // the client has a request, not in every idle client's task.
+        // the client has a request, not in every idle client's task. (One box, not one
+        // for the wait and the transaction together: the transaction's future would be
+        // moved into it again.)
         let after = Box::pin(transaction(c, held.take())).await?;
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
@@ -94,6 +98,22 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             After::Leave => return Ok(Exit::Left),
         }
     }
+}
+
+/// Nothing to read or to deliver, what the client is owed written at once (the reply the
+/// transaction queued last, the usual case), and no restart under way: `wait_for_request`
+/// would say `Wait::Idle` at once, so the client parks without building it. Anything else
+/// (a write the socket does not take now, or fails) is left to `wait_for_request`.
+fn idle_now(c: &mut Client, phase: &mut PhaseWatch, readable: bool) -> bool {
+    if readable
+        || !c.conn.rbuf.is_empty()
+        || c.listening.inbox().is_some()
+        || phase.current() != Phase::Running
+    {
+        return false;
+    }
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    !c.conn.out_pending() || matches!(c.conn.poll_write_out(&mut cx), Poll::Ready(Ok(())))
 }
 
 /// Whether a client between transactions may move: its worker sheds clients and it can
@@ -1001,12 +1021,14 @@ fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
     };
     // Most are told by their first letter: LISTEN, UNLISTEN, DEALLOCATE and a SELECT of
     // pg_listening_channels are what is answered at the front.
-    let first = sql
+    let start = sql
         .iter()
-        .find(|c| !c.is_ascii_whitespace())
-        .map_or(0, |c| c | 0x20);
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(sql.len());
+    let first = sql.get(start).map_or(0, |c| c | 0x20);
     match first {
         b'l' | b'u' | b'd' => {}
+        b's' if selects_no_channels(&sql[start..]) => return true,
         b's' => return super::notify::parse(sql).is_none(),
         c if c.is_ascii_alphabetic() => return true,
         _ => {}
@@ -1014,12 +1036,26 @@ fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
     super::notify::parse(sql).is_none() && !classify::starts_with_word(sql, b"deallocate")
 }
 
+/// `s` (from its first word) is a SELECT whose next word is not pg_listening_channels
+/// (`notify::parse` would find no statement of its own): `SELECT` and a space, then a
+/// letter other than `p`, a digit or an underscore. Anything else (`*`, a comment, `pg_…`,
+/// a quote) is left to `notify::parse`.
+fn selects_no_channels(s: &[u8]) -> bool {
+    s.len() > 7
+        && s[..6].eq_ignore_ascii_case(b"select")
+        && s[6].is_ascii_whitespace()
+        && s[7..]
+            .iter()
+            .find(|c| !c.is_ascii_whitespace())
+            .is_some_and(|&c| (c.is_ascii_alphanumeric() || c == b'_') && c | 0x20 != b'p')
+}
+
 /// An idle client whose buffered messages begin with Parse of statements a server already
 /// accepted, Close of statements, Sync and Flush needs no server for those: answer them
 /// here (libpq's PQprepare, pgbench -M prepared, PDO, tokio-postgres closing a statement).
 /// Anything else needs a server.
 fn answer_without_server(c: &mut Client) -> Result<Local, ClientError> {
-    let settings = c.pool.settings();
+    let settings = c.pool.settings_now();
     if settings.mode == PoolMode::Session || settings.max_prepared_statements == 0 {
         return Ok(Local::NeedServer);
     }
@@ -1194,7 +1230,7 @@ async fn routed_server(
     cfg: &config::Config,
     kill: &ClientHandle,
 ) -> Result<PooledServer, ClientError> {
-    if !c.pool.settings().read_routing {
+    if !c.pool.settings_now().read_routing {
         return fitted_server(c, cfg, kill, None).await;
     }
     Box::pin(routed(c, cfg, kill)).await
@@ -1455,6 +1491,50 @@ async fn wait_for_server(
             // Not inside a transaction block while it waits: its notifications are its now.
             _ = super::notify::woken(c.listening.inbox()) => super::notify::deliver(c)?,
             _ = kill.killed() => return Err(killed(c)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut never passes a text `notify::parse` finds a statement in, and takes
+    /// the common SELECTs.
+    #[test]
+    fn selects_no_channels_leaves_notify_its_texts() {
+        let texts: [&[u8]; 12] = [
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;",
+            b"select 1",
+            b"select _x from t",
+            b"SELECT pg_listening_channels()",
+            b"select  PG_CATALOG.pg_listening_channels();",
+            b"select * from pg_listening_channels()",
+            b"select/**/pg_listening_channels()",
+            b"select\n-- c\npg_listening_channels()",
+            b"select \"x\" from t",
+            b"selectx 1",
+            b"select",
+            b"SELECT\tpg_listening_channels ( )",
+        ];
+        for t in texts {
+            if selects_no_channels(t) {
+                assert!(
+                    super::super::notify::parse(t).is_none(),
+                    "{}",
+                    String::from_utf8_lossy(t)
+                );
+            }
+        }
+        for t in &texts[..3] {
+            assert!(selects_no_channels(t), "{}", String::from_utf8_lossy(t));
+        }
+        for t in &texts[3..8] {
+            assert!(
+                super::super::notify::parse(t).is_some(),
+                "{}",
+                String::from_utf8_lossy(t)
+            );
         }
     }
 }

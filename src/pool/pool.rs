@@ -16,7 +16,7 @@ use crate::config::PoolMode;
 use crate::lock::Locked;
 use crate::net::conn::ConnError;
 use crate::server::{Params, Server, ServerError, ServerTarget, connect, query};
-use crate::stats::PoolStats;
+use crate::stats::{PoolStats, clock};
 
 /// Settings of one pool, resolved from the config (per user > per database > global).
 #[derive(Clone)]
@@ -353,6 +353,13 @@ impl Pool {
 
     pub fn settings(&self) -> Arc<PoolSettings> {
         self.current.load_full()
+    }
+
+    /// The settings in force, for a look now (not kept across a wait): no write to the
+    /// settings' shared count, which every worker's transactions would otherwise take
+    /// turns at.
+    pub fn settings_now(&self) -> arc_swap::Guard<Arc<PoolSettings>> {
+        self.current.load()
     }
 
     /// New settings in force, in `g` and for [`Pool::settings`].
@@ -858,13 +865,14 @@ impl Pool {
     /// None: take the slow path.
     pub fn checkout_now(self: &Arc<Self>, want: Option<(u64, u64)>) -> Option<PooledServer> {
         loop {
-            let (s, settings) = {
+            let s = {
                 let mut g = self.lock();
                 if g.paused {
                     return None;
                 }
-                (self.pop_idle(&mut g, want)?, g.settings.clone())
+                self.pop_idle(&mut g, want)?
             };
+            let settings = self.settings_now();
             match self.ready_now(s, &settings) {
                 Ready::Usable(s) => return Some(PooledServer::new(s, self.clone())),
                 Ready::Closed => {}
@@ -890,9 +898,9 @@ impl Pool {
     /// to this worker).
     fn ready_now(self: &Arc<Self>, mut s: Box<Server>, settings: &PoolSettings) -> Ready {
         // The client's transaction's start (`clock::recent` for the relay's timers).
-        let now = crate::stats::clock::now();
+        let now = clock::now();
         let expired = crate::config::enabled(settings.server_lifetime)
-            .is_some_and(|l| now.duration_since(s.created()) >= l);
+            .is_some_and(|l| clock::passed(now, s.created(), l));
         if !settings.target.hosts.keeps(s.host()) {
             self.close_because(s, ServerState::Active, HOST_ROLE_CHANGED);
             return Ready::Closed;
@@ -919,7 +927,7 @@ impl Pool {
             }
         }
         if settings.server_check_query.is_some()
-            && now.saturating_duration_since(s.last_used()) >= settings.server_check_delay
+            && clock::passed(now, s.last_used(), settings.server_check_delay)
         {
             return Ready::CheckDue(s);
         }
@@ -959,7 +967,7 @@ impl Pool {
         self.arrived(&mut g, &s, from);
         // server_lifetime = 0: a server serves one client (PgBouncer's meaning).
         let too_old = match crate::config::enabled(g.settings.server_lifetime) {
-            Some(l) => now.duration_since(s.created()) >= l,
+            Some(l) => clock::passed(now, s.created(), l),
             None => s.served(),
         } || g.close_before.is_some_and(|t| s.created() < t);
         let counted = g.counted();
@@ -1542,7 +1550,7 @@ fn is_alive(s: &mut Server, now: Instant) -> bool {
     match s.conn_mut().poll_read_more(&mut cx) {
         Poll::Pending => {
             s.conn().rbuf.is_empty()
-                && (now.saturating_duration_since(s.last_used()) < ASK_KERNEL_AFTER
+                && (!clock::passed(now, s.last_used(), ASK_KERNEL_AFTER)
                     || !s.conn_mut().stream.input_waiting())
         }
         Poll::Ready(_) => false,

@@ -56,8 +56,45 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// `*self == Effects::default()`, field by field (no default value built and dropped
+    /// per transaction); the pattern names every field, so a new one must be added here.
     pub fn is_empty(&self) -> bool {
-        *self == Effects::default()
+        let Effects {
+            gucs,
+            gucs_unknown,
+            local_gucs,
+            reset_all,
+            discard_all,
+            deallocate_all,
+            deallocate,
+            pin_check,
+            ddl,
+            reserved_name,
+            database_alone,
+            calls,
+            notify,
+            introspects,
+            terminates,
+            signals,
+            listen,
+        } = self;
+        gucs.is_empty()
+            && local_gucs.is_empty()
+            && deallocate.is_none()
+            && database_alone.is_none()
+            && !(*gucs_unknown
+                || *reset_all
+                || *discard_all
+                || *deallocate_all
+                || *pin_check
+                || *ddl
+                || *reserved_name
+                || *calls
+                || *notify
+                || *introspects
+                || *terminates
+                || *signals
+                || *listen)
     }
 
     pub fn merge(&mut self, o: Effects) {
@@ -1331,6 +1368,37 @@ pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `is_empty` is `== Effects::default()`: false when any one field is set.
+    #[test]
+    fn effects_are_empty_only_as_the_default() {
+        assert!(Effects::default().is_empty());
+        let one: [fn(&mut Effects); 17] = [
+            |e| e.gucs.push("x".into()),
+            |e| e.gucs_unknown = true,
+            |e| e.local_gucs.push("x".into()),
+            |e| e.reset_all = true,
+            |e| e.discard_all = true,
+            |e| e.deallocate_all = true,
+            |e| e.deallocate = Some("x".into()),
+            |e| e.pin_check = true,
+            |e| e.ddl = true,
+            |e| e.reserved_name = true,
+            |e| e.database_alone = Some("x".into()),
+            |e| e.calls = true,
+            |e| e.notify = true,
+            |e| e.introspects = true,
+            |e| e.terminates = true,
+            |e| e.signals = true,
+            |e| e.listen = true,
+        ];
+        for (i, set) in one.iter().enumerate() {
+            let mut e = Effects::default();
+            set(&mut e);
+            assert!(!e.is_empty(), "field {i}");
+            assert_eq!(e.is_empty(), e == Effects::default());
+        }
+    }
 
     /// `contains_ci` finds what a look at every place finds (seeded texts of a few letters).
     #[test]

@@ -24,9 +24,37 @@ pub fn recent() -> Instant {
     LAST.with(|l| l.get()).unwrap_or_else(now)
 }
 
+/// Whether `d` has passed from `since` to `now` (`now - since >= d`): one addition and a
+/// comparison, for the checks a checkout makes, where `duration_since` would compute and
+/// normalise a `Duration` each time.
+pub fn passed(now: Instant, since: Instant, d: std::time::Duration) -> bool {
+    d.is_zero() || since.checked_add(d).is_some_and(|t| now >= t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passed_is_duration_since_at_least() {
+        use std::time::Duration;
+        let a = Instant::now();
+        let b = a + Duration::from_millis(1500);
+        for d in [0, 1, 1499, 1500, 1501, 10_000] {
+            let d = Duration::from_millis(d);
+            assert_eq!(
+                passed(b, a, d),
+                b.saturating_duration_since(a) >= d,
+                "{d:?}"
+            );
+            assert_eq!(
+                passed(a, b, d),
+                a.saturating_duration_since(b) >= d,
+                "{d:?}"
+            );
+        }
+        assert!(!passed(b, a, Duration::MAX));
+    }
 
     #[test]
     fn recent_is_the_latest_reading() {
