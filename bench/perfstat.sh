@@ -6,20 +6,26 @@
 # transaction. Removes everything after.
 #
 #   bench/perfstat.sh [-r ROUNDS=3] [-T SECONDS=5] [-c CLIENTS=16] [-M simple|extended]
-#                     [-b] [-w WORKERS] [-P NAME] NAME=BIN[@WORKERS][+KEY=VALUE,...] ...
+#                     [-b] [-C] [-a md5|scram] [-w WORKERS] [-P NAME]
+#                     NAME=BIN[@WORKERS][+KEY=VALUE,...] ...
 # BIN is a pgcarpool or PgBouncer binary (both read the same pgbouncer.ini); -w, or
 # @WORKERS after one binary, sets pgcarpool's `workers` (default: one per core); +KEY=VALUE
 # adds settings to that target's ini (e.g. `nodefer=target/release/pgcarpool+deferred_begin=0`).
 # -b: pgbench's TPC-B-like script (BEGIN, three UPDATEs, a SELECT, an INSERT, END) instead
 # of -S.
+# -C: a new connection per transaction (pgbench -C): the cost of a login.
+# -a md5|scram: clients log in with a password, as bench/run's connect rows do (auth_type =
+# md5, the userlist holding PostgreSQL's md5 or SCRAM secret for the user; connection
+# logging off).
 # -P NAME: `perf record -g` of target NAME in the last round, kept in /tmp/perfstat-NAME.data
 # (read it with `perf report -i`). Needs perf, pgbench, psql; run as root.
 set -euo pipefail
-ROUNDS=3 SECS=5 CLIENTS=16 MODE=simple WORKERS= PROFILE= WHAT=-S
-while getopts "r:T:c:M:w:P:b" o; do
+ROUNDS=3 SECS=5 CLIENTS=16 MODE=simple WORKERS= PROFILE= WHAT=-S CONNECT= AUTH=
+while getopts "r:T:c:M:w:P:bCa:" o; do
     case $o in
     r) ROUNDS=$OPTARG ;; T) SECS=$OPTARG ;; c) CLIENTS=$OPTARG ;; M) MODE=$OPTARG ;;
-    w) WORKERS=$OPTARG ;; P) PROFILE=$OPTARG ;; b) WHAT=tpcb ;; *) exit 2 ;;
+    w) WORKERS=$OPTARG ;; P) PROFILE=$OPTARG ;; b) WHAT=tpcb ;; C) CONNECT=1 ;;
+    a) AUTH=$OPTARG ;; *) exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -45,6 +51,19 @@ trap cleanup EXIT
     start >/dev/null
 "$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -i -s 1 -q postgres >/dev/null 2>&1
 echo '"postgres" ""' >"$DIR/userlist.txt"
+LOGIN=postgres AUTHTYPE=trust
+if [ -n "$AUTH" ]; then
+    # The server side stays trust: only the client's login is measured.
+    LOGIN=bench_$AUTH AUTHTYPE=md5
+    enc=$([ "$AUTH" = md5 ] && echo md5 || echo scram-sha-256)
+    psql_pg=("$PGBIN/psql" -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres -Atq)
+    "${psql_pg[@]}" -c "set password_encryption = '$enc'" \
+        -c "create role $LOGIN login password '${LOGIN}_pw'" \
+        -c "grant select, insert, update on all tables in schema public to $LOGIN"
+    "${psql_pg[@]}" -F ' ' -c "select rolname, rolpassword from pg_authid where rolname = '$LOGIN'" |
+        awk '{printf "\"%s\" \"%s\"\n", $1, $2}' >>"$DIR/userlist.txt"
+    export PGPASSWORD=${LOGIN}_pw
+fi
 
 # Start pooler $2 (named $1; workers $3) on a free port: sets POOLPID, POOLPORT.
 start_pooler() {
@@ -56,7 +75,7 @@ postgres = host=127.0.0.1 port=$PGPORT
 listen_addr = 127.0.0.1
 listen_port = $POOLPORT
 unix_socket_dir =
-auth_type = trust
+auth_type = $AUTHTYPE
 auth_file = $DIR/userlist.txt
 admin_users = postgres
 pool_mode = transaction
@@ -68,12 +87,13 @@ EOF
     case $(basename "$2") in
     pgcarpool*) [ -n "$3" ] && echo "workers = $3" >>"$DIR/$1.ini" ;;
     esac
+    [ -n "$AUTH" ] && printf 'log_connections = 0\nlog_disconnections = 0\n' >>"$DIR/$1.ini"
     if [ -n "$4" ]; then tr "," "\n" <<<"$4" >>"$DIR/$1.ini"; fi
     # setpriv execs the pooler itself: $! is its pid.
     setpriv --reuid postgres --regid postgres --init-groups "$2" "$DIR/$1.ini" >/dev/null 2>&1 &
     POOLPID=$!
     for _ in $(seq 100); do
-        "$PGBIN/psql" -h 127.0.0.1 -p "$POOLPORT" -U postgres -d postgres -Atc 'select 1' \
+        "$PGBIN/psql" -h 127.0.0.1 -p "$POOLPORT" -U "$LOGIN" -d postgres -Atc 'select 1' \
             >/dev/null 2>&1 && return
         sleep 0.1
     done
@@ -100,7 +120,7 @@ for round in $(seq "$ROUNDS"); do
         start_pooler "$name" "$bin" "$workers" "$extra"
         what=(-S)
         [ "$WHAT" = tpcb ] && what=(-b tpcb-like)
-        pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U postgres -n "${what[@]}" -M "$MODE"
+        pgb=("$PGBIN/pgbench" -h 127.0.0.1 -p "$POOLPORT" -U "$LOGIN" -n "${what[@]}" ${CONNECT:+-C} -M "$MODE"
             -c "$CLIENTS" -j 2 postgres)
         "${pgb[@]}" -T 1 >/dev/null 2>&1
         m0=$(carpool server_moves) l0=$(carpool lock_waits) n0=$(carpool lock_wait_ns)

@@ -455,6 +455,42 @@ async fn sighup_rereads_the_auth_file() {
     assert_eq!(row.get::<_, String>(0), "newuser");
 }
 
+/// A SCRAM secret replaced in auth_file: after SIGHUP logins are checked against the new
+/// one only (what an exchange keeps of a verifier goes with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_a_new_scram_secret_checks_logins_against_it() {
+    let pg = TempPostgres::start();
+    let set = |password: &str| {
+        pg.psql(&format!(
+            "set password_encryption = 'scram-sha-256'; \
+             alter role scramrot password '{password}'; \
+             select rolpassword from pg_authid where rolname = 'scramrot'"
+        ))
+    };
+    pg.psql("create role scramrot login");
+    let p =
+        PoolerProcess::start(TestPooler::builder(&pg).settings(&[("pool_mode", "transaction")]))
+            .await;
+    let userlist = p.dir.path().join("userlist.txt");
+    let original = std::fs::read_to_string(&userlist).unwrap();
+    let old_dsn = harness::dsn_with_password(p.port(), "scramrot", Some("before"), "testdb");
+    let new_dsn = harness::dsn_with_password(p.port(), "scramrot", Some("after"), "testdb");
+    for (password, dsn) in [("before", &old_dsn), ("after", &new_dsn)] {
+        let secret = set(password).lines().last().unwrap().to_string();
+        std::fs::write(&userlist, format!("{original}\"scramrot\" \"{secret}\"\n")).unwrap();
+        p.signal(libc::SIGHUP);
+        let admitted = eventually(Duration::from_secs(5), || async {
+            try_connect(dsn).await.is_ok()
+        })
+        .await;
+        assert!(admitted, "{dsn} refused:\n{}", p.log());
+    }
+    let refused = try_connect(&old_dsn)
+        .await
+        .expect_err("the old password still logs in");
+    assert_eq!(harness::sqlstate(&refused), Some("28P01"), "{refused:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_after_a_password_change_logs_in_to_new_servers_with_it() {
     let pg = TempPostgres::start();

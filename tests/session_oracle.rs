@@ -463,6 +463,32 @@ async fn client_encoding_is_reported_canonically() {
     p.shutdown().await;
 }
 
+/// Each login is told its own startup values in its ParameterStatus messages, as
+/// PostgreSQL tells them, when logins with other values came between (the pool reuses what
+/// it told the last login with the same values).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_login_is_told_its_own_startup_values() {
+    let pg = TempPostgres::start();
+    let p = pool_of(&pg, 1).await;
+    let a: &[(&str, &str)] = &[("application_name", "app-a"), ("TimeZone", "Asia/Tokyo")];
+    let b: &[(&str, &str)] = &[("application_name", "app-b"), ("DateStyle", "SQL, DMY")];
+    let keys = [
+        "application_name",
+        "TimeZone",
+        "DateStyle",
+        "client_encoding",
+    ];
+    for params in [a, b, a, &[], a, b, b, &[]] {
+        let mut told = Vec::new();
+        for port in [pg.port(), p.port()] {
+            let (_w, reported) = Wire::connect_with(port, "postgres", "testdb", params).await;
+            told.push(keys.map(|k| reported.get(k).cloned()));
+        }
+        assert_eq!(told[0], told[1], "{params:?}");
+    }
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_inside_a_parse_pins_and_behaves_as_postgresql() {
     let pg = TempPostgres::start();

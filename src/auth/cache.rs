@@ -127,6 +127,7 @@ impl ScramCache {
             salt: salt[..16].to_vec(),
             stored_key,
             server_key,
+            macs: Default::default(),
         }
     }
 

@@ -16,31 +16,41 @@ pub fn password_hash(user: &str, password: &str) -> String {
 /// What a client sends in PasswordMessage for md5 auth: `"md5" + md5(hash_hex + salt)`,
 /// where `hash_hex` is `password_hash(user, password)`.
 pub fn salted_response(hash_hex: &str, salt: [u8; 4]) -> String {
+    String::from_utf8_lossy(&salted_response_bytes(hash_hex, salt)).into_owned()
+}
+
+/// [`salted_response`] on the stack.
+fn salted_response_bytes(hash_hex: &str, salt: [u8; 4]) -> [u8; 3 + HASH_HEX_LEN] {
     let mut h = Md5::new();
     h.update(hash_hex.as_bytes());
     h.update(salt);
-    let mut out = String::with_capacity(3 + HASH_HEX_LEN);
-    out.push_str("md5");
-    out.push_str(&hex(&h.finalize()));
+    let mut out = [0u8; 3 + HASH_HEX_LEN];
+    out[..3].copy_from_slice(b"md5");
+    hex_into(&h.finalize(), &mut out[3..]);
     out
 }
 
 /// Check a client's md5 PasswordMessage payload (without the trailing NUL) in constant time.
 pub fn verify_response(hash_hex: &str, salt: [u8; 4], response: &[u8]) -> bool {
-    let expected = salted_response(hash_hex, salt);
+    let expected = salted_response_bytes(hash_hex, salt);
     // Lengths are public (always 35 for a well-formed response); the contents are compared in constant time.
-    expected.as_bytes().ct_eq(response).into()
+    expected[..].ct_eq(response).into()
 }
 
 /// Lowercase hex, as PostgreSQL prints md5 digests.
 fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Lowercase hex of `bytes` into `out` (twice as long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    for (&b, o) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        o[0] = DIGITS[usize::from(b >> 4)];
+        o[1] = DIGITS[usize::from(b & 0x0f)];
     }
-    s
 }
 
 #[cfg(test)]

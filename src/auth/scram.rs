@@ -59,6 +59,7 @@ pub fn verifier_from_password(password: &str, salt: &[u8], iterations: u32) -> S
         salt: salt.to_vec(),
         stored_key: sha256(&client_key),
         server_key,
+        macs: Default::default(),
     }
 }
 
@@ -101,6 +102,13 @@ fn sha256(data: &[u8]) -> Key32 {
 fn hmac(key: &[u8], data: &[u8]) -> Key32 {
     let mut mac =
         <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    mac.update(data);
+    mac.finalize().into_bytes().into()
+}
+
+/// HMAC of `data` with a MAC already keyed (`KeyedMacs`).
+fn keyed_hmac(keyed: &crate::config::auth_file::HmacSha256, data: &[u8]) -> Key32 {
+    let mut mac = keyed.clone();
     mac.update(data);
     mac.finalize().into_bytes().into()
 }
@@ -366,12 +374,14 @@ impl ScramServer {
         let proof = decode_key(proof_b64, "bad proof")?;
 
         let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
-        let client_signature = hmac(&self.verifier.stored_key, auth_message.as_bytes());
+        let v = &self.verifier;
+        let (stored_mac, server_mac) = v.macs.get(&v.stored_key, &v.server_key);
+        let client_signature = keyed_hmac(stored_mac, auth_message.as_bytes());
         let client_key = xor32(&proof, &client_signature);
         if !bool::from(sha256(&client_key).ct_eq(&self.verifier.stored_key)) {
             return Err(ScramError::BadProof);
         }
-        let server_signature = hmac(&self.verifier.server_key, auth_message.as_bytes());
+        let server_signature = keyed_hmac(server_mac, auth_message.as_bytes());
         self.state = ServerState::Done { client_key };
         Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
     }

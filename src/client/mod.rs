@@ -516,7 +516,7 @@ async fn login(
         .is_some_and(|r| !r.eq_ignore_ascii_case("database"));
     let learned = startup::authenticate(shared, conn, cfg, &db, &user, physical).await?;
     let entry = cfg
-        .database(&db)
+        .database_entry(&db)
         .ok_or_else(|| ClientError::fatal("3D000", format!("no such database: {db}")))?;
     if shared.admin().is_disabled(&db) {
         return Err(ClientError::fatal(
@@ -539,7 +539,7 @@ async fn login(
         return Ok(Entered::Replication(server, slot, counted));
     }
     let server_params = first_server_params(&pool, cfg, &user).await?;
-    let (session, reg) = open_session(
+    let (session, reg, status) = open_session(
         shared,
         &pool,
         (id, peer, minor),
@@ -547,7 +547,7 @@ async fn login(
         client_params,
         &server_params,
     );
-    welcome(conn, cfg, &server_params, &session, &reg).await?;
+    welcome(conn, cfg, &status, &reg).await?;
     Ok(Entered::Client(Box::new((
         user, db, pool, session, reg, counted,
     ))))
@@ -694,7 +694,7 @@ async fn first_server_params(
     pool: &Arc<Pool>,
     cfg: &Config,
     user: &str,
-) -> Result<Params, ClientError> {
+) -> Result<Arc<Params>, ClientError> {
     Ok(match pool.server_params() {
         Some(p) => p,
         None => {
@@ -715,7 +715,7 @@ async fn first_server_params(
                     }
                 }
             })?;
-            let p = s.login_params().clone();
+            let p = Arc::new(s.login_params().clone());
             drop(s);
             p
         }
@@ -723,7 +723,8 @@ async fn first_server_params(
 }
 
 /// The client's virtual session (the server's parameters as the client asked to change
-/// them) and its place in the client registry (its cancel key).
+/// them), its place in the client registry (its cancel key), and the ParameterStatus
+/// messages that tell it its parameters.
 fn open_session(
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -731,19 +732,28 @@ fn open_session(
     names: (Arc<str>, Arc<str>),
     client_params: Params,
     server_params: &Params,
-) -> (VirtualSession, Registration) {
-    let mut session = VirtualSession::default();
-    let mut wanted = Params::default();
-    for (k, v) in server_params.iter() {
-        if !crate::server::sync::is_read_only(k) && !crate::server::sync::is_server_role(k) {
+) -> (VirtualSession, Registration, bytes::Bytes) {
+    let mut session = VirtualSession {
+        startup: pool.share_startup_params(client_params),
+        ..Default::default()
+    };
+    let (params, status) = pool.welcome(server_params, &session.startup, || {
+        let mut wanted = Params::default();
+        for (k, v) in server_params.iter() {
+            if !crate::server::sync::is_read_only(k) && !crate::server::sync::is_server_role(k) {
+                wanted.set(k, v);
+            }
+        }
+        for (k, v) in session.startup.iter() {
             wanted.set(k, v);
         }
-    }
-    for (k, v) in client_params.iter() {
-        wanted.set(k, v);
-    }
-    session.params = pool.share_session_params(wanted);
-    session.startup = pool.share_startup_params(client_params);
+        let mut status = bytes::BytesMut::new();
+        for (k, v) in server_params.iter() {
+            backend::parameter_status(&mut status, k, wanted.get(k).unwrap_or(v));
+        }
+        (wanted, status.freeze())
+    });
+    session.params = params;
     session.pool_scope = session::pool_scope(pool);
     let reg = shared.clients().register(
         id,
@@ -753,24 +763,20 @@ fn open_session(
         minor >= 2,
     );
     session.backend_pid = reg.handle.key.0;
-    (session, reg)
+    (session, reg, status)
 }
 
-/// AuthenticationOk, the parameters, the cancel key, login_notify_message and
-/// ReadyForQuery: the client is in.
+/// AuthenticationOk, the parameters (`status`: their ParameterStatus messages), the
+/// cancel key, login_notify_message and ReadyForQuery: the client is in.
 async fn welcome(
     conn: &mut Conn,
     cfg: &Config,
-    server_params: &Params,
-    session: &VirtualSession,
+    status: &[u8],
     reg: &Registration,
 ) -> Result<(), ClientError> {
     conn.queue_with(|b| {
         backend::authentication_ok(b);
-        for (k, v) in server_params.iter() {
-            let v = session.params.get(k).unwrap_or(v);
-            backend::parameter_status(b, k, v);
-        }
+        b.extend_from_slice(status);
         let (pid, secret) = reg.handle.key;
         let rest = reg.handle.key_rest();
         backend::backend_key_data_long(b, pid, secret, rest.as_ref().map_or(&[], |r| &r[..]));

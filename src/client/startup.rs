@@ -105,6 +105,14 @@ fn negotiate(
     minor: u16,
     params: Vec<(String, String)>,
 ) -> (u16, Vec<(String, String)>) {
+    if minor <= startup::NEWEST_MINOR && !params.iter().any(|(k, _)| k.starts_with("_pq_.")) {
+        let minor = if minor >= startup::NEWEST_MINOR {
+            minor
+        } else {
+            0
+        };
+        return (minor, params);
+    }
     let (options, params): (Vec<_>, Vec<_>) = params
         .into_iter()
         .partition(|(k, _)| k.starts_with("_pq_."));

@@ -632,11 +632,9 @@ async fn after_transaction(
     if effects.discard_all {
         // The server is back to its login values (DISCARD ALL cannot be rolled back); the
         // client's session to the servers' defaults and its startup values.
-        let defaults = c
-            .pool
-            .server_params()
-            .unwrap_or_else(|| server.login_params().clone());
-        c.session.reset_all(&defaults);
+        let defaults = c.pool.server_params();
+        c.session
+            .reset_all(defaults.as_deref().unwrap_or(server.login_params()));
         server.reset_params();
         c.session.statements.clear();
     }

@@ -25,7 +25,42 @@ pub struct ScramVerifier {
     pub salt: Vec<u8>,
     pub stored_key: [u8; 32],
     pub server_key: [u8; 32],
+    /// HMAC keyed with `stored_key` and with `server_key`, made by the first exchange
+    /// and shared by the verifier's clones (every login checks a proof with both).
+    pub macs: KeyedMacs,
 }
+
+/// HMAC-SHA-256 keyed with a verifier's StoredKey and ServerKey, made once (the key's
+/// two padded blocks hashed once, not per login). It goes with the keys it was made
+/// from: built on first use by [`KeyedMacs::get`], and a clone of the verifier shares it,
+/// so a verifier read again (RELOAD, auth_query) starts empty.
+#[derive(Clone, Default)]
+pub struct KeyedMacs(std::sync::Arc<std::sync::OnceLock<(HmacSha256, HmacSha256)>>);
+
+/// HMAC-SHA-256, the MAC of SCRAM-SHA-256.
+pub type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+impl KeyedMacs {
+    /// The MACs keyed with `stored_key` and `server_key` (those of the verifier holding
+    /// this).
+    pub fn get(&self, stored_key: &[u8; 32], server_key: &[u8; 32]) -> &(HmacSha256, HmacSha256) {
+        self.0.get_or_init(|| {
+            let mac = |k: &[u8; 32]| {
+                <HmacSha256 as hmac::KeyInit>::new_from_slice(k)
+                    .expect("HMAC accepts keys of any length")
+            };
+            (mac(stored_key), mac(server_key))
+        })
+    }
+}
+
+/// Made from the keys: equal whenever the keys are.
+impl PartialEq for KeyedMacs {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for KeyedMacs {}
 
 impl fmt::Debug for ScramVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -108,6 +143,7 @@ fn parse_scram(rest: &str) -> Result<ScramVerifier, String> {
         salt,
         stored_key: key(stored, "StoredKey")?,
         server_key: key(server, "ServerKey")?,
+        macs: KeyedMacs::default(),
     })
 }
 

@@ -251,13 +251,19 @@ impl Config {
     /// The database entry a client asking for `dbname` gets: the named entry, or the
     /// fallback `*` entry with its name filled in, or None.
     pub fn database(&self, dbname: &str) -> Option<DatabaseEntry> {
+        self.database_entry(dbname)
+            .map(std::borrow::Cow::into_owned)
+    }
+
+    /// [`Config::database`], borrowed when the database has an entry of its own.
+    pub fn database_entry(&self, dbname: &str) -> Option<std::borrow::Cow<'_, DatabaseEntry>> {
         if let Some(d) = self.databases.get(dbname) {
-            return Some(d.clone());
+            return Some(std::borrow::Cow::Borrowed(d));
         }
         self.fallback.as_ref().map(|f| {
             let mut d = f.clone();
             d.name = dbname.to_string();
-            d
+            std::borrow::Cow::Owned(d)
         })
     }
 

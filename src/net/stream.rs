@@ -240,10 +240,42 @@ impl Stream {
             s => s
                 .tcp()
                 .and_then(|t| t.peer_addr().ok())
-                .map(|a| a.to_string())
+                .map(|a| addr_text(&a))
                 .unwrap_or_default(),
         }
     }
+}
+
+/// `a` as `Display` writes it (`1.2.3.4:5`, `[::1]:5`), an IPv4 address without the
+/// formatting machinery (once per login).
+fn addr_text(a: &std::net::SocketAddr) -> String {
+    let std::net::SocketAddr::V4(v4) = a else {
+        return a.to_string();
+    };
+    fn number(n: u16, out: &mut String) {
+        let mut digits = [0u8; 5];
+        let mut at = digits.len();
+        let mut n = n;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    }
+    let mut out = String::with_capacity(21);
+    for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        number(u16::from(octet), &mut out);
+    }
+    out.push(':');
+    number(v4.port(), &mut out);
+    out
 }
 
 /// A connected socket that belongs to no runtime (in transit between workers).
@@ -330,6 +362,22 @@ impl AsyncWrite for Stream {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for a in [
+            "0.0.0.0:0",
+            "127.0.0.1:5432",
+            "10.20.30.40:65535",
+            "255.255.255.255:1",
+            "1.0.100.9:10",
+            "[::1]:6432",
+            "[fe80::1]:0",
+        ] {
+            let addr: std::net::SocketAddr = a.parse().unwrap();
+            assert_eq!(super::addr_text(&addr), addr.to_string());
+        }
+    }
+
     use std::io::Write;
     use std::task::Waker;
 

@@ -171,9 +171,12 @@ struct Inner {
     spare: usize,
     paused: bool,
     /// ParameterStatus values of a freshly logged-in server: what new clients are told.
-    server_params: Option<Params>,
+    server_params: Option<Arc<Params>>,
     /// The last session parameter set given to a new client (shared when equal).
     session_template: Option<Arc<Params>>,
+    /// What the last new client was given at login, given as it is to the next one with
+    /// the same startup parameters (`Pool::welcome`).
+    welcome: Option<Welcome>,
     /// The same for the parameters of clients' startup packets.
     startup_template: Option<Arc<Params>>,
     /// Failed logins since the last successful one: when to try again, who waits.
@@ -284,6 +287,7 @@ impl Pool {
                 paused: false,
                 server_params: None,
                 session_template: None,
+                welcome: None,
                 startup_template: None,
                 login: LoginBackoff::default(),
                 last_login_error: None,
@@ -442,8 +446,37 @@ impl Pool {
     }
 
     /// Parameters new clients of this pool are told at login, if a server has logged in yet.
-    pub fn server_params(&self) -> Option<Params> {
+    pub fn server_params(&self) -> Option<Arc<Params>> {
         self.lock().server_params.clone()
+    }
+
+    /// A new client's session parameters and the ParameterStatus messages telling it them,
+    /// which depend only on the server's parameters (`server`) and the client's startup
+    /// parameters (`startup`, as `share_startup_params` shares them): `make` builds both
+    /// (session parameters unshared, messages encoded), once for each new pair; the next
+    /// client with the same pair is given the same (one login costs no list building).
+    pub fn welcome(
+        &self,
+        server: &Params,
+        startup: &Arc<Params>,
+        make: impl FnOnce() -> (Params, bytes::Bytes),
+    ) -> (Arc<Params>, bytes::Bytes) {
+        if let Some(w) = &self.lock().welcome
+            && w.server_version == server.version()
+            && Arc::ptr_eq(&w.startup, startup)
+        {
+            return (w.session.clone(), w.status.clone());
+        }
+        let (params, status) = make();
+        let mut g = self.lock();
+        let session = share(&mut g.session_template, params);
+        g.welcome = Some(Welcome {
+            server_version: server.version(),
+            startup: startup.clone(),
+            session: session.clone(),
+            status: status.clone(),
+        });
+        (session, status)
     }
 
     /// The servers by state, waiters and pause, for SHOW POOLS and tests.
@@ -775,7 +808,7 @@ impl Pool {
                     g.last_login_error = None;
                     g.refused = None;
                     if g.server_params.is_none() {
-                        g.server_params = Some(s.login_params().clone());
+                        g.server_params = Some(Arc::new(s.login_params().clone()));
                     }
                     since
                 };
@@ -1405,6 +1438,16 @@ fn share(template: &mut Option<Arc<Params>>, p: Params) -> Arc<Params> {
             t
         }
     }
+}
+
+/// What a new client was given at login (`Pool::welcome`), for the server parameters of
+/// version `server_version` and the startup parameters `startup` (held: the pointer
+/// names them).
+struct Welcome {
+    server_version: u64,
+    startup: Arc<Params>,
+    session: Arc<Params>,
+    status: bytes::Bytes,
 }
 
 /// What the checks of an idle server found.

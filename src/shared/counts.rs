@@ -3,13 +3,17 @@
 //! and SHOW DATABASES / SHOW USERS `current_client_connections`. Counted as PgBouncer
 //! does: a client counts from its login, and one over a limit is refused.
 use crate::lock::Locked;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// Clients by name (a `Cell`: a name already there is counted in one lookup).
+type Counts = Mutex<HashMap<Arc<str>, Cell<usize>>>;
+
 #[derive(Default)]
 pub struct ClientCounts {
-    by_db: Mutex<HashMap<Arc<str>, usize>>,
-    by_user: Mutex<HashMap<Arc<str>, usize>>,
+    by_db: Counts,
+    by_user: Counts,
 }
 
 /// One client counted in its database and user until dropped. The names are the counts'
@@ -30,21 +34,22 @@ pub struct Admitted {
 }
 
 /// Count one more under `key`: the count, and the map's own copy of the name.
-fn up(m: &Mutex<HashMap<Arc<str>, usize>>, key: &str) -> (usize, Arc<str>) {
+fn up(m: &Counts, key: &str) -> (usize, Arc<str>) {
     let mut g = m.locked();
-    let (k, n) = match g.get_key_value(key) {
-        Some((k, n)) => (k.clone(), n + 1),
-        None => (key.into(), 1),
-    };
-    g.insert(k.clone(), n);
-    (n, k)
+    if let Some((k, n)) = g.get_key_value(key) {
+        n.set(n.get() + 1);
+        return (n.get(), k.clone());
+    }
+    let k: Arc<str> = key.into();
+    g.insert(k.clone(), Cell::new(1));
+    (1, k)
 }
 
-fn down(m: &Mutex<HashMap<Arc<str>, usize>>, key: &str) {
+fn down(m: &Counts, key: &str) {
     let mut g = m.locked();
-    if let Some(n) = g.get_mut(key) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
+    if let Some(n) = g.get(key) {
+        n.set(n.get().saturating_sub(1));
+        if n.get() == 0 {
             g.remove(key);
         }
     }
@@ -68,12 +73,12 @@ impl ClientCounts {
 
     /// Clients of database `db` now.
     pub fn db(&self, db: &str) -> usize {
-        self.by_db.locked().get(db).copied().unwrap_or(0)
+        self.by_db.locked().get(db).map_or(0, Cell::get)
     }
 
     /// Clients logged in as `user` now.
     pub fn user(&self, user: &str) -> usize {
-        self.by_user.locked().get(user).copied().unwrap_or(0)
+        self.by_user.locked().get(user).map_or(0, Cell::get)
     }
 }
 

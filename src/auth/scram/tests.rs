@@ -56,6 +56,7 @@ fn parse_pg(s: &str) -> ScramVerifier {
         salt: B64.decode(salt).expect("salt"),
         stored_key: decode_key(stored, "stored").expect("stored"),
         server_key: decode_key(server, "server").expect("server"),
+        macs: Default::default(),
     }
 }
 
@@ -696,6 +697,7 @@ fn pass_through_takes_any_salt_length_and_iteration_count() {
             salt: salt.clone(),
             stored_key: sha256(&client_key),
             server_key,
+            macs: Default::default(),
         };
         // A client proving ClientKey: the pooler's server side recovers it…
         let (server, r) = exchange(
