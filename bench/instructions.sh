@@ -54,25 +54,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"${RUN[@]}" "$PGBIN/initdb" -D "$DIR/data" -U postgres -A trust >/dev/null
-"${RUN[@]}" "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/pg.log" -w \
-    -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
-    start >/dev/null
-"$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -i -s 1 -q postgres >/dev/null 2>&1
-echo '"postgres" ""' >"$DIR/userlist.txt"
-LOGIN=postgres AUTHTYPE=trust
-if [ -n "$AUTH" ]; then
-    # The server side stays trust: only the client's login is measured.
-    LOGIN=bench_$AUTH AUTHTYPE=md5
-    enc=$([ "$AUTH" = md5 ] && echo md5 || echo scram-sha-256)
-    psql_pg=("$PGBIN/psql" -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres -Atq)
-    "${psql_pg[@]}" -c "set password_encryption = '$enc'" \
-        -c "create role $LOGIN login password '${LOGIN}_pw'" \
-        -c "grant select, insert, update on all tables in schema public to $LOGIN"
-    "${psql_pg[@]}" -F ' ' -c "select rolname, rolpassword from pg_authid where rolname = '$LOGIN'" |
-        awk '{printf "\"%s\" \"%s\"\n", $1, $2}' >>"$DIR/userlist.txt"
-    export PGPASSWORD=${LOGIN}_pw
-fi
+. "$(dirname "$0")/throwaway-postgres.sh"
+start_throwaway_postgres
 entry="host=127.0.0.1 port=$PGPORT"
 [ -n "$ENTRY" ] && entry="host=127.0.0.1,127.0.0.1 port=$PGPORT,$PGPORT $ENTRY"
 cat >"$DIR/pool.ini" <<EOF
