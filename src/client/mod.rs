@@ -3,6 +3,7 @@ pub mod aborted;
 pub mod auth_query;
 pub mod cancel;
 pub mod deferred;
+pub mod fast;
 pub mod notify;
 pub mod relay;
 pub mod renamed;

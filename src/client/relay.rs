@@ -230,6 +230,40 @@ pub struct Relay<'a> {
     /// The number of the BEGIN pgcarpool answered and sent ahead of the client's messages
     /// (`send_begin`): its error ends the client.
     begin_seq: Option<u64>,
+    /// A transaction the fast path began (`resume`): how the server's socket stood, to be
+    /// looked at before anything else.
+    resumed: Option<ServerSocket>,
+}
+
+/// A transaction the fast path (`client::fast`) began and hands over where it stands:
+/// its one simple Query sent (a text that may not matter, `Facts::may_matter`), what the
+/// server said of it up to the reply the fast path leaves alone forwarded, that reply
+/// unread in the server's buffer.
+pub struct Resumed {
+    /// The Query as sent.
+    pub query: Bytes,
+    /// When it was sent.
+    pub sent: Instant,
+    /// Something of the server's reply was forwarded.
+    pub replied: bool,
+    /// The clock at the checkout: the transaction's and its query's start.
+    pub started: Instant,
+    /// Bytes of a server message still to stream to the client.
+    pub server_partial: usize,
+    /// Bytes relayed so far, each way.
+    pub counts: RelayCounts,
+    /// How the server's socket stood.
+    pub server: ServerSocket,
+}
+
+/// The server's socket as the fast path left it.
+#[derive(Debug)]
+pub enum ServerSocket {
+    Open,
+    /// A read found its end.
+    Closed,
+    /// A read or a write failed.
+    Failed(std::io::Error),
 }
 
 /// The client's first request on a fresh server, kept for `RelayEvent::TerminatedBeforeReply`
@@ -330,6 +364,7 @@ impl<'a> Relay<'a> {
             reads_only: false,
             requested: false,
             begin_seq: None,
+            resumed: None,
         }
     }
 
@@ -345,6 +380,41 @@ impl<'a> Relay<'a> {
         self.begin_seq = Some(seq);
     }
 
+    /// Take over a transaction the fast path began: the state as if this relay had
+    /// scanned and sent its Query (`scan_client`, `on_query` for a text that may not
+    /// matter, whose unnamed statements the fast path dropped already) and forwarded
+    /// what the server said so far; `run` looks at the server first.
+    pub fn resume(&mut self, r: Resumed) {
+        self.counts = r.counts;
+        self.xact_started = Some(r.started);
+        self.query_started = Some(r.started);
+        if let Some(k) = &mut self.first_request {
+            if r.replied {
+                self.first_request = None;
+            } else {
+                k.msgs.extend_from_slice(&r.query);
+                k.sent = Some(r.sent);
+            }
+        }
+        self.server.note_sent(frontend::QUERY, self.virt);
+        self.server_partial = r.server_partial;
+        self.resumed = Some(r.server);
+    }
+
+    /// A resumed transaction's server, looked at first: how its socket stood, else what
+    /// it said that the fast path left unread. Some: the relay ends with it.
+    fn resumed_server(&mut self, socket: ServerSocket) -> Option<RelayEvent> {
+        match socket {
+            ServerSocket::Closed => Some(self.server_closed()),
+            ServerSocket::Failed(e) => Some(self.server_failed(&e)),
+            ServerSocket::Open if self.server.conn().rbuf.is_empty() => None,
+            ServerSocket::Open => match self.scan_server() {
+                Ok(ev) => ev,
+                Err(e) => Some(RelayEvent::ServerGone(e.to_string())),
+            },
+        }
+    }
+
     /// Relay until an event, watching the timeouts.
     pub async fn run(&mut self, t: RelayTimeouts) -> RelayEvent {
         // A server of a host seen demoted meanwhile: nothing of the client's is sent to it
@@ -353,6 +423,11 @@ impl<'a> Relay<'a> {
             && h.demoted(self.server.host())
         {
             return RelayEvent::ServerGone(HOST_DEMOTED.into());
+        }
+        if let Some(socket) = self.resumed.take()
+            && let Some(ev) = self.resumed_server(socket)
+        {
+            return ev;
         }
         // What the client sent before the server was attached.
         if !self.client.rbuf.is_empty() {
@@ -478,10 +553,7 @@ impl<'a> Relay<'a> {
             let before = self.server.conn().out_len();
             if self.server.conn().out_pending() {
                 if let Poll::Ready(Err(e)) = self.server.conn_mut().poll_write_out(cx) {
-                    if let Some(ev) = self.reset_before_reply(&e) {
-                        return Poll::Ready(ev);
-                    }
-                    return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
+                    return Poll::Ready(self.server_failed(&e));
                 }
                 progress |= self.server.conn().out_len() < before;
             }
@@ -494,18 +566,7 @@ impl<'a> Relay<'a> {
             }
             if self.client.out_len() < HIGH_WATER && !server_waits {
                 match self.server.conn_mut().poll_read_more(cx) {
-                    Poll::Ready(Ok(0)) => {
-                        // A FATAL read with the end of an earlier reply (the session sync's)
-                        // is still unscanned.
-                        if self.first_request.is_some()
-                            && let Some(Some(ev)) = self.first_reply()
-                        {
-                            return Poll::Ready(ev);
-                        }
-                        return Poll::Ready(RelayEvent::ServerGone(
-                            "server closed the connection".into(),
-                        ));
-                    }
+                    Poll::Ready(Ok(0)) => return Poll::Ready(self.server_closed()),
                     Poll::Ready(Ok(n)) => {
                         progress = true;
                         self.counts.bytes_from_server += n as u64;
@@ -522,12 +583,7 @@ impl<'a> Relay<'a> {
                             }
                         }
                     }
-                    Poll::Ready(Err(e)) => {
-                        if let Some(ev) = self.reset_before_reply(&e) {
-                            return Poll::Ready(ev);
-                        }
-                        return Poll::Ready(RelayEvent::ServerGone(e.to_string()));
-                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(self.server_failed(&e)),
                     Poll::Pending => server_waits = true,
                 }
             }
@@ -558,6 +614,24 @@ impl<'a> Relay<'a> {
                 return Poll::Pending;
             }
         }
+    }
+
+    /// The server closed its connection (a read found its end).
+    fn server_closed(&mut self) -> RelayEvent {
+        // A FATAL read with the end of an earlier reply (the session sync's) is still
+        // unscanned.
+        if self.first_request.is_some()
+            && let Some(Some(ev)) = self.first_reply()
+        {
+            return ev;
+        }
+        RelayEvent::ServerGone("server closed the connection".into())
+    }
+
+    /// A read from or a write to the server failed with `e`.
+    fn server_failed(&mut self, e: &std::io::Error) -> RelayEvent {
+        self.reset_before_reply(e)
+            .unwrap_or_else(|| RelayEvent::ServerGone(e.to_string()))
     }
 
     /// The client's refused message (`refused`) is due: the server owes nothing more of

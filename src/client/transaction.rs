@@ -7,8 +7,9 @@ use std::time::Instant;
 use crate::shared::registry::{ClientHandle, client_event};
 
 use super::classify::{self, Effects};
+use super::fast::Fast;
 use super::registry::ServerLink;
-use super::relay::{FirstRequest, Relay, RelayCounts, RelayEvent, RelayTimeouts};
+use super::relay::{FirstRequest, Relay, RelayCounts, RelayEvent, RelayTimeouts, Resumed};
 use super::{Client, ClientError, ClientState};
 use crate::config::{self, PoolMode};
 use crate::net::conn::ConnError;
@@ -42,10 +43,11 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
     let mut held: Option<PooledServer> = None;
     // A transaction whose server was lost: the failed block pgcarpool plays (boxed: rare).
     let mut aborted: Option<Box<super::aborted::Aborted>> = None;
-    loop {
+    'transactions: loop {
         // A pinned client that also listens through the pool's listener waits here too, to
-        // be given its notifications between transactions.
-        if held.is_none() || c.listening.is_listening() {
+        // be given its notifications between transactions. What the fast path hands the
+        // full path, when it looked at the request: `taken`.
+        let taken = if held.is_none() || c.listening.is_listening() {
             // Clients gather on the workers that carry the load (workers.rs).
             // Boxed, and only when this worker sheds clients: its flush is not room every
             // idle client's task keeps.
@@ -71,7 +73,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                         &mut aborted,
                     ));
                     match wait.await? {
-                        Wait::Request => break,
+                        Wait::Request => break Taken::Nothing,
                         Wait::Terminate => return Ok(Exit::Left),
                         Wait::Handover => return Ok(Exit::Handover),
                         Wait::Idle => {}
@@ -84,13 +86,37 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     deadline = idle_deadline(c);
                 }
                 readable = park(c, deadline, &phase).await?;
+                if !readable || pinned || aborted.is_some() {
+                    continue;
+                }
+                // Readable: the bytes read at once, and a request the fast path serves
+                // served; anything else is `wait_for_request`'s (nothing readable any
+                // more: the bytes are in the buffer).
+                readable = false;
+                match read_now(c) {
+                    Poll::Ready(Ok(0)) => return Ok(Exit::Left),
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Ready(Err(e)) => return Err(e.into()),
+                    // (Parked again, its waker registered by `park`.)
+                    Poll::Pending => continue,
+                }
+                if !super::fast::eligible(c, &mut phase) || !super::fast::request(c) {
+                    continue;
+                }
+                match Box::pin(super::fast::transaction(c)).await {
+                    Fast::Done => continue 'transactions,
+                    Fast::Full(server) => break Taken::Server(server),
+                    Fast::Resume(server, r) => break Taken::Resumed(server, r),
+                }
             }
-        }
+        } else {
+            Taken::Nothing
+        };
         // Boxed: what a transaction needs (checkout, relay, read-back) is only there while
         // the client has a request, not in every idle client's task. (One box, not one
         // for the wait and the transaction together: the transaction's future would be
         // moved into it again.)
-        let after = Box::pin(transaction(c, held.take())).await?;
+        let after = Box::pin(transaction(c, held.take(), taken)).await?;
         c.reg.handle.set_prepared(c.session.statements.len());
         match after {
             After::Next(keep) => held = keep,
@@ -98,6 +124,12 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             After::Leave => return Ok(Exit::Left),
         }
     }
+}
+
+/// Read what the client's socket has now, without registering for more.
+fn read_now(c: &mut Client) -> Poll<std::io::Result<usize>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    c.conn.poll_read_more(&mut cx)
 }
 
 /// Nothing to read or to deliver, what the client is owed written at once (the reply the
@@ -213,6 +245,15 @@ fn idle_timed_out(c: &Client) -> ClientError {
     ClientError::fatal("08P01", why.into())
 }
 
+/// What the fast path hands the full path for the request it looked at (`fast::Fast`).
+enum Taken {
+    Nothing,
+    /// A server taken for it, the session's settings not applied yet.
+    Server(Option<PooledServer>),
+    /// The transaction it began, on this server.
+    Resumed(PooledServer, Resumed),
+}
+
 /// What follows a transaction.
 enum After {
     /// Wait for the next request, with the server kept (pinned) or not.
@@ -226,26 +267,18 @@ enum After {
 
 /// One transaction (in session mode: the whole session): get a server unless one is held,
 /// make it fit the session, relay, then release, keep or close it.
-async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After, ClientError> {
+async fn transaction(
+    c: &mut Client,
+    held: Option<PooledServer>,
+    taken: Taken,
+) -> Result<After, ClientError> {
     let cfg = &*c.shared.config_full();
     let handle = c.reg.handle.clone();
     let kill = &*handle;
     let fresh = held.is_none();
-    if !fresh {
-        // The transaction's start (a checkout reads the clock when it takes a server).
-        crate::stats::clock::now();
-    }
-    let server = match held {
-        Some(s) => s,
-        None => routed_server(c, cfg, kill).await?,
-    };
+    let (server, resumed) = server_for(c, cfg, kill, held, taken).await?;
     let pool_settings = c.pool.settings();
-    // A server just checked out may have been terminated while idle, its FATAL still on
-    // the way: the client's first request then goes to another one (`Relay::first_reply`).
-    // A sweep of pg_terminate_backend can have ended every idle server of the pool, each
-    // FATAL not come yet: as many tries as the pool has servers, and one more.
-    let tries = pool_settings.pool_size + pool_settings.reserve_pool_size + 1;
-    let replays_left = if fresh { tries } else { 0 };
+    let replays_left = if fresh { replays(&pool_settings) } else { 0 };
     let mode = pool_settings.mode;
     let timeouts = relay_timeouts(cfg, &c.reg.handle.user);
     let Relayed {
@@ -257,7 +290,16 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         counts,
         effects,
         loss,
-    } = relay_replacing(c, server, cfg, &pool_settings, timeouts, replays_left, kill).await?;
+    } = relay_replacing(
+        c,
+        server,
+        (cfg, &pool_settings),
+        timeouts,
+        replays_left,
+        kill,
+        resumed,
+    )
+    .await?;
     // The BEGIN pgcarpool answered went with this transaction (`deferred`).
     c.begun = None;
     c.reg.handle.set_server(None);
@@ -322,6 +364,37 @@ async fn transaction(c: &mut Client, held: Option<PooledServer>) -> Result<After
         RelayEvent::Limit(why) => Err(ClientError::fatal("53400", why)),
         RelayEvent::PqexecDisallowed => Err(pqexec_disallowed(c)),
     }
+}
+
+/// How many times a client's first request on a server just checked out may be sent
+/// again. That server may have been terminated while idle, its FATAL still on the way:
+/// the request then goes to another one (`Relay::first_reply`). A sweep of
+/// pg_terminate_backend can have ended every idle server of the pool, each FATAL not come
+/// yet: as many tries as the pool has servers, and one more.
+fn replays(s: &crate::pool::PoolSettings) -> usize {
+    s.pool_size + s.reserve_pool_size + 1
+}
+
+/// The server a transaction runs on: the one the client holds, the one the fast path
+/// began it on (with what it did, `Resumed`), or one taken now (the fast path may have
+/// taken it already) and fitted to the session.
+async fn server_for(
+    c: &mut Client,
+    cfg: &config::Config,
+    kill: &ClientHandle,
+    held: Option<PooledServer>,
+    taken: Taken,
+) -> Result<(PooledServer, Option<Resumed>), ClientError> {
+    Ok(match (held, taken) {
+        (Some(s), _) => {
+            // The transaction's start (a checkout reads the clock when it takes a server).
+            crate::stats::clock::now();
+            (s, None)
+        }
+        (None, Taken::Resumed(s, r)) => (s, Some(r)),
+        (None, Taken::Server(s)) => (routed_server(c, cfg, kill, s).await?, None),
+        (None, Taken::Nothing) => (routed_server(c, cfg, kill, None).await?, None),
+    })
 }
 
 /// The timeouts a relay of `user`'s transaction watches.
@@ -447,11 +520,11 @@ struct Relayed {
 async fn relay_replacing(
     c: &mut Client,
     mut server: PooledServer,
-    cfg: &config::Config,
-    pool_settings: &crate::pool::PoolSettings,
+    (cfg, pool_settings): (&config::Config, &crate::pool::PoolSettings),
     timeouts: RelayTimeouts,
     mut replays_left: usize,
     kill: &ClientHandle,
+    mut resumed: Option<Resumed>,
 ) -> Result<Relayed, ClientError> {
     loop {
         server.mark_served();
@@ -468,14 +541,25 @@ async fn relay_replacing(
         }
         c.reg.handle.set_server_key_rest(server.key_rest().cloned());
         c.reg.handle.set_state(ClientState::Active);
-        let assigned_at = crate::stats::clock::recent();
+        let assigned_at = match &resumed {
+            Some(r) => r.started,
+            None => crate::stats::clock::recent(),
+        };
         let standby = !Arc::ptr_eq(server.pool(), &c.pool);
         let start = Start {
             keep_first: replays_left > 0 && !claimed,
             standby,
         };
-        let (event, counts, effects, withheld_ready, loss) =
-            relay_once(c, &mut server, cfg, pool_settings, timeouts, start, kill).await;
+        let (event, counts, effects, withheld_ready, loss) = relay_once(
+            c,
+            &mut server,
+            (cfg, pool_settings),
+            timeouts,
+            start,
+            kill,
+            resumed.take(),
+        )
+        .await;
         let (first, refused) = match event {
             RelayEvent::TerminatedBeforeReply(first) => (first, false),
             RelayEvent::RefusedOnStandby(first) => (first, true),
@@ -526,7 +610,7 @@ async fn relay_replacing(
         // Back to the pool (it closes it: broken) before another is asked for: its place
         // may be the one the next server takes.
         drop(server);
-        server = fitted_server(c, cfg, kill, sub.as_ref()).await?;
+        server = fitted_server(c, cfg, kill, sub.as_ref(), None).await?;
     }
 }
 
@@ -544,11 +628,11 @@ struct Start {
 async fn relay_once(
     c: &mut Client,
     server: &mut PooledServer,
-    cfg: &config::Config,
-    pool_settings: &crate::pool::PoolSettings,
+    (cfg, pool_settings): (&config::Config, &crate::pool::PoolSettings),
     timeouts: RelayTimeouts,
     start: Start,
     kill: &ClientHandle,
+    resumed: Option<Resumed>,
 ) -> (
     RelayEvent,
     RelayCounts,
@@ -591,6 +675,9 @@ async fn relay_once(
     }
     if let Some(b) = begun {
         relay.send_begin(b);
+    }
+    if let Some(r) = resumed {
+        relay.resume(r);
     }
     let event = tokio::select! {
         biased;
@@ -784,7 +871,7 @@ pub(super) fn killed(c: &Client) -> ClientError {
 }
 
 /// `held_us`: how long the client had the server (one transaction in transaction mode).
-fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
+pub(super) fn add_stats(c: &Client, n: &RelayCounts, held_us: u64) {
     let s = c.pool.stats.lane(crate::workers::current());
     PoolStats::add(&s.query_count, n.queries);
     PoolStats::add(&s.xact_count, n.transactions);
@@ -981,7 +1068,7 @@ pub(super) enum Local {
 /// (`notify::answer` and `answer_without_server` would find the same, `Local::NeedServer`,
 /// at more cost). So is a Bind of the unnamed statement, or of a named one whose text is
 /// none of `notify`'s (the statement's effects are None).
-fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
+pub(super) fn for_a_server(buf: &[u8], session: &super::session::VirtualSession) -> bool {
     let Some(&tag) = buf.first() else {
         return false;
     };
@@ -1225,14 +1312,17 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
 }
 /// A server for the client's next transaction: with read routing, from the pool its
 /// request goes to (`route`). Without it this is one flag.
+/// `first`: a server the fast path took for the request (read routing: never).
 async fn routed_server(
     c: &mut Client,
     cfg: &config::Config,
     kill: &ClientHandle,
+    first: Option<PooledServer>,
 ) -> Result<PooledServer, ClientError> {
     if !c.pool.settings_now().read_routing {
-        return fitted_server(c, cfg, kill, None).await;
+        return fitted_server(c, cfg, kill, None, first).await;
     }
+    drop(first);
     Box::pin(routed(c, cfg, kill)).await
 }
 
@@ -1249,13 +1339,13 @@ async fn routed(
             if read {
                 route::count_read(&c.pool, None);
             }
-            return fitted_server(c, cfg, kill, None).await;
+            return fitted_server(c, cfg, kill, None, None).await;
         }
         Route::Standby(i) => (i, false),
         Route::Ask(i) => (i, true),
     };
     let sub = c.pool.read_pool(host);
-    match fitted_server(c, cfg, kill, Some(&sub)).await {
+    match fitted_server(c, cfg, kill, Some(&sub), None).await {
         Ok(mut s) => {
             if !ask {
                 return Ok(s);
@@ -1275,7 +1365,7 @@ async fn routed(
         Err(e) => return Err(e),
     }
     route::count_read(&c.pool, None);
-    fitted_server(c, cfg, kill, None).await
+    fitted_server(c, cfg, kill, None, None).await
 }
 
 /// After a routed transaction: a read counted for its standby, and what the client has
@@ -1329,13 +1419,17 @@ async fn fitted_server(
     cfg: &config::Config,
     kill: &ClientHandle,
     sub: Option<&Arc<Pool>>,
+    mut first: Option<PooledServer>,
 ) -> Result<PooledServer, ClientError> {
     c.reg.handle.set_state(ClientState::Waiting);
     let mut tries = 0;
     let mut waited_us = 0;
     loop {
         tries += 1;
-        let (mut server, waited) = checkout(c, cfg, kill, sub).await?;
+        let (mut server, waited) = match first.take() {
+            Some(s) => (s, 0),
+            None => checkout(c, cfg, kill, sub).await?,
+        };
         waited_us += waited;
         server.set_last_client(c.reg.handle.id);
         let applied = if sync::differs(&mut server, &c.session.params) {

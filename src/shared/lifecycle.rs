@@ -209,8 +209,10 @@ impl Shared {
     /// everything.
     pub async fn shutdown_wait_for_servers(&self) {
         crate::service::stopping("shutting down once every server is released");
-        self.stop_listening().await;
+        // Before the listeners close: a client that finds them closed finds new
+        // transactions refused too.
         self.stop_transactions_now();
+        self.stop_listening().await;
         // Blocks pgcarpool began hold no server yet: they may finish too.
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {

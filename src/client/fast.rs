@@ -1,0 +1,392 @@
+//! The fast path: a transaction of one simple Query that leaves the virtual session as it
+//! is, on a server that already fits the session. One pass: the request read and
+//! classified once (`Facts`), an idle server taken without waiting, the request written,
+//! the replies forwarded by their headers alone up to the ReadyForQuery, the server given
+//! back. No relay is built, nothing is read back, the server's ledger is not kept (the
+//! round leaves it as it found it, but for what `end_round` notes).
+//!
+//! Chosen by what the client, the pool and the text say (`eligible`, `request`), before
+//! anything is done. Anything it does not expect on the way (a reply other than a row
+//! description, a row, a command tag, an empty query or a notice; a ReadyForQuery inside a
+//! block; an error; a server or client that closes, writes or is killed) hands the
+//! transaction over where it stands (`Relay::resume`): the full path goes on from there as if it
+//! had sent the Query itself, its first-request replay included. The
+//! full path is unchanged; the differential test runs both.
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use super::relay::{RelayCounts, Resumed, ServerSocket};
+use super::{Client, ClientState};
+use crate::config::PoolMode;
+use crate::pool::PooledServer;
+use crate::proto::{self, backend, frontend};
+use crate::shared::restart::{Phase, PhaseWatch};
+use crate::sql::facts::{Facts, query_text};
+
+/// Stop reading the server while this much waits to be written to the client (as the relay).
+const HIGH_WATER: usize = 256 * 1024;
+/// Largest message either side may send (as the relay: larger ones are its to refuse).
+const MAX_FORWARDED: usize = i32::MAX as usize;
+
+/// What became of a request the fast path looked at.
+pub(super) enum Fast {
+    /// Not taken: nothing was done, the full path serves it (with the server taken for
+    /// it, when one was: it needs the session's settings applied first).
+    Full(Option<PooledServer>),
+    /// Served: the transaction is over, its server back in the pool, the reply queued.
+    Done,
+    /// Handed over mid-way: the full path goes on from here, with this server.
+    Resume(PooledServer, Resumed),
+}
+
+/// Whether the client's state and its pool's and config's settings allow the fast path
+/// (what the request says is `request`'s): transaction pooling, nothing held, nothing
+/// begun or failed, no listening, no pin, no read routing, no primary fence, no timeout to
+/// watch, no restart under way.
+pub(super) fn eligible(c: &Client, phase: &mut PhaseWatch) -> bool {
+    if c.begun.is_some()
+        || c.session.pin.is_some()
+        || c.listening.is_listening()
+        || phase.current() != Phase::Running
+        || c.shared.transactions_stopped()
+    {
+        return false;
+    }
+    let ps = c.pool.settings_now();
+    let hosts = &ps.target.hosts;
+    if ps.mode != PoolMode::Transaction
+        || ps.read_routing
+        || (hosts.checks_roles() && hosts.attrs.wants_primary())
+        || c.pool.listener.is_running()
+    {
+        return false;
+    }
+    let cfg = c.shared.config();
+    let s = &cfg.settings;
+    if s.disable_pqexec {
+        return false;
+    }
+    let user = &c.reg.handle.user;
+    cfg.query_timeout_for(user).is_zero()
+        && cfg.idle_transaction_timeout_for(user).is_zero()
+        && cfg.transaction_timeout_for(user).is_zero()
+}
+
+/// Whether the client's buffer holds exactly one whole simple Query that goes to a server
+/// as it is and leaves the session as it is: no setting, statement, transaction control,
+/// listening or self-view in it (`Facts::of`: nothing `classify` could find), and safe to
+/// send again (`replay_safe`), as the full path judges it.
+pub(super) fn request(c: &Client) -> bool {
+    let buf = &c.conn.rbuf;
+    if buf.first() != Some(&frontend::QUERY) {
+        return false;
+    }
+    let Ok(Some(h)) = frontend::header(buf) else {
+        return false;
+    };
+    if h.total != buf.len() || !super::transaction::for_a_server(buf, &c.session) {
+        return false;
+    }
+    let f = Facts::of(query_text(&buf[5..h.total]));
+    !f.may_matter && f.tx.is_none() && f.control == (false, false) && f.replay_safe
+}
+
+/// Serve the request `request` found, if an idle server that fits the session is there.
+pub(super) async fn transaction(c: &mut Client) -> Fast {
+    let want = (c.reg.handle.id, c.session.params.version());
+    let Some(mut server) = c.pool.checkout_now(Some(want)) else {
+        return Fast::Full(None);
+    };
+    // (`checkout_now` read the clock: the transaction's start.)
+    let assigned_at = crate::stats::clock::recent();
+    server.set_last_client(c.reg.handle.id);
+    if crate::server::sync::differs(&mut server, &c.session.params) {
+        return Fast::Full(Some(server));
+    }
+    let lane = c.pool.stats.lane(crate::workers::current());
+    lane.wait_hist.record(0);
+    crate::stats::PoolStats::add(&lane.server_assignment_count, 1);
+    attach(c, &mut server);
+    // A simple Query drops the unnamed statement, the client's and the server's.
+    c.session.drop_unnamed();
+    server.set_unnamed(0);
+    let query = c.conn.rbuf.split().freeze();
+    let mut counts = RelayCounts {
+        bytes_from_client: query.len() as u64,
+        ..Default::default()
+    };
+    server.conn_mut().queue(query.clone());
+    let sent = Instant::now();
+    let mut run = Run::default();
+    let step = poll_fn(|cx| run.poll(c, &mut server, cx)).await;
+    counts.bytes_from_server = run.from_server;
+    if let Step::Resume(socket) = step {
+        let r = Resumed {
+            query,
+            sent,
+            replied: run.replied,
+            started: assigned_at,
+            server_partial: run.partial,
+            counts,
+            server: socket,
+        };
+        return Fast::Resume(server, r);
+    }
+    release(c, server, counts, assigned_at);
+    Fast::Done
+}
+
+/// The client is linked to its server, as the full path links it (SHOW CLIENTS, cancel
+/// requests).
+fn attach(c: &Client, server: &mut PooledServer) {
+    server.mark_served();
+    let h = &c.reg.handle;
+    h.set_server(Some(super::registry::ServerLink {
+        id: server.id(),
+        addr: server.addr().clone(),
+        key: server.key(),
+        created: server.created(),
+        prepared: server.exchange().prepared_len(),
+    }));
+    if server.tls().is_some() {
+        h.set_server_tls(server.tls().cloned());
+    }
+    h.set_server_key_rest(server.key_rest().cloned());
+    h.set_state(ClientState::Active);
+}
+
+/// The transaction is over (its ReadyForQuery `I` queued for the client): statistics, and
+/// the server back to the pool as the full path gives back a server after a transaction
+/// that changed nothing (`transaction::released`).
+fn release(c: &mut Client, mut server: PooledServer, mut counts: RelayCounts, at: Instant) {
+    let now = crate::stats::clock::now();
+    counts.queries = 1;
+    counts.transactions = 1;
+    counts.query_time_us = now.saturating_duration_since(at).as_micros() as u64;
+    let h = &c.reg.handle;
+    h.set_server(None);
+    if server.tls().is_some() {
+        h.set_server_tls(None);
+    }
+    super::transaction::add_stats(c, &counts, counts.query_time_us);
+    server.reset = c.shared.config().settings.server_reset_query_always;
+    if let Some(held) = server.take_notifications(c.session.backend_pid) {
+        c.conn.queue(held);
+    }
+    // Checked in here (dropped).
+}
+
+/// How the fast relay ended.
+enum Step {
+    /// The ReadyForQuery `I` is queued for the client.
+    Done,
+    /// Something for the full path (how the server's socket stands).
+    Resume(ServerSocket),
+}
+
+/// The fast relay's state between wake-ups.
+#[derive(Default)]
+struct Run {
+    /// Bytes of a server message still to stream to the client.
+    partial: usize,
+    /// Something of the server's reply was forwarded.
+    replied: bool,
+    /// Bytes read from the server.
+    from_server: u64,
+}
+
+impl Run {
+    /// One pass over both sockets: Ready when the ReadyForQuery came or something is
+    /// for the full path.
+    fn poll(
+        &mut self,
+        c: &mut Client,
+        server: &mut PooledServer,
+        cx: &mut Context<'_>,
+    ) -> Poll<Step> {
+        loop {
+            if server.conn().out_pending()
+                && let Poll::Ready(Err(e)) = server.conn_mut().poll_write_out(cx)
+            {
+                return Poll::Ready(Step::Resume(ServerSocket::Failed(e)));
+            }
+            if c.conn.out_pending() && matches!(c.conn.poll_write_out(cx), Poll::Ready(Err(_))) {
+                return Poll::Ready(Step::Resume(ServerSocket::Open));
+            }
+            if c.conn.out_len() < HIGH_WATER {
+                match server.conn_mut().poll_read_more(cx) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Step::Resume(ServerSocket::Closed)),
+                    Poll::Ready(Err(e)) => {
+                        return Poll::Ready(Step::Resume(ServerSocket::Failed(e)));
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        self.from_server += n as u64;
+                        match self.scan(c, server) {
+                            Scan::More => continue,
+                            Scan::Ready => return Poll::Ready(Step::Done),
+                            Scan::Other => return Poll::Ready(Step::Resume(ServerSocket::Open)),
+                        }
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            // The client sent more, closed or failed; it is killed: the full path's.
+            if c.conn.poll_read_more(cx).is_ready() || c.reg.handle.poll_killed(cx).is_ready() {
+                return Poll::Ready(Step::Resume(ServerSocket::Open));
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// Forward what the server sent up to a ReadyForQuery `I` or a reply left to the
+    /// full path (`scan`).
+    fn scan(&mut self, c: &mut Client, server: &mut PooledServer) -> Scan {
+        let (at, end) = scan(&server.conn().rbuf, &mut self.partial);
+        if at > 0 {
+            self.replied = true;
+            let run = server.conn_mut().rbuf.split_to(at).freeze();
+            c.conn.queue(run);
+        }
+        end
+    }
+}
+
+/// How far the server's replies in `buf` go to the client as they are, by their headers
+/// alone (`partial`: bytes of a message still to stream, before and after), and what
+/// follows: more to read (More), the ReadyForQuery `I` that ends the transaction, forwarded
+/// (Ready), or a reply left to the full path, first after what is forwarded (Other). Rows,
+/// their descriptions, command tags, empty queries and notices pass; a ReadyForQuery
+/// inside a block, an error, a ParameterStatus, a notification, a COPY, anything else,
+/// and a header the relay refuses, do not.
+fn scan(buf: &[u8], partial: &mut usize) -> (usize, Scan) {
+    let mut at = 0;
+    loop {
+        if *partial > 0 {
+            let n = (*partial).min(buf.len() - at);
+            *partial -= n;
+            at += n;
+            if *partial > 0 {
+                return (at, Scan::More);
+            }
+        }
+        let h = match proto::header(&buf[at..], MAX_FORWARDED) {
+            Ok(Some(h)) => h,
+            Ok(None) => return (at, Scan::More),
+            Err(_) => return (at, Scan::Other),
+        };
+        let avail = buf.len() - at;
+        match h.tag {
+            backend::ROW_DESCRIPTION
+            | backend::DATA_ROW
+            | backend::COMMAND_COMPLETE
+            | backend::EMPTY_QUERY_RESPONSE
+            | backend::NOTICE_RESPONSE => {
+                if avail < h.total {
+                    *partial = h.total - avail;
+                    return (buf.len(), Scan::More);
+                }
+                at += h.total;
+            }
+            backend::READY_FOR_QUERY if h.total == 6 && avail < 6 => return (at, Scan::More),
+            backend::READY_FOR_QUERY if h.total == 6 && buf[at + 5] == b'I' => {
+                return (at + 6, Scan::Ready);
+            }
+            _ => return (at, Scan::Other),
+        }
+    }
+}
+
+/// What a scan of the server's buffer came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    More,
+    Ready,
+    Other,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn reply(parts: &[Vec<u8>]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    /// A whole SELECT's reply goes through to its ReadyForQuery `I`, and no further.
+    #[test]
+    fn a_whole_reply_goes_to_its_ready_for_query() {
+        let r = reply(&[
+            msg(
+                b'T',
+                b"\0\x01?column?\0\0\0\0\0\0\0\0\x17\0\x04\xff\xff\xff\xff\0\0",
+            ),
+            msg(b'D', b"\0\x01\0\0\0\x011"),
+            msg(b'C', b"SELECT 1\0"),
+            msg(b'N', b"SNOTICE\0\0"),
+            msg(b'Z', b"I"),
+        ]);
+        let mut partial = 0;
+        assert_eq!(scan(&r, &mut partial), (r.len(), Scan::Ready));
+        let mut more = r.clone();
+        more.extend_from_slice(&msg(b'Z', b"I"));
+        assert_eq!(scan(&more, &mut partial), (r.len(), Scan::Ready));
+        let empty = reply(&[msg(b'I', b""), msg(b'Z', b"I")]);
+        assert_eq!(scan(&empty, &mut partial), (empty.len(), Scan::Ready));
+    }
+
+    /// What the virtual session must see stops the scan before it, forwarded up to it:
+    /// an error, a ParameterStatus, a notification, a COPY, a ReadyForQuery in a block.
+    #[test]
+    fn what_the_session_must_see_is_left_to_the_full_path() {
+        let row = msg(b'D', b"\0\x01\0\0\0\x011");
+        for other in [
+            msg(b'E', b"SERROR\0C42P01\0\0"),
+            msg(b'S', b"TimeZone\0UTC\0"),
+            msg(b'A', b"\0\0\0\x01ch\0\0"),
+            msg(b'G', b"\0\0\0"),
+            msg(b'H', b"\0\0\0"),
+            msg(b'W', b"\0\0\0"),
+            msg(b'Z', b"T"),
+            msg(b'Z', b"E"),
+            msg(b'1', b""),
+        ] {
+            let r = reply(&[row.clone(), other.clone(), msg(b'Z', b"I")]);
+            let mut partial = 0;
+            assert_eq!(
+                scan(&r, &mut partial),
+                (row.len(), Scan::Other),
+                "{other:?}"
+            );
+            assert_eq!(partial, 0);
+        }
+        // A header PostgreSQL never sends (a length below 4).
+        let mut bad = row.clone();
+        bad.extend_from_slice(&[b'D', 0, 0, 0, 3]);
+        assert_eq!(scan(&bad, &mut 0), (row.len(), Scan::Other));
+    }
+
+    /// A row that has not all come streams through as it comes; a header or a
+    /// ReadyForQuery not all here waits.
+    #[test]
+    fn a_partial_row_streams_and_a_partial_header_waits() {
+        let row = msg(b'D', &[7u8; 100]);
+        let mut partial = 0;
+        assert_eq!(scan(&row[..40], &mut partial), (40, Scan::More));
+        assert_eq!(partial, row.len() - 40);
+        let mut rest = row[40..].to_vec();
+        rest.extend_from_slice(&msg(b'Z', b"I")[..3]);
+        assert_eq!(scan(&rest, &mut partial), (row.len() - 40, Scan::More));
+        assert_eq!(partial, 0);
+        let z = msg(b'Z', b"I");
+        assert_eq!(scan(&z[..5], &mut partial), (0, Scan::More));
+        assert_eq!(scan(&z, &mut partial), (6, Scan::Ready));
+    }
+}
