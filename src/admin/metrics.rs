@@ -237,6 +237,30 @@ fn counters(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String
         let n = crate::stats::PoolStats::get(&p.stats.server_logins);
         let _ = writeln!(out, "{name}{{{l}}} {n}");
     }
+    fast(out, pools, labels);
+}
+
+/// What the fast path (one simple Query that leaves the session as it is) served, and
+/// what it handed over to the full path.
+fn fast(out: &mut String, pools: &[Arc<crate::pool::Pool>], labels: &[String]) {
+    let fast: Vec<_> = pools.iter().map(|p| p.stats.fast()).collect();
+    for (name, help, second) in [
+        (
+            "pgcarpool_fast_transactions_total",
+            "Transactions served whole by the fast path.",
+            false,
+        ),
+        (
+            "pgcarpool_fast_handovers_total",
+            "Transactions the fast path began and handed over to the full path.",
+            true,
+        ),
+    ] {
+        header(out, name, "counter", help);
+        for (l, &(x, h)) in labels.iter().zip(&fast) {
+            let _ = writeln!(out, "{name}{{{l}}} {}", if second { h } else { x });
+        }
+    }
 }
 
 /// Each pool's servers by state, waiting clients, longest wait, size and pause.

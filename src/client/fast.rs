@@ -22,7 +22,7 @@ use crate::config::PoolMode;
 use crate::pool::PooledServer;
 use crate::proto::{self, backend, frontend};
 use crate::shared::restart::{Phase, PhaseWatch};
-use crate::sql::facts::{Facts, query_text};
+use crate::sql::facts::{self, query_text};
 
 /// Stop reading the server while this much waits to be written to the client (as the relay).
 const HIGH_WATER: usize = 256 * 1024;
@@ -37,14 +37,14 @@ pub(super) enum Fast {
     /// Served: the transaction is over, its server back in the pool, the reply queued.
     Done,
     /// Handed over mid-way: the full path goes on from here, with this server.
-    Resume(PooledServer, Resumed),
+    Resume(PooledServer, Box<Resumed>),
 }
 
 /// Whether the client's state and its pool's and config's settings allow the fast path
-/// (what the request says is `request`'s): transaction pooling, nothing held, nothing
+/// (what the request says is `takes`'s): transaction pooling, nothing held, nothing
 /// begun or failed, no listening, no pin, no read routing, no primary fence, no timeout to
 /// watch, no restart under way.
-pub(super) fn eligible(c: &Client, phase: &mut PhaseWatch) -> bool {
+fn eligible(c: &Client, phase: &mut PhaseWatch) -> bool {
     if c.begun.is_some()
         || c.session.pin.is_some()
         || c.listening.is_listening()
@@ -73,11 +73,13 @@ pub(super) fn eligible(c: &Client, phase: &mut PhaseWatch) -> bool {
         && cfg.transaction_timeout_for(user).is_zero()
 }
 
-/// Whether the client's buffer holds exactly one whole simple Query that goes to a server
-/// as it is and leaves the session as it is: no setting, statement, transaction control,
-/// listening or self-view in it (`Facts::of`: nothing `classify` could find), and safe to
-/// send again (`replay_safe`), as the full path judges it.
-pub(super) fn request(c: &Client) -> bool {
+/// Whether the fast path takes the client's request: its buffer holds exactly one whole
+/// simple Query, the client's state and its settings allow it (`eligible`), and the
+/// Query goes to a server as it is and leaves the session as it is: one statement that
+/// reads or changes data, no setting, statement, transaction control, listening or
+/// self-view in it, safe to send again (`facts::is_plain`: the facts the full path finds
+/// for it say so). The cheap looks first.
+pub(super) fn takes(c: &Client, phase: &mut PhaseWatch) -> bool {
     let buf = &c.conn.rbuf;
     if buf.first() != Some(&frontend::QUERY) {
         return false;
@@ -85,14 +87,15 @@ pub(super) fn request(c: &Client) -> bool {
     let Ok(Some(h)) = frontend::header(buf) else {
         return false;
     };
-    if h.total != buf.len() || !super::transaction::for_a_server(buf, &c.session) {
-        return false;
-    }
-    let f = Facts::of(query_text(&buf[5..h.total]));
-    !f.may_matter && f.tx.is_none() && f.control == (false, false) && f.replay_safe
+    // Only the common text, found in one pass: any other (a transaction's control, a
+    // setting, several statements) is the full path's, which classifies it once.
+    h.total == buf.len()
+        && facts::is_plain(query_text(&buf[5..h.total]))
+        && eligible(c, phase)
+        && super::transaction::for_a_server(buf, &c.session)
 }
 
-/// Serve the request `request` found, if an idle server that fits the session is there.
+/// Serve the request `takes` took, if an idle server that fits the session is there.
 pub(super) async fn transaction(c: &mut Client) -> Fast {
     let want = (c.reg.handle.id, c.session.params.version());
     let Some(mut server) = c.pool.checkout_now(Some(want)) else {
@@ -121,8 +124,10 @@ pub(super) async fn transaction(c: &mut Client) -> Fast {
     let mut run = Run::default();
     let step = poll_fn(|cx| run.poll(c, &mut server, cx)).await;
     counts.bytes_from_server = run.from_server;
+    let lane = c.pool.stats.lane(crate::workers::current());
     if let Step::Resume(socket) = step {
-        let r = Resumed {
+        crate::stats::PoolStats::add(&lane.fast_handovers, 1);
+        let r = Box::new(Resumed {
             query,
             sent,
             replied: run.replied,
@@ -130,9 +135,10 @@ pub(super) async fn transaction(c: &mut Client) -> Fast {
             server_partial: run.partial,
             counts,
             server: socket,
-        };
+        });
         return Fast::Resume(server, r);
     }
+    crate::stats::PoolStats::add(&lane.fast_xact_count, 1);
     release(c, server, counts, assigned_at);
     Fast::Done
 }

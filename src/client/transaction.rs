@@ -100,7 +100,7 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     // (Parked again, its waker registered by `park`.)
                     Poll::Pending => continue,
                 }
-                if !super::fast::eligible(c, &mut phase) || !super::fast::request(c) {
+                if !super::fast::takes(c, &mut phase) {
                     continue;
                 }
                 match Box::pin(super::fast::transaction(c)).await {
@@ -251,7 +251,7 @@ enum Taken {
     /// A server taken for it, the session's settings not applied yet.
     Server(Option<PooledServer>),
     /// The transaction it began, on this server.
-    Resumed(PooledServer, Resumed),
+    Resumed(PooledServer, Box<Resumed>),
 }
 
 /// What follows a transaction.
@@ -384,7 +384,7 @@ async fn server_for(
     kill: &ClientHandle,
     held: Option<PooledServer>,
     taken: Taken,
-) -> Result<(PooledServer, Option<Resumed>), ClientError> {
+) -> Result<(PooledServer, Option<Box<Resumed>>), ClientError> {
     Ok(match (held, taken) {
         (Some(s), _) => {
             // The transaction's start (a checkout reads the clock when it takes a server).
@@ -524,7 +524,7 @@ async fn relay_replacing(
     timeouts: RelayTimeouts,
     mut replays_left: usize,
     kill: &ClientHandle,
-    mut resumed: Option<Resumed>,
+    mut resumed: Option<Box<Resumed>>,
 ) -> Result<Relayed, ClientError> {
     loop {
         server.mark_served();
@@ -632,7 +632,7 @@ async fn relay_once(
     timeouts: RelayTimeouts,
     start: Start,
     kill: &ClientHandle,
-    resumed: Option<Resumed>,
+    resumed: Option<Box<Resumed>>,
 ) -> (
     RelayEvent,
     RelayCounts,
@@ -677,7 +677,7 @@ async fn relay_once(
         relay.send_begin(b);
     }
     if let Some(r) = resumed {
-        relay.resume(r);
+        relay.resume(*r);
     }
     let event = tokio::select! {
         biased;

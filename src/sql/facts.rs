@@ -53,9 +53,17 @@ impl Facts {
     }
 }
 
+/// Whether `sql` is the common text `Facts::of` finds in one pass (`plain`): then its
+/// facts are those of a text that may not matter, begins and commits nothing, and may be
+/// sent again. False proves nothing (`Facts::of` looks further).
+pub fn is_plain(sql: &[u8]) -> bool {
+    plain(sql)
+}
+
 /// The common text, in one pass: one statement that only reads or changes data (the first
 /// words in `PLAIN`: no transaction control, safe to send again), after whitespace only,
 /// in which `may_matter` finds nothing, with at most a `;` at its end outside quotes.
+#[inline(always)]
 fn plain(sql: &[u8]) -> bool {
     /// First words whose statements begin and commit nothing and may be sent again
     /// (`classify::replay_safe_start`), and that `may_matter` does not look for.

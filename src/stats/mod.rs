@@ -33,6 +33,10 @@ pub struct Lane {
     pub server_parse_count: AtomicU64,
     /// Binds of named statements from clients (with max_prepared_statements > 0).
     pub bind_count: AtomicU64,
+    /// Transactions the fast path served whole (`client::fast`), and those it began and
+    /// handed over to the full path.
+    pub fast_xact_count: AtomicU64,
+    pub fast_handovers: AtomicU64,
     /// Query durations (microseconds).
     pub query_hist: Histogram,
     /// Transaction durations (microseconds).
@@ -176,6 +180,16 @@ impl PoolStats {
     #[inline]
     pub fn lane(&self, worker: usize) -> &Lane {
         &self.lanes[worker % LANES]
+    }
+
+    /// Transactions the fast path served whole, and those it handed over (all lanes).
+    pub fn fast(&self) -> (u64, u64) {
+        self.lanes.iter().fold((0, 0), |(x, h), l| {
+            (
+                x + Self::get(&l.fast_xact_count),
+                h + Self::get(&l.fast_handovers),
+            )
+        })
     }
 
     /// The totals now.
