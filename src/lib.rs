@@ -92,7 +92,9 @@
 //! client/    one task per client: mod.rs (arrive: login to a Client or a console session;
 //!            finish; why a client stays), startup.rs (first packets, auth),
 //!            auth_query.rs (a user's secret asked of PostgreSQL over the auth user's
-//!            pool), transaction.rs (the loop), relay.rs (forwarding both ways while a
+//!            pool), transaction.rs (the loop), fast.rs (the fast path: one plain simple
+//!            Query on a server that fits the session, handed to the relay where it
+//!            stands when anything else comes), relay.rs (forwarding both ways while a
 //!            server is held), rewrite.rs (virtual statements on the relay), renamed.rs
 //!            (server errors given back the client's names and positions), route.rs
 //!            (read routing: primary or a fresh standby, the client's WAL position), session.rs

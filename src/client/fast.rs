@@ -144,9 +144,13 @@ pub(super) async fn transaction(c: &mut Client) -> Fast {
 }
 
 /// The client is linked to its server, as the full path links it (SHOW CLIENTS, cancel
-/// requests).
-fn attach(c: &Client, server: &mut PooledServer) {
+/// requests), and given what the server holds for it (`Relay::new`).
+fn attach(c: &mut Client, server: &mut PooledServer) {
     server.mark_served();
+    // What the server holds for the client goes first, as when the relay starts.
+    if let Some(held) = server.take_notifications(c.session.backend_pid) {
+        c.conn.queue(held);
+    }
     let h = &c.reg.handle;
     h.set_server(Some(super::registry::ServerLink {
         id: server.id(),
@@ -165,7 +169,7 @@ fn attach(c: &Client, server: &mut PooledServer) {
 /// The transaction is over (its ReadyForQuery `I` queued for the client): statistics, and
 /// the server back to the pool as the full path gives back a server after a transaction
 /// that changed nothing (`transaction::released`).
-fn release(c: &mut Client, mut server: PooledServer, mut counts: RelayCounts, at: Instant) {
+fn release(c: &Client, mut server: PooledServer, mut counts: RelayCounts, at: Instant) {
     let now = crate::stats::clock::now();
     counts.queries = 1;
     counts.transactions = 1;
@@ -177,9 +181,6 @@ fn release(c: &mut Client, mut server: PooledServer, mut counts: RelayCounts, at
     }
     super::transaction::add_stats(c, &counts, counts.query_time_us);
     server.reset = c.shared.config().settings.server_reset_query_always;
-    if let Some(held) = server.take_notifications(c.session.backend_pid) {
-        c.conn.queue(held);
-    }
     // Checked in here (dropped).
 }
 
