@@ -61,11 +61,11 @@ const SCRIPT: [(usize, &str, (u64, u64)); 17] = [
     (0, "select 'a' as t", (1, 0)),
     // A `;` after a quote: not the text found in one pass.
     (0, "select 'a;b' as t", (0, 0)),
-    // The server holds client 0's setting: client 1's session does not fit it, the full
-    // path makes it fit; then it fits, until client 0 is back.
-    (1, "show application_name", (0, 0)),
+    // The server holds client 0's setting: client 1's session does not fit it, it is
+    // made to fit (as the full path does) and the Query goes fast; so for client 0 again.
+    (1, "show application_name", (1, 0)),
     (1, "select 5", (1, 0)),
-    (0, "show application_name", (0, 0)),
+    (0, "show application_name", (1, 0)),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,5 +103,43 @@ async fn plain_queries_go_fast_and_the_rest_as_postgresql_answers_them() {
             "client {client}: {sql:?} (fast, handed over)"
         );
     }
+    p.shutdown().await;
+}
+
+/// A client that waits for the pool's one server (another client holds it in a block) is
+/// served by the fast path once it is free, and gets what PostgreSQL gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_query_that_waits_for_a_server_goes_fast() {
+    let pg = TempPostgres::start();
+    let (p, metrics_port) = transaction_pooler(&pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .start_with_free_port("prometheus_port")
+        .await;
+    let holder = p.connect("postgres", "testdb").await;
+    let waiter = p.connect("postgres", "testdb").await;
+    let fast = || async {
+        sample(
+            &harness::metrics(metrics_port).await,
+            "pgcarpool_fast_transactions_total",
+        )
+    };
+    holder.simple_query("begin").await.unwrap();
+    let before = fast().await;
+    let waiting = tokio::spawn(async move { transcript(&waiter, "select 42 as answer").await });
+    harness::wait_for(
+        "the waiter in line",
+        std::time::Duration::from_secs(10),
+        || async {
+            let body = harness::metrics(metrics_port).await;
+            sample(&body, "pgcarpool_pool_waiting_clients") == 1
+        },
+    )
+    .await;
+    assert!(!waiting.is_finished(), "served while the server was held");
+    holder.simple_query("commit").await.unwrap();
+    let got = waiting.await.unwrap();
+    assert_eq!(got, ["description", "row 42", "complete 1"]);
+    assert_eq!(fast().await - before, 1, "the waiter's query went fast");
     p.shutdown().await;
 }

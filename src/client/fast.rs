@@ -31,9 +31,11 @@ const MAX_FORWARDED: usize = i32::MAX as usize;
 
 /// What became of a request the fast path looked at.
 pub(super) enum Fast {
-    /// Not taken: nothing was done, the full path serves it (with the server taken for
-    /// it, when one was: it needs the session's settings applied first).
+    /// Not taken: nothing was sent, the full path serves it, on this server (taken and
+    /// fitted to the session) when there is one.
     Full(Option<PooledServer>),
+    /// The client is let go while it waited for a server (as the full path lets it go).
+    Failed(super::ClientError),
     /// Served: the transaction is over, its server back in the pool, the reply queued.
     Done,
     /// Handed over mid-way: the full path goes on from here, with this server.
@@ -95,21 +97,39 @@ pub(super) fn takes(c: &Client, phase: &mut PhaseWatch) -> bool {
         && super::transaction::for_a_server(buf, &c.session)
 }
 
-/// Serve the request `takes` took, if an idle server that fits the session is there.
+/// Serve the request `takes` took, on a server that fits the session: an idle one that
+/// does taken at once, else as the full path takes one (`transaction::fitted_server`:
+/// waiting in line, the session's settings applied).
 pub(super) async fn transaction(c: &mut Client) -> Fast {
+    // The Query's length (`takes` found it whole and alone).
+    let total = c.conn.rbuf.len();
     let want = (c.reg.handle.id, c.session.params.version());
-    let Some(mut server) = c.pool.checkout_now(Some(want)) else {
-        return Fast::Full(None);
+    let mut now = c.pool.checkout_now(Some(want));
+    let fits = now.as_mut().is_some_and(|s| {
+        s.set_last_client(c.reg.handle.id);
+        !crate::server::sync::differs(s, &c.session.params)
+    });
+    let mut server = match now {
+        Some(s) if fits => {
+            let lane = c.pool.stats.lane(crate::workers::current());
+            lane.wait_hist.record(0);
+            crate::stats::PoolStats::add(&lane.server_assignment_count, 1);
+            s
+        }
+        other => {
+            let (cfg, kill) = (c.shared.config_full(), c.reg.handle.clone());
+            match super::transaction::fitted_server(c, &cfg, &kill, None, other).await {
+                Ok(s) => s,
+                Err(e) => return Fast::Failed(e),
+            }
+        }
     };
-    // (`checkout_now` read the clock: the transaction's start.)
+    // (The checkout read the clock: the transaction's start.)
     let assigned_at = crate::stats::clock::recent();
-    server.set_last_client(c.reg.handle.id);
-    if crate::server::sync::differs(&mut server, &c.session.params) {
+    if c.conn.rbuf.len() != total {
+        // The client sent more while it waited: the full path relays it all.
         return Fast::Full(Some(server));
     }
-    let lane = c.pool.stats.lane(crate::workers::current());
-    lane.wait_hist.record(0);
-    crate::stats::PoolStats::add(&lane.server_assignment_count, 1);
     attach(c, &mut server);
     // A simple Query drops the unnamed statement, the client's and the server's.
     c.session.drop_unnamed();

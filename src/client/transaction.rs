@@ -62,6 +62,16 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
             let pinned = held.is_some();
             let mut readable = false;
             loop {
+                // A request read (below, or brought along by a move) that the fast path
+                // takes: served there.
+                if !pinned && aborted.is_none() && super::fast::takes(c, &mut phase) {
+                    match Box::pin(super::fast::transaction(c)).await {
+                        Fast::Done => continue 'transactions,
+                        Fast::Full(server) => break Taken::Server(server),
+                        Fast::Failed(e) => return Err(e),
+                        Fast::Resume(server, r) => break Taken::Resumed(server, r),
+                    }
+                }
                 if !idle_now(c, &mut phase, readable) {
                     // Boxed, as the transaction below: an idle client's task keeps only
                     // `park`.
@@ -86,27 +96,17 @@ pub async fn run(c: &mut Client) -> Result<Exit, ClientError> {
                     deadline = idle_deadline(c);
                 }
                 readable = park(c, deadline, &phase).await?;
-                if !readable || pinned || aborted.is_some() {
-                    continue;
-                }
-                // Readable: the bytes read at once, and a request the fast path serves
-                // served; anything else is `wait_for_request`'s (nothing readable any
-                // more: the bytes are in the buffer).
-                readable = false;
-                match read_now(c) {
-                    Poll::Ready(Ok(0)) => return Ok(Exit::Left),
-                    Poll::Ready(Ok(_)) => {}
-                    Poll::Ready(Err(e)) => return Err(e.into()),
-                    // (Parked again, its waker registered by `park`.)
-                    Poll::Pending => continue,
-                }
-                if !super::fast::takes(c, &mut phase) {
-                    continue;
-                }
-                match Box::pin(super::fast::transaction(c)).await {
-                    Fast::Done => continue 'transactions,
-                    Fast::Full(server) => break Taken::Server(server),
-                    Fast::Resume(server, r) => break Taken::Resumed(server, r),
+                if readable && !pinned && aborted.is_none() {
+                    // Readable: the bytes read at once, for the fast path to look at; what
+                    // it does not take is `wait_for_request`'s (nothing readable any more:
+                    // the bytes are in the buffer).
+                    readable = false;
+                    match read_now(c) {
+                        Poll::Ready(Ok(0)) => return Ok(Exit::Left),
+                        Poll::Ready(Err(e)) => return Err(e.into()),
+                        // (Pending: parked again, its waker registered by `park`.)
+                        Poll::Ready(Ok(_)) | Poll::Pending => {}
+                    }
                 }
             }
         } else {
@@ -248,7 +248,7 @@ fn idle_timed_out(c: &Client) -> ClientError {
 /// What the fast path hands the full path for the request it looked at (`fast::Fast`).
 enum Taken {
     Nothing,
-    /// A server taken for it, the session's settings not applied yet.
+    /// A server taken for it and fitted to the session, when there is one.
     Server(Option<PooledServer>),
     /// The transaction it began, on this server.
     Resumed(PooledServer, Box<Resumed>),
@@ -376,8 +376,8 @@ fn replays(s: &crate::pool::PoolSettings) -> usize {
 }
 
 /// The server a transaction runs on: the one the client holds, the one the fast path
-/// began it on (with what it did, `Resumed`), or one taken now (the fast path may have
-/// taken it already) and fitted to the session.
+/// took for it or began it on (with what it did, `Resumed`), or one taken now and fitted
+/// to the session.
 async fn server_for(
     c: &mut Client,
     cfg: &config::Config,
@@ -392,8 +392,8 @@ async fn server_for(
             (s, None)
         }
         (None, Taken::Resumed(s, r)) => (s, Some(r)),
-        (None, Taken::Server(s)) => (routed_server(c, cfg, kill, s).await?, None),
-        (None, Taken::Nothing) => (routed_server(c, cfg, kill, None).await?, None),
+        (None, Taken::Server(Some(s))) => (s, None),
+        (None, Taken::Server(None) | Taken::Nothing) => (routed_server(c, cfg, kill).await?, None),
     })
 }
 
@@ -1312,17 +1312,14 @@ fn deallocate_without_server(c: &mut Client) -> Result<Option<Local>, ClientErro
 }
 /// A server for the client's next transaction: with read routing, from the pool its
 /// request goes to (`route`). Without it this is one flag.
-/// `first`: a server the fast path took for the request (read routing: never).
 async fn routed_server(
     c: &mut Client,
     cfg: &config::Config,
     kill: &ClientHandle,
-    first: Option<PooledServer>,
 ) -> Result<PooledServer, ClientError> {
     if !c.pool.settings_now().read_routing {
-        return fitted_server(c, cfg, kill, None, first).await;
+        return fitted_server(c, cfg, kill, None, None).await;
     }
-    drop(first);
     Box::pin(routed(c, cfg, kill)).await
 }
 
@@ -1414,7 +1411,7 @@ const SERVER_TRIES: usize = 3;
 /// A server for the client's next transaction, its session parameters applied. A server
 /// that dies before any byte of the client's was sent to it (terminated while idle, its
 /// FATAL on the way) is closed and another taken, a few times: the client never knows.
-async fn fitted_server(
+pub(super) async fn fitted_server(
     c: &mut Client,
     cfg: &config::Config,
     kill: &ClientHandle,
