@@ -1,17 +1,17 @@
 //! The fast path: a transaction of one simple Query that leaves the virtual session as it
-//! is, on a server that already fits the session. One pass: the request read and
-//! classified once (`Facts`), an idle server taken without waiting, the request written,
-//! the replies forwarded by their headers alone up to the ReadyForQuery, the server given
-//! back. No relay is built, nothing is read back, the server's ledger is not kept (the
-//! round leaves it as it found it, but for what `end_round` notes).
+//! is. One pass: the request looked at once (`takes`: the text the classifier proves
+//! plain in one pass, the client's state and settings), a server that fits the session
+//! taken (at once when one is idle, else as the full path takes one), the request
+//! written, the replies forwarded by their headers alone up to the ReadyForQuery `I`, the
+//! server given back. No relay is built, nothing is read back, the server's ledger is not
+//! kept (the round leaves it as it found it).
 //!
-//! Chosen by what the client, the pool and the text say (`eligible`, `request`), before
-//! anything is done. Anything it does not expect on the way (a reply other than a row
-//! description, a row, a command tag, an empty query or a notice; a ReadyForQuery inside a
-//! block; an error; a server or client that closes, writes or is killed) hands the
-//! transaction over where it stands (`Relay::resume`): the full path goes on from there as if it
-//! had sent the Query itself, its first-request replay included. The
-//! full path is unchanged; the differential test runs both.
+//! Anything it does not expect on the way (a reply other than a row description, a row,
+//! a command tag, an empty query or a notice; a ReadyForQuery inside a block; a server
+//! that closes or fails; a client that sends more, closes or is killed) hands the
+//! transaction over where it stands (`Relay::resume`): the full path goes on from there as
+//! if it had sent the Query itself, its first-request replay included. The full path is
+//! unchanged; the differential test runs both.
 use std::future::poll_fn;
 use std::task::{Context, Poll};
 use std::time::Instant;
