@@ -143,3 +143,38 @@ async fn a_plain_query_that_waits_for_a_server_goes_fast() {
     assert_eq!(fast().await - before, 1, "the waiter's query went fast");
     p.shutdown().await;
 }
+
+/// The pool's one server terminated while idle (`pg_terminate_backend`, its FATAL on the
+/// way or already there): a plain query on it is handed over and sent again on a new
+/// server (the first-request replay), never the lost-server 40001. Over and over, as the
+/// FATAL races the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_terminated_while_idle_is_replaced_under_a_fast_query() {
+    let pg = TempPostgres::start();
+    let p = transaction_pooler(&pg)
+        .setting("default_pool_size", "1")
+        .start()
+        .await;
+    let admin = pg.connect("postgres", "testdb").await;
+    let client = p.connect("md5user", "testdb").await;
+    for round in 0..30 {
+        assert_eq!(
+            transcript(&client, "select 1").await,
+            ["description", "row 1", "complete 1"],
+            "round {round}: before"
+        );
+        admin
+            .simple_query(
+                "select pg_terminate_backend(pid) from pg_stat_activity \
+                 where usename = 'md5user' and pid <> pg_backend_pid()",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            transcript(&client, "select 2").await,
+            ["description", "row 2", "complete 1"],
+            "round {round}: on the terminated server"
+        );
+    }
+    p.shutdown().await;
+}
