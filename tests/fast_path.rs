@@ -40,6 +40,16 @@ fn sample(body: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("/metrics has {key}: {body}"))
 }
 
+/// pgcarpool in transaction mode over a pool of one server, trust auth, with its metrics
+/// listener: the pooler and the listener's port.
+async fn pool_of_one(pg: &TempPostgres) -> (harness::TestPooler, u16) {
+    transaction_pooler(pg)
+        .setting("auth_type", "trust")
+        .setting("default_pool_size", "1")
+        .start_with_free_port("prometheus_port")
+        .await
+}
+
 /// Each step of the script: the client, its query, and the path that serves it through
 /// pgcarpool: (fast, handed over). Two clients take turns over a pool of one server.
 const SCRIPT: [(usize, &str, (u64, u64)); 17] = [
@@ -71,11 +81,7 @@ const SCRIPT: [(usize, &str, (u64, u64)); 17] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_queries_go_fast_and_the_rest_as_postgresql_answers_them() {
     let pg = TempPostgres::start();
-    let (p, metrics_port) = transaction_pooler(&pg)
-        .setting("auth_type", "trust")
-        .setting("default_pool_size", "1")
-        .start_with_free_port("prometheus_port")
-        .await;
+    let (p, metrics_port) = pool_of_one(&pg).await;
     let direct = [
         pg.connect("postgres", "testdb").await,
         pg.connect("postgres", "testdb").await,
@@ -111,11 +117,7 @@ async fn plain_queries_go_fast_and_the_rest_as_postgresql_answers_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_query_that_waits_for_a_server_goes_fast() {
     let pg = TempPostgres::start();
-    let (p, metrics_port) = transaction_pooler(&pg)
-        .setting("auth_type", "trust")
-        .setting("default_pool_size", "1")
-        .start_with_free_port("prometheus_port")
-        .await;
+    let (p, metrics_port) = pool_of_one(&pg).await;
     let holder = p.connect("postgres", "testdb").await;
     let waiter = p.connect("postgres", "testdb").await;
     let fast = || async {

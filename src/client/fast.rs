@@ -16,8 +16,8 @@ use std::future::poll_fn;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::Client;
 use super::relay::{RelayCounts, Resumed, ServerSocket};
-use super::{Client, ClientState};
 use crate::config::PoolMode;
 use crate::pool::PooledServer;
 use crate::proto::{self, backend, frontend};
@@ -171,19 +171,7 @@ fn attach(c: &mut Client, server: &mut PooledServer) {
     if let Some(held) = server.take_notifications(c.session.backend_pid) {
         c.conn.queue(held);
     }
-    let h = &c.reg.handle;
-    h.set_server(Some(super::registry::ServerLink {
-        id: server.id(),
-        addr: server.addr().clone(),
-        key: server.key(),
-        created: server.created(),
-        prepared: server.exchange().prepared_len(),
-    }));
-    if server.tls().is_some() {
-        h.set_server_tls(server.tls().cloned());
-    }
-    h.set_server_key_rest(server.key_rest().cloned());
-    h.set_state(ClientState::Active);
+    super::transaction::link(c, server);
 }
 
 /// The transaction is over (its ReadyForQuery `I` queued for the client): statistics, and

@@ -529,18 +529,7 @@ async fn relay_replacing(
     loop {
         server.mark_served();
         let claimed = super::notify::claim(c, server.key().0);
-        c.reg.handle.set_server(Some(ServerLink {
-            id: server.id(),
-            addr: server.addr().clone(),
-            key: server.key(),
-            created: server.created(),
-            prepared: server.exchange().prepared_len(),
-        }));
-        if server.tls().is_some() {
-            c.reg.handle.set_server_tls(server.tls().cloned());
-        }
-        c.reg.handle.set_server_key_rest(server.key_rest().cloned());
-        c.reg.handle.set_state(ClientState::Active);
+        link(c, &server);
         let assigned_at = match &resumed {
             Some(r) => r.started,
             None => crate::stats::clock::recent(),
@@ -612,6 +601,24 @@ async fn relay_replacing(
         drop(server);
         server = fitted_server(c, cfg, kill, sub.as_ref(), None).await?;
     }
+}
+
+/// The client is linked to the server it is given (SHOW CLIENTS' server columns, the
+/// server its cancel requests go to) and is active.
+pub(super) fn link(c: &Client, server: &PooledServer) {
+    let h = &c.reg.handle;
+    h.set_server(Some(ServerLink {
+        id: server.id(),
+        addr: server.addr().clone(),
+        key: server.key(),
+        created: server.created(),
+        prepared: server.exchange().prepared_len(),
+    }));
+    if server.tls().is_some() {
+        h.set_server_tls(server.tls().cloned());
+    }
+    h.set_server_key_rest(server.key_rest().cloned());
+    h.set_state(ClientState::Active);
 }
 
 /// How a relay starts: keep the client's first request for a replay; the server is a
